@@ -1,0 +1,143 @@
+"""The wire contract: typed event schemas (`request.v1`, `gpu.v1`, `deploy.v1`).
+
+Every field that DESIGN.md names is declared here with its type and bounds; anything
+else a producer sends is dropped at decode time (msgspec ignores unknown fields in the
+lenient decoder), so prompts, transcripts and user identifiers cannot get past ingest.
+Numbers carry an upper bound as well as a lower one: JSON has no NaN literal, and the
+upper bound rejects `1e999` (infinity) and absurd values with the same check.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+import msgspec
+
+MAX_MS = 1e9  # about 11.6 days: beyond any request latency
+MAX_COUNT = 10**12
+
+NonNegMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_MS)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=1e15)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Label = Annotated[str, msgspec.Meta(max_length=128)]
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+# RFC 3339 string or epoch milliseconds.
+Timestamp = Union[Annotated[int, msgspec.Meta(ge=0, le=4102444800000)], Annotated[str, msgspec.Meta(max_length=40)]]
+
+Workload = Literal["asr", "tts", "llm", "s2s", "embed"]
+TrafficClass = Literal["realtime", "batch", "eval", "replay", "shadow"]
+Deployment = Literal["stable", "canary", "shadow"]
+Status = Literal["ok", "error", "timeout", "shed", "cancelled"]
+ReplicaState = Literal["warm", "loading", "cold", "draining"]
+
+REQUEST_SCHEMA = "request.v1"
+GPU_SCHEMA = "gpu.v1"
+DEPLOY_SCHEMA = "deploy.v1"
+
+
+class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
+    """One finished request attempt, as a serving runtime reports it."""
+
+    schema: Literal["request.v1"]
+    event_id: Id
+    ts: Timestamp
+    tenant: Label
+    model: Label
+    workload: Workload
+    status: Status
+    model_version: Label = ""
+    zone: Label = ""
+    region: Label = ""
+    pool: Label = ""
+    endpoint: Label = ""
+    traffic_class: TrafficClass = "realtime"
+    deployment: Deployment = "stable"
+    http_status: Optional[Annotated[int, msgspec.Meta(ge=100, le=599)]] = None
+    attempt: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
+    retry_of: Optional[Id] = None
+    session_id: Optional[Id] = None
+    turn_id: Optional[Id] = None
+    task_success: Optional[bool] = None
+    queue_ms: Optional[NonNegMs] = None
+    first_output_ms: Optional[NonNegMs] = None
+    inter_token_ms: Optional[NonNegMs] = None
+    e2e_ms: Optional[NonNegMs] = None
+    prompt_tokens: Optional[NonNegInt] = None
+    output_tokens: Optional[NonNegInt] = None
+    audio_seconds: Optional[NonNegFloat] = None
+    batch_size: Optional[NonNegInt] = None
+    gpu_seconds: Optional[NonNegFloat] = None
+    gpu_sku: Label = ""
+
+
+class GpuV1(msgspec.Struct, gc=False, omit_defaults=True):
+    """One GPU / replica sample: NVML readings plus the serving runtime's gauges."""
+
+    schema: Literal["gpu.v1"]
+    ts: Timestamp
+    node: Id
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1024)]
+    zone: Label = ""
+    pool: Label = ""
+    gpu_uuid: Label = ""
+    gpu_sku: Label = ""
+    util_pct: Optional[Pct] = None
+    mem_used_bytes: Optional[NonNegInt] = None
+    mem_total_bytes: Optional[NonNegInt] = None
+    power_w: Optional[NonNegFloat] = None
+    temp_c: Optional[Annotated[float, msgspec.Meta(ge=-100, le=200)]] = None
+    sm_clock_mhz: Optional[NonNegFloat] = None
+    xid_errors: Optional[NonNegInt] = None
+    ecc_errors: Optional[NonNegInt] = None
+    model: Label = ""
+    model_version: Label = ""
+    replica_state: Optional[ReplicaState] = None
+    queue_depth: Optional[NonNegInt] = None
+    oldest_queue_age_ms: Optional[NonNegMs] = None
+    running: Optional[NonNegInt] = None
+    active_streams: Optional[NonNegInt] = None
+    kv_cache_usage: Optional[Ratio] = None
+    preemptions: Optional[NonNegInt] = None
+
+
+class DeployV1(msgspec.Struct, gc=False, omit_defaults=True):
+    """A rollout event for one model version."""
+
+    schema: Literal["deploy.v1"]
+    ts: Timestamp
+    model: Label
+    model_version: Label
+    stage: Deployment
+    weight: Ratio = 1.0
+    pool: Label = ""
+
+
+EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
+    REQUEST_SCHEMA: RequestV1,
+    GPU_SCHEMA: GpuV1,
+    DEPLOY_SCHEMA: DeployV1,
+}
+
+# The topic (after the prefix) that each schema is published to.
+TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: "requests", GPU_SCHEMA: "gpu", DEPLOY_SCHEMA: "deploys"}
+SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
+
+# The slice of a request: the labels an SLI bucket is cut by.
+SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
+
+LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms")
+
+
+def field_names(event_type: type[msgspec.Struct]) -> tuple[str, ...]:
+    return event_type.__struct_fields__
+
+
+def partition_key(event: msgspec.Struct) -> bytes:
+    """The Kafka key of an event: tenant for requests, node for GPU samples, model for deploys."""
+    if isinstance(event, RequestV1):
+        return event.tenant.encode()
+    if isinstance(event, GpuV1):
+        return event.node.encode()
+    return event.model.encode()

@@ -1,0 +1,285 @@
+"""The fleet simulator: a mixed GPU inference fleet with scripted incidents.
+
+Deterministic for a seed: the same (scenario, minutes, seed, start) gives byte-identical
+events. Streaming ASR, TTS, LLM chat and speech-to-speech pools in three zones, several
+tenants, stable and canary versions, realtime and batch traffic, with a diurnal load
+curve. Each scenario scripts incidents and writes their labelled truth beside the events.
+
+No identifiers of people: ids are opaque counters derived from the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterator
+
+import msgspec
+import numpy as np
+
+from ingest.schema import GpuV1, RequestV1
+
+DEFAULT_START = "2026-11-02T00:00:00Z"
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    workload: str
+    model: str
+    stable: str
+    canary: str | None
+    canary_weight: float
+    rate_per_s: float  # realtime requests per second per zone at the diurnal peak
+    first_output_ms: float  # median
+    e2e_ms: float  # median
+    gpu_seconds: float  # median GPU-seconds per request
+    gpu_sku: str
+    endpoint: str
+    batch_rate_per_s: float = 0.0
+    gpus_per_pool: int = 4
+
+
+PROFILES = (
+    ModelProfile("asr", "whisper-large-v3", "v3.1", "v3.2", 0.1, 5.0, 280, 2400, 0.35, "L4", "/v1/transcribe/stream", 1.5),
+    ModelProfile("tts", "voice-tts-2", "2.4", None, 0.0, 4.0, 170, 1300, 0.12, "L4", "/v1/speak"),
+    ModelProfile("llm", "llama-3.1-70b", "2024-07", "2024-11", 0.15, 6.0, 420, 5200, 1.6, "H100", "/v1/chat", 2.0, 6),
+    ModelProfile("s2s", "duplex-s2s-1", "1.0", None, 0.0, 2.0, 520, 3100, 0.9, "H100", "/v1/converse"),
+)
+TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
+TENANT_WEIGHTS = np.array([0.30, 0.22, 0.16, 0.14, 0.10, 0.08])
+STATUSES = ("ok", "error", "timeout", "shed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A scripted failure: what happens, where, and when (minutes from the start)."""
+
+    name: str
+    kind: str
+    start_min: int
+    end_min: int
+    selector: dict[str, str]
+    error_ratio: float = 0.0
+    timeout_ratio: float = 0.0
+    latency_factor: float = 1.0
+    queue_ms: float = 0.0
+    retry_attempts: int = 0
+    extra_rate_factor: float = 0.0  # extra load, e.g. batch traffic leaking in
+    cost_factor: float = 1.0
+
+    def matches(self, labels: dict[str, str], minute: int) -> bool:
+        return self.start_min <= minute < self.end_min and all(labels.get(k) == v for k, v in self.selector.items())
+
+
+SCENARIOS: dict[str, list[Incident]] = {
+    "quiet": [],
+    "mixed-fleet": [
+        Incident("zone-b-llm-errors", "error_spike", 30, 42, {"workload": "llm", "zone": "us-east-1b", "traffic_class": "realtime"},
+                 error_ratio=0.25),
+        Incident("llm-canary-slow", "latency_regression", 55, 85, {"workload": "llm", "deployment": "canary"},
+                 latency_factor=3.0),
+        Incident("asr-retry-storm", "retry_storm", 70, 80, {"workload": "asr", "zone": "us-east-1c"},
+                 error_ratio=0.3, retry_attempts=3),
+        Incident("batch-in-realtime-pool", "queue_saturation", 95, 110, {"pool": "llm-us-east-1a-realtime"},
+                 queue_ms=4000, latency_factor=1.6, extra_rate_factor=0.8, timeout_ratio=0.05),
+    ],
+}
+
+
+@dataclass
+class SimTotals:
+    """The simulator's own count of what it emitted, to check the pipeline against."""
+
+    requests: int = 0
+    by_status: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STATUSES})
+    retries: int = 0
+    turns: int = 0
+    successful_turns: int = 0
+    output_tokens: int = 0
+    gpu_samples: int = 0
+
+
+def _pool(workload: str, zone: str, traffic_class: str) -> str:
+    return f"{workload}-{zone}-{traffic_class}"
+
+
+def parse_start(start: str) -> int:
+    dt = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+class FleetSimulator:
+    def __init__(self, scenario: str = "mixed-fleet", minutes: int = 120, seed: int = 7,
+                 start: str = DEFAULT_START, rate_scale: float = 1.0):
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
+        if minutes <= 0:
+            raise ValueError("--minutes must be positive")
+        self.scenario, self.minutes, self.seed = scenario, minutes, seed
+        self.start_ms = parse_start(start)
+        self.rate_scale = rate_scale
+        self.incidents = SCENARIOS[scenario]
+        self.rng = np.random.default_rng(seed)
+        self.totals = SimTotals()
+        self._next_id = 0
+
+    # ---- public ---------------------------------------------------------------------
+    def events(self) -> Iterator[msgspec.Struct]:
+        """Every event, minute by minute, in event-time order within each minute."""
+        for minute in range(self.minutes):
+            batch = list(self._minute_requests(minute)) + list(self._minute_gpu(minute))
+            batch.sort(key=lambda e: e.ts)  # type: ignore[attr-defined]
+            yield from batch
+
+    def truth(self) -> list[dict]:
+        return [
+            {
+                "incident": i.name, "kind": i.kind, "scenario": self.scenario,
+                "start": _iso(self.start_ms + i.start_min * 60_000), "end": _iso(self.start_ms + i.end_min * 60_000),
+                "selector": i.selector,
+            }
+            for i in self.incidents if i.start_min < self.minutes
+        ]
+
+    # ---- requests -------------------------------------------------------------------
+    def _id(self) -> str:
+        self._next_id += 1
+        return f"{self.seed:x}-{self._next_id:x}"
+
+    def _diurnal(self, minute: int) -> float:
+        day_min = (self.start_ms // 60_000 + minute) % 1440
+        return 0.65 + 0.35 * math.sin(2 * math.pi * (day_min - 480) / 1440)
+
+    def _minute_requests(self, minute: int) -> Iterator[RequestV1]:
+        rng = self.rng
+        for prof in PROFILES:
+            for zone in ZONES:
+                for tclass, base_rate in (("realtime", prof.rate_per_s), ("batch", prof.batch_rate_per_s)):
+                    if base_rate <= 0:
+                        continue
+                    pool = _pool(prof.workload, zone, tclass)
+                    labels = {"workload": prof.workload, "zone": zone, "traffic_class": tclass, "pool": pool, "model": prof.model}
+                    load = 1.0 if tclass == "batch" else self._diurnal(minute)
+                    active = [i for i in self.incidents if i.matches(labels, minute)]
+                    extra = sum(i.extra_rate_factor for i in active)
+                    n = int(rng.poisson(base_rate * 60 * load * self.rate_scale * (1 + extra)))
+                    if n:
+                        yield from self._requests(prof, zone, tclass, pool, minute, n, labels)
+
+    def _requests(self, prof: ModelProfile, zone: str, tclass: str, pool: str, minute: int, n: int,
+                  labels: dict[str, str]) -> Iterator[RequestV1]:
+        rng = self.rng
+        t0 = self.start_ms + minute * 60_000
+        ts = t0 + np.sort(rng.integers(0, 60_000, n))
+        tenants = rng.choice(len(TENANTS), n, p=TENANT_WEIGHTS)
+        canary = rng.random(n) < (prof.canary_weight if prof.canary else 0.0)
+        fo = rng.lognormal(math.log(prof.first_output_ms), 0.35, n)
+        e2e_extra = rng.lognormal(math.log(prof.e2e_ms - prof.first_output_ms), 0.45, n)
+        queue = rng.lognormal(math.log(15), 0.8, n)
+        gpu_s = rng.lognormal(math.log(prof.gpu_seconds), 0.3, n)
+        out_tokens = rng.integers(40, 400, n) if prof.workload == "llm" else np.zeros(n, dtype=np.int64)
+        prompt_tokens = rng.integers(200, 3000, n) if prof.workload == "llm" else np.zeros(n, dtype=np.int64)
+        audio_s = rng.uniform(2, 15, n) if prof.workload in ("asr", "tts", "s2s") else np.zeros(n)
+        u_status = rng.random(n)
+        u_success = rng.random(n)
+        u_cancel = rng.random(n)
+        for i in range(n):
+            deployment = "canary" if canary[i] else "stable"
+            version = prof.canary if canary[i] else prof.stable
+            lab = {**labels, "deployment": deployment, "model_version": version, "tenant": TENANTS[tenants[i]]}
+            active = [inc for inc in self.incidents if inc.matches(lab, minute)]
+            err = 0.004 + sum(inc.error_ratio for inc in active)
+            tmo = 0.001 + sum(inc.timeout_ratio for inc in active)
+            lat = math.prod(inc.latency_factor for inc in active)
+            q = float(queue[i]) + sum(inc.queue_ms for inc in active)
+            retries = max((inc.retry_attempts for inc in active), default=1)
+            status = "cancelled" if u_cancel[i] < 0.003 else ("error" if u_status[i] < err else ("timeout" if u_status[i] < err + tmo else "ok"))
+            session = self._id()
+            attempt, first_id, at = 1, None, int(ts[i])
+            while True:
+                eid = self._id()
+                final = status in ("ok", "cancelled") or attempt >= max(retries, 1 if status == "ok" else 2)
+                yield self._request(prof, lab, pool, zone, eid, at, status, attempt, first_id, session,
+                                    final, bool(u_success[i] < 0.97), float(fo[i]) * lat, float(e2e_extra[i]) * lat,
+                                    q, float(gpu_s[i]), int(prompt_tokens[i]), int(out_tokens[i]), float(audio_s[i]))
+                if final:
+                    break
+                first_id = first_id or eid
+                attempt += 1
+                at += 200 * attempt
+                # A retry succeeds unless the incident is still hitting it.
+                status = "error" if self.rng.random() < err else "ok"
+
+    def _request(self, prof, lab, pool, zone, eid, ts, status, attempt, retry_of, session, final, succeeded,
+                 fo, e2e_extra, queue, gpu_s, prompt, out, audio) -> RequestV1:
+        t = self.totals
+        t.requests += 1
+        t.by_status[status] += 1
+        if attempt > 1:
+            t.retries += 1
+        ok = status == "ok"
+        task_success = (ok and succeeded) if final else None
+        if final:
+            t.turns += 1
+            t.successful_turns += int(bool(task_success))
+        shaped_out = out if ok else 0
+        t.output_tokens += shaped_out
+        return RequestV1(
+            schema="request.v1", event_id=eid, ts=ts, tenant=lab["tenant"], model=prof.model,
+            workload=prof.workload, status=status, model_version=lab["model_version"], zone=zone, region=REGION,
+            pool=pool, endpoint=prof.endpoint, traffic_class=lab["traffic_class"], deployment=lab["deployment"],
+            http_status={"ok": 200, "error": 503, "timeout": 504, "shed": 429, "cancelled": 499}[status],
+            attempt=attempt, retry_of=retry_of, session_id=session, turn_id=session, task_success=task_success,
+            queue_ms=round(queue, 2),
+            first_output_ms=round(fo, 2) if ok else None,
+            inter_token_ms=round(e2e_extra / max(out, 1), 2) if ok and out else None,
+            e2e_ms=round(queue + fo + e2e_extra, 2) if status != "cancelled" else None,
+            prompt_tokens=prompt or None, output_tokens=shaped_out if prof.workload == "llm" else None,
+            audio_seconds=round(audio, 3) if audio else None,
+            batch_size=8 if lab["traffic_class"] == "batch" else 1,
+            gpu_seconds=round(gpu_s * (1 if ok else 0.5), 4), gpu_sku=prof.gpu_sku,
+        )
+
+    # ---- GPU samples ----------------------------------------------------------------
+    def _minute_gpu(self, minute: int) -> Iterator[GpuV1]:
+        rng = self.rng
+        t0 = self.start_ms + minute * 60_000
+        for prof in PROFILES:
+            for zone in ZONES:
+                for tclass in ("realtime", "batch"):
+                    if tclass == "batch" and prof.batch_rate_per_s <= 0:
+                        continue
+                    pool = _pool(prof.workload, zone, tclass)
+                    labels = {"workload": prof.workload, "zone": zone, "traffic_class": tclass, "pool": pool, "model": prof.model}
+                    active = [i for i in self.incidents if i.matches(labels, minute)]
+                    load = 1.0 if tclass == "batch" else self._diurnal(minute)
+                    load *= 1 + sum(i.extra_rate_factor for i in active)
+                    queue_age = sum(i.queue_ms for i in active)
+                    for g in range(prof.gpus_per_pool):
+                        node = f"{pool}-n{g // 8}"
+                        for s in range(6):
+                            util = float(np.clip(rng.normal(55 * load, 6), 0, 100))
+                            mem_total = 80 * 2**30 if prof.gpu_sku == "H100" else 24 * 2**30
+                            self.totals.gpu_samples += 1
+                            yield GpuV1(
+                                schema="gpu.v1", ts=t0 + s * 10_000 + g * 37, node=node, gpu_index=g % 8,
+                                zone=zone, pool=pool, gpu_uuid=f"GPU-{pool}-{g:02d}", gpu_sku=prof.gpu_sku,
+                                util_pct=round(util, 1), mem_used_bytes=int(mem_total * (0.55 + 0.3 * min(load, 1.2) / 1.2)),
+                                mem_total_bytes=mem_total, power_w=round(120 + 4.2 * util, 1),
+                                temp_c=round(45 + 0.3 * util, 1), sm_clock_mhz=1755.0, xid_errors=0, ecc_errors=0,
+                                model=prof.model, model_version=prof.stable, replica_state="warm",
+                                queue_depth=int(rng.poisson(2 * load + queue_age / 400)),
+                                oldest_queue_age_ms=round(float(rng.lognormal(math.log(20), 0.5)) + queue_age, 1),
+                                running=int(8 * load), active_streams=int(12 * load) if prof.workload != "llm" else 0,
+                                kv_cache_usage=round(min(1.0, 0.35 * load + rng.random() * 0.05), 3) if prof.workload == "llm" else None,
+                                preemptions=0,
+                            )
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

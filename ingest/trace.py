@@ -1,0 +1,99 @@
+"""Replay of real arrival times and token counts from an Azure LLM inference trace.
+
+The CSV format is `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure Public Dataset,
+"AzureLLMInferenceTrace", CC-BY 4.0; Patel et al., "Splitwise", ISCA 2024). Arrival
+offsets are kept and shifted to the simulation start; latencies and GPU time are
+derived from the token counts with a simple prefill/decode model, and tenants and zones
+are drawn from the seed. Only the token counts and times come from the trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ingest.schema import RequestV1
+from ingest.simulator import DEFAULT_START, REGION, TENANT_WEIGHTS, TENANTS, ZONES, SimTotals, parse_start
+
+PREFILL_MS_PER_TOKEN = 0.12
+DECODE_MS_PER_TOKEN = 28.0
+
+
+class TraceError(ValueError):
+    """The trace file cannot be read (one line for the user)."""
+
+
+def read_trace(path: str | Path) -> list[tuple[int, int, int]]:
+    """(arrival ms since first row, context tokens, generated tokens), in arrival order."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"--trace: no such file {path}")
+    rows = []
+    with p.open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None or [h.strip().lstrip("\ufeff") for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+            raise TraceError(f"{path}: expected the header TIMESTAMP,ContextTokens,GeneratedTokens")
+        for lineno, row in enumerate(reader, 2):
+            try:
+                ts = datetime.fromisoformat(row[0].strip()[:26]).replace(tzinfo=timezone.utc)
+                rows.append((int(ts.timestamp() * 1000), int(row[1]), int(row[2])))
+            except (ValueError, IndexError):
+                raise TraceError(f"{path}:{lineno}: cannot read {','.join(row)[:80]!r}") from None
+    if not rows:
+        raise TraceError(f"{path}: no rows")
+    rows.sort()
+    t0 = rows[0][0]
+    return [(t - t0, c, g) for t, c, g in rows]
+
+
+class TraceReplay:
+    """LLM requests at the trace's own arrival times and token counts."""
+
+    def __init__(self, path: str | Path, minutes: int | None = None, seed: int = 7, start: str = DEFAULT_START,
+                 model: str = "llama-3.1-70b", version: str = "2024-07"):
+        self.rows = read_trace(path)
+        if minutes is not None:
+            self.rows = [r for r in self.rows if r[0] < minutes * 60_000]
+        self.seed, self.model, self.version = seed, model, version
+        self.start_ms = parse_start(start)
+        self.rng = np.random.default_rng(seed)
+        self.totals = SimTotals()
+
+    def truth(self) -> list[dict]:
+        return []
+
+    def events(self) -> Iterator[RequestV1]:
+        rng = self.rng
+        n = len(self.rows)
+        tenants = rng.choice(len(TENANTS), n, p=TENANT_WEIGHTS)
+        zones = rng.integers(0, len(ZONES), n)
+        queue = rng.lognormal(math.log(12), 0.7, n)
+        fails = rng.random(n)
+        for i, (offset_ms, ctx, gen) in enumerate(self.rows):
+            ok = fails[i] >= 0.005
+            first = 60 + ctx * PREFILL_MS_PER_TOKEN
+            e2e = float(queue[i]) + first + gen * DECODE_MS_PER_TOKEN
+            zone = ZONES[zones[i]]
+            t = self.totals
+            t.requests += 1
+            t.by_status["ok" if ok else "error"] += 1
+            t.turns += 1
+            t.successful_turns += int(ok)
+            t.output_tokens += gen if ok else 0
+            yield RequestV1(
+                schema="request.v1", event_id=f"trace-{self.seed:x}-{i:x}", ts=self.start_ms + offset_ms,
+                tenant=TENANTS[tenants[i]], model=self.model, workload="llm", status="ok" if ok else "error",
+                model_version=self.version, zone=zone, region=REGION, pool=f"llm-{zone}-realtime",
+                endpoint="/v1/completions", traffic_class="realtime", deployment="stable",
+                http_status=200 if ok else 503, attempt=1, task_success=ok,
+                queue_ms=round(float(queue[i]), 2), first_output_ms=round(first, 2) if ok else None,
+                inter_token_ms=DECODE_MS_PER_TOKEN if ok else None, e2e_ms=round(e2e, 2),
+                prompt_tokens=ctx, output_tokens=gen if ok else 0,
+                gpu_seconds=round((first + gen * DECODE_MS_PER_TOKEN) / 1000 / 8, 4), gpu_sku="H100",
+            )

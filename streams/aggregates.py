@@ -1,0 +1,98 @@
+"""What goes into an `sli_minute` and a `gpu_minute` row: the two aggregate specs.
+
+Column names here are the store's contract (see README, "The store").
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
+from streams.windows import AggregateSpec
+
+REQUEST_COUNTS = ("requests", "ok", "errors", "timeouts", "shed", "cancelled", "retries", "turns", "successful_turns")
+REQUEST_SUMS = ("prompt_tokens", "output_tokens", "audio_seconds", "gpu_seconds")
+
+
+def _status(name: str) -> pl.Expr:
+    return (pl.col("status") == name).sum().cast(pl.Int64)
+
+
+REQUESTS = AggregateSpec(
+    name="requests",
+    keys=SLICE_LABELS,
+    dedupe_key=pl.col("event_id").hash(),
+    partial=[
+        pl.len().cast(pl.Int64).alias("requests"),
+        _status("ok").alias("ok"),
+        _status("error").alias("errors"),
+        _status("timeout").alias("timeouts"),
+        _status("shed").alias("shed"),
+        _status("cancelled").alias("cancelled"),
+        (pl.col("attempt") > 1).sum().cast(pl.Int64).alias("retries"),
+        # A runtime reports task_success once per turn, on the attempt that ended it.
+        pl.col("task_success").is_not_null().sum().cast(pl.Int64).alias("turns"),
+        pl.col("task_success").fill_null(False).sum().cast(pl.Int64).alias("successful_turns"),
+        pl.col("prompt_tokens").sum().cast(pl.Int64),
+        pl.col("output_tokens").sum().cast(pl.Int64),
+        pl.col("audio_seconds").sum().cast(pl.Float64),
+        pl.col("gpu_seconds").sum().cast(pl.Float64),
+    ],
+    merge={c: "sum" for c in (*REQUEST_COUNTS, *REQUEST_SUMS)},
+    finalize=lambda f: f.select(
+        "window_start", *SLICE_LABELS, *REQUEST_COUNTS, *REQUEST_SUMS,
+        *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
+    ),
+    histogram_fields=LATENCY_FIELDS,
+)
+
+def _mean(total: str, count: str) -> pl.Expr:
+    return pl.when(pl.col(count) > 0).then(pl.col(total) / pl.col(count))
+
+
+GPU_KEYS = ("node", "gpu_index")
+GPU_LAST = ("zone", "pool", "gpu_sku", "model", "model_version", "replica_state")
+
+GPU = AggregateSpec(
+    name="gpu",
+    keys=GPU_KEYS,
+    dedupe_key=pl.struct("node", "gpu_index", "ts_ms").hash(),
+    partial=[
+        pl.len().cast(pl.Int64).alias("samples"),
+        pl.col("ts_ms").max().alias("_last_ts_ms"),
+        *[pl.col(c).sort_by("ts_ms").last().alias(c) for c in GPU_LAST],
+        pl.col("util_pct").sum().alias("_util_sum"),
+        pl.col("util_pct").count().cast(pl.Int64).alias("_util_n"),
+        pl.col("util_pct").max().alias("util_pct_max"),
+        pl.col("mem_used_bytes").max().alias("mem_used_bytes_max"),
+        pl.col("mem_total_bytes").max().alias("mem_total_bytes"),
+        pl.col("power_w").sum().alias("_power_sum"),
+        pl.col("power_w").count().cast(pl.Int64).alias("_power_n"),
+        pl.col("temp_c").max().alias("temp_c_max"),
+        pl.col("xid_errors").sum().cast(pl.Int64).alias("xid_errors"),
+        pl.col("ecc_errors").sum().cast(pl.Int64).alias("ecc_errors"),
+        pl.col("queue_depth").max().alias("queue_depth_max"),
+        pl.col("oldest_queue_age_ms").max().alias("oldest_queue_age_ms_max"),
+        pl.col("running").max().alias("running_max"),
+        pl.col("active_streams").max().alias("active_streams_max"),
+        pl.col("kv_cache_usage").max().alias("kv_cache_usage_max"),
+        pl.col("preemptions").sum().cast(pl.Int64).alias("preemptions"),
+    ],
+    merge={
+        "samples": "sum", "_last_ts_ms": "max", **{c: "last" for c in GPU_LAST},
+        "_util_sum": "sum", "_util_n": "sum", "util_pct_max": "max", "mem_used_bytes_max": "max",
+        "mem_total_bytes": "max", "_power_sum": "sum", "_power_n": "sum", "temp_c_max": "max",
+        "xid_errors": "sum", "ecc_errors": "sum", "queue_depth_max": "max",
+        "oldest_queue_age_ms_max": "max", "running_max": "max", "active_streams_max": "max",
+        "kv_cache_usage_max": "max", "preemptions": "sum",
+    },
+    finalize=lambda f: f.select(
+        "window_start", "node", "gpu_index", "zone", "pool", "gpu_sku", "model", "model_version",
+        "samples",
+        _mean("_util_sum", "_util_n").alias("util_pct_mean"),
+        "util_pct_max", "mem_used_bytes_max", "mem_total_bytes",
+        _mean("_power_sum", "_power_n").alias("power_w_mean"),
+        "temp_c_max", "xid_errors", "ecc_errors", "queue_depth_max", "oldest_queue_age_ms_max",
+        "running_max", "active_streams_max", "kv_cache_usage_max", "preemptions", "replica_state",
+    ),
+)

@@ -1,0 +1,79 @@
+"""Decoded records → columnar polars frames, with event time in epoch milliseconds.
+
+Only the columns that aggregation needs are extracted; identifiers such as
+`session_id` are validated by the decoder and then left behind here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Sequence
+
+import msgspec
+import polars as pl
+
+from ingest.validate import BAD_TIMESTAMP, Rejected
+
+# Columns taken from each record type, with their polars dtype.
+REQUEST_COLUMNS: dict[str, pl.DataType] = {
+    "event_id": pl.String,
+    "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
+    "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
+    "status": pl.String, "attempt": pl.Int32, "task_success": pl.Boolean,
+    "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64,
+    "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
+    "gpu_seconds": pl.Float64,
+}
+GPU_COLUMNS: dict[str, pl.DataType] = {
+    "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
+    "gpu_sku": pl.String, "model": pl.String, "model_version": pl.String,
+    "util_pct": pl.Float64, "mem_used_bytes": pl.Int64, "mem_total_bytes": pl.Int64,
+    "power_w": pl.Float64, "temp_c": pl.Float64, "xid_errors": pl.Int64, "ecc_errors": pl.Int64,
+    "replica_state": pl.String, "queue_depth": pl.Int64, "oldest_queue_age_ms": pl.Float64,
+    "running": pl.Int64, "active_streams": pl.Int64, "kv_cache_usage": pl.Float64,
+    "preemptions": pl.Int64,
+}
+
+
+def parse_ts_ms(ts: int | str) -> int:
+    """Epoch milliseconds from an epoch-ms integer or an RFC 3339 string (naive = UTC)."""
+    if isinstance(ts, int):
+        return ts
+    dt = datetime.fromisoformat(ts.replace("Z", "+00:00").replace("z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def records_to_frame(
+    records: Sequence[msgspec.Struct],
+    columns: dict[str, pl.DataType],
+    partitions: Sequence[int],
+    offsets: Sequence[int],
+    indices: Sequence[int],
+) -> tuple[pl.DataFrame, list[Rejected]]:
+    """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`; bad timestamps rejected.
+
+    `partitions`/`offsets` are per raw record; `indices` maps each record to its raw position.
+    """
+    rejected: list[Rejected] = []
+    ts_raw = [r.ts for r in records]  # type: ignore[attr-defined]
+    if all(type(t) is int for t in ts_raw):
+        ts_ms = ts_raw
+    else:
+        ts_ms, keep = [], []
+        for pos, t in enumerate(ts_raw):
+            try:
+                ts_ms.append(parse_ts_ms(t))
+                keep.append(pos)
+            except (ValueError, OverflowError):
+                rejected.append(Rejected(indices[pos], BAD_TIMESTAMP, "ts is neither epoch milliseconds nor RFC 3339"))
+        records = [records[p] for p in keep]
+        indices = [indices[p] for p in keep]
+    data = {name: [getattr(r, name) for r in records] for name in columns}
+    data["ts_ms"] = ts_ms
+    data["_partition"] = [partitions[i] for i in indices]
+    data["_offset"] = [offsets[i] for i in indices]
+    data["_index"] = list(indices)
+    schema = {**columns, "ts_ms": pl.Int64, "_partition": pl.Int32, "_offset": pl.Int64, "_index": pl.Int64}
+    return pl.DataFrame(data, schema=schema), rejected

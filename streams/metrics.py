@@ -1,0 +1,43 @@
+"""The worker's own Prometheus metrics: every name in one place, labels bounded.
+
+Labels are topic (a handful), outcome and reason (closed sets), and partition (bounded
+by the topic's partition count).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events = Counter(
+            "tailwatch_events_total", "Records consumed, by topic and outcome "
+            "(accepted, rejected, late, duplicate).", ["topic", "outcome"], registry=r)
+        self.dead_letters = Counter(
+            "tailwatch_dead_letters_total", "Records sent to the dead-letter topic, by reason.",
+            ["topic", "reason"], registry=r)
+        self.late_events = Counter(
+            "tailwatch_late_events_total", "Events older than the allowed lateness (dead-lettered).",
+            ["topic"], registry=r)
+        self.unknown_fields_dropped = Counter(
+            "tailwatch_unknown_fields_dropped_total", "Records kept after dropping fields outside the schema.",
+            ["topic"], registry=r)
+        self.buckets_closed = Counter(
+            "tailwatch_buckets_closed_total", "Closed 1-minute buckets written to the store.", ["topic"], registry=r)
+        self.bucket_close_delay = Histogram(
+            "tailwatch_bucket_close_delay_seconds", "Wall-clock time from the end of a minute to its bucket landing.",
+            ["topic"], buckets=(30, 60, 120, 240, 360, 480, 600, 900, 1800, 3600, 86400, float("inf")), registry=r)
+        self.consumer_lag = Gauge(
+            "tailwatch_consumer_lag_messages", "Messages between the worker's position and the log end.",
+            ["topic", "partition"], registry=r)
+        self.watermark = Gauge(
+            "tailwatch_watermark_timestamp_seconds", "Lowest partition watermark (event time).", ["topic"], registry=r)
+        self.open_minutes = Gauge(
+            "tailwatch_open_buckets_minutes", "Minutes of event time still open.", ["topic"], registry=r)
+        self.dedupe_ids = Gauge(
+            "tailwatch_dedupe_ids", "Event ids held for duplicate detection (open minutes only).", ["topic"], registry=r)
+        self.checkpoint_seconds = Histogram(
+            "tailwatch_checkpoint_duration_seconds", "Time to write one checkpoint transaction.", registry=r)

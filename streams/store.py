@@ -1,0 +1,218 @@
+"""The DuckDB store: contract tables, and the worker's checkpoint in the same file.
+
+`sli_minute`, `gpu_minute` and `dead_letter` are the contract that dashboards, reports
+and users' SQL read. The `_tw_*` tables are the worker's own: the Kafka offsets it has
+consumed up to, per-partition watermarks, and the partial state of still-open minutes.
+A checkpoint writes all of them in one transaction, so after a crash the store holds
+exactly the buckets and state that match the offsets it resumes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+
+DEFAULT_STORE = "data/tailwatch.duckdb"
+
+_HIST = "STRUCT(bin SMALLINT, n BIGINT)[]"
+
+SCHEMA_SQL = f"""
+CREATE TABLE IF NOT EXISTS sli_minute (
+    window_start TIMESTAMP NOT NULL,
+    tenant VARCHAR, model VARCHAR, model_version VARCHAR, zone VARCHAR, workload VARCHAR,
+    traffic_class VARCHAR, deployment VARCHAR, pool VARCHAR,
+    requests BIGINT, ok BIGINT, errors BIGINT, timeouts BIGINT, shed BIGINT, cancelled BIGINT,
+    retries BIGINT, turns BIGINT, successful_turns BIGINT,
+    prompt_tokens BIGINT, output_tokens BIGINT, audio_seconds DOUBLE, gpu_seconds DOUBLE,
+    queue_ms_hist {_HIST}, queue_ms_p50 DOUBLE, queue_ms_p95 DOUBLE, queue_ms_p99 DOUBLE,
+    first_output_ms_hist {_HIST}, first_output_ms_p50 DOUBLE, first_output_ms_p95 DOUBLE, first_output_ms_p99 DOUBLE,
+    e2e_ms_hist {_HIST}, e2e_ms_p50 DOUBLE, e2e_ms_p95 DOUBLE, e2e_ms_p99 DOUBLE
+);
+CREATE TABLE IF NOT EXISTS gpu_minute (
+    window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
+    gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, samples BIGINT,
+    util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
+    power_w_mean DOUBLE, temp_c_max DOUBLE, xid_errors BIGINT, ecc_errors BIGINT,
+    queue_depth_max BIGINT, oldest_queue_age_ms_max DOUBLE, running_max BIGINT,
+    active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR
+);
+CREATE TABLE IF NOT EXISTS dead_letter (
+    ts TIMESTAMP, source_topic VARCHAR, source_partition INTEGER, source_offset BIGINT,
+    reason VARCHAR, detail VARCHAR, size_bytes BIGINT
+);
+CREATE TABLE IF NOT EXISTS _tw_offsets (
+    topic VARCHAR, part INTEGER, next_offset BIGINT, watermark_ms BIGINT, PRIMARY KEY (topic, part)
+);
+CREATE TABLE IF NOT EXISTS _tw_frontier (topic VARCHAR PRIMARY KEY, closed_before_minute BIGINT);
+CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, payload BLOB);
+CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, payload BLOB);
+CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);
+"""
+
+
+class StoreError(Exception):
+    """The store cannot be opened or written (a one-line message for the user)."""
+
+
+def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    path = Path(path)
+    if read_only and not path.exists():
+        raise StoreError(f"no store at {path}: run `tailwatch worker --store {path}` (or `tailwatch demo`) first")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        raise StoreError(f"cannot open store {path}: {str(exc).splitlines()[0]}") from None
+    if not read_only:
+        con.execute(SCHEMA_SQL)
+    return con
+
+
+@dataclass
+class TopicCheckpoint:
+    """What one topic contributes to a checkpoint."""
+
+    topic: str
+    table: str  # contract table for closed buckets
+    closed: pl.DataFrame
+    closed_minutes: list[int]
+    counts: list[pl.DataFrame]
+    hist: list[pl.DataFrame]
+    seen: list[tuple[int, np.ndarray]]
+    watermarks: dict[int, int]
+    closed_before_minute: int | None
+
+
+@dataclass
+class Checkpoint:
+    topics: list[TopicCheckpoint]
+    next_offsets: dict[tuple[str, int], int]
+    dead_letters: pl.DataFrame | None = None
+
+
+def _frame_blob(frames: list[pl.DataFrame]) -> bytes | None:
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return None
+    import io
+
+    buf = io.BytesIO()
+    pl.concat(frames, how="vertical_relaxed").write_ipc(buf, compression="lz4")
+    return buf.getvalue()
+
+
+def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
+    """One transaction: closed buckets, dead letters, open state deltas, offsets."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for t in cp.topics:
+            if t.closed.height:
+                con.register("_closed", t.closed.to_arrow())
+                con.execute(f"INSERT INTO {t.table} BY NAME SELECT * FROM _closed")
+                con.unregister("_closed")
+            if t.closed_minutes:
+                # State of closed minutes is gone from memory; drop it from disk too. Partials
+                # are stored as blobs of many minutes, so rewrite the survivors.
+                _rewrite_open(con, t)
+            else:
+                _append_open(con, t)
+            for p, wm in t.watermarks.items():
+                con.execute(
+                    "INSERT INTO _tw_offsets VALUES (?, ?, NULL, ?) ON CONFLICT (topic, part) "
+                    "DO UPDATE SET watermark_ms = excluded.watermark_ms",
+                    [t.topic, p, wm],
+                )
+            if t.closed_before_minute is not None:
+                con.execute(
+                    "INSERT INTO _tw_frontier VALUES (?, ?) ON CONFLICT (topic) "
+                    "DO UPDATE SET closed_before_minute = excluded.closed_before_minute",
+                    [t.topic, t.closed_before_minute],
+                )
+        if cp.dead_letters is not None and cp.dead_letters.height:
+            con.register("_dl", cp.dead_letters.to_arrow())
+            con.execute("INSERT INTO dead_letter BY NAME SELECT * FROM _dl")
+            con.unregister("_dl")
+        for (topic, part), nxt in cp.next_offsets.items():
+            con.execute(
+                "INSERT INTO _tw_offsets VALUES (?, ?, ?, NULL) ON CONFLICT (topic, part) "
+                "DO UPDATE SET next_offset = excluded.next_offset",
+                [topic, part, nxt],
+            )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
+    blob = _frame_blob(t.counts)
+    if blob is not None:
+        con.execute("INSERT INTO _tw_open_counts VALUES (?, ?)", [t.topic, blob])
+    blob = _frame_blob(t.hist)
+    if blob is not None:
+        con.execute("INSERT INTO _tw_open_hist VALUES (?, ?)", [t.topic, blob])
+    for minute, hashes in t.seen:
+        con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
+
+
+def _rewrite_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
+    cut = t.closed_before_minute
+    for table, new in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
+        old = _load_blobs(con, table, t.topic)
+        frames = ([old] if old is not None else []) + list(new)
+        frames = [f.filter(pl.col("_minute") >= cut) for f in frames if f.height]
+        con.execute(f"DELETE FROM {table} WHERE topic = ?", [t.topic])
+        blob = _frame_blob(frames)
+        if blob is not None:
+            con.execute(f"INSERT INTO {table} VALUES (?, ?)", [t.topic, blob])
+    con.execute("DELETE FROM _tw_open_seen WHERE topic = ? AND minute < ?", [t.topic, cut])
+    for minute, hashes in t.seen:
+        if minute >= cut:
+            con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
+
+
+def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> pl.DataFrame | None:
+    import io
+
+    rows = con.execute(f"SELECT payload FROM {table} WHERE topic = ?", [topic]).fetchall()
+    frames = [pl.read_ipc(io.BytesIO(r[0])) for r in rows]
+    return pl.concat(frames, how="vertical_relaxed") if frames else None
+
+
+@dataclass
+class RestoredTopic:
+    counts: pl.DataFrame | None
+    hist: pl.DataFrame | None
+    seen: list[tuple[int, np.ndarray]]
+    watermarks: dict[int, int]
+    closed_before_minute: int | None
+
+
+def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopic:
+    seen = [
+        (int(m), np.frombuffer(h, dtype="<u8").astype(np.uint64))
+        for m, h in con.execute("SELECT minute, hashes FROM _tw_open_seen WHERE topic = ?", [topic]).fetchall()
+    ]
+    wms = {
+        int(p): int(w)
+        for p, w in con.execute(
+            "SELECT part, watermark_ms FROM _tw_offsets WHERE topic = ? AND watermark_ms IS NOT NULL", [topic]
+        ).fetchall()
+    }
+    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [topic]).fetchone()
+    return RestoredTopic(
+        counts=_load_blobs(con, "_tw_open_counts", topic),
+        hist=_load_blobs(con, "_tw_open_hist", topic),
+        seen=seen,
+        watermarks=wms,
+        closed_before_minute=int(row[0]) if row else None,
+    )
+
+
+def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:
+    rows = con.execute("SELECT topic, part, next_offset FROM _tw_offsets WHERE next_offset IS NOT NULL").fetchall()
+    return {(t, int(p)): int(o) for t, p, o in rows}

@@ -1,0 +1,322 @@
+"""Tier 1, the firehose worker: consume `tw.requests` and `tw.gpu` in batches, decode and
+validate them, window them into 1-minute buckets, and checkpoint buckets, state and
+offsets into the DuckDB store in one transaction.
+
+Delivery: the store, not Kafka's group offsets, is the source of truth for where to
+resume. On partition assignment the worker seeks to the offsets of its last checkpoint,
+and the open-minute state it restores is exactly the state those offsets imply, so a
+SIGKILL at any moment is followed by the same buckets as an uninterrupted run.
+Dead letters and closed buckets are published to their topics before the checkpoint
+commits (at-least-once there; consumers dedupe by source offset / slice and minute).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import polars as pl
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from ingest import deadletter
+from ingest.schema import GpuV1, RequestV1
+from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
+from streams import store
+from streams.aggregates import GPU, REQUESTS
+from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from streams.http import WorkerHttp
+from streams.metrics import WorkerMetrics
+from streams.windows import MinuteWindows
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer
+
+log = logging.getLogger("tailwatch.worker")
+
+
+@dataclass
+class WorkerSettings:
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    store_path: str = store.DEFAULT_STORE
+    group_id: str = "tailwatch-worker"
+    http_port: int | None = 8000
+    until_idle_s: float | None = None
+    allowed_lateness_s: float = 300.0
+    batch_size: int = 20_000
+    checkpoint_interval_s: float = 2.0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    partitions: int = 4
+    publish_sli: bool = True
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class TopicPipeline:
+    """Everything the worker keeps per input topic."""
+
+    topic: str
+    table: str
+    decoder: BatchDecoder
+    columns: dict[str, pl.DataType]
+    windows: MinuteWindows
+    assigned: set[int] = field(default_factory=set)
+    eof: set[int] = field(default_factory=set)
+    pending_closed: list[pl.DataFrame] = field(default_factory=list)
+    pending_closed_minutes: list[int] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None):
+        self.settings = settings
+        self.metrics = metrics or WorkerMetrics()
+        lateness_ms = int(settings.allowed_lateness_s * 1000)
+        k = settings.kafka
+        self.pipelines: dict[str, TopicPipeline] = {}
+        for suffix, event_type, columns, spec, table in (
+            ("requests", RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
+            ("gpu", GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
+        ):
+            topic = k.topic(suffix)
+            self.pipelines[topic] = TopicPipeline(
+                topic=topic, table=table,
+                decoder=BatchDecoder(event_type, settings.max_record_bytes),
+                columns=columns, windows=MinuteWindows(spec, lateness_ms),
+            )
+        self.dead_letters: list[deadletter.DeadLetter] = []
+        self.next_offsets: dict[tuple[str, int], int] = {}
+        self.events_seen = 0
+        self.last_batch_wall = time.monotonic()
+        self._stop = False
+        self._stored_offsets: dict[tuple[str, int], int] = {}
+        self._assigned_at: float | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def stop(self, *_args) -> None:
+        self._stop = True
+
+    def health(self) -> dict:
+        return {
+            "status": "ok",
+            "events_seen": self.events_seen,
+            "seconds_since_last_batch": round(time.monotonic() - self.last_batch_wall, 3),
+        }
+
+    def run(self) -> int:
+        s = self.settings
+        ensure_topics(s.kafka, s.partitions)
+        self.con = store.connect(s.store_path)
+        self._restore()
+        http = None
+        if s.http_port is not None:
+            http = WorkerHttp(s.http_port, self.metrics.registry, self.health)
+            http.start()
+            log.info("serving /metrics and /healthz on 127.0.0.1:%d", http.port)
+        self.producer = make_producer(s.kafka)
+        consumer = make_consumer(s.kafka, s.group_id)
+        consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, self.stop)
+            except ValueError:  # not the main thread (tests run the worker in one)
+                pass
+        last_checkpoint = time.monotonic()
+        last_progress = time.monotonic()
+        idle_since = time.monotonic()
+        started = time.monotonic()
+        try:
+            while not self._stop:
+                msgs = consumer.consume(num_messages=s.batch_size, timeout=0.5)
+                got = self._process(msgs)
+                now = time.monotonic()
+                if got:
+                    idle_since = now
+                    self.last_batch_wall = now
+                if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self._has_unsaved()):
+                    self.checkpoint(consumer, close_all=False)
+                    last_checkpoint = now
+                if s.progress and now - last_progress >= 1.0:
+                    s.progress(self._progress_line(now - started))
+                    last_progress = now
+                if self._assigned_at is None:
+                    if now - started > 60:
+                        raise RuntimeError("the consumer group gave this worker no partitions within 60 s")
+                    idle_since = now  # the group join takes a few seconds: idle time counts from assignment
+                elif s.until_idle_s is not None and now - max(idle_since, self._assigned_at) >= s.until_idle_s:
+                    break
+            self.checkpoint(consumer, close_all=s.until_idle_s is not None and not self._stop)
+            if s.progress:
+                s.progress(self._progress_line(time.monotonic() - started))
+        finally:
+            consumer.close()
+            self.producer.flush(10)
+            if http:
+                http.stop()
+            self.con.close()
+        return 0
+
+    def _progress_line(self, elapsed_s: float) -> str:
+        rate = self.events_seen / elapsed_s if elapsed_s > 0 else 0.0
+        closed = sum(self.metrics.buckets_closed.labels(topic=t)._value.get() for t in self.pipelines)
+        return f"worker: {self.events_seen:,} events ({rate:,.0f}/s), {int(closed):,} buckets closed"
+
+    def _restore(self) -> None:
+        for p in self.pipelines.values():
+            r = store.load_topic_state(self.con, p.topic)
+            p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
+        self._stored_offsets = store.load_offsets(self.con)
+        self.next_offsets = dict(self._stored_offsets)
+
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned_at = time.monotonic()
+        for tp in partitions:
+            tp.offset = self._stored_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
+            if tp.topic in self.pipelines:
+                self.pipelines[tp.topic].assigned.add(tp.partition)
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic in self.pipelines:
+                self.pipelines[tp.topic].assigned.discard(tp.partition)
+
+    # ---- the hot path ---------------------------------------------------------------
+    def _process(self, msgs) -> int:
+        by_topic: dict[str, list] = {}
+        n = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    p = self.pipelines.get(m.topic())
+                    if p is not None:
+                        p.eof.add(m.partition())
+                else:
+                    log.warning("consumer error: %s", err)
+                continue
+            by_topic.setdefault(m.topic(), []).append(m)
+            n += 1
+        for topic, batch in by_topic.items():
+            self._process_topic(self.pipelines[topic], batch)
+        self.events_seen += n
+        return n
+
+    def _process_topic(self, p: TopicPipeline, batch: list) -> None:
+        values = [m.value() for m in batch]
+        partitions = [m.partition() for m in batch]
+        offsets = [m.offset() for m in batch]
+        for part, off in zip(partitions, offsets):
+            key = (p.topic, part)
+            if off + 1 > self.next_offsets.get(key, -1):
+                self.next_offsets[key] = off + 1
+        p.eof.difference_update(partitions)
+        decoded = p.decoder.decode(values)
+        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices)
+        rejected = decoded.rejected + bad_ts
+        outcome = p.windows.add(frame)
+        m = self.metrics
+        for r in rejected:
+            self._dead_letter(p.topic, batch[r.index], r.reason, r.detail)
+        for i in outcome.late_index:
+            self._dead_letter(p.topic, batch[i], LATE, "older than the allowed lateness")
+        m.events.labels(p.topic, "accepted").inc(outcome.accepted)
+        m.events.labels(p.topic, "rejected").inc(len(rejected))
+        m.events.labels(p.topic, "late").inc(len(outcome.late_index))
+        m.events.labels(p.topic, "duplicate").inc(outcome.duplicates)
+        m.late_events.labels(p.topic).inc(len(outcome.late_index))
+        if decoded.unknown_fields_dropped:
+            m.unknown_fields_dropped.labels(p.topic).inc(decoded.unknown_fields_dropped)
+
+    def _dead_letter(self, topic: str, msg, reason: str, detail: str) -> None:
+        _kind, ts_ms = msg.timestamp()
+        letter = deadletter.make(topic, msg.partition(), msg.offset(), reason, detail, msg.value(), max(ts_ms, 0))
+        self.dead_letters.append(letter)
+        self.metrics.dead_letters.labels(topic, reason).inc()
+
+    # ---- checkpoint ------------------------------------------------------------------
+    def _has_unsaved(self) -> bool:
+        return bool(self.dead_letters) or any(
+            p.windows.unsaved.counts or p.windows.unsaved.seen for p in self.pipelines.values()
+        ) or self.next_offsets != self._stored_offsets
+
+    def checkpoint(self, consumer, close_all: bool) -> None:
+        started = time.monotonic()
+        topics = []
+        for p in self.pipelines.values():
+            w = p.windows
+            before = None if close_all else w.closable_before(p.assigned, idle_partitions=p.eof)
+            if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
+                rows, minutes = w.close(before)
+                if rows.height:
+                    self._publish_closed(p, rows)
+                    self.metrics.buckets_closed.labels(p.topic).inc(rows.height)
+                    wall = time.time()
+                    for minute in minutes:
+                        self.metrics.bucket_close_delay.labels(p.topic).observe(max(0.0, wall - (minute + 1) * 60))
+            else:
+                rows, minutes = pl.DataFrame(), []
+            unsaved = w.take_unsaved()
+            topics.append(store.TopicCheckpoint(
+                topic=p.topic, table=p.table, closed=rows, closed_minutes=minutes,
+                counts=unsaved.counts, hist=unsaved.hist, seen=unsaved.seen,
+                watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
+            ))
+        letters = self.dead_letters
+        self.dead_letters = []
+        dlq = self.settings.kafka.topic("deadletter")
+        for d in letters:
+            self._produce(dlq, d.source_topic.encode(), deadletter.encode(d))
+        self.producer.flush(30)
+        cp = store.Checkpoint(
+            topics=topics, next_offsets=dict(self.next_offsets),
+            dead_letters=deadletter.to_frame(letters) if letters else None,
+        )
+        store.write_checkpoint(self.con, cp)
+        self._stored_offsets = dict(self.next_offsets)
+        self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
+        self._update_gauges(consumer)
+
+    def _publish_closed(self, p: TopicPipeline, rows: pl.DataFrame) -> None:
+        if not self.settings.publish_sli:
+            return
+        sli = self.settings.kafka.topic("sli")
+        keys = [k for k in p.windows.spec.keys if k in rows.columns]
+        lines = rows.with_columns(
+            pl.lit(f"{p.windows.spec.name}_minute.v1").alias("schema"),
+            pl.col("window_start").dt.epoch("ms").alias("window_start"),
+        ).write_ndjson().splitlines()
+        key_rows = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in keys], separator="|")).to_series()
+        for key, line in zip(key_rows, lines):
+            self._produce(sli, key.encode(), line.encode())
+
+    def _produce(self, topic: str, key: bytes, value: bytes) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value, key=key)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _update_gauges(self, consumer) -> None:
+        m = self.metrics
+        for p in self.pipelines.values():
+            w = p.windows
+            if w.watermark_ms:
+                m.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
+            m.open_minutes.labels(p.topic).set(len(w.open_minutes()))
+            m.dedupe_ids.labels(p.topic).set(w.dedupe_ids)
+            for part in sorted(p.assigned):
+                try:
+                    # Cached: the high offset arrives with every fetch response, no extra request.
+                    _low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
+                except Exception:  # lag is best-effort telemetry; never stop the worker for it
+                    continue
+                if high < 0:
+                    continue
+                pos = self.next_offsets.get((p.topic, part), 0)
+                m.consumer_lag.labels(p.topic, str(part)).set(max(0, high - pos))
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    return Worker(settings).run()
+

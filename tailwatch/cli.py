@@ -1,0 +1,164 @@
+"""The `tailwatch` command line: parses flags, builds settings, and hands off to the rooms.
+
+Every expected failure (no broker, bad config, missing store, no GPU) ends in one line
+on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+
+from tailwatch.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 2."""
+
+
+def _duration_s(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 500ms, 10s, 2m)")
+    value, unit = float(m.group(1)), m.group(2) or "s"
+    return value * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return v
+
+
+def _kafka_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Kafka")
+    g.add_argument("--bootstrap-servers", default=None,
+                   help=f"Kafka bootstrap servers (default: the embedded broker on {DEFAULT_BOOTSTRAP})")
+    g.add_argument("--kafka-config", default=None, metavar="FILE",
+                   help="librdkafka properties (key=value lines), e.g. security.protocol, sasl.*, ssl.*")
+    g.add_argument("--topic-prefix", default="tw.", help="topic name prefix (default: tw.)")
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    return KafkaSettings(
+        bootstrap_servers=args.bootstrap_servers or DEFAULT_BOOTSTRAP,
+        topic_prefix=args.topic_prefix,
+        client_config=read_client_config(args.kafka_config),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailwatch", description="Streaming SLO analytics for GPU inference fleets.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground")
+    p.add_argument("--port", type=_positive_int, default=9092)
+
+    p = sub.add_parser("simulate", help="simulate a GPU inference fleet with scripted incidents")
+    p.add_argument("--scenario", default="mixed-fleet")
+    p.add_argument("--minutes", type=_positive_int, default=120)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every request rate")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
+    p.add_argument("--truth", default=None, metavar="FILE", help="write the labelled incidents (JSON Lines) here")
+    p.add_argument("--trace", default=None, metavar="CSV", help="replay an Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens)")
+    _kafka_args(p)
+
+    p = sub.add_parser("produce", help="validate JSON Lines events and publish them to their topics")
+    p.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files, or - for standard input")
+    _kafka_args(p)
+
+    p = sub.add_parser("worker", help="the stream processor: events → 1-minute SLI buckets → store")
+    p.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
+    p.add_argument("--http-port", type=int, default=8000, help="port for /metrics and /healthz (0: any free port)")
+    p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
+                   help="drain, close all buckets and exit 0 after this long without new events")
+    p.add_argument("--group", default="tailwatch-worker", help="consumer group id")
+    p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
+    p.add_argument("--partitions", type=_positive_int, default=4, help="partitions for topics the worker creates")
+    p.add_argument("--batch-size", type=_positive_int, default=20_000)
+    _kafka_args(p)
+
+    p = sub.add_parser("sql", help="query the store")
+    p.add_argument("query")
+    p.add_argument("--store", default=None)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+
+    p = sub.add_parser("collect", help="collectors")
+    csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
+    g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")
+    g.add_argument("--interval", type=_duration_s, default=10.0)
+    g.add_argument("--count", type=int, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--node", default=None)
+    g.add_argument("--zone", default="")
+    g.add_argument("--pool", default="")
+    g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
+    _kafka_args(g)
+
+    p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
+    p.add_argument("--minutes", type=_positive_int, default=120)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--store", default=None)
+    p.add_argument("--port", type=_positive_int, default=None, help="broker port (default: 9092, or a free one)")
+
+    p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
+    p.add_argument("--events", type=_positive_int, default=1_000_000)
+    p.add_argument("--slices", type=_positive_int, default=20_000)
+    p.add_argument("--baseline-events", type=_positive_int, default=60_000)
+    p.add_argument("--workers", type=_positive_int, default=1, help="also measure with this many worker processes")
+    p.add_argument("--port", type=_positive_int, default=None)
+    p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+    except (CliError, ConfigError, KafkaUnavailable) as exc:
+        print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # known one-line errors from the rooms
+        from ingest.nvml import NvmlUnavailable
+        from ingest.trace import TraceError
+        from streams.store import StoreError
+        from tailwatch.broker import BrokerError
+
+        if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError)):
+            print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from tailwatch import commands
+
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr that overwrites itself on a terminal."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + line)
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def progress_done() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+

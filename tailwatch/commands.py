@@ -1,0 +1,191 @@
+"""One function per subcommand: wires settings to the rooms that do the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from tailwatch.cli import CliError, kafka_settings, progress, progress_done
+from tailwatch.kafka import ensure_reachable
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from tailwatch.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(port=args.port)
+    broker.start(foreground_output=True)
+    print(f"embedded broker ready on {broker.bootstrap} (in memory; Ctrl-C stops it)", file=sys.stderr)
+    try:
+        while broker.proc is not None and broker.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+    return 0
+
+
+def _source(args: argparse.Namespace):
+    from ingest.simulator import DEFAULT_START, FleetSimulator
+    from ingest.trace import TraceReplay
+
+    start = args.start or DEFAULT_START
+    if args.trace:
+        return TraceReplay(args.trace, minutes=args.minutes, seed=args.seed, start=start)
+    return FleetSimulator(args.scenario, args.minutes, args.seed, start, args.rate_scale)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    sim = _source(args)
+    if args.truth:
+        Path(args.truth).write_bytes(b"".join(msgspec.json.encode(t) + b"\n" for t in sim.truth()))
+    if args.out:
+        enc = msgspec.json.Encoder()
+        n = 0
+        with open(args.out, "wb") as fh:
+            for n, event in enumerate(sim.events(), 1):
+                fh.write(enc.encode(event) + b"\n")
+                if n % 50_000 == 0:
+                    progress(f"simulate: {n:,} events")
+        progress_done()
+        print(f"wrote {n:,} events to {args.out}", file=sys.stderr)
+        return 0
+    from ingest.producer import EventPublisher
+
+    settings = kafka_settings(args)
+    ensure_reachable(settings)
+    from tailwatch.kafka import ensure_topics
+
+    ensure_topics(settings)
+    pub = EventPublisher(settings)
+    report = pub.publish_events(sim.events(), progress=lambda n: progress(f"simulate: {n:,} events published"))
+    pub.close()
+    progress_done()
+    for line in report.lines():
+        print(line)
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from ingest.producer import EventPublisher
+    from tailwatch.kafka import ensure_topics
+
+    for f in args.files:
+        if f != "-" and not Path(f).is_file():
+            raise CliError(f"no such file {f}")
+    settings = kafka_settings(args)
+    ensure_reachable(settings)
+    ensure_topics(settings)
+    pub = EventPublisher(settings)
+    for f in args.files:
+        if f == "-":
+            pub.publish_lines(sys.stdin.buffer, "stdin")
+        else:
+            with open(f, "rb") as fh:
+                pub.publish_lines(fh, Path(f).name)
+    pub.close()
+    for line in pub.report.lines():
+        print(line)
+    return 0
+
+
+def _worker_settings(args: argparse.Namespace, **overrides):
+    from streams.store import DEFAULT_STORE
+    from streams.worker import WorkerSettings
+
+    return WorkerSettings(
+        kafka=kafka_settings(args),
+        store_path=args.store or DEFAULT_STORE,
+        group_id=args.group,
+        http_port=args.http_port,
+        until_idle_s=args.until_idle,
+        allowed_lateness_s=args.allowed_lateness,
+        partitions=args.partitions,
+        batch_size=args.batch_size,
+        progress=progress,
+        **overrides,
+    )
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.worker import Worker
+
+    settings = _worker_settings(args)
+    ensure_reachable(settings.kafka)
+    try:
+        code = Worker(settings).run()
+    except OSError as exc:
+        raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
+    progress_done()
+    return code
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from streams import store
+    from tailwatch.table import render
+
+    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True)
+    try:
+        cur = con.execute(args.query)
+    except duckdb.Error as exc:
+        raise CliError(str(exc).splitlines()[0]) from None
+    if cur.description is None:
+        return 0
+    cols = [d[0] for d in cur.description]
+    print(render(cols, cur.fetchall(), args.format))
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    import pynvml
+
+    from ingest import nvml
+
+    nvml.init(pynvml)
+    node = args.node or nvml.default_node()
+    publisher = None
+    if not args.print_only:
+        from ingest.producer import EventPublisher
+
+        settings = kafka_settings(args)
+        ensure_reachable(settings)
+        publisher = EventPublisher(settings)
+    enc = msgspec.json.Encoder()
+    rounds = 0
+    try:
+        while True:
+            samples = nvml.read_samples(pynvml, int(time.time() * 1000), node, args.zone, args.pool)
+            if publisher:
+                publisher.publish_events(samples)
+                publisher.producer.flush(10)
+            else:
+                for s in samples:
+                    print(enc.encode(s).decode())
+                sys.stdout.flush()
+            rounds += 1
+            if args.count and rounds >= args.count:
+                break
+            time.sleep(args.interval)
+    finally:
+        if publisher:
+            publisher.close()
+        pynvml.nvmlShutdown()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tailwatch.demo import run_demo
+
+    return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tailwatch.bench import run_bench
+
+    return run_bench(args)

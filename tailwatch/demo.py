@@ -1,0 +1,125 @@
+"""`tailwatch demo`: embedded broker → two simulated hours → worker → summary table.
+
+Also sends a handful of malformed records and redelivered duplicates straight to the
+topic (bypassing `produce`), to show the worker refusing and counting them.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ingest.producer import EventPublisher
+from ingest.simulator import FleetSimulator
+from slo import histogram
+from streams import store
+from streams.worker import Worker, WorkerSettings
+from tailwatch.broker import EmbeddedBroker
+from tailwatch.cli import progress, progress_done
+from tailwatch.kafka import KafkaSettings, ensure_topics
+from tailwatch.table import render
+
+BAD_RECORDS = [
+    b'{"schema": "request.v1", "event_id": "bad-1", ',  # truncated JSON
+    b'{"schema": "request.v9", "event_id": "bad-2", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+    b'{"schema": "request.v1", "event_id": "bad-3", "ts": 1, "tenant": "a", "model": "m", "workload": "llm"}',
+    b'{"schema": "request.v1", "event_id": "bad-4", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": -5}',
+    b'{"schema": "request.v1", "event_id": "bad-5", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 1e999}',
+    b'{"schema": "request.v1", "event_id": "\xff\xfe", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+]
+
+
+def _free_port(preferred: int = 9092) -> int:
+    try:
+        socket.create_connection(("127.0.0.1", preferred), timeout=0.3).close()
+    except OSError:
+        return preferred  # nobody answers there: ours to use
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None) -> int:
+    started = time.monotonic()
+    store_path = store_path or store.DEFAULT_STORE
+    if Path(store_path).exists():
+        Path(store_path).unlink()  # the demo's broker is new and in memory: start the store afresh too
+    port = port or _free_port()
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"[1/4] starting the embedded broker on 127.0.0.1:{port}")
+    broker = EmbeddedBroker(port=port, log_path="data/broker.log")
+    broker.start()
+    try:
+        settings = KafkaSettings(bootstrap_servers=broker.bootstrap)
+        ensure_topics(settings, partitions=4)
+        say(f"[2/4] simulating {minutes} minutes of a mixed GPU fleet (scenario mixed-fleet, seed {seed})")
+        sim = FleetSimulator("mixed-fleet", minutes, seed)
+        pub = EventPublisher(settings)
+        # Every 5,000th event is delivered twice, right after itself, as a retrying producer would.
+        events, dupes = [], 0
+        for i, e in enumerate(sim.events()):
+            events.append(e)
+            if i % 5_000 == 4_999:
+                events.append(e)
+                dupes += 1
+        pub.publish_events(events, progress=lambda n: progress(f"      published {n:,} events"))
+        for raw in BAD_RECORDS:
+            pub._send(settings.topic("requests"), b"demo", raw)
+        pub.close()
+        del pub
+        progress_done()
+        say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
+        say("[3/4] running the worker until the topics are drained")
+        worker = Worker(WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
+                                       progress=lambda line: progress("      " + line)))
+        worker.run()
+        progress_done()
+    finally:
+        broker.stop()
+    say("[4/4] summary")
+    print(summary(store_path))
+    print(f"\nstore: {Path(store_path).resolve()}   (query it: tailwatch sql \"SELECT * FROM sli_minute LIMIT 5\")")
+    print(f"demo finished in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def summary(store_path: str) -> str:
+    con = store.connect(store_path, read_only=True)
+    try:
+        counts = con.execute("""
+            SELECT workload, zone, sum(requests), sum(ok), sum(errors + timeouts), sum(cancelled), sum(retries),
+                   sum(successful_turns), sum(turns)
+            FROM sli_minute GROUP BY ALL ORDER BY ALL""").fetchall()
+        hists = {}
+        for field in ("first_output_ms", "e2e_ms"):
+            rows = con.execute(f"""
+                SELECT workload, zone, h.bin, sum(h.n)
+                FROM (SELECT workload, zone, unnest({field}_hist) AS h FROM sli_minute) GROUP BY ALL""").fetchall()
+            for w, z, b, n in rows:
+                hists.setdefault((field, w, z), {})[b] = n
+        dead = con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL ORDER BY 2 DESC").fetchall()
+        gpus = con.execute("SELECT count(DISTINCT node || gpu_index), round(avg(util_pct_mean), 1) FROM gpu_minute").fetchone()
+    finally:
+        con.close()
+    rows = []
+    for w, z, req, ok, bad, cancelled, retries, succ, turns in counts:
+        valid = req - cancelled
+        rows.append([
+            w, z, req, round(100 * ok / valid, 3) if valid else None, bad, retries,
+            _q(hists.get(("first_output_ms", w, z)), 0.95), _q(hists.get(("e2e_ms", w, z)), 0.99),
+            round(100 * succ / turns, 2) if turns else None,
+        ])
+    cols = ["workload", "zone", "requests", "availability_%", "errors+timeouts", "retries",
+            "first_output_p95_ms", "e2e_p99_ms", "task_success_%"]
+    out = "SLIs per workload and zone (availability = ok ÷ attempts excluding client cancellations)\n"
+    out += render(cols, rows)
+    out += f"\n\nGPUs sampled: {gpus[0]}, mean utilisation {gpus[1]}%"
+    out += "\ndead letters by reason: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none")
+    return out
+
+
+def _q(hist: dict | None, q: float) -> float | None:
+    v = histogram.quantile_ms(hist, q) if hist else None
+    return round(v, 1) if v is not None else None

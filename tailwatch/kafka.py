@@ -1,0 +1,117 @@
+"""Kafka connection settings and the clients built from them (confluent-kafka).
+
+Every command that touches Kafka goes through `KafkaSettings`: `--bootstrap-servers`
+for a real cluster, `--kafka-config FILE` for SASL/TLS and any other librdkafka
+property (`key=value` lines), and the topic prefix.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+TOPIC_SUFFIXES = ("requests", "gpu", "deploys", "sli", "alerts", "deadletter")
+
+
+class KafkaUnavailable(Exception):
+    """No broker answers: carries a one-line hint for the user."""
+
+
+class ConfigError(Exception):
+    """A bad flag or config file: carries a one-line message naming the problem."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    topic_prefix: str = "tw."
+    client_config: dict[str, str] = field(default_factory=dict)
+
+    def topic(self, suffix: str) -> str:
+        return f"{self.topic_prefix}{suffix}"
+
+    def base_config(self) -> dict[str, str]:
+        # Idle connections closed by the broker are routine; librdkafka would log each one.
+        return {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False, **self.client_config}
+
+
+def read_client_config(path: str | None) -> dict[str, str]:
+    """librdkafka properties from a `key=value` file (blank lines and # comments allowed)."""
+    if not path:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--kafka-config: no such file {path}")
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            raise ConfigError(f"{path}:{lineno}: expected key=value, got {line!r}")
+        k, v = line.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def ensure_reachable(settings: KafkaSettings, timeout_s: float = 3.0) -> None:
+    """Raise KafkaUnavailable with a one-line hint when no broker answers."""
+    embedded = settings.bootstrap_servers == DEFAULT_BOOTSTRAP
+    if embedded:
+        host, port = DEFAULT_BOOTSTRAP.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError:
+            raise KafkaUnavailable(
+                f"no Kafka broker answers on {DEFAULT_BOOTSTRAP}: start the embedded one with "
+                "`tailwatch broker` (or pass --bootstrap-servers HOST:PORT)"
+            ) from None
+    try:
+        AdminClient(settings.base_config()).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc.args[0]}") from None
+
+
+def ensure_topics(settings: KafkaSettings, partitions: int = 4) -> None:
+    admin = AdminClient(settings.base_config())
+    existing = set(admin.list_topics(timeout=10).topics)
+    wanted = [settings.topic(s) for s in TOPIC_SUFFIXES if settings.topic(s) not in existing]
+    if not wanted:
+        return
+    futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1) for t in wanted])
+    for topic, fut in futures.items():
+        try:
+            fut.result()
+        except KafkaException as exc:
+            if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def make_producer(settings: KafkaSettings) -> Producer:
+    return Producer({
+        "linger.ms": 20,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 1_000_000,
+        "enable.idempotence": False,
+        **settings.base_config(),
+    })
+
+
+def make_consumer(settings: KafkaSettings, group_id: str) -> Consumer:
+    return Consumer({
+        "group.id": group_id,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "fetch.max.bytes": 52_428_800,
+        "max.partition.fetch.bytes": 10_485_760,
+        "queued.max.messages.kbytes": 262_144,
+        **settings.base_config(),
+    })
