@@ -11,7 +11,14 @@ from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
 from streams.windows import AggregateSpec
 
 REQUEST_COUNTS = ("requests", "ok", "errors", "timeouts", "shed", "cancelled", "retries", "turns", "successful_turns")
-REQUEST_SUMS = ("prompt_tokens", "output_tokens", "audio_seconds", "gpu_seconds")
+MICRO = 1_000_000
+MILLI = 1_000
+
+
+def _fixed_sum(column: str, scale: int) -> pl.Expr:
+    """Sum in integer fixed point: float sums would depend on merge order, and a restart or
+    replay merges partials in a different order, so buckets would differ in the last bits."""
+    return (pl.col(column) * scale).round().cast(pl.Int64).sum().alias(f"_{column}_fixed")
 
 
 def _status(name: str) -> pl.Expr:
@@ -35,19 +42,21 @@ REQUESTS = AggregateSpec(
         pl.col("task_success").fill_null(False).sum().cast(pl.Int64).alias("successful_turns"),
         pl.col("prompt_tokens").sum().cast(pl.Int64),
         pl.col("output_tokens").sum().cast(pl.Int64),
-        pl.col("audio_seconds").sum().cast(pl.Float64),
-        pl.col("gpu_seconds").sum().cast(pl.Float64),
+        _fixed_sum("audio_seconds", MICRO),
+        _fixed_sum("gpu_seconds", MICRO),
     ],
-    merge={c: "sum" for c in (*REQUEST_COUNTS, *REQUEST_SUMS)},
+    merge={c: "sum" for c in (*REQUEST_COUNTS, "prompt_tokens", "output_tokens", "_audio_seconds_fixed", "_gpu_seconds_fixed")},
     finalize=lambda f: f.select(
-        "window_start", *SLICE_LABELS, *REQUEST_COUNTS, *REQUEST_SUMS,
+        "window_start", *SLICE_LABELS, *REQUEST_COUNTS, "prompt_tokens", "output_tokens",
+        (pl.col("_audio_seconds_fixed") / MICRO).alias("audio_seconds"),
+        (pl.col("_gpu_seconds_fixed") / MICRO).alias("gpu_seconds"),
         *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
     ),
     histogram_fields=LATENCY_FIELDS,
 )
 
-def _mean(total: str, count: str) -> pl.Expr:
-    return pl.when(pl.col(count) > 0).then(pl.col(total) / pl.col(count))
+def _mean(total: str, count: str, scale: int) -> pl.Expr:
+    return pl.when(pl.col(count) > 0).then(pl.col(total) / pl.col(count) / scale)
 
 
 GPU_KEYS = ("node", "gpu_index")
@@ -61,12 +70,12 @@ GPU = AggregateSpec(
         pl.len().cast(pl.Int64).alias("samples"),
         pl.col("ts_ms").max().alias("_last_ts_ms"),
         *[pl.col(c).sort_by("ts_ms").last().alias(c) for c in GPU_LAST],
-        pl.col("util_pct").sum().alias("_util_sum"),
+        _fixed_sum("util_pct", MILLI),
         pl.col("util_pct").count().cast(pl.Int64).alias("_util_n"),
         pl.col("util_pct").max().alias("util_pct_max"),
         pl.col("mem_used_bytes").max().alias("mem_used_bytes_max"),
         pl.col("mem_total_bytes").max().alias("mem_total_bytes"),
-        pl.col("power_w").sum().alias("_power_sum"),
+        _fixed_sum("power_w", MILLI),
         pl.col("power_w").count().cast(pl.Int64).alias("_power_n"),
         pl.col("temp_c").max().alias("temp_c_max"),
         pl.col("xid_errors").sum().cast(pl.Int64).alias("xid_errors"),
@@ -80,8 +89,8 @@ GPU = AggregateSpec(
     ],
     merge={
         "samples": "sum", "_last_ts_ms": "max", **{c: "last" for c in GPU_LAST},
-        "_util_sum": "sum", "_util_n": "sum", "util_pct_max": "max", "mem_used_bytes_max": "max",
-        "mem_total_bytes": "max", "_power_sum": "sum", "_power_n": "sum", "temp_c_max": "max",
+        "_util_pct_fixed": "sum", "_util_n": "sum", "util_pct_max": "max", "mem_used_bytes_max": "max",
+        "mem_total_bytes": "max", "_power_w_fixed": "sum", "_power_n": "sum", "temp_c_max": "max",
         "xid_errors": "sum", "ecc_errors": "sum", "queue_depth_max": "max",
         "oldest_queue_age_ms_max": "max", "running_max": "max", "active_streams_max": "max",
         "kv_cache_usage_max": "max", "preemptions": "sum",
@@ -89,9 +98,9 @@ GPU = AggregateSpec(
     finalize=lambda f: f.select(
         "window_start", "node", "gpu_index", "zone", "pool", "gpu_sku", "model", "model_version",
         "samples",
-        _mean("_util_sum", "_util_n").alias("util_pct_mean"),
+        _mean("_util_pct_fixed", "_util_n", MILLI).alias("util_pct_mean"),
         "util_pct_max", "mem_used_bytes_max", "mem_total_bytes",
-        _mean("_power_sum", "_power_n").alias("power_w_mean"),
+        _mean("_power_w_fixed", "_power_n", MILLI).alias("power_w_mean"),
         "temp_c_max", "xid_errors", "ecc_errors", "queue_depth_max", "oldest_queue_age_ms_max",
         "running_max", "active_streams_max", "kv_cache_usage_max", "preemptions", "replica_state",
     ),

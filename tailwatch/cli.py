@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
     p.add_argument("--partitions", type=_positive_int, default=4, help="partitions for topics the worker creates")
     p.add_argument("--batch-size", type=_positive_int, default=20_000)
+    p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
+                   help="how often buckets, state and offsets are committed to the store (default 2s)")
     _kafka_args(p)
 
     p = sub.add_parser("sql", help="query the store")

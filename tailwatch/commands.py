@@ -106,6 +106,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         allowed_lateness_s=args.allowed_lateness,
         partitions=args.partitions,
         batch_size=args.batch_size,
+        checkpoint_interval_s=args.checkpoint_interval,
         progress=progress,
         **overrides,
     )

@@ -1,0 +1,172 @@
+"""Simulated events → real broker → worker → DuckDB store, checked against the simulator."""
+
+import json
+import threading
+import urllib.request
+import uuid
+
+import duckdb
+import msgspec
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from ingest.producer import EventPublisher
+from ingest.simulator import FleetSimulator
+from streams.worker import Worker, WorkerSettings
+from tailwatch.kafka import make_producer
+
+from tests.test_validate import CORPUS
+
+
+def run_worker(kafka, store_path, **kw) -> Worker:
+    settings = WorkerSettings(kafka=kafka, store_path=str(store_path), group_id=f"g-{uuid.uuid4().hex[:6]}",
+                              http_port=None, until_idle_s=2.0, **kw)
+    w = Worker(settings)
+    assert w.run() == 0
+    return w
+
+
+def publish(kafka, events):
+    pub = EventPublisher(kafka)
+    pub.publish_events(events)
+    pub.close()
+    return pub.report
+
+
+def send_raw(kafka, topic_suffix, values, key=b"k"):
+    p = make_producer(kafka)
+    for v in values:
+        p.produce(kafka.topic(topic_suffix), v, key=key)
+    assert p.flush(30) == 0
+
+
+def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
+    sim = FleetSimulator("mixed-fleet", minutes=20, seed=11, rate_scale=0.5)
+    events = list(sim.events())
+    publish(kafka, events)
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store)
+    con = duckdb.connect(str(store), read_only=True)
+    t = sim.totals
+    got = con.execute("""SELECT sum(requests), sum(ok), sum(errors), sum(timeouts), sum(cancelled), sum(retries),
+                                sum(turns), sum(successful_turns), sum(output_tokens) FROM sli_minute""").fetchone()
+    assert got == (t.requests, t.by_status["ok"], t.by_status["error"], t.by_status["timeout"],
+                   t.by_status["cancelled"], t.retries, t.turns, t.successful_turns, t.output_tokens)
+    assert con.execute("SELECT sum(samples) FROM gpu_minute").fetchone()[0] == t.gpu_samples
+    # One row per slice and minute, 20 minutes, and histograms that add up to their counts.
+    assert con.execute("SELECT count(DISTINCT window_start) FROM sli_minute").fetchone()[0] == 20
+    dup = con.execute("""SELECT count(*) FROM (SELECT window_start, tenant, model, model_version, zone, workload,
+                         traffic_class, deployment, pool, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
+    assert dup == 0
+    mismatch = con.execute("""SELECT count(*) FROM sli_minute
+                              WHERE list_sum([h.n for h in e2e_ms_hist]) != requests - cancelled""").fetchone()[0]
+    assert mismatch == 0
+    assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
+    assert w.metrics.events.labels(kafka.topic("requests"), "accepted")._value.get() == t.requests
+
+
+def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(kafka, tmp_path):
+    sim = FleetSimulator("quiet", minutes=3, seed=3, rate_scale=0.2)
+    events = [e for e in sim.events() if e.schema == "request.v1"]
+    good = [msgspec.json.encode(e) for e in events]
+    bad = [raw for raw, _ in CORPUS]
+    mixed = good[: len(good) // 2] + bad + good[len(good) // 2:]
+    send_raw(kafka, "requests", mixed)
+    big = msgspec.json.encode(events[0])[:-1] + b', "endpoint": "' + b"x" * 70_000 + b'"}'
+    send_raw(kafka, "requests", [big])
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store)
+    con = duckdb.connect(str(store), read_only=True)
+    reasons = dict(con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall())
+    expected = {}
+    for _, r in CORPUS:
+        expected[r] = expected.get(r, 0) + 1
+    expected["oversized"] = 1
+    assert reasons == expected
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
+    offsets = con.execute("SELECT source_topic, min(source_offset), max(source_offset) FROM dead_letter WHERE reason != 'oversized' GROUP BY ALL").fetchall()
+    assert offsets[0][0] == kafka.topic("requests")
+    # The raw bytes are in the dead-letter topic, with their reason and source.
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "dlq-" + uuid.uuid4().hex[:6]})
+    c.assign([TopicPartition(kafka.topic("deadletter"), p, OFFSET_BEGINNING) for p in range(2)])
+    letters = []
+    for _ in range(40):
+        letters += [m for m in c.consume(100, timeout=0.5) if m.error() is None]
+        if len(letters) >= len(bad) + 1:
+            break
+    c.close()
+    decoded = [json.loads(m.value()) for m in letters]
+    assert sorted(d["reason"] for d in decoded) == sorted(r for r, n in expected.items() for _ in range(n))
+    assert all(d["source_topic"] == kafka.topic("requests") and d["source_offset"] >= 0 for d in decoded)
+    for reason, n in expected.items():
+        assert w.metrics.dead_letters.labels(kafka.topic("requests"), reason)._value.get() == n
+
+
+def test_text_outside_the_schema_never_reaches_the_store(kafka, tmp_path):
+    sim = FleetSimulator("quiet", minutes=2, seed=5, rate_scale=0.1)
+    events = [e for e in sim.events() if e.schema == "request.v1"]
+    secret = "PROMPT-TEXT-7f3a tell me about my diagnosis"
+    leaky = []
+    for e in events:
+        d = msgspec.to_builtins(e)
+        d["prompt"] = secret
+        d["transcript"] = secret
+        leaky.append(json.dumps(d).encode())
+    send_raw(kafka, "requests", leaky)
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store)
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
+    con.close()
+    assert b"PROMPT-TEXT-7f3a" not in store.read_bytes()
+    assert w.metrics.unknown_fields_dropped.labels(kafka.topic("requests"))._value.get() == len(events)
+
+
+def test_duplicate_deliveries_count_once_and_late_events_are_dead_lettered(kafka, tmp_path):
+    sim = FleetSimulator("quiet", minutes=12, seed=9, rate_scale=0.2)
+    events = [e for e in sim.events() if e.schema == "request.v1"]
+    raw = [msgspec.json.encode(e) for e in events]
+    redelivered = raw[:50]  # redelivered right after the first part of the log
+    late = msgspec.json.encode(msgspec.structs.replace(events[0], event_id="really-late"))
+    # One key, so one partition: the last record sits 12 minutes behind that partition's watermark.
+    send_raw(kafka, "requests", raw[:200] + redelivered + raw[200:] + [late])
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store)
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
+    assert con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall() == [("late", 1)]
+    assert w.metrics.events.labels(kafka.topic("requests"), "duplicate")._value.get() == 50
+    assert w.metrics.late_events.labels(kafka.topic("requests"))._value.get() == 1
+
+
+def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
+    publish(kafka, FleetSimulator("quiet", minutes=2, seed=1, rate_scale=0.1).events())
+    from tests.conftest import free_port
+
+    port = free_port()
+    settings = WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id="g-http",
+                              http_port=port, until_idle_s=6.0)
+    w = Worker(settings)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        import time
+
+        deadline = time.time() + 30
+        body = ""
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                if 'outcome="accepted"' in body:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
+    finally:
+        t.join(60)
+    assert health["status"] == "ok"
+    for name in ("tailwatch_events_total", "tailwatch_dead_letters_total", "tailwatch_late_events_total",
+                 "tailwatch_consumer_lag_messages", "tailwatch_bucket_close_delay_seconds"):
+        assert name in body
+    assert f'tailwatch_events_total{{outcome="accepted",topic="{kafka.topic("requests")}"}}' in body

@@ -1,0 +1,132 @@
+"""Event-time windows: lateness per partition, dedupe, closing, restore (pure, no Kafka)."""
+
+import polars as pl
+import pytest
+
+from streams.aggregates import REQUESTS
+from streams.frames import REQUEST_COLUMNS
+from streams.windows import MINUTE_MS, MinuteWindows
+
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE_MS
+
+
+def frame(rows):
+    """rows: (event_id, ts_ms, partition, status, e2e_ms)."""
+    data = {c: [] for c in REQUEST_COLUMNS}
+    data.update(ts_ms=[], _partition=[], _offset=[], _index=[])
+    for i, (eid, ts, part, status, e2e) in enumerate(rows):
+        for c in REQUEST_COLUMNS:
+            data[c].append(None)
+        data["event_id"][-1] = eid
+        for c, v in (("tenant", "acme"), ("model", "m"), ("model_version", "v1"), ("zone", "z"),
+                     ("workload", "llm"), ("traffic_class", "realtime"), ("deployment", "stable"), ("pool", "p")):
+            data[c][-1] = v
+        data["status"][-1] = status
+        data["attempt"][-1] = 1
+        data["e2e_ms"][-1] = e2e
+        data["ts_ms"].append(ts)
+        data["_partition"].append(part)
+        data["_offset"].append(i)
+        data["_index"].append(i)
+    schema = {**REQUEST_COLUMNS, "ts_ms": pl.Int64, "_partition": pl.Int32, "_offset": pl.Int64, "_index": pl.Int64}
+    return pl.DataFrame(data, schema=schema)
+
+
+def windows(lateness_min=5):
+    return MinuteWindows(REQUESTS, lateness_min * MINUTE_MS)
+
+
+def test_counts_and_quantiles_of_one_minute():
+    w = windows()
+    w.add(frame([(f"e{i}", T0 + i * 100, 0, "ok" if i % 10 else "error", float(i + 1)) for i in range(100)]))
+    rows, minutes = w.close(None)
+    assert minutes == [T0 // MINUTE_MS]
+    r = rows.row(0, named=True)
+    assert (r["requests"], r["ok"], r["errors"]) == (100, 90, 10)
+    assert abs(r["e2e_ms_p50"] - 50) <= 1 and abs(r["e2e_ms_p99"] - 99) <= 2
+    assert sum(x["n"] for x in r["e2e_ms_hist"]) == 100
+
+
+def test_out_of_order_events_inside_lateness_update_their_bucket():
+    w = windows()
+    w.add(frame([("a", T0 + 4 * MINUTE_MS, 0, "ok", 1.0)]))
+    out = w.add(frame([("b", T0 + 10, 0, "ok", 1.0)]))  # 4 minutes older: inside 5 minutes
+    assert out.late_index == [] and out.accepted == 1
+    rows, _ = w.close(None)
+    assert sorted(rows["requests"].to_list()) == [1, 1]
+
+
+def test_events_older_than_lateness_are_late_and_not_counted():
+    w = windows(lateness_min=5)
+    w.add(frame([("a", T0 + 10 * MINUTE_MS, 0, "ok", 1.0)]))
+    out = w.add(frame([("b", T0 + 4 * MINUTE_MS, 0, "ok", 1.0), ("c", T0 + 5 * MINUTE_MS, 0, "ok", 1.0)]))
+    assert out.late_index == [0]  # b is 6 min behind the watermark; c exactly 5: allowed
+    rows, _ = w.close(None)
+    assert rows["requests"].sum() == 2
+
+
+def test_lateness_is_judged_per_partition():
+    w = windows(lateness_min=5)
+    w.add(frame([("a", T0 + 60 * MINUTE_MS, 0, "ok", 1.0)]))
+    out = w.add(frame([("b", T0, 1, "ok", 1.0)]))  # partition 1 has its own watermark
+    assert out.late_index == []
+
+
+def test_late_within_one_batch_uses_running_watermark():
+    w = windows(lateness_min=1)
+    out = w.add(frame([("a", T0 + 10 * MINUTE_MS, 0, "ok", 1.0), ("b", T0, 0, "ok", 1.0)]))
+    assert out.late_index == [1]
+
+
+def test_duplicates_in_one_batch_and_across_batches_count_once():
+    w = windows()
+    first = w.add(frame([("a", T0, 0, "ok", 1.0), ("a", T0, 0, "ok", 1.0), ("b", T0, 0, "ok", 1.0)]))
+    again = w.add(frame([("a", T0, 1, "ok", 1.0), ("c", T0, 0, "ok", 1.0)]))
+    assert (first.duplicates, again.duplicates) == (1, 1)
+    rows, _ = w.close(None)
+    assert rows["requests"].sum() == 3
+
+
+def test_dedupe_memory_is_released_when_a_minute_closes():
+    w = windows(lateness_min=1)
+    w.add(frame([(f"e{i}", T0 + i, 0, "ok", 1.0) for i in range(50)]))
+    assert w.dedupe_ids == 50
+    w.add(frame([("later", T0 + 5 * MINUTE_MS, 0, "ok", 1.0)]))
+    before = w.closable_before({0}, set())
+    w.close(before)
+    assert w.dedupe_ids == 1
+
+
+def test_minutes_close_only_when_every_assigned_partition_has_passed():
+    w = windows(lateness_min=1)
+    w.add(frame([("a", T0, 0, "ok", 1.0), ("b", T0 + 10 * MINUTE_MS, 0, "ok", 1.0)]))
+    assert w.closable_before({0, 1}, set()) is None  # partition 1 not heard from yet
+    assert w.closable_before({0, 1}, {1}) == T0 // MINUTE_MS + 9  # 1 is empty (at end of log)
+    w.add(frame([("c", T0 + 3 * MINUTE_MS, 1, "ok", 1.0)]))
+    assert w.closable_before({0, 1}, set()) == T0 // MINUTE_MS + 2
+
+
+def test_event_for_a_closed_minute_is_late():
+    w = windows(lateness_min=1)
+    w.add(frame([("a", T0, 0, "ok", 1.0), ("b", T0 + 10 * MINUTE_MS, 0, "ok", 1.0)]))
+    w.close(w.closable_before({0}, set()))
+    out = w.add(frame([("c", T0 + 30, 1, "ok", 1.0)]))  # a new partition, but minute 0 is closed
+    assert out.late_index == [0]
+
+
+@pytest.mark.parametrize("split", [1, 3, 7])
+def test_restore_from_unsaved_parts_gives_the_same_buckets(split):
+    rows = [(f"e{i}", T0 + i * 7_000, i % 2, "ok" if i % 7 else "timeout", float(i % 50 + 1)) for i in range(120)]
+    whole = windows()
+    whole.add(frame(rows))
+    expected, _ = whole.close(None)
+
+    first = windows()
+    first.add(frame(rows[: split * 10]))
+    saved = first.take_unsaved()
+    second = windows()
+    second.restore(pl.concat(saved.counts), pl.concat(saved.hist), saved.seen, first.watermark_ms, first.closed_before_minute)
+    second.add(frame(rows))  # redelivery of the first part too: deduped
+    got, _ = second.close(None)
+    key = ["window_start", "tenant"]
+    assert got.sort(key).equals(expected.sort(key))
