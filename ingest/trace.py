@@ -47,7 +47,7 @@ def read_trace(path: str | Path) -> list[tuple[int, int, int]]:
                 raise TraceError(f"{path}:{lineno}: cannot read {','.join(row)[:80]!r}") from None
     if not rows:
         raise TraceError(f"{path}: no rows")
-    rows.sort()
+    rows.sort(key=lambda r: r[0])  # stable: rows of one millisecond keep their file order
     t0 = rows[0][0]
     return [(t - t0, c, g) for t, c, g in rows]
 
@@ -76,7 +76,7 @@ class TraceReplay:
         queue = rng.lognormal(math.log(12), 0.7, n)
         fails = rng.random(n)
         for i, (offset_ms, ctx, gen) in enumerate(self.rows):
-            ok = fails[i] >= 0.005
+            ok = bool(fails[i] >= 0.005)
             first = 60 + ctx * PREFILL_MS_PER_TOKEN
             e2e = float(queue[i]) + first + gen * DECODE_MS_PER_TOKEN
             zone = ZONES[zones[i]]

@@ -78,8 +78,11 @@ class BatchDecoder(Generic[T]):
         self._any = msgspec.json.Decoder()
 
     def decode(self, values: Sequence[bytes | None]) -> DecodedBatch[T]:
-        limit = self.max_record_bytes
-        if all(v is not None and len(v) <= limit for v in values):
+        try:
+            fits = not values or max(map(len, values)) <= self.max_record_bytes  # type: ignore[arg-type]
+        except TypeError:  # a None value (a tombstone) somewhere
+            fits = False
+        if fits:
             try:
                 decoded = self._strict_batch.decode(b"[" + b",".join(values) + b"]")  # type: ignore[arg-type]
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):

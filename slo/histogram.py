@@ -18,7 +18,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import polars as pl
 
-RELATIVE_ACCURACY = 0.01
+RELATIVE_ACCURACY = 0.0195  # quantiles within 1.95%: the contract is 2%
 GAMMA = (1 + RELATIVE_ACCURACY) / (1 - RELATIVE_ACCURACY)
 LOG_GAMMA = math.log(GAMMA)
 MIN_VALUE_MS = 0.01
@@ -103,22 +103,21 @@ def fraction_at_or_under(histogram: Mapping[int, int], threshold_ms: float) -> f
 def quantiles_frame(hist_long: pl.DataFrame, keys: list[str], qs: Mapping[str, float]) -> pl.DataFrame:
     """Per group of `keys`, the quantiles of a long histogram frame (keys…, bin, n).
 
-    Vectorised equivalent of `quantile_ms` for many histograms at once.
+    Vectorised equivalent of `quantile_ms` for many histograms at once: one sort, one
+    cumulative sum over all groups, and a binary search per quantile.
     """
-    ranked = hist_long.sort([*keys, "bin"]).with_columns(
-        pl.col("n").cum_sum().over(keys).alias("_cum"),
-        pl.col("n").sum().over(keys).alias("_total"),
-    )
-    aggs = [
-        pl.col("bin").filter(pl.col("_cum") > ((pl.col("_total") - 1) * q).floor()).first().alias(name)
-        for name, q in qs.items()
-    ]
-    out = ranked.group_by(keys).agg(aggs)
+    if hist_long.height == 0:
+        return hist_long.select(keys).with_columns([pl.lit(None, dtype=pl.Float64).alias(k) for k in qs])
+    ordered = hist_long.sort([*keys, "bin"])
+    n = ordered["n"].to_numpy()
+    bins = ordered["bin"].to_numpy()
+    group = ordered.select(pl.struct(keys).rle_id())[:, 0].to_numpy()
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    cum = np.cumsum(n)
+    totals = np.add.reduceat(n, starts)
+    before = cum[starts] - n[starts]
+    out = ordered[starts].select(keys)
+    for name, q in qs.items():
+        at = np.searchsorted(cum, before + np.floor((totals - 1) * q), side="right")
+        out = out.with_columns(pl.Series(name, bins[at]).cast(pl.Int16))
     return out.with_columns([bin_value_expr(name).alias(name) for name in qs])
-
-
-def as_numpy_bins(values_ms: np.ndarray) -> np.ndarray:
-    v = np.asarray(values_ms, dtype=np.float64)
-    out = np.ceil(np.log(np.maximum(v, MIN_VALUE_MS)) / LOG_GAMMA).astype(np.int16)
-    out[v <= MIN_VALUE_MS] = ZERO_BIN
-    return out

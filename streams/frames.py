@@ -6,6 +6,7 @@ Only the columns that aggregation needs are extracted; identifiers such as
 
 from __future__ import annotations
 
+import io
 from datetime import datetime, timezone
 from typing import Sequence
 
@@ -47,18 +48,22 @@ def parse_ts_ms(ts: int | str) -> int:
 
 def records_to_frame(
     records: Sequence[msgspec.Struct],
+    raw_values: Sequence[bytes],
     columns: dict[str, pl.DataType],
     partitions: Sequence[int],
     offsets: Sequence[int],
     indices: Sequence[int],
 ) -> tuple[pl.DataFrame, list[Rejected]]:
-    """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`; bad timestamps rejected.
+    """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`, `_index`; bad timestamps rejected.
 
-    `partitions`/`offsets` are per raw record; `indices` maps each record to its raw position.
+    The records are already validated; their columns are read from the same raw bytes by
+    polars' native JSON reader (about twice as fast as building columns from Python
+    objects). `raw_values`/`partitions`/`offsets` are per raw record; `indices` maps each
+    record to its raw position.
     """
     rejected: list[Rejected] = []
     ts_raw = [r.ts for r in records]  # type: ignore[attr-defined]
-    if all(type(t) is int for t in ts_raw):
+    if set(map(type, ts_raw)) <= {int}:
         ts_ms = ts_raw
     else:
         ts_ms, keep = [], []
@@ -68,12 +73,17 @@ def records_to_frame(
                 keep.append(pos)
             except (ValueError, OverflowError):
                 rejected.append(Rejected(indices[pos], BAD_TIMESTAMP, "ts is neither epoch milliseconds nor RFC 3339"))
-        records = [records[p] for p in keep]
         indices = [indices[p] for p in keep]
-    data = {name: [getattr(r, name) for r in records] for name in columns}
-    data["ts_ms"] = ts_ms
-    data["_partition"] = [partitions[i] for i in indices]
-    data["_offset"] = [offsets[i] for i in indices]
-    data["_index"] = list(indices)
-    schema = {**columns, "ts_ms": pl.Int64, "_partition": pl.Int32, "_offset": pl.Int64, "_index": pl.Int64}
-    return pl.DataFrame(data, schema=schema), rejected
+    if len(indices) == len(raw_values):
+        body = pl.read_ndjson(io.BytesIO(b"\n".join(raw_values)), schema=columns)
+    elif indices:
+        body = pl.read_ndjson(io.BytesIO(b"\n".join([raw_values[i] for i in indices])), schema=columns)
+    else:
+        body = pl.DataFrame(schema=columns)
+    frame = body.with_columns(
+        pl.Series("ts_ms", ts_ms, dtype=pl.Int64),
+        pl.Series("_partition", [partitions[i] for i in indices], dtype=pl.Int32),
+        pl.Series("_offset", [offsets[i] for i in indices], dtype=pl.Int64),
+        pl.Series("_index", list(indices), dtype=pl.Int64),
+    )
+    return frame, rejected

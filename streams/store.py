@@ -9,6 +9,7 @@ exactly the buckets and state that match the offsets it resumes from.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +49,8 @@ CREATE TABLE IF NOT EXISTS _tw_offsets (
     topic VARCHAR, part INTEGER, next_offset BIGINT, watermark_ms BIGINT, PRIMARY KEY (topic, part)
 );
 CREATE TABLE IF NOT EXISTS _tw_frontier (topic VARCHAR PRIMARY KEY, closed_before_minute BIGINT);
-CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, payload BLOB);
-CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, payload BLOB);
+CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
+CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);
 """
 
@@ -68,6 +69,9 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     except duckdb.IOException as exc:
         raise StoreError(f"cannot open store {path}: {str(exc).splitlines()[0]}") from None
     if not read_only:
+        # The worker's store is written in small transactions; DuckDB's default buffer pool
+        # (80% of RAM) would let its cache dwarf the worker's own state.
+        con.execute("SET memory_limit = '1GB'")
         con.execute(SCHEMA_SQL)
     return con
 
@@ -94,14 +98,9 @@ class Checkpoint:
     dead_letters: pl.DataFrame | None = None
 
 
-def _frame_blob(frames: list[pl.DataFrame]) -> bytes | None:
-    frames = [f for f in frames if f.height]
-    if not frames:
-        return None
-    import io
-
+def _frame_blob(frame: pl.DataFrame) -> bytes:
     buf = io.BytesIO()
-    pl.concat(frames, how="vertical_relaxed").write_ipc(buf, compression="lz4")
+    frame.write_ipc(buf, compression="lz4")
     return buf.getvalue()
 
 
@@ -114,12 +113,11 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
                 con.register("_closed", t.closed.to_arrow())
                 con.execute(f"INSERT INTO {t.table} BY NAME SELECT * FROM _closed")
                 con.unregister("_closed")
-            if t.closed_minutes:
-                # State of closed minutes is gone from memory; drop it from disk too. Partials
-                # are stored as blobs of many minutes, so rewrite the survivors.
-                _rewrite_open(con, t)
-            else:
-                _append_open(con, t)
+            _append_open(con, t)
+            if t.closed_before_minute is not None:
+                # Closed minutes left memory with this checkpoint; their partial state goes too.
+                for table in ("_tw_open_counts", "_tw_open_hist", "_tw_open_seen"):
+                    con.execute(f"DELETE FROM {table} WHERE topic = ? AND minute < ?", [t.topic, t.closed_before_minute])
             for p, wm in t.watermarks.items():
                 con.execute(
                     "INSERT INTO _tw_offsets VALUES (?, ?, NULL, ?) ON CONFLICT (topic, part) "
@@ -149,44 +147,27 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
 
 
 def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
-    blob = _frame_blob(t.counts)
-    if blob is not None:
-        con.execute("INSERT INTO _tw_open_counts VALUES (?, ?)", [t.topic, blob])
-    blob = _frame_blob(t.hist)
-    if blob is not None:
-        con.execute("INSERT INTO _tw_open_hist VALUES (?, ?)", [t.topic, blob])
+    """Deltas of open-minute state since the last checkpoint, one blob per minute."""
+    for table, frames in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
+        frames = [f for f in frames if f.height]
+        if not frames:
+            continue
+        merged = pl.concat(frames, how="vertical_relaxed")
+        for (minute,), part in merged.partition_by("_minute", as_dict=True).items():
+            con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, minute, _frame_blob(part)])
     for minute, hashes in t.seen:
         con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
 
 
-def _rewrite_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
-    cut = t.closed_before_minute
-    for table, new in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
-        old = _load_blobs(con, table, t.topic)
-        frames = ([old] if old is not None else []) + list(new)
-        frames = [f.filter(pl.col("_minute") >= cut) for f in frames if f.height]
-        con.execute(f"DELETE FROM {table} WHERE topic = ?", [t.topic])
-        blob = _frame_blob(frames)
-        if blob is not None:
-            con.execute(f"INSERT INTO {table} VALUES (?, ?)", [t.topic, blob])
-    con.execute("DELETE FROM _tw_open_seen WHERE topic = ? AND minute < ?", [t.topic, cut])
-    for minute, hashes in t.seen:
-        if minute >= cut:
-            con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
-
-
-def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> pl.DataFrame | None:
-    import io
-
+def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> list[pl.DataFrame]:
     rows = con.execute(f"SELECT payload FROM {table} WHERE topic = ?", [topic]).fetchall()
-    frames = [pl.read_ipc(io.BytesIO(r[0])) for r in rows]
-    return pl.concat(frames, how="vertical_relaxed") if frames else None
+    return [pl.read_ipc(io.BytesIO(r[0])) for r in rows]
 
 
 @dataclass
 class RestoredTopic:
-    counts: pl.DataFrame | None
-    hist: pl.DataFrame | None
+    counts: list[pl.DataFrame]
+    hist: list[pl.DataFrame]
     seen: list[tuple[int, np.ndarray]]
     watermarks: dict[int, int]
     closed_before_minute: int | None

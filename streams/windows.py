@@ -48,6 +48,21 @@ class Unsaved:
     seen: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
 
+def _tiered(parts: list, merge: Callable[[list], object], fan_in: int) -> list:
+    """Merge the newest `fan_in` parts into one, leaving older (bigger) ones alone, so each
+    row is merged about log_fan_in(n) times instead of once per batch."""
+    return parts[:-fan_in] + [merge(parts[-fan_in:])]
+
+
+@dataclass
+class OpenMinute:
+    """The partial state of one open minute: appended per batch, merged now and then."""
+
+    counts: list[pl.DataFrame] = field(default_factory=list)
+    hist: list[pl.DataFrame] = field(default_factory=list)
+    seen: list[np.ndarray] = field(default_factory=list)  # sorted runs of dedupe hashes
+
+
 @dataclass
 class BatchOutcome:
     accepted: int
@@ -57,17 +72,15 @@ class BatchOutcome:
 
 
 class MinuteWindows:
-    COMPACT_EVERY = 16
+    MERGE_AT = 32  # partial frames per minute before the newest are merged into one
+    SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
 
     def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int):
         self.spec = spec
         self.allowed_lateness_ms = allowed_lateness_ms
         self.watermark_ms: dict[int, int] = {}  # per partition
         self.closed_before_minute: int | None = None  # minutes < this are closed
-        self._counts: list[pl.DataFrame] = []
-        self._hist: list[pl.DataFrame] = []
-        self._seen: dict[int, list[np.ndarray]] = {}
-        self._batches_since_compact = 0
+        self._open: dict[int, OpenMinute] = {}
         self.unsaved = Unsaved()
 
     # ---- ingest -------------------------------------------------------------------
@@ -107,25 +120,32 @@ class MinuteWindows:
     def _dedupe(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         arrived = frame.height
         frame = frame.with_columns(self.spec.dedupe_key.alias("_dedupe"))
-        frame = frame.filter(pl.struct("_minute", "_dedupe").is_first_distinct())
+        # One event has one timestamp, so its copies share a minute: the hash alone decides.
+        frame = frame.filter(pl.col("_dedupe").is_first_distinct())
         keep = np.ones(frame.height, dtype=bool)
         minutes = frame["_minute"].to_numpy()
         hashes = frame["_dedupe"].to_numpy()
         for minute in np.unique(minutes):
             rows = np.flatnonzero(minutes == minute)
             h = hashes[rows]
-            for run in self._seen.get(int(minute), ()):
+            state = self._minute(int(minute))
+            for run in state.seen:
                 pos = np.minimum(np.searchsorted(run, h), len(run) - 1)
                 keep[rows[run[pos] == h]] = False
             fresh = np.sort(h[keep[rows]])
             if fresh.size:
-                runs = self._seen.setdefault(int(minute), [])
-                runs.append(fresh)
-                if len(runs) > 8:
-                    self._seen[int(minute)] = [np.sort(np.concatenate(runs))]
+                state.seen.append(fresh)
+                if len(state.seen) > self.SEEN_RUNS_AT:
+                    state.seen = _tiered(state.seen, lambda runs: np.sort(np.concatenate(runs)), self.SEEN_RUNS_AT)
                 self.unsaved.seen.append((int(minute), fresh))
         frame = frame.filter(pl.Series(keep))
         return frame, arrived - frame.height
+
+    def _minute(self, minute: int) -> OpenMinute:
+        state = self._open.get(minute)
+        if state is None:
+            state = self._open[minute] = OpenMinute()
+        return state
 
     def _aggregate(self, frame: pl.DataFrame) -> None:
         keys = list(self.spec.keys)
@@ -133,27 +153,34 @@ class MinuteWindows:
         counts = frame.group_by("_minute", "_slice").agg(
             *[pl.col(k).first() for k in keys], *self.spec.partial
         )
-        self._counts.append(counts)
         self.unsaved.counts.append(counts)
-        if self.spec.histogram_fields:
-            parts = []
-            for fi, name in enumerate(self.spec.histogram_fields):
-                part = (
-                    frame.filter(pl.col(name).is_not_null())
-                    .group_by("_minute", "_slice", histogram.bin_expr(name).alias("bin"))
-                    .agg(pl.len().cast(pl.Int64).alias("n"))
-                    .with_columns(pl.lit(fi, dtype=pl.Int8).alias("field"))
-                )
-                parts.append(part)
-            hist = pl.concat(parts).select("_minute", "_slice", "field", "bin", "n")
-            self._hist.append(hist)
-            self.unsaved.hist.append(hist)
-        self._batches_since_compact += 1
-        if self._batches_since_compact >= self.COMPACT_EVERY:
-            self._compact()
+        for (minute,), part in counts.partition_by("_minute", as_dict=True).items():
+            state = self._minute(minute)
+            state.counts.append(part)
+            if len(state.counts) > self.MERGE_AT:
+                state.counts = _tiered(state.counts, self._merge_counts, self.MERGE_AT)
+        if not self.spec.histogram_fields:
+            return
+        hist = pl.concat([
+            frame.filter(pl.col(name).is_not_null())
+            .group_by("_minute", "_slice", histogram.bin_expr(name).alias("bin"))
+            .agg(pl.len().cast(pl.Int32).alias("n"))
+            .with_columns(pl.lit(fi, dtype=pl.Int8).alias("field"))
+            .select("_minute", "_slice", "field", "bin", "n")
+            for fi, name in enumerate(self.spec.histogram_fields)
+        ])
+        self.unsaved.hist.append(hist)
+        for (minute,), part in hist.partition_by("_minute", as_dict=True).items():
+            state = self._minute(minute)
+            state.hist.append(part)
+            if len(state.hist) > self.MERGE_AT:
+                state.hist = _tiered(state.hist, self._merge_hist, self.MERGE_AT)
 
     # ---- merging ------------------------------------------------------------------
-    def _merge_counts(self, frames: list[pl.DataFrame]) -> pl.DataFrame:
+    def _merge_counts(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
+        """One row per (minute, slice). `grouped`: each frame already has unique keys."""
+        if len(frames) == 1 and grouped:
+            return frames[0]
         keys = list(self.spec.keys)
         merged = pl.concat(frames, how="vertical_relaxed")
         exprs = [pl.col(k).first() for k in keys]
@@ -166,22 +193,14 @@ class MinuteWindows:
                 exprs.append(pl.col(col).sort_by("_last_ts_ms").last())
         return merged.group_by("_minute", "_slice").agg(exprs)
 
-    def _merge_hist(self, frames: list[pl.DataFrame]) -> pl.DataFrame:
+    def _merge_hist(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
+        if len(frames) == 1 and grouped:
+            return frames[0]
         return pl.concat(frames).group_by("_minute", "_slice", "field", "bin").agg(pl.col("n").sum())
-
-    def _compact(self) -> None:
-        if len(self._counts) > 1:
-            self._counts = [self._merge_counts(self._counts)]
-        if len(self._hist) > 1:
-            self._hist = [self._merge_hist(self._hist)]
-        self._batches_since_compact = 0
 
     # ---- closing ------------------------------------------------------------------
     def open_minutes(self) -> list[int]:
-        minutes: set[int] = set()
-        for f in self._counts:
-            minutes.update(f["_minute"].unique().to_list())
-        return sorted(minutes)
+        return sorted(self._open)
 
     def closable_before(self, assigned_partitions: set[int], idle_partitions: set[int]) -> int | None:
         """The first minute that must stay open; minutes before it may close (None: none may)."""
@@ -198,32 +217,22 @@ class MinuteWindows:
 
     def close(self, before_minute: int | None) -> tuple[pl.DataFrame, list[int]]:
         """Close every open minute < before_minute (None: all). Returns rows and the minutes closed."""
-        if not self._counts:
-            if before_minute is not None:
-                self._advance_frontier(before_minute)
-            return self._empty_closed(), []
-        self._compact()
-        counts = self._counts[0]
+        closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
         if before_minute is None:
-            cut = counts["_minute"].max() + 1  # type: ignore[operator]
+            cut = closing[-1] + 1 if closing else self.closed_before_minute
         else:
             cut = before_minute
-        closing = counts.filter(pl.col("_minute") < cut)
-        self._counts = [counts.filter(pl.col("_minute") >= cut)]
-        hist = self._hist[0] if self._hist else None
-        closing_hist = None
-        if hist is not None:
-            closing_hist = hist.filter(pl.col("_minute") < cut)
-            self._hist = [hist.filter(pl.col("_minute") >= cut)]
-        closed_minutes = sorted(closing["_minute"].unique().to_list())
-        for m in list(self._seen):
-            if m < cut:
-                del self._seen[m]
-        self._advance_frontier(cut)
-        if closing.height == 0:
-            return self._empty_closed(), []
-        rows = self._finish(closing, closing_hist)
-        return rows, closed_minutes
+        if cut is not None:
+            self._advance_frontier(cut)
+        if not closing:
+            return pl.DataFrame(), []
+        states = [self._open.pop(m) for m in closing]
+        if not any(s.counts for s in states):
+            return pl.DataFrame(), []
+        counts = pl.concat([self._merge_counts(s.counts) for s in states if s.counts], how="vertical_relaxed")
+        hists = [self._merge_hist(s.hist) for s in states if s.hist]
+        hist = pl.concat(hists) if hists else None
+        return self._finish(counts, hist if self.spec.histogram_fields else None), closing
 
     def _advance_frontier(self, cut: int) -> None:
         if self.closed_before_minute is None or cut > self.closed_before_minute:
@@ -234,8 +243,8 @@ class MinuteWindows:
         if hist is not None:
             names = self.spec.histogram_fields
             qs = histogram.quantiles_frame(hist, ["_minute", "_slice", "field"], {"p50": 0.5, "p95": 0.95, "p99": 0.99})
-            lists = hist.sort("bin").group_by("_minute", "_slice", "field").agg(
-                pl.struct(pl.col("bin"), pl.col("n")).alias("hist")
+            lists = hist.sort("_minute", "_slice", "field", "bin").group_by("_minute", "_slice", "field", maintain_order=True).agg(
+                pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
             )
             per_field = lists.join(qs, on=["_minute", "_slice", "field"])
             for fi, name in enumerate(names):
@@ -252,25 +261,30 @@ class MinuteWindows:
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))
         return self.spec.finalize(out)
 
-    def _empty_closed(self) -> pl.DataFrame:
-        return pl.DataFrame()
-
     # ---- checkpoint support --------------------------------------------------------
     def take_unsaved(self) -> Unsaved:
         out, self.unsaved = self.unsaved, Unsaved()
         return out
 
-    def restore(self, counts: pl.DataFrame | None, hist: pl.DataFrame | None, seen: list[tuple[int, np.ndarray]],
+    def restore(self, counts: list[pl.DataFrame], hist: list[pl.DataFrame], seen: list[tuple[int, np.ndarray]],
                 watermarks: dict[int, int], closed_before_minute: int | None) -> None:
+        """Rebuild open minutes from checkpointed deltas (frames may span several minutes)."""
         self.watermark_ms = dict(watermarks)
         self.closed_before_minute = closed_before_minute
-        self._counts = [counts] if counts is not None and counts.height else []
-        self._hist = [hist] if hist is not None and hist.height else []
-        self._seen = {}
+        self._open = {}
+        for frames, attr in ((counts, "counts"), (hist, "hist")):
+            for f in frames:
+                for (minute,), part in f.partition_by("_minute", as_dict=True).items():
+                    getattr(self._minute(minute), attr).append(part)
         for minute, hashes in seen:
-            self._seen.setdefault(minute, []).append(np.sort(hashes))
-        self._compact()
+            self._minute(minute).seen.append(np.sort(hashes))
+        for state in self._open.values():
+            # A checkpoint delta concatenates several batches' partials: keys repeat in it.
+            state.counts = [self._merge_counts(state.counts, grouped=False)] if state.counts else []
+            state.hist = [self._merge_hist(state.hist, grouped=False)] if state.hist else []
+            if len(state.seen) > 1:
+                state.seen = [np.sort(np.concatenate(state.seen))]
 
     @property
     def dedupe_ids(self) -> int:
-        return sum(len(r) for runs in self._seen.values() for r in runs)
+        return sum(len(r) for state in self._open.values() for r in state.seen)

@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=20_000)
     p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
+    p.add_argument("--stats-file", default=None, help=argparse.SUPPRESS)
     _kafka_args(p)
 
     p = sub.add_parser("sql", help="query the store")
@@ -114,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
     p.add_argument("--events", type=_positive_int, default=1_000_000)
     p.add_argument("--slices", type=_positive_int, default=20_000)
+    p.add_argument("--events-per-minute", type=_positive_int, default=600_000,
+                   help="event-time density of the synthetic traffic (default 600,000: 10,000 requests/s)")
     p.add_argument("--baseline-events", type=_positive_int, default=60_000)
     p.add_argument("--workers", type=_positive_int, default=1, help="also measure with this many worker processes")
     p.add_argument("--port", type=_positive_int, default=None)

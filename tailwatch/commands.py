@@ -107,6 +107,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         partitions=args.partitions,
         batch_size=args.batch_size,
         checkpoint_interval_s=args.checkpoint_interval,
+        stats_file=args.stats_file,
         progress=progress,
         **overrides,
     )

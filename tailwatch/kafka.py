@@ -7,6 +7,7 @@ property (`key=value` lines), and the topic prefix.
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,20 +62,28 @@ def read_client_config(path: str | None) -> dict[str, str]:
 
 def ensure_reachable(settings: KafkaSettings, timeout_s: float = 3.0) -> None:
     """Raise KafkaUnavailable with a one-line hint when no broker answers."""
-    embedded = settings.bootstrap_servers == DEFAULT_BOOTSTRAP
-    if embedded:
-        host, port = DEFAULT_BOOTSTRAP.rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        except OSError:
+    if not any(_tcp_open(server, timeout_s) for server in settings.bootstrap_servers.split(",")):
+        if settings.bootstrap_servers == DEFAULT_BOOTSTRAP:
             raise KafkaUnavailable(
                 f"no Kafka broker answers on {DEFAULT_BOOTSTRAP}: start the embedded one with "
                 "`tailwatch broker` (or pass --bootstrap-servers HOST:PORT)"
-            ) from None
+            )
+        raise KafkaUnavailable(f"no Kafka broker answers on {settings.bootstrap_servers}")
+    quiet = logging.getLogger("tailwatch.kafka.probe")
+    quiet.setLevel(logging.CRITICAL)
     try:
-        AdminClient(settings.base_config()).list_topics(timeout=timeout_s)
+        AdminClient({**settings.base_config(), "logger": quiet}).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise KafkaUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc.args[0]}") from None
+
+
+def _tcp_open(server: str, timeout_s: float) -> bool:
+    host, _, port = server.strip().rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s).close()
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def ensure_topics(settings: KafkaSettings, partitions: int = 4) -> None:

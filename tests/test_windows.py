@@ -114,18 +114,21 @@ def test_event_for_a_closed_minute_is_late():
     assert out.late_index == [0]
 
 
-@pytest.mark.parametrize("split", [1, 3, 7])
-def test_restore_from_unsaved_parts_gives_the_same_buckets(split):
+@pytest.mark.parametrize("split,concatenated", [(1, False), (3, False), (7, False), (7, True)])
+def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
     rows = [(f"e{i}", T0 + i * 7_000, i % 2, "ok" if i % 7 else "timeout", float(i % 50 + 1)) for i in range(120)]
     whole = windows()
     whole.add(frame(rows))
     expected, _ = whole.close(None)
 
     first = windows()
-    first.add(frame(rows[: split * 10]))
+    for i in range(split):
+        first.add(frame(rows[i * 10: (i + 1) * 10]))
     saved = first.take_unsaved()
+    if concatenated:  # as a checkpoint stores them: one delta frame of many batches
+        saved.counts, saved.hist = [pl.concat(saved.counts)], [pl.concat(saved.hist)]
     second = windows()
-    second.restore(pl.concat(saved.counts), pl.concat(saved.hist), saved.seen, first.watermark_ms, first.closed_before_minute)
+    second.restore(saved.counts, saved.hist, saved.seen, first.watermark_ms, first.closed_before_minute)
     second.add(frame(rows))  # redelivery of the first part too: deduped
     got, _ = second.close(None)
     key = ["window_start", "tenant"]

@@ -1,0 +1,216 @@
+"""`tailwatch bench`: events per CPU-second through the whole worker, against a baseline.
+
+One run, one embedded broker: synthetic `request.v1` traffic over many live slices is
+published once per measurement, then drained by (a) the batch worker (consume, decode,
+validate, dedupe, window, store sink), (b) the naive faust agent of
+`tailwatch.bench_faust`, (c) optionally two worker processes in one consumer group, and
+(d) optionally a long run that samples the worker's memory. Ratios, not absolute times,
+are the result: they are measured in the same session on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from tailwatch.broker import EmbeddedBroker
+from tailwatch.cli import progress, progress_done
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
+
+T0_MS = 1_793_577_600_000
+WORKLOADS = ("asr", "tts", "llm", "s2s")
+
+
+def synthetic_events(n: int, slices: int, seed: int = 1, events_per_minute: int = 100_000):
+    """(key, value) pairs of valid request.v1 JSON, about 340 bytes each, in event-time order."""
+    rng = np.random.default_rng(seed)
+    labels = []
+    for i in range(slices):
+        w = WORKLOADS[i % 4]
+        tenant = f"tenant-{i % 97:03d}"
+        labels.append((tenant, (
+            f'"tenant":"{tenant}","model":"model-{i % 13}","model_version":"v{i % 7}","zone":"zone-{i % 3}",'
+            f'"workload":"{w}","traffic_class":"{"realtime" if i % 5 else "batch"}","deployment":"{"canary" if i % 11 == 0 else "stable"}",'
+            f'"pool":"{w}-pool-{i % 29}","region":"r1","endpoint":"/v1/{w}"'
+        )))
+    chunk = 100_000
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        idx = np.arange(start, start + m)
+        ts = T0_MS + (idx * 60_000) // events_per_minute
+        sl = rng.integers(0, slices, m)
+        status = np.where(rng.random(m) < 0.01, "error", "ok")
+        q = rng.lognormal(2.5, 0.8, m)
+        fo = rng.lognormal(5.8, 0.4, m)
+        e2e = fo + rng.lognormal(7.5, 0.5, m)
+        out = rng.integers(20, 400, m)
+        for j in range(m):
+            tenant, lab = labels[sl[j]]
+            yield tenant.encode(), (
+                f'{{"schema":"request.v1","event_id":"b{seed}-{idx[j]:x}","ts":{ts[j]},{lab},"status":"{status[j]}",'
+                f'"http_status":200,"attempt":1,"task_success":true,"queue_ms":{q[j]:.2f},"first_output_ms":{fo[j]:.2f},'
+                f'"e2e_ms":{e2e[j]:.2f},"prompt_tokens":512,"output_tokens":{out[j]},"gpu_seconds":0.41,"gpu_sku":"H100"}}'
+            ).encode()
+
+
+def publish(settings: KafkaSettings, n: int, slices: int, seed: int, events_per_minute: int = 100_000) -> None:
+    p = make_producer(settings)
+    topic = settings.topic("requests")
+    for i, (k, v) in enumerate(synthetic_events(n, slices, seed, events_per_minute), 1):
+        while True:
+            try:
+                p.produce(topic, v, key=k)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 100_000 == 0:
+            p.poll(0)
+            progress(f"  published {i:,}/{n:,}")
+    p.flush(120)
+    progress_done()
+
+
+def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
+    s = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:6]}.")
+    ensure_topics(s, partitions)
+    return s
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False) -> dict:
+    procs, stats_files, ports = [], [], []
+    group = f"bench-{uuid.uuid4().hex[:6]}"
+    for i in range(count):
+        stats = workdir / f"stats-{group}-{i}.json"
+        port = _free_port()
+        cmd = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
+               "--topic-prefix", settings.topic_prefix, "--store", str(workdir / f"{group}-{i}.duckdb"),
+               "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        stats_files.append(stats)
+        ports.append(port)
+    rss_samples: list[tuple[float, int]] = []
+    while any(p.poll() is None for p in procs):
+        if sample_memory:
+            done = sum(_accepted(port) for port in ports)
+            rss = sum(_rss_bytes(p.pid) for p in procs if p.poll() is None)
+            if rss:
+                rss_samples.append((done, rss))
+            progress(f"  {done:,.0f}/{total:,} events, RSS {rss / 2**20:,.0f} MiB")
+        time.sleep(1.0)
+    if sample_memory:
+        progress_done()
+    results = [json.loads(f.read_text()) for f in stats_files]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a worker exited with {[p.returncode for p in procs]}")
+    events = sum(r["events"] for r in results)
+    first = min(r["first_event_monotonic"] for r in results if r["first_event_monotonic"])
+    last = max(r["last_event_monotonic"] for r in results if r["last_event_monotonic"])
+    cpu = sum(r["cpu_seconds_processing"] for r in results)
+    return {"events": events, "wall_s": last - first, "cpu_s": cpu, "per_worker": results, "rss": rss_samples}
+
+
+def _accepted(port: int) -> float:
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith("tailwatch_events_total{"))
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_baseline(settings: KafkaSettings, n: int, workdir: Path, variant: str) -> dict:
+    faust_bin = shutil.which("faust", path=str(Path(sys.executable).parent)) or shutil.which("faust")
+    if faust_bin is None:
+        raise RuntimeError("faust-streaming is not installed: pip install -e '.[bench]'")
+    result = workdir / f"baseline-{variant}.txt"
+    env = {**os.environ, "BENCH_BOOTSTRAP": settings.bootstrap_servers, "BENCH_TOPIC": settings.topic("requests"),
+           "BENCH_EVENTS": str(n), "BENCH_RESULT": str(result), "BENCH_APP_ID": f"baseline-{uuid.uuid4().hex[:6]}", "BENCH_VARIANT": variant}
+    proc = subprocess.run([faust_bin, "-A", "tailwatch.bench_faust", "--datadir", str(workdir / "faust"), "worker", "-l", "error"],
+                          env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    if not result.exists():
+        raise RuntimeError(f"the faust baseline exited with {proc.returncode} before reporting")
+    events, cpu, wall = result.read_text().split()
+    return {"events": int(events), "cpu_s": float(cpu), "wall_s": float(wall)}
+
+
+def run_bench(args) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-"))
+    broker = EmbeddedBroker(port=args.port or _free_port())
+    broker.start()
+    lines = []
+    try:
+        if args.memory_run:
+            _memory_run(args, broker, workdir, lines)
+            return 0
+        print(f"worker: {args.events:,} events over {args.slices:,} slices, {args.events_per_minute:,} per event-minute",
+              file=sys.stderr)
+        s = fresh(broker)
+        publish(s, args.events, args.slices, seed=1, events_per_minute=args.events_per_minute)
+        one = worker_processes(s, 1, workdir, args.events)
+        rate = one["events"] / one["cpu_s"]
+        lines.append(f"batch worker, 1 process: {one['events']:,} events, {one['cpu_s']:.1f} CPU-s "
+                     f"→ {rate:,.0f} events/CPU-s ({one['events'] / one['wall_s']:,.0f} events/s wall)")
+        if not args.skip_baseline:
+            for variant, title in (("record", "faust agent, faust.Record per event"),
+                                   ("msgspec", "faust agent, msgspec per event")):
+                print(f"baseline: {args.baseline_events:,} events through a {title}", file=sys.stderr)
+                s = fresh(broker)
+                publish(s, args.baseline_events, args.slices, seed=2, events_per_minute=args.events_per_minute)
+                base = run_baseline(s, args.baseline_events, workdir, variant)
+                base_rate = base["events"] / base["cpu_s"]
+                lines.append(f"{title}: {base['events']:,} events, {base['cpu_s']:.1f} CPU-s "
+                             f"→ {base_rate:,.0f} events/CPU-s; the batch worker does {rate / base_rate:,.1f}× that")
+        if args.workers > 1:
+            print(f"scaling: {args.events:,} events, {args.workers} worker processes in one group", file=sys.stderr)
+            s = fresh(broker)
+            publish(s, args.events, args.slices, seed=3, events_per_minute=args.events_per_minute)
+            many = worker_processes(s, args.workers, workdir, args.events)
+            lines.append(f"{args.workers} worker processes: {many['events']:,} events in {many['wall_s']:.1f} s wall "
+                         f"→ {many['events'] / many['wall_s']:,.0f} events/s "
+                         f"({(many['events'] / many['wall_s']) / (one['events'] / one['wall_s']):.2f}× one process)")
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        print("\n".join(lines))
+    return 0
+
+
+def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -> None:
+    print(f"memory: {args.events:,} events over {args.slices:,} slices, RSS sampled each second", file=sys.stderr)
+    s = fresh(broker)
+    publish(s, args.events, args.slices, seed=4, events_per_minute=args.events_per_minute)
+    mem = worker_processes(s, 1, workdir, args.events, sample_memory=True)
+    samples = mem["rss"]
+    lines.append(f"worker: {mem['events']:,} events, {mem['events'] / mem['cpu_s']:,.0f} events/CPU-s")
+    if samples:
+        marks = [samples[min(len(samples) - 1, int(f * len(samples)))] for f in (0.1, 0.25, 0.5, 0.75, 0.99)]
+        lines.append("worker RSS at 10/25/50/75/99% of the run: " + ", ".join(
+            f"{rss / 2**20:,.0f} MiB ({done:,.0f} events)" for done, rss in marks))

@@ -1,0 +1,122 @@
+"""The command line as a user meets it: one-line errors, determinism, the trace replay."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from tests.conftest import AZURE_TRACE, free_port, need
+
+
+def tw(*args, input_bytes=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tailwatch", *args], capture_output=True, timeout=timeout, input=input_bytes)
+
+
+def one_line_error(result, code=2):
+    err = result.stderr.decode().strip()
+    assert result.returncode == code, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_no_broker_says_how_to_start_one(tmp_path):
+    port = free_port()
+    r = tw("produce", str(tmp_path / "x.jsonl"), "--bootstrap-servers", f"127.0.0.1:{port}")
+    assert "no such file" in one_line_error(r)
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    r = tw("worker", "--bootstrap-servers", f"127.0.0.1:{port}", "--store", str(tmp_path / "s.duckdb"))
+    err = one_line_error(r)
+    assert len(err.splitlines()) == 1 and f"127.0.0.1:{port}" in err
+
+
+def test_default_broker_hint_names_tailwatch_broker(monkeypatch):
+    from tailwatch.kafka import KafkaSettings, KafkaUnavailable, ensure_reachable
+    import tailwatch.kafka as k
+
+    monkeypatch.setattr(k, "DEFAULT_BOOTSTRAP", f"127.0.0.1:{free_port()}")
+    with pytest.raises(KafkaUnavailable, match="tailwatch broker"):
+        ensure_reachable(KafkaSettings(bootstrap_servers=k.DEFAULT_BOOTSTRAP))
+
+
+def test_bad_flags_and_config_are_one_line(tmp_path):
+    r = tw("worker", "--until-idle", "soon")
+    assert r.returncode == 2 and "not a duration" in r.stderr.decode()
+    bad = tmp_path / "kafka.properties"
+    bad.write_text("security.protocol SASL_SSL\n")
+    r = tw("simulate", "--minutes", "1", "--kafka-config", str(bad))
+    assert "expected key=value" in one_line_error(r)
+    r = tw("simulate", "--scenario", "nope", "--minutes", "1", "--out", str(tmp_path / "e.jsonl"))
+    assert "unknown scenario" in one_line_error(r)
+    r = tw("sql", "SELECT 1", "--store", str(tmp_path / "missing.duckdb"))
+    assert "no store at" in one_line_error(r)
+
+
+def test_collect_gpu_without_a_driver_exits_2_with_one_line():
+    r = tw("collect", "gpu", "--print", "--count", "1")
+    if r.returncode == 0:
+        pytest.skip("an NVIDIA driver is present: the real collector ran")
+    err = one_line_error(r)
+    assert "no NVIDIA driver" in err and len(err.splitlines()) == 1
+
+
+def test_simulator_is_deterministic_for_a_seed_and_writes_truth(tmp_path):
+    outs = []
+    for name in ("a", "b", "c"):
+        seed = "5" if name != "c" else "6"
+        r = tw("simulate", "--minutes", "3", "--seed", seed, "--out", str(tmp_path / f"{name}.jsonl"),
+               "--truth", str(tmp_path / f"{name}.truth"))
+        assert r.returncode == 0, r.stderr
+        outs.append(hashlib.sha256((tmp_path / f"{name}.jsonl").read_bytes()).hexdigest())
+    assert outs[0] == outs[1] != outs[2]
+    r = tw("simulate", "--minutes", "120", "--out", str(tmp_path / "full.jsonl"), "--truth", str(tmp_path / "t.jsonl"))
+    truth = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert {t["kind"] for t in truth} == {"error_spike", "latency_regression", "retry_storm", "queue_saturation"}
+    assert all(t["start"] < t["end"] for t in truth)
+
+
+def test_trace_replay_keeps_arrivals_and_token_counts(tmp_path):
+    need(AZURE_TRACE.is_file(), f"the Azure LLM trace at {AZURE_TRACE}")
+    out = tmp_path / "trace.jsonl"
+    r = tw("simulate", "--trace", str(AZURE_TRACE), "--minutes", "5", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    import csv
+    from datetime import datetime
+
+    rows = sorted(csv.DictReader(AZURE_TRACE.open(encoding="utf-8-sig")), key=lambda r: r["TIMESTAMP"][:23])
+    t0 = datetime.fromisoformat(rows[0]["TIMESTAMP"][:26])
+    first5 = [r for r in rows if (datetime.fromisoformat(r["TIMESTAMP"][:26]) - t0).total_seconds() < 300]
+    assert len(events) == len(first5)
+    assert [e["prompt_tokens"] for e in events] == [int(r["ContextTokens"]) for r in first5]
+    gaps = [e["ts"] - events[0]["ts"] for e in events]
+    assert gaps == sorted(gaps) and gaps[-1] < 300_000
+    assert all(e["schema"] == "request.v1" and e["workload"] == "llm" for e in events)
+
+
+def test_produce_and_sql_round_trip(kafka, tmp_path):
+    src = tmp_path / "events.jsonl"
+    r = tw("simulate", "--scenario", "quiet", "--minutes", "3", "--rate-scale", "0.1", "--out", str(src))
+    assert r.returncode == 0
+    lines = src.read_bytes().splitlines()
+    lines.insert(3, b'{"schema": "request.v1", "event_id": "x"}')
+    lines.insert(5, b"garbage")
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix]
+    r = tw("produce", str(src), *common)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert "rejected 1: missing_field" in out and "rejected 1: unknown_schema" in out
+    store = tmp_path / "s.duckdb"
+    r = tw("worker", "--store", str(store), "--until-idle", "2", "--http-port", "0", *common)
+    assert r.returncode == 0, r.stderr
+    r = tw("sql", "SELECT count(DISTINCT window_start) AS minutes FROM sli_minute", "--store", str(store), "--format", "json")
+    assert json.loads(r.stdout) == {"minutes": 3}
+    r = tw("sql", "SELECT nope FROM sli_minute", "--store", str(store))
+    assert "nope" in one_line_error(r)
+    n_good = len(lines) - 2
+    con = duckdb.connect(str(store), read_only=True)
+    got = con.execute("SELECT (SELECT sum(requests) FROM sli_minute) + (SELECT sum(samples) FROM gpu_minute)").fetchone()[0]
+    assert got == n_good
