@@ -17,7 +17,7 @@ import msgspec
 from ingest import deadletter
 from ingest.schema import EVENT_TYPES, TOPIC_OF_SCHEMA, partition_key
 from ingest.validate import UNKNOWN_SCHEMA, BatchDecoder
-from tailwatch.kafka import KafkaSettings, make_producer
+from tailwatch.kafka import KafkaSettings, make_producer, send
 
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"\\]{1,40})"')
 _encoder = msgspec.json.Encoder()
@@ -44,18 +44,10 @@ class EventPublisher:
         self.report = PublishReport()
         self._lines_before = 0  # line number of the current batch's first line
 
-    def _send(self, topic: str, key: bytes | None, value: bytes) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value, key=key)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
     def publish_events(self, events: Iterable[msgspec.Struct], progress: Callable[[int], None] | None = None) -> PublishReport:
         for n, event in enumerate(events, 1):
             topic = self.settings.topic(TOPIC_OF_SCHEMA[event.schema])  # type: ignore[attr-defined]
-            self._send(topic, partition_key(event), _encoder.encode(event))
+            send(self.producer, topic, _encoder.encode(event), partition_key(event))
             self.report.published[topic] += 1
             if n % 20_000 == 0:
                 self.producer.poll(0)
@@ -90,7 +82,7 @@ class EventPublisher:
             decoded = _decoder(name).decode([lines[i] for i in idx])
             topic = self.settings.topic(TOPIC_OF_SCHEMA[name])
             for rec in decoded.records:
-                self._send(topic, partition_key(rec), _encoder.encode(rec))
+                send(self.producer, topic, _encoder.encode(rec), partition_key(rec))
                 self.report.published[topic] += 1
             self.report.unknown_fields_dropped += decoded.unknown_fields_dropped
             for r in decoded.rejected:
@@ -100,7 +92,7 @@ class EventPublisher:
 
     def _reject(self, raw: bytes, source: str, line_index: int, reason: str, detail: str) -> None:
         letter = deadletter.make(f"file:{source}", -1, line_index, reason, detail, raw, 0)
-        self._send(self.settings.topic("deadletter"), b"produce", deadletter.encode(letter))
+        send(self.producer, self.settings.topic("deadletter"), deadletter.encode(letter), b"produce")
         self.report.rejected[reason] += 1
 
     def close(self) -> None:

@@ -100,15 +100,16 @@ def fraction_at_or_under(histogram: Mapping[int, int], threshold_ms: float) -> f
     return good / total
 
 
-def quantiles_frame(hist_long: pl.DataFrame, keys: list[str], qs: Mapping[str, float]) -> pl.DataFrame:
+def quantiles_frame(hist_long: pl.DataFrame, keys: list[str], qs: Mapping[str, float], presorted: bool = False) -> pl.DataFrame:
     """Per group of `keys`, the quantiles of a long histogram frame (keys…, bin, n).
 
-    Vectorised equivalent of `quantile_ms` for many histograms at once: one sort, one
-    cumulative sum over all groups, and a binary search per quantile.
+    Vectorised equivalent of `quantile_ms` for many histograms at once: one sort (none if
+    `presorted` by keys then bin), one cumulative sum over all groups, and a binary
+    search per quantile.
     """
     if hist_long.height == 0:
         return hist_long.select(keys).with_columns([pl.lit(None, dtype=pl.Float64).alias(k) for k in qs])
-    ordered = hist_long.sort([*keys, "bin"])
+    ordered = hist_long if presorted else hist_long.sort([*keys, "bin"])
     n = ordered["n"].to_numpy()
     bins = ordered["bin"].to_numpy()
     group = ordered.select(pl.struct(keys).rle_id())[:, 0].to_numpy()

@@ -72,7 +72,11 @@ class BatchOutcome:
 
 
 class MinuteWindows:
-    MERGE_AT = 32  # partial frames per minute before the newest are merged into one
+    # Partial frames per minute before the newest are merged into one. Count partials
+    # carry every slice's labels and merge cheaply; histogram partials are larger and
+    # costlier to merge.
+    COUNTS_AT = 4
+    HIST_AT = 32
     SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
 
     def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int):
@@ -157,8 +161,8 @@ class MinuteWindows:
         for (minute,), part in counts.partition_by("_minute", as_dict=True).items():
             state = self._minute(minute)
             state.counts.append(part)
-            if len(state.counts) > self.MERGE_AT:
-                state.counts = _tiered(state.counts, self._merge_counts, self.MERGE_AT)
+            if len(state.counts) > self.COUNTS_AT:
+                state.counts = _tiered(state.counts, self._merge_counts, self.COUNTS_AT)
         if not self.spec.histogram_fields:
             return
         hist = pl.concat([
@@ -173,8 +177,8 @@ class MinuteWindows:
         for (minute,), part in hist.partition_by("_minute", as_dict=True).items():
             state = self._minute(minute)
             state.hist.append(part)
-            if len(state.hist) > self.MERGE_AT:
-                state.hist = _tiered(state.hist, self._merge_hist, self.MERGE_AT)
+            if len(state.hist) > self.HIST_AT:
+                state.hist = _tiered(state.hist, self._merge_hist, self.HIST_AT)
 
     # ---- merging ------------------------------------------------------------------
     def _merge_counts(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
@@ -242,8 +246,10 @@ class MinuteWindows:
         out = counts
         if hist is not None:
             names = self.spec.histogram_fields
-            qs = histogram.quantiles_frame(hist, ["_minute", "_slice", "field"], {"p50": 0.5, "p95": 0.95, "p99": 0.99})
-            lists = hist.sort("_minute", "_slice", "field", "bin").group_by("_minute", "_slice", "field", maintain_order=True).agg(
+            keys = ["_minute", "_slice", "field"]
+            ordered = hist.sort([*keys, "bin"])
+            qs = histogram.quantiles_frame(ordered, keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
+            lists = ordered.group_by(keys, maintain_order=True).agg(
                 pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
             )
             per_field = lists.join(qs, on=["_minute", "_slice", "field"])

@@ -30,7 +30,7 @@ from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.http import WorkerHttp
 from streams.metrics import WorkerMetrics
 from streams.windows import MinuteWindows
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
 
 log = logging.getLogger("tailwatch.worker")
 
@@ -300,7 +300,7 @@ class Worker:
         self.dead_letters = []
         dlq = self.settings.kafka.topic("deadletter")
         for d in letters:
-            self._produce(dlq, d.source_topic.encode(), deadletter.encode(d))
+            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode())
         self.producer.flush(30)
         cp = store.Checkpoint(
             topics=topics, next_offsets=dict(self.next_offsets),
@@ -322,15 +322,7 @@ class Worker:
         ).write_ndjson().splitlines()
         key_rows = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in keys], separator="|")).to_series()
         for key, line in zip(key_rows, lines):
-            self._produce(sli, key.encode(), line.encode())
-
-    def _produce(self, topic: str, key: bytes, value: bytes) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value, key=key)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
+            send(self.producer, sli, line.encode(), key.encode())
 
     def _update_gauges(self, consumer) -> None:
         m = self.metrics

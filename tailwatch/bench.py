@@ -25,7 +25,7 @@ import numpy as np
 
 from tailwatch.broker import EmbeddedBroker
 from tailwatch.cli import progress, progress_done
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
 
 T0_MS = 1_793_577_600_000
 WORKLOADS = ("asr", "tts", "llm", "s2s")
@@ -67,12 +67,7 @@ def publish(settings: KafkaSettings, n: int, slices: int, seed: int, events_per_
     p = make_producer(settings)
     topic = settings.topic("requests")
     for i, (k, v) in enumerate(synthetic_events(n, slices, seed, events_per_minute), 1):
-        while True:
-            try:
-                p.produce(topic, v, key=k)
-                break
-            except BufferError:
-                p.poll(0.05)
+        send(p, topic, v, k)
         if i % 100_000 == 0:
             p.poll(0)
             progress(f"  published {i:,}/{n:,}")

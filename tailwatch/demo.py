@@ -18,7 +18,7 @@ from streams import store
 from streams.worker import Worker, WorkerSettings
 from tailwatch.broker import EmbeddedBroker
 from tailwatch.cli import progress, progress_done
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from tailwatch.kafka import KafkaSettings, ensure_topics, send
 from tailwatch.table import render
 
 BAD_RECORDS = [
@@ -66,7 +66,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
                 dupes += 1
         pub.publish_events(events, progress=lambda n: progress(f"      published {n:,} events"))
         for raw in BAD_RECORDS:
-            pub._send(settings.topic("requests"), b"demo", raw)
+            send(pub.producer, settings.topic("requests"), raw, b"demo")
         pub.close()
         del pub
         progress_done()

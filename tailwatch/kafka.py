@@ -124,3 +124,13 @@ def make_consumer(settings: KafkaSettings, group_id: str) -> Consumer:
         "queued.max.messages.kbytes": 262_144,
         **settings.base_config(),
     })
+
+
+def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None) -> None:
+    """Produce, waiting for room in librdkafka's queue instead of failing when it is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key=key)
+            return
+        except BufferError:
+            producer.poll(0.05)

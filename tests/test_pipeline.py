@@ -63,6 +63,24 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     assert mismatch == 0
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
     assert w.metrics.events.labels(kafka.topic("requests"), "accepted")._value.get() == t.requests
+    # Every closed bucket was also published to tw.sli for the derived streams.
+    rows = con.execute("SELECT (SELECT count(*) FROM sli_minute) + (SELECT count(*) FROM gpu_minute)").fetchone()[0]
+    published = read_topic(kafka, "sli", rows)
+    assert len(published) == rows
+    first = json.loads(published[0])
+    assert first["schema"] in ("requests_minute.v1", "gpu_minute.v1") and "window_start" in first
+
+
+def read_topic(kafka, suffix, expected, partitions=2):
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "read-" + uuid.uuid4().hex[:6]})
+    c.assign([TopicPartition(kafka.topic(suffix), p, OFFSET_BEGINNING) for p in range(partitions)])
+    values = []
+    for _ in range(60):
+        values += [m.value() for m in c.consume(5000, timeout=0.5) if m.error() is None]
+        if len(values) >= expected:
+            break
+    c.close()
+    return values
 
 
 def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(kafka, tmp_path):
@@ -87,15 +105,7 @@ def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(kafka, tmp
     offsets = con.execute("SELECT source_topic, min(source_offset), max(source_offset) FROM dead_letter WHERE reason != 'oversized' GROUP BY ALL").fetchall()
     assert offsets[0][0] == kafka.topic("requests")
     # The raw bytes are in the dead-letter topic, with their reason and source.
-    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "dlq-" + uuid.uuid4().hex[:6]})
-    c.assign([TopicPartition(kafka.topic("deadletter"), p, OFFSET_BEGINNING) for p in range(2)])
-    letters = []
-    for _ in range(40):
-        letters += [m for m in c.consume(100, timeout=0.5) if m.error() is None]
-        if len(letters) >= len(bad) + 1:
-            break
-    c.close()
-    decoded = [json.loads(m.value()) for m in letters]
+    decoded = [json.loads(v) for v in read_topic(kafka, "deadletter", len(bad) + 1)]
     assert sorted(d["reason"] for d in decoded) == sorted(r for r, n in expected.items() for _ in range(n))
     assert all(d["source_topic"] == kafka.topic("requests") and d["source_offset"] >= 0 for d in decoded)
     for reason, n in expected.items():
