@@ -193,8 +193,8 @@ class FleetSimulator:
             version = prof.canary if canary[i] else prof.stable
             lab = {**labels, "deployment": deployment, "model_version": version, "tenant": TENANTS[tenants[i]]}
             active = [inc for inc in self.incidents if inc.matches(lab, minute)]
-            err = 0.004 + sum(inc.error_ratio for inc in active)
-            tmo = 0.001 + sum(inc.timeout_ratio for inc in active)
+            err = 0.0004 + sum(inc.error_ratio for inc in active)
+            tmo = 0.0001 + sum(inc.timeout_ratio for inc in active)
             lat = math.prod(inc.latency_factor for inc in active)
             q = float(queue[i]) + sum(inc.queue_ms for inc in active)
             retries = max((inc.retry_attempts for inc in active), default=1)

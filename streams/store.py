@@ -71,7 +71,7 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     if not read_only:
         # The worker's store is written in small transactions; DuckDB's default buffer pool
         # (80% of RAM) would let its cache dwarf the worker's own state.
-        con.execute("SET memory_limit = '1GB'")
+        con.execute("SET memory_limit = '256MB'")
         con.execute(SCHEMA_SQL)
     return con
 

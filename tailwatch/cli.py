@@ -95,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
+    p = sub.add_parser("slo", help="SLO specifications and status")
+    ssub = p.add_subparsers(dest="slo_command", required=True, metavar="ACTION")
+    c = ssub.add_parser("check", help="validate an SLO file (tailwatch YAML or OpenSLO v1); exit 1 on problems")
+    c.add_argument("file")
+    c = ssub.add_parser("status", help="each SLO and slice: SLI, budget left, burn rates, firing alerts")
+    c.add_argument("--slos", default=None, help="SLO file (default: the built-in set)")
+    c.add_argument("--slo", default=None, help="only this SLO")
+    c.add_argument("--at", default=None, help="RFC 3339 event time to evaluate at (default: the newest bucket)")
+    c.add_argument("--store", default=None)
+
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")

@@ -191,3 +191,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tailwatch.bench import run_bench
 
     return run_bench(args)
+
+
+def cmd_slo(args: argparse.Namespace) -> int:
+    from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+
+    if args.slo_command == "check":
+        try:
+            specs = load_slos(args.file)
+        except SpecErrors as exc:
+            for problem in exc.problems:
+                print(f"{args.file}: {problem}", file=sys.stderr)
+            return 1
+        print(f"{args.file}: {len(specs)} SLOs, no problems")
+        return 0
+    try:
+        specs = load_slos(args.slos or DEFAULT_SLOS)
+    except SpecErrors as exc:
+        raise CliError(f"{args.slos}: {exc.problems[0]} (run `tailwatch slo check` for all)") from None
+    if args.slo:
+        specs = [s for s in specs if s.name == args.slo]
+        if not specs:
+            raise CliError(f"no SLO named {args.slo!r}")
+    from tailwatch.slo_status import print_status
+
+    return print_status(specs, args.store, args.at)

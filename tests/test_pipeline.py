@@ -63,6 +63,11 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     assert mismatch == 0
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
     assert w.metrics.events.labels(kafka.topic("requests"), "accepted")._value.get() == t.requests
+    # Fields the producer left out take the schema's defaults (the simulator omits them).
+    by_class = dict(con.execute("SELECT traffic_class, sum(requests) FROM sli_minute GROUP BY ALL").fetchall())
+    expected_classes = {"realtime", "batch"}
+    assert set(by_class) == expected_classes
+    assert con.execute("SELECT count(*) FROM sli_minute WHERE deployment IS NULL OR model_version IS NULL").fetchone()[0] == 0
     # Every closed bucket was also published to tw.sli for the derived streams.
     rows = con.execute("SELECT (SELECT count(*) FROM sli_minute) + (SELECT count(*) FROM gpu_minute)").fetchone()[0]
     published = read_topic(kafka, "sli", rows)

@@ -1,0 +1,179 @@
+"""Error budgets, burn rates and multi-window alerts over per-minute SLI counts.
+
+Pure and incremental: `SliceState.advance(minute, good, valid)` adds one minute and
+retires the minutes that leave each window, so every window's sums are rolling sums,
+never a rescan. Ratios are event-weighted (sum of bad ÷ sum of valid over the window),
+and a window without valid events has no burn rate (None), never NaN.
+
+An alert window pair fires while both its long and short windows burn above the factor
+and both hold at least `min_events` valid events; once firing, it resolves when the
+short window cools (burns at or under the factor, or has no events). One condition
+(SLO, window pair, slice) is one alert, identified by its fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from slo.spec import SloSpec
+from slo.windows import AlertWindow
+
+
+def burn_rate(bad: int, valid: int, objective: float) -> float | None:
+    """Error ratio over the window ÷ error budget; None when the window has no valid events."""
+    if valid <= 0:
+        return None
+    return (bad / valid) / (1.0 - objective)
+
+
+def error_budget_remaining(bad: int, valid: int, objective: float) -> float:
+    """Share of the compliance window's budget left (1 = untouched, < 0 = overspent)."""
+    if valid <= 0:
+        return 1.0
+    return 1.0 - bad / (valid * (1.0 - objective))
+
+
+def minutes_to_exhaustion(remaining: float, burn: float | None, period_minutes: int) -> float | None:
+    """At a constant burn rate b the whole budget lasts period ÷ b; what is left lasts that × remaining."""
+    if burn is None or burn <= 0 or remaining <= 0:
+        return None if remaining > 0 else 0.0
+    return remaining * period_minutes / burn
+
+
+def fingerprint(slo: str, alertname: str, labels: dict[str, str]) -> str:
+    key = "\x1f".join([slo, alertname, *(f"{k}={labels[k]}" for k in sorted(labels))])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RollingWindow:
+    """Sums of (good, valid) over the last `minutes` minutes, kept incrementally."""
+
+    minutes: int
+    good: int = 0
+    valid: int = 0
+    _queue: deque = field(default_factory=deque)  # (minute, good, valid) inside the window
+
+    def add(self, minute: int, good: int, valid: int) -> None:
+        self._queue.append((minute, good, valid))
+        self.good += good
+        self.valid += valid
+
+    def retire_until(self, now_minute: int) -> None:
+        """Keep minutes in (now − minutes, now]."""
+        q = self._queue
+        while q and q[0][0] <= now_minute - self.minutes:
+            _, g, v = q.popleft()
+            self.good -= g
+            self.valid -= v
+
+    @property
+    def bad(self) -> int:
+        return self.valid - self.good
+
+
+@dataclass(frozen=True)
+class AlertChange:
+    state: str  # "firing" or "resolved"
+    fingerprint: str
+    alertname: str
+    severity: str
+    slo: str
+    labels: dict[str, str]
+    at_minute: int
+    window: AlertWindow
+    long_burn_rate: float | None
+    short_burn_rate: float | None
+    error_budget_remaining: float
+
+
+@dataclass
+class SliceStatus:
+    slo: str
+    labels: dict[str, str]
+    minute: int
+    sli: float | None  # over the compliance window
+    error_budget_remaining: float
+    burn_rates: dict[int, float | None]  # by window length in minutes
+    minutes_to_exhaustion: float | None
+    firing: list[str]
+
+
+class SliceState:
+    """One SLO's budget and alert windows for one slice."""
+
+    def __init__(self, spec: SloSpec, labels: dict[str, str]):
+        self.spec = spec
+        self.labels = labels
+        lengths = {spec.window_minutes}
+        for w in spec.alert_windows:
+            lengths.update((w.long_minutes, w.short_minutes))
+        self.windows = {m: RollingWindow(m) for m in sorted(lengths)}
+        self.firing: dict[str, AlertWindow] = {}  # fingerprint → window
+        self.last_minute: int | None = None
+        self.last_data_minute: int | None = None
+
+    def advance(self, minute: int, good: int, valid: int) -> list[AlertChange]:
+        if good < 0 or valid < 0 or good > valid:
+            raise ValueError(f"bad counts for {self.spec.name}: good={good} valid={valid}")
+        if self.last_minute is not None and minute <= self.last_minute:
+            raise ValueError(f"minute {minute} is not after {self.last_minute}: buckets arrive in order")
+        for w in self.windows.values():
+            w.retire_until(minute)
+            if valid:
+                w.add(minute, good, valid)
+        self.last_minute = minute
+        if valid:
+            self.last_data_minute = minute
+        return self._evaluate(minute)
+
+    def retire_until(self, minute: int) -> None:
+        """Move the windows to `minute` without new data (for reads between buckets)."""
+        for w in self.windows.values():
+            w.retire_until(minute)
+
+    def burn(self, minutes: int) -> float | None:
+        w = self.windows[minutes]
+        return burn_rate(w.bad, w.valid, self.spec.objective)
+
+    def _evaluate(self, minute: int) -> list[AlertChange]:
+        changes = []
+        remaining = self.budget_remaining()
+        for aw in self.spec.alert_windows:
+            factor = aw.factor(self.spec.window_minutes)
+            long_w, short_w = self.windows[aw.long_minutes], self.windows[aw.short_minutes]
+            long_b, short_b = self.burn(aw.long_minutes), self.burn(aw.short_minutes)
+            name = f"SLOBurn{aw.severity.capitalize()}"
+            fp = fingerprint(self.spec.name, f"{name}:{aw.name}", self.labels)
+            hot = (
+                long_b is not None and short_b is not None and long_b > factor and short_b > factor
+                and long_w.valid >= self.spec.min_events and short_w.valid >= self.spec.min_events
+            )
+            if fp not in self.firing and hot:
+                self.firing[fp] = aw
+                changes.append(AlertChange("firing", fp, name, aw.severity, self.spec.name, self.labels, minute, aw,
+                                           long_b, short_b, remaining))
+            elif fp in self.firing and (short_b is None or short_b <= factor):
+                del self.firing[fp]
+                changes.append(AlertChange("resolved", fp, name, aw.severity, self.spec.name, self.labels, minute, aw,
+                                           long_b, short_b, remaining))
+        return changes
+
+    def budget_remaining(self) -> float:
+        w = self.windows[self.spec.window_minutes]
+        return error_budget_remaining(w.bad, w.valid, self.spec.objective)
+
+    def status(self) -> SliceStatus:
+        w = self.windows[self.spec.window_minutes]
+        remaining = self.budget_remaining()
+        fastest = min(self.spec.alert_windows, key=lambda a: a.long_minutes)
+        return SliceStatus(
+            slo=self.spec.name, labels=self.labels, minute=self.last_minute or 0,
+            sli=(w.good / w.valid) if w.valid else None,
+            error_budget_remaining=remaining,
+            burn_rates={m: self.burn(m) for m in self.windows},
+            minutes_to_exhaustion=minutes_to_exhaustion(remaining, self.burn(fastest.long_minutes), self.spec.window_minutes),
+            firing=sorted(f"{aw.severity}:{aw.name}" for aw in self.firing.values()),
+        )

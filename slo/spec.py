@@ -1,0 +1,271 @@
+"""SLO specifications: the YAML format, the OpenSLO v1 import, and their validation.
+
+`load_slos(path)` returns typed `SloSpec`s or raises `SpecErrors`, which lists every
+problem with its place (`slos[2].objective: …`) so that `tailwatch slo check` can name
+them all at once.
+
+    slos:
+      - name: llm-realtime-first-token
+        description: First token within 800 ms for realtime LLM chat
+        selector: {workload: llm, traffic_class: realtime}
+        sli: {latency: {field: first_output_ms, threshold: 800ms}}
+        objective: 99%
+        window: 30d            # rolling; or calendar-month
+        slice_by: [zone, model_version]
+        min_events: 50         # per alert window, for low-traffic slices
+        runbook: runbooks/slo-burn.md
+        alert_windows: default # or a list of {name, severity, budget_share, long, short}
+
+SLIs, over the buckets of `sli_minute`:
+- availability: good = `ok`; valid = every attempt except client cancellations
+  (`cancelled` is the client's choice, not a failure of the service).
+- latency: good = values of `field` (`queue_ms`, `first_output_ms`, `e2e_ms`) at or under
+  `threshold`; valid = attempts with a value. Exact when the threshold is a histogram
+  bin bound; otherwise the bin holding the threshold counts as bad (conservative).
+- goodput: good = latency-good values of `field`; valid = attempts except cancellations,
+  so an error counts against it like a slow answer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
+from slo.windows import AlertWindow, default_catalog
+
+SLI_KINDS = ("availability", "latency", "goodput")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    name: str
+    description: str
+    selector: dict[str, str]
+    sli_kind: str
+    objective: float  # a ratio in (0, 1)
+    window_minutes: int  # rolling compliance window; calendar months use 30 days for alerting
+    calendar_month: bool
+    slice_by: tuple[str, ...]
+    alert_windows: tuple[AlertWindow, ...]
+    min_events: int = 1
+    latency_field: str | None = None
+    threshold_ms: float | None = None
+    runbook: str = "runbooks/slo-burn.md"
+
+    @property
+    def error_budget(self) -> float:
+        return 1.0 - self.objective
+
+
+@dataclass
+class SpecErrors(Exception):
+    problems: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
+
+
+DEFAULT_SLOS = Path(__file__).with_name("defaults.yaml")
+
+
+def parse_duration_s(text: Any) -> float | None:
+    m = _DURATION.match(str(text))
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)] if m else None
+
+
+def _objective(value: Any) -> float | None:
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return round(float(value.strip()[:-1]) / 100, 12)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return round(float(value) / 100, 12) if value > 1 else float(value)
+    return None
+
+
+def load_slos(path: str | Path) -> list[SloSpec]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecErrors([f"{path}: no such file"])
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except yaml.YAMLError as exc:
+        raise SpecErrors([f"{path}: not valid YAML ({str(exc).splitlines()[0]})"]) from None
+    errors: list[str] = []
+    specs: list[SloSpec] = []
+    for di, doc in enumerate(docs):
+        if isinstance(doc, dict) and doc.get("apiVersion", "").startswith("openslo/"):
+            spec = _from_openslo(doc, f"{p.name}[doc {di}]", errors)
+            if spec:
+                specs.append(spec)
+        elif isinstance(doc, dict) and isinstance(doc.get("slos"), list):
+            for i, raw in enumerate(doc["slos"]):
+                spec = _from_native(raw, f"slos[{i}]", errors)
+                if spec:
+                    specs.append(spec)
+        else:
+            errors.append(f"{p.name}[doc {di}]: expected a `slos:` list or an OpenSLO `kind: SLO` document")
+    names = [s.name for s in specs]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(f"slo {n!r}: defined more than once")
+    if errors:
+        raise SpecErrors(errors)
+    return specs
+
+
+def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
+    if not isinstance(raw, dict):
+        errors.append(f"{where}: expected a mapping")
+        return None
+    before = len(errors)
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name or ""):
+        errors.append(f"{where}.name: required, lower-case letters, digits, - and _")
+    selector = raw.get("selector") or {}
+    if not isinstance(selector, dict):
+        errors.append(f"{where}.selector: expected a mapping of label: value")
+        selector = {}
+    for label in selector:
+        if label not in SLICE_LABELS:
+            errors.append(f"{where}.selector.{label}: unknown label (known: {', '.join(SLICE_LABELS)})")
+    slice_by = raw.get("slice_by") or []
+    if not isinstance(slice_by, list):
+        errors.append(f"{where}.slice_by: expected a list of labels")
+        slice_by = []
+    for label in slice_by:
+        if label not in SLICE_LABELS:
+            errors.append(f"{where}.slice_by: unknown label {label!r} (known: {', '.join(SLICE_LABELS)})")
+    sli = raw.get("sli")
+    kind, latency_field, threshold_ms = None, None, None
+    if not isinstance(sli, dict) or len(sli) != 1 or next(iter(sli)) not in SLI_KINDS:
+        errors.append(f"{where}.sli: expected one of {', '.join(SLI_KINDS)}")
+    else:
+        kind = next(iter(sli))
+        body = sli[kind] or {}
+        if kind in ("latency", "goodput"):
+            latency_field = body.get("field")
+            if latency_field not in LATENCY_FIELDS:
+                errors.append(f"{where}.sli.{kind}.field: one of {', '.join(LATENCY_FIELDS)}")
+            t = body.get("threshold")
+            secs = parse_duration_s(t)
+            if secs is None:
+                errors.append(f"{where}.sli.{kind}.threshold: {t!r} needs a unit, e.g. 300ms or 1.5s")
+            elif secs <= 0:
+                errors.append(f"{where}.sli.{kind}.threshold: must be positive")
+            else:
+                threshold_ms = round(secs * 1000, 9)
+            if kind == "goodput" and latency_field not in (None, "first_output_ms"):
+                # Only first output is recorded for successful attempts alone, so only it
+                # can tell "succeeded and fast" from the buckets.
+                errors.append(f"{where}.sli.goodput.field: goodput is defined over first_output_ms")
+    objective = _objective(raw.get("objective"))
+    if objective is None:
+        errors.append(f"{where}.objective: expected a percentage such as 99.9% or a ratio such as 0.999")
+    elif not 0 < objective < 1:
+        errors.append(f"{where}.objective: {raw.get('objective')} must be above 0% and below 100%")
+    window = raw.get("window", "30d")
+    calendar = window == "calendar-month"
+    window_s = 30 * 86400 if calendar else parse_duration_s(window)
+    if window_s is None:
+        errors.append(f"{where}.window: {window!r} is not a duration (28d, 30d) or calendar-month")
+        window_s = 30 * 86400
+    windows = _alert_windows(raw.get("alert_windows", "default"), f"{where}.alert_windows", errors)
+    window_minutes = int(window_s // 60)
+    for w in windows:
+        if w.long_minutes > window_minutes:
+            errors.append(f"{where}.window: {window} is shorter than alert window {w.name} ({w.long_minutes} min)")
+    min_events = raw.get("min_events", 1)
+    if not isinstance(min_events, int) or min_events < 1:
+        errors.append(f"{where}.min_events: a positive integer")
+        min_events = 1
+    if len(errors) > before:
+        return None
+    return SloSpec(
+        name=name, description=str(raw.get("description", "")), selector={k: str(v) for k, v in selector.items()},
+        sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
+        slice_by=tuple(slice_by), alert_windows=windows, min_events=min_events, latency_field=latency_field,
+        threshold_ms=threshold_ms, runbook=str(raw.get("runbook", "runbooks/slo-burn.md")),
+    )
+
+
+def _alert_windows(raw: Any, where: str, errors: list[str]) -> tuple[AlertWindow, ...]:
+    if raw in (None, "default"):
+        return default_catalog()
+    if not isinstance(raw, list) or not raw:
+        errors.append(f"{where}: `default` or a list of windows")
+        return default_catalog()
+    out = []
+    for i, w in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(w, dict):
+            errors.append(f"{at}: expected a mapping")
+            continue
+        long_s, short_s = parse_duration_s(w.get("long")), parse_duration_s(w.get("short", ""))
+        share = w.get("budget_share")
+        if long_s is None:
+            errors.append(f"{at}.long: a duration such as 1h")
+            continue
+        if short_s is None:
+            short_s = long_s / 12
+        if short_s > long_s:
+            errors.append(f"{at}.short: {w.get('short')} is longer than its long window {w.get('long')}")
+        if not isinstance(share, (int, float)) or not 0 < share <= 1:
+            errors.append(f"{at}.budget_share: a fraction of the budget in (0, 1]")
+            continue
+        severity = w.get("severity", "page")
+        if severity not in ("page", "ticket"):
+            errors.append(f"{at}.severity: page or ticket")
+        out.append(AlertWindow(str(w.get("name", f"window-{i}")), severity, float(share),
+                               max(1, int(long_s // 60)), max(1, int(short_s // 60))))
+    return tuple(out) or default_catalog()
+
+
+def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
+    """OpenSLO v1 `kind: SLO` with an inline ratio or threshold indicator over our fields.
+
+    ratioMetric: good/total (or bad/total) queries name our counters (`ok`, `requests`,
+    `errors`, `timeouts`); thresholdMetric: a `<latency field> <= <threshold>` query.
+    """
+    if doc.get("kind") != "SLO":
+        errors.append(f"{where}.kind: only `SLO` documents are read (got {doc.get('kind')!r})")
+        return None
+    meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    ind = (spec.get("indicator") or {}).get("spec") or {}
+    objectives = spec.get("objectives") or [{}]
+    obj = objectives[0]
+    raw: dict[str, Any] = {
+        "name": meta.get("name"),
+        "description": spec.get("description", meta.get("displayName", "")),
+        "objective": obj.get("target"),
+        "selector": (meta.get("labels") or {}),
+    }
+    tw = spec.get("timeWindow") or [{}]
+    tw0 = tw[0] if tw else {}
+    if tw0.get("isRolling", True):
+        raw["window"] = tw0.get("duration", "30d")
+    else:
+        raw["window"] = "calendar-month"
+    if "ratioMetric" in ind:
+        raw["sli"] = {"availability": {}}
+    elif "thresholdMetric" in ind:
+        q = str(((ind["thresholdMetric"].get("metricSource") or {}).get("spec") or {}).get("query", ""))
+        m = re.match(r"^\s*(\w+)\s*<=\s*(\S+)\s*$", q)
+        if not m:
+            errors.append(f"{where}.spec.indicator.thresholdMetric: query must read `<field> <= <threshold>`")
+            return None
+        raw["sli"] = {"latency": {"field": m.group(1), "threshold": m.group(2)}}
+        raw["objective"] = obj.get("target")
+    else:
+        errors.append(f"{where}.spec.indicator: a ratioMetric or thresholdMetric is required")
+        return None
+    labels = raw["selector"]
+    raw["selector"] = {k: v for k, v in labels.items() if k in SLICE_LABELS}
+    return _from_native(raw, where, errors)

@@ -1,0 +1,61 @@
+"""`tailwatch slo status`: replay the store's buckets through the SLO engine and print
+each SLO and slice with its SLI, budget left, burn rates per window and firing alerts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+
+
+from slo.sli import replay
+from slo.spec import SloSpec
+from streams import store
+from tailwatch.cli import CliError
+from tailwatch.table import render
+
+
+def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -> int:
+    con = store.connect(store_path or store.DEFAULT_STORE, read_only=True)
+    try:
+        until = None
+        if at:
+            try:
+                dt = datetime.fromisoformat(at.replace("Z", "+00:00"))
+            except ValueError:
+                raise CliError(f"--at: {at!r} is not an RFC 3339 time") from None
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            until = int(dt.timestamp()) // 60
+        longest = max(s.window_minutes for s in specs)
+        buckets = con.sql(
+            "SELECT * FROM sli_minute WHERE window_start >= (SELECT max(window_start) FROM sli_minute) - to_minutes($1)",
+            params=[longest],
+        ).pl()
+    finally:
+        con.close()
+    if buckets.height == 0:
+        raise CliError("the store has no buckets yet: run the worker first")
+    result = replay(specs, buckets, until)
+    rows = []
+    for (_name, _key), state in sorted(result.states.items(), key=lambda kv: kv[0]):
+        st = state.status()
+        br = {m: st.burn_rates.get(m) for m in sorted({w.long_minutes for w in state.spec.alert_windows})}
+        rows.append([
+            st.slo, ",".join(f"{k}={v}" for k, v in st.labels.items()) or "-",
+            None if st.sli is None else round(100 * st.sli, 3), round(100 * st.error_budget_remaining, 1),
+            " ".join(f"{_fmt_window(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
+            ", ".join(st.firing) or "-",
+        ])
+    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing"], rows))
+    fired = [c for c in result.changes if c.state == "firing"]
+    print(f"\n{len(fired)} alerts fired over the replayed buckets "
+          f"({sum(1 for c in result.changes if c.state == 'resolved')} resolved)")
+    return 0
+
+
+def _fmt_window(minutes: int) -> str:
+    return f"{minutes // 1440}d" if minutes % 1440 == 0 else f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
+
+
+

@@ -1,0 +1,209 @@
+"""SLO math: window factors, burn rates, budgets, alert firing and resolution, specs."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slo.engine import RollingWindow, SliceState, burn_rate, error_budget_remaining, minutes_to_exhaustion
+from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+from slo.windows import default_catalog
+
+THIRTY_DAYS = 30 * 1440
+
+
+def spec_file(tmp_path, body: str):
+    p = tmp_path / "slos.yaml"
+    p.write_text(body)
+    return p
+
+
+AVAIL = """
+slos:
+  - name: llm-avail
+    selector: {workload: llm}
+    sli: {availability: {}}
+    objective: 99.9%
+    window: 30d
+    min_events: 10
+"""
+
+
+def test_workbook_factors_at_999_over_30_days():
+    assert [w.factor(THIRTY_DAYS) for w in default_catalog()] == pytest.approx([14.4, 6.0, 3.0, 1.0])
+    assert [(w.long_minutes, w.short_minutes) for w in default_catalog()] == [(60, 5), (360, 30), (1440, 120), (4320, 360)]
+
+
+def test_burn_rate_hand_computed():
+    assert burn_rate(bad=144, valid=10_000, objective=0.999) == pytest.approx(14.4)
+    assert burn_rate(bad=6, valid=1_000, objective=0.999) == pytest.approx(6.0)
+    assert burn_rate(bad=0, valid=0, objective=0.999) is None
+    assert error_budget_remaining(bad=0, valid=0, objective=0.999) == 1.0
+    assert error_budget_remaining(bad=5, valid=10_000, objective=0.999) == pytest.approx(0.5)
+    # Half the budget left, burning at 2x: 30 days × 0.5 ÷ 2 = 7.5 days.
+    assert minutes_to_exhaustion(0.5, 2.0, THIRTY_DAYS) == pytest.approx(7.5 * 1440)
+    assert minutes_to_exhaustion(0.5, None, THIRTY_DAYS) is None
+
+
+def test_page_fires_when_both_windows_burn_and_resolves_when_short_window_cools(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL))
+    s = SliceState(spec, {})
+    changes = []
+    for m in range(120):  # clean traffic: 1,000 per minute
+        changes += s.advance(m, 1000, 1000)
+    assert changes == []
+    for m in range(120, 140):  # 10% errors: burn rate 100 in every minute
+        changes += s.advance(m, 900, 1000)
+    fired = [c for c in changes if c.state == "firing" and c.window.name == "page-fast"]
+    assert len(fired) == 1
+    # The 1 h window after k bad minutes: 100k bad of 60,000 → burn k/0.6; over 14.4 from k = 9,
+    # that is at minute 128. The 5 m window burns at 100 from the first bad minute.
+    first = fired[0]
+    assert first.at_minute == 128
+    assert first.long_burn_rate == pytest.approx(15.0) and first.short_burn_rate == pytest.approx(100.0)
+    changes.clear()
+    for m in range(140, 150):
+        changes += s.advance(m, 1000, 1000)
+    resolved = [c for c in changes if c.state == "resolved" and c.window.name == "page-fast"]
+    assert [c.at_minute for c in resolved] == [144]  # the 5-minute window holds no bad minute from 144 on
+    assert resolved[0].fingerprint == first.fingerprint
+
+
+def test_low_traffic_slice_does_not_page(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 500")))
+    s = SliceState(spec, {})
+    changes = []
+    for m in range(10):
+        changes += s.advance(m, 0, 5)  # every request fails, but 5 a minute
+    assert changes == []
+
+
+def test_windows_without_events_have_no_burn_rate(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL))
+    s = SliceState(spec, {})
+    s.advance(0, 0, 0)
+    st_ = s.status()
+    assert st_.sli is None and all(b is None for b in st_.burn_rates.values()) and st_.error_budget_remaining == 1.0
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=200), st.integers(1, 30))
+@settings(max_examples=200, deadline=None)
+def test_rolling_sums_equal_a_rescan(counts, length):
+    w = RollingWindow(length)
+    for minute, (a, b) in enumerate(counts):
+        good, valid = min(a, b), max(a, b)
+        w.retire_until(minute)
+        w.add(minute, good, valid)
+        window = [(min(x, y), max(x, y)) for x, y in counts[max(0, minute - length + 1): minute + 1]]
+        assert (w.good, w.valid) == (sum(g for g, _ in window), sum(v for _, v in window))
+
+
+def test_default_slos_load():
+    specs = load_slos(DEFAULT_SLOS)
+    assert {s.sli_kind for s in specs} == {"availability", "latency", "goodput"}
+
+
+def test_check_names_each_problem_with_its_place(tmp_path):
+    bad = """
+slos:
+  - name: a
+    selector: {workload: llm, colour: red}
+    sli: {latency: {field: first_output_ms, threshold: 300}}
+    objective: 100%
+    window: 30d
+  - name: b
+    sli: {availability: {}}
+    objective: 99%
+    window: 2h
+  - name: c
+    sli: {availability: {}}
+    objective: 99%
+    alert_windows: [{name: x, budget_share: 0.02, long: 1h, short: 2h}]
+"""
+    with pytest.raises(SpecErrors) as err:
+        load_slos(spec_file(tmp_path, bad))
+    problems = err.value.problems
+    assert any(p.startswith("slos[0].selector.colour: unknown label") for p in problems)
+    assert any(p.startswith("slos[0].sli.latency.threshold") and "needs a unit" in p for p in problems)
+    assert any(p.startswith("slos[0].objective") and "below 100%" in p for p in problems)
+    assert any(p.startswith("slos[1].window") and "shorter than alert window" in p for p in problems)
+    assert any(p.startswith("slos[2].alert_windows[0].short") and "longer than its long window" in p for p in problems)
+
+
+OPENSLO = """
+apiVersion: openslo/v1
+kind: SLO
+metadata:
+  name: llm-first-token
+  labels: {workload: llm}
+spec:
+  description: first token fast
+  service: chat
+  indicator:
+    metadata: {name: ttft}
+    spec:
+      thresholdMetric:
+        metricSource: {type: tailwatch, spec: {query: "first_output_ms <= 800ms"}}
+  timeWindow: [{duration: 28d, isRolling: true}]
+  budgetingMethod: Occurrences
+  objectives: [{displayName: fast, target: 0.99}]
+---
+apiVersion: openslo/v1
+kind: SLO
+metadata: {name: llm-availability}
+spec:
+  indicator:
+    metadata: {name: ok}
+    spec:
+      ratioMetric:
+        good: {metricSource: {type: tailwatch, spec: {query: ok}}}
+        total: {metricSource: {type: tailwatch, spec: {query: requests}}}
+  timeWindow: [{duration: 30d, isRolling: true}]
+  objectives: [{target: 0.999}]
+"""
+
+
+def test_openslo_documents_read_into_the_same_model(tmp_path):
+    a, b = load_slos(spec_file(tmp_path, OPENSLO))
+    assert (a.name, a.sli_kind, a.latency_field, a.threshold_ms, a.objective, a.window_minutes) == (
+        "llm-first-token", "latency", "first_output_ms", 800.0, 0.99, 28 * 1440)
+    assert a.selector == {"workload": "llm"}
+    assert (b.name, b.sli_kind, b.objective) == ("llm-availability", "availability", 0.999)
+
+
+def test_good_and_valid_from_buckets(tmp_path):
+    from datetime import datetime
+
+    import polars as pl
+
+    from slo import histogram
+    from slo.sli import good_valid
+
+    bound = histogram.bin_upper_bound_ms(histogram.bin_of(300.0))
+    values = [10.0, 100.0, bound, bound * 1.1, 5000.0]  # three at or under the bound
+    hist = [{"bin": b, "n": n} for b, n in sorted(histogram.from_values(values).items())]
+    frame = pl.DataFrame({
+        "window_start": [datetime(2026, 11, 2, 0, 0)] * 2, "workload": ["llm", "asr"], "zone": ["a", "a"],
+        "requests": [10, 7], "ok": [8, 7], "cancelled": [1, 0],
+        "first_output_ms_hist": [hist, hist],
+    })
+    body = f"""
+slos:
+  - {{name: lat, selector: {{workload: llm}}, sli: {{latency: {{field: first_output_ms, threshold: {bound}ms}}}}, objective: 99%, slice_by: [zone]}}
+  - {{name: gp, selector: {{workload: llm}}, sli: {{goodput: {{field: first_output_ms, threshold: {bound}ms}}}}, objective: 99%}}
+  - {{name: av, selector: {{workload: llm}}, sli: {{availability: {{}}}}, objective: 99%}}
+"""
+    lat, gp, av = load_slos(spec_file(tmp_path, body))
+    assert good_valid(lat, frame).select("good", "valid").row(0) == (3, 5)
+    assert good_valid(gp, frame).select("good", "valid").row(0) == (3, 9)  # valid: attempts less cancellations
+    assert good_valid(av, frame).select("good", "valid").row(0) == (8, 9)
+
+
+def test_slo_check_command_exit_codes(tmp_path):
+    import subprocess
+    import sys
+
+    good = subprocess.run([sys.executable, "-m", "tailwatch", "slo", "check", str(DEFAULT_SLOS)], capture_output=True)
+    assert good.returncode == 0 and b"no problems" in good.stdout
+    bad = spec_file(tmp_path, AVAIL.replace("99.9%", "100%"))
+    r = subprocess.run([sys.executable, "-m", "tailwatch", "slo", "check", str(bad)], capture_output=True)
+    assert r.returncode == 1 and b"slos[0].objective" in r.stderr and b"Traceback" not in r.stderr
