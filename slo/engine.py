@@ -83,6 +83,7 @@ class AlertChange:
     slo: str
     labels: dict[str, str]
     at_minute: int
+    started_minute: int  # when the condition began (= at_minute for a firing change)
     window: AlertWindow
     long_burn_rate: float | None
     short_burn_rate: float | None
@@ -111,7 +112,7 @@ class SliceState:
         for w in spec.alert_windows:
             lengths.update((w.long_minutes, w.short_minutes))
         self.windows = {m: RollingWindow(m) for m in sorted(lengths)}
-        self.firing: dict[str, AlertWindow] = {}  # fingerprint → window
+        self.firing: dict[str, tuple[AlertWindow, int]] = {}  # fingerprint → (window, fired at minute)
         self.last_minute: int | None = None
         self.last_data_minute: int | None = None
 
@@ -152,13 +153,13 @@ class SliceState:
                 and long_w.valid >= self.spec.min_events and short_w.valid >= self.spec.min_events
             )
             if fp not in self.firing and hot:
-                self.firing[fp] = aw
-                changes.append(AlertChange("firing", fp, name, aw.severity, self.spec.name, self.labels, minute, aw,
-                                           long_b, short_b, remaining))
+                self.firing[fp] = (aw, minute)
+                changes.append(AlertChange("firing", fp, name, aw.severity, self.spec.name, self.labels, minute, minute,
+                                           aw, long_b, short_b, remaining))
             elif fp in self.firing and (short_b is None or short_b <= factor):
-                del self.firing[fp]
-                changes.append(AlertChange("resolved", fp, name, aw.severity, self.spec.name, self.labels, minute, aw,
-                                           long_b, short_b, remaining))
+                _, started = self.firing.pop(fp)
+                changes.append(AlertChange("resolved", fp, name, aw.severity, self.spec.name, self.labels, minute,
+                                           started, aw, long_b, short_b, remaining))
         return changes
 
     def budget_remaining(self) -> float:
@@ -175,5 +176,5 @@ class SliceState:
             error_budget_remaining=remaining,
             burn_rates={m: self.burn(m) for m in self.windows},
             minutes_to_exhaustion=minutes_to_exhaustion(remaining, self.burn(fastest.long_minutes), self.spec.window_minutes),
-            firing=sorted(f"{aw.severity}:{aw.name}" for aw in self.firing.values()),
+            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
         )

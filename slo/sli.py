@@ -41,31 +41,73 @@ def _last_good_bin(threshold_ms: float) -> int:
 
 
 @dataclass
-class Replay:
-    """SLO state after feeding buckets up to a minute."""
+class Evaluation:
+    """What one feed of buckets produced: alert changes and one status row per slice and minute."""
 
-    states: dict[tuple[str, tuple], SliceState] = field(default_factory=dict)
     changes: list[AlertChange] = field(default_factory=list)
+    status: list[dict] = field(default_factory=list)
 
 
-def replay(specs: list[SloSpec], buckets: pl.DataFrame, until_minute: int | None = None) -> Replay:
-    out = Replay()
-    for spec in specs:
-        counts = good_valid(spec, buckets).with_columns(
-            (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
-        ).sort("_minute")
-        if until_minute is not None:
-            counts = counts.filter(pl.col("_minute") <= until_minute)
-        for row in counts.iter_rows(named=True):
-            labels = {k: str(row[k]) for k in spec.slice_by}
-            key = (spec.name, tuple(labels.values()))
-            state = out.states.get(key)
-            if state is None:
-                state = out.states[key] = SliceState(spec, labels)
-            out.changes.extend(state.advance(row["_minute"], int(row["good"]), int(row["valid"])))
-        last = until_minute if until_minute is not None else (counts["_minute"].max() if counts.height else None)
-        if last is not None:
-            for (name, _), state in out.states.items():
-                if name == spec.name:
-                    state.retire_until(int(last))  # type: ignore[arg-type]
-    return out
+class SloEvaluator:
+    """Every SLO's slice states, fed with closed buckets in event-time order."""
+
+    def __init__(self, specs: list[SloSpec]):
+        self.specs = specs
+        self.states: dict[tuple[str, tuple], SliceState] = {}
+
+    def feed(self, buckets: pl.DataFrame, until_minute: int | None = None, with_status: bool = True) -> Evaluation:
+        out = Evaluation()
+        if buckets.height == 0:
+            return out
+        for spec in self.specs:
+            counts = good_valid(spec, buckets).with_columns(
+                (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+            ).sort("_minute")
+            if until_minute is not None:
+                counts = counts.filter(pl.col("_minute") <= until_minute)
+            for row in counts.iter_rows(named=True):
+                labels = {k: str(row[k]) for k in spec.slice_by}
+                key = (spec.name, tuple(labels.values()))
+                state = self.states.get(key)
+                if state is None:
+                    state = self.states[key] = SliceState(spec, labels)
+                out.changes.extend(state.advance(row["_minute"], int(row["good"]), int(row["valid"])))
+                if with_status:
+                    out.status.append(_status_row(state))
+        return out
+
+    def retire_until(self, minute: int) -> None:
+        for state in self.states.values():
+            state.retire_until(minute)
+
+
+def _status_row(state: SliceState) -> dict:
+    st = state.status()
+    return {
+        "window_start": st.minute, "slo": st.slo,
+        "slice": ",".join(f"{k}={v}" for k, v in st.labels.items()),
+        "sli": st.sli, "error_budget_remaining": st.error_budget_remaining,
+        "minutes_to_exhaustion": st.minutes_to_exhaustion,
+        "burn_rates": {span(m): b for m, b in st.burn_rates.items() if b is not None},
+        "firing": len(st.firing),
+    }
+
+
+def span(minutes: int) -> str:
+    """A window length as people write it: 5m, 1h, 30d."""
+    if minutes % 1440 == 0:
+        return f"{minutes // 1440}d"
+    if minutes % 60 == 0:
+        return f"{minutes // 60}h"
+    return f"{minutes}m"
+
+
+def replay(specs: list[SloSpec], buckets: pl.DataFrame, until_minute: int | None = None) -> SloEvaluator:
+    """The SLO state after the given buckets (for reads of the store)."""
+    ev = SloEvaluator(specs)
+    result = ev.feed(buckets, until_minute, with_status=False)
+    ev.changes = result.changes  # type: ignore[attr-defined]
+    if buckets.height:
+        last = until_minute if until_minute is not None else int(buckets["window_start"].dt.epoch("s").max() // 60)
+        ev.retire_until(last)
+    return ev

@@ -10,7 +10,9 @@ exactly the buckets and state that match the offsets it resumes from.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import json
+from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -44,6 +46,15 @@ CREATE TABLE IF NOT EXISTS gpu_minute (
 CREATE TABLE IF NOT EXISTS dead_letter (
     ts TIMESTAMP, source_topic VARCHAR, source_partition INTEGER, source_offset BIGINT,
     reason VARCHAR, detail VARCHAR, size_bytes BIGINT
+);
+CREATE TABLE IF NOT EXISTS slo_status (
+    window_start TIMESTAMP, slo VARCHAR, slice VARCHAR, sli DOUBLE, error_budget_remaining DOUBLE,
+    minutes_to_exhaustion DOUBLE, burn_rates STRUCT("window" VARCHAR, burn_rate DOUBLE)[], firing INTEGER
+);
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint VARCHAR, alertname VARCHAR, severity VARCHAR, slo VARCHAR, alert_window VARCHAR,
+    labels VARCHAR, fired_at TIMESTAMP, resolved_at TIMESTAMP,
+    long_burn_rate DOUBLE, short_burn_rate DOUBLE, error_budget_remaining DOUBLE
 );
 CREATE TABLE IF NOT EXISTS _tw_offsets (
     topic VARCHAR, part INTEGER, next_offset BIGINT, watermark_ms BIGINT, PRIMARY KEY (topic, part)
@@ -96,6 +107,8 @@ class Checkpoint:
     topics: list[TopicCheckpoint]
     next_offsets: dict[tuple[str, int], int]
     dead_letters: pl.DataFrame | None = None
+    slo_status: pl.DataFrame | None = None
+    alert_changes: list = field(default_factory=list)  # slo.engine.AlertChange
 
 
 def _frame_blob(frame: pl.DataFrame) -> bytes:
@@ -134,6 +147,11 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             con.register("_dl", cp.dead_letters.to_arrow())
             con.execute("INSERT INTO dead_letter BY NAME SELECT * FROM _dl")
             con.unregister("_dl")
+        if cp.slo_status is not None and cp.slo_status.height:
+            con.register("_st", cp.slo_status.to_arrow())
+            con.execute("INSERT INTO slo_status BY NAME SELECT * FROM _st")
+            con.unregister("_st")
+        _write_alert_changes(con, cp.alert_changes)
         for (topic, part), nxt in cp.next_offsets.items():
             con.execute(
                 "INSERT INTO _tw_offsets VALUES (?, ?, ?, NULL) ON CONFLICT (topic, part) "
@@ -144,6 +162,19 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+def _write_alert_changes(con: duckdb.DuckDBPyConnection, changes: list) -> None:
+    for c in changes:
+        at = datetime.fromtimestamp(c.at_minute * 60, tz=timezone.utc).replace(tzinfo=None)
+        if c.state == "firing":
+            con.execute(
+                "INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+                [c.fingerprint, c.alertname, c.severity, c.slo, c.window.name, json.dumps(c.labels, sort_keys=True), at,
+                 c.long_burn_rate, c.short_burn_rate, c.error_budget_remaining],
+            )
+        else:
+            con.execute("UPDATE alerts SET resolved_at = ? WHERE fingerprint = ? AND resolved_at IS NULL", [at, c.fingerprint])
 
 
 def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:

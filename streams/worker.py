@@ -29,6 +29,7 @@ from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.http import WorkerHttp
 from streams.metrics import WorkerMetrics
+from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
 
@@ -50,6 +51,8 @@ class WorkerSettings:
     publish_sli: bool = True
     progress: Callable[[str], None] | None = None
     stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
+    slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
+    alertmanager_url: str | None = None
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Worker:
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
+        self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None
@@ -111,6 +115,8 @@ class Worker:
         ensure_topics(s.kafka, s.partitions)
         self.con = store.connect(s.store_path)
         self._restore()
+        if self.slo:
+            self.slo.rebuild(self.con)
         http = None
         if s.http_port is not None:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health)
@@ -143,6 +149,8 @@ class Worker:
                 if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self._has_unsaved()):
                     self.checkpoint(consumer, close_all=False)
                     last_checkpoint = now
+                if self.slo:
+                    self.slo.deliver()
                 if s.progress and now - last_progress >= 1.0:
                     s.progress(self._progress_line(now - started))
                     last_progress = now
@@ -153,6 +161,8 @@ class Worker:
                 elif s.until_idle_s is not None and now - max(idle_since, self._assigned_at) >= s.until_idle_s:
                     break
             self.checkpoint(consumer, close_all=s.until_idle_s is not None and not self._stop)
+            if self.slo:
+                self.slo.deliver(wait_s=10.0)
             if s.progress:
                 s.progress(self._progress_line(time.monotonic() - started))
         finally:
@@ -306,7 +316,12 @@ class Worker:
             topics=topics, next_offsets=dict(self.next_offsets),
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
+        if self.slo:
+            requests = next(t for t in topics if t.table == "sli_minute")
+            cp.slo_status, cp.alert_changes = self.slo.evaluate(requests.closed)
         store.write_checkpoint(self.con, cp)
+        if self.slo:
+            self.slo.committed(cp.alert_changes)
         self._stored_offsets = dict(self.next_offsets)
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
     p.add_argument("--stats-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--slos", default="default", metavar="FILE",
+                   help="SLOs evaluated on every closed minute: a file, `default` (built-in set) or `none`")
+    p.add_argument("--alertmanager-url", default=None, metavar="URL",
+                   help="deliver SLO alerts to this Alertmanager (v2 API), e.g. http://127.0.0.1:9093")
     _kafka_args(p)
 
     p = sub.add_parser("sql", help="query the store")

@@ -93,11 +93,26 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_slo_option(value: str | None):
+    """`--slos`: a file, `default` or `none` → a list of SloSpec (or None)."""
+    from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+
+    if value in (None, "none"):
+        return None
+    path = DEFAULT_SLOS if value == "default" else value
+    try:
+        return load_slos(path)
+    except SpecErrors as exc:
+        raise CliError(f"--slos {value}: {exc.problems[0]} (run `tailwatch slo check {value}` for all)") from None
+
+
 def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
 
     return WorkerSettings(
+        slos=load_slo_option(args.slos),
+        alertmanager_url=args.alertmanager_url,
         kafka=kafka_settings(args),
         store_path=args.store or DEFAULT_STORE,
         group_id=args.group,
@@ -194,7 +209,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_slo(args: argparse.Namespace) -> int:
-    from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+    from slo.spec import SpecErrors, load_slos
 
     if args.slo_command == "check":
         try:
@@ -205,10 +220,7 @@ def cmd_slo(args: argparse.Namespace) -> int:
             return 1
         print(f"{args.file}: {len(specs)} SLOs, no problems")
         return 0
-    try:
-        specs = load_slos(args.slos or DEFAULT_SLOS)
-    except SpecErrors as exc:
-        raise CliError(f"{args.slos}: {exc.problems[0]} (run `tailwatch slo check` for all)") from None
+    specs = load_slo_option(args.slos or "default")
     if args.slo:
         specs = [s for s in specs if s.name == args.slo]
         if not specs:

@@ -14,6 +14,7 @@ from pathlib import Path
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from slo import histogram
+from slo.spec import DEFAULT_SLOS, load_slos
 from streams import store
 from streams.worker import Worker, WorkerSettings
 from tailwatch.broker import EmbeddedBroker
@@ -73,6 +74,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
         say("[3/4] running the worker until the topics are drained")
         worker = Worker(WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
+                                       slos=load_slos(DEFAULT_SLOS),
                                        progress=lambda line: progress("      " + line)))
         worker.run()
         progress_done()
@@ -101,6 +103,10 @@ def summary(store_path: str) -> str:
                 hists.setdefault((field, w, z), {})[b] = n
         dead = con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL ORDER BY 2 DESC").fetchall()
         gpus = con.execute("SELECT count(DISTINCT node || gpu_index), round(avg(util_pct_mean), 1) FROM gpu_minute").fetchone()
+        pages = con.execute("""
+            SELECT slo, labels, alert_window, strftime(fired_at, '%H:%M') AS fired, strftime(resolved_at, '%H:%M') AS resolved,
+                   round(long_burn_rate, 1) AS burn_long, round(short_burn_rate, 1) AS burn_short
+            FROM alerts WHERE severity = 'page' ORDER BY fired_at""").fetchall()
     finally:
         con.close()
     rows = []
@@ -117,6 +123,8 @@ def summary(store_path: str) -> str:
     out += render(cols, rows)
     out += f"\n\nGPUs sampled: {gpus[0]}, mean utilisation {gpus[1]}%"
     out += "\ndead letters by reason: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none")
+    out += "\n\nPages raised by the default SLOs (event time; `tailwatch slo status` for every SLO)\n"
+    out += render(["slo", "slice", "window", "fired", "resolved", "burn_long", "burn_short"], pages)
     return out
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 
 
-from slo.sli import replay
+from slo.sli import replay, span
 from slo.spec import SloSpec
 from streams import store
 from tailwatch.cli import CliError
@@ -44,7 +44,7 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
         rows.append([
             st.slo, ",".join(f"{k}={v}" for k, v in st.labels.items()) or "-",
             None if st.sli is None else round(100 * st.sli, 3), round(100 * st.error_budget_remaining, 1),
-            " ".join(f"{_fmt_window(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
+            " ".join(f"{span(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
             ", ".join(st.firing) or "-",
         ])
     print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing"], rows))
@@ -54,8 +54,6 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
     return 0
 
 
-def _fmt_window(minutes: int) -> str:
-    return f"{minutes // 1440}d" if minutes % 1440 == 0 else f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
 
 
 

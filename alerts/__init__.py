@@ -1,0 +1,1 @@
+"""Alert delivery: Alertmanager v2 API with an in-order, retried outbox."""

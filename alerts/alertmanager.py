@@ -1,0 +1,111 @@
+"""Delivery of alert state changes to Alertmanager through its v2 HTTP API.
+
+State changes queue in an outbox and are posted in order; when Alertmanager is down the
+outbox keeps them and retries with exponential backoff (bounded), so no change is lost
+while the process lives. Times are event times: `startsAt` is when the condition began
+in the telemetry and `endsAt` when it cooled, so a replay pages with the same times.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from slo.engine import AlertChange
+from slo.sli import span
+
+log = logging.getLogger("tailwatch.alerts")
+
+
+@dataclass(frozen=True)
+class AlertLinks:
+    """Where a page points a person: the runbook and the dashboard, with the slice preset."""
+
+    runbook_base_url: str = "https://github.com/tailwatch/tailwatch/blob/main/"
+    dashboard_base_url: str = "http://grafana.local/d/tailwatch-slo"
+
+
+def rfc3339(minute: int) -> str:
+    return datetime.fromtimestamp(minute * 60, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dict:
+    """One alert in Alertmanager's v2 format, labelled by SLO and slice labels only."""
+    w = change.window
+    long_b = "no data" if change.long_burn_rate is None else f"{change.long_burn_rate:.1f}x"
+    short_b = "no data" if change.short_burn_rate is None else f"{change.short_burn_rate:.1f}x"
+    slice_text = ", ".join(f"{k}={v}" for k, v in change.labels.items()) or "all traffic"
+    query = "&".join([f"var-slo={change.slo}", *(f"var-{k}={v}" for k, v in change.labels.items())])
+    alert = {
+        "labels": {"alertname": change.alertname, "severity": change.severity, "slo": change.slo,
+                   "window": w.name, **change.labels},
+        "annotations": {
+            "summary": (f"{change.slo} ({slice_text}) burns its error budget at {long_b} over "
+                        f"{span(w.long_minutes)} and {short_b} over {span(w.short_minutes)}; "
+                        f"{100 * change.error_budget_remaining:.1f}% of the budget left"),
+            "runbook_url": links.runbook_base_url + runbook,
+            "dashboard_url": f"{links.dashboard_base_url}?{query}",
+        },
+        "startsAt": rfc3339(change.started_minute),
+        "generatorURL": f"{links.dashboard_base_url}?{query}",
+    }
+    if change.state == "resolved":
+        alert["endsAt"] = rfc3339(change.at_minute)
+    return alert
+
+
+class AlertmanagerOutbox:
+    """In-order, retried delivery of alert payloads to one Alertmanager."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, max_backoff_s: float = 30.0, max_pending: int = 100_000):
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.timeout_s = timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.max_pending = max_pending
+        self.pending: deque[dict] = deque()
+        self.delivered = 0
+        self.failures = 0
+        self._backoff_s = 0.0
+        self._next_try = 0.0  # monotonic clock: when to try again after a failure
+
+    def put(self, alert: dict) -> None:
+        if len(self.pending) >= self.max_pending:
+            # Never drop silently: the oldest change goes, and the log says so.
+            dropped = self.pending.popleft()
+            log.error("alert outbox full (%d): dropping the oldest change for %s", self.max_pending, dropped["labels"])
+        self.pending.append(alert)
+
+    def flush(self, batch: int = 500) -> bool:
+        """Try to deliver what is pending; True when the outbox is empty afterwards."""
+        if not self.pending:
+            return True
+        if time.monotonic() < self._next_try:
+            return False
+        while self.pending:
+            chunk = [self.pending[i] for i in range(min(batch, len(self.pending)))]
+            if not self._post(chunk):
+                self.failures += 1
+                self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
+                self._next_try = time.monotonic() + self._backoff_s
+                return False
+            for _ in chunk:
+                self.pending.popleft()
+            self.delivered += len(chunk)
+            self._backoff_s = 0.0
+        return True
+
+    def _post(self, alerts: list[dict]) -> bool:
+        req = urllib.request.Request(self.url, data=json.dumps(alerts).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return 200 <= resp.status < 300
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            log.warning("Alertmanager at %s did not take %d alerts: %s", self.url, len(alerts), exc)
+            return False

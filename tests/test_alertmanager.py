@@ -1,0 +1,178 @@
+"""Pages through a real Alertmanager (Debian's prometheus-alertmanager), on loopback.
+
+Alertmanager forwards to a webhook receiver that the test runs, so what is asserted is
+what a pager integration would receive: the page, its labels and links, and its
+resolution.
+"""
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import duckdb
+import pytest
+
+from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
+from ingest.producer import EventPublisher
+from ingest.simulator import FleetSimulator
+from slo.engine import AlertChange
+from slo.spec import DEFAULT_SLOS, load_slos
+from slo.windows import default_catalog
+from streams.worker import Worker, WorkerSettings
+from tests.conftest import free_port, need
+
+AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+class Webhook:
+    """Collects what Alertmanager posts to its webhook receiver."""
+
+    def __init__(self):
+        self.notifications: list[dict] = []
+        received = self.notifications
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self):
+        return [a for n in self.notifications for a in n["alerts"]]
+
+    def wait_for(self, predicate, timeout_s=30):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            found = [a for a in self.alerts() if predicate(a)]
+            if found:
+                return found
+            time.sleep(0.2)
+        return []
+
+
+def start_alertmanager(tmp_path, webhook_port, port=None):
+    need(AM_BIN is not None, "prometheus-alertmanager (Debian package)")
+    port = port or free_port()
+    cfg = tmp_path / f"am-{port}.yml"
+    cfg.write_text(f"""
+route:
+  receiver: hook
+  group_by: [alertname, slo]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: hook
+    webhook_configs:
+      - url: http://127.0.0.1:{webhook_port}/
+        send_resolved: true
+""")
+    proc = subprocess.Popen([AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
+                             f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/-/ready", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail("Alertmanager did not become ready")
+
+
+def change(state, minute, started):
+    (spec,) = [s for s in load_slos(DEFAULT_SLOS) if s.name == "llm-realtime-availability"]
+    return spec, AlertChange(state, "fp1", "SLOBurnPage", "page", spec.name, {"zone": "us-east-1b", "model_version": "v1"},
+                             minute, started, default_catalog()[0], 20.0, 50.0, 0.4)
+
+
+def test_page_and_resolution_reach_the_receiver(tmp_path):
+    hook = Webhook()
+    proc, url = start_alertmanager(tmp_path, hook.port)
+    try:
+        now_min = int(time.time()) // 60
+        spec, fired = change("firing", now_min - 3, now_min - 3)
+        box = AlertmanagerOutbox(url)
+        box.put(to_alertmanager(fired, spec.runbook, AlertLinks()))
+        assert box.flush()
+        firing = hook.wait_for(lambda a: a["status"] == "firing")
+        assert firing, "Alertmanager never notified the page"
+        a = firing[0]
+        assert a["labels"]["alertname"] == "SLOBurnPage" and a["labels"]["severity"] == "page"
+        assert a["labels"]["slo"] == "llm-realtime-availability" and a["labels"]["zone"] == "us-east-1b"
+        assert a["annotations"]["runbook_url"].endswith("runbooks/slo-burn.md")
+        assert "var-zone=us-east-1b" in a["annotations"]["dashboard_url"]
+        assert "20.0x over 1h" in a["annotations"]["summary"]
+        _, resolved = change("resolved", now_min - 1, now_min - 3)
+        box.put(to_alertmanager(resolved, spec.runbook, AlertLinks()))
+        assert box.flush()
+        assert hook.wait_for(lambda a: a["status"] == "resolved"), "the resolution never reached the receiver"
+    finally:
+        proc.kill()
+
+
+def test_outbox_keeps_changes_while_alertmanager_is_down(tmp_path):
+    hook = Webhook()
+    port = free_port()
+    box = AlertmanagerOutbox(f"http://127.0.0.1:{port}", timeout_s=1, max_backoff_s=1)
+    now_min = int(time.time()) // 60
+    spec, fired = change("firing", now_min - 2, now_min - 2)
+    box.put(to_alertmanager(fired, spec.runbook, AlertLinks()))
+    assert not box.flush() and len(box.pending) == 1 and box.failures == 1
+    assert not box.flush()  # inside the backoff: no new attempt yet
+    assert box.failures == 1
+    proc, url = start_alertmanager(tmp_path, hook.port, port=port)
+    try:
+        deadline = time.time() + 15
+        while not box.flush() and time.time() < deadline:
+            time.sleep(0.2)
+        assert not box.pending and box.delivered == 1
+        assert hook.wait_for(lambda a: a["labels"].get("slo") == spec.name)
+    finally:
+        proc.kill()
+
+
+def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, tmp_path):
+    hook = Webhook()
+    proc, url = start_alertmanager(tmp_path, hook.port)
+    try:
+        sim = FleetSimulator("mixed-fleet", minutes=60, seed=7)
+        pub = EventPublisher(kafka)
+        pub.publish_events(sim.events())
+        pub.close()
+        store = tmp_path / "tw.duckdb"
+        w = Worker(WorkerSettings(kafka=kafka, store_path=str(store), group_id=f"g-{uuid.uuid4().hex[:6]}",
+                                  http_port=None, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS), alertmanager_url=url))
+        assert w.run() == 0
+        # The zone-b LLM error spike (minutes 30-42) pages on the fast window for zone us-east-1b.
+        pages = hook.wait_for(lambda a: a["labels"].get("slo") == "llm-realtime-availability"
+                              and a["labels"].get("zone") == "us-east-1b" and a["labels"]["severity"] == "page")
+        assert pages, f"no page for the zone-b incident; got {[a['labels'] for a in hook.alerts()][:5]}"
+        con = duckdb.connect(str(store), read_only=True)
+        rows = con.execute("""SELECT alert_window, fired_at, resolved_at FROM alerts
+                              WHERE slo = 'llm-realtime-availability' AND labels LIKE '%us-east-1b%'
+                              AND alert_window = 'page-fast'""").fetchall()
+        assert rows and all(r[2] is not None and r[1] < r[2] for r in rows)
+        fired_minute = min(r[1] for r in rows)
+        assert fired_minute.hour == 0 and 30 <= fired_minute.minute <= 45  # during the incident, event time
+        assert con.execute("SELECT count(*) FROM slo_status").fetchone()[0] > 0
+        resolved = hook.wait_for(lambda a: a["status"] == "resolved" and a["labels"].get("zone") == "us-east-1b"
+                                 and a["labels"]["alertname"] == "SLOBurnPage")
+        assert resolved, "Alertmanager never reported the page resolved"
+    finally:
+        proc.kill()
