@@ -38,6 +38,8 @@ def rfc3339(minute: int) -> str:
 def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dict:
     """One alert in Alertmanager's v2 format, labelled by SLO and slice labels only."""
     w = change.window
+    if change.alertname == "SLONoData":
+        return _no_data_alert(change, links)
     long_b = "no data" if change.long_burn_rate is None else f"{change.long_burn_rate:.1f}x"
     short_b = "no data" if change.short_burn_rate is None else f"{change.short_burn_rate:.1f}x"
     slice_text = ", ".join(f"{k}={v}" for k, v in change.labels.items()) or "all traffic"
@@ -54,6 +56,22 @@ def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dic
         },
         "startsAt": rfc3339(change.started_minute),
         "generatorURL": f"{links.dashboard_base_url}?{query}",
+    }
+    if change.state == "resolved":
+        alert["endsAt"] = rfc3339(change.at_minute)
+    return alert
+
+
+def _no_data_alert(change: AlertChange, links: AlertLinks) -> dict:
+    slice_text = ", ".join(f"{k}={v}" for k, v in change.labels.items()) or "all traffic"
+    alert = {
+        "labels": {"alertname": change.alertname, "severity": change.severity, "slo": change.slo, **change.labels},
+        "annotations": {
+            "summary": f"{change.slo} ({slice_text}) has had no events for {span(change.window.long_minutes)}",
+            "runbook_url": links.runbook_base_url + "runbooks/slo-no-data.md",
+            "dashboard_url": links.dashboard_base_url,
+        },
+        "startsAt": rfc3339(change.started_minute),
     }
     if change.state == "resolved":
         alert["endsAt"] = rfc3339(change.at_minute)

@@ -115,6 +115,7 @@ class SliceState:
         self.firing: dict[str, tuple[AlertWindow, int]] = {}  # fingerprint → (window, fired at minute)
         self.last_minute: int | None = None
         self.last_data_minute: int | None = None
+        self.no_data_since: int | None = None  # minute the no-data alert fired, while it fires
 
     def advance(self, minute: int, good: int, valid: int) -> list[AlertChange]:
         if good < 0 or valid < 0 or good > valid:
@@ -126,9 +127,29 @@ class SliceState:
             if valid:
                 w.add(minute, good, valid)
         self.last_minute = minute
+        changes = []
         if valid:
             self.last_data_minute = minute
-        return self._evaluate(minute)
+            if self.no_data_since is not None:
+                changes.append(self._no_data_change("resolved", minute))
+                self.no_data_since = None
+        return changes + self._evaluate(minute)
+
+    def check_silence(self, now_minute: int) -> list[AlertChange]:
+        """Fire the no-data alert once the slice has been silent for `no_data_minutes`."""
+        if self.last_data_minute is None or self.no_data_since is not None:
+            return []
+        if now_minute - self.last_data_minute < self.spec.no_data_minutes:
+            return []
+        self.no_data_since = now_minute
+        return [self._no_data_change("firing", now_minute)]
+
+    def _no_data_change(self, state: str, minute: int) -> AlertChange:
+        window = AlertWindow("no-data", "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
+        fp = fingerprint(self.spec.name, "SLONoData", self.labels)
+        started = self.no_data_since if self.no_data_since is not None else minute
+        return AlertChange(state, fp, "SLONoData", "ticket", self.spec.name, self.labels, minute, started, window,
+                           None, None, self.budget_remaining())
 
     def retire_until(self, minute: int) -> None:
         """Move the windows to `minute` without new data (for reads between buckets)."""

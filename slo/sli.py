@@ -74,6 +74,11 @@ class SloEvaluator:
                 out.changes.extend(state.advance(row["_minute"], int(row["good"]), int(row["valid"])))
                 if with_status:
                     out.status.append(_status_row(state))
+            if counts.height:
+                newest = int(counts["_minute"].max())  # type: ignore[arg-type]
+                for (name, _), state in self.states.items():
+                    if name == spec.name:
+                        out.changes.extend(state.check_silence(newest))
         return out
 
     def retire_until(self, minute: int) -> None:

@@ -13,6 +13,7 @@ them all at once.
         window: 30d            # rolling; or calendar-month
         slice_by: [zone, model_version]
         min_events: 50         # per alert window, for low-traffic slices
+        no_data_after: 10m     # a slice silent this long raises SLONoData
         runbook: runbooks/slo-burn.md
         alert_windows: default # or a list of {name, severity, budget_share, long, short}
 
@@ -55,6 +56,7 @@ class SloSpec:
     slice_by: tuple[str, ...]
     alert_windows: tuple[AlertWindow, ...]
     min_events: int = 1
+    no_data_minutes: int = 10
     latency_field: str | None = None
     threshold_ms: float | None = None
     runbook: str = "runbooks/slo-burn.md"
@@ -186,9 +188,14 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
     if not isinstance(min_events, int) or min_events < 1:
         errors.append(f"{where}.min_events: a positive integer")
         min_events = 1
+    no_data_s = parse_duration_s(raw.get("no_data_after", "10m"))
+    if no_data_s is None or no_data_s < 60:
+        errors.append(f"{where}.no_data_after: a duration of at least 1m")
+        no_data_s = 600
     if len(errors) > before:
         return None
     return SloSpec(
+        no_data_minutes=int(no_data_s // 60),
         name=name, description=str(raw.get("description", "")), selector={k: str(v) for k, v in selector.items()},
         sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
         slice_by=tuple(slice_by), alert_windows=windows, min_events=min_events, latency_field=latency_field,

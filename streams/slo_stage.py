@@ -15,10 +15,11 @@ from datetime import datetime, timezone
 
 import duckdb
 import polars as pl
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
 from slo.engine import AlertChange
-from slo.sli import SloEvaluator
+from slo.sli import SloEvaluator, good_valid, span
 from slo.spec import SloSpec
 
 STATUS_SCHEMA = {
@@ -28,12 +29,53 @@ STATUS_SCHEMA = {
 }
 
 
+class SloCollector:
+    """Prometheus view of the SLO state, from a snapshot the worker swaps in after each
+    evaluation (the HTTP thread never walks the live state). Labels: `slo` and the SLO's
+    slice labels (a label another SLO slices by is empty here, which Prometheus treats as
+    absent), plus `window` for per-window values."""
+
+    def __init__(self, specs: list[SloSpec]):
+        self.labels = sorted({label for s in specs for label in s.slice_by})
+        self.snapshot: list = []
+        self.events: dict[tuple, list[int]] = {}  # (slo, *labels) → [good, bad] since start
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        names = ["slo", *self.labels]
+        objective = GaugeMetricFamily("tailwatch_slo_objective_ratio", "SLO objective (0-1).", labels=names)
+        sli = GaugeMetricFamily("tailwatch_slo_sli_ratio", "Good ÷ valid events over a window.", labels=[*names, "window"])
+        burn = GaugeMetricFamily("tailwatch_slo_burn_rate", "Error ratio over a window ÷ error budget.", labels=[*names, "window"])
+        budget = GaugeMetricFamily("tailwatch_slo_error_budget_remaining_ratio",
+                                   "Share of the compliance window's error budget left.", labels=names)
+        firing = GaugeMetricFamily("tailwatch_alerts_firing", "SLO alerts firing, by severity.", labels=[*names, "severity"])
+        events = CounterMetricFamily("tailwatch_slo_events", "SLI events by outcome (good, bad), for Prometheus-side rules.",
+                                     labels=[*names, "outcome"])
+        for state in self.snapshot:
+            values = [state.spec.name, *(state.labels.get(k, "") for k in self.labels)]
+            objective.add_metric(values, state.spec.objective)
+            for minutes, w in state.windows.items():
+                if w.valid:
+                    sli.add_metric([*values, span(minutes)], w.good / w.valid)
+                    burn.add_metric([*values, span(minutes)], state.burn(minutes) or 0.0)
+            budget.add_metric(values, state.budget_remaining())
+            for severity in ("page", "ticket"):
+                firing.add_metric([*values, severity], sum(1 for aw, _ in state.firing.values() if aw.severity == severity))
+        for key, (good, bad) in self.events.items():
+            events.add_metric([*key, "good"], good)
+            events.add_metric([*key, "bad"], bad)
+        yield from (objective, sli, burn, budget, firing, events)
+
+
 class SloStage:
     def __init__(self, specs: list[SloSpec], alertmanager_url: str | None, links: AlertLinks | None = None):
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()
         self.outbox = AlertmanagerOutbox(alertmanager_url) if alertmanager_url else None
+        self.collector = SloCollector(specs)
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
@@ -42,6 +84,7 @@ class SloStage:
             params=[longest],
         ).pl()
         self.evaluator.feed(buckets, with_status=False)
+        self.collector.snapshot = list(self.evaluator.states.values())
         if self.outbox is None:
             return
         for row in con.execute(
@@ -61,12 +104,25 @@ class SloStage:
         if closed.height == 0:
             return None, []
         result = self.evaluator.feed(closed)
+        self._count_events(closed)
+        self.collector.snapshot = list(self.evaluator.states.values())
         rows = [
             {**r, "window_start": _minute_dt(r["window_start"]),
              "burn_rates": [{"window": k, "burn_rate": v} for k, v in r["burn_rates"].items()]}
             for r in result.status
         ]
         return pl.DataFrame(rows, schema=STATUS_SCHEMA), result.changes
+
+    def _count_events(self, closed: pl.DataFrame) -> None:
+        events = dict(self.collector.events)
+        for spec in self.specs.values():
+            counts = good_valid(spec, closed).group_by(*spec.slice_by or [pl.lit(0).alias("_all")]).agg(
+                pl.col("good").sum(), pl.col("valid").sum())
+            for row in counts.iter_rows(named=True):
+                key = (spec.name, *(str(row[k]) if k in spec.slice_by else "" for k in self.collector.labels))
+                good, bad = events.get(key, (0, 0))
+                events[key] = (good + int(row["good"]), bad + int(row["valid"] - row["good"]))
+        self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
     def committed(self, changes: list[AlertChange]) -> None:
         if self.outbox is None:

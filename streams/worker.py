@@ -95,6 +95,8 @@ class Worker:
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
         self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
+        if self.slo:
+            self.metrics.registry.register(self.slo.collector)
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None

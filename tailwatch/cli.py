@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--at", default=None, help="RFC 3339 event time to evaluate at (default: the newest bucket)")
     c.add_argument("--store", default=None)
 
+    p = sub.add_parser("rules", help="Prometheus rules equivalent to the SLO engine")
+    rsub = p.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+    c = rsub.add_parser("generate", help="write <slo>.rules.yml and a promtool test <slo>.test.yml per SLO")
+    c.add_argument("--slos", default="default", help="SLO file (default: the built-in set)")
+    c.add_argument("--out", required=True, help="output folder")
+
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")

@@ -228,3 +228,20 @@ def cmd_slo(args: argparse.Namespace) -> int:
     from tailwatch.slo_status import print_status
 
     return print_status(specs, args.store, args.at)
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    import yaml
+
+    from alerts.rules import promtool_test, rule_groups
+
+    specs = load_slo_option(args.slos) or []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        rules = out / f"{spec.name}.rules.yml"
+        rules.write_text(yaml.safe_dump(rule_groups(spec), sort_keys=False, width=120))
+        (out / f"{spec.name}.test.yml").write_text(
+            yaml.safe_dump(promtool_test(spec, rules.name), sort_keys=False, width=120))
+    print(f"wrote rules and promtool tests for {len(specs)} SLOs to {out}")
+    return 0

@@ -171,6 +171,16 @@ def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, 
         fired_minute = min(r[1] for r in rows)
         assert fired_minute.hour == 0 and 30 <= fired_minute.minute <= 45  # during the incident, event time
         assert con.execute("SELECT count(*) FROM slo_status").fetchone()[0] > 0
+        from prometheus_client import generate_latest
+
+        exposition = generate_latest(w.metrics.registry).decode()
+        for name in ("tailwatch_slo_objective_ratio", "tailwatch_slo_sli_ratio", "tailwatch_slo_burn_rate",
+                     "tailwatch_slo_error_budget_remaining_ratio", "tailwatch_alerts_firing", "tailwatch_slo_events_total"):
+            assert f"\n{name}{{" in exposition, name
+        burn_line = next(line for line in exposition.splitlines()
+                         if line.startswith("tailwatch_slo_burn_rate{") and 'slo="llm-realtime-availability"' in line)
+        assert 'zone="us-east-1b"' in burn_line or 'zone="us-east-1' in burn_line
+        assert "tenant=" not in burn_line  # only the SLO's slice labels (and others' left empty)
         resolved = hook.wait_for(lambda a: a["status"] == "resolved" and a["labels"].get("zone") == "us-east-1b"
                                  and a["labels"]["alertname"] == "SLOBurnPage")
         assert resolved, "Alertmanager never reported the page resolved"

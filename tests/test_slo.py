@@ -207,3 +207,15 @@ def test_slo_check_command_exit_codes(tmp_path):
     bad = spec_file(tmp_path, AVAIL.replace("99.9%", "100%"))
     r = subprocess.run([sys.executable, "-m", "tailwatch", "slo", "check", str(bad)], capture_output=True)
     assert r.returncode == 1 and b"slos[0].objective" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_a_silent_slice_raises_no_data_and_resolves_when_data_returns(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 10\n    no_data_after: 5m")))
+    s = SliceState(spec, {"zone": "a"})
+    s.advance(0, 100, 100)
+    assert s.check_silence(4) == []
+    fired = s.check_silence(5)
+    assert [(c.alertname, c.state, c.at_minute) for c in fired] == [("SLONoData", "firing", 5)]
+    assert s.check_silence(9) == []  # one condition, one alert
+    back = [c for c in s.advance(12, 100, 100) if c.alertname == "SLONoData"]
+    assert [(c.state, c.at_minute, c.started_minute) for c in back] == [("resolved", 12, 5)]

@@ -1,0 +1,61 @@
+"""Generated Prometheus rules: promtool checks them, and promtool's unit tests (built from
+the stream engine's own answers on the same series) cross-check engine and Prometheus."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from alerts.rules import engine_firing, default_scenario
+from slo.spec import DEFAULT_SLOS, load_slos
+from tests.conftest import need
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    need(PROMTOOL is not None, "promtool (Debian package prometheus)")
+    out = tmp_path_factory.mktemp("rules")
+    r = subprocess.run([sys.executable, "-m", "tailwatch", "rules", "generate", "--out", str(out)], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_generated_rules_pass_promtool_check(generated):
+    files = sorted(generated.glob("*.rules.yml"))
+    assert len(files) == len(load_slos(DEFAULT_SLOS))
+    r = subprocess.run([PROMTOOL, "check", "rules", *map(str, files)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_engine_and_prometheus_fire_and_resolve_together(generated):
+    tests = sorted(generated.glob("*.test.yml"))
+    r = subprocess.run([PROMTOOL, "test", "rules", *[t.name for t in tests]], capture_output=True, text=True,
+                       cwd=generated)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    # The scenario exercises every pair: a fast burn pages, a slow burn tickets, and all recover.
+    (spec,) = [s for s in load_slos(DEFAULT_SLOS) if s.name == "llm-realtime-availability"]
+    good, bad = [], []
+    for p in default_scenario(spec):
+        good += [p.valid - p.bad] * p.minutes
+        bad += [p.bad] * p.minutes
+    firing = engine_firing(spec, {}, good, bad)
+    seen = set().union(*firing)
+    assert seen == {w.name for w in spec.alert_windows} and firing[-1] == set()
+
+
+def test_the_cross_check_can_fail(generated, tmp_path):
+    """A rule file with a wrong factor must fail the engine-derived promtool test."""
+    name = "llm-realtime-availability"
+    rules = yaml.safe_load((generated / f"{name}.rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule.get("labels", {}).get("window") == "page-fast":
+                rule["expr"] = rule["expr"].replace("> 0.072", "> 0.1")  # 14.4x → 20x for a 99.5% SLO
+    (tmp_path / f"{name}.rules.yml").write_text(yaml.safe_dump(rules))
+    shutil.copy(generated / f"{name}.test.yml", tmp_path)
+    r = subprocess.run([PROMTOOL, "test", "rules", f"{name}.test.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and "FAILED" in (r.stdout + r.stderr)
