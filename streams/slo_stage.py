@@ -76,6 +76,12 @@ class SloStage:
         self.links = links or AlertLinks()
         self.outbox = AlertmanagerOutbox(alertmanager_url) if alertmanager_url else None
         self.collector = SloCollector(specs)
+        # Alertmanager resolves an alert it has not heard of for resolve_timeout (5 m by
+        # default), so firing alerts are sent again every RESEND_S, as Prometheus does.
+        self.firing_payloads: dict[str, dict] = {}
+        self._last_resend = time.monotonic()
+
+    RESEND_S = 60.0
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
@@ -98,7 +104,8 @@ class SloStage:
                 continue
             minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
             change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left)
-            self.outbox.put(to_alertmanager(change, spec.runbook, self.links))
+            self.firing_payloads[fp] = to_alertmanager(change, spec.runbook, self.links)
+            self.outbox.put(self.firing_payloads[fp])
 
     def evaluate(self, closed: pl.DataFrame) -> tuple[pl.DataFrame | None, list[AlertChange]]:
         if closed.height == 0:
@@ -128,13 +135,22 @@ class SloStage:
         if self.outbox is None:
             return
         for c in changes:
-            self.outbox.put(to_alertmanager(c, self.specs[c.slo].runbook, self.links))
+            payload = to_alertmanager(c, self.specs[c.slo].runbook, self.links)
+            if c.state == "firing":
+                self.firing_payloads[c.fingerprint] = payload
+            else:
+                self.firing_payloads.pop(c.fingerprint, None)
+            self.outbox.put(payload)
         self.outbox.flush()
 
     def deliver(self, wait_s: float = 0.0) -> None:
         """Try the outbox; with wait_s, keep trying (with its backoff) for up to that long."""
         if self.outbox is None:
             return
+        if time.monotonic() - self._last_resend >= self.RESEND_S:
+            self._last_resend = time.monotonic()
+            for payload in self.firing_payloads.values():
+                self.outbox.put(payload)
         deadline = time.monotonic() + wait_s
         while not self.outbox.flush() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -219,3 +219,26 @@ def test_a_silent_slice_raises_no_data_and_resolves_when_data_returns(tmp_path):
     assert s.check_silence(9) == []  # one condition, one alert
     back = [c for c in s.advance(12, 100, 100) if c.alertname == "SLONoData"]
     assert [(c.state, c.at_minute, c.started_minute) for c in back] == [("resolved", 12, 5)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200)), min_size=1, max_size=150),
+       st.sampled_from([0.9, 0.99, 0.999, 0.9999]))
+@settings(max_examples=100, deadline=None)
+def test_engine_invariants(counts, objective):
+    """Burn rates are None or finite and ≥ 0; budget ≤ 1; alerts alternate firing/resolved per fingerprint."""
+    import math
+
+    from slo.spec import SloSpec
+
+    spec = SloSpec(name="p", description="", selector={}, sli_kind="availability", objective=objective,
+                   window_minutes=THIRTY_DAYS, calendar_month=False, slice_by=(), alert_windows=default_catalog(),
+                   min_events=1)
+    s = SliceState(spec, {})
+    last_state: dict[str, str] = {}
+    for minute, (a, b) in enumerate(counts):
+        for c in s.advance(minute, min(a, b), max(a, b)):
+            assert last_state.get(c.fingerprint, "resolved") != c.state
+            last_state[c.fingerprint] = c.state
+        for m, rate in s.status().burn_rates.items():
+            assert rate is None or (math.isfinite(rate) and rate >= 0)
+        assert s.budget_remaining() <= 1.0
