@@ -14,6 +14,7 @@ short window cools (burns at or under the factor, or has no events). One conditi
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timezone
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +41,11 @@ def minutes_to_exhaustion(remaining: float, burn: float | None, period_minutes: 
     if burn is None or burn <= 0 or remaining <= 0:
         return None if remaining > 0 else 0.0
     return remaining * period_minutes / burn
+
+
+def _month_of(minute: int) -> tuple[int, int]:
+    dt = datetime.fromtimestamp(minute * 60, tz=timezone.utc)
+    return dt.year, dt.month
 
 
 def fingerprint(slo: str, alertname: str, labels: dict[str, str]) -> str:
@@ -116,6 +122,10 @@ class SliceState:
         self.last_minute: int | None = None
         self.last_data_minute: int | None = None
         self.no_data_since: int | None = None  # minute the no-data alert fired, while it fires
+        # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
+        self.month: tuple[int, int] | None = None
+        self.month_good = 0
+        self.month_valid = 0
 
     def advance(self, minute: int, good: int, valid: int) -> list[AlertChange]:
         if good < 0 or valid < 0 or good > valid:
@@ -126,6 +136,12 @@ class SliceState:
             w.retire_until(minute)
             if valid:
                 w.add(minute, good, valid)
+        if self.spec.calendar_month:
+            month = _month_of(minute)
+            if month != self.month:
+                self.month, self.month_good, self.month_valid = month, 0, 0
+            self.month_good += good
+            self.month_valid += valid
         self.last_minute = minute
         changes = []
         if valid:
@@ -184,16 +200,22 @@ class SliceState:
         return changes
 
     def budget_remaining(self) -> float:
+        good, valid = self._compliance_counts()
+        return error_budget_remaining(valid - good, valid, self.spec.objective)
+
+    def _compliance_counts(self) -> tuple[int, int]:
+        if self.spec.calendar_month:
+            return self.month_good, self.month_valid
         w = self.windows[self.spec.window_minutes]
-        return error_budget_remaining(w.bad, w.valid, self.spec.objective)
+        return w.good, w.valid
 
     def status(self) -> SliceStatus:
-        w = self.windows[self.spec.window_minutes]
+        good, valid = self._compliance_counts()
         remaining = self.budget_remaining()
         fastest = min(self.spec.alert_windows, key=lambda a: a.long_minutes)
         return SliceStatus(
             slo=self.spec.name, labels=self.labels, minute=self.last_minute or 0,
-            sli=(w.good / w.valid) if w.valid else None,
+            sli=(good / valid) if valid else None,
             error_budget_remaining=remaining,
             burn_rates={m: self.burn(m) for m in self.windows},
             minutes_to_exhaustion=minutes_to_exhaustion(remaining, self.burn(fastest.long_minutes), self.spec.window_minutes),

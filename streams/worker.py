@@ -94,6 +94,8 @@ class Worker:
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
+        self._requests_partitions = 0
+        self._warned_partial = False
         self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
@@ -207,6 +209,9 @@ class Worker:
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
         self._assigned_at = time.monotonic()
+        requests_topic = self.settings.kafka.topic("requests")
+        meta = consumer.list_topics(requests_topic, timeout=10).topics.get(requests_topic)
+        self._requests_partitions = len(meta.partitions) if meta is not None and meta.partitions else 0
         for tp in partitions:
             tp.offset = self._stored_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
             if tp.topic in self.pipelines:
@@ -318,7 +323,7 @@ class Worker:
             topics=topics, next_offsets=dict(self.next_offsets),
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
-        if self.slo:
+        if self.slo and self._owns_all_requests():
             requests = next(t for t in topics if t.table == "sli_minute")
             cp.slo_status, cp.alert_changes = self.slo.evaluate(requests.closed)
         store.write_checkpoint(self.con, cp)
@@ -327,6 +332,18 @@ class Worker:
         self._stored_offsets = dict(self.next_offsets)
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
+
+    def _owns_all_requests(self) -> bool:
+        """An SLO slice spans tenants, hence partitions: a worker that owns only some of
+        them would compute partial SLIs and page wrongly, so it evaluates no SLOs."""
+        owned = len(self.pipelines[self.settings.kafka.topic("requests")].assigned)
+        if owned >= self._requests_partitions:
+            return True
+        if not self._warned_partial:
+            log.warning("this worker owns %d of %d partitions of the requests topic: SLO evaluation is off "
+                        "(it needs every partition; run one worker with --slos)", owned, self._requests_partitions)
+            self._warned_partial = True
+        return False
 
     def _publish_closed(self, p: TopicPipeline, rows: pl.DataFrame) -> None:
         if not self.settings.publish_sli:

@@ -97,7 +97,8 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
         port = _free_port()
         cmd = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
                "--topic-prefix", settings.topic_prefix, "--store", str(workdir / f"{group}-{i}.duckdb"),
-               "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats)]
+               "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats),
+               "--slos", "none"]  # the firehose alone: SLO evaluation is measured by `bench --slo`
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         stats_files.append(stats)
         ports.append(port)

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_positive_int, default=None)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
+    p.add_argument("--slo", action="store_true",
+                   help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
+    p.add_argument("--slo-count", type=_positive_int, default=100)
+    p.add_argument("--history-minutes", type=_positive_int, default=120, help="SLO bench: minutes of history first")
     return parser
 
 

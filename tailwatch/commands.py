@@ -203,6 +203,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.slo:
+        from tailwatch.bench_slo import run
+
+        print("\n".join(run(args.slo_count, args.slices, args.history_minutes)))
+        return 0
     from tailwatch.bench import run_bench
 
     return run_bench(args)

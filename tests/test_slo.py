@@ -242,3 +242,17 @@ def test_engine_invariants(counts, objective):
         for m, rate in s.status().burn_rates.items():
             assert rate is None or (math.isfinite(rate) and rate >= 0)
         assert s.budget_remaining() <= 1.0
+
+
+def test_calendar_month_budget_starts_afresh_each_month(tmp_path):
+    from datetime import datetime, timezone
+
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: calendar-month")))
+    assert spec.calendar_month and spec.window_minutes == THIRTY_DAYS
+    s = SliceState(spec, {})
+    last_of_oct = int(datetime(2026, 10, 31, 23, 58, tzinfo=timezone.utc).timestamp()) // 60
+    s.advance(last_of_oct, 990, 1000)  # 1% bad: ten times the 0.1% budget
+    assert s.budget_remaining() == pytest.approx(-9.0)
+    s.advance(last_of_oct + 2, 1000, 1000)  # 00:00 on 1 November: a new month, a new budget
+    assert s.budget_remaining() == 1.0 and s.status().sli == 1.0
+    assert s.burn(60) == pytest.approx(5.0)  # alert windows still roll across the boundary
