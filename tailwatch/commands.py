@@ -250,3 +250,21 @@ def cmd_rules(args: argparse.Namespace) -> int:
             yaml.safe_dump(promtool_test(spec, rules.name), sort_keys=False, width=120))
     print(f"wrote rules and promtool tests for {len(specs)} SLOs to {out}")
     return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from slo import capacity
+
+    if args.capacity_command == "replicas":
+        units = args.concurrent_streams if args.concurrent_streams is not None else args.tokens_per_second
+        what = "streams" if args.concurrent_streams is not None else "tokens/s"
+        demand = units * args.gpu_seconds_per_unit
+        plan = capacity.replicas(demand, args.target_utilization, args.zones, per_replica_capacity=args.gpus_per_replica)
+        print(f"{units:,.6g} {what} × {args.gpu_seconds_per_unit:g} GPU-s per unit = {demand:,.6g} GPU-s/s of work")
+        print("\n".join(plan.working[1:]))
+        print(f"answer: {plan.base_replicas:,} replicas before headroom, {plan.with_zone_headroom:,} with zone-loss headroom")
+        return 0
+    plan = capacity.kv_cache(args.layers, args.kv_heads, args.head_dim, args.tokens, args.bytes_per_value,
+                             args.gpu_memory_gib, args.weights_gib, args.overhead_gib)
+    print("\n".join(plan.working))
+    return 0
