@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,21 +71,44 @@ class StoreError(Exception):
     """The store cannot be opened or written (a one-line message for the user)."""
 
 
-def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> duckdb.DuckDBPyConnection:
+    """Open the store. DuckDB lets one process write a file and nobody read it meanwhile;
+    the worker holds it only while it writes a checkpoint, so a lock conflict is retried
+    for up to `wait_s` seconds."""
     path = Path(path)
     if read_only and not path.exists():
         raise StoreError(f"no store at {path}: run `tailwatch worker --store {path}` (or `tailwatch demo`) first")
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(path), read_only=read_only)
-    except duckdb.IOException as exc:
-        raise StoreError(f"cannot open store {path}: {str(exc).splitlines()[0]}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise StoreError(f"cannot open store {path}: {str(exc).splitlines()[0]}") from None
+            time.sleep(0.05)
     if not read_only:
         # The worker's store is written in small transactions; DuckDB's default buffer pool
         # (80% of RAM) would let its cache dwarf the worker's own state.
         con.execute("SET memory_limit = '256MB'")
         con.execute(SCHEMA_SQL)
     return con
+
+
+class StoreSession:
+    """The worker's access to its store: opened for each checkpoint and closed after, so
+    that `tailwatch sql`, reports and dashboards can read the file between checkpoints."""
+
+    def __init__(self, path: str | Path):
+        self.path = path
+
+    def __enter__(self) -> duckdb.DuckDBPyConnection:
+        self.con = connect(self.path, wait_s=60.0)
+        return self.con
+
+    def __exit__(self, *exc) -> None:
+        self.con.close()
 
 
 @dataclass

@@ -117,10 +117,11 @@ class Worker:
     def run(self) -> int:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
-        self.con = store.connect(s.store_path)
-        self._restore()
-        if self.slo:
-            self.slo.rebuild(self.con)
+        self.store = store.StoreSession(s.store_path)
+        with self.store as con:
+            self._restore(con)
+            if self.slo:
+                self.slo.rebuild(con)
         http = None
         if s.http_port is not None:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health)
@@ -174,7 +175,6 @@ class Worker:
             self.producer.flush(10)
             if http:
                 http.stop()
-            self.con.close()
             if s.stats_file:
                 self._write_stats(s.stats_file)
         return 0
@@ -200,11 +200,11 @@ class Worker:
         closed = sum(self.metrics.buckets_closed.labels(topic=t)._value.get() for t in self.pipelines)
         return f"worker: {self.events_seen:,} events ({rate:,.0f}/s), {int(closed):,} buckets closed"
 
-    def _restore(self) -> None:
+    def _restore(self, con) -> None:
         for p in self.pipelines.values():
-            r = store.load_topic_state(self.con, p.topic)
+            r = store.load_topic_state(con, p.topic)
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
-        self._stored_offsets = store.load_offsets(self.con)
+        self._stored_offsets = store.load_offsets(con)
         self.next_offsets = dict(self._stored_offsets)
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
@@ -326,7 +326,8 @@ class Worker:
         if self.slo and self._owns_all_requests():
             requests = next(t for t in topics if t.table == "sli_minute")
             cp.slo_status, cp.alert_changes = self.slo.evaluate(requests.closed)
-        store.write_checkpoint(self.con, cp)
+        with self.store as con:
+            store.write_checkpoint(con, cp)
         if self.slo:
             self.slo.committed(cp.alert_changes)
         self._stored_offsets = dict(self.next_offsets)

@@ -178,6 +178,14 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
                 pass
             time.sleep(0.3)
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
+        # The store can be read while the worker runs: it holds the file only to checkpoint.
+        import subprocess
+        import sys
+
+        q = subprocess.run([sys.executable, "-m", "tailwatch", "sql", "SELECT count(*) AS n FROM dead_letter",
+                            "--store", str(tmp_path / "tw.duckdb"), "--format", "json"], capture_output=True, text=True)
+        assert t.is_alive(), "the worker should still be running during the query"
+        assert q.returncode == 0 and json.loads(q.stdout) == {"n": 0}, q.stderr
     finally:
         t.join(60)
     assert health["status"] == "ok"
