@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Generic, Sequence, TypeVar
 
@@ -178,7 +179,7 @@ def _field_from_path(msg: str) -> str | None:
 
 def _fields(event_type: type[msgspec.Struct]):
     info = msgspec.inspect.type_info(event_type)
-    hints = __import__("typing").get_type_hints(event_type, include_extras=True)
+    hints = typing.get_type_hints(event_type, include_extras=True)
     for f in info.fields:  # type: ignore[attr-defined]
         default = f.default if f.default is not msgspec.NODEFAULT else msgspec.NODEFAULT
         yield f.name, hints[f.name], default

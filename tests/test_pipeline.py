@@ -7,7 +7,6 @@ import uuid
 
 import duckdb
 import msgspec
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from ingest.producer import EventPublisher
