@@ -1,0 +1,1 @@
+"""Autoscale and rollout decisions (pure), for the signal API that serves them."""

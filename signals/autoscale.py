@@ -1,0 +1,111 @@
+"""Autoscale decisions per pool: replicas from demand and measured capacity, raised on
+user pain, with zone-loss headroom, fast out and slow in. Pure: `now_minute` is event time.
+
+Demand is work in GPU-seconds per second; capacity per replica is the work one warm
+replica carried while the pool's latency SLO held (measured, or a default). GPU
+utilisation is reported but never drives the answer: a busy GPU serving batch traffic in
+a realtime pool is a reason to look at traffic classes, not to add replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from slo.capacity import replicas
+
+
+@dataclass(frozen=True)
+class PoolSignals:
+    pool: str
+    as_of_minute: int
+    requests_per_s: float
+    work_gpu_s_per_s: float
+    tokens_per_s: float
+    audio_s_per_s: float
+    active_streams: int
+    queue_age_p95_ms: float | None
+    first_output_p95_ms: float | None
+    first_output_slo_ms: float | None
+    kv_cache_usage_max: float | None
+    gpu_util_mean_pct: float | None
+    replicas_by_state: dict[str, int]
+    burn_rate: float | None = None  # fastest page window of the pool's SLOs
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    target_utilization: float = 0.7
+    zones: int = 3
+    default_capacity_gpu_s_per_s: float = 1.0
+    queue_age_slo_ms: float = 1_000.0
+    breach_step: float = 0.25  # add this share of current replicas per evaluation while users wait
+    scale_in_stabilization_minutes: int = 10
+    min_replicas: int = 1
+    max_replicas: int = 10_000
+
+
+@dataclass
+class Decision:
+    pool: str
+    desired_replicas: int
+    current_replicas: int
+    reasons: list[str]
+    signals: dict
+    as_of_minute: int
+
+
+@dataclass
+class Autoscaler:
+    """Keeps each pool's recent recommendations for the scale-in stabilisation window."""
+
+    policy: AutoscalePolicy = field(default_factory=AutoscalePolicy)
+    _history: dict[str, deque] = field(default_factory=dict)
+
+    def decide(self, s: PoolSignals, capacity_gpu_s_per_s: float | None = None) -> Decision:
+        p = self.policy
+        current = s.replicas_by_state.get("warm", 0) + s.replicas_by_state.get("loading", 0)
+        capacity = capacity_gpu_s_per_s or p.default_capacity_gpu_s_per_s
+        plan = replicas(s.work_gpu_s_per_s, p.target_utilization, p.zones, per_replica_capacity=capacity)
+        # A pool lives in one zone; to keep the SLO when another zone fails, it takes its share of that zone's load.
+        recommended = plan.with_zone_headroom if p.zones > 1 else plan.base_replicas
+        reasons = [
+            f"demand {s.work_gpu_s_per_s:,.2f} GPU-s/s ({s.requests_per_s:,.1f} req/s) at {capacity:g} GPU-s/s per "
+            f"replica and {p.target_utilization:.0%} target utilisation needs {plan.base_replicas:,} replicas, "
+            f"{recommended:,} with headroom to lose one of {p.zones} zones"
+        ]
+        breaches = []
+        if s.queue_age_p95_ms is not None and s.queue_age_p95_ms > p.queue_age_slo_ms:
+            breaches.append(f"queue age p95 {s.queue_age_p95_ms:,.0f} ms is over {p.queue_age_slo_ms:,.0f} ms")
+        if s.first_output_p95_ms is not None and s.first_output_slo_ms is not None and s.first_output_p95_ms > s.first_output_slo_ms:
+            breaches.append(f"first-output p95 {s.first_output_p95_ms:,.0f} ms is over its SLO of {s.first_output_slo_ms:,.0f} ms")
+        if breaches:
+            raised = current + max(1, math.ceil(current * p.breach_step))
+            if raised > recommended:
+                recommended = raised
+                reasons.append("users are waiting: " + "; ".join(breaches) + f" → scale out to {raised:,}")
+            else:
+                reasons.append("users are waiting (" + "; ".join(breaches) + "), and the demand answer already adds replicas")
+        if s.gpu_util_mean_pct is not None:
+            reasons.append(f"GPU utilisation {s.gpu_util_mean_pct:.0f}% (reported, not used to scale)")
+        recommended = min(max(recommended, p.min_replicas), p.max_replicas)
+        history = self._history.setdefault(s.pool, deque())
+        history.append((s.as_of_minute, recommended))
+        while history and history[0][0] <= s.as_of_minute - p.scale_in_stabilization_minutes:
+            history.popleft()
+        desired = recommended
+        if recommended < current:
+            held = max(r for _, r in history)
+            desired = min(current, held)
+            if desired > recommended:
+                reasons.append(f"scale-in held at {desired:,}: the highest recommendation of the last "
+                               f"{p.scale_in_stabilization_minutes} minutes (slow in)")
+        signals = {
+            "requests_per_s": s.requests_per_s, "work_gpu_s_per_s": s.work_gpu_s_per_s, "tokens_per_s": s.tokens_per_s,
+            "audio_seconds_per_s": s.audio_s_per_s, "active_streams": s.active_streams,
+            "queue_age_p95_ms": s.queue_age_p95_ms, "first_output_p95_ms": s.first_output_p95_ms,
+            "first_output_slo_ms": s.first_output_slo_ms, "kv_cache_usage_max": s.kv_cache_usage_max,
+            "gpu_util_mean_pct": s.gpu_util_mean_pct, "replicas_by_state": s.replicas_by_state, "burn_rate": s.burn_rate,
+        }
+        return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute)

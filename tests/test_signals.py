@@ -1,0 +1,74 @@
+"""Autoscale and rollout decisions, one reason at a time."""
+
+from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
+from signals.rollout import VersionStats, verdict
+
+
+def pool(minute=100, work=7.0, queue_p95=50.0, first_p95=400.0, util=55.0, warm=10, **kw):
+    return PoolSignals(pool="llm-us-east-1a-realtime", as_of_minute=minute, requests_per_s=20.0, work_gpu_s_per_s=work,
+                       tokens_per_s=4000.0, audio_s_per_s=0.0, active_streams=0, queue_age_p95_ms=queue_p95,
+                       first_output_p95_ms=first_p95, first_output_slo_ms=1200.0, kv_cache_usage_max=0.4,
+                       gpu_util_mean_pct=util, replicas_by_state={"warm": warm, **kw})
+
+
+def test_demand_with_zone_headroom():
+    d = Autoscaler(AutoscalePolicy(zones=3)).decide(pool(work=7.0))
+    assert d.desired_replicas == 15  # 7 ÷ 0.7 = 10, × 3/2 = 15
+    assert "10 replicas" in d.reasons[0] and "15 with headroom" in d.reasons[0]
+
+
+def test_queue_age_breach_scales_out_while_gpu_utilisation_looks_normal():
+    a = Autoscaler(AutoscalePolicy(zones=1))
+    d = a.decide(pool(work=7.0, queue_p95=4000.0, util=50.0, warm=10))
+    assert d.desired_replicas == 13 and d.current_replicas == 10
+    assert any("queue age p95 4,000 ms" in r for r in d.reasons)
+    assert any("not used to scale" in r for r in d.reasons)
+
+
+def test_busy_gpus_alone_do_not_scale():
+    d = Autoscaler(AutoscalePolicy(zones=1)).decide(pool(work=7.0, util=99.0, warm=10))
+    assert d.desired_replicas == 10
+
+
+def test_first_output_breach_scales_out():
+    d = Autoscaler(AutoscalePolicy(zones=1)).decide(pool(work=7.0, first_p95=2500.0, warm=10))
+    assert d.desired_replicas == 13 and any("first-output p95 2,500 ms" in r for r in d.reasons)
+
+
+def test_fast_out_slow_in():
+    a = Autoscaler(AutoscalePolicy(zones=1, scale_in_stabilization_minutes=10))
+    assert a.decide(pool(minute=100, work=14.0, warm=10)).desired_replicas == 20  # out at once
+    held = a.decide(pool(minute=105, work=3.5, warm=20))
+    assert held.desired_replicas == 20 and any("scale-in held" in r for r in held.reasons)
+    later = a.decide(pool(minute=111, work=3.5, warm=20))
+    assert later.desired_replicas == 5
+
+
+def side(version, requests=5000, bad=10, timeouts=2, fo=800.0, e2e=5000.0, cost=50.0, tokens=1_000_000):
+    return VersionStats(version, requests, bad, timeouts, fo, e2e, cost, tokens, 0.0)
+
+
+def test_not_enough_canary_traffic_means_continue():
+    v = verdict(side("v2", requests=100), side("v1"), 30)
+    assert v.verdict == "continue" and "not enough traffic" in v.reasons[0]
+
+
+def test_p99_regression_rolls_back():
+    v = verdict(side("v2", fo=1600.0), side("v1"), 30)
+    assert v.verdict == "rollback" and any("first-output p99" in r for r in v.reasons)
+
+
+def test_error_spike_rolls_back():
+    v = verdict(side("v2", bad=200), side("v1"), 30)
+    assert v.verdict == "rollback" and any("burns its error budget" in r for r in v.reasons)
+
+
+def test_cheaper_and_as_fast_is_promoted():
+    v = verdict(side("v2", cost=40.0), side("v1"), 30)
+    assert v.verdict == "promote"
+    assert v.canary["cost_per_unit"] < v.stable["cost_per_unit"] and v.canary["cost_unit"] == "per 1k output tokens"
+
+
+def test_faster_but_twice_as_expensive_is_not_promoted():
+    v = verdict(side("v2", fo=600.0, e2e=4000.0, cost=100.0), side("v1"), 30)
+    assert v.verdict == "pause" and any("2.00x" in r for r in v.reasons)
