@@ -66,8 +66,6 @@ class TopicPipeline:
     windows: MinuteWindows
     assigned: set[int] = field(default_factory=set)
     eof: set[int] = field(default_factory=set)
-    pending_closed: list[pl.DataFrame] = field(default_factory=list)
-    pending_closed_minutes: list[int] = field(default_factory=list)
 
 
 class Worker:
@@ -94,6 +92,7 @@ class Worker:
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
+        self._stored_frontiers: dict[str, int | None] = {}
         self._requests_partitions = 0
         self._warned_partial = False
         self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
@@ -314,6 +313,12 @@ class Worker:
                 watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
             ))
         letters = self.dead_letters
+        frontiers = {t.topic: t.closed_before_minute for t in topics}
+        nothing_new = not letters and self.next_offsets == self._stored_offsets and frontiers == self._stored_frontiers \
+            and all(not t.closed.height and not t.counts and not t.seen for t in topics)
+        if nothing_new and not close_all:
+            self._update_gauges(consumer)  # idle: leave the store file to its readers
+            return
         self.dead_letters = []
         dlq = self.settings.kafka.topic("deadletter")
         for d in letters:
@@ -331,6 +336,7 @@ class Worker:
         if self.slo:
             self.slo.committed(cp.alert_changes)
         self._stored_offsets = dict(self.next_offsets)
+        self._stored_frontiers = frontiers
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
 
