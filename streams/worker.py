@@ -53,6 +53,7 @@ class WorkerSettings:
     stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
     alertmanager_url: str | None = None
+    store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
 
 
 @dataclass
@@ -116,7 +117,7 @@ class Worker:
     def run(self) -> int:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
-        self.store = store.StoreSession(s.store_path)
+        self.store = store.StoreSession(s.store_path, s.store_release_s)
         with self.store as con:
             self._restore(con)
             if self.slo:
@@ -155,6 +156,7 @@ class Worker:
                     last_checkpoint = now
                 if self.slo:
                     self.slo.deliver()
+                self.store.release_if_due()
                 if s.progress and now - last_progress >= 1.0:
                     s.progress(self._progress_line(now - started))
                     last_progress = now
@@ -174,6 +176,7 @@ class Worker:
             self.producer.flush(10)
             if http:
                 http.stop()
+            self.store.close()
             if s.stats_file:
                 self._write_stats(s.stats_file)
         return 0

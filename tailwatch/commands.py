@@ -147,7 +147,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from streams import store
     from tailwatch.table import render
 
-    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True)
+    # A running worker lets go of the store every 20 s: wait for that moment.
+    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         cur = con.execute(args.query)
     except duckdb.Error as exc:

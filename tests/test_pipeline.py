@@ -159,7 +159,7 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
 
     port = free_port()
     settings = WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id="g-http",
-                              http_port=port, until_idle_s=6.0)
+                              http_port=port, until_idle_s=6.0, store_release_s=0.5)
     w = Worker(settings)
     t = threading.Thread(target=w.run)
     t.start()
