@@ -15,10 +15,10 @@ import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from slo.engine import AlertChange
 from slo.sli import span
+from slo.windows import minute_start_utc
 
 log = logging.getLogger("tailwatch.alerts")
 
@@ -32,7 +32,7 @@ class AlertLinks:
 
 
 def rfc3339(minute: int) -> str:
-    return datetime.fromtimestamp(minute * 60, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return minute_start_utc(minute).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dict:

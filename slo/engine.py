@@ -14,12 +14,11 @@ short window cools (burns at or under the factor, or has no events). One conditi
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
 from collections import deque
 from dataclasses import dataclass, field
 
 from slo.spec import SloSpec
-from slo.windows import AlertWindow
+from slo.windows import AlertWindow, minute_start_utc
 
 
 def burn_rate(bad: int, valid: int, objective: float) -> float | None:
@@ -44,7 +43,7 @@ def minutes_to_exhaustion(remaining: float, burn: float | None, period_minutes: 
 
 
 def _month_of(minute: int) -> tuple[int, int]:
-    dt = datetime.fromtimestamp(minute * 60, tz=timezone.utc)
+    dt = minute_start_utc(minute)
     return dt.year, dt.month
 
 

@@ -46,6 +46,7 @@ class Evaluation:
 
     changes: list[AlertChange] = field(default_factory=list)
     status: list[dict] = field(default_factory=list)
+    counts: dict[str, pl.DataFrame] = field(default_factory=dict)  # per SLO: window_start, slice, good, valid
 
 
 class SloEvaluator:
@@ -65,6 +66,7 @@ class SloEvaluator:
             ).sort("_minute")
             if until_minute is not None:
                 counts = counts.filter(pl.col("_minute") <= until_minute)
+            out.counts[spec.name] = counts
             for row in counts.iter_rows(named=True):
                 labels = {k: str(row[k]) for k in spec.slice_by}
                 key = (spec.name, tuple(labels.values()))
@@ -107,12 +109,19 @@ def span(minutes: int) -> str:
     return f"{minutes}m"
 
 
-def replay(specs: list[SloSpec], buckets: pl.DataFrame, until_minute: int | None = None) -> SloEvaluator:
+@dataclass
+class Replay:
+    """The SLO state after a run of buckets, and the alert changes on the way."""
+
+    evaluator: SloEvaluator
+    changes: list[AlertChange]
+
+
+def replay(specs: list[SloSpec], buckets: pl.DataFrame, until_minute: int | None = None) -> Replay:
     """The SLO state after the given buckets (for reads of the store)."""
     ev = SloEvaluator(specs)
     result = ev.feed(buckets, until_minute, with_status=False)
-    ev.changes = result.changes  # type: ignore[attr-defined]
     if buckets.height:
         last = until_minute if until_minute is not None else int(buckets["window_start"].dt.epoch("s").max() // 60)
         ev.retire_until(last)
-    return ev
+    return Replay(ev, result.changes)

@@ -10,8 +10,14 @@ and 1 (10% in 3 d). Short windows are 1/12 of their long window unless set.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 MINUTE_S = 60
+
+
+def minute_start_utc(minute: int) -> datetime:
+    """The start of an epoch minute as a naive UTC datetime (the store's TIMESTAMP)."""
+    return datetime.fromtimestamp(minute * MINUTE_S, tz=timezone.utc).replace(tzinfo=None)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 import duckdb
 import polars as pl
@@ -19,8 +19,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
 from slo.engine import AlertChange
-from slo.sli import SloEvaluator, good_valid, span
+from slo.sli import SloEvaluator, span
 from slo.spec import SloSpec
+from slo.windows import minute_start_utc
+from streams import store
 
 STATUS_SCHEMA = {
     "window_start": pl.Datetime("us"), "slo": pl.String, "slice": pl.String, "sli": pl.Float64,
@@ -85,11 +87,7 @@ class SloStage:
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
-        buckets = con.sql(
-            "SELECT * FROM sli_minute WHERE window_start >= (SELECT max(window_start) FROM sli_minute) - to_minutes($1)",
-            params=[longest],
-        ).pl()
-        self.evaluator.feed(buckets, with_status=False)
+        self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
         self.collector.snapshot = list(self.evaluator.states.values())
         if self.outbox is None:
             return
@@ -111,22 +109,23 @@ class SloStage:
         if closed.height == 0:
             return None, []
         result = self.evaluator.feed(closed)
-        self._count_events(closed)
+        self._count_events(result.counts)
         self.collector.snapshot = list(self.evaluator.states.values())
         rows = [
-            {**r, "window_start": _minute_dt(r["window_start"]),
+            {**r, "window_start": minute_start_utc(r["window_start"]),
              "burn_rates": [{"window": k, "burn_rate": v} for k, v in r["burn_rates"].items()]}
             for r in result.status
         ]
         return pl.DataFrame(rows, schema=STATUS_SCHEMA), result.changes
 
-    def _count_events(self, closed: pl.DataFrame) -> None:
+    def _count_events(self, counts_by_slo: dict[str, pl.DataFrame]) -> None:
         events = dict(self.collector.events)
-        for spec in self.specs.values():
-            counts = good_valid(spec, closed).group_by(*spec.slice_by or [pl.lit(0).alias("_all")]).agg(
+        for name, counts in counts_by_slo.items():
+            spec = self.specs[name]
+            totals = counts.group_by(*spec.slice_by or [pl.lit(0).alias("_all")]).agg(
                 pl.col("good").sum(), pl.col("valid").sum())
-            for row in counts.iter_rows(named=True):
-                key = (spec.name, *(str(row[k]) if k in spec.slice_by else "" for k in self.collector.labels))
+            for row in totals.iter_rows(named=True):
+                key = (name, *(str(row[k]) if k in spec.slice_by else "" for k in self.collector.labels))
                 good, bad = events.get(key, (0, 0))
                 events[key] = (good + int(row["good"]), bad + int(row["valid"] - row["good"]))
         self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
@@ -157,8 +156,4 @@ class SloStage:
 
 
 _EPOCH = datetime(1970, 1, 1)
-
-
-def _minute_dt(minute: int) -> datetime:
-    return datetime.fromtimestamp(minute * 60, tz=timezone.utc).replace(tzinfo=None)
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 import json
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import polars as pl
+
+from slo.windows import minute_start_utc
 
 DEFAULT_STORE = "data/tailwatch.duckdb"
 
@@ -210,7 +211,7 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
 
 def _write_alert_changes(con: duckdb.DuckDBPyConnection, changes: list) -> None:
     for c in changes:
-        at = datetime.fromtimestamp(c.at_minute * 60, tz=timezone.utc).replace(tzinfo=None)
+        at = minute_start_utc(c.at_minute)
         if c.state == "firing":
             con.execute(
                 "INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
@@ -267,6 +268,14 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
         watermarks=wms,
         closed_before_minute=int(row[0]) if row else None,
     )
+
+
+def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int) -> pl.DataFrame:
+    """`sli_minute` rows of the newest `minutes` minutes (what SLO state is rebuilt from)."""
+    return con.sql(
+        "SELECT * FROM sli_minute WHERE window_start >= (SELECT max(window_start) FROM sli_minute) - to_minutes($1)",
+        params=[minutes],
+    ).pl()
 
 
 def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:

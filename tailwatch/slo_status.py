@@ -28,17 +28,14 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
                 dt = dt.replace(tzinfo=timezone.utc)
             until = int(dt.timestamp()) // 60
         longest = max(s.window_minutes for s in specs)
-        buckets = con.sql(
-            "SELECT * FROM sli_minute WHERE window_start >= (SELECT max(window_start) FROM sli_minute) - to_minutes($1)",
-            params=[longest],
-        ).pl()
+        buckets = store.recent_buckets(con, longest)
     finally:
         con.close()
     if buckets.height == 0:
         raise CliError("the store has no buckets yet: run the worker first")
     result = replay(specs, buckets, until)
     rows = []
-    for (_name, _key), state in sorted(result.states.items(), key=lambda kv: kv[0]):
+    for (_name, _key), state in sorted(result.evaluator.states.items(), key=lambda kv: kv[0]):
         st = state.status()
         br = {m: st.burn_rates.get(m) for m in sorted({w.long_minutes for w in state.spec.alert_windows})}
         rows.append([
