@@ -6,6 +6,7 @@ Only the columns that aggregation needs are extracted; identifiers such as
 
 from __future__ import annotations
 
+import functools
 import io
 from datetime import datetime, timezone
 from typing import Sequence
@@ -46,13 +47,14 @@ def parse_ts_ms(ts: int | str) -> int:
     return int(dt.timestamp() * 1000)
 
 
-def _defaults(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType]) -> list[pl.Expr]:
+@functools.cache
+def _defaults(event_type: type[msgspec.Struct], column_names: tuple[str, ...]) -> list[pl.Expr]:
     """The schema's defaults for fields a producer left out (the JSON reader gives null)."""
-    out = []
-    for f in msgspec.structs.fields(event_type):
-        if f.name in columns and f.default is not msgspec.NODEFAULT and f.default is not None:
-            out.append(pl.col(f.name).fill_null(f.default))
-    return out
+    return [
+        pl.col(f.name).fill_null(f.default)
+        for f in msgspec.structs.fields(event_type)
+        if f.name in column_names and f.default is not msgspec.NODEFAULT and f.default is not None
+    ]
 
 
 def records_to_frame(
@@ -89,7 +91,7 @@ def records_to_frame(
         body = pl.read_ndjson(io.BytesIO(b"\n".join([raw_values[i] for i in indices])), schema=columns)
     else:
         body = pl.DataFrame(schema=columns)
-    frame = body.with_columns(*_defaults(type(records[0]), columns)) if records else body
+    frame = body.with_columns(*_defaults(type(records[0]), tuple(columns))) if records else body
     frame = frame.with_columns(
         pl.Series("ts_ms", ts_ms, dtype=pl.Int64),
         pl.Series("_partition", [partitions[i] for i in indices], dtype=pl.Int32),

@@ -89,6 +89,7 @@ class Worker:
         self.dead_letters: list[deadletter.DeadLetter] = []
         self.next_offsets: dict[tuple[str, int], int] = {}
         self.events_seen = 0
+        self.buckets_closed = 0
         self.last_batch_wall = time.monotonic()
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
@@ -199,8 +200,7 @@ class Worker:
 
     def _progress_line(self, elapsed_s: float) -> str:
         rate = self.events_seen / elapsed_s if elapsed_s > 0 else 0.0
-        closed = sum(self.metrics.buckets_closed.labels(topic=t)._value.get() for t in self.pipelines)
-        return f"worker: {self.events_seen:,} events ({rate:,.0f}/s), {int(closed):,} buckets closed"
+        return f"worker: {self.events_seen:,} events ({rate:,.0f}/s), {self.buckets_closed:,} buckets closed"
 
     def _restore(self, con) -> None:
         for p in self.pipelines.values():
@@ -304,6 +304,7 @@ class Worker:
                 if rows.height:
                     self._publish_closed(p, rows)
                     self.metrics.buckets_closed.labels(p.topic).inc(rows.height)
+                    self.buckets_closed += rows.height
                     wall = time.time()
                     for minute in minutes:
                         self.metrics.bucket_close_delay.labels(p.topic).observe(max(0.0, wall - (minute + 1) * 60))
