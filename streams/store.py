@@ -154,6 +154,7 @@ class Checkpoint:
     dead_letters: pl.DataFrame | None = None
     slo_status: pl.DataFrame | None = None
     alert_changes: list = field(default_factory=list)  # slo.engine.AlertChange
+    stage_rows: list[tuple[str, pl.DataFrame]] = field(default_factory=list)  # (table, rows) from streams.stages
 
 
 def _frame_blob(frame: pl.DataFrame) -> bytes:
@@ -197,6 +198,11 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             con.execute("INSERT INTO slo_status BY NAME SELECT * FROM _st")
             con.unregister("_st")
         _write_alert_changes(con, cp.alert_changes)
+        for table, rows in cp.stage_rows:
+            if rows.height:
+                con.register("_stage", rows.to_arrow())
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _stage")
+                con.unregister("_stage")
         for (topic, part), nxt in cp.next_offsets.items():
             con.execute(
                 "INSERT INTO _tw_offsets VALUES (?, ?, ?, NULL) ON CONFLICT (topic, part) "

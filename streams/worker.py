@@ -54,6 +54,7 @@ class WorkerSettings:
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
     alertmanager_url: str | None = None
     store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
+    stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
 
 
 @dataclass
@@ -100,6 +101,10 @@ class Worker:
         self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
+        self.stages = list(settings.stages)
+        for stage in self.stages:
+            for collector in stage.collectors():
+                self.metrics.registry.register(collector)
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None
@@ -123,6 +128,8 @@ class Worker:
             self._restore(con)
             if self.slo:
                 self.slo.rebuild(con)
+            for stage in self.stages:
+                stage.rebuild(con)
         http = None
         if s.http_port is not None:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health)
@@ -157,6 +164,8 @@ class Worker:
                     last_checkpoint = now
                 if self.slo:
                     self.slo.deliver()
+                for stage in self.stages:
+                    stage.deliver()
                 self.store.release_if_due()
                 if s.progress and now - last_progress >= 1.0:
                     s.progress(self._progress_line(now - started))
@@ -170,6 +179,8 @@ class Worker:
             self.checkpoint(consumer, close_all=s.until_idle_s is not None and not self._stop)
             if self.slo:
                 self.slo.deliver(wait_s=10.0)
+            for stage in self.stages:
+                stage.deliver(wait_s=10.0)
             if s.progress:
                 s.progress(self._progress_line(time.monotonic() - started))
         finally:
@@ -332,13 +343,19 @@ class Worker:
             topics=topics, next_offsets=dict(self.next_offsets),
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
+        closed = {t.table: t.closed for t in topics}
         if self.slo and self._owns_all_requests():
-            requests = next(t for t in topics if t.table == "sli_minute")
-            cp.slo_status, cp.alert_changes = self.slo.evaluate(requests.closed)
+            cp.slo_status, cp.alert_changes = self.slo.evaluate(closed["sli_minute"])
+        if any(f.height for f in closed.values()):
+            for stage in self.stages:
+                for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():
+                    cp.stage_rows.append((table, rows))
         with self.store as con:
             store.write_checkpoint(con, cp)
         if self.slo:
             self.slo.committed(cp.alert_changes)
+        for stage in self.stages:
+            stage.committed()
         self._stored_offsets = dict(self.next_offsets)
         self._stored_frontiers = frontiers
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)

@@ -1,0 +1,1 @@
+"""Grafana dashboards (grafanalib) over the metrics the worker exports."""

@@ -1,0 +1,1 @@
+"""Cost and goodput reports for finance and product, read from the store."""

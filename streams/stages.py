@@ -1,0 +1,42 @@
+"""The interface between the worker and what it feeds with closed minutes.
+
+The SLO stage came first; detectors, fleet metrics and the signal state are stages too.
+A stage is handed the rows of each checkpoint's newly closed minutes and returns rows for
+store tables, which the worker writes in the same checkpoint transaction (so a crash
+never leaves a detection without its buckets or the reverse). A stage rebuilds its state
+from the store on start, and delivers anything outbound (Alertmanager) from the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import duckdb
+import polars as pl
+from prometheus_client.registry import Collector
+
+
+class Stage(Protocol):
+    name: str
+
+    def collectors(self) -> list[Collector]:
+        """Prometheus collectors to register on the worker's registry."""
+        ...
+
+    def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        """On start: create the stage's tables if missing and rebuild its state from the store."""
+        ...
+
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """Newly closed `sli_minute` / `gpu_minute` rows (either may be empty: zero rows and
+        possibly no columns) → rows per
+        store table, inserted BY NAME in this checkpoint's transaction."""
+        ...
+
+    def committed(self) -> None:
+        """The checkpoint holding the last `on_closed` output is durable: hand out what it raised."""
+        ...
+
+    def deliver(self, wait_s: float = 0.0) -> None:
+        """Called from the worker loop: retry outbound delivery, waiting up to wait_s."""
+        ...
