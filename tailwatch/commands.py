@@ -106,6 +106,12 @@ def load_slo_option(value: str | None):
         raise CliError(f"--slos {value}: {exc.problems[0]} (run `tailwatch slo check {value}` for all)") from None
 
 
+def _stages(args: argparse.Namespace) -> list:
+    """The stages a worker feeds with closed minutes (streams.stages.Stage), one line each."""
+    stages: list = []
+    return stages
+
+
 def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
@@ -124,6 +130,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
+        stages=_stages(args),
         **overrides,
     )
 
