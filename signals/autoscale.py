@@ -81,12 +81,11 @@ class Autoscaler:
         if s.first_output_p95_ms is not None and s.first_output_slo_ms is not None and s.first_output_p95_ms > s.first_output_slo_ms:
             breaches.append(f"first-output p95 {s.first_output_p95_ms:,.0f} ms is over its SLO of {s.first_output_slo_ms:,.0f} ms")
         if breaches:
-            raised = current + max(1, math.ceil(current * p.breach_step))
-            if raised > recommended:
-                recommended = raised
-                reasons.append("users are waiting: " + "; ".join(breaches) + f" → scale out to {raised:,}")
-            else:
-                reasons.append("users are waiting (" + "; ".join(breaches) + "), and the demand answer already adds replicas")
+            # Users waiting means the capacity model is optimistic right now: add a step on
+            # top of whichever is larger, the demand answer or what runs today.
+            raised = max(recommended, current) + max(1, math.ceil(current * p.breach_step))
+            reasons.append("users are waiting: " + "; ".join(breaches) + f" → scale out to {raised:,}")
+            recommended = raised
         if s.gpu_util_mean_pct is not None:
             reasons.append(f"GPU utilisation {s.gpu_util_mean_pct:.0f}% (reported, not used to scale)")
         recommended = min(max(recommended, p.min_replicas), p.max_replicas)

@@ -276,10 +276,13 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
     )
 
 
-def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int) -> pl.DataFrame:
-    """`sli_minute` rows of the newest `minutes` minutes (what SLO state is rebuilt from)."""
+def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute") -> pl.DataFrame:
+    """Rows of the newest `minutes` minutes of `sli_minute` or `gpu_minute` (what SLO
+    state and the signal API's view are rebuilt from)."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
     return con.sql(
-        "SELECT * FROM sli_minute WHERE window_start >= (SELECT max(window_start) FROM sli_minute) - to_minutes($1)",
+        f"SELECT * FROM {table} WHERE window_start >= (SELECT max(window_start) FROM {table}) - to_minutes($1)",
         params=[minutes],
     ).pl()
 

@@ -206,6 +206,17 @@ class MinuteWindows:
     def open_minutes(self) -> list[int]:
         return sorted(self._open)
 
+    def peek(self) -> pl.DataFrame:
+        """Rows of every open minute as they would close now, leaving the state untouched:
+        the live view for readers that cannot wait for the lateness window (the signal API)."""
+        states = [(m, s) for m, s in sorted(self._open.items()) if s.counts]
+        if not states:
+            return pl.DataFrame()
+        counts = pl.concat([self._merge_counts(s.counts) for _, s in states], how="vertical_relaxed")
+        hists = [self._merge_hist(s.hist) for _, s in states if s.hist]
+        hist = pl.concat(hists) if hists and self.spec.histogram_fields else None
+        return self._finish(counts, hist)
+
     def closable_before(self, assigned_partitions: set[int], idle_partitions: set[int]) -> int | None:
         """The first minute that must stay open; minutes before it may close (None: none may)."""
         marks = []

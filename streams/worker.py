@@ -31,6 +31,10 @@ from streams.http import WorkerHttp
 from streams.metrics import WorkerMetrics
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
+from signals.api import Request, SignalApi
+from signals.config import ApiConfig
+from signals.live import LiveSignals, SignalSnapshot
+from slo.prices import GpuPrices
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
 
 log = logging.getLogger("tailwatch.worker")
@@ -55,6 +59,10 @@ class WorkerSettings:
     alertmanager_url: str | None = None
     store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
     stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
+    http_host: str = "127.0.0.1"
+    api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port
+    prices: GpuPrices = field(default_factory=GpuPrices)
+    signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
 
 
 @dataclass
@@ -105,6 +113,12 @@ class Worker:
         for stage in self.stages:
             for collector in stage.collectors():
                 self.metrics.registry.register(collector)
+        # The signal API's view: rebuilt every few seconds in this thread, read by HTTP threads.
+        self.live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices) \
+            if settings.http_port is not None else None
+        self.signal_snapshot: SignalSnapshot | None = None
+        self._caught_up_wall: float | None = None
+        self.lag_messages = 0
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None
@@ -130,11 +144,17 @@ class Worker:
                 self.slo.rebuild(con)
             for stage in self.stages:
                 stage.rebuild(con)
+            if self.live:
+                history = self.live.policy.history_minutes
+                self.live.add_closed(store.recent_buckets(con, history), store.recent_buckets(con, history, "gpu_minute"))
         http = None
         if s.http_port is not None:
-            http = WorkerHttp(s.http_port, self.metrics.registry, self.health)
+            api = SignalApi(s.api_config, lambda: self.signal_snapshot, self.readiness)
+            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host,
+                              api=lambda method, path, auth, body: api.handle(Request(method, path, auth, body)))
             http.start()
-            log.info("serving /metrics and /healthz on 127.0.0.1:%d", http.port)
+            self.http_port = http.port
+            log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka)
         consumer = make_consumer(s.kafka, s.group_id)
         consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -144,6 +164,7 @@ class Worker:
             except ValueError:  # not the main thread (tests run the worker in one)
                 pass
         last_checkpoint = time.monotonic()
+        last_refresh = 0.0
         last_progress = time.monotonic()
         idle_since = time.monotonic()
         started = time.monotonic()
@@ -162,6 +183,9 @@ class Worker:
                 if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self._has_unsaved()):
                     self.checkpoint(consumer, close_all=False)
                     last_checkpoint = now
+                if self.live and now - last_refresh >= s.signals_refresh_s:
+                    self.refresh_signals()
+                    last_refresh = now
                 if self.slo:
                     self.slo.deliver()
                 for stage in self.stages:
@@ -192,6 +216,28 @@ class Worker:
             if s.stats_file:
                 self._write_stats(s.stats_file)
         return 0
+
+    def refresh_signals(self) -> None:
+        """Rebuild the signal API's view from kept buckets plus a peek at open minutes."""
+        windows = {p.table: p.windows for p in self.pipelines.values()}
+        states = list(self.slo.evaluator.states.values()) if self.slo else []
+        self.signal_snapshot = self.live.snapshot(windows["sli_minute"].peek(), windows["gpu_minute"].peek(), states,
+                                                  wall_s=time.time())
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when partitions are assigned, the API has a view, and the worker was caught
+        up (no consumer lag) within the staleness bound."""
+        bound = self.settings.api_config.stale_after_s
+        if self._assigned_at is None:
+            return False, "waiting for the consumer group to assign partitions"
+        if self.signal_snapshot is None:
+            return False, "building the first view of the data"
+        if self._caught_up_wall is None:
+            return False, f"catching up: {self.lag_messages:,} messages behind"
+        behind = time.time() - self._caught_up_wall
+        if behind > bound:
+            return False, f"{self.lag_messages:,} messages behind; last caught up {behind:.0f} s ago (bound {bound:.0f} s)"
+        return True, "caught up"
 
     def _write_stats(self, path: str) -> None:
         import json
@@ -356,6 +402,8 @@ class Worker:
             self.slo.committed(cp.alert_changes)
         for stage in self.stages:
             stage.committed()
+        if self.live:
+            self.live.add_closed(closed["sli_minute"], closed["gpu_minute"])
         self._stored_offsets = dict(self.next_offsets)
         self._stored_frontiers = frontiers
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
@@ -388,6 +436,7 @@ class Worker:
 
     def _update_gauges(self, consumer) -> None:
         m = self.metrics
+        lag_total, lag_known = 0, True
         for p in self.pipelines.values():
             w = p.windows
             if w.watermark_ms:
@@ -399,11 +448,17 @@ class Worker:
                     # Cached: the high offset arrives with every fetch response, no extra request.
                     _low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
                 except Exception:  # lag is best-effort telemetry; never stop the worker for it
+                    lag_known = False
                     continue
                 if high < 0:
+                    lag_known = False
                     continue
                 pos = self.next_offsets.get((p.topic, part), 0)
                 m.consumer_lag.labels(p.topic, str(part)).set(max(0, high - pos))
+                lag_total += max(0, high - pos)
+        self.lag_messages = lag_total
+        if lag_known and lag_total == 0 and self._assigned_at is not None:
+            self._caught_up_wall = time.time()
 
 
 def run_worker(settings: WorkerSettings) -> int:

@@ -1,0 +1,163 @@
+"""The signal API's config file: bearer tokens and their tenant scopes, the staleness
+bound, and overrides of the autoscale and rollout policies.
+
+    stale_after: 2m              # older data → 503, so KEDA's fallback applies
+    tokens:
+      - name: keda               # appears in logs, never the token
+        sha256: 9f86d08…         # hex SHA-256 of the token (preferred: the file holds no secret)
+        tenants: "*"             # every tenant
+      - name: acme-dashboards
+        env: ACME_TOKEN          # or: read the token from this environment variable
+        tenants: [acme]
+    autoscale: {target_utilization: 0.7, zones: 3, queue_age_slo_ms: 1000, scale_in_stabilization_minutes: 10}
+    rollout: {min_requests: 500, promote_min_requests: 2000, pause_cost_factor: 1.25}
+    signals: {pool_window_minutes: 5, rollout_window_minutes: 30}
+    capacity_gpu_s_per_s: {llm-us-east-1a-realtime: 2.4}
+
+Every problem is reported as one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from signals.autoscale import AutoscalePolicy
+from signals.live import SignalPolicy
+from signals.rollout import RolloutPolicy
+from slo.spec import parse_duration_s
+
+ALL_TENANTS = "*"
+
+
+class ApiConfigError(Exception):
+    """The API config file is wrong: one line naming the problem."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    tenants: frozenset[str] | None  # None: every tenant
+
+    def sees(self, tenants: frozenset[str]) -> bool:
+        """A scoped token sees an answer only if every tenant in it is in scope: an
+        answer mixing in another tenant's traffic would show that tenant's data."""
+        return self.tenants is None or (bool(tenants) and tenants <= self.tenants)
+
+    def sees_labels(self, labels: dict[str, str]) -> bool:
+        return self.tenants is None or labels.get("tenant") in self.tenants
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    stale_after_s: float = 120.0
+    tokens: dict[str, Principal] = field(default_factory=dict)  # sha256 hex → principal; empty: no auth
+    policy: SignalPolicy = field(default_factory=SignalPolicy)
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.tokens)
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        for known, principal in self.tokens.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        return None
+
+
+def load_api_config(path: str | Path | None) -> ApiConfig:
+    if path is None:
+        return ApiConfig()
+    where = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ApiConfigError(f"{where}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ApiConfigError(f"{where}: not YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ApiConfigError(f"{where}: expected a mapping")
+    known = {"stale_after", "tokens", "autoscale", "rollout", "signals", "capacity_gpu_s_per_s"}
+    for key in raw:
+        if key not in known:
+            raise ApiConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+    stale = parse_duration_s(raw.get("stale_after", "2m"))
+    if stale is None or stale <= 0:
+        raise ApiConfigError(f"{where}: stale_after must be a duration like 90s or 2m, got {raw.get('stale_after')!r}")
+    tokens = _tokens(raw.get("tokens") or [], where)
+    autoscale = _override(AutoscalePolicy(), raw.get("autoscale"), f"{where}: autoscale")
+    rollout = _override(RolloutPolicy(), raw.get("rollout"), f"{where}: rollout")
+    capacity = raw.get("capacity_gpu_s_per_s") or {}
+    if not isinstance(capacity, dict) or any(not _positive(v) for v in capacity.values()):
+        raise ApiConfigError(f"{where}: capacity_gpu_s_per_s must map pool names to positive numbers")
+    policy = _override(SignalPolicy(autoscale=autoscale, rollout=rollout, capacity_gpu_s_per_s=dict(capacity)),
+                       raw.get("signals"), f"{where}: signals", skip=("autoscale", "rollout", "capacity_gpu_s_per_s"))
+    return ApiConfig(stale_after_s=stale, tokens=tokens, policy=policy)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _override(base, raw, where: str, skip: tuple[str, ...] = ()):
+    if raw is None:
+        return base
+    if not isinstance(raw, dict):
+        raise ApiConfigError(f"{where} must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(base) if f.name not in skip}
+    changes = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ApiConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(fields))})")
+        current = getattr(base, key)
+        if not _positive(value) and not (value == 0 and isinstance(current, (int, float))):
+            raise ApiConfigError(f"{where}.{key} must be a non-negative number, got {value!r}")
+        if isinstance(current, int) and not isinstance(current, bool) and value != int(value):
+            raise ApiConfigError(f"{where}.{key} must be a whole number, got {value!r}")
+        changes[key] = type(current)(value)
+    return dataclasses.replace(base, **changes)
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _tokens(raw, where: str) -> dict[str, Principal]:
+    if not isinstance(raw, list):
+        raise ApiConfigError(f"{where}: tokens must be a list")
+    out: dict[str, Principal] = {}
+    for i, t in enumerate(raw):
+        at = f"{where}: tokens[{i}]"
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise ApiConfigError(f"{at} needs a name")
+        if ("sha256" in t) == ("env" in t):
+            raise ApiConfigError(f"{at} ({t['name']}) needs exactly one of sha256 or env")
+        if "sha256" in t:
+            digest = str(t["sha256"]).lower()
+            if not _HEX64.match(digest):
+                raise ApiConfigError(f"{at} ({t['name']}): sha256 must be 64 hex digits")
+        else:
+            secret = os.environ.get(str(t["env"]))
+            if not secret:
+                raise ApiConfigError(f"{at} ({t['name']}): environment variable {t['env']} is not set")
+            digest = hashlib.sha256(secret.encode()).hexdigest()
+        scope = t.get("tenants", ALL_TENANTS)
+        if scope == ALL_TENANTS:
+            tenants = None
+        elif isinstance(scope, list) and scope and all(isinstance(x, str) and x for x in scope):
+            tenants = frozenset(scope)
+        else:
+            raise ApiConfigError(f"{at} ({t['name']}): tenants must be \"*\" or a non-empty list of tenant names")
+        if digest in out:
+            raise ApiConfigError(f"{at} ({t['name']}): the same token as {out[digest].name}")
+        out[digest] = Principal(t["name"], tenants)
+    return out

@@ -1,0 +1,258 @@
+"""The signal API on a real worker process, fed through the real broker.
+
+A small hand-made fleet makes each decision unambiguous: pool llm-a has a queue-age breach
+in its last minutes while its GPUs sit at 50% utilisation; pool llm-b is healthy; the
+chat model has a canary that triples first-output p99 and one that is as fast at half the
+GPU-seconds; a TTS pool serves one tenant only, for token scoping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+import yaml
+
+from ingest.producer import EventPublisher
+from ingest.schema import GpuV1, RequestV1
+from signals.openapi import openapi_document
+from tests.conftest import free_port
+
+START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
+MINUTES = 20
+BREACH_FROM = 15
+TOKENS = {"ops": "ops-secret-token", "solo": "solo-secret-token"}
+
+
+def fleet_events(seed: int = 3) -> list:
+    rng = np.random.default_rng(seed)
+    events: list = []
+    n = 0
+    for minute in range(MINUTES):
+        t0 = START_MS + minute * 60_000
+        for zone in ("a", "b"):
+            pool = f"llm-{zone}-realtime"
+            for i in range(300):
+                n += 1
+                version = ("v1", "v1", "v1", "v2-slow", "v3-cheap")[i % 5]
+                slow = 3.0 if version == "v2-slow" else 1.0
+                gpu_s = 0.4 if version == "v3-cheap" else 0.8
+                status = "error" if rng.random() < 0.001 else "ok"
+                events.append(RequestV1(
+                    schema="request.v1", event_id=f"r{n}", ts=t0 + int(rng.integers(0, 60_000)),
+                    tenant=("acme", "globex")[i % 2], model="chat-70b", workload="llm", status=status,
+                    model_version=version, zone=f"us-east-1{zone}", pool=pool, traffic_class="realtime",
+                    deployment="stable" if version == "v1" else "canary",
+                    first_output_ms=float(rng.lognormal(np.log(200), 0.2)) * slow,
+                    e2e_ms=float(rng.lognormal(np.log(2000), 0.2)) * slow,
+                    queue_ms=4000.0 if zone == "a" and minute >= BREACH_FROM else 20.0,
+                    output_tokens=200, prompt_tokens=800, gpu_seconds=gpu_s, gpu_sku="H100", task_success=True,
+                ))
+        for i in range(60):
+            n += 1
+            events.append(RequestV1(
+                schema="request.v1", event_id=f"t{n}", ts=t0 + i * 1000, tenant="solo", model="voice-1",
+                workload="tts", status="ok", model_version="1.0", zone="us-east-1c", pool="tts-c-realtime",
+                first_output_ms=150.0, e2e_ms=900.0, audio_seconds=4.0, gpu_seconds=0.1, gpu_sku="L4",
+            ))
+        for pool, zone, sku in (("llm-a-realtime", "us-east-1a", "H100"), ("llm-b-realtime", "us-east-1b", "H100"),
+                                ("tts-c-realtime", "us-east-1c", "L4")):
+            breach = pool == "llm-a-realtime" and minute >= BREACH_FROM
+            for g in range(4):
+                for s in range(6):
+                    events.append(GpuV1(
+                        schema="gpu.v1", ts=t0 + s * 10_000 + g, node=f"{pool}-n0", gpu_index=g, zone=zone, pool=pool,
+                        gpu_sku=sku, util_pct=50.0, replica_state="warm", model="chat-70b" if "llm" in pool else "voice-1",
+                        oldest_queue_age_ms=4000.0 if breach else 30.0, queue_depth=40 if breach else 1,
+                        kv_cache_usage=0.4, active_streams=3,
+                    ))
+    return events
+
+
+def _api_config(path) -> None:
+    path.write_text(yaml.safe_dump({
+        "stale_after": "8s",
+        "tokens": [
+            {"name": "ops", "sha256": hashlib.sha256(TOKENS["ops"].encode()).hexdigest(), "tenants": "*"},
+            {"name": "solo", "sha256": hashlib.sha256(TOKENS["solo"].encode()).hexdigest(), "tenants": ["solo"]},
+        ],
+        "autoscale": {"zones": 3, "queue_age_slo_ms": 1000},
+        "rollout": {"min_requests": 200, "promote_min_requests": 500},
+    }))
+
+
+def _slos(path) -> None:
+    path.write_text(yaml.safe_dump({"slos": [
+        {"name": "chat-first-token", "selector": {"workload": "llm"},
+         "sli": {"latency": {"field": "first_output_ms", "threshold": "1.2s"}}, "objective": "99%", "window": "30d",
+         "slice_by": ["zone"]},
+        {"name": "tenant-availability", "sli": {"availability": {}}, "objective": "99.9%", "window": "30d",
+         "slice_by": ["tenant"]},
+    ]}))
+
+
+def get(port: int, path: str, token: str | None = None, method: str = "GET", body: bytes | None = None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def api_worker(broker, tmp_path_factory):
+    from tailwatch.kafka import KafkaSettings, ensure_topics
+
+    tmp = tmp_path_factory.mktemp("signal-api")
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, partitions=2)
+    pub = EventPublisher(kafka)
+    pub.publish_events(fleet_events())
+    pub.close()
+    _api_config(tmp / "api.yaml")
+    _slos(tmp / "slos.yaml")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", broker.bootstrap,
+         "--topic-prefix", kafka.topic_prefix, "--store", str(tmp / "store.duckdb"), "--http-port", str(port),
+         "--api-config", str(tmp / "api.yaml"), "--slos", str(tmp / "slos.yaml"), "--group", f"g-{uuid.uuid4().hex[:6]}",
+         "--partitions", "2", "--detectors", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    ready = None
+    while time.monotonic() < deadline:
+        try:
+            ready = get(port, "/readyz")
+            if ready[0] == 200:
+                status, body = get(port, "/v1/autoscale/llm-a-realtime", TOKENS["ops"])
+                if status == 200 and body["signals"]["requests_per_s"] > 0:
+                    break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail(f"the worker did not become ready: {ready}; stderr: {proc.stderr.read().decode()[-2000:]}")
+    yield port
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_queue_age_breach_scales_out_while_gpu_utilisation_looks_normal(api_worker):
+    status, a = get(api_worker, "/v1/autoscale/llm-a-realtime", TOKENS["ops"])
+    assert status == 200, a
+    _, b = get(api_worker, "/v1/autoscale/llm-b-realtime", TOKENS["ops"])
+    assert a["signals"]["gpu_util_mean_pct"] == pytest.approx(50.0)
+    assert a["signals"]["queue_age_p95_ms"] == pytest.approx(4000.0)
+    assert a["current_replicas"] == 4
+    assert a["desired_replicas"] > b["desired_replicas"], (a, b)
+    assert any("queue age p95 4,000 ms" in r for r in a["reasons"]), a["reasons"]
+    assert any("not used to scale" in r for r in a["reasons"])
+    assert not any("users are waiting" in r for r in b["reasons"]), b["reasons"]
+    assert isinstance(a["desired_replicas"], int) and a["as_of"].startswith("2026-11-02T00:")
+
+
+def test_rollout_verdicts(api_worker):
+    status, slow = get(api_worker, "/v1/rollout/chat-70b/v2-slow", TOKENS["ops"])
+    assert status == 200 and slow["verdict"] == "rollback", slow
+    assert any("first-output p99" in r for r in slow["reasons"])
+    assert slow["canary"]["first_output_p99_ms"] > 2 * slow["stable"]["first_output_p99_ms"]
+    status, cheap = get(api_worker, "/v1/rollout/chat-70b/v3-cheap", TOKENS["ops"])
+    assert status == 200 and cheap["verdict"] == "promote", cheap
+    assert cheap["canary"]["cost_per_unit"] == pytest.approx(cheap["stable"]["cost_per_unit"] / 2, rel=0.01)
+    status, missing = get(api_worker, "/v1/rollout/chat-70b/v9", TOKENS["ops"])
+    assert status == 404 and "v2-slow" in missing["error"]
+
+
+def test_flagger_webhook(api_worker):
+    def hook(check, version, token=TOKENS["ops"]):
+        body = json.dumps({"name": "chat", "namespace": "serving", "phase": "Progressing",
+                           "metadata": {"model": "chat-70b", "version": version, "token": token}}).encode()
+        return get(api_worker, f"/v1/flagger/{check}", method="POST", body=body)
+
+    assert hook("rollout", "v2-slow")[0] == 412
+    assert hook("rollout", "v3-cheap")[0] == 200
+    assert hook("promotion", "v3-cheap")[0] == 200
+    assert hook("rollout", "v3-cheap", token="wrong")[0] == 401
+    assert hook("nonsense", "v3-cheap")[0] == 404
+
+
+def test_tokens_and_tenant_scopes(api_worker):
+    assert get(api_worker, "/v1/autoscale/llm-a-realtime")[0] == 401
+    assert get(api_worker, "/v1/autoscale/llm-a-realtime", "not-a-token")[0] == 401
+    # The scoped token sees its own tenant's pool, and nothing that carries another tenant's traffic.
+    status, tts = get(api_worker, "/v1/autoscale/tts-c-realtime", TOKENS["solo"])
+    assert status == 200 and tts["pool"] == "tts-c-realtime"
+    hidden = get(api_worker, "/v1/autoscale/llm-a-realtime", TOKENS["solo"])
+    unknown = get(api_worker, "/v1/autoscale/no-such-pool", TOKENS["solo"])
+    assert hidden[0] == unknown[0] == 404
+    assert "acme" not in json.dumps(hidden[1]) and "globex" not in json.dumps(hidden[1])
+    assert get(api_worker, "/v1/rollout/chat-70b/v3-cheap", TOKENS["solo"])[0] == 404
+    status, slos = get(api_worker, "/v1/slos", TOKENS["solo"])
+    assert status == 200
+    labels = [s["labels"] for slo in slos["slos"] for s in slo["slices"]]
+    assert labels == [{"tenant": "solo"}], labels
+    status, everything = get(api_worker, "/v1/slos", TOKENS["ops"])
+    tenants = {s["labels"].get("tenant") for slo in everything["slos"] for s in slo["slices"]}
+    assert {"acme", "globex", "solo"} <= tenants
+    assert get(api_worker, "/v1/slos/chat-first-token", TOKENS["solo"])[0] == 404
+    status, one = get(api_worker, "/v1/slos/chat-first-token", TOKENS["ops"])
+    assert status == 200 and {s["labels"]["zone"] for s in one["slices"]} == {"us-east-1a", "us-east-1b"}
+    assert all(0 <= s["error_budget_remaining"] <= 1 for s in one["slices"])
+    status, alerts = get(api_worker, "/v1/alerts", TOKENS["solo"])
+    assert status == 200 and all(a["labels"].get("tenant") == "solo" for a in alerts["alerts"])
+
+
+def test_bad_requests(api_worker):
+    assert get(api_worker, "/v1/autoscale/" + "x" * 200, TOKENS["ops"])[0] == 400
+    assert get(api_worker, "/v1/autoscale/bad%20name", TOKENS["ops"])[0] == 400
+    assert get(api_worker, "/v1/autoscale/llm-a-realtime", TOKENS["ops"], method="POST", body=b"{}")[0] == 405
+    status, big = get(api_worker, "/v1/flagger/rollout", method="POST", body=b"x" * 70_000)
+    assert status == 413
+    assert get(api_worker, "/v1/flagger/rollout", TOKENS["ops"], method="POST", body=b"not json")[0] == 400
+
+
+def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker):
+    status, doc = get(api_worker, "/openapi.json")
+    assert status == 200 and doc == json.loads(json.dumps(openapi_document()))
+    from signals.api import SignalApi
+    from signals.config import ApiConfig
+
+    served = {(m, p.pattern) for m, p, _h, _a in SignalApi(ApiConfig(), lambda: None, lambda: (True, "")).routes}
+    documented = {(m.upper(), "^" + path.replace("{pool}", "([^/]+)").replace("{model}", "([^/]+)")
+                   .replace("{version}", "([^/]+)").replace("{check}", "([^/]+)").replace("{name}", "([^/]+)") + "$")
+                  for path, ops in doc["paths"].items() for m in ops}
+    assert {(m, p.replace("\\.", ".")) for m, p in served} <= {(m, p.replace("\\.", ".")) for m, p in documented}
+    schemas = doc["components"]["schemas"]
+    _, a = get(api_worker, "/v1/autoscale/llm-b-realtime", TOKENS["ops"])
+    assert set(schemas["Autoscale"]["required"]) <= set(a)
+    _, v = get(api_worker, "/v1/rollout/chat-70b/v3-cheap", TOKENS["ops"])
+    assert set(schemas["Verdict"]["required"]) <= set(v)
+    _, one = get(api_worker, "/v1/slos/chat-first-token", TOKENS["ops"])
+    assert set(schemas["Slo"]["required"]) <= set(one)
+
+
+def test_stale_data_answers_503_so_keda_falls_back(api_worker):
+    # No new events arrive; once the pool's data is older than stale_after (8 s) the
+    # answer turns to 503 with a JSON reason, while the health endpoints stay up.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, body = get(api_worker, "/v1/autoscale/llm-b-realtime", TOKENS["ops"])
+        if status == 503:
+            break
+        time.sleep(0.5)
+    assert status == 503 and body["reason"] == "stale" and "llm-b-realtime" in body["error"], body
+    assert get(api_worker, "/healthz")[0] == 200
