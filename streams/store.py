@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,10 +282,18 @@ def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "s
     state and the signal API's view are rebuilt from)."""
     if table not in ("sli_minute", "gpu_minute"):
         raise ValueError(f"not a bucket table: {table}")
-    return con.sql(
-        f"SELECT * FROM {table} WHERE window_start >= (SELECT max(window_start) FROM {table}) - to_minutes($1)",
-        params=[minutes],
-    ).pl()
+    return query_frame(
+        con, f"SELECT * FROM {table} WHERE window_start >= (SELECT max(window_start) FROM {table}) - to_minutes($1)",
+        [minutes])
+
+
+def query_frame(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:
+    """A query's rows as a polars frame. Through `execute`, not `con.sql`: DuckDB 2 refuses
+    relation queries on a connection whose previous result was not fetched to the end
+    (a `fetchone()` anywhere before), while `execute` starts afresh."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")  # one extra copy: fine here
+        return pl.from_arrow(con.execute(sql, params or []).to_arrow_table())
 
 
 def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:

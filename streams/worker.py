@@ -27,11 +27,10 @@ from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
 from streams import store
 from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.http import WorkerHttp
+from streams.http import HttpState, WorkerHttp
 from streams.metrics import WorkerMetrics
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
-from signals.api import Request, SignalApi
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
 from slo.prices import GpuPrices
@@ -149,10 +148,7 @@ class Worker:
                 self.live.add_closed(store.recent_buckets(con, history), store.recent_buckets(con, history, "gpu_minute"))
         http = None
         if s.http_port is not None:
-            api = SignalApi(s.api_config, lambda: self.signal_snapshot, self.readiness)
-            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host,
-                              api=lambda method, path, auth, body: api.handle(Request(method, path, auth, body)))
-            http.start()
+            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config)
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka)
@@ -183,8 +179,9 @@ class Worker:
                 if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self._has_unsaved()):
                     self.checkpoint(consumer, close_all=False)
                     last_checkpoint = now
-                if self.live and now - last_refresh >= s.signals_refresh_s:
+                if http and now - last_refresh >= s.signals_refresh_s:
                     self.refresh_signals()
+                    http.publish(HttpState(self.signal_snapshot, self.readiness()))
                     last_refresh = now
                 if self.slo:
                     self.slo.deliver()

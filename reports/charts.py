@@ -1,0 +1,122 @@
+"""Charts for the cost report: matplotlib (Agg, no display) drawn to PNG and returned as
+`data:` URIs, so the HTML carries its images inside itself and loads nothing."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display here, and none wanted: charts go into the HTML file
+
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
+
+ATTRIBUTED = "#3b6ea8"
+IDLE = "#b9c7d8"
+FLAG = "#c62828"
+GOOD = "#2e7d32"
+GREY = "#616161"
+
+plt.rcParams.update({
+    "font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.titleweight": "bold",
+    "axes.titlesize": 10, "figure.dpi": 110, "svg.fonttype": "none",
+})
+
+_usd = FuncFormatter(lambda v, _pos: f"${v:,.0f}" if abs(v) >= 10 else f"${v:,.2f}")
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float]) -> str:
+    """Stacked bars per day (fully loaded: GPU time in use + idle GPU time); flagged days outlined
+    in red with their rise."""
+    fig, ax = plt.subplots(figsize=(7.2, 3.0))
+    x = list(range(len(days)))
+    ax.bar(x, in_use, color=ATTRIBUTED, label="GPU time used by requests")
+    ax.bar(x, idle, bottom=in_use, color=IDLE, label="idle GPU time")
+    totals = [a + i for a, i in zip(in_use, idle)]
+    for xi, day, total in zip(x, days, totals):
+        if day in flagged:
+            ax.bar([xi], [total], fill=False, edgecolor=FLAG, linewidth=2.2)
+            ax.annotate(f"+{flagged[day] * 100:.0f}% spend,\nsuccess flat", (xi, total), textcoords="offset points",
+                        xytext=(0, 4), ha="center", va="bottom", color=FLAG, fontweight="bold", fontsize=8.5)
+    ax.set_xticks(x, [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 8 else 45)
+    ax.yaxis.set_major_formatter(_usd)
+    ax.set_ylabel("GPU cost per day (USD)")
+    ax.set_title("Daily GPU spend, fully loaded")
+    ax.set_ylim(0, max(totals + [1e-9]) * 1.28)
+    ax.legend(loc="upper left", fontsize=7.5, frameon=False, ncol=2)
+    return _png(fig)
+
+
+def cost_per_turn_trend(times: list[dt.datetime], fully_loaded: list[float | None], attributed: list[float | None],
+                        flagged_days: list[dt.date]) -> str:
+    """Cost per successful turn over time (hourly or daily), flagged days shaded."""
+    fig, ax = plt.subplots(figsize=(7.2, 3.0))
+    ax.plot(times, [v if v is not None else float("nan") for v in fully_loaded], color=ATTRIBUTED, linewidth=1.6,
+            marker="o" if len(times) < 40 else None, markersize=3, label="fully loaded")
+    ax.plot(times, [v if v is not None else float("nan") for v in attributed], color=GREY, linewidth=1.0,
+            linestyle="--", label="attributed")
+    for i, day in enumerate(flagged_days):
+        start = dt.datetime.combine(day, dt.time())
+        ax.axvspan(start, start + dt.timedelta(days=1), color=FLAG, alpha=0.10, lw=0,
+                   label="flagged: spend up, success flat" if i == 0 else None)
+    if times:
+        ax.set_xlim(min(times), max(times))
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"${v:.3f}" if v < 1 else f"${v:,.2f}"))
+    ax.set_ylabel("USD per successful turn")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Cost per successful turn")
+    ax.legend(loc="lower left", fontsize=7.5, frameon=False, ncol=3)
+    return _png(fig)
+
+
+def cost_by_tenant(tenants: list[str], in_use: list[float], idle_share: list[float]) -> str:
+    """Horizontal stacked bars per tenant: fully loaded cost = GPU time in use + allocated idle."""
+    fig, ax = plt.subplots(figsize=(7.2, 0.45 * len(tenants) + 1.0))
+    y = list(range(len(tenants)))[::-1]
+    ax.barh(y, in_use, color=ATTRIBUTED, label="GPU time used by requests")
+    ax.barh(y, idle_share, left=in_use, color=IDLE, label="allocated idle GPU time")
+    for yi, a, i in zip(y, in_use, idle_share):
+        ax.annotate(f"${a + i:,.2f}", (a + i, yi), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    ax.set_yticks(y, tenants)
+    ax.xaxis.set_major_formatter(_usd)
+    ax.set_xlabel("GPU cost over the range, fully loaded (USD)")
+    ax.set_xlim(0, max([a + i for a, i in zip(in_use, idle_share)] + [1e-9]) * 1.18)
+    ax.set_title("Cost by tenant")
+    ax.legend(loc="lower right", fontsize=7.5, frameon=False)
+    return _png(fig)
+
+
+def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful: list[int], per: str) -> str:
+    """Throughput (all turns) against goodput (successful turns) over time, goodput ratio beside."""
+    fig, ax = plt.subplots(figsize=(7.2, 3.0))
+    ax.plot(times, turns, color=GREY, linewidth=1.4, label=f"throughput: turns per {per}")
+    ax.plot(times, successful, color=GOOD, linewidth=1.4, label=f"goodput: successful turns per {per}")
+    ax.fill_between(times, successful, turns, color=FLAG, alpha=0.15, lw=0, label="turns that failed")
+    ax.set_ylabel(f"turns per {per}")
+    ax.set_ylim(bottom=0)
+    if times:
+        ax.set_xlim(min(times), max(times))
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax2 = ax.twinx()
+    ratio = [s / t if t else float("nan") for s, t in zip(successful, turns)]
+    ax2.plot(times, ratio, color=GOOD, linewidth=0.8, linestyle=":", label="goodput ratio (right)")
+    ax2.set_ylim(0, 1.05)
+    ax2.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax2.spines["right"].set_visible(True)
+    ax.set_title("Goodput vs throughput")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=7.5, frameon=False, ncol=2)
+    return _png(fig)

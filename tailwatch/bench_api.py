@@ -1,0 +1,156 @@
+"""`tailwatch bench --api`: signal API latency under `wrk` at a paced request rate, with the
+worker idle (the baseline) and while it processes a stream of events, in one session.
+
+wrk (Debian package `wrk`) drives a fixed number of keep-alive connections; a Lua script
+paces each one so the total is about the asked rate, rotates over autoscale, rollout and
+SLO paths, and sends a bearer token. Results are wrk's latency percentiles and rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import yaml
+
+from ingest.producer import EventPublisher
+from ingest.simulator import FleetSimulator
+from tailwatch.broker import EmbeddedBroker
+from tailwatch.kafka import KafkaSettings, ensure_topics
+
+TOKEN = "bench-token"
+PATHS = ("/v1/autoscale/llm-us-east-1a-realtime", "/v1/autoscale/asr-us-east-1b-realtime",
+         "/v1/rollout/llama-3.1-70b/2024-11", "/v1/slos/llm-realtime-first-token", "/v1/alerts")
+
+LUA = """
+local paths = {%(paths)s}
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("GET", paths[(i %% #paths) + 1], {["Authorization"] = "Bearer %(token)s"})
+end
+delay = function() return %(delay_ms)d end
+"""
+
+
+class BenchError(Exception):
+    pass
+
+
+def _wrk(port: int, rate: int, connections: int, seconds: int, workdir: Path) -> dict:
+    script = workdir / "pace.lua"
+    script.write_text(LUA % {"paths": ", ".join(f'"{p}"' for p in PATHS), "token": TOKEN,
+                             "delay_ms": max(1, int(connections / rate * 1000) - 1)})
+    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
+                          f"http://127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
+    pct = {m.group(1): _ms(m.group(2), m.group(3)) for m in re.finditer(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {"p50_ms": pct.get("50"), "p90_ms": pct.get("90"), "p99_ms": pct.get("99"), "rps": rps,
+            "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def _wait_ready(port: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{PATHS[0]}", headers={"Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise BenchError("the worker's signal API did not answer within 90 s")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _events_seen(port: int) -> int:
+    import json
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return int(json.loads(r.read())["events_seen"])
+
+
+def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: int = 240, say=print) -> list[str]:
+    """Baseline (worker idle) then load (simulator publishing while the worker consumes)."""
+    if shutil.which("wrk") is None:
+        raise BenchError("wrk is not installed (Debian: apt-get install wrk)")
+    workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-api-"))
+    broker = EmbeddedBroker(port=_free_port(), log_path=str(workdir / "broker.log"))
+    broker.start()
+    worker = publisher = None
+    try:
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:6]}.")
+        ensure_topics(kafka, partitions=4)
+        say("[1/4] publishing 30 minutes of the mixed fleet so every pool has data")
+        pub = EventPublisher(kafka)
+        pub.publish_events(FleetSimulator("mixed-fleet", 30, seed=11).events())
+        pub.close()
+        (workdir / "api.yaml").write_text(yaml.safe_dump({
+            "stale_after": "10m",
+            "tokens": [{"name": "bench", "sha256": hashlib.sha256(TOKEN.encode()).hexdigest(), "tenants": "*"}],
+        }))
+        port = _free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        common = ["--bootstrap-servers", broker.bootstrap, "--topic-prefix", kafka.topic_prefix]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tailwatch", "worker", *common, "--store", str(workdir / "store.duckdb"),
+             "--http-port", str(port), "--api-config", str(workdir / "api.yaml"), "--group", "bench-api"],
+            stdout=subprocess.DEVNULL, stderr=open(workdir / "worker.log", "w"), env=env)
+        try:
+            _wait_ready(port)
+        except BenchError:
+            tail = (workdir / "worker.log").read_text()[-1500:]
+            raise BenchError(f"the worker's signal API did not answer within 90 s; worker log ends: {tail}") from None
+        time.sleep(3)  # let the first 30 minutes drain: the baseline is an idle worker
+        say(f"[2/4] baseline: wrk at about {rate} requests/s for {seconds} s, worker idle")
+        baseline = _wrk(port, rate, connections, seconds, workdir)
+        say(f"[3/4] load: publishing {load_minutes} simulated minutes while wrk runs again")
+        publisher = subprocess.Popen(
+            [sys.executable, "-m", "tailwatch", "simulate", *common, "--minutes", str(load_minutes), "--seed", "12",
+             "--start", "2026-11-02T00:30:00Z"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(5)  # the publisher's start-up, so wrk measures while events flow
+        before, t0 = _events_seen(port), time.monotonic()
+        loaded = _wrk(port, rate, connections, seconds, workdir)
+        processed = (_events_seen(port) - before) / (time.monotonic() - t0)
+        say("[4/4] done")
+    finally:
+        for proc in (publisher, worker):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratio = loaded["p99_ms"] / baseline["p99_ms"] if baseline["p99_ms"] else float("nan")
+    return [
+        f"signal API under wrk ({connections} keep-alive connections paced to ~{rate} req/s, {seconds} s each, "
+        f"paths rotating over autoscale, rollout, SLO and alert reads):",
+        f"  worker idle:        {baseline['rps']:,.0f} req/s   p50 {baseline['p50_ms']:.2f} ms   "
+        f"p90 {baseline['p90_ms']:.2f} ms   p99 {baseline['p99_ms']:.2f} ms   non-2xx {baseline['non_2xx']}",
+        f"  worker under load:  {loaded['rps']:,.0f} req/s   p50 {loaded['p50_ms']:.2f} ms   "
+        f"p90 {loaded['p90_ms']:.2f} ms   p99 {loaded['p99_ms']:.2f} ms   non-2xx {loaded['non_2xx']}   "
+        f"(the worker processed {processed:,.0f} events/s meanwhile)",
+        f"  p99 under load ÷ p99 idle: {ratio:.2f}x   target: p99 under 20 ms at 500 req/s "
+        f"({'met' if loaded['p99_ms'] < 20 and loaded['rps'] >= 0.9 * rate else 'NOT met'})",
+    ]
