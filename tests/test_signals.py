@@ -72,3 +72,59 @@ def test_cheaper_and_as_fast_is_promoted():
 def test_faster_but_twice_as_expensive_is_not_promoted():
     v = verdict(side("v2", fo=600.0, e2e=4000.0, cost=100.0), side("v1"), 30)
     assert v.verdict == "pause" and any("2.00x" in r for r in v.reasons)
+
+
+# ---- the API config file: one line per problem ----------------------------------------
+import hashlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+from signals.config import ApiConfigError, load_api_config  # noqa: E402
+
+
+@pytest.mark.parametrize("text, words", [
+    ("bogus: 1", "unknown key 'bogus'"),
+    ("stale_after: soon", "stale_after must be a duration"),
+    ("tokens: [{name: a}]", "needs exactly one of sha256 or env"),
+    ("tokens: [{name: a, sha256: abc}]", "sha256 must be 64 hex digits"),
+    ("tokens: [{name: a, env: TW_TEST_UNSET_VAR}]", "TW_TEST_UNSET_VAR is not set"),
+    (f"tokens: [{{name: a, sha256: {'a' * 64}, tenants: []}}]", "tenants must be"),
+    ("autoscale: {target_utilisation: 0.7}", "autoscale: unknown key 'target_utilisation'"),
+    ("autoscale: {zones: 2.5}", "whole number"),
+    ("rollout: {min_requests: -1}", "non-negative number"),
+    ("capacity_gpu_s_per_s: {pool-a: 0}", "positive numbers"),
+    ("[1, 2", "not YAML"),
+])
+def test_api_config_errors_are_one_line(tmp_path, text, words):
+    path = tmp_path / "api.yaml"
+    path.write_text(text)
+    with pytest.raises(ApiConfigError) as exc:
+        load_api_config(path)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_api_config_tokens_and_overrides(tmp_path, monkeypatch):
+    monkeypatch.setenv("TW_TEST_TOKEN", "from-env")
+    path = tmp_path / "api.yaml"
+    path.write_text(f"""
+stale_after: 90s
+tokens:
+  - {{name: ops, sha256: {hashlib.sha256(b"s3cret").hexdigest()}}}
+  - {{name: acme, env: TW_TEST_TOKEN, tenants: [acme]}}
+autoscale: {{zones: 2, target_utilization: 0.6}}
+signals: {{pool_window_minutes: 3}}
+""")
+    cfg = load_api_config(path)
+    assert cfg.stale_after_s == 90 and cfg.policy.autoscale.zones == 2 and cfg.policy.pool_window_minutes == 3
+    assert cfg.authenticate("Bearer s3cret").tenants is None
+    acme = cfg.authenticate("Bearer from-env")
+    assert acme.name == "acme" and acme.sees(frozenset({"acme"})) and not acme.sees(frozenset({"acme", "globex"}))
+    assert cfg.authenticate("Bearer nope") is None and cfg.authenticate("Basic s3cret") is None
+
+
+def test_worker_refuses_to_serve_beyond_loopback_without_tokens(capsys):
+    from tailwatch.cli import main
+
+    assert main(["worker", "--http-host", "0.0.0.0", "--bootstrap-servers", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "needs bearer tokens" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
