@@ -27,11 +27,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from signals.autoscale import AutoscalePolicy
 from signals.live import SignalPolicy
 from signals.rollout import RolloutPolicy
+from slo.config_file import read_yaml_mapping
 from slo.spec import parse_duration_s
 
 ALL_TENANTS = "*"
@@ -79,14 +78,7 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
     if path is None:
         return ApiConfig()
     where = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as exc:
-        raise ApiConfigError(f"{where}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ApiConfigError(f"{where}: not YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ApiConfigError(f"{where}: expected a mapping")
+    raw = read_yaml_mapping(path, ApiConfigError)
     known = {"stale_after", "tokens", "autoscale", "rollout", "signals", "capacity_gpu_s_per_s"}
     for key in raw:
         if key not in known:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from slo.config_file import read_yaml_mapping
 
 DEFAULT_USD_PER_GPU_HOUR = {"H200": 5.00, "H100": 4.00, "A100": 2.50, "L40S": 1.60, "A10G": 1.00, "L4": 0.80, "T4": 0.50}
 DEFAULT_FALLBACK_USD_PER_GPU_HOUR = 2.00
@@ -37,14 +37,7 @@ class GpuPrices:
 def load_prices(path: str | Path | None) -> GpuPrices:
     if path is None:
         return GpuPrices()
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise PriceError(f"{path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise PriceError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise PriceError(f"{path}: expected a mapping with usd_per_gpu_hour")
+    raw = read_yaml_mapping(path, PriceError, "a mapping with usd_per_gpu_hour")
     unknown = set(raw) - {"currency", "default_usd_per_gpu_hour", "usd_per_gpu_hour"}
     if unknown:
         raise PriceError(f"{path}: unknown key {sorted(unknown)[0]!r}")

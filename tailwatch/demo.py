@@ -78,10 +78,12 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
                                        progress=lambda line: progress("      " + line)))
         worker.run()
         progress_done()
+        worker.refresh_signals()
     finally:
         broker.stop()
     say("[4/4] summary")
     print(summary(store_path))
+    print("\n" + signal_summary(worker.signal_snapshot))
     print(f"\nstore: {Path(store_path).resolve()}   (query it: tailwatch sql \"SELECT * FROM sli_minute LIMIT 5\")")
     print(f"demo finished in {time.monotonic() - started:.0f} s")
     return 0
@@ -125,6 +127,22 @@ def summary(store_path: str) -> str:
     out += "\ndead letters by reason: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none")
     out += "\n\nPages raised by the default SLOs (event time; `tailwatch slo status` for every SLO)\n"
     out += render(["slo", "slice", "window", "fired", "resolved", "burn_long", "burn_short"], pages)
+    return out
+
+
+def signal_summary(snapshot) -> str:
+    """What an autoscaler and a rollout controller would read from the signal API now."""
+    if snapshot is None or not snapshot.pools:
+        return "signal API: no data"
+    rows = [[name, e.body["current_replicas"], e.body["desired_replicas"], e.body["signals"]["queue_age_p95_ms"],
+             e.body["signals"]["first_output_p95_ms"], e.body["reasons"][0][:70]]
+            for name, e in sorted(snapshot.pools.items()) if name.endswith("-realtime")]
+    out = "GET /v1/autoscale/{pool} for the realtime pools (last 5 minutes of event time)\n"
+    out += render(["pool", "current", "desired", "queue_age_p95_ms", "first_output_p95_ms", "first reason"], rows)
+    verdicts = [[m, v, e.body["verdict"], (e.body["reasons"] or [""])[0][:90]]
+                for (m, v), e in sorted(snapshot.rollouts.items()) if e.body.get("canary")]
+    out += "\n\nGET /v1/rollout/{model}/{version} for the canaries (last 30 minutes)\n"
+    out += render(["model", "version", "verdict", "first reason"], verdicts)
     return out
 
 
