@@ -15,6 +15,7 @@ import polars as pl
 
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
+from slo.capacity import PoolMinute, SustainedCapacity
 from slo.engine import SliceState
 from slo.prices import GpuPrices
 from slo.sli import span
@@ -34,8 +35,9 @@ class SignalPolicy:
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)
     pool_window_minutes: int = 5  # demand and latency are read over this many complete minutes
     rollout_window_minutes: int = 30
-    history_minutes: int = 60  # kept for measured capacity and the rollout window
+    history_minutes: int = 60  # buckets kept for the pool and rollout windows
     sustained_minutes: int = 3  # capacity counts only work sustained this long with the SLO held
+    capacity_history_days: int = 7  # measured capacity: the best day of the last week
     capacity_gpu_s_per_s: dict[str, float] = field(default_factory=dict)  # per pool, overrides measurement
 
 
@@ -108,10 +110,29 @@ class LiveSignals:
         self.prices = prices
         self.recent = RecentBuckets(policy.history_minutes)
         self.autoscaler = Autoscaler(policy.autoscale)
+        self.capacity = SustainedCapacity(policy.sustained_minutes, policy.capacity_history_days)
+        self.capacity_observed_through: int | None = None  # pool-minutes up to here fed to `capacity`
         self._pool_marks: dict[str, tuple[int, float]] = {}  # pool → (events seen, wall when it last grew)
 
-    def add_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> None:
+    def add_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> list[tuple[str, int, float]]:
+        """Keep closed rows; feed minutes now closed on both topics to the capacity
+        measurement. Returns (pool, day, best) for each pool whose best of the day rose."""
         self.recent.add(requests, gpu)
+        req, gpu_rows = self.recent.requests, self.recent.gpu
+        if not req.height or not gpu_rows.height:
+            return []
+        through = min(int(f["window_start"].dt.epoch("s").max()) // 60 for f in (req, gpu_rows))
+        since = self.capacity_observed_through
+        if since is not None and through <= since:
+            return []
+        self.capacity_observed_through = through
+        lo = since + 1 if since is not None else through - self.policy.history_minutes
+        raised = []
+        for m in pool_minutes(req, gpu_rows, lo, through, self._first_output_slo_ms, self.policy.autoscale.queue_age_slo_ms):
+            best = self.capacity.observe(m)
+            if best is not None:
+                raised.append((m.pool, m.minute // 1440, best))
+        return raised
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceState],
                  wall_s: float) -> SignalSnapshot:
@@ -169,7 +190,7 @@ class LiveSignals:
                 replicas_by_state=_replicas_by_state(gw),
                 burn_rate=_pool_burn_rate(attrs, slo_states),
             )
-            capacity, capacity_reason = self._capacity(pool, r, g, fo_slo)
+            capacity, capacity_reason = self._capacity(pool, newest)
             decision = self.autoscaler.decide(signals, capacity)
             tenants = frozenset(r["tenant"].unique().to_list()) if r.height else frozenset()
             body = {
@@ -189,32 +210,17 @@ class LiveSignals:
                       and all(k in POOL_ATTRIBUTES for k in s.selector)]
         return min(thresholds) if thresholds else None
 
-    def _capacity(self, pool: str, r: pl.DataFrame, g: pl.DataFrame, fo_slo_ms: float | None) -> tuple[float | None, str]:
-        """Work one warm replica carried, sustained, while the pool's latency held."""
+    def _capacity(self, pool: str, now_minute: int) -> tuple[float | None, str]:
         p = self.policy
         if pool in p.capacity_gpu_s_per_s:
             return p.capacity_gpu_s_per_s[pool], f"capacity {p.capacity_gpu_s_per_s[pool]:g} GPU-s/s per replica from config"
-        if not r.height or not g.height:
-            return None, "capacity per replica not measured yet (no traffic): policy default used"
-        newest = int(max(r["_m"].max(), g["_m"].max()))
-        work = r.filter(pl.col("_m") < newest).group_by("_m").agg((pl.col("gpu_seconds").sum() / 60).alias("work"))
-        fo = _merged_quantiles(r.filter(pl.col("_m") < newest), ["_m"], "first_output_ms_hist", {"p95": 0.95})
-        per_min = g.filter(pl.col("_m") < newest).group_by("_m").agg(
-            (pl.col("replica_state") == "warm").sum().alias("warm"),
-            pl.col("oldest_queue_age_ms_max").quantile(0.95).alias("queue_p95"),
-        ).join(work, on="_m").join(fo, on="_m", how="left").sort("_m")
-        held = pl.col("queue_p95").fill_null(0) <= p.autoscale.queue_age_slo_ms
-        if fo_slo_ms is not None:
-            held = held & (pl.col("p95").fill_null(0) <= fo_slo_ms)
-        per_min = per_min.with_columns(
-            pl.when(held & (pl.col("warm") > 0)).then(pl.col("work") / pl.col("warm")).alias("per_replica"))
-        sustained = per_min["per_replica"].rolling_min(p.sustained_minutes).drop_nulls()
-        if sustained.len() == 0:
+        best = self.capacity.capacity(pool, now_minute)
+        if best is None:
             return None, (f"capacity per replica not measured yet (needs {p.sustained_minutes} consecutive minutes "
-                          "with the latency SLO held): policy default used")
-        best = float(sustained.max())
+                          "with the latency SLOs held): policy default used")
         return best, (f"capacity {best:.3g} GPU-s/s per warm replica: the most work sustained for "
-                      f"{p.sustained_minutes} minutes while queue age and first output held their SLOs")
+                      f"{p.sustained_minutes} minutes with queue age and first output within SLO, best day of the "
+                      f"last {p.capacity_history_days}")
 
     # ---- rollout --------------------------------------------------------------------
     def _rollouts(self, req: pl.DataFrame, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
@@ -248,6 +254,34 @@ class LiveSignals:
                 body = {**v.to_json(), "model": model, "version": version}
                 out[(model, version)] = Scoped(body, tenants | frozenset(base["tenant"].unique().to_list()), newest)
         return out, models
+
+
+def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, first_output_slo_ms,
+                 queue_age_slo_ms: float) -> list[PoolMinute]:
+    """Per pool and closed minute in [lo, hi]: work, warm replicas, and whether queue-age
+    p95 and first-output p95 held (`first_output_slo_ms(attributes)` gives the threshold)."""
+    req = requests.with_columns(_minute_col()).filter(pl.col("_m").is_between(lo, hi))
+    gpu = gpu.with_columns(_minute_col()).filter(pl.col("_m").is_between(lo, hi))
+    if not req.height or not gpu.height:
+        return []
+    work = req.group_by("pool", "_m").agg((pl.col("gpu_seconds").sum() / 60).alias("work"))
+    fo = _merged_quantiles(req, ["pool", "_m"], "first_output_ms_hist", {"fo_p95": 0.95})
+    per = gpu.group_by("pool", "_m").agg(
+        (pl.col("replica_state") == "warm").sum().alias("warm"),
+        pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_p95"),
+    ).join(work, on=["pool", "_m"]).join(fo, on=["pool", "_m"], how="left").sort("pool", "_m")
+    req_by_pool = req.partition_by("pool", as_dict=True)
+    gpu_by_pool = gpu.partition_by("pool", as_dict=True)
+    thresholds = {pool: first_output_slo_ms(_pool_attributes(req_by_pool.get((pool,), pl.DataFrame()), g))
+                  for (pool,), g in gpu_by_pool.items()}
+    out = []
+    for pool, minute, warm, queue_p95, w, fo_p95 in per.select("pool", "_m", "warm", "queue_p95", "work", "fo_p95").iter_rows():
+        if not pool:
+            continue
+        threshold = thresholds.get(pool)
+        held = (queue_p95 or 0.0) <= queue_age_slo_ms and (threshold is None or (fo_p95 or 0.0) <= threshold)
+        out.append(PoolMinute(pool, int(minute), float(w), int(warm), held))
+    return out
 
 
 # ---- SLO and alert reads ------------------------------------------------------------

@@ -88,3 +88,63 @@ def kv_cache(layers: int, kv_heads: int, head_dim: int, tokens: int, bytes_per_v
                    + (f" − {overhead_gib:g}" if overhead_gib else "")
                    + f" = {free_gib:g} GiB → {fit:,} such requests fit at once")
     return KvCachePlan(per_request, True, fit, working)
+
+
+@dataclass(frozen=True)
+class PoolMinute:
+    """One closed minute of one pool: the work its warm replicas carried, and whether its
+    latency SLOs (queue age, first output) held in that minute."""
+
+    pool: str
+    minute: int
+    work_gpu_s_per_s: float
+    warm_replicas: int
+    latency_held: bool
+
+
+class SustainedCapacity:
+    """Per pool, the most work per warm replica sustained for `sustained_minutes`
+    consecutive minutes with latency held: the measured per-replica capacity at SLO.
+
+    Kept as the best value per UTC day for `history_days`, so a pool measured at its daily
+    peak keeps that figure through the night, and a change of model or hardware ages out.
+    Until a pool has been measured near its limit this is a lower bound, which makes the
+    autoscaler ask for more replicas than needed, never fewer.
+    """
+
+    def __init__(self, sustained_minutes: int = 3, history_days: int = 7):
+        self.sustained_minutes = sustained_minutes
+        self.history_days = history_days
+        self._run: dict[str, list[PoolMinute]] = {}  # consecutive held minutes, newest last
+        self.best_by_day: dict[str, dict[int, float]] = {}
+
+    def observe(self, m: PoolMinute) -> float | None:
+        """Feed minutes in order per pool; returns the pool's new best of the day, if it rose."""
+        run = self._run.setdefault(m.pool, [])
+        if run and m.minute != run[-1].minute + 1:
+            run.clear()
+        if not (m.latency_held and m.warm_replicas > 0):
+            run.clear()
+            return None
+        run.append(m)
+        del run[:-self.sustained_minutes]
+        if len(run) < self.sustained_minutes:
+            return None
+        sustained = min(x.work_gpu_s_per_s / x.warm_replicas for x in run)
+        day = m.minute // 1440
+        days = self.best_by_day.setdefault(m.pool, {})
+        if sustained <= days.get(day, 0.0):
+            return None
+        days[day] = sustained
+        for old in [d for d in days if d <= day - self.history_days]:
+            del days[old]
+        return sustained
+
+    def capacity(self, pool: str, now_minute: int) -> float | None:
+        days = self.best_by_day.get(pool, {})
+        recent = [v for d, v in days.items() if d > now_minute // 1440 - self.history_days]
+        return max(recent) if recent else None
+
+    def restore(self, pool: str, day: int, best: float) -> None:
+        days = self.best_by_day.setdefault(pool, {})
+        days[day] = max(best, days.get(day, 0.0))

@@ -29,6 +29,7 @@ from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.http import HttpState, WorkerHttp
 from streams.metrics import WorkerMetrics
+from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
 from signals.config import ApiConfig
@@ -116,6 +117,8 @@ class Worker:
         self.live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices) \
             if settings.http_port is not None else None
         self.signal_snapshot: SignalSnapshot | None = None
+        if self.live:
+            self.stages.append(SignalStage(self.live))
         self._caught_up_wall: float | None = None
         self.lag_messages = 0
         self.first_event_wall: float | None = None
@@ -143,9 +146,6 @@ class Worker:
                 self.slo.rebuild(con)
             for stage in self.stages:
                 stage.rebuild(con)
-            if self.live:
-                history = self.live.policy.history_minutes
-                self.live.add_closed(store.recent_buckets(con, history), store.recent_buckets(con, history, "gpu_minute"))
         http = None
         if s.http_port is not None:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config)
@@ -399,8 +399,6 @@ class Worker:
             self.slo.committed(cp.alert_changes)
         for stage in self.stages:
             stage.committed()
-        if self.live:
-            self.live.add_closed(closed["sli_minute"], closed["gpu_minute"])
         self._stored_offsets = dict(self.next_offsets)
         self._stored_frontiers = frontiers
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)

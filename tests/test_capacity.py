@@ -41,3 +41,20 @@ def test_capacity_command_prints_its_working():
                         "--gpu-memory-gib", "80", "--weights-gib", "140"], capture_output=True, text=True)
     assert r.returncode == 0
     assert "4,194,304,000 bytes" in r.stdout and "weights alone do not fit" in r.stdout
+
+
+def test_sustained_capacity_needs_consecutive_held_minutes_and_keeps_the_best_day():
+    from slo.capacity import PoolMinute, SustainedCapacity
+
+    c = SustainedCapacity(sustained_minutes=3, history_days=2)
+    feed = lambda minute, work, held=True, warm=4: c.observe(PoolMinute("p", minute, work, warm, held))  # noqa: E731
+    assert feed(0, 4.0) is None and feed(1, 8.0) is None
+    assert feed(2, 6.0) == 1.0  # min over the run of 3: 4 GPU-s/s on 4 warm replicas
+    assert feed(3, 8.0, held=False) is None  # latency broke: the run starts over
+    assert feed(4, 8.0) is None and feed(5, 8.0) is None
+    assert feed(6, 8.0) == 2.0 and c.capacity("p", 6) == 2.0
+    assert feed(8, 9.0) is None  # a gap in the minutes is not sustained
+    assert feed(1440, 2.0) is None and feed(1441, 2.0) is None and feed(1442, 2.0) == 0.5
+    assert c.capacity("p", 1442) == 2.0  # yesterday's peak still counts
+    assert c.capacity("p", 3 * 1440) is None  # …until it ages out
+    assert feed(10_000, 1.0, warm=0) is None  # no warm replicas: nothing to measure

@@ -1,0 +1,65 @@
+"""The signal API's stage: feeds closed minutes to the live view (signals/live.py) and
+keeps the measured per-replica capacity in the store.
+
+`pool_capacity` holds, per pool and UTC day, the most work per warm replica the pool
+sustained with its latency SLOs held. It is written in the checkpoint transaction, read
+back on start, and is what `tailwatch capacity measured` prints.
+"""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+import duckdb
+import polars as pl
+
+from signals.live import LiveSignals
+from streams import store
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS pool_capacity (
+    pool VARCHAR, day DATE, work_gpu_s_per_s_per_replica DOUBLE, sustained_minutes INTEGER
+);
+"""
+_EPOCH_DAY = date(1970, 1, 1)
+
+
+class SignalStage:
+    name = "signals"
+
+    def __init__(self, live: LiveSignals):
+        self.live = live
+
+    def collectors(self) -> list:
+        return []
+
+    def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(SCHEMA_SQL)
+        history = self.live.policy.history_minutes
+        self.live.add_closed(store.recent_buckets(con, history), store.recent_buckets(con, history, "gpu_minute"))
+        for pool, day, best in load_pool_capacity(con, self.live.policy.capacity_history_days).iter_rows():
+            self.live.capacity.restore(pool, (day - _EPOCH_DAY).days, best)
+
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        raised = self.live.add_closed(requests, gpu)
+        if not raised:
+            return {}
+        return {"pool_capacity": pl.DataFrame(
+            {"pool": [p for p, _, _ in raised], "day": [_EPOCH_DAY + timedelta(days=d) for _, d, _ in raised],
+             "work_gpu_s_per_s_per_replica": [b for _, _, b in raised],
+             "sustained_minutes": [self.live.policy.sustained_minutes] * len(raised)},
+            schema={"pool": pl.String, "day": pl.Date, "work_gpu_s_per_s_per_replica": pl.Float64,
+                    "sustained_minutes": pl.Int32})}
+
+    def committed(self) -> None:
+        pass
+
+    def deliver(self, wait_s: float = 0.0) -> None:
+        pass
+
+
+def load_pool_capacity(con: duckdb.DuckDBPyConnection, days: int) -> pl.DataFrame:
+    """Best per pool and day over the newest `days` days of the table (rows only ever rise)."""
+    return store.query_frame(con, """
+        SELECT pool, day, max(work_gpu_s_per_s_per_replica) AS best FROM pool_capacity
+        WHERE day > (SELECT max(day) FROM pool_capacity) - CAST($1 AS INTEGER) GROUP BY ALL ORDER BY pool, day""", [days])
