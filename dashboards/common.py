@@ -1,0 +1,224 @@
+"""What every tailwatch dashboard shares: the datasource, the template variables, label
+matchers that know which metric carries which label, panel builders that demand a unit,
+and the grid layout.
+
+Dashboards are grafanalib objects; `generate.py` turns them into JSON that Grafana
+imports as is (schema 39: Grafana 10 and later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grafanalib import core as g
+
+from streams.fleet_metrics import (
+    GPU_TIME_LABELS,
+    LATENCY_LABELS,
+    POOL_LABELS,
+    TRAFFIC_LABELS,
+)
+
+SCHEMA_VERSION = 39
+TAG = "tailwatch"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"  # Grafana: at least 4 scrape intervals, so rate() always has 2 samples
+
+# The variables the fleet dashboards filter on; a metric is filtered on those it carries.
+FILTER_LABELS = ("tenant", "model", "zone", "workload")
+
+# Dashboard uids: stable, so links and bookmarks survive regeneration. The SLO detail uid
+# is what alerts.alertmanager.AlertLinks points pages at (…/d/tailwatch-slo?var-slo=…).
+UID_FLEET = "tailwatch-fleet"
+UID_SLO = "tailwatch-slo"
+UID_LATENCY = "tailwatch-latency"
+UID_CANARY = "tailwatch-canary"
+UID_GPU = "tailwatch-gpu"
+UID_COST = "tailwatch-cost"
+UID_PIPELINE = "tailwatch-pipeline"
+
+_TRAFFIC_METRICS = ("tailwatch_requests_total", "tailwatch_request_retries_total", "tailwatch_turns_total",
+                    "tailwatch_successful_turns_total", "tailwatch_prompt_tokens_total",
+                    "tailwatch_output_tokens_total", "tailwatch_audio_seconds_total")
+_POOL_METRICS = ("tailwatch_gpu_seconds_total", "tailwatch_gpu_xid_errors_total", "tailwatch_gpu_ecc_errors_total",
+                 "tailwatch_gpus", "tailwatch_gpu_utilization_ratio", "tailwatch_gpu_memory_used_bytes",
+                 "tailwatch_gpu_memory_total_bytes", "tailwatch_gpu_power_watts", "tailwatch_gpu_temperature_celsius",
+                 "tailwatch_gpu_kv_cache_usage_ratio", "tailwatch_queue_oldest_age_seconds",
+                 "tailwatch_queue_depth_requests", "tailwatch_gpu_replicas")
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    **{m: TRAFFIC_LABELS for m in _TRAFFIC_METRICS},
+    "tailwatch_request_gpu_seconds_total": GPU_TIME_LABELS,
+    "tailwatch_request_latency_seconds": LATENCY_LABELS,
+    **{m: POOL_LABELS for m in _POOL_METRICS},
+}
+
+
+def sel(metric: str, **matchers: str) -> str:
+    """`metric{…}` filtered by every dashboard variable the metric carries, plus matchers
+    given as `label='="value"'` or `label='=~"regex"'`."""
+    parts = [f'{k}=~"${k}"' for k in FILTER_LABELS if k in METRIC_LABELS.get(metric, ())]
+    parts += [f"{k}{v}" for k, v in matchers.items()]
+    return f"{metric}{{{', '.join(parts)}}}" if parts else metric
+
+
+def eq(value: str) -> str:
+    return f'="{value}"'
+
+
+NOT_CANCELLED = '!="cancelled"'
+ERRORS = '=~"error|timeout|shed"'  # failures of the service; a client's cancellation is not one
+
+
+def rate(metric: str, by: str, **matchers: str) -> str:
+    return f"sum by ({by}) (rate({sel(metric, **matchers)}[{RATE}]))"
+
+
+# ---- template variables ------------------------------------------------------------------
+def datasource_variable() -> g.Template:
+    return g.Template(name="datasource", label="Data source", query="prometheus", type="datasource")
+
+
+def label_variable(label: str, metric: str, label_text: str | None = None, selector: str = "",
+                   include_all: bool = True) -> g.Template:
+    """A variable over the values of `label` on `metric`; with All = the regex `.*`, which
+    also matches series without the label (an SLO not sliced by it)."""
+    return g.Template(
+        name=label, label=label_text or label.replace("_", " "), dataSource=DATASOURCE,
+        query=f"label_values({metric}{selector}, {label})",
+        includeAll=include_all, multi=include_all, allValue=".*" if include_all else None,
+        default="$__all" if include_all else None, refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
+    )
+
+
+def fleet_variables() -> list[g.Template]:
+    return [datasource_variable(), *(label_variable(k, "tailwatch_requests_total") for k in FILTER_LABELS)]
+
+
+# ---- panels ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Q:
+    """One query: PromQL and its legend; instant for stat and table panels."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+def _targets(queries: list[Q], table: bool = False) -> list[g.Target]:
+    return [
+        g.Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), instant=q.instant,
+                 format=g.TABLE_TARGET_FORMAT if table else g.TIME_SERIES_TARGET_FORMAT, datasource=DATASOURCE)
+        for i, q in enumerate(queries)
+    ]
+
+
+def thresholds(*steps: tuple[float, str], base: str = "green") -> list[dict]:
+    return [{"color": base, "value": None}, *({"color": c, "value": v} for v, c in steps)]
+
+
+def timeseries(title: str, unit: str, queries: list[Q], w: int = 8, h: int = 8, description: str = "",
+               threshold_steps: list[dict] | None = None, stacked: bool = False, **extra) -> g.TimeSeries:
+    return g.TimeSeries(
+        title=title, unit=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
+        gridPos=g.GridPos(h=h, w=w, x=0, y=0),
+        thresholds=threshold_steps or thresholds(),
+        thresholdsStyleMode="line" if threshold_steps else "off",
+        stacking={"mode": "normal", "group": "A"} if stacked else {},
+        fillOpacity=30 if stacked else 0,
+        legendDisplayMode="table" if len(queries) > 1 or w >= 12 else "list",
+        legendCalcs=["lastNotNull", "max"] if w >= 12 else [],
+        tooltipMode="multi", **extra,
+    )
+
+
+def stat(title: str, unit: str, queries: list[Q], w: int = 4, h: int = 4, description: str = "",
+         threshold_steps: list[dict] | None = None) -> g.Stat:
+    return g.Stat(
+        title=title, format=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
+        gridPos=g.GridPos(h=h, w=w, x=0, y=0), thresholds=threshold_steps or thresholds(),
+        reduceCalc="lastNotNull", graphMode="none", noValue="0", color={"mode": "thresholds"},
+    )
+
+
+def table(title: str, unit: str, queries: list[Q], w: int = 12, h: int = 8, description: str = "",
+          column_units: dict[str, str] | None = None, links: list[dict] | None = None,
+          hidden: tuple[str, ...] = ("Time",)) -> g.Table:
+    """Instant queries in table format, merged on their labels into one row per series."""
+    overrides = [
+        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": u}]}
+        for name, u in (column_units or {}).items()
+    ]
+    panel = g.Table(
+        title=title, unit=unit, dataSource=DATASOURCE, targets=_targets(queries, table=True), description=description,
+        gridPos=g.GridPos(h=h, w=w, x=0, y=0), overrides=overrides,
+        transformations=[{"id": "merge", "options": {}},
+                         {"id": "organize", "options": {"excludeByName": {n: True for n in hidden}}}],
+    )
+    if links:
+        panel.extraJson = {"fieldConfig": {"defaults": {"links": links}}}
+    return panel
+
+
+def layout(panels: list) -> list:
+    """Place panels left to right in a 24-column grid, wrapping to a new row when a panel
+    does not fit; a row is as tall as its tallest panel."""
+    x = y = row_h = 0
+    for p in panels:
+        w, h = p.gridPos.w, p.gridPos.h
+        if x + w > 24:
+            x, y, row_h = 0, y + row_h, 0
+        p.gridPos = g.GridPos(h=h, w=w, x=x, y=y)
+        x += w
+        row_h = max(row_h, h)
+    return panels
+
+
+def dashboard(uid: str, title: str, description: str, panels: list, variables: list[g.Template],
+              annotations: list[dict] | None = None, time_from: str = "now-6h") -> g.Dashboard:
+    return g.Dashboard(
+        uid=uid, title=title, description=description, tags=[TAG], panels=layout(panels),
+        templating=g.Templating(list=variables),
+        annotations=g.Annotations(list=annotations or []),
+        links=[g.DashboardLink(title="tailwatch", tags=[TAG], asDropdown=True, includeVars=True, keepTime=True)],
+        time=g.Time(time_from, "now"), refresh="30s", timezone="utc", schemaVersion=SCHEMA_VERSION,
+        graphTooltip=g.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
+    ).auto_panel_ids()
+
+
+def promql_annotation(name: str, expr: str, color: str, title: str, tag_keys: str) -> dict:
+    """A Grafana annotation from a Prometheus query: a band wherever the series exists."""
+    return {
+        "name": name, "datasource": DATASOURCE, "enable": True, "hide": False, "iconColor": color,
+        "expr": expr, "step": "60s", "titleFormat": title, "tagKeys": tag_keys, "useValueForTime": False,
+        "target": {"expr": expr, "refId": "Anno", "datasource": DATASOURCE},
+    }
+
+
+# ---- cost, in PromQL ----------------------------------------------------------------------
+PRICE = "max by (gpu_sku) (tailwatch_gpu_price_usd_per_gpu_hour)"  # one per SKU, however many workers
+
+
+def fleet_cost_usd_per_second_by_pool() -> str:
+    """What each pool's GPUs cost per second, idle time included."""
+    return (f"sum by (pool) (rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]) "
+            f"* on (gpu_sku) group_left() {PRICE}) / 3600")
+
+
+def allocated_cost_usd_per_second(by: str) -> str:
+    """GPU cost per second by `by`, idle time allocated (DESIGN.md, "cost per successful
+    turn"): each pool's whole cost is shared out in proportion to the GPU-seconds its
+    requests used, so idle GPUs are paid for by the traffic that keeps them provisioned.
+    The share's denominator is the whole pool, not the filtered traffic."""
+    used = "tailwatch_request_gpu_seconds_total"
+    return (f"sum by ({by}) (\n"
+            f"  sum by ({by}, pool) (rate({sel(used)}[{RATE}]))\n"
+            f"  / on (pool) group_left() (sum by (pool) (rate({used}[{RATE}])) > 0)\n"
+            f"  * on (pool) group_left() {fleet_cost_usd_per_second_by_pool()}\n"
+            f")")
+
+
+def per_unit(numerator: str, metric: str, by: str, scale: float = 1) -> str:
+    """numerator ÷ rate(metric), by `by`, where that rate is not zero."""
+    factor = f" * {scale:g}" if scale != 1 else ""
+    return f"{numerator}\n/ ({rate(metric, by)} > 0){factor}"
+

@@ -1,0 +1,72 @@
+"""Cost and goodput: GPU cost per successful turn, per 1,000 output tokens and per
+audio-second, idle GPU cost, by tenant, model and workload. All PromQL over GPU-seconds
+and the price per SKU (`tailwatch_gpu_price_usd_per_gpu_hour`), idle time allocated as
+DESIGN.md says (see `dashboards.common.allocated_cost_usd_per_second`)."""
+
+from __future__ import annotations
+
+from dashboards.common import (
+    PRICE,
+    RATE,
+    UID_COST,
+    Q,
+    allocated_cost_usd_per_second,
+    dashboard,
+    fleet_variables,
+    per_unit,
+    rate,
+    sel,
+    stat,
+    table,
+    timeseries,
+)
+
+
+def idle_cost_usd_per_hour() -> str:
+    """Per pool: (fleet GPU-seconds − request GPU-seconds) × price, never below zero
+    (batched requests can use more GPU-seconds than the wall clock gives a GPU)."""
+    fleet = f"sum by (zone, pool, gpu_sku) (rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]))"
+    used = f"sum by (pool) (rate(tailwatch_request_gpu_seconds_total[{RATE}]))"
+    return (f"sum by (zone, pool) (\n"
+            f"  clamp_min(({fleet} - on (pool) group_left() {used}) or {fleet}, 0)\n"
+            f"  * on (gpu_sku) group_left() {PRICE}\n"
+            f")")
+
+
+def build(specs=None):
+    turns = "tailwatch_successful_turns_total"
+    panels = [
+        stat("GPU spend per hour", "currencyUSD",
+             [Q(f"sum({allocated_cost_usd_per_second('workload')}) * 3600", instant=True)], w=6,
+             description="Filtered traffic's share of its pools' cost, idle included."),
+        stat("Idle GPU cost per hour", "currencyUSD", [Q(f"sum({idle_cost_usd_per_hour()})", instant=True)], w=6),
+        stat("GPU cost per successful turn", "currencyUSD",
+             [Q(f"sum({allocated_cost_usd_per_second('workload')}) / (sum({rate(turns, 'workload')}) > 0)",
+                instant=True)], w=6),
+        stat("Goodput: turn success ratio", "percentunit",
+             [Q(f"sum({rate(turns, 'workload')}) / (sum({rate('tailwatch_turns_total', 'workload')}) > 0)",
+                instant=True)], w=6),
+        timeseries("GPU cost per successful turn by workload", "currencyUSD",
+                   [Q(per_unit(allocated_cost_usd_per_second("workload"), turns, "workload"), "{{workload}}")], w=12),
+        timeseries("GPU cost per successful turn by model", "currencyUSD",
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), turns, "model"), "{{model}}")], w=12),
+        table("GPU cost per successful turn by tenant", "currencyUSD",
+              [Q(per_unit(allocated_cost_usd_per_second("tenant"), turns, "tenant"), instant=True)], w=8, h=9),
+        timeseries("GPU cost per 1,000 output tokens by model", "currencyUSD",
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), "tailwatch_output_tokens_total", "model", 1000),
+                      "{{model}}")], h=9),
+        timeseries("GPU cost per audio-second by model", "currencyUSD",
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), "tailwatch_audio_seconds_total", "model"),
+                      "{{model}}")], h=9),
+        timeseries("GPU spend per hour by tenant", "currencyUSD",
+                   [Q(f"{allocated_cost_usd_per_second('tenant')} * 3600", "{{tenant}}")], w=12, stacked=True),
+        timeseries("Idle GPU cost per hour by pool", "currencyUSD", [Q(idle_cost_usd_per_hour(), "{{pool}}")],
+                   w=12, stacked=True),
+        timeseries("Goodput: successful turns by tenant", "cps", [Q(rate(turns, "tenant"), "{{tenant}}")], w=12),
+        timeseries("GPU-seconds: fleet against used by requests", "s", [
+            Q(f"sum(rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]))", "fleet (paid)"),
+            Q(f"sum({rate('tailwatch_request_gpu_seconds_total', 'workload')})", "used by requests"),
+        ], w=12, description="GPU-seconds per second: the gap is idle time."),
+    ]
+    return dashboard(UID_COST, "tailwatch / Cost and goodput", "GPU cost per unit of useful work, and idle cost.",
+                     panels, fleet_variables(), time_from="now-24h")

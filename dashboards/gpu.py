@@ -1,0 +1,57 @@
+"""GPU fleet: utilisation, memory, power, temperature, XID/ECC errors, replica states and
+KV-cache usage, by zone and pool (gauges of the newest closed minute)."""
+
+from __future__ import annotations
+
+from dashboards.common import (
+    RATE,
+    UID_GPU,
+    Q,
+    dashboard,
+    fleet_variables,
+    sel,
+    stat,
+    thresholds,
+    timeseries,
+)
+
+
+def build(specs=None):
+    panels = [
+        stat("GPUs", "short", [Q(f"sum({sel('tailwatch_gpus')})", instant=True)], w=6),
+        stat("Mean utilisation", "percentunit", [Q(
+            f"sum({sel('tailwatch_gpu_utilization_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus)"
+            f" / sum({sel('tailwatch_gpus')})", instant=True)], w=6),
+        stat("XID errors (range)", "short",
+             [Q(f"sum(increase({sel('tailwatch_gpu_xid_errors_total')}[$__range]))", instant=True)], w=6,
+             threshold_steps=thresholds((1, "red"))),
+        stat("ECC errors (range)", "short",
+             [Q(f"sum(increase({sel('tailwatch_gpu_ecc_errors_total')}[$__range]))", instant=True)], w=6,
+             threshold_steps=thresholds((1, "red"))),
+        timeseries("Utilisation by pool", "percentunit",
+                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_utilization_ratio')})", "{{pool}}")], w=12),
+        timeseries("Memory used by pool", "percentunit", [Q(
+            f"sum by (pool) ({sel('tailwatch_gpu_memory_used_bytes')})"
+            f" / sum by (pool) ({sel('tailwatch_gpu_memory_total_bytes')})", "{{pool}}")], w=12),
+        timeseries("Memory used by zone", "bytes",
+                   [Q(f"sum by (zone) ({sel('tailwatch_gpu_memory_used_bytes')})", "{{zone}}")]),
+        timeseries("Power by zone", "watt", [Q(f"sum by (zone) ({sel('tailwatch_gpu_power_watts')})", "{{zone}}")]),
+        timeseries("Hottest GPU by zone", "celsius",
+                   [Q(f"max by (zone) ({sel('tailwatch_gpu_temperature_celsius')})", "{{zone}}")],
+                   threshold_steps=thresholds((83, "red"))),
+        timeseries("XID and ECC errors by pool", "short", [
+            Q(f"sum by (pool) (increase({sel('tailwatch_gpu_xid_errors_total')}[{RATE}]))", "XID {{pool}}"),
+            Q(f"sum by (pool) (increase({sel('tailwatch_gpu_ecc_errors_total')}[{RATE}]))", "ECC {{pool}}"),
+        ]),
+        timeseries("Replicas by state", "short",
+                   [Q(f"sum by (state) ({sel('tailwatch_gpu_replicas')})", "{{state}}")], stacked=True),
+        timeseries("KV-cache usage by pool (fullest replica)", "percentunit",
+                   [Q(f"max by (pool) ({sel('tailwatch_gpu_kv_cache_usage_ratio')})", "{{pool}}")],
+                   threshold_steps=thresholds((0.9, "red"))),
+        timeseries("GPUs by zone and SKU", "short",
+                   [Q(f"sum by (zone, gpu_sku) ({sel('tailwatch_gpus')})", "{{zone}} {{gpu_sku}}")], w=12),
+        timeseries("Queued requests by zone", "short",
+                   [Q(f"sum by (zone) ({sel('tailwatch_queue_depth_requests')})", "{{zone}}")], w=12),
+    ]
+    return dashboard(UID_GPU, "tailwatch / GPU fleet", "GPU health and capacity by zone and pool.", panels,
+                     fleet_variables())

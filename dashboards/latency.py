@@ -1,0 +1,68 @@
+"""Latency: queue, first-output and end-to-end percentiles by workload, model version,
+zone and traffic class; beside them, GPU utilisation split by traffic class and the
+oldest queued request, so that "GPUs busy but users waiting" is visible in one row."""
+
+from __future__ import annotations
+
+from dashboards.common import (
+    UID_LATENCY,
+    Q,
+    dashboard,
+    eq,
+    fleet_variables,
+    rate,
+    sel,
+    timeseries,
+)
+
+LATENCY = "tailwatch_request_latency_seconds"
+
+
+def pct(field: str, quantile: str, by: str) -> str:
+    """Worst slice per group: quantiles do not add, so groups show their slowest member."""
+    return f'max by ({by}) ({sel(LATENCY, field=eq(field), quantile=eq(quantile))})'
+
+
+def busy_gpus_by_traffic_class() -> str:
+    """Each pool's busy GPUs (utilisation × GPUs) shared out by the GPU-seconds each
+    traffic class used in it: batch work in a realtime pool shows up as batch."""
+    used = "tailwatch_request_gpu_seconds_total"
+    return (f"sum by (traffic_class) (\n"
+            f"  {rate(used, 'pool, traffic_class')}\n"
+            f"  / on (pool) group_left() (sum by (pool) (rate({used}[$__rate_interval])) > 0)\n"
+            f"  * on (pool) group_left() sum by (pool) ({sel('tailwatch_gpu_utilization_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus)\n"
+            f")")
+
+
+def build(specs=None):
+    panels = [
+        timeseries("First output p95 by workload and model version", "s",
+                   [Q(pct("first_output", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
+        timeseries("First output p95 by zone", "s",
+                   [Q(pct("first_output", "0.95", "workload, zone"), "{{workload}} {{zone}}")]),
+        timeseries("First output p95 by traffic class", "s",
+                   [Q(pct("first_output", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")]),
+        timeseries("Queue p95 by workload and traffic class", "s",
+                   [Q(pct("queue", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")]),
+        timeseries("End-to-end p95 by workload and model version", "s",
+                   [Q(pct("e2e", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
+        timeseries("End-to-end p99 by zone", "s",
+                   [Q(pct("e2e", "0.99", "workload, zone"), "{{workload}} {{zone}}")]),
+        timeseries("First output p50 / p95 / p99 (worst slice)", "s", [
+            Q(pct("first_output", q, "quantile"), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
+        ], w=12),
+        timeseries("Retried attempts by workload and zone", "reqps",
+                   [Q(rate("tailwatch_request_retries_total", "workload, zone"), "{{workload}} {{zone}}")], w=12,
+                   description="A retry storm multiplies load while users wait: compare with queue age below."),
+        timeseries("Busy GPUs by traffic class", "short", [
+            Q(busy_gpus_by_traffic_class(), "{{traffic_class}}"),
+            Q(f"sum({sel('tailwatch_gpus')})", "GPUs"),
+        ], w=12, stacked=False,
+            description="Utilisation × GPUs of each pool, shared by the GPU-seconds each traffic class used there."),
+        timeseries("Oldest queued request by pool", "s",
+                   [Q(f"max by (pool) ({sel('tailwatch_queue_oldest_age_seconds')})", "{{pool}}")], w=12,
+                   description="High while utilisation is high: GPUs are busy and users are waiting."),
+    ]
+    return dashboard(UID_LATENCY, "tailwatch / Latency",
+                     "Queue, first-output and end-to-end percentiles (newest closed minute per slice); utilisation beside queue age.",
+                     panels, fleet_variables())

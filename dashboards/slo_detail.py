@@ -1,0 +1,92 @@
+"""SLO detail, templated on `slo` and its slice labels: the SLI against its objective,
+the error budget burning down over the compliance window, the burn rate of each alert
+window pair with its page or ticket threshold drawn, and alert annotations.
+
+Pages link here: `alerts.alertmanager.AlertLinks` builds `/d/tailwatch-slo?var-slo=…&var-<slice label>=…`,
+so every slice label of every SLO is a variable of this dashboard.
+"""
+
+from __future__ import annotations
+
+from dashboards.common import (
+    RATE,
+    UID_SLO,
+    Q,
+    dashboard,
+    datasource_variable,
+    label_variable,
+    promql_annotation,
+    stat,
+    thresholds,
+    timeseries,
+)
+from slo.sli import span
+from slo.spec import SloSpec
+
+SEVERITY_COLOR = {"page": "red", "ticket": "orange"}
+
+
+def slice_labels(specs: list[SloSpec]) -> list[str]:
+    return sorted({k for s in specs for k in s.slice_by})
+
+
+def build(specs: list[SloSpec]):
+    labels = slice_labels(specs)
+    match = ", ".join(['slo=~"$slo"', *(f'{k}=~"${k}"' for k in labels)])
+    legend = " ".join(f"{{{{{k}}}}}" for k in labels)
+    compliance = sorted({s.window_minutes for s in specs})
+    compliance_re = "|".join(span(m) for m in compliance)
+    panels = [
+        timeseries("SLI over the compliance window against the objective", "percentunit", [
+            Q(f'tailwatch_slo_sli_ratio{{{match}, window=~"{compliance_re}"}}', f"SLI {legend}"),
+            Q(f"max by (slo) (tailwatch_slo_objective_ratio{{{match}}})", "objective"),
+        ], w=12, description="Good ÷ valid events over the SLO's compliance window, per slice; the objective as a line."),
+        stat("Error budget left (worst slice)", "percentunit",
+             [Q(f"min(tailwatch_slo_error_budget_remaining_ratio{{{match}}})", instant=True)], w=6, h=8,
+             threshold_steps=thresholds((0.25, "orange"), (0.5, "green"), base="red")),
+        stat("Alerts firing", "short",
+             [Q(f"sum(tailwatch_alerts_firing{{{match}}})", instant=True)], w=6, h=8,
+             threshold_steps=thresholds((1, "red"))),
+        timeseries("Error budget burn-down", "percentunit",
+                   [Q(f"tailwatch_slo_error_budget_remaining_ratio{{{match}}}", legend or "{{slo}}")], w=24,
+                   timeFrom=span(max(compliance)),
+                   description="Share of the compliance window's error budget left, over that window."),
+    ]
+    pairs: dict[tuple[str, int, int, str], set[float]] = {}
+    for s in specs:
+        for w in s.alert_windows:
+            pairs.setdefault((w.name, w.long_minutes, w.short_minutes, w.severity), set()).add(
+                round(w.factor(s.window_minutes), 6))
+    for (name, long_m, short_m, severity), factors in sorted(pairs.items(), key=lambda kv: kv[0][1]):
+        steps = thresholds(*((f, SEVERITY_COLOR[severity]) for f in sorted(factors)))
+        panels.append(timeseries(
+            f"Burn rate, {name}: {span(long_m)} and {span(short_m)} ({severity})", "suffix:×",
+            [Q(f'tailwatch_slo_burn_rate{{{match}, window=~"{span(long_m)}|{span(short_m)}"}}',
+               f"{{{{window}}}} {legend}")],
+            w=12, threshold_steps=steps,
+            description=(f"Fires a {severity} while both windows burn above "
+                         + " or ".join(f"{f:g}×" for f in sorted(factors))
+                         + " (the line; one per distinct SLO period)."),
+        ))
+    panels += [
+        timeseries("Alerts firing by severity", "short",
+                   [Q(f"sum by (severity) (tailwatch_alerts_firing{{{match}}})", "{{severity}}")], w=12),
+        timeseries("SLI events by outcome", "cps",
+                   [Q(f"sum by (outcome) (rate(tailwatch_slo_events_total{{{match}}}[{RATE}]))", "{{outcome}}")], w=12),
+    ]
+    variables = [datasource_variable(),
+                 label_variable("slo", "tailwatch_slo_objective_ratio", "SLO", include_all=False),
+                 *(label_variable(k, "tailwatch_slo_objective_ratio", selector='{slo=~"$slo"}') for k in labels)]
+    tags = ",".join(["severity", *labels])
+    annotations = [
+        {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
+        promql_annotation("Pages", f'tailwatch_alerts_firing{{{match}, severity="page"}} > 0', "red",
+                          "page: {{slo}}", tags),
+        promql_annotation("Tickets", f'tailwatch_alerts_firing{{{match}, severity="ticket"}} > 0', "orange",
+                          "ticket: {{slo}}", tags),
+    ]
+    return dashboard(UID_SLO, "tailwatch / SLO detail", "One SLO and its slices: SLI, budget, burn rates, alerts.",
+                     panels, variables, annotations=annotations, time_from="now-24h")
+
+

@@ -1,0 +1,327 @@
+"""Fleet metrics: the closed 1-minute buckets as Prometheus series, for dashboards.
+
+A worker stage (`streams.stages.Stage`) that turns each checkpoint's newly closed
+`sli_minute` and `gpu_minute` rows into `/metrics` series. It writes no store rows.
+
+What it exports, and at which aggregation level (only the labels some panel needs):
+
+- traffic counters, labels `TRAFFIC_LABELS` (the slice without `pool`):
+  `tailwatch_requests_total{…, outcome}` (ok, error, timeout, shed, cancelled; every
+  outcome is exported from the first request of a label set on, zeros included, so an
+  error panel is never empty for lack of errors), `tailwatch_request_retries_total`,
+  `tailwatch_turns_total`, `tailwatch_successful_turns_total`,
+  `tailwatch_prompt_tokens_total`, `tailwatch_output_tokens_total`,
+  `tailwatch_audio_seconds_total`;
+- `tailwatch_request_gpu_seconds_total{GPU_TIME_LABELS}`: GPU time the requests used,
+  with the `pool` and `gpu_sku` that cost panels join on (the SKU of a pool is learnt
+  from its GPU samples: `sli_minute` has no SKU);
+- `tailwatch_request_latency_seconds{LATENCY_LABELS, field, quantile}` (gauges):
+  queue, first-output and e2e p50/p95/p99 of the newest closed minute, merged across
+  tenants and pools from the mergeable histograms (exact roll-up, not an average of
+  percentiles);
+- GPU fleet, labels `zone, pool, gpu_sku`: `tailwatch_gpu_seconds_total` (every GPU
+  present in a minute is 60 GPU-seconds: the fleet time that is paid for, idle included),
+  `tailwatch_gpu_xid_errors_total`, `tailwatch_gpu_ecc_errors_total`, and gauges of the
+  newest closed minute: `tailwatch_gpus`, `tailwatch_gpu_utilization_ratio` (mean),
+  `tailwatch_gpu_memory_used_bytes` / `_total_bytes` (sums), `tailwatch_gpu_power_watts`
+  (sum), `tailwatch_gpu_temperature_celsius` (max), `tailwatch_gpu_kv_cache_usage_ratio`
+  (max), `tailwatch_queue_oldest_age_seconds` (max), `tailwatch_queue_depth_requests`
+  (sum), `tailwatch_gpu_replicas{state}` (warm, loading, cold, draining; zeros included);
+- `tailwatch_gpu_price_usd_per_gpu_hour{gpu_sku}` from `slo/prices.py`, so that cost is
+  PromQL: GPU-seconds × price, joined `on (gpu_sku)`.
+
+Cardinality. Every label is from a closed set or bounded by the fleet's inventory
+(models, versions, zones, pools, SKUs), except `tenant`, which grows with the customer
+base. The first `max_tenants` distinct tenants (in log order, default 50) keep their
+name; later ones are counted under `tenant="other"`. Assignment is sticky for the
+process's life (a counter never moves between series) and starts afresh on restart,
+as every counter here does: they accumulate closed buckets since start, which
+Prometheus' rate() and increase() treat as a counter reset. Gauges of a label set that
+has had no closed minute for `stale_minutes` of event time are dropped, so a retired
+model version does not linger with its last latency.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import duckdb
+import polars as pl
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from slo import histogram
+from slo.prices import GpuPrices
+
+TRAFFIC_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment")
+GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku")
+LATENCY_LABELS = ("model", "model_version", "zone", "workload", "traffic_class", "deployment")
+POOL_LABELS = ("zone", "pool", "gpu_sku")
+
+# outcome label → sli_minute column
+OUTCOME_COLUMNS = {"ok": "ok", "error": "errors", "timeout": "timeouts", "shed": "shed", "cancelled": "cancelled"}
+# metric (without _total) → sli_minute column, summed over TRAFFIC_LABELS
+TRAFFIC_COUNTERS = {
+    "tailwatch_request_retries": ("retries", "Request attempts after the first (attempt > 1)."),
+    "tailwatch_turns": ("turns", "User turns ended (attempts that report task_success)."),
+    "tailwatch_successful_turns": ("successful_turns", "User turns that succeeded end to end (goodput)."),
+    "tailwatch_prompt_tokens": ("prompt_tokens", "Prompt tokens of every attempt."),
+    "tailwatch_output_tokens": ("output_tokens", "Output tokens of successful attempts."),
+    "tailwatch_audio_seconds": ("audio_seconds", "Seconds of audio processed or produced."),
+}
+LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist"}
+QUANTILES = {"0.5": 0.5, "0.95": 0.95, "0.99": 0.99}
+REPLICA_STATES = ("warm", "loading", "cold", "draining")
+GPU_SECONDS_PER_GPU_MINUTE = 60.0
+OTHER_TENANT = "other"
+
+
+@dataclass(frozen=True)
+class FleetMetricsConfig:
+    max_tenants: int = 50
+    stale_minutes: int = 5
+    prices: GpuPrices = field(default_factory=GpuPrices)
+
+
+@dataclass
+class _Gauge:
+    value: float
+    minute: int  # event-time epoch minute of the bucket it came from
+
+
+class FleetCollector:
+    """Holds counters and newest-minute gauges; the worker thread writes, the HTTP thread
+    reads, under one lock (a snapshot per scrape is cheap at these cardinalities)."""
+
+    def __init__(self, config: FleetMetricsConfig):
+        self.config = config
+        self.lock = threading.Lock()
+        self.requests: dict[tuple, dict[str, float]] = {}  # TRAFFIC labels → outcome → count
+        self.traffic: dict[str, dict[tuple, float]] = {name: {} for name in TRAFFIC_COUNTERS}
+        self.request_gpu_seconds: dict[tuple, float] = {}
+        self.gpu_seconds: dict[tuple, float] = {}
+        self.xid_errors: dict[tuple, float] = {}
+        self.ecc_errors: dict[tuple, float] = {}
+        self.latency: dict[tuple, _Gauge] = {}  # (*LATENCY labels, field, quantile)
+        self.pool_gauges: dict[str, dict[tuple, _Gauge]] = {}  # metric → (*POOL labels[, state]) → gauge
+        self.skus: set[str] = set()
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        with self.lock:
+            yield from self._families()
+
+    def _families(self):
+        req = CounterMetricFamily("tailwatch_requests", "Request attempts in closed minutes, by outcome.",
+                                  labels=[*TRAFFIC_LABELS, "outcome"])
+        for key, outcomes in self.requests.items():
+            for outcome, n in outcomes.items():
+                req.add_metric([*key, outcome], n)
+        yield req
+        for name, (_column, doc) in TRAFFIC_COUNTERS.items():
+            fam = CounterMetricFamily(name, doc, labels=list(TRAFFIC_LABELS))
+            for key, v in self.traffic[name].items():
+                fam.add_metric(list(key), v)
+            yield fam
+        fam = CounterMetricFamily("tailwatch_request_gpu_seconds", "GPU-seconds used by requests.",
+                                  labels=list(GPU_TIME_LABELS))
+        for key, v in self.request_gpu_seconds.items():
+            fam.add_metric(list(key), v)
+        yield fam
+        for name, store, doc in (
+            ("tailwatch_gpu_seconds", self.gpu_seconds, "Fleet GPU-seconds (60 per GPU per minute present, idle included)."),
+            ("tailwatch_gpu_xid_errors", self.xid_errors, "NVIDIA XID errors reported."),
+            ("tailwatch_gpu_ecc_errors", self.ecc_errors, "Uncorrected ECC errors reported."),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=list(POOL_LABELS))
+            for key, v in store.items():
+                fam.add_metric(list(key), v)
+            yield fam
+        lat = GaugeMetricFamily("tailwatch_request_latency_seconds",
+                                "Latency quantile of the newest closed minute (queue, first_output, e2e).",
+                                labels=[*LATENCY_LABELS, "field", "quantile"])
+        for key, g in self.latency.items():
+            lat.add_metric(list(key), g.value)
+        yield lat
+        for name, (doc, extra) in POOL_GAUGES.items():
+            fam = GaugeMetricFamily(name, doc, labels=[*POOL_LABELS, *extra])
+            for key, g in self.pool_gauges.get(name, {}).items():
+                fam.add_metric(list(key), g.value)
+            yield fam
+        price = GaugeMetricFamily("tailwatch_gpu_price_usd_per_gpu_hour", "GPU price per SKU (slo/prices.py).",
+                                  labels=["gpu_sku"])
+        p = self.config.prices
+        for sku in sorted(set(p.usd_per_gpu_hour) | self.skus):
+            price.add_metric([sku], p.usd_per_gpu_second(sku) * 3600)
+        yield price
+
+
+# metric → (help, extra labels beyond POOL_LABELS)
+POOL_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tailwatch_gpus": ("GPUs reporting in the newest closed minute.", ()),
+    "tailwatch_gpu_utilization_ratio": ("Mean GPU utilisation (0-1).", ()),
+    "tailwatch_gpu_memory_used_bytes": ("GPU memory used (sum of per-GPU maxima).", ()),
+    "tailwatch_gpu_memory_total_bytes": ("GPU memory installed.", ()),
+    "tailwatch_gpu_power_watts": ("GPU power draw (sum of per-GPU means).", ()),
+    "tailwatch_gpu_temperature_celsius": ("Hottest GPU.", ()),
+    "tailwatch_gpu_kv_cache_usage_ratio": ("Highest KV-cache usage of a replica (0-1).", ()),
+    "tailwatch_queue_oldest_age_seconds": ("Age of the oldest queued request of any replica.", ()),
+    "tailwatch_queue_depth_requests": ("Queued requests (sum of per-replica maxima).", ()),
+    "tailwatch_gpu_replicas": ("Replicas (one per GPU) by state.", ("state",)),
+}
+
+
+class FleetMetrics:
+    """The stage: closed buckets → FleetCollector. Writes no store rows."""
+
+    name = "fleet_metrics"
+
+    def __init__(self, config: FleetMetricsConfig | None = None):
+        self.config = config or FleetMetricsConfig()
+        self.collector = FleetCollector(self.config)
+        self.tenants: set[str] = set()
+        self.sku_of_pool: dict[str, str] = {}
+        self.newest_minute: int | None = None
+
+    # ---- Stage protocol ---------------------------------------------------------------
+    def collectors(self) -> list[Collector]:
+        return [self.collector]
+
+    def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Counters start from zero; only the SKU of each pool is worth knowing at once."""
+        try:
+            rows = con.execute("SELECT pool, any_value(gpu_sku) FROM gpu_minute "
+                               "WHERE window_start >= (SELECT max(window_start) FROM gpu_minute) - INTERVAL 1 DAY "
+                               "GROUP BY pool").fetchall()
+        except duckdb.CatalogException:  # a new store: no gpu_minute yet
+            return
+        self.sku_of_pool.update({pool or "": sku for pool, sku in rows if sku})
+        self.collector.skus.update(self.sku_of_pool.values())
+
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        # GPU rows first: they teach the pool → SKU map the request GPU-seconds need.
+        with self.collector.lock:
+            if gpu.height:
+                self._gpu(gpu)
+            if requests.height:
+                self._requests(requests)
+            self._drop_stale()
+        return {}
+
+    def committed(self) -> None:
+        pass
+
+    def deliver(self, wait_s: float = 0.0) -> None:
+        pass
+
+    # ---- requests ---------------------------------------------------------------------
+    def _cap_tenants(self, requests: pl.DataFrame) -> pl.DataFrame:
+        # Biggest tenants of the batch first, so a full cap keeps the busy ones by name.
+        by_volume = requests.group_by("tenant").agg(pl.col("requests").sum()).sort(["requests", "tenant"], descending=[True, False])
+        mapping = {}
+        for tenant in by_volume["tenant"]:
+            if tenant not in self.tenants and len(self.tenants) < self.config.max_tenants:
+                self.tenants.add(tenant)
+            mapping[tenant] = tenant if tenant in self.tenants else OTHER_TENANT
+        return requests.with_columns(pl.col("tenant").replace_strict(mapping))
+
+    def _requests(self, rows: pl.DataFrame) -> None:
+        c = self.collector
+        rows = rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in (*TRAFFIC_LABELS, "pool")])
+        rows = self._cap_tenants(rows)
+        sums = [*OUTCOME_COLUMNS.values(), *(col for col, _ in TRAFFIC_COUNTERS.values())]
+        traffic = rows.group_by(TRAFFIC_LABELS).agg([pl.col(s).fill_null(0).sum() for s in sums])
+        for r in traffic.iter_rows(named=True):
+            key = tuple(r[k] for k in TRAFFIC_LABELS)
+            outcomes = c.requests.setdefault(key, {o: 0.0 for o in OUTCOME_COLUMNS})
+            for outcome, column in OUTCOME_COLUMNS.items():
+                outcomes[outcome] += r[column]
+            for name, (column, _doc) in TRAFFIC_COUNTERS.items():
+                c.traffic[name][key] = c.traffic[name].get(key, 0.0) + r[column]
+        gpu_time = rows.with_columns(
+            pl.col("pool").replace_strict(self.sku_of_pool, default="", return_dtype=pl.String).alias("gpu_sku")
+        ).group_by(GPU_TIME_LABELS).agg(pl.col("gpu_seconds").fill_null(0).sum())
+        for r in gpu_time.iter_rows(named=True):
+            key = tuple(r[k] for k in GPU_TIME_LABELS)
+            c.request_gpu_seconds[key] = c.request_gpu_seconds.get(key, 0.0) + r["gpu_seconds"]
+        self._latency(rows)
+
+    def _latency(self, rows: pl.DataFrame) -> None:
+        """Quantiles of each label set's newest closed minute, from merged histograms."""
+        minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+        rows = rows.with_columns(minute)
+        newest = rows.filter(pl.col("_minute") == pl.col("_minute").max().over(LATENCY_LABELS))
+        if newest.height:
+            self._advance(int(newest["_minute"].max()))
+        # Explode an integer group id, not six string labels per bin (half the CPU at 20,000 slices).
+        groups = newest.select(*LATENCY_LABELS, "_minute").unique().with_row_index("_group")
+        newest = newest.join(groups, on=[*LATENCY_LABELS, "_minute"])
+        for field_name, column in LATENCY_FIELDS.items():
+            long = newest.select("_group", column).explode(column).drop_nulls(column).unnest(column)
+            if long.height == 0:
+                continue
+            merged = long.group_by("_group", "bin").agg(pl.col("n").sum())
+            qs = histogram.quantiles_frame(merged, ["_group"], QUANTILES).join(groups, on="_group")
+            for r in qs.iter_rows(named=True):
+                labels = tuple(r[k] for k in LATENCY_LABELS)
+                for q in QUANTILES:
+                    if r[q] is not None:
+                        self.collector.latency[(*labels, field_name, q)] = _Gauge(r[q] / 1000.0, r["_minute"])
+
+    # ---- GPUs -------------------------------------------------------------------------
+    def _gpu(self, rows: pl.DataFrame) -> None:
+        c = self.collector
+        rows = rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in POOL_LABELS])
+        rows = rows.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
+        for pool, sku in rows.select("pool", "gpu_sku").unique().iter_rows():
+            if sku:
+                self.sku_of_pool[pool] = sku
+                c.skus.add(sku)
+        totals = rows.group_by(POOL_LABELS).agg(
+            (pl.len() * GPU_SECONDS_PER_GPU_MINUTE).alias("gpu_seconds"),
+            pl.col("xid_errors").fill_null(0).sum(), pl.col("ecc_errors").fill_null(0).sum())
+        for r in totals.iter_rows(named=True):
+            key = tuple(r[k] for k in POOL_LABELS)
+            c.gpu_seconds[key] = c.gpu_seconds.get(key, 0.0) + r["gpu_seconds"]
+            c.xid_errors[key] = c.xid_errors.get(key, 0.0) + r["xid_errors"]
+            c.ecc_errors[key] = c.ecc_errors.get(key, 0.0) + r["ecc_errors"]
+        newest = rows.filter(pl.col("_minute") == pl.col("_minute").max().over(POOL_LABELS))
+        self._advance(int(newest["_minute"].max()))
+        pools = newest.group_by([*POOL_LABELS, "_minute"]).agg(
+            pl.len().alias("tailwatch_gpus"),
+            (pl.col("util_pct_mean").mean() / 100).alias("tailwatch_gpu_utilization_ratio"),
+            pl.col("mem_used_bytes_max").sum().alias("tailwatch_gpu_memory_used_bytes"),
+            pl.col("mem_total_bytes").sum().alias("tailwatch_gpu_memory_total_bytes"),
+            pl.col("power_w_mean").sum().alias("tailwatch_gpu_power_watts"),
+            pl.col("temp_c_max").max().alias("tailwatch_gpu_temperature_celsius"),
+            pl.col("kv_cache_usage_max").max().alias("tailwatch_gpu_kv_cache_usage_ratio"),
+            (pl.col("oldest_queue_age_ms_max").max() / 1000).alias("tailwatch_queue_oldest_age_seconds"),
+            pl.col("queue_depth_max").sum().alias("tailwatch_queue_depth_requests"),
+            *[(pl.col("replica_state") == s).sum().alias(f"_state_{s}") for s in REPLICA_STATES],
+        )
+        for r in pools.iter_rows(named=True):
+            key, minute = tuple(r[k] for k in POOL_LABELS), r["_minute"]
+            for name, (_doc, extra) in POOL_GAUGES.items():
+                gauges = c.pool_gauges.setdefault(name, {})
+                if extra:
+                    for s in REPLICA_STATES:
+                        gauges[(*key, s)] = _Gauge(float(r[f"_state_{s}"]), minute)
+                elif r[name] is not None:  # e.g. no KV cache outside LLM pools: no series, not a zero
+                    gauges[key] = _Gauge(float(r[name]), minute)
+
+    # ---- staleness --------------------------------------------------------------------
+    def _advance(self, minute: int) -> None:
+        if self.newest_minute is None or minute > self.newest_minute:
+            self.newest_minute = minute
+
+    def _drop_stale(self) -> None:
+        if self.newest_minute is None:
+            return
+        oldest = self.newest_minute - self.config.stale_minutes
+        c = self.collector
+        c.latency = {k: g for k, g in c.latency.items() if g.minute >= oldest}
+        c.pool_gauges = {name: {k: g for k, g in gauges.items() if g.minute >= oldest}
+                         for name, gauges in c.pool_gauges.items()}

@@ -1,0 +1,292 @@
+"""The generated dashboards against a real Prometheus scraping a live worker.
+
+A real `prometheus` (Debian package) scrapes the worker's `/metrics` every second while
+the simulator feeds the mixed-fleet scenario through the embedded broker, paced so that
+minutes close over wall-clock time, with malformed records and an unknown field from a
+misbehaving producer. Once an SLO page and ticket fire (the zone-b LLM error spike), every
+query of every panel and annotation of every generated dashboard goes through
+Prometheus's HTTP API, while traffic still flows: range queries for time-series panels
+(what Grafana runs for them), instant queries for stat and table panels. Each must
+succeed and return at least one series with a finite value. A page's dashboard link is
+then followed: its `var-…` presets, put into the SLO-detail dashboard's queries, must
+give data too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from itertools import groupby
+from pathlib import Path
+
+import pytest
+
+from alerts.alertmanager import AlertLinks, to_alertmanager
+from dashboards.common import UID_SLO
+from dashboards.generate import build_all, problems, queries, write
+from ingest.producer import EventPublisher
+from ingest.simulator import FleetSimulator
+from slo.engine import AlertChange
+from slo.spec import DEFAULT_SLOS, load_slos
+from streams.fleet_metrics import FleetMetrics
+from streams.worker import Worker, WorkerSettings
+from tailwatch.demo import BAD_RECORDS
+from tailwatch.kafka import KafkaSettings, ensure_topics, send
+from tests.conftest import free_port, need
+
+PROMETHEUS = shutil.which("prometheus")
+SCRAPE_S = 1
+RATE_WINDOW = "10s"  # what $__rate_interval is for a 1 s scrape and short ranges: ≥ 4 scrapes
+SECONDS_PER_MINUTE = 0.35  # wall-clock pacing of one simulated minute
+MINUTES = 75
+
+
+def start_prometheus(tmp_path, target_port: int) -> tuple[subprocess.Popen, str]:
+    need(PROMETHEUS is not None, "prometheus (Debian package)")
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(f"""
+global:
+  scrape_interval: {SCRAPE_S}s
+  evaluation_interval: {SCRAPE_S}s
+scrape_configs:
+  - job_name: tailwatch
+    static_configs:
+      - targets: ['127.0.0.1:{target_port}']
+""")
+    with open(tmp_path / "prometheus.log", "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/-/ready", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"Prometheus did not become ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+
+
+def api(url: str, path: str, **params) -> dict:
+    query = urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/{path}?{query}", timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # a bad query answers 400 with the error in the body
+        return json.loads(exc.read())
+
+
+def concrete(expr: str, variables: dict[str, str], range_s: int) -> str:
+    """Substitute what Grafana would: template variables, $__rate_interval, $__range."""
+    expr = expr.replace("$__rate_interval", RATE_WINDOW).replace("$__range", f"{range_s}s")
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), ".*"), expr)
+
+
+def has_finite_value(result: list[dict]) -> bool:
+    for series in result:
+        values = series.get("values") or [series.get("value")]
+        if any(v and math.isfinite(float(v[1])) for v in values):
+            return True
+    return False
+
+
+class Feed:
+    """Publishes the simulator minute by minute, paced, in a thread (the live fleet)."""
+
+    def __init__(self, kafka: KafkaSettings):
+        self.kafka = kafka
+        self.minutes_sent = 0
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        pub = EventPublisher(self.kafka)
+        requests = self.kafka.topic("requests")
+        for raw in BAD_RECORDS:  # a misbehaving producer: dead letters by reason
+            send(pub.producer, requests, raw, b"bad")
+        sim = FleetSimulator("mixed-fleet", minutes=MINUTES, seed=11, rate_scale=0.3)
+        first = True
+        for _minute, events in groupby(sim.events(), key=lambda e: e.ts // 60_000):
+            if self.stop.is_set():
+                break
+            started = time.monotonic()
+            batch = list(events)
+            if first:  # a field outside the schema, dropped at ingest and counted
+                raw = json.loads(json.dumps({f: getattr(batch[0], f) for f in batch[0].__struct_fields__
+                                             if getattr(batch[0], f) is not None}))
+                raw["prompt"] = "never stored"
+                send(pub.producer, self.kafka.topic("requests" if raw["schema"] == "request.v1" else "gpu"),
+                     json.dumps(raw).encode(), b"x")
+                first = False
+            pub.publish_events(batch)
+            pub.producer.flush(10)
+            self.minutes_sent += 1
+            time.sleep(max(0.0, SECONDS_PER_MINUTE - (time.monotonic() - started)))
+        pub.close()
+        self.done.set()
+
+
+@pytest.fixture(scope="module")
+def live(broker, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboards")
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    # One partition: the simulator's six tenants all hash to partition 0 of 2 (CRC32), and an
+    # empty partition holds every minute open while the worker runs live (no idle close).
+    ensure_topics(kafka, partitions=1)
+    http_port = free_port()
+    specs = load_slos(DEFAULT_SLOS)
+    worker = Worker(WorkerSettings(
+        kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,
+        allowed_lateness_s=60.0, checkpoint_interval_s=0.5, slos=specs, stages=[FleetMetrics()],
+    ))
+    worker_thread = threading.Thread(target=worker.run, daemon=True)
+    worker_thread.start()
+    prom, url = start_prometheus(tmp, http_port)
+    feed = Feed(kafka)
+    started = time.time()
+    try:
+        feed.thread.start()
+        yield {"url": url, "worker": worker, "feed": feed, "started": started, "specs": specs, "tmp": tmp}
+    finally:
+        feed.stop.set()
+        feed.thread.join(10)
+        worker.stop()
+        worker_thread.join(30)
+        prom.kill()
+        prom.wait(10)
+
+
+def wait_for_alerts(url: str, feed: Feed, timeout_s: float = 60.0) -> None:
+    """Until both a page and a ticket fire (the zone-b LLM error spike, minutes 30-42)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        severities = {r["metric"].get("severity") for r in
+                      api(url, "query", query="tailwatch_alerts_firing > 0").get("data", {}).get("result", [])}
+        if {"page", "ticket"} <= severities:
+            return
+        assert not feed.done.is_set(), "the simulated incident never paged"
+        time.sleep(0.5)
+    pytest.fail(f"no page and ticket within {timeout_s:.0f} s ({feed.minutes_sent} minutes sent)")
+
+
+def run_queries(url: str, dashboards: list[dict], started: float, variables: dict[str, str]) -> tuple[int, list[str]]:
+    now = time.time()
+    range_s = max(60, int(now - started) + 5)
+    failures, checked = [], 0
+    for d in dashboards:
+        for where, expr, instant in queries(d):
+            promql = concrete(expr, variables, range_s)
+            if instant:
+                answer = api(url, "query", query=promql, time=f"{now:.3f}")
+            else:
+                answer = api(url, "query_range", query=promql, start=f"{now - range_s:.3f}", end=f"{now:.3f}", step="2")
+            checked += 1
+            if answer.get("status") != "success":
+                failures.append(f"{where}: {answer.get('error')}\n    {promql}")
+            elif not has_finite_value(answer["data"]["result"]):
+                failures.append(f"{where}: no data\n    {promql}")
+    return checked, failures
+
+
+def test_every_panel_query_returns_data_from_a_real_prometheus(live):
+    url, feed = live["url"], live["feed"]
+    wait_for_alerts(url, feed)
+    time.sleep(3 * SCRAPE_S)  # a few scrapes after the alerts, so rates over them have two samples
+    dashboards = build_all(live["specs"])
+    checked, failures = run_queries(url, dashboards, live["started"], {})
+    assert not failures, f"{len(failures)} of {checked} queries failed:\n" + "\n".join(failures)
+    panel_count = sum(1 for d in dashboards for _ in d["panels"])
+    print(f"\n{len(dashboards)} dashboards, {panel_count} panels, {checked} queries answered with data by Prometheus")
+    assert checked >= 80
+
+
+def test_page_link_presets_the_slo_dashboard_with_data(live):
+    """A page's dashboard_url opens the SLO-detail dashboard on its SLO and slice."""
+    url = live["url"]
+    wait_for_alerts(url, live["feed"])
+    firing = api(url, "query", query='tailwatch_alerts_firing{severity="page"} > 0')["data"]["result"]
+    labels = firing[0]["metric"]
+    spec = next(s for s in live["specs"] if s.name == labels["slo"])
+    slice_labels = {k: labels[k] for k in spec.slice_by}
+    change = AlertChange("firing", "fp", "SLOBurnPage", "page", spec.name, slice_labels, 0, 0,
+                         spec.alert_windows[0], 20.0, 30.0, 0.5)
+    link = urllib.parse.urlsplit(to_alertmanager(change, spec.runbook, AlertLinks())["annotations"]["dashboard_url"])
+    assert link.path.endswith(f"/d/{UID_SLO}")
+    preset = {k.removeprefix("var-"): v for k, v in urllib.parse.parse_qsl(link.query)}
+    slo_dashboard = next(d for d in build_all(live["specs"]) if d["uid"] == UID_SLO)
+    names = {v["name"] for v in slo_dashboard["templating"]["list"]}
+    assert set(preset) <= names, f"link sets {set(preset) - names}, which the SLO dashboard lacks"
+    assert preset["slo"] == spec.name and all(preset[k] == v for k, v in slice_labels.items())
+    checked, failures = run_queries(url, [slo_dashboard], live["started"], preset)
+    assert not failures, "\n".join(failures)
+    assert checked >= 10
+
+
+def test_dashboard_json_structure(tmp_path):
+    specs = load_slos(DEFAULT_SLOS)
+    paths = write(specs, tmp_path)
+    assert len(paths) == 7
+    uids = set()
+    for path in paths:
+        d = json.loads(path.read_text())
+        assert problems(d) == [], path.name
+        uids.add(d["uid"])
+        assert d["schemaVersion"] >= 36 and d["title"].startswith("tailwatch / ")
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids))
+        for p in d["panels"]:
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert p["fieldConfig"]["defaults"]["unit"], p["title"]
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        if d["uid"] not in (UID_SLO, "tailwatch-pipeline"):
+            assert {"tenant", "model", "zone", "workload"} <= set(variables), d["uid"]
+            assert variables["tenant"]["allValue"] == ".*" and "label_values(" in variables["tenant"]["query"]
+    assert len(uids) == 7
+    # Regenerating gives byte-identical files: stable uids and ids, so re-imports replace.
+    again = write(specs, tmp_path / "again")
+    assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]
+
+
+def test_burn_rate_panels_draw_the_alert_thresholds():
+    specs = load_slos(DEFAULT_SLOS)
+    slo_dashboard = next(d for d in build_all(specs) if d["uid"] == UID_SLO)
+    drawn = {}
+    for p in slo_dashboard["panels"]:
+        if p["title"].startswith("Burn rate, "):
+            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
+            drawn[p["title"].split(",")[1].split(":")[0].strip()] = [s["value"] for s in steps[1:]]
+    assert drawn == {"page-fast": [14.4], "page-slow": [6.0], "ticket-fast": [3.0], "ticket-slow": [1.0]}
+    variables = {v["name"] for v in slo_dashboard["templating"]["list"]}
+    assert {"slo", "zone", "model_version"} <= variables
+    assert AlertLinks().dashboard_base_url.endswith(f"/d/{UID_SLO}")
+
+
+def test_cli_generates_and_the_shipped_json_is_current(tmp_path, capsys):
+    from tailwatch.cli import main
+
+    assert main(["dashboards", "generate", "--slos", "default", "--out", str(tmp_path)]) == 0
+    assert "wrote 7 dashboards for 7 SLOs" in capsys.readouterr().out
+    shipped = Path(__file__).resolve().parents[1] / "dashboards" / "json"
+    for path in sorted(tmp_path.glob("*.json")):
+        assert (shipped / path.name).read_text() == path.read_text(), \
+            f"dashboards/json/{path.name} is stale: run `tailwatch dashboards generate --slos default --out dashboards/json`"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("slos: [{name: x}]\n")
+    assert main(["dashboards", "generate", "--slos", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "--slos" in capsys.readouterr().err

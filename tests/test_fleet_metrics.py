@@ -1,0 +1,209 @@
+"""The fleet-metrics stage on its own: closed buckets in, Prometheus series out.
+
+Buckets are made offline by the worker's own decode → frame → window path (no broker),
+from the simulator, so the counters can be checked against the simulator's totals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import msgspec
+import polars as pl
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ingest.schema import GpuV1, RequestV1
+from ingest.simulator import FleetSimulator
+from ingest.validate import BatchDecoder
+from slo.prices import GpuPrices
+from slo.spec import DEFAULT_SLOS, load_slos
+from streams.aggregates import GPU, REQUESTS
+from streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMetricsConfig
+from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from streams.metrics import WorkerMetrics
+from streams.slo_stage import SloStage
+from streams.windows import MinuteWindows
+
+
+def closed_buckets(events) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """sli_minute and gpu_minute rows of every minute, as the worker would close them."""
+    enc = msgspec.json.Encoder()
+    out = []
+    for event_type, columns, spec in ((RequestV1, REQUEST_COLUMNS, REQUESTS), (GpuV1, GPU_COLUMNS, GPU)):
+        values = [enc.encode(e) for e in events if isinstance(e, event_type)]
+        decoded = BatchDecoder(event_type).decode(values)
+        frame, _bad = records_to_frame(decoded.records, values, columns, [0] * len(values), list(range(len(values))),
+                                       decoded.indices)
+        windows = MinuteWindows(spec, 0)
+        windows.add(frame)
+        rows, _minutes = windows.close(None)
+        out.append(rows)
+    return out[0], out[1]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    sim = FleetSimulator("mixed-fleet", minutes=6, seed=3, rate_scale=0.2)
+    events = list(sim.events())
+    requests, gpu = closed_buckets(events)
+    return sim, requests, gpu
+
+
+def scrape(*collectors) -> dict[str, list]:
+    registry = CollectorRegistry()
+    for c in collectors:
+        registry.register(c)
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def total(families, name: str, **labels) -> float:
+    fam = families[name]
+    return sum(s.value for s in fam.samples if s.name.endswith(name.split("tailwatch_")[-1] + "_total") or s.name == name
+               if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_counters_match_the_simulator(fleet):
+    sim, requests, gpu = fleet
+    stage = FleetMetrics()
+    # Fed minute by minute, GPU rows of a minute with its requests, as checkpoints do.
+    for (minute,), part in requests.partition_by("window_start", as_dict=True, maintain_order=True).items():
+        stage.on_closed(part, gpu.filter(pl.col("window_start") == minute))
+    stage.on_closed(pl.DataFrame(), pl.DataFrame())  # an empty checkpoint has no columns
+    fams = scrape(stage.collector)
+    req = fams["tailwatch_requests"]
+    assert sum(s.value for s in req.samples if s.name == "tailwatch_requests_total") == sim.totals.requests
+    for status, n in sim.totals.by_status.items():
+        got = sum(s.value for s in req.samples if s.name == "tailwatch_requests_total" and s.labels["outcome"] == status)
+        assert got == n, status
+    for name, want in (("tailwatch_turns", sim.totals.turns), ("tailwatch_successful_turns", sim.totals.successful_turns),
+                       ("tailwatch_output_tokens", sim.totals.output_tokens), ("tailwatch_request_retries", sim.totals.retries)):
+        assert sum(s.value for s in fams[name].samples if s.name.endswith("_total")) == want, name
+    # Request GPU-seconds carry the SKU learnt from the pool's GPU samples.
+    skus = {s.labels["pool"]: s.labels["gpu_sku"] for s in fams["tailwatch_request_gpu_seconds"].samples}
+    assert skus and all(sku in ("L4", "H100") for sku in skus.values())
+    assert skus["llm-us-east-1a-realtime"] == "H100"
+    # 84 GPUs present for 6 minutes: 60 GPU-seconds each per minute.
+    fleet_s = sum(s.value for s in fams["tailwatch_gpu_seconds"].samples if s.name.endswith("_total"))
+    assert fleet_s == 84 * 6 * 60
+    assert sum(s.value for s in fams["tailwatch_gpus"].samples) == 84
+    assert {s.labels["state"] for s in fams["tailwatch_gpu_replicas"].samples} == {"warm", "loading", "cold", "draining"}
+    util = [s.value for s in fams["tailwatch_gpu_utilization_ratio"].samples]
+    assert util and all(0 <= u <= 1 for u in util)
+    # Latency in seconds, quantiles ordered.
+    lat = {(tuple(sorted((k, v) for k, v in s.labels.items() if k != "quantile")), s.labels["quantile"]): s.value
+           for s in fams["tailwatch_request_latency_seconds"].samples}
+    assert lat
+    for (key, q), v in lat.items():
+        if q == "0.5":
+            assert v <= lat[(key, "0.95")] <= lat[(key, "0.99")]
+        assert 0 < v < 60
+    price = {s.labels["gpu_sku"]: s.value for s in fams["tailwatch_gpu_price_usd_per_gpu_hour"].samples}
+    assert price["H100"] == 4.0 and price["L4"] == 0.8
+
+
+def test_counters_only_increase_and_stale_gauges_go(fleet):
+    _sim, requests, gpu = fleet
+    stage = FleetMetrics(FleetMetricsConfig(stale_minutes=2))
+    minutes = sorted(requests["window_start"].unique())
+    last = None
+    for m in minutes:
+        stage.on_closed(requests.filter(pl.col("window_start") == m), gpu.filter(pl.col("window_start") == m))
+        fams = scrape(stage.collector)
+        now = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fams["tailwatch_requests"].samples}
+        if last:
+            assert all(now.get(k, 0) >= v for k, v in last.items())
+        last = now
+    # A model version absent from the newest minutes has no latency series left.
+    only_early = requests.filter(pl.col("window_start") == minutes[0]).with_columns(pl.lit("v-retired").alias("model_version"))
+    stage2 = FleetMetrics(FleetMetricsConfig(stale_minutes=2))
+    stage2.on_closed(only_early, gpu.head(0))
+    assert any(s.labels["model_version"] == "v-retired" for s in scrape(stage2.collector)["tailwatch_request_latency_seconds"].samples)
+    stage2.on_closed(requests.filter(pl.col("window_start") == minutes[-1]), gpu.head(0))
+    assert not any(s.labels["model_version"] == "v-retired"
+                   for s in scrape(stage2.collector)["tailwatch_request_latency_seconds"].samples)
+
+
+def test_tenants_are_capped_into_other(fleet):
+    _sim, requests, gpu = fleet
+    stage = FleetMetrics(FleetMetricsConfig(max_tenants=2))
+    stage.on_closed(requests, gpu)
+    tenants = {s.labels["tenant"] for s in scrape(stage.collector)["tailwatch_requests"].samples}
+    assert tenants == {"acme", "globex", OTHER_TENANT}  # the two busiest by name, the rest pooled
+    total_requests = sum(s.value for s in scrape(stage.collector)["tailwatch_requests"].samples
+                         if s.name == "tailwatch_requests_total")
+    assert total_requests == requests["requests"].sum()
+
+
+def test_price_file_sets_the_price_gauge(fleet):
+    stage = FleetMetrics(FleetMetricsConfig(prices=GpuPrices({"H100": 3.25}, 1.5)))
+    price = {s.labels["gpu_sku"]: s.value for s in scrape(stage.collector)["tailwatch_gpu_price_usd_per_gpu_hour"].samples}
+    assert price == {"H100": 3.25}
+
+
+BASE_UNITS_FORBIDDEN = re.compile(r"_(ms|milliseconds|percent|pct|kb|mb|gb|minutes|hours|kilobytes|megabytes)(_|$)")
+# A count of open 1-minute buckets (how many, not how long): the suffix names the bucket, not a unit.
+UNIT_EXCEPTIONS = {"tailwatch_open_buckets_minutes"}
+
+
+def test_exported_metric_names_follow_prometheus_conventions(fleet):
+    """Every metric the worker exports: tailwatch_ prefix, counters end in _total and
+    nothing else does, base units (seconds, bytes, ratios 0-1), snake case."""
+    _sim, requests, gpu = fleet
+    stage = FleetMetrics()
+    stage.on_closed(requests, gpu)
+    slo = SloStage(load_slos(DEFAULT_SLOS), None)
+    slo.evaluate(requests)
+    metrics = WorkerMetrics()
+    metrics.registry.register(slo.collector)
+    metrics.registry.register(stage.collector)
+    # Touch every labelled pipeline metric so that it has a sample.
+    metrics.events.labels("t", "accepted").inc()
+    metrics.dead_letters.labels("t", "late").inc()
+    metrics.late_events.labels("t").inc()
+    metrics.unknown_fields_dropped.labels("t").inc()
+    metrics.buckets_closed.labels("t").inc()
+    metrics.bucket_close_delay.labels("t").observe(1)
+    metrics.consumer_lag.labels("t", "0").set(1)
+    metrics.watermark.labels("t").set(1)
+    metrics.open_minutes.labels("t").set(1)
+    metrics.dedupe_ids.labels("t").set(1)
+    seen = 0
+    for fam in metrics.registry.collect():
+        assert fam.name.startswith("tailwatch_"), fam.name
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", fam.name), fam.name
+        assert fam.name in UNIT_EXCEPTIONS or not BASE_UNITS_FORBIDDEN.search(fam.name), f"{fam.name}: not a base unit"
+        for s in fam.samples:
+            seen += 1
+            assert re.fullmatch(r"[a-z][a-z0-9_]*", s.name), s.name
+            if fam.type == "counter":
+                assert s.name.endswith(("_total", "_created")), s.name
+            elif fam.type == "gauge":
+                assert not s.name.endswith("_total"), f"{s.name}: a gauge named like a counter"
+            # A ratio is 0-1, except a budget remaining, which goes below zero once overspent.
+            if s.name.endswith("_ratio") and "budget_remaining" not in s.name:
+                assert 0 <= s.value <= 1 or math.isnan(s.value), f"{s.name}={s.value}: a ratio is 0-1"
+            for label in s.labels:
+                assert re.fullmatch(r"[a-z][a-z0-9_]*", label) and not label.startswith("__"), label
+        if fam.type == "histogram":
+            assert fam.name.endswith("_seconds"), f"{fam.name}: histograms here measure time in seconds"
+    assert seen > 100
+
+
+def test_rebuild_learns_pool_skus_from_the_store(fleet):
+    import duckdb
+
+    _sim, requests, gpu = fleet
+    con = duckdb.connect()
+    stage = FleetMetrics()
+    stage.rebuild(con)  # a new store: nothing to learn, no error
+    con.register("g", gpu.to_arrow())
+    con.execute("CREATE TABLE gpu_minute AS SELECT * FROM g")
+    stage.rebuild(con)
+    assert stage.sku_of_pool["llm-us-east-1a-realtime"] == "H100" and stage.sku_of_pool["tts-us-east-1b-realtime"] == "L4"
+    stage.on_closed(requests, gpu.head(0))  # requests before any GPU row of this run: SKUs already known
+    skus = {s.labels["gpu_sku"] for s in scrape(stage.collector)["tailwatch_request_gpu_seconds"].samples}
+    assert skus == {"H100", "L4"}
