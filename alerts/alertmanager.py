@@ -127,3 +127,43 @@ class AlertmanagerOutbox:
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             log.warning("Alertmanager at %s did not take %d alerts: %s", self.url, len(alerts), exc)
             return False
+
+
+# ---- detectors -------------------------------------------------------------------------
+
+# Detectors whose condition is itself user pain now page; the rest explain and open tickets.
+DETECTOR_SEVERITY = {"retry_storm": "page", "queue_age": "page"}
+
+
+def detector_alertname(detector: str) -> str:
+    """retry_storm → DetectorRetryStorm."""
+    return "Detector" + "".join(part.capitalize() for part in detector.split("_"))
+
+
+def detector_runbook(detector: str) -> str:
+    return f"runbooks/detector-{detector.replace('_', '-')}.md"
+
+
+def detection_to_alertmanager(detection, evidence: dict[str, float], links: AlertLinks) -> dict:
+    """One detection (detectors.core.Detection) in Alertmanager's v2 format: labelled by the
+    detector and the detection's slice labels (pool, zone, model, ...: bounded sets), with
+    the numbers that triggered it in the summary, and runbook and dashboard links."""
+    labels = {k: v for k, v in detection.labels.items() if v}
+    slice_text = ", ".join(f"{k}={v}" for k, v in labels.items()) or "all traffic"
+    numbers = ", ".join(f"{k}={v:g}" for k, v in evidence.items())
+    query = "&".join([f"var-detector={detection.detector}", *(f"var-{k}={v}" for k, v in labels.items())])
+    alert = {
+        "labels": {"alertname": detector_alertname(detection.detector),
+                   "severity": DETECTOR_SEVERITY.get(detection.detector, "ticket"),
+                   "detector": detection.detector, **labels},
+        "annotations": {
+            "summary": f"{detection.detector.replace('_', ' ')} on {slice_text}: {numbers}",
+            "runbook_url": links.runbook_base_url + detector_runbook(detection.detector),
+            "dashboard_url": f"{links.dashboard_base_url}?{query}",
+        },
+        "startsAt": rfc3339(detection.started_at),
+        "generatorURL": f"{links.dashboard_base_url}?{query}",
+    }
+    if detection.ended_at is not None:
+        alert["endsAt"] = rfc3339(detection.ended_at)
+    return alert

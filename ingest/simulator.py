@@ -68,7 +68,18 @@ class Incident:
     queue_ms: float = 0.0
     retry_attempts: int = 0
     extra_rate_factor: float = 0.0  # extra load, e.g. batch traffic leaking in
-    cost_factor: float = 1.0
+    cost_factor: float = 1.0  # GPU-seconds per request and GPUs in the pool, e.g. a less efficient build
+    # Detector scenarios (neutral defaults: incidents without them emit exactly as before).
+    leak_traffic_class: str = ""  # extra_rate_factor arrives as this traffic class in the matched (realtime) pool
+    util_pct_floor: float = 0.0  # GPUs at least this busy (a job occupying the pool)
+    util_pct_cap: float = 100.0  # GPUs at most this busy (the bottleneck is elsewhere)
+    kv_cache_usage: float = 0.0  # KV-cache usage forced to about this (0: untouched)
+    preemptions_per_sample: float = 0.0  # mean preemptions per GPU sample
+    cold_replicas: int = 0  # this many replicas of the pool loading (not warm) while it lasts
+    prompt_tokens_factor: float = 1.0
+    output_tokens_factor: float = 1.0  # answers shrink while HTTP stays 200
+    labelled: bool = True  # False: background noise, not in the truth
+    related: tuple[str, ...] = ()  # other detector kinds whose firing here is explained, not false
 
     def matches(self, labels: dict[str, str], minute: int) -> bool:
         return self.start_min <= minute < self.end_min and all(labels.get(k) == v for k, v in self.selector.items())
@@ -86,7 +97,136 @@ SCENARIOS: dict[str, list[Incident]] = {
         Incident("batch-in-realtime-pool", "queue_saturation", 95, 110, {"pool": "llm-us-east-1a-realtime"},
                  queue_ms=4000, latency_factor=1.6, extra_rate_factor=0.8, timeout_ratio=0.05),
     ],
+    # From the second day on, every pool spends 38% more GPU time for the same traffic and the
+    # same task success (a less efficient build, scaled out to match): what a cost report must flag.
+    # Run it for 2+ days; `--rate-scale 0.01 --gpu-samples-per-minute 1` keeps that light.
+    "cost-spike": [
+        Incident("fleet-gpu-spend-up-38pct", "cost_regression", 1440, 7 * 1440, {}, cost_factor=1.38),
+    ],
 }
+
+
+def _detector_scenarios() -> dict[str, list[Incident]]:
+    """Scenarios with labelled truth for the detectors (`tailwatch eval detectors`): each
+    incident's kind names the detector that should catch it; `related` names detectors
+    whose firing during it is explained. Incidents start after 75 minutes so that trailing
+    baselines (60 minutes) exist, and each kind happens twice."""
+    # Selectors name the model too, so that a detection by model (anomaly, cost) on the same
+    # fault is recognised as the same incident.
+    asr_c = {"workload": "asr", "model": "whisper-large-v3", "zone": "us-east-1c"}
+    llm_a = {"workload": "llm", "model": "llama-3.1-70b", "zone": "us-east-1a"}
+    return {
+        "retry-storm": [
+            Incident("asr-1c-retry-storm", "retry_storm", 80, 92, asr_c, error_ratio=0.3, retry_attempts=3,
+                     related=("anomaly", "cost_regression")),
+            Incident("llm-1a-retry-storm", "retry_storm", 130, 140, llm_a, error_ratio=0.3, retry_attempts=3,
+                     related=("anomaly", "cost_regression")),
+        ],
+        "queue-saturation": [
+            Incident("tts-1b-queue", "queue_age", 80, 95, {"pool": "tts-us-east-1b-realtime", "model": "voice-tts-2"}, queue_ms=3000,
+                     related=("idle_but_slow", "busy_but_slow", "anomaly")),
+            Incident("asr-1a-queue", "queue_age", 130, 145, {"pool": "asr-us-east-1a-realtime", "model": "whisper-large-v3"}, queue_ms=5000,
+                     related=("idle_but_slow", "busy_but_slow", "anomaly")),
+        ],
+        "busy-but-slow": [
+            Incident("replay-in-llm-1a-realtime", "busy_but_slow", 80, 100, {"pool": "llm-us-east-1a-realtime", "model": "llama-3.1-70b"},
+                     leak_traffic_class="replay", extra_rate_factor=0.8, util_pct_floor=92, queue_ms=2500,
+                     latency_factor=1.3, related=("queue_age", "anomaly", "cost_regression")),
+            Incident("batch-in-asr-1c-realtime", "busy_but_slow", 130, 150, {"pool": "asr-us-east-1c-realtime", "model": "whisper-large-v3"},
+                     leak_traffic_class="batch", extra_rate_factor=1.0, util_pct_floor=90, queue_ms=1800,
+                     related=("queue_age", "anomaly", "cost_regression")),
+        ],
+        "idle-but-slow": [
+            Incident("s2s-1b-cpu-bound", "idle_but_slow", 80, 100, {"pool": "s2s-us-east-1b-realtime", "model": "duplex-s2s-1"},
+                     util_pct_cap=20, latency_factor=3.0, related=("anomaly",)),
+            Incident("tts-1c-dependency", "idle_but_slow", 130, 150, {"pool": "tts-us-east-1c-realtime", "model": "voice-tts-2"},
+                     util_pct_cap=15, latency_factor=2.5, related=("anomaly",)),
+        ],
+        "kv-pressure": [
+            Incident("llm-1b-kv-full", "kv_cache_pressure", 80, 100, {"pool": "llm-us-east-1b-realtime", "model": "llama-3.1-70b"},
+                     kv_cache_usage=0.96, preemptions_per_sample=1.5, latency_factor=1.2, related=("anomaly",)),
+            Incident("llm-1c-batch-kv-full", "kv_cache_pressure", 130, 150, {"pool": "llm-us-east-1c-batch", "model": "llama-3.1-70b"},
+                     kv_cache_usage=0.97, preemptions_per_sample=2.0, related=("anomaly",)),
+        ],
+        "prompt-growth": [
+            Incident("llm-prompt-bundle-3x", "prompt_growth", 80, 100, {"model": "llama-3.1-70b"},
+                     prompt_tokens_factor=3.0, related=("anomaly", "kv_cache_pressure")),
+            Incident("llm-prompt-bundle-3x-again", "prompt_growth", 165, 185, {"model": "llama-3.1-70b"},
+                     prompt_tokens_factor=3.0, related=("anomaly", "kv_cache_pressure")),
+        ],
+        "cold-start": [
+            Incident("asr-1b-cold-replicas", "cold_start", 80, 90, {"pool": "asr-us-east-1b-realtime", "model": "whisper-large-v3"}, cold_replicas=3,
+                     queue_ms=600, related=("queue_age", "busy_but_slow", "idle_but_slow", "anomaly")),
+            Incident("llm-1a-cold-replicas", "cold_start", 130, 138, {"pool": "llm-us-east-1a-realtime", "model": "llama-3.1-70b"}, cold_replicas=4,
+                     queue_ms=600, related=("queue_age", "busy_but_slow", "idle_but_slow", "anomaly")),
+        ],
+        "cost-regression": [
+            Incident("asr-build-60pct-more-gpu", "cost_regression", 80, 120, {"model": "whisper-large-v3"},
+                     cost_factor=1.6, related=("anomaly",)),
+            Incident("s2s-build-60pct-more-gpu", "cost_regression", 150, 190, {"model": "duplex-s2s-1"},
+                     cost_factor=1.6, related=("anomaly",)),
+        ],
+        "silent-degradation": [
+            Incident("llm-canary-answers-collapse", "anomaly", 90, 120,
+                     {"model": "llama-3.1-70b", "model_version": "2024-11"}, output_tokens_factor=0.05),
+            Incident("llm-stable-answers-truncated", "anomaly", 150, 180,
+                     {"model": "llama-3.1-70b", "model_version": "2024-07"}, output_tokens_factor=0.3),
+        ],
+        "quiet-day": [],  # normal diurnal load with noisy tenants (see _noise), nothing to detect
+        # One incident of every kind in four hours, on separate slices: what the test suite runs.
+        "detector-suite": [
+            Incident("suite-retry-storm", "retry_storm", 80, 90, asr_c, error_ratio=0.3, retry_attempts=3,
+                     related=("anomaly", "cost_regression")),
+            Incident("suite-queue", "queue_age", 95, 105, {"pool": "tts-us-east-1b-realtime", "model": "voice-tts-2"}, queue_ms=3000,
+                     related=("idle_but_slow", "anomaly")),
+            Incident("suite-busy", "busy_but_slow", 110, 125, {"pool": "llm-us-east-1a-realtime", "model": "llama-3.1-70b"},
+                     leak_traffic_class="replay", extra_rate_factor=0.8, util_pct_floor=92, queue_ms=2500,
+                     related=("queue_age", "anomaly", "cost_regression")),
+            Incident("suite-idle", "idle_but_slow", 130, 145, {"pool": "s2s-us-east-1b-realtime", "model": "duplex-s2s-1"},
+                     util_pct_cap=20, latency_factor=3.0, related=("anomaly",)),
+            Incident("suite-kv", "kv_cache_pressure", 150, 165, {"pool": "llm-us-east-1b-realtime", "model": "llama-3.1-70b"},
+                     kv_cache_usage=0.96, preemptions_per_sample=1.5, related=("anomaly",)),
+            Incident("suite-prompt", "prompt_growth", 170, 185, {"model": "llama-3.1-70b"}, prompt_tokens_factor=3.0,
+                     related=("anomaly",)),
+            Incident("suite-cold", "cold_start", 190, 198, {"pool": "asr-us-east-1a-realtime", "model": "whisper-large-v3"}, cold_replicas=3,
+                     queue_ms=600, related=("queue_age", "idle_but_slow", "anomaly")),
+            Incident("suite-cost", "cost_regression", 200, 230, {"model": "duplex-s2s-1"}, cost_factor=1.6,
+                     related=("anomaly",)),
+            Incident("suite-silent", "anomaly", 205, 230, {"model": "llama-3.1-70b", "model_version": "2024-11"},
+                     output_tokens_factor=0.05),
+        ],
+    }
+
+
+SCENARIOS.update(_detector_scenarios())
+NOISY_SCENARIOS = {"quiet-day"}
+
+
+def _noise(minutes: int, seed: int) -> list[Incident]:
+    """Background noise that no detector should page on: a tenant's error burst with
+    client retries, a tenant's latency blip, a batch backlog burst. From its own random
+    stream, so the fleet's events draw the same numbers as without noise."""
+    rng = np.random.default_rng([seed, 0x5EED])
+    out: list[Incident] = []
+    for start in range(0, minutes, 20):
+        at = start + int(rng.integers(0, 20))
+        tenant = TENANTS[int(rng.integers(0, len(TENANTS)))]
+        prof = PROFILES[int(rng.integers(0, len(PROFILES)))]
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            out.append(Incident(f"noise-{at}-errors-{tenant}", "noise", at, at + int(rng.integers(2, 8)),
+                                {"tenant": tenant, "workload": prof.workload}, error_ratio=float(rng.uniform(0.01, 0.05)),
+                                retry_attempts=2, labelled=False))
+        elif kind == 1:
+            out.append(Incident(f"noise-{at}-slow-{tenant}", "noise", at, at + int(rng.integers(2, 6)),
+                                {"tenant": tenant, "workload": prof.workload},
+                                latency_factor=float(rng.uniform(1.2, 1.6)), labelled=False))
+        elif prof.batch_rate_per_s > 0:
+            zone = ZONES[int(rng.integers(0, len(ZONES)))]
+            out.append(Incident(f"noise-{at}-batch-burst", "noise", at, at + int(rng.integers(5, 20)),
+                                {"pool": _pool(prof.workload, zone, "batch")}, extra_rate_factor=float(rng.uniform(0.3, 0.8)),
+                                labelled=False))
+    return out
 
 
 @dataclass
@@ -115,7 +255,7 @@ def parse_start(start: str) -> int:
 
 class FleetSimulator:
     def __init__(self, scenario: str = "mixed-fleet", minutes: int = 120, seed: int = 7,
-                 start: str = DEFAULT_START, rate_scale: float = 1.0):
+                 start: str = DEFAULT_START, rate_scale: float = 1.0, gpu_samples_per_minute: int = 6):
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
         if minutes <= 0:
@@ -123,7 +263,11 @@ class FleetSimulator:
         self.scenario, self.minutes, self.seed = scenario, minutes, seed
         self.start_ms = parse_start(start)
         self.rate_scale = rate_scale
-        self.incidents = SCENARIOS[scenario]
+        if not 1 <= gpu_samples_per_minute <= 60:
+            raise ValueError("--gpu-samples-per-minute must be between 1 and 60")
+        # Fewer samples per GPU-minute keep multi-day runs light; gpu_minute still has a row per GPU and minute.
+        self.gpu_samples_per_minute = gpu_samples_per_minute
+        self.incidents = SCENARIOS[scenario] + (_noise(minutes, seed) if scenario in NOISY_SCENARIOS else [])
         self.rng = np.random.default_rng(seed)
         self.totals = SimTotals()
         self._next_id = 0
@@ -141,9 +285,9 @@ class FleetSimulator:
             {
                 "incident": i.name, "kind": i.kind, "scenario": self.scenario,
                 "start": _iso(self.start_ms + i.start_min * 60_000), "end": _iso(self.start_ms + i.end_min * 60_000),
-                "selector": i.selector,
+                "selector": i.selector, **({"related": list(i.related)} if i.related else {}),
             }
-            for i in self.incidents if i.start_min < self.minutes
+            for i in self.incidents if i.start_min < self.minutes and i.labelled
         ]
 
     # ---- requests -------------------------------------------------------------------
@@ -166,10 +310,16 @@ class FleetSimulator:
                     labels = {"workload": prof.workload, "zone": zone, "traffic_class": tclass, "pool": pool, "model": prof.model}
                     load = 1.0 if tclass == "batch" else self._diurnal(minute)
                     active = [i for i in self.incidents if i.matches(labels, minute)]
-                    extra = sum(i.extra_rate_factor for i in active)
+                    extra = sum(i.extra_rate_factor for i in active if not i.leak_traffic_class)
                     n = int(rng.poisson(base_rate * 60 * load * self.rate_scale * (1 + extra)))
                     if n:
                         yield from self._requests(prof, zone, tclass, pool, minute, n, labels)
+                    for inc in active:
+                        if inc.leak_traffic_class:  # another class's jobs sent into this pool
+                            leak = int(rng.poisson(base_rate * 60 * load * self.rate_scale * inc.extra_rate_factor))
+                            if leak:
+                                yield from self._requests(prof, zone, inc.leak_traffic_class, pool, minute, leak,
+                                                          {**labels, "traffic_class": inc.leak_traffic_class})
 
     def _requests(self, prof: ModelProfile, zone: str, tclass: str, pool: str, minute: int, n: int,
                   labels: dict[str, str]) -> Iterator[RequestV1]:
@@ -206,7 +356,9 @@ class FleetSimulator:
                 final = status in ("ok", "cancelled") or attempt >= max(retries, 1 if status == "ok" else 2)
                 yield self._request(prof, lab, pool, zone, eid, at, status, attempt, first_id, session,
                                     final, bool(u_success[i] < 0.97), float(fo[i]) * lat, float(e2e_extra[i]) * lat,
-                                    q, float(gpu_s[i]), int(prompt_tokens[i]), int(out_tokens[i]), float(audio_s[i]))
+                                    q, float(gpu_s[i]) * math.prod(inc.cost_factor for inc in active),
+                                    int(prompt_tokens[i] * math.prod(inc.prompt_tokens_factor for inc in active)),
+                                    int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)), float(audio_s[i]))
                 if final:
                     break
                 first_id = first_id or eid
@@ -260,14 +412,15 @@ class FleetSimulator:
                     load = 1.0 if tclass == "batch" else self._diurnal(minute)
                     load *= 1 + sum(i.extra_rate_factor for i in active)
                     queue_age = sum(i.queue_ms for i in active)
-                    for g in range(prof.gpus_per_pool):
+                    gpus = round(prof.gpus_per_pool * math.prod(i.cost_factor for i in active))
+                    for g in range(gpus):
                         node = f"{pool}-n{g // 8}"
-                        for s in range(6):
+                        for s in range(self.gpu_samples_per_minute):
                             util = float(np.clip(rng.normal(55 * load, 6), 0, 100))
                             mem_total = 80 * 2**30 if prof.gpu_sku == "H100" else 24 * 2**30
                             self.totals.gpu_samples += 1
-                            yield GpuV1(
-                                schema="gpu.v1", ts=t0 + s * 10_000 + g * 37, node=node, gpu_index=g % 8,
+                            sample = GpuV1(
+                                schema="gpu.v1", ts=t0 + s * (60_000 // self.gpu_samples_per_minute) + g * 37, node=node, gpu_index=g % 8,
                                 zone=zone, pool=pool, gpu_uuid=f"GPU-{pool}-{g:02d}", gpu_sku=prof.gpu_sku,
                                 util_pct=round(util, 1), mem_used_bytes=int(mem_total * (0.55 + 0.3 * min(load, 1.2) / 1.2)),
                                 mem_total_bytes=mem_total, power_w=round(120 + 4.2 * util, 1),
@@ -279,6 +432,30 @@ class FleetSimulator:
                                 kv_cache_usage=round(min(1.0, 0.35 * load + rng.random() * 0.05), 3) if prof.workload == "llm" else None,
                                 preemptions=0,
                             )
+                            yield self._gpu_effects(sample, g, active) if active else sample
+
+    def _gpu_effects(self, sample: GpuV1, g: int, active: list[Incident]) -> GpuV1:
+        """What detector scenarios do to a GPU sample (none of it for other incidents)."""
+        changes: dict = {}
+        floor = max(i.util_pct_floor for i in active)
+        cap = min(i.util_pct_cap for i in active)
+        util = sample.util_pct or 0.0
+        if floor > 0:
+            util = max(util, min(100.0, floor + float(self.rng.normal(0, 2))))
+        if cap < 100:
+            util = min(util, max(0.0, cap - abs(float(self.rng.normal(0, 2)))))
+        if util != sample.util_pct:
+            changes["util_pct"] = round(util, 1)
+        kv = max(i.kv_cache_usage for i in active)
+        if kv > 0 and sample.kv_cache_usage is not None:
+            changes["kv_cache_usage"] = round(min(1.0, kv + float(self.rng.random()) * 0.03), 3)
+        pre = sum(i.preemptions_per_sample for i in active)
+        if pre > 0:
+            changes["preemptions"] = int(self.rng.poisson(pre))
+        if g < max(i.cold_replicas for i in active):
+            changes.update(replica_state="loading", util_pct=round(float(self.rng.uniform(0, 5)), 1),
+                           queue_depth=int(self.rng.poisson(6)), running=0, active_streams=0)
+        return msgspec.structs.replace(sample, **changes) if changes else sample
 
 
 def _iso(ms: int) -> str:

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every request rate")
+    p.add_argument("--gpu-samples-per-minute", type=_positive_int, default=6,
+                   help="GPU samples per GPU per minute (default 6; 1 keeps multi-day runs light)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
     p.add_argument("--truth", default=None, metavar="FILE", help="write the labelled incidents (JSON Lines) here")
     p.add_argument("--trace", default=None, metavar="CSV", help="replay an Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens)")
@@ -92,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SLOs evaluated on every closed minute: a file, `default` (built-in set) or `none`")
     p.add_argument("--alertmanager-url", default=None, metavar="URL",
                    help="deliver SLO alerts to this Alertmanager (v2 API), e.g. http://127.0.0.1:9093")
+    p.add_argument("--detectors", default="default", metavar="FILE",
+                   help="detector settings: a YAML file, `default` (detectors/defaults.yaml) or `none`")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="address of the HTTP port (default loopback; any other needs tokens in --api-config)")
+    p.add_argument("--api-config", default=None, metavar="FILE",
+                   help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signals.md)")
+    p.add_argument("--prices", default=None, metavar="FILE",
+                   help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see slo/prices.py)")
     _kafka_args(p)
 
     p = sub.add_parser("sql", help="query the store")
@@ -115,6 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slos", default="default", help="SLO file (default: the built-in set)")
     c.add_argument("--out", required=True, help="output folder")
 
+    p = sub.add_parser("dashboards", help="Grafana dashboards over the worker's /metrics")
+    dsub = p.add_subparsers(dest="dashboards_command", required=True, metavar="ACTION")
+    c = dsub.add_parser("generate", help="write one importable Grafana JSON per dashboard (<uid>.json)")
+    c.add_argument("--slos", default="default", help="SLO file the SLO dashboards are built for (default: the built-in set)")
+    c.add_argument("--out", required=True, help="output folder")
+
+    p = sub.add_parser("report", help="reports for finance and product, from the store")
+    repsub = p.add_subparsers(dest="report_command", required=True, metavar="REPORT")
+    c = repsub.add_parser("cost", help="GPU cost per successful turn, goodput, idle cost by tenant, model, workload, day:"
+                                       " report.html, cost.csv, cost.parquet")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
+    c.add_argument("--from", dest="start", default=None, metavar="T1",
+                   help="start, RFC 3339 or a date (UTC); default: the last day of data")
+    c.add_argument("--to", dest="end", default=None, metavar="T2",
+                   help="end, exclusive RFC 3339 time, or a date (that whole day included)")
+    c.add_argument("--out", default="data/reports/cost", metavar="DIR", help="output folder (default data/reports/cost)")
+    c.add_argument("--prices", default=None, metavar="FILE",
+                   help="GPU prices per SKU in USD per GPU-hour (YAML; default: built-in list prices, see slo/prices.py)")
+
     p = sub.add_parser("capacity", help="capacity planning: replicas with zone headroom, KV-cache memory")
     capsub = p.add_subparsers(dest="capacity_command", required=True, metavar="QUESTION")
     c = capsub.add_parser("replicas", help="replicas for a demand, with headroom to lose one zone")
@@ -136,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--weights-gib", type=float, default=None)
     c.add_argument("--overhead-gib", type=float, default=0.0, help="activations, CUDA context, fragmentation")
 
+    c = capsub.add_parser("measured", help="per-replica capacity each pool sustained with its latency SLOs held (from the store)")
+    c.add_argument("--store", default=None)
+    c.add_argument("--days", type=_positive_int, default=7, help="newest days of measurements to show (default 7)")
+    c.add_argument("--pool", default=None, help="one pool only")
+
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")
@@ -146,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pool", default="")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
     _kafka_args(g)
+
+    p = sub.add_parser("eval", help="measure detectors against scenarios with labelled incidents")
+    esub = p.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
+    c = esub.add_parser("detectors", help="a scenario through broker + worker: recall, false alerts per day, delay")
+    c.add_argument("--scenario", action="append", default=None, metavar="NAME",
+                   help="a detector scenario (repeatable), or `all` (default: all)")
+    c.add_argument("--seed", type=int, default=7)
+    c.add_argument("--minutes", type=_positive_int, default=None,
+                   help="simulated minutes (default: 200, and 1440 for quiet-day)")
+    c.add_argument("--rate-scale", type=float, default=0.3, help="multiply every request rate (default 0.3)")
+    c.add_argument("--detectors", default="default", metavar="FILE", help="detector settings (default: built-in)")
 
     p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
     p.add_argument("--minutes", type=_positive_int, default=120)
@@ -167,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
     p.add_argument("--slo-count", type=_positive_int, default=100)
     p.add_argument("--history-minutes", type=_positive_int, default=120, help="SLO bench: minutes of history first")
+    p.add_argument("--api", action="store_true",
+                   help="benchmark the signal API with wrk instead: idle worker vs worker under load")
+    p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
+    p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
     return parser
 
 

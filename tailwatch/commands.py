@@ -36,7 +36,8 @@ def _source(args: argparse.Namespace):
     start = args.start or DEFAULT_START
     if args.trace:
         return TraceReplay(args.trace, minutes=args.minutes, seed=args.seed, start=start)
-    return FleetSimulator(args.scenario, args.minutes, args.seed, start, args.rate_scale)
+    return FleetSimulator(args.scenario, args.minutes, args.seed, start, args.rate_scale,
+                          getattr(args, "gpu_samples_per_minute", 6))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -106,9 +107,32 @@ def load_slo_option(value: str | None):
         raise CliError(f"--slos {value}: {exc.problems[0]} (run `tailwatch slo check {value}` for all)") from None
 
 
-def _stages(args: argparse.Namespace) -> list:
+def load_api_config_option(path: str | None):
+    from signals.config import ApiConfigError, load_api_config
+
+    try:
+        return load_api_config(path)
+    except ApiConfigError as exc:
+        raise CliError(f"--api-config {exc}") from None
+
+
+def load_prices_option(path: str | None):
+    from slo.prices import PriceError, load_prices
+
+    try:
+        return load_prices(path)
+    except PriceError as exc:
+        raise CliError(f"--prices {exc}") from None
+
+
+def _stages(args: argparse.Namespace, prices) -> list:
     """The stages a worker feeds with closed minutes (streams.stages.Stage), one line each."""
+    from streams.detector_stage import detector_stages
+    from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
+
     stages: list = []
+    stages.append(FleetMetrics(FleetMetricsConfig(prices=prices)))
+    stages.extend(detector_stages(getattr(args, "detectors", "default"), getattr(args, "alertmanager_url", None)))
     return stages
 
 
@@ -116,7 +140,14 @@ def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
 
+    api_config = load_api_config_option(args.api_config)
+    prices = load_prices_option(args.prices)
+    if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
+        raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
     return WorkerSettings(
+        api_config=api_config,
+        http_host=args.http_host,
+        prices=prices,
         slos=load_slo_option(args.slos),
         alertmanager_url=args.alertmanager_url,
         kafka=kafka_settings(args),
@@ -130,7 +161,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
-        stages=_stages(args),
+        stages=_stages(args, prices),
         **overrides,
     )
 
@@ -164,6 +195,34 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 0
     cols = [d[0] for d in cur.description]
     print(render(cols, cur.fetchall(), args.format))
+    return 0
+
+
+def _capacity_measured(args: argparse.Namespace) -> int:
+    from streams import store
+    from streams.signal_stage import load_pool_capacity
+    from tailwatch.table import render
+
+    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
+    try:
+        known = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'pool_capacity'").fetchall()
+        rows = load_pool_capacity(con, args.days) if known[0][0] else None
+    finally:
+        con.close()
+    if rows is None or rows.height == 0:
+        raise CliError("no capacity measured yet: a worker serving the signal API (--http-port) records it as minutes close")
+    if args.pool:
+        rows = rows.filter(rows["pool"] == args.pool)
+        if rows.height == 0:
+            raise CliError(f"no capacity measured for pool {args.pool!r}")
+    import polars as pl
+
+    summary = rows.sort("day").group_by("pool", maintain_order=True).agg(
+        pl.col("best").max().alias("capacity"), pl.col("day").sort_by("best").last().alias("best_day"),
+        pl.col("day").count().alias("days_measured")).sort("pool")
+    table = [[pool, round(cap, 4), str(day), n] for pool, cap, day, n in summary.iter_rows()]
+    print("work per warm replica sustained for 3+ minutes with queue age and first output within SLO (GPU-s/s)")
+    print(render(["pool", "capacity", "best_day", "days_measured"], table))
     return 0
 
 
@@ -204,6 +263,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tailwatch.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors
+
+    names = args.scenario or ["all"]
+    scenarios = list(EVAL_SCENARIOS) if "all" in names else names
+    unknown = [n for n in scenarios if n not in (*EVAL_SCENARIOS, SUITE)]
+    if unknown:
+        raise CliError(f"unknown detector scenario {unknown[0]!r}; known: {', '.join(EVAL_SCENARIOS)}, {SUITE}, all")
+    return cmd_eval_detectors(scenarios, args.seed, args.minutes, args.rate_scale, args.detectors)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from tailwatch.demo import run_demo
 
@@ -211,6 +281,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.api:
+        from tailwatch.bench_api import BenchError, run as run_api
+
+        try:
+            print("\n".join(run_api(args.rate, args.seconds, say=lambda m: print(m, file=sys.stderr, flush=True))))
+        except BenchError as exc:
+            raise CliError(str(exc)) from None
+        return 0
     if args.slo:
         from tailwatch.bench_slo import run
 
@@ -243,6 +321,37 @@ def cmd_slo(args: argparse.Namespace) -> int:
     return print_status(specs, args.store, args.at)
 
 
+def cmd_dashboards(args: argparse.Namespace) -> int:
+    from dashboards.generate import write
+
+    specs = load_slo_option(args.slos) or []
+    paths = write(specs, args.out)
+    print(f"wrote {len(paths)} dashboards for {len(specs)} SLOs to {args.out}: {', '.join(p.name for p in paths)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from reports.cost_report import ReportError, parse_time, run_cost_report
+    from streams.store import DEFAULT_STORE
+
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end, end=True) if args.end else None
+        if start is not None and end is not None and end <= start:
+            raise CliError(f"--to {args.end} must be after --from {args.start}")
+        prices = load_prices_option(args.prices)
+        result = run_cost_report(args.store or DEFAULT_STORE, start, end, args.out, prices,
+                                 prices_source=args.prices or "defaults", progress=progress)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    progress_done()
+    print(f"fleet GPU cost ${result.fleet_total_usd:,.2f} (fully loaded) in {result.rows:,} rows by day, tenant, model"
+          f" and workload; wrote {', '.join(str(f) for f in result.files)} in {result.seconds:.1f} s")
+    for flag in result.flags:
+        print(f"FLAG spend up with flat task success: {flag.summary()}")
+    return 0
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
     import yaml
 
@@ -272,6 +381,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print("\n".join(plan.working[1:]))
         print(f"answer: {plan.base_replicas:,} replicas before headroom, {plan.with_zone_headroom:,} with zone-loss headroom")
         return 0
+    if args.capacity_command == "measured":
+        return _capacity_measured(args)
     plan = capacity.kv_cache(args.layers, args.kv_heads, args.head_dim, args.tokens, args.bytes_per_value,
                              args.gpu_memory_gib, args.weights_gib, args.overhead_gib)
     print("\n".join(plan.working))

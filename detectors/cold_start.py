@@ -1,0 +1,79 @@
+"""Cold starts, per pool: replicas loading, how long loading takes, requests queued
+behind replicas that are not warm, and the warm-pool depth against a target.
+
+A GPU's replica state is the last one it reported in the minute (`gpu_minute`). The
+detection holds while, over a window of k minutes, the warm share of the pool's
+replicas is under the target, or while some replica has been loading for longer than
+allowed (a load that never finishes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+
+NAME = "cold_start"
+
+
+@dataclass(frozen=True)
+class ColdStartConfig:
+    enabled: bool = True
+    window_minutes: int = 2
+    warm_ratio_target: float = 0.75  # breach when the window's mean warm share is strictly below
+    max_loading_minutes: int = 5  # a replica loading this long or longer breaches on its own
+    clear_minutes: int = 3
+
+
+@dataclass(frozen=True)
+class _ColdSample:
+    gpus: int
+    warm: int
+    loading: int
+    queued_behind_cold: int
+
+
+class ColdStartDetector:
+    name = NAME
+
+    def __init__(self, cfg: ColdStartConfig):
+        self.cfg = cfg
+        self.history = History(cfg.window_minutes)
+        self.tracker = Tracker(NAME, cfg.clear_minutes)
+        self.loading_since: dict[str, int] = {}  # gpu id → first minute seen loading
+        self.last_load_minutes: dict[str, int] = {}  # pool → minutes its last finished load took
+
+    def observe(self, m: Minute) -> list[DetectionEvent]:
+        cfg, h = self.cfg, self.history
+        longest: dict[str, int] = {}
+        for pool, p in m.pools().items():
+            h.add((("pool", pool),), {"pool": pool, "zone": p.zone, "model": p.model}, m.minute,
+                  _ColdSample(p.gpus, p.replicas_warm, p.replicas_loading, p.queue_depth_not_warm))
+            loading = set(p.loading_gpus)
+            prefix = pool + "#"
+            for gpu in [g for g in self.loading_since if g.startswith(prefix) and g[len(prefix):] not in loading]:
+                # Loaded (or gone): the time from loading to warm.
+                self.last_load_minutes[pool] = m.minute - self.loading_since.pop(gpu)
+            for g in loading:
+                since = self.loading_since.setdefault(prefix + g, m.minute)
+                longest[pool] = max(longest.get(pool, 0), m.minute - since + 1)
+        h.trim(m.minute)
+        findings = []
+        for key in sorted(h.values):
+            window = h.window(key, m.minute, cfg.window_minutes)
+            if not window:
+                continue
+            pool = h.labels[key]["pool"]
+            gpus = sum(s.gpus for s in window)
+            warm_ratio = sum(s.warm for s in window) / gpus if gpus else 1.0
+            loading_minutes = longest.get(pool, 0)
+            if warm_ratio < cfg.warm_ratio_target or loading_minutes >= cfg.max_loading_minutes:
+                last = window[-1]
+                findings.append(Finding(h.labels[key], {
+                    "warm_ratio": round(warm_ratio, 4), "warm_ratio_target": cfg.warm_ratio_target,
+                    "replicas_warm": last.warm, "replicas_loading": last.loading, "replicas": last.gpus,
+                    "longest_loading_minutes": loading_minutes,
+                    "last_load_to_warm_minutes": self.last_load_minutes.get(pool, -1),
+                    "queue_depth_behind_cold": last.queued_behind_cold, "window_minutes": cfg.window_minutes,
+                }))
+        return self.tracker.update(m.minute, findings)

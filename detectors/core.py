@@ -1,0 +1,284 @@
+"""What every detector shares: the `Detection` record, open/close tracking, and the
+per-minute view of closed buckets that detectors read.
+
+Detectors are pure: closed `sli_minute` / `gpu_minute` rows of one event-time minute
+go in, detection events come out. No clock reads, no I/O: minutes are epoch minutes
+(event time) passed in by the caller, so a replay of the same buckets gives the same
+detections at the same minutes.
+
+A detection is one event while its condition holds: it is raised on the first minute
+the condition holds for a slice and ended when the condition has been clear for
+`clear_minutes` consecutive minutes (ended_at = the first clear minute), so a condition
+that flickers for a minute does not page twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import polars as pl
+
+SliceKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs: hashable, stable order
+
+
+def slice_key(labels: dict[str, str]) -> SliceKey:
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+@dataclass
+class Detection:
+    """One detected condition on one slice, from the minute it was raised until it cleared."""
+
+    detector: str
+    labels: dict[str, str]
+    started_at: int  # event-time epoch minute: the last minute of the window that breached
+    ended_at: int | None = None  # the first minute the condition was clear (None: still open)
+    evidence: dict[str, float] = field(default_factory=dict)  # the numbers that triggered it
+
+    @property
+    def detection_id(self) -> str:
+        """Deterministic: the same buckets give the same id on a replay or after a restart."""
+        labels = ",".join(f"{k}={v}" for k, v in slice_key(self.labels))
+        return f"{self.detector}|{labels}|{self.started_at}"
+
+
+@dataclass(frozen=True)
+class DetectionEvent:
+    state: Literal["raised", "ended"]
+    at_minute: int  # event-time minute of the change
+    detection: Detection
+    evidence: dict[str, float]  # at raise: the triggering numbers; at end: the last numbers seen
+
+
+@dataclass
+class Finding:
+    """A detector's verdict for one slice in one minute: the condition holds, with these numbers."""
+
+    labels: dict[str, str]
+    evidence: dict[str, float]
+
+
+class Tracker:
+    """Opens and closes detections of one detector from its per-minute findings."""
+
+    def __init__(self, detector: str, clear_minutes: int = 1):
+        self.detector = detector
+        self.clear_minutes = max(1, clear_minutes)
+        self.open: dict[SliceKey, Detection] = {}
+        self._clear_run: dict[SliceKey, int] = {}  # consecutive clear minutes of an open detection
+        self._last_evidence: dict[SliceKey, dict[str, float]] = {}
+
+    def update(self, minute: int, findings: Iterable[Finding]) -> list[DetectionEvent]:
+        events: list[DetectionEvent] = []
+        holding: set[SliceKey] = set()
+        for f in sorted(findings, key=lambda f: slice_key(f.labels)):
+            key = slice_key(f.labels)
+            holding.add(key)
+            self._clear_run[key] = 0
+            self._last_evidence[key] = f.evidence
+            if key not in self.open:
+                d = Detection(self.detector, dict(f.labels), minute, None, dict(f.evidence))
+                self.open[key] = d
+                events.append(DetectionEvent("raised", minute, d, dict(f.evidence)))
+        for key in sorted(self.open):
+            if key in holding:
+                continue
+            run = self._clear_run.get(key, 0) + 1
+            self._clear_run[key] = run
+            if run >= self.clear_minutes:
+                d = self.open.pop(key)
+                d.ended_at = minute - run + 1
+                self._clear_run.pop(key, None)
+                events.append(DetectionEvent("ended", d.ended_at, d, self._last_evidence.pop(key, {})))
+        return events
+
+    def adopt(self, detection: Detection) -> None:
+        """After a restart: a detection the store says is still open continues as the same one."""
+        key = slice_key(detection.labels)
+        self.open[key] = detection
+        self._clear_run.setdefault(key, 0)
+
+
+# ---- the per-minute view of closed buckets ----------------------------------------------
+
+REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "successful_turns",
+                "prompt_tokens", "output_tokens", "gpu_seconds")
+LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
+
+
+@dataclass(frozen=True)
+class SliceMinute:
+    """Request counts of one slice (some subset of the SLI labels) in one minute."""
+
+    labels: dict[str, str]
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    turns: int = 0
+    successful_turns: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    gpu_seconds: float = 0.0
+    # Requests-weighted mean of the buckets' p95s: the store keeps each bucket's p95, and
+    # merging histograms per minute for every detector would cost more than it tells here.
+    queue_ms_p95: float | None = None
+    first_output_ms_p95: float | None = None
+    e2e_ms_p95: float | None = None
+
+
+@dataclass(frozen=True)
+class PoolMinute:
+    """GPU readings of one pool in one minute (over its GPUs' `gpu_minute` rows)."""
+
+    pool: str
+    zone: str
+    model: str
+    gpus: int
+    util_pct_mean: float | None  # mean over GPUs of each GPU's minute mean
+    oldest_queue_age_ms_max: float | None  # the oldest queued request anywhere in the pool
+    queue_depth_max: int
+    kv_cache_usage_mean: float | None  # mean over GPUs of each GPU's minute max
+    preemptions: int
+    replicas_warm: int
+    replicas_loading: int  # loading or cold
+    loading_gpus: tuple[str, ...]  # node/gpu_index of replicas not warm (loading, cold)
+    queue_depth_not_warm: int  # requests queued behind replicas that are not warm
+    gpu_sku: str = ""
+
+
+def _empty(frame: pl.DataFrame | None) -> bool:
+    return frame is None or frame.height == 0 or not frame.columns
+
+
+class Minute:
+    """One closed event-time minute: its `sli_minute` and `gpu_minute` rows, summarised on
+    demand (cached) by the label sets detectors ask for."""
+
+    def __init__(self, minute: int, requests: pl.DataFrame | None, gpu: pl.DataFrame | None):
+        self.minute = minute
+        self.requests = None if _empty(requests) else requests
+        self.gpu = None if _empty(gpu) else gpu
+        self._slices: dict[tuple[str, ...], dict[SliceKey, SliceMinute]] = {}
+        self._pools: dict[str, PoolMinute] | None = None
+        self._classes: dict[str, dict[str, int]] | None = None
+
+    def slices(self, by: tuple[str, ...], where: dict[str, str] | None = None) -> dict[SliceKey, SliceMinute]:
+        """Requests summed per value of the labels `by` (optionally only rows matching `where`)."""
+        cache_key = (*by, "|", *(f"{k}={v}" for k, v in sorted((where or {}).items())))
+        if cache_key in self._slices:
+            return self._slices[cache_key]
+        out: dict[SliceKey, SliceMinute] = {}
+        if self.requests is not None:
+            f = self.requests
+            for k, v in (where or {}).items():
+                f = f.filter(pl.col(k) == v)
+            if f.height:
+                weighted = [(pl.col(c).fill_null(0) * pl.col("requests")).sum().alias(f"_w_{c}") for c in LATENCY_P95]
+                weights = [pl.col("requests").filter(pl.col(c).is_not_null()).sum().alias(f"_n_{c}") for c in LATENCY_P95]
+                g = f.group_by([pl.col(b).fill_null("") for b in by]).agg(
+                    *[pl.col(c).sum() for c in REQUEST_SUMS], *weighted, *weights)
+                for row in g.sort(list(by)).iter_rows(named=True):
+                    labels = {b: row[b] for b in by}
+                    p95 = {c: (row[f"_w_{c}"] / row[f"_n_{c}"] if row[f"_n_{c}"] else None) for c in LATENCY_P95}
+                    out[slice_key(labels)] = SliceMinute(
+                        labels, **{c: (row[c] or 0) for c in REQUEST_SUMS}, **p95)
+        self._slices[cache_key] = out
+        return out
+
+    def traffic_classes(self) -> dict[str, dict[str, int]]:
+        """Requests per traffic class per pool: who is using each pool this minute."""
+        if self._classes is None:
+            self._classes = {}
+            if self.requests is not None:
+                g = self.requests.group_by("pool", "traffic_class").agg(pl.col("requests").sum())
+                for pool, tclass, n in g.sort("pool", "traffic_class").iter_rows():
+                    self._classes.setdefault(pool or "", {})[tclass or ""] = int(n)
+        return self._classes
+
+    def pools(self) -> dict[str, PoolMinute]:
+        if self._pools is not None:
+            return self._pools
+        self._pools = {}
+        if self.gpu is None:
+            return self._pools
+        g = self.gpu.with_columns(
+            not_warm=pl.col("replica_state").is_in(["loading", "cold"]).fill_null(False),
+            warm=(pl.col("replica_state") == "warm").fill_null(False),
+            gpu_id=pl.concat_str([pl.col("node"), pl.col("gpu_index").cast(pl.String)], separator="/"),
+        ).group_by(pl.col("pool").fill_null("")).agg(
+            pl.col("zone").drop_nulls().first(), pl.col("model").drop_nulls().first(),
+            pl.col("gpu_sku").drop_nulls().first(),
+            pl.len().alias("gpus"),
+            pl.col("util_pct_mean").mean(),
+            pl.col("oldest_queue_age_ms_max").max(),
+            pl.col("queue_depth_max").max(),
+            pl.col("kv_cache_usage_max").mean(),
+            pl.col("preemptions").sum(),
+            pl.col("warm").sum().alias("replicas_warm"),
+            pl.col("not_warm").sum().alias("replicas_loading"),
+            pl.col("gpu_id").filter(pl.col("not_warm")).sort().alias("loading_gpus"),
+            pl.col("queue_depth_max").filter(pl.col("not_warm")).sum().alias("queue_depth_not_warm"),
+        )
+        for r in g.sort("pool").iter_rows(named=True):
+            self._pools[r["pool"]] = PoolMinute(
+                pool=r["pool"], zone=r["zone"] or "", model=r["model"] or "", gpus=int(r["gpus"]),
+                util_pct_mean=r["util_pct_mean"], oldest_queue_age_ms_max=r["oldest_queue_age_ms_max"],
+                queue_depth_max=int(r["queue_depth_max"] or 0), kv_cache_usage_mean=r["kv_cache_usage_max"],
+                preemptions=int(r["preemptions"] or 0), replicas_warm=int(r["replicas_warm"]),
+                replicas_loading=int(r["replicas_loading"]), loading_gpus=tuple(r["loading_gpus"] or ()),
+                queue_depth_not_warm=int(r["queue_depth_not_warm"] or 0), gpu_sku=r["gpu_sku"] or "",
+            )
+        return self._pools
+
+
+def ratio(num: float, den: float) -> float | None:
+    """num ÷ den, or None when there is nothing to divide by (never a ZeroDivisionError, never NaN)."""
+    return num / den if den else None
+
+
+class History:
+    """Per key, the values of recent minutes (minute → value), trimmed to `keep_minutes`.
+
+    `window(key, minute, k)` is the values of minutes [minute-k+1, minute] that exist,
+    or None while the key has been seen for fewer than k minutes (a window must span k
+    minutes of the stream before it can breach: "k larger than the input" never fires).
+    """
+
+    def __init__(self, keep_minutes: int):
+        self.keep_minutes = max(1, keep_minutes)
+        self.values: dict[SliceKey, dict[int, object]] = {}
+        self.first_minute: dict[SliceKey, int] = {}
+        self.labels: dict[SliceKey, dict[str, str]] = {}
+
+    def add(self, key: SliceKey, labels: dict[str, str], minute: int, value: object) -> None:
+        self.first_minute.setdefault(key, minute)
+        self.labels[key] = labels
+        self.values.setdefault(key, {})[minute] = value
+
+    def trim(self, minute: int) -> None:
+        oldest = minute - self.keep_minutes + 1
+        for key in list(self.values):
+            vals = self.values[key]
+            for m in [m for m in vals if m < oldest]:
+                del vals[m]
+            if not vals:
+                del self.values[key]
+                self.first_minute.pop(key, None)
+                self.labels.pop(key, None)
+
+    def window(self, key: SliceKey, minute: int, k: int) -> list | None:
+        first = self.first_minute.get(key)
+        if first is None or minute - first + 1 < k:
+            return None
+        vals = self.values.get(key, {})
+        return [vals[m] for m in range(minute - k + 1, minute + 1) if m in vals]
+
+    def before(self, key: SliceKey, minute: int, k: int, n: int) -> list:
+        """Values of the n minutes before the window [minute-k+1, minute]: a trailing baseline."""
+        vals = self.values.get(key, {})
+        end = minute - k + 1
+        return [vals[m] for m in range(end - n, end) if m in vals]

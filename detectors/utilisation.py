@@ -1,0 +1,153 @@
+"""Utilisation against latency, per pool: where the GPUs and the users disagree.
+
+- Busy but slow: GPU utilisation high while the pool's oldest-queue age rises well above
+  its own trailing baseline: the pool is full, typically because batch, eval or replay
+  traffic occupies a realtime pool. The evidence carries each traffic class's share of
+  the pool's requests over the window, to show who is in it.
+- Idle but slow: GPU utilisation low while end-to-end latency is well above the pool's
+  trailing baseline: the GPUs are not the bottleneck (CPU preprocessing, a dependency,
+  admission control, model load).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+
+BUSY = "busy_but_slow"
+IDLE = "idle_but_slow"
+
+
+@dataclass(frozen=True)
+class BusyButSlowConfig:
+    enabled: bool = True
+    window_minutes: int = 3
+    util_pct_min: float = 80.0  # window mean utilisation at or above this is "busy"
+    queue_age_ms_min: float = 500.0  # window mean oldest-queue age must exceed this ...
+    queue_age_rise_factor: float = 3.0  # ... and this multiple of the trailing baseline
+    baseline_minutes: int = 30
+    min_baseline_minutes: int = 10
+    clear_minutes: int = 3
+
+
+@dataclass(frozen=True)
+class IdleButSlowConfig:
+    enabled: bool = True
+    window_minutes: int = 3
+    util_pct_max: float = 40.0  # window mean utilisation strictly below this is "idle"
+    latency_field: str = "e2e_ms_p95"  # or first_output_ms_p95, queue_ms_p95
+    latency_rise_factor: float = 2.0  # window latency at or above this multiple of the baseline
+    min_requests: int = 30  # requests in the window
+    baseline_minutes: int = 60
+    min_baseline_minutes: int = 15
+    clear_minutes: int = 3
+
+
+@dataclass(frozen=True)
+class _PoolSample:
+    util_pct: float | None
+    queue_age_ms: float | None
+    requests: int
+    latency_ms: float | None
+    classes: dict[str, int]
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+class _PoolHistory:
+    """GPU and request readings per pool and minute, shared by both detectors."""
+
+    def __init__(self, keep_minutes: int, latency_field: str):
+        self.history = History(keep_minutes)
+        self.latency_field = latency_field
+
+    def add(self, m: Minute) -> None:
+        pools = m.pools()
+        lat = {s.labels["pool"]: s for s in m.slices(("pool",)).values()}
+        classes = m.traffic_classes()
+        for pool, p in pools.items():
+            s = lat.get(pool)
+            self.history.add((("pool", pool),), {"pool": pool, "zone": p.zone, "model": p.model}, m.minute, _PoolSample(
+                util_pct=p.util_pct_mean, queue_age_ms=p.oldest_queue_age_ms_max,
+                requests=s.requests if s else 0, latency_ms=getattr(s, self.latency_field) if s else None,
+                classes=classes.get(pool, {}),
+            ))
+        self.history.trim(m.minute)
+
+
+class BusyButSlowDetector:
+    name = BUSY
+
+    def __init__(self, cfg: BusyButSlowConfig):
+        self.cfg = cfg
+        self.pools = _PoolHistory(cfg.window_minutes + cfg.baseline_minutes, "queue_ms_p95")
+        self.tracker = Tracker(BUSY, cfg.clear_minutes)
+
+    def observe(self, m: Minute) -> list[DetectionEvent]:
+        cfg, h = self.cfg, self.pools.history
+        self.pools.add(m)
+        findings = []
+        for key in sorted(h.values):
+            window = h.window(key, m.minute, cfg.window_minutes)
+            base = [s.queue_age_ms for s in h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
+                    if s.queue_age_ms is not None]
+            if not window or len(base) < cfg.min_baseline_minutes:
+                continue
+            util = _mean([s.util_pct for s in window])
+            age = _mean([s.queue_age_ms for s in window])
+            baseline = statistics.median(base)
+            if util is None or age is None or util < cfg.util_pct_min or age <= cfg.queue_age_ms_min \
+                    or age < cfg.queue_age_rise_factor * baseline:
+                continue
+            classes: dict[str, int] = {}
+            for s in window:
+                for c, n in s.classes.items():
+                    classes[c] = classes.get(c, 0) + n
+            total = sum(classes.values())
+            evidence = {"util_pct_mean": round(util, 3), "oldest_queue_age_ms_mean": round(age, 3),
+                        "oldest_queue_age_ms_baseline": round(baseline, 3), "requests": total,
+                        "window_minutes": cfg.window_minutes}
+            for c in sorted(classes):
+                evidence[f"share_{c}"] = round(classes[c] / total, 4)
+            findings.append(Finding(h.labels[key], evidence))
+        return self.tracker.update(m.minute, findings)
+
+
+class IdleButSlowDetector:
+    name = IDLE
+
+    def __init__(self, cfg: IdleButSlowConfig):
+        self.cfg = cfg
+        self.pools = _PoolHistory(cfg.window_minutes + cfg.baseline_minutes, cfg.latency_field)
+        self.tracker = Tracker(IDLE, cfg.clear_minutes)
+
+    def observe(self, m: Minute) -> list[DetectionEvent]:
+        cfg, h = self.cfg, self.pools.history
+        self.pools.add(m)
+        findings = []
+        for key in sorted(h.values):
+            window = h.window(key, m.minute, cfg.window_minutes)
+            base = [s.latency_ms for s in h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
+                    if s.latency_ms is not None]
+            if not window or len(base) < cfg.min_baseline_minutes:
+                continue
+            requests = sum(s.requests for s in window)
+            util = _mean([s.util_pct for s in window])
+            weighted = [(s.latency_ms, s.requests) for s in window if s.latency_ms is not None and s.requests]
+            if requests < cfg.min_requests or util is None or not weighted:
+                continue
+            latency = sum(v * n for v, n in weighted) / sum(n for _, n in weighted)
+            baseline = statistics.median(base)
+            if util < cfg.util_pct_max and baseline > 0 and latency >= cfg.latency_rise_factor * baseline:
+                findings.append(Finding(h.labels[key], {
+                    "util_pct_mean": round(util, 3), f"{cfg.latency_field}": round(latency, 3),
+                    f"{cfg.latency_field}_baseline": round(baseline, 3),
+                    "latency_ratio": round(latency / baseline, 4), "requests": requests,
+                    "window_minutes": cfg.window_minutes,
+                }))
+        return self.tracker.update(m.minute, findings)

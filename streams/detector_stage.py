@@ -1,0 +1,330 @@
+"""The worker's detector stage: closed minutes → detectors → `detections`, Alertmanager, /metrics.
+
+Requests and GPU samples close in separate checkpoints (each topic has its own
+watermark, and one may run far ahead of the other), so the stage holds closed rows until
+both tables have closed a minute, then feeds the detectors minute by minute in event-time
+order: every detector sees a minute whole, and a replay cuts the same minutes. A table
+that has never had a row while the other has closed `ABSENT_SOURCE_MINUTES` is taken
+as absent (a fleet without GPU telemetry) and no longer holds the detectors back.
+
+Store (written in the checkpoint transaction):
+- `detection_events`: one row per change (raised, ended) with the slice labels and the
+  evidence (JSON objects of numbers); `detections` is a view with one row per detection:
+  detector, slice, started_at, ended_at (NULL while open), evidence.
+- `_tw_detector_progress`: the minute the detectors have processed up to.
+- `_tw_detector_models`: each fitted anomaly model (version, fit window, pickled forest).
+
+On start, detector state is rebuilt by replaying the store's last minutes silently (as
+long as the longest window and baseline need), the stored open detections are adopted
+as the same detections, and the newest anomaly model is loaded: a restart continues the
+detections of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+
+import duckdb
+import polars as pl
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from alerts.alertmanager import (
+    AlertLinks,
+    AlertmanagerOutbox,
+    detection_to_alertmanager,
+)
+from detectors import config as detector_config
+from detectors.anomaly import NAME as ANOMALY
+from detectors.anomaly import AnomalyModel
+from detectors.core import Detection, DetectionEvent, Minute, slice_key
+from slo.windows import minute_start_utc
+
+log = logging.getLogger("tailwatch.detectors")
+
+ABSENT_SOURCE_MINUTES = 60
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS detection_events (
+    detection_id VARCHAR, detector VARCHAR, state VARCHAR, changed_at TIMESTAMP, started_at TIMESTAMP,
+    labels VARCHAR, evidence VARCHAR
+);
+CREATE TABLE IF NOT EXISTS _tw_detector_progress (processed_before_minute BIGINT);
+CREATE TABLE IF NOT EXISTS _tw_detector_models (
+    detector VARCHAR, version INTEGER, fit_from TIMESTAMP, fit_to TIMESTAMP, fit_rows BIGINT, model BLOB
+);
+CREATE OR REPLACE VIEW detections AS
+SELECT r.detection_id, r.detector, r.labels AS slice, r.started_at, e.changed_at AS ended_at, r.evidence,
+       e.evidence AS end_evidence
+FROM detection_events r
+LEFT JOIN (SELECT * FROM detection_events WHERE state = 'ended') e USING (detection_id)
+WHERE r.state = 'raised';
+"""
+EVENT_SCHEMA = {"detection_id": pl.String, "detector": pl.String, "state": pl.String, "changed_at": pl.Datetime("us"),
+                "started_at": pl.Datetime("us"), "labels": pl.String, "evidence": pl.String}
+MODEL_SCHEMA = {"detector": pl.String, "version": pl.Int32, "fit_from": pl.Datetime("us"), "fit_to": pl.Datetime("us"),
+                "fit_rows": pl.Int64, "model": pl.Binary}
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _minute_of(ts: datetime) -> int:
+    return int((ts - _EPOCH).total_seconds()) // 60  # the store's TIMESTAMPs are naive UTC
+
+
+def _split_by_minute(frame: pl.DataFrame | None) -> dict[int, pl.DataFrame]:
+    if frame is None or frame.height == 0 or "window_start" not in frame.columns:
+        return {}
+    f = frame.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
+    return {int(m): part.drop("_minute") for (m,), part in f.partition_by("_minute", as_dict=True).items()}
+
+
+class DetectorCollector:
+    """Prometheus view: detections raised (counter) and open (gauge) per detector, the
+    event-time minute processed, and the anomaly model version. Label: `detector` only
+    (nine values), so the series count stays bounded whatever the fleet's slices."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.raised: dict[str, int] = {n: 0 for n in names}
+        self.active: dict[str, int] = {n: 0 for n in names}
+        self.processed_before_minute: int | None = None
+        self.model_version = 0
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        total = CounterMetricFamily("tailwatch_detections", "Detections raised since the worker started.",
+                                    labels=["detector"])
+        active = GaugeMetricFamily("tailwatch_detections_active", "Detections open now.", labels=["detector"])
+        for n in self.names:
+            total.add_metric([n], self.raised[n])
+            active.add_metric([n], self.active[n])
+        yield total
+        yield active
+        if self.processed_before_minute is not None:
+            yield GaugeMetricFamily("tailwatch_detector_processed_timestamp_seconds",
+                                    "Event time up to which the detectors have processed closed minutes.",
+                                    value=self.processed_before_minute * 60)
+        yield GaugeMetricFamily("tailwatch_anomaly_model_version", "Version of the anomaly model in use (0: none yet).",
+                                value=self.model_version)
+
+
+class DetectorStage:
+    name = "detectors"
+
+    def __init__(self, cfg: detector_config.DetectorsConfig | None = None, alertmanager_url: str | None = None,
+                 links: AlertLinks | None = None):
+        self.cfg = cfg or detector_config.DetectorsConfig()
+        self.set = detector_config.DetectorSet(self.cfg)
+        self.links = links or AlertLinks()
+        self.outbox = AlertmanagerOutbox(alertmanager_url) if alertmanager_url else None
+        self.collector = DetectorCollector([d.name for d in self.set.detectors])
+        self.pending_requests: dict[int, list[pl.DataFrame]] = {}
+        self.pending_gpu: dict[int, list[pl.DataFrame]] = {}
+        self.max_request_minute: int | None = None
+        self.max_gpu_minute: int | None = None
+        self.processed_before: int | None = None  # the next minute to feed the detectors
+        self._uncommitted: list[tuple[str, str, dict]] = []  # (id, state, Alertmanager payload) of the last on_closed
+        self.firing_payloads: dict[str, dict] = {}
+        self._last_resend = time.monotonic()
+
+    RESEND_S = 60.0
+
+    @classmethod
+    def from_option(cls, value: str | None, alertmanager_url: str | None = None) -> DetectorStage | None:
+        """`--detectors FILE|default|none` → a stage (or None). A bad file raises
+        DetectorConfigError, a ValueError with a one-line message."""
+        if value == "none":
+            return None
+        cfg = detector_config.load(None if value in (None, "default") else value)
+        return cls(cfg, alertmanager_url) if cfg.enabled() else None
+
+    # ---- Stage protocol ------------------------------------------------------------
+    def collectors(self) -> list:
+        return [self.collector]
+
+    def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(SCHEMA_SQL)
+        # fetchall, not fetchone: DuckDB refuses the next query while a result is unfinished.
+        row = con.execute("SELECT max(processed_before_minute) FROM _tw_detector_progress").fetchall()[0]
+        processed_before = int(row[0]) if row and row[0] is not None else None
+        newest = [con.execute(f"SELECT max(window_start) FROM {t}").fetchall()[0][0] for t in ("sli_minute", "gpu_minute")]
+        newest_minutes = [_minute_of(t) for t in newest if t is not None]
+        if not newest_minutes:
+            return  # a fresh store
+        if processed_before is None:
+            # Detectors switched on for a store with history: learn from it, raise nothing for the past.
+            processed_before = max(newest_minutes) + 1
+        start = processed_before - self.cfg.history_minutes()
+        requests = con.sql("SELECT * EXCLUDE (queue_ms_hist, first_output_ms_hist, e2e_ms_hist) FROM sli_minute "
+                           "WHERE window_start >= $1", params=[minute_start_utc(start)]).pl()
+        gpu = con.sql("SELECT * FROM gpu_minute WHERE window_start >= $1", params=[minute_start_utc(start)]).pl()
+        by_req, by_gpu = _split_by_minute(requests), _split_by_minute(gpu)
+        anomaly = self.set.get(ANOMALY)
+        models: list[AnomalyModel] = []
+        if anomaly is not None:
+            # Every stored version, so that the replay scores each minute with the model that
+            # scored it the first time (which minutes were anomalous decides what later fits
+            # and baselines learn from); nothing is refitted during the replay.
+            models = [AnomalyModel.from_blob(int(v), _minute_of(a), _minute_of(b), int(n), blob)
+                      for v, a, b, n, blob in con.execute(
+                          "SELECT version, fit_from, fit_to, fit_rows, model FROM _tw_detector_models "
+                          "WHERE detector = ? ORDER BY version", [ANOMALY]).fetchall()]
+            anomaly.fitting = False
+        first = min([*by_req, *by_gpu], default=processed_before)
+        for minute in range(max(first, start), processed_before):
+            if anomaly is not None:
+                anomaly.model = next((mdl for mdl in reversed(models) if mdl.fit_to_minute <= minute), None)
+            self.set.observe(Minute(minute, by_req.get(minute), by_gpu.get(minute)))
+        if anomaly is not None:
+            anomaly.fitting = True
+            if models:
+                anomaly.load(models[-1])
+                self.collector.model_version = models[-1].version
+        self._adopt_open(con)
+        self.processed_before = processed_before
+        self.collector.processed_before_minute = processed_before
+        for minute, part in by_req.items():
+            if minute >= processed_before:
+                self.pending_requests.setdefault(minute, []).append(part)
+        for minute, part in by_gpu.items():
+            if minute >= processed_before:
+                self.pending_gpu.setdefault(minute, []).append(part)
+        self.max_request_minute = max(by_req, default=None)
+        self.max_gpu_minute = max(by_gpu, default=None)
+
+    def _adopt_open(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The store's open detections continue as themselves; any the replay opened that
+        the store does not hold are dropped (they are raised again if the condition holds)."""
+        rows = con.execute("SELECT detector, slice, started_at, evidence FROM detections WHERE ended_at IS NULL").fetchall()
+        stored: dict[str, dict] = {}
+        for detector, labels, started_at, evidence in rows:
+            d = Detection(detector, json.loads(labels), _minute_of(started_at), None, json.loads(evidence))
+            stored.setdefault(detector, {})[slice_key(d.labels)] = d
+        for det in self.set.detectors:
+            det.tracker.open.clear()
+            for d in stored.get(det.name, {}).values():
+                det.tracker.adopt(d)
+                payload = detection_to_alertmanager(d, d.evidence, self.links)
+                self.firing_payloads[d.detection_id] = payload
+                if self.outbox is not None:
+                    self.outbox.put(payload)
+            self.collector.active[det.name] = len(det.tracker.open)
+
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        for minute, part in _split_by_minute(requests).items():
+            self.max_request_minute = max(minute, self.max_request_minute if self.max_request_minute is not None else minute)
+            if self._keep(minute, "sli_minute"):
+                self.pending_requests.setdefault(minute, []).append(part)
+        for minute, part in _split_by_minute(gpu).items():
+            self.max_gpu_minute = max(minute, self.max_gpu_minute if self.max_gpu_minute is not None else minute)
+            if self._keep(minute, "gpu_minute"):
+                self.pending_gpu.setdefault(minute, []).append(part)
+        until = self._ready_until()
+        events: list[DetectionEvent] = []
+        if until is not None:
+            if self.processed_before is None:
+                self.processed_before = min([*self.pending_requests, *self.pending_gpu])
+            history = self.cfg.history_minutes()
+            minute = self.processed_before
+            while minute <= until:
+                req = self.pending_requests.pop(minute, [])
+                gp = self.pending_gpu.pop(minute, [])
+                events.extend(self.set.observe(Minute(
+                    minute, pl.concat(req, how="vertical_relaxed") if req else None,
+                    pl.concat(gp, how="vertical_relaxed") if gp else None)))
+                minute += 1
+                if not self.pending_requests and not self.pending_gpu and until - minute > history:
+                    minute = until - history  # a long gap: empty minutes past every window change nothing
+            self.processed_before = until + 1
+            self.collector.processed_before_minute = self.processed_before
+        out = {"detection_events": self._event_rows(events)}
+        if until is not None:
+            out["_tw_detector_progress"] = pl.DataFrame({"processed_before_minute": [self.processed_before]},
+                                                        schema={"processed_before_minute": pl.Int64})
+        anomaly = self.set.get(ANOMALY)
+        if anomaly is not None and anomaly.new_models:
+            out["_tw_detector_models"] = pl.DataFrame([
+                {"detector": ANOMALY, "version": mdl.version, "fit_from": minute_start_utc(mdl.fit_from_minute),
+                 "fit_to": minute_start_utc(mdl.fit_to_minute), "fit_rows": mdl.rows, "model": mdl.to_blob()}
+                for mdl in anomaly.new_models], schema=MODEL_SCHEMA)
+            self.collector.model_version = anomaly.new_models[-1].version
+            anomaly.new_models = []
+        for det in self.set.detectors:
+            self.collector.active[det.name] = len(det.tracker.open)
+        for e in events:
+            if e.state == "raised":
+                self.collector.raised[e.detection.detector] += 1
+        return out
+
+    def _keep(self, minute: int, table: str) -> bool:
+        if self.processed_before is not None and minute < self.processed_before:
+            # Only when the table was taken as absent: the detectors have moved on.
+            log.warning("%s rows of minute %d closed after the detectors passed it: not seen by detectors", table, minute)
+            return False
+        return True
+
+    def _ready_until(self) -> int | None:
+        """The newest minute that both tables have closed (or that one table's silence lets go)."""
+        r, g = self.max_request_minute, self.max_gpu_minute
+        if r is None and g is None:
+            return None
+        if r is not None and g is not None:
+            until = min(r, g)
+        else:
+            # One source has never sent anything (a fleet without GPU telemetry, say): after
+            # an hour of the other's buckets it is taken as absent rather than late.
+            until = (r if r is not None else g) - ABSENT_SOURCE_MINUTES
+        if self.processed_before is not None and until < self.processed_before:
+            return None
+        if self.processed_before is None and until < min([*self.pending_requests, *self.pending_gpu], default=until):
+            return None
+        return until
+
+    def _event_rows(self, events: list[DetectionEvent]) -> pl.DataFrame:
+        rows = []
+        for e in events:
+            d = e.detection
+            rows.append({
+                "detection_id": d.detection_id, "detector": d.detector, "state": e.state,
+                "changed_at": minute_start_utc(e.at_minute), "started_at": minute_start_utc(d.started_at),
+                "labels": json.dumps(d.labels, sort_keys=True), "evidence": json.dumps(e.evidence, sort_keys=True),
+            })
+            # The payload is built now: `d` is the live record and may end within this checkpoint.
+            snapshot = Detection(d.detector, dict(d.labels), d.started_at, e.at_minute if e.state == "ended" else None,
+                                 dict(d.evidence))
+            self._uncommitted.append((d.detection_id, e.state,
+                                      detection_to_alertmanager(snapshot, dict(e.evidence), self.links)))
+        return pl.DataFrame(rows, schema=EVENT_SCHEMA)
+
+    def committed(self) -> None:
+        changes, self._uncommitted = self._uncommitted, []
+        for detection_id, state, payload in changes:
+            if state == "raised":
+                self.firing_payloads[detection_id] = payload
+            else:
+                self.firing_payloads.pop(detection_id, None)
+            if self.outbox is not None:
+                self.outbox.put(payload)
+        if self.outbox is not None and changes:
+            self.outbox.flush()
+
+    def deliver(self, wait_s: float = 0.0) -> None:
+        if self.outbox is None:
+            return
+        if time.monotonic() - self._last_resend >= self.RESEND_S:
+            # Alertmanager resolves an alert it has not heard of for resolve_timeout: re-send.
+            self._last_resend = time.monotonic()
+            for payload in self.firing_payloads.values():
+                self.outbox.put(payload)
+        deadline = time.monotonic() + wait_s
+        while not self.outbox.flush() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def detector_stages(value: str | None, alertmanager_url: str | None = None) -> list[DetectorStage]:
+    """`--detectors FILE|default|none` → the stages list entry (empty when off)."""
+    stage = DetectorStage.from_option(value, alertmanager_url)
+    return [stage] if stage is not None else []

@@ -1,0 +1,499 @@
+"""Detectors, pure: edge cases of each one over hand-made closed minutes (no broker, no store).
+
+Each detector is fed `Minute`s built from a few `sli_minute` / `gpu_minute` rows: empty
+input, a window longer than the input, a value exactly at the threshold, a breach in the
+first window, a breach later, no breach, zero requests.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from alerts.alertmanager import AlertLinks, detection_to_alertmanager
+from detectors import config as C
+from detectors.anomaly import AnomalyConfig, AnomalyDetector, AnomalyModel
+from detectors.cold_start import ColdStartConfig, ColdStartDetector
+from detectors.core import Detection, Finding, Minute, Tracker
+from detectors.cost import (
+    CostBaseline,
+    CostRegressionConfig,
+    CostRegressionDetector,
+    CostSums,
+    regression,
+)
+from detectors.evaluation import ObservedDetection, TruthIncident, agrees, score
+from detectors.kv_cache import (
+    KvCachePressureConfig,
+    KvCachePressureDetector,
+    PromptGrowthConfig,
+    PromptGrowthDetector,
+)
+from detectors.queue_age import (
+    QueueAgeConfig,
+    QueueAgeDetector,
+    first_breach,
+    window_mean,
+)
+from detectors.retry_storm import (
+    RetryStormConfig,
+    RetryStormDetector,
+    breaches,
+    retry_window,
+)
+from detectors.utilisation import (
+    BusyButSlowConfig,
+    BusyButSlowDetector,
+    IdleButSlowConfig,
+    IdleButSlowDetector,
+)
+from streams.detector_stage import DetectorStage
+
+T0 = 29_000_000  # an epoch minute (2025)
+
+
+def _ts(minute: int) -> datetime:
+    return datetime(1970, 1, 1) + timedelta(minutes=minute)
+
+
+def req_rows(minute: int, **fields) -> dict:
+    row = {"window_start": _ts(minute), "tenant": "acme", "model": "m", "model_version": "v1", "zone": "z1",
+           "workload": "llm", "traffic_class": "realtime", "deployment": "stable", "pool": "p1",
+           "requests": 0, "ok": 0, "errors": 0, "timeouts": 0, "retries": 0, "turns": 0, "successful_turns": 0,
+           "prompt_tokens": 0, "output_tokens": 0, "gpu_seconds": 0.0,
+           "queue_ms_p95": None, "first_output_ms_p95": None, "e2e_ms_p95": None}
+    row.update(fields)
+    return row
+
+
+def gpu_row(minute: int, **fields) -> dict:
+    row = {"window_start": _ts(minute), "node": "n1", "gpu_index": 0, "zone": "z1", "pool": "p1", "gpu_sku": "H100",
+           "model": "m", "model_version": "v1", "util_pct_mean": 50.0, "oldest_queue_age_ms_max": 20.0,
+           "queue_depth_max": 1, "kv_cache_usage_max": 0.3, "preemptions": 0, "replica_state": "warm"}
+    row.update(fields)
+    return row
+
+
+REQ_SCHEMA = {"window_start": pl.Datetime("us"), "requests": pl.Int64, "ok": pl.Int64, "errors": pl.Int64,
+              "timeouts": pl.Int64, "retries": pl.Int64, "turns": pl.Int64, "successful_turns": pl.Int64,
+              "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "gpu_seconds": pl.Float64,
+              "queue_ms_p95": pl.Float64, "first_output_ms_p95": pl.Float64, "e2e_ms_p95": pl.Float64}
+GPU_SCHEMA = {"window_start": pl.Datetime("us"), "gpu_index": pl.Int32, "util_pct_mean": pl.Float64,
+              "oldest_queue_age_ms_max": pl.Float64, "queue_depth_max": pl.Int64, "kv_cache_usage_max": pl.Float64,
+              "preemptions": pl.Int64}
+
+
+def minute(m: int, requests: list[dict] | None = None, gpu: list[dict] | None = None) -> Minute:
+    r = pl.DataFrame(requests, schema_overrides=REQ_SCHEMA) if requests else None
+    g = pl.DataFrame(gpu, schema_overrides=GPU_SCHEMA) if gpu else None
+    return Minute(T0 + m, r, g)
+
+
+def run(detector, minutes: list[Minute]):
+    events = []
+    for m in minutes:
+        events.extend(detector.observe(m))
+    return events
+
+
+def raised(events):
+    return [e for e in events if e.state == "raised"]
+
+
+# ---- tracker ---------------------------------------------------------------------------
+
+def test_tracker_one_event_while_it_holds_and_ends_after_clear_minutes():
+    t = Tracker("x", clear_minutes=2)
+    f = Finding({"pool": "p"}, {"v": 1.0})
+    assert [e.state for e in t.update(10, [f])] == ["raised"]
+    assert t.update(11, [f]) == []
+    assert t.update(12, []) == []  # one clear minute: still open (flicker guard)
+    assert t.update(13, [f]) == []  # held again: the same detection
+    assert t.update(14, []) == []
+    ended = t.update(15, [])
+    assert [e.state for e in ended] == ["ended"] and ended[0].detection.ended_at == 14
+    assert ended[0].detection.started_at == 10
+
+
+# ---- retry storm -------------------------------------------------------------------------
+
+def test_retry_window_without_requests_divides_nothing():
+    w = retry_window([])
+    assert (w.requests, w.retry_ratio, w.amplification) == (0, None, None)
+    w = retry_window([(0, 0), (0, 0)])
+    assert w.retry_ratio is None and not breaches(w, RetryStormConfig())
+    assert retry_window([(10, 10)]).amplification is None  # no first attempts at all
+    assert retry_window([(300, 100)]).amplification == pytest.approx(1.5)
+
+
+def _retry_minutes(ratios: list[float], requests: int = 100):
+    return [minute(i, [req_rows(T0 + i, requests=requests, retries=round(requests * r))]) for i, r in enumerate(ratios)]
+
+
+def test_retry_storm_empty_input_and_no_breach():
+    d = RetryStormDetector(RetryStormConfig())
+    assert run(d, [minute(0), minute(1), minute(2)]) == []
+    assert run(RetryStormDetector(RetryStormConfig()), _retry_minutes([0.01] * 10)) == []
+
+
+def test_retry_storm_window_longer_than_input_never_fires():
+    d = RetryStormDetector(RetryStormConfig(window_minutes=5))
+    assert run(d, _retry_minutes([0.5, 0.5, 0.5, 0.5])) == []
+
+
+def test_retry_storm_exactly_at_threshold_does_not_breach():
+    assert run(RetryStormDetector(RetryStormConfig()), _retry_minutes([0.1] * 6)) == []
+
+
+def test_retry_storm_breach_in_first_window_fires_at_its_end():
+    events = run(RetryStormDetector(RetryStormConfig(window_minutes=3)), _retry_minutes([0.3] * 4))
+    assert len(raised(events)) == 1
+    e = raised(events)[0]
+    assert e.at_minute == T0 + 2
+    assert e.evidence["retry_ratio"] == pytest.approx(0.3)
+    assert e.evidence["retry_amplification"] == pytest.approx(1 / 0.7, rel=1e-3)
+    assert e.detection.labels == {"workload": "llm", "model": "m", "zone": "z1"}
+
+
+def test_retry_storm_breach_later_then_ends():
+    events = run(RetryStormDetector(RetryStormConfig(window_minutes=3, clear_minutes=2)),
+                 _retry_minutes([0.0] * 5 + [0.5] * 5 + [0.0] * 8))
+    assert [e.state for e in events] == ["raised", "ended"]
+    assert events[0].at_minute == T0 + 5  # (0 + 0 + 0.5) / 3 > 0.1 on the storm's first minute
+    assert events[1].detection.ended_at == T0 + 10 + 2  # window clear from minute 12 on
+
+
+def test_retry_storm_ignores_tiny_samples_and_zero_requests():
+    d = RetryStormDetector(RetryStormConfig(min_requests=200))
+    assert run(d, _retry_minutes([0.9] * 5, requests=10)) == []
+    assert run(RetryStormDetector(RetryStormConfig()), _retry_minutes([0.0] * 5, requests=0)) == []
+
+
+# ---- queue age ---------------------------------------------------------------------------
+
+def test_queue_first_breach_edges():
+    assert first_breach([], 3, 1000) is None
+    assert first_breach([5000, 5000], 3, 1000) is None  # k larger than the input
+    assert first_breach([1000, 1000, 1000, 1000], 3, 1000) is None  # equality does not breach
+    assert first_breach([2000, 2000, 2000, 0], 3, 1000) == 2  # first window: fires at its end
+    assert first_breach([0, 0, 0, 0, 3100, 0], 3, 1000) == 4  # later: the first window whose mean exceeds
+    assert first_breach([10, 20, 30], 2, 1000) is None
+    with pytest.raises(ValueError):
+        window_mean([1.0], 0)
+
+
+def _queue_minutes(ages: list[float]):
+    return [minute(i, gpu=[gpu_row(T0 + i, oldest_queue_age_ms_max=a)]) for i, a in enumerate(ages)]
+
+
+def test_queue_age_detector_fires_at_end_of_breaching_window():
+    d = QueueAgeDetector(QueueAgeConfig(window_minutes=3, clear_minutes=1))
+    events = run(d, _queue_minutes([20, 20, 20, 20, 3100, 3100, 20, 20, 20, 20]))
+    assert [e.state for e in events] == ["raised", "ended"]
+    assert events[0].at_minute == T0 + 4
+    assert events[0].evidence["oldest_queue_age_ms_mean"] == pytest.approx((20 + 20 + 3100) / 3)
+    assert run(QueueAgeDetector(QueueAgeConfig()), _queue_minutes([1000] * 6)) == []
+    assert run(QueueAgeDetector(QueueAgeConfig()), []) == []
+    assert run(QueueAgeDetector(QueueAgeConfig()), [minute(0), minute(1), minute(2)]) == []
+
+
+def test_queue_age_takes_the_oldest_request_in_the_pool():
+    m = minute(0, gpu=[gpu_row(T0, oldest_queue_age_ms_max=10.0), gpu_row(T0, node="n2", oldest_queue_age_ms_max=4000.0)])
+    assert m.pools()["p1"].oldest_queue_age_ms_max == 4000.0
+    assert m.pools()["p1"].gpus == 2
+
+
+# ---- busy / idle but slow -----------------------------------------------------------------
+
+def _pool_minute(i, util, age, e2e=1000.0, requests=100, classes=(("realtime", 1.0),)):
+    reqs = [req_rows(T0 + i, traffic_class=c, requests=round(requests * share), e2e_ms_p95=e2e) for c, share in classes]
+    return minute(i, reqs, [gpu_row(T0 + i, util_pct_mean=util, oldest_queue_age_ms_max=age)])
+
+
+def test_busy_but_slow_names_the_traffic_classes_in_the_pool():
+    cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+    ms = [_pool_minute(i, 50, 20) for i in range(10)]
+    ms += [_pool_minute(10 + i, 95, 3000, classes=(("realtime", 0.6), ("replay", 0.4))) for i in range(5)]
+    events = raised(run(BusyButSlowDetector(cfg), ms))
+    assert len(events) == 1
+    ev = events[0].evidence
+    # Raised at minute 11, the first window busy on average: (50 + 95 + 95) / 3 = 80.
+    assert events[0].at_minute == T0 + 11
+    assert ev["share_replay"] == pytest.approx(80 / 300, abs=1e-4) and ev["share_realtime"] == pytest.approx(220 / 300, abs=1e-4)
+    assert ev["util_pct_mean"] >= 80
+
+
+def test_busy_but_slow_needs_a_baseline_and_busy_gpus():
+    cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+    assert run(BusyButSlowDetector(cfg), [_pool_minute(i, 95, 3000) for i in range(4)]) == []  # no baseline yet
+    quiet = [_pool_minute(i, 50, 20) for i in range(10)]
+    assert run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 50, 3000) for i in range(5)]) == []  # not busy
+    # Exactly at the utilisation floor counts as busy.
+    assert raised(run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 80.0, 3000) for i in range(5)]))
+
+
+def test_idle_but_slow_fires_on_latency_with_idle_gpus_only():
+    cfg = IdleButSlowConfig(baseline_minutes=10, min_baseline_minutes=5, min_requests=30)
+    base = [_pool_minute(i, 25, 20, e2e=1000) for i in range(10)]
+    events = raised(run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=3000) for i in range(4)]))
+    assert len(events) == 1 and events[0].evidence["latency_ratio"] >= 2
+    assert run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 90, 20, e2e=3000) for i in range(4)]) == []
+    # Exactly 2x (the factor) breaches; zero requests never do.
+    assert raised(run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=2000) for i in range(4)]))
+    assert run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=3000, requests=0) for i in range(4)]) == []
+
+
+# ---- KV cache and prompts -----------------------------------------------------------------
+
+def test_kv_cache_pressure_needs_full_cache_and_rising_preemptions():
+    cfg = KvCachePressureConfig(baseline_minutes=5)
+    calm = [minute(i, gpu=[gpu_row(T0 + i, kv_cache_usage_max=0.4)]) for i in range(5)]
+    full = [minute(5 + i, gpu=[gpu_row(T0 + 5 + i, kv_cache_usage_max=0.97, preemptions=4)]) for i in range(4)]
+    events = raised(run(KvCachePressureDetector(cfg), calm + full))
+    assert len(events) == 1 and events[0].at_minute == T0 + 7
+    no_pre = [minute(5 + i, gpu=[gpu_row(T0 + 5 + i, kv_cache_usage_max=0.97)]) for i in range(4)]
+    assert run(KvCachePressureDetector(cfg), calm + no_pre) == []
+    at = [minute(i, gpu=[gpu_row(T0 + i, kv_cache_usage_max=0.9, preemptions=3)]) for i in range(3)]
+    assert raised(run(KvCachePressureDetector(cfg), at))  # exactly 0.9 is near full; no baseline: rate 0
+    assert run(KvCachePressureDetector(cfg), [minute(0), minute(1)]) == []
+
+
+def test_prompt_growth_against_the_models_own_baseline():
+    cfg = PromptGrowthConfig(baseline_minutes=10, min_baseline_minutes=5, min_requests=50)
+    base = [minute(i, [req_rows(T0 + i, requests=100, prompt_tokens=100 * 1000)]) for i in range(10)]
+    grown = [minute(10 + i, [req_rows(T0 + 10 + i, requests=100, prompt_tokens=100 * 3000)]) for i in range(4)]
+    events = raised(run(PromptGrowthDetector(cfg), base + grown))
+    assert len(events) == 1 and events[0].at_minute == T0 + 11 and events[0].evidence["growth"] >= 2
+    double = [minute(10 + i, [req_rows(T0 + 10 + i, requests=100, prompt_tokens=100 * 1999)]) for i in range(4)]
+    assert run(PromptGrowthDetector(cfg), base + double) == []  # just under 2x
+    zero = [minute(10 + i, [req_rows(T0 + 10 + i, requests=0, prompt_tokens=0)]) for i in range(4)]
+    assert run(PromptGrowthDetector(cfg), base + zero) == []
+    assert run(PromptGrowthDetector(cfg), grown) == []  # no baseline
+
+
+# ---- cold starts ---------------------------------------------------------------------------
+
+def _cold_minute(i, states):
+    return minute(i, gpu=[gpu_row(T0 + i, node=f"n{g}", replica_state=s, queue_depth_max=5 if s != "warm" else 1)
+                          for g, s in enumerate(states)])
+
+
+def test_cold_start_warm_ratio_and_load_time():
+    cfg = ColdStartConfig(window_minutes=2, warm_ratio_target=0.75, clear_minutes=1)
+    ms = [_cold_minute(0, ["warm"] * 4), _cold_minute(1, ["loading", "loading", "warm", "warm"]),
+          _cold_minute(2, ["loading", "loading", "warm", "warm"]), _cold_minute(3, ["warm"] * 4),
+          _cold_minute(4, ["warm"] * 4), _cold_minute(5, ["warm"] * 4)]
+    events = run(ColdStartDetector(cfg), ms)
+    assert [e.state for e in events] == ["raised", "ended"]
+    # Minute 1: (4 + 2) / 8 = 0.75 is not under the target; minute 2: (2 + 2) / 8 is.
+    assert events[0].at_minute == T0 + 2
+    assert events[0].evidence["queue_depth_behind_cold"] == 10
+    assert events[0].evidence["longest_loading_minutes"] == 2
+    ended = events[1]
+    assert ended.detection.ended_at == T0 + 3 and ended.evidence == events[0].evidence
+    # Exactly at the target does not breach.
+    assert run(ColdStartDetector(cfg), [_cold_minute(i, ["loading", "warm", "warm", "warm"]) for i in range(3)]) == []
+    assert run(ColdStartDetector(cfg), [minute(0), minute(1)]) == []
+
+
+def test_cold_start_a_load_that_never_finishes():
+    cfg = ColdStartConfig(window_minutes=2, max_loading_minutes=3)
+    ms = [_cold_minute(i, ["loading"] + ["warm"] * 9) for i in range(4)]
+    events = raised(run(ColdStartDetector(cfg), ms))
+    assert len(events) == 1 and events[0].at_minute == T0 + 2 and events[0].evidence["longest_loading_minutes"] == 3
+
+
+# ---- cost regression -----------------------------------------------------------------------
+
+def test_cost_regression_edges():
+    cfg = CostRegressionConfig(min_successful_turns=10)
+    base = CostBaseline(per_successful_turn=1.0, per_1k_tokens=None, task_success=0.9)
+    assert regression(CostSums(100.0, 0, 0, 0), base, cfg) is None  # no successful turns: nothing to divide
+    assert regression(CostSums(130.0, 111, 100, 0), base, cfg) is None  # exactly +30% does not breach
+    assert regression(CostSums(131.0, 111, 100, 0), base, cfg) is not None
+    assert regression(CostSums(150.0, 100, 100, 0), base, cfg) is None  # success rose 0.9 -> 1.0: worth it
+    assert regression(CostSums(150.0, 111, 100, 0), CostBaseline(None, None, None), cfg) is None  # no baseline
+
+
+def _cost_minute(i, gpu_seconds, successful=100):
+    return minute(i, [req_rows(T0 + i, requests=110, turns=110, successful_turns=successful, gpu_seconds=gpu_seconds)])
+
+
+def test_cost_regression_detector_first_and_later_windows():
+    cfg = CostRegressionConfig(window_minutes=3, baseline_minutes=10, min_baseline_minutes=5, min_successful_turns=50)
+    base = [_cost_minute(i, 100.0) for i in range(10)]
+    events = raised(run(CostRegressionDetector(cfg), base + [_cost_minute(10 + i, 200.0) for i in range(4)]))
+    assert len(events) == 1 and events[0].at_minute == T0 + 10  # (200 + 100 + 100) / 300 = +33%
+    assert events[0].evidence["gpu_seconds_per_successful_turn_baseline"] == pytest.approx(1.0)
+    assert run(CostRegressionDetector(cfg), [_cost_minute(i, 200.0) for i in range(4)]) == []  # no baseline yet
+    zero = [minute(10 + i, [req_rows(T0 + 10 + i)]) for i in range(4)]  # zero requests, zero turns
+    assert run(CostRegressionDetector(cfg), base + zero) == []
+
+
+# ---- anomaly -------------------------------------------------------------------------------
+
+def _llm_minute(i, rng, out_per_ok=220.0, requests=60):
+    ok = requests
+    return minute(i, [req_rows(T0 + i, requests=requests, ok=ok, turns=requests, successful_turns=requests - 2,
+                               output_tokens=int(ok * out_per_ok * rng.uniform(0.93, 1.07)),
+                               prompt_tokens=int(requests * 1600 * rng.uniform(0.95, 1.05)),
+                               gpu_seconds=requests * 1.6 * rng.uniform(0.95, 1.05), e2e_ms_p95=5000 * rng.uniform(0.9, 1.1)),
+                      req_rows(T0 + i, model="asr", model_version="a1", workload="asr", requests=requests, ok=ok,
+                               turns=requests, successful_turns=requests - 1, gpu_seconds=requests * 0.35 * rng.uniform(0.95, 1.05),
+                               e2e_ms_p95=2400 * rng.uniform(0.9, 1.1))])
+
+
+ANOMALY_TEST = AnomalyConfig(refit_every_minutes=30, fit_window_minutes=60, min_fit_rows=50, baseline_minutes=20)
+
+
+def test_anomaly_flags_collapsed_output_and_not_normal_minutes():
+    rng = np.random.default_rng(3)
+    d = AnomalyDetector(ANOMALY_TEST)
+    start = -(T0 % 30)  # so that a fit falls at minute 30 of the stream, aligned to event time
+    normal = [_llm_minute(start + i, rng) for i in range(70)]
+    assert run(d, normal) == []
+    assert d.model is not None and d.model.version >= 1 and d.new_models
+    collapsed = [_llm_minute(start + 70 + i, rng, out_per_ok=10.0) for i in range(5)]
+    events = raised(run(d, collapsed))
+    assert len(events) == 1
+    e = events[0]
+    assert e.detection.labels == {"model": "m", "model_version": "v1"}
+    assert e.evidence["output_tokens_per_ok_z"] < -10 and e.evidence["score"] < ANOMALY_TEST.score_threshold
+    assert e.at_minute == T0 + start + 72  # three anomalous minutes in a row
+
+
+def test_anomaly_without_a_model_or_input_raises_nothing():
+    d = AnomalyDetector(AnomalyConfig())
+    rng = np.random.default_rng(1)
+    assert run(d, [minute(i) for i in range(5)]) == []
+    assert run(d, [_llm_minute(i, rng, out_per_ok=1.0 if i > 20 else 220.0) for i in range(30)]) == []  # never fitted
+    assert run(d, [_llm_minute(30 + i, rng, requests=0) for i in range(3)]) == []  # zero requests
+
+
+def test_anomaly_model_round_trips_and_fits_deterministically():
+    def fitted():
+        rng = np.random.default_rng(5)
+        d = AnomalyDetector(ANOMALY_TEST)
+        run(d, [_llm_minute(-(T0 % 30) + i, rng) for i in range(70)])
+        return d.model
+
+    a, b = fitted(), fitted()
+    probe = np.array([[0.0] * 6, [0, 0, -30, 0, 0, 0]])
+    assert np.array_equal(a.forest.score_samples(probe), b.forest.score_samples(probe))
+    back = AnomalyModel.from_blob(a.version, a.fit_from_minute, a.fit_to_minute, a.rows, a.to_blob())
+    assert np.array_equal(back.forest.score_samples(probe), a.forest.score_samples(probe))
+    assert (back.version, back.fit_to_minute) == (a.version, a.fit_to_minute)
+
+
+def test_anomaly_isolation_forest_is_available_too():
+    from detectors.anomaly import fit_model
+
+    rows = np.random.default_rng(0).normal(size=(100, 6))
+    m = fit_model(rows, AnomalyConfig(model="isolation_forest"))
+    assert m.score_samples(rows[:2]).shape == (2,)
+    with pytest.raises(ValueError):
+        fit_model(rows, AnomalyConfig(model="nope"))
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+def test_defaults_yaml_is_the_dataclass_defaults():
+    assert C.load().configs == C.DetectorsConfig().configs
+
+
+def test_config_layers_and_errors(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("retry_storm:\n  window_minutes: 5\n  slice_by: [model]\nanomaly:\n  enabled: false\n")
+    cfg = C.load(f)
+    assert cfg.configs["retry_storm"].window_minutes == 5 and cfg.configs["retry_storm"].slice_by == ("model",)
+    assert cfg.configs["retry_storm"].min_requests == RetryStormConfig().min_requests
+    assert "anomaly" not in cfg.enabled()
+    for text, needle in [("nope: {}\n", "unknown detector"), ("queue_age:\n  k: 3\n", "unknown setting"),
+                         ("queue_age:\n  window_minutes: three\n", "expected an integer"),
+                         ("queue_age:\n  window_minutes: 0\n", "must be positive"),
+                         ("queue_age: [1, 2\n", "not valid YAML"), ("- 1\n", "expected a mapping"),
+                         ("anomaly:\n  model: svm\n", "not one of"), ("retry_storm:\n  slice_by: [user]\n", "slice label"),
+                         ("idle_but_slow:\n  latency_field: e2e_ms\n", "not one of"),
+                         ("queue_age:\n  pool_regex: '['\n", "regular expression")]:
+        f.write_text(text)
+        with pytest.raises(C.DetectorConfigError, match=needle) as exc:
+            C.load(f)
+        assert "\n" not in str(exc.value)
+    with pytest.raises(C.DetectorConfigError, match="cannot read"):
+        C.load(tmp_path / "missing.yaml")
+
+
+def test_cli_bad_detectors_file_is_one_line(tmp_path, capsys):
+    from tailwatch.cli import main
+
+    f = tmp_path / "bad.yaml"
+    f.write_text("retry_storm:\n  retry_ratio_threshold: high\n")
+    assert main(["worker", "--detectors", str(f), "--bootstrap-servers", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "retry_ratio_threshold" in err and len(err.splitlines()) == 1
+
+
+# ---- evaluation scoring --------------------------------------------------------------------
+
+def test_scoring_hits_false_alerts_explained_and_delay():
+    incidents = [TruthIncident("a", "queue_age", 100, 110, {"pool": "p1", "model": "m"}),
+                 TruthIncident("b", "queue_age", 200, 210, {"pool": "p2", "model": "m"})]
+    dets = [ObservedDetection("queue_age", {"pool": "p1", "model": "m", "zone": "z"}, 101, 112),
+            ObservedDetection("queue_age", {"pool": "p1", "model": "m", "zone": "z"}, 150, 152),  # false
+            ObservedDetection("anomaly", {"model": "m", "model_version": "v"}, 103, 108),  # explained
+            ObservedDetection("queue_age", {"pool": "p2", "model": "m"}, 216, None)]  # after end + grace: false
+    s = score(dets, incidents, ["queue_age", "anomaly"], simulated_minutes=720)
+    q = s["queue_age"]
+    assert (q.incidents, q.hit, q.false_alerts, q.recall) == (2, 1, 2, 0.5)
+    assert q.delays_minutes == [2] and q.false_alerts_per_day == pytest.approx(4.0)
+    assert (s["anomaly"].explained, s["anomaly"].false_alerts, s["anomaly"].recall) == (1, 0, None)
+    assert agrees({"pool": "p"}, {}) and not agrees({"model_version": "v"}, {"pool": "p"})
+
+
+# ---- the stage, without a broker -----------------------------------------------------------
+
+def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    from streams.store import SCHEMA_SQL
+
+    con.execute(SCHEMA_SQL)
+    stage = DetectorStage()
+    stage.rebuild(con)
+    out = stage.on_closed(pl.DataFrame(), pl.DataFrame())
+    assert out["detection_events"].height == 0
+    reqs = pl.DataFrame([req_rows(T0 + i, requests=100, retries=50) for i in range(5)], schema_overrides=REQ_SCHEMA)
+    stage.on_closed(reqs, pl.DataFrame())
+    assert stage.processed_before is None  # no GPU minute closed yet: nothing fed
+    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(3)], schema_overrides=GPU_SCHEMA)
+    out = stage.on_closed(pl.DataFrame(), gpu)
+    assert stage.processed_before == T0 + 3
+    rows = out["detection_events"]
+    assert rows["detector"].to_list() == ["retry_storm"] and rows["state"].to_list() == ["raised"]
+    con.register("_e", rows.to_arrow())
+    con.execute("INSERT INTO detection_events BY NAME SELECT * FROM _e")
+    assert con.execute("SELECT detector, ended_at FROM detections").fetchall() == [("retry_storm", None)]
+
+
+def test_detection_alert_payload_has_links_and_numbers():
+    d = Detection("queue_age", {"pool": "p1", "zone": "z1"}, T0, None, {"oldest_queue_age_ms_mean": 1500.0})
+    a = detection_to_alertmanager(d, d.evidence, AlertLinks())
+    assert a["labels"]["alertname"] == "DetectorQueueAge" and a["labels"]["pool"] == "p1"
+    assert a["annotations"]["runbook_url"].endswith("runbooks/detector-queue-age.md")
+    assert "var-pool=p1" in a["annotations"]["dashboard_url"] and "1500" in a["annotations"]["summary"]
+    assert "endsAt" not in a
+    d.ended_at = T0 + 5
+    assert "endsAt" in detection_to_alertmanager(d, d.evidence, AlertLinks())
+
+
+def test_every_detector_has_a_runbook():
+    from pathlib import Path
+
+    from alerts.alertmanager import detector_runbook
+
+    root = Path(__file__).resolve().parents[1]
+    for name in C.DETECTOR_NAMES:
+        assert (root / detector_runbook(name)).is_file(), name
