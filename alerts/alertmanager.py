@@ -16,6 +16,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
+from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from slo.engine import AlertChange
 from slo.sli import span
 from slo.windows import minute_start_utc
@@ -28,7 +29,15 @@ class AlertLinks:
     """Where a page points a person: the runbook and the dashboard, with the slice preset."""
 
     runbook_base_url: str = "https://github.com/tailwatch/tailwatch/blob/main/"
-    dashboard_base_url: str = "http://grafana.local/d/tailwatch-slo"
+    grafana_url: str = "http://grafana.local"
+
+    @property
+    def dashboard_base_url(self) -> str:
+        """The SLO detail dashboard, where SLO pages land with their slice preset."""
+        return self.dashboard(UID_SLO)
+
+    def dashboard(self, uid: str) -> str:
+        return f"{self.grafana_url.rstrip('/')}/d/{uid}"
 
 
 def rfc3339(minute: int) -> str:
@@ -151,7 +160,9 @@ def detection_to_alertmanager(detection, evidence: dict[str, float], links: Aler
     labels = {k: v for k, v in detection.labels.items() if v}
     slice_text = ", ".join(f"{k}={v}" for k, v in labels.items()) or "all traffic"
     numbers = ", ".join(f"{k}={v:g}" for k, v in evidence.items())
-    query = "&".join([f"var-detector={detection.detector}", *(f"var-{k}={v}" for k, v in labels.items())])
+    # The evidence dashboard, preset to the detection's slice where it has that variable.
+    query = "&".join(f"var-{k}={v}" for k, v in labels.items() if k in FILTER_LABELS)
+    url = links.dashboard(DETECTOR_DASHBOARD.get(detection.detector, UID_FLEET)) + (f"?{query}" if query else "")
     alert = {
         "labels": {"alertname": detector_alertname(detection.detector),
                    "severity": DETECTOR_SEVERITY.get(detection.detector, "ticket"),
@@ -159,10 +170,10 @@ def detection_to_alertmanager(detection, evidence: dict[str, float], links: Aler
         "annotations": {
             "summary": f"{detection.detector.replace('_', ' ')} on {slice_text}: {numbers}",
             "runbook_url": links.runbook_base_url + detector_runbook(detection.detector),
-            "dashboard_url": f"{links.dashboard_base_url}?{query}",
+            "dashboard_url": url,
         },
         "startsAt": rfc3339(detection.started_at),
-        "generatorURL": f"{links.dashboard_base_url}?{query}",
+        "generatorURL": url,
     }
     if detection.ended_at is not None:
         alert["endsAt"] = rfc3339(detection.ended_at)

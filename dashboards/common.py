@@ -24,18 +24,10 @@ TAG = "tailwatch"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"  # Grafana: at least 4 scrape intervals, so rate() always has 2 samples
 
-# The variables the fleet dashboards filter on; a metric is filtered on those it carries.
-FILTER_LABELS = ("tenant", "model", "zone", "workload")
-
-# Dashboard uids: stable, so links and bookmarks survive regeneration. The SLO detail uid
-# is what alerts.alertmanager.AlertLinks points pages at (…/d/tailwatch-slo?var-slo=…).
-UID_FLEET = "tailwatch-fleet"
-UID_SLO = "tailwatch-slo"
-UID_LATENCY = "tailwatch-latency"
-UID_CANARY = "tailwatch-canary"
-UID_GPU = "tailwatch-gpu"
-UID_COST = "tailwatch-cost"
-UID_PIPELINE = "tailwatch-pipeline"
+# Dashboard uids (stable, so links and bookmarks survive regeneration) and filter labels.
+from dashboards.uids import (  # noqa: E402,F401
+    FILTER_LABELS, UID_CANARY, UID_COST, UID_FLEET, UID_GPU, UID_LATENCY, UID_PIPELINE, UID_SLO,
+)
 
 _TRAFFIC_METRICS = ("tailwatch_requests_total", "tailwatch_request_retries_total", "tailwatch_turns_total",
                     "tailwatch_successful_turns_total", "tailwatch_prompt_tokens_total",

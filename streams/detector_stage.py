@@ -113,6 +113,7 @@ class DetectorCollector:
 
 class DetectorStage:
     name = "detectors"
+    needs_every_partition = True  # slices span tenants, hence partitions
 
     def __init__(self, cfg: detector_config.DetectorsConfig | None = None, alertmanager_url: str | None = None,
                  links: AlertLinks | None = None):
@@ -133,13 +134,14 @@ class DetectorStage:
     RESEND_S = 60.0
 
     @classmethod
-    def from_option(cls, value: str | None, alertmanager_url: str | None = None) -> DetectorStage | None:
+    def from_option(cls, value: str | None, alertmanager_url: str | None = None,
+                    links: AlertLinks | None = None) -> DetectorStage | None:
         """`--detectors FILE|default|none` → a stage (or None). A bad file raises
         DetectorConfigError, a ValueError with a one-line message."""
         if value == "none":
             return None
         cfg = detector_config.load(None if value in (None, "default") else value)
-        return cls(cfg, alertmanager_url) if cfg.enabled() else None
+        return cls(cfg, alertmanager_url, links) if cfg.enabled() else None
 
     # ---- Stage protocol ------------------------------------------------------------
     def collectors(self) -> list:
@@ -324,7 +326,8 @@ class DetectorStage:
             time.sleep(0.2)
 
 
-def detector_stages(value: str | None, alertmanager_url: str | None = None) -> list[DetectorStage]:
+def detector_stages(value: str | None, alertmanager_url: str | None = None,
+                    links: AlertLinks | None = None) -> list[DetectorStage]:
     """`--detectors FILE|default|none` → the stages list entry (empty when off)."""
-    stage = DetectorStage.from_option(value, alertmanager_url)
+    stage = DetectorStage.from_option(value, alertmanager_url, links)
     return [stage] if stage is not None else []

@@ -178,6 +178,7 @@ class FleetMetrics:
     """The stage: closed buckets → FleetCollector. Writes no store rows."""
 
     name = "fleet_metrics"
+    needs_every_partition = False  # counters add up across workers
 
     def __init__(self, config: FleetMetricsConfig | None = None):
         self.config = config or FleetMetricsConfig()

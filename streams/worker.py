@@ -21,6 +21,7 @@ from typing import Callable
 import polars as pl
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
+from alerts.alertmanager import AlertLinks
 from ingest import deadletter
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
@@ -62,6 +63,7 @@ class WorkerSettings:
     http_host: str = "127.0.0.1"
     api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port
     prices: GpuPrices = field(default_factory=GpuPrices)
+    alert_links: AlertLinks = field(default_factory=AlertLinks)  # where pages point: runbooks, Grafana
     signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
 
 
@@ -106,7 +108,7 @@ class Worker:
         self._stored_frontiers: dict[str, int | None] = {}
         self._requests_partitions = 0
         self._warned_partial = False
-        self.slo = SloStage(settings.slos, settings.alertmanager_url) if settings.slos else None
+        self.slo = SloStage(settings.slos, settings.alertmanager_url, settings.alert_links) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
         self.stages = list(settings.stages)
@@ -387,10 +389,13 @@ class Worker:
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
         closed = {t.table: t.closed for t in topics}
-        if self.slo and self._owns_all_requests():
+        owns_all = self._owns_all_requests()
+        if self.slo and owns_all:
             cp.slo_status, cp.alert_changes = self.slo.evaluate(closed["sli_minute"])
         if any(f.height for f in closed.values()):
             for stage in self.stages:
+                if getattr(stage, "needs_every_partition", False) and not owns_all:
+                    continue
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():
                     cp.stage_rows.append((table, rows))
         with self.store as con:
@@ -405,14 +410,15 @@ class Worker:
         self._update_gauges(consumer)
 
     def _owns_all_requests(self) -> bool:
-        """An SLO slice spans tenants, hence partitions: a worker that owns only some of
-        them would compute partial SLIs and page wrongly, so it evaluates no SLOs."""
+        """An SLO slice or a detector's slice spans tenants, hence partitions: a worker that
+        owns only some of them would see partial slices and page wrongly, so it evaluates
+        no SLOs and runs no detectors."""
         owned = len(self.pipelines[self.settings.kafka.topic("requests")].assigned)
         if owned >= self._requests_partitions:
             return True
         if not self._warned_partial:
-            log.warning("this worker owns %d of %d partitions of the requests topic: SLO evaluation is off "
-                        "(it needs every partition; run one worker with --slos)", owned, self._requests_partitions)
+            log.warning("this worker owns %d of %d partitions of the requests topic: SLO evaluation and detectors "
+                        "are off (they need every partition)", owned, self._requests_partitions)
             self._warned_partial = True
         return False
 

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deliver SLO alerts to this Alertmanager (v2 API), e.g. http://127.0.0.1:9093")
     p.add_argument("--detectors", default="default", metavar="FILE",
                    help="detector settings: a YAML file, `default` (detectors/defaults.yaml) or `none`")
+    p.add_argument("--grafana-url", default="http://grafana.local", metavar="URL",
+                   help="Grafana base URL that pages link to (dashboards from `tailwatch dashboards generate`)")
+    p.add_argument("--runbook-url", default="https://github.com/tailwatch/tailwatch/blob/main/", metavar="URL",
+                   help="base URL that runbook paths in pages are appended to")
     p.add_argument("--http-host", default="127.0.0.1",
                    help="address of the HTTP port (default loopback; any other needs tokens in --api-config)")
     p.add_argument("--api-config", default=None, metavar="FILE",

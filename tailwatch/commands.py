@@ -125,23 +125,25 @@ def load_prices_option(path: str | None):
         raise CliError(f"--prices {exc}") from None
 
 
-def _stages(args: argparse.Namespace, prices) -> list:
+def _stages(args: argparse.Namespace, prices, links) -> list:
     """The stages a worker feeds with closed minutes (streams.stages.Stage), one line each."""
     from streams.detector_stage import detector_stages
     from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
 
     stages: list = []
     stages.append(FleetMetrics(FleetMetricsConfig(prices=prices)))
-    stages.extend(detector_stages(getattr(args, "detectors", "default"), getattr(args, "alertmanager_url", None)))
+    stages.extend(detector_stages(args.detectors, args.alertmanager_url, links))
     return stages
 
 
 def _worker_settings(args: argparse.Namespace, **overrides):
+    from alerts.alertmanager import AlertLinks
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
+    links = AlertLinks(runbook_base_url=args.runbook_url, grafana_url=args.grafana_url)
     if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
         raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
     return WorkerSettings(
@@ -161,7 +163,8 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
-        stages=_stages(args, prices),
+        stages=_stages(args, prices, links),
+        alert_links=links,
         **overrides,
     )
 

@@ -483,7 +483,8 @@ def test_detection_alert_payload_has_links_and_numbers():
     a = detection_to_alertmanager(d, d.evidence, AlertLinks())
     assert a["labels"]["alertname"] == "DetectorQueueAge" and a["labels"]["pool"] == "p1"
     assert a["annotations"]["runbook_url"].endswith("runbooks/detector-queue-age.md")
-    assert "var-pool=p1" in a["annotations"]["dashboard_url"] and "1500" in a["annotations"]["summary"]
+    assert a["annotations"]["dashboard_url"].startswith("http://grafana.local/d/tailwatch-latency?")  # its evidence
+    assert "1500" in a["annotations"]["summary"]
     assert "endsAt" not in a
     d.ended_at = T0 + 5
     assert "endsAt" in detection_to_alertmanager(d, d.evidence, AlertLinks())
