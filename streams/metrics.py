@@ -39,5 +39,9 @@ class WorkerMetrics:
             "tailwatch_open_buckets_minutes", "Minutes of event time still open.", ["topic"], registry=r)
         self.dedupe_ids = Gauge(
             "tailwatch_dedupe_ids", "Event ids held for duplicate detection (open minutes only).", ["topic"], registry=r)
+        self.stage_cpu_seconds = Counter(
+            "tailwatch_stage_cpu_seconds_total", "CPU time spent in each stage fed by closed minutes (slo, "
+            "detectors, fleet_metrics, signals) and in rebuilding the signal API's view (signals_view).",
+            ["stage"], registry=r)
         self.checkpoint_seconds = Histogram(
             "tailwatch_checkpoint_duration_seconds", "Time to write one checkpoint transaction.", registry=r)

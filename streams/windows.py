@@ -207,13 +207,18 @@ class MinuteWindows:
         return sorted(self._open)
 
     def peek(self) -> pl.DataFrame:
-        """Rows of every open minute as they would close now, leaving the state untouched:
-        the live view for readers that cannot wait for the lateness window (the signal API)."""
-        states = [(m, s) for m, s in sorted(self._open.items()) if s.counts]
+        """Rows of every open minute as they would close now: the live view for readers
+        that cannot wait for the lateness window (the signal API). Each minute's partials
+        are merged in place, which changes nothing they mean and saves the next merge."""
+        states = [s for _, s in sorted(self._open.items()) if s.counts]
         if not states:
             return pl.DataFrame()
-        counts = pl.concat([self._merge_counts(s.counts) for _, s in states], how="vertical_relaxed")
-        hists = [self._merge_hist(s.hist) for _, s in states if s.hist]
+        for s in states:
+            s.counts = [self._merge_counts(s.counts)]
+            if s.hist:
+                s.hist = [self._merge_hist(s.hist)]
+        counts = pl.concat([s.counts[0] for s in states], how="vertical_relaxed")
+        hists = [s.hist[0] for s in states if s.hist]
         hist = pl.concat(hists) if hists and self.spec.histogram_fields else None
         return self._finish(counts, hist)
 

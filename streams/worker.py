@@ -123,11 +123,14 @@ class Worker:
             self.stages.append(SignalStage(self.live))
         self._caught_up_wall: float | None = None
         self.lag_messages = 0
+        self.stage_cpu_s: dict[str, float] = {}
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
+    MAX_VIEW_AGE_S = 30.0  # the signal API's view is rebuilt at least this often, backlog or not
+
     def stop(self, *_args) -> None:
         self._stop = True
 
@@ -163,6 +166,7 @@ class Worker:
                 pass
         last_checkpoint = time.monotonic()
         last_refresh = 0.0
+        refresh_every_s = s.signals_refresh_s
         last_progress = time.monotonic()
         idle_since = time.monotonic()
         started = time.monotonic()
@@ -181,10 +185,17 @@ class Worker:
                 if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self._has_unsaved()):
                     self.checkpoint(consumer, close_all=False)
                     last_checkpoint = now
-                if http and now - last_refresh >= s.signals_refresh_s:
+                # While draining a backlog the view waits, up to MAX_VIEW_AGE_S:
+                # the API is not ready then anyway, and each rebuild costs as much as
+                # tens of thousands of events.
+                backlogged = self.lag_messages > s.batch_size and now - last_refresh < self.MAX_VIEW_AGE_S
+                if http and now - last_refresh >= refresh_every_s and not backlogged:
+                    began = time.monotonic()
                     self.refresh_signals()
                     http.publish(HttpState(self.signal_snapshot, self.readiness()))
-                    last_refresh = now
+                    last_refresh = time.monotonic()
+                    # At most a tenth of the worker's time goes to the view.
+                    refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
                 if self.slo:
                     self.slo.deliver()
                 for stage in self.stages:
@@ -218,10 +229,12 @@ class Worker:
 
     def refresh_signals(self) -> None:
         """Rebuild the signal API's view from kept buckets plus a peek at open minutes."""
+        started = time.process_time()
         windows = {p.table: p.windows for p in self.pipelines.values()}
         states = list(self.slo.evaluator.states.values()) if self.slo else []
         self.signal_snapshot = self.live.snapshot(windows["sli_minute"].peek(), windows["gpu_minute"].peek(), states,
                                                   wall_s=time.time())
+        self._stage_cpu("signals_view", started)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when partitions are assigned, the API has a view, and the worker was caught
@@ -252,6 +265,7 @@ class Worker:
                 # From the first event on: what the stream costs, without imports and the group join.
                 "cpu_seconds_processing": time.process_time() - (self.cpu_at_first_event or 0.0),
                 "max_rss_bytes": usage.ru_maxrss * 1024,
+                "stage_cpu_seconds": self.stage_cpu_s,
             }, fh)
 
     def _progress_line(self, elapsed_s: float) -> str:
@@ -391,13 +405,17 @@ class Worker:
         closed = {t.table: t.closed for t in topics}
         owns_all = self._owns_all_requests()
         if self.slo and owns_all:
+            began = time.process_time()
             cp.slo_status, cp.alert_changes = self.slo.evaluate(closed["sli_minute"])
+            self._stage_cpu("slo", began)
         if any(f.height for f in closed.values()):
             for stage in self.stages:
                 if getattr(stage, "needs_every_partition", False) and not owns_all:
                     continue
+                began = time.process_time()
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():
                     cp.stage_rows.append((table, rows))
+                self._stage_cpu(stage.name, began)
         with self.store as con:
             store.write_checkpoint(con, cp)
         if self.slo:
@@ -408,6 +426,11 @@ class Worker:
         self._stored_frontiers = frontiers
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
+
+    def _stage_cpu(self, stage: str, began: float) -> None:
+        spent = time.process_time() - began
+        self.stage_cpu_s[stage] = self.stage_cpu_s.get(stage, 0.0) + spent
+        self.metrics.stage_cpu_seconds.labels(stage).inc(spent)
 
     def _owns_all_requests(self) -> bool:
         """An SLO slice or a detector's slice spans tenants, hence partitions: a worker that

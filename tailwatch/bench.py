@@ -174,6 +174,9 @@ def run_bench(args) -> int:
         rate = one["events"] / one["cpu_s"]
         lines.append(f"batch worker, 1 process: {one['events']:,} events, {one['cpu_s']:.1f} CPU-s "
                      f"→ {rate:,.0f} events/CPU-s ({one['events'] / one['wall_s']:,.0f} events/s wall)")
+        stages = one["per_worker"][0].get("stage_cpu_seconds") or {}
+        if stages:
+            lines.append("  of which stages: " + ", ".join(f"{k} {v:.2f} CPU-s" for k, v in sorted(stages.items())))
         if not args.skip_baseline:
             for variant, title in (("record", "faust agent, faust.Record per event"),
                                    ("msgspec", "faust agent, msgspec per event")):
