@@ -178,3 +178,37 @@ def detection_to_alertmanager(detection, evidence: dict[str, float], links: Aler
     if detection.ended_at is not None:
         alert["endsAt"] = rfc3339(detection.ended_at)
     return alert
+
+
+class FiringAlerts:
+    """What a stage has firing, delivered through an outbox: each change is sent once, and
+    alerts still firing are sent again every RESEND_S, because Alertmanager resolves an
+    alert it has not heard of for its resolve_timeout (5 m by default), as Prometheus does.
+    Without a URL nothing is sent and the calls are no-ops."""
+
+    RESEND_S = 60.0
+
+    def __init__(self, url: str | None):
+        self.outbox = AlertmanagerOutbox(url) if url else None
+        self.payloads: dict[str, dict] = {}  # key (fingerprint, detection id) → payload while firing
+        self._last_resend = time.monotonic()
+
+    def change(self, key: str, firing: bool, payload: dict) -> None:
+        if firing:
+            self.payloads[key] = payload
+        else:
+            self.payloads.pop(key, None)
+        if self.outbox is not None:
+            self.outbox.put(payload)
+
+    def deliver(self, wait_s: float = 0.0) -> None:
+        """Try the outbox; with wait_s, keep trying (with its backoff) for up to that long."""
+        if self.outbox is None:
+            return
+        if time.monotonic() - self._last_resend >= self.RESEND_S:
+            self._last_resend = time.monotonic()
+            for payload in self.payloads.values():
+                self.outbox.put(payload)
+        deadline = time.monotonic() + wait_s
+        while not self.outbox.flush() and time.monotonic() < deadline:
+            time.sleep(0.2)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from datetime import datetime
 
 import duckdb
@@ -33,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import (
     AlertLinks,
-    AlertmanagerOutbox,
+    FiringAlerts,
     detection_to_alertmanager,
 )
 from detectors import config as detector_config
@@ -120,7 +119,7 @@ class DetectorStage:
         self.cfg = cfg or detector_config.DetectorsConfig()
         self.set = detector_config.DetectorSet(self.cfg)
         self.links = links or AlertLinks()
-        self.outbox = AlertmanagerOutbox(alertmanager_url) if alertmanager_url else None
+        self.alerts = FiringAlerts(alertmanager_url)
         self.collector = DetectorCollector([d.name for d in self.set.detectors])
         self.pending_requests: dict[int, list[pl.DataFrame]] = {}
         self.pending_gpu: dict[int, list[pl.DataFrame]] = {}
@@ -128,10 +127,6 @@ class DetectorStage:
         self.max_gpu_minute: int | None = None
         self.processed_before: int | None = None  # the next minute to feed the detectors
         self._uncommitted: list[tuple[str, str, dict]] = []  # (id, state, Alertmanager payload) of the last on_closed
-        self.firing_payloads: dict[str, dict] = {}
-        self._last_resend = time.monotonic()
-
-    RESEND_S = 60.0
 
     @classmethod
     def from_option(cls, value: str | None, alertmanager_url: str | None = None,
@@ -209,10 +204,7 @@ class DetectorStage:
             det.tracker.open.clear()
             for d in stored.get(det.name, {}).values():
                 det.tracker.adopt(d)
-                payload = detection_to_alertmanager(d, d.evidence, self.links)
-                self.firing_payloads[d.detection_id] = payload
-                if self.outbox is not None:
-                    self.outbox.put(payload)
+                self.alerts.change(d.detection_id, True, detection_to_alertmanager(d, d.evidence, self.links))
             self.collector.active[det.name] = len(det.tracker.open)
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
@@ -304,26 +296,12 @@ class DetectorStage:
     def committed(self) -> None:
         changes, self._uncommitted = self._uncommitted, []
         for detection_id, state, payload in changes:
-            if state == "raised":
-                self.firing_payloads[detection_id] = payload
-            else:
-                self.firing_payloads.pop(detection_id, None)
-            if self.outbox is not None:
-                self.outbox.put(payload)
-        if self.outbox is not None and changes:
-            self.outbox.flush()
+            self.alerts.change(detection_id, state == "raised", payload)
+        if changes:
+            self.alerts.deliver()
 
     def deliver(self, wait_s: float = 0.0) -> None:
-        if self.outbox is None:
-            return
-        if time.monotonic() - self._last_resend >= self.RESEND_S:
-            # Alertmanager resolves an alert it has not heard of for resolve_timeout: re-send.
-            self._last_resend = time.monotonic()
-            for payload in self.firing_payloads.values():
-                self.outbox.put(payload)
-        deadline = time.monotonic() + wait_s
-        while not self.outbox.flush() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        self.alerts.deliver(wait_s)
 
 
 def detector_stages(value: str | None, alertmanager_url: str | None = None,

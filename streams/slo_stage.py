@@ -10,14 +10,13 @@ firing in the store are sent again (Alertmanager treats a repeat as the same ale
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 
 import duckdb
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
+from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
 from slo.engine import AlertChange
 from slo.sli import SloEvaluator, span
 from slo.spec import SloSpec
@@ -76,20 +75,14 @@ class SloStage:
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()
-        self.outbox = AlertmanagerOutbox(alertmanager_url) if alertmanager_url else None
+        self.alerts = FiringAlerts(alertmanager_url)
         self.collector = SloCollector(specs)
-        # Alertmanager resolves an alert it has not heard of for resolve_timeout (5 m by
-        # default), so firing alerts are sent again every RESEND_S, as Prometheus does.
-        self.firing_payloads: dict[str, dict] = {}
-        self._last_resend = time.monotonic()
-
-    RESEND_S = 60.0
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
         self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
         self.collector.snapshot = list(self.evaluator.states.values())
-        if self.outbox is None:
+        if self.alerts.outbox is None:
             return
         for row in con.execute(
             "SELECT fingerprint, alertname, severity, slo, alert_window, labels, fired_at, long_burn_rate, "
@@ -102,8 +95,7 @@ class SloStage:
                 continue
             minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
             change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left)
-            self.firing_payloads[fp] = to_alertmanager(change, spec.runbook, self.links)
-            self.outbox.put(self.firing_payloads[fp])
+            self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
 
     def evaluate(self, closed: pl.DataFrame) -> tuple[pl.DataFrame | None, list[AlertChange]]:
         if closed.height == 0:
@@ -131,28 +123,14 @@ class SloStage:
         self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
     def committed(self, changes: list[AlertChange]) -> None:
-        if self.outbox is None:
+        if self.alerts.outbox is None:
             return
         for c in changes:
-            payload = to_alertmanager(c, self.specs[c.slo].runbook, self.links)
-            if c.state == "firing":
-                self.firing_payloads[c.fingerprint] = payload
-            else:
-                self.firing_payloads.pop(c.fingerprint, None)
-            self.outbox.put(payload)
-        self.outbox.flush()
+            self.alerts.change(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
+        self.alerts.deliver()
 
     def deliver(self, wait_s: float = 0.0) -> None:
-        """Try the outbox; with wait_s, keep trying (with its backoff) for up to that long."""
-        if self.outbox is None:
-            return
-        if time.monotonic() - self._last_resend >= self.RESEND_S:
-            self._last_resend = time.monotonic()
-            for payload in self.firing_payloads.values():
-                self.outbox.put(payload)
-        deadline = time.monotonic() + wait_s
-        while not self.outbox.flush() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        self.alerts.deliver(wait_s)
 
 
 _EPOCH = datetime(1970, 1, 1)
