@@ -152,55 +152,33 @@ class LiveSignals:
 
     # ---- autoscale ------------------------------------------------------------------
     def _pools(self, req: pl.DataFrame, gpu: pl.DataFrame, slo_states: list[SliceState], wall_s: float) -> dict[str, Scoped]:
-        p = self.policy
+        """One group-by per signal over all pools at once; the loop only decides."""
         out: dict[str, Scoped] = {}
-        req_by_pool = req.partition_by("pool", as_dict=True) if req.height else {}
-        gpu_by_pool = gpu.partition_by("pool", as_dict=True) if gpu.height else {}
-        for (pool,) in sorted(set(req_by_pool) | set(gpu_by_pool), key=lambda k: str(k[0])):
-            if not pool:
-                continue
-            r = req_by_pool.get((pool,), pl.DataFrame())
-            g = gpu_by_pool.get((pool,), pl.DataFrame())
-            newest = max(int(f["_m"].max()) for f in (r, g) if f.height)
-            seen = (int(r["requests"].sum()) if r.height else 0) + (int(g["samples"].sum()) if g.height else 0)
+        for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
             marks = self._pool_marks.get(pool)
-            changed = wall_s if marks is None or seen != marks[0] else marks[1]
-            self._pool_marks[pool] = (seen, changed)
-            # The newest minute is still filling: rates come from the complete minutes before it.
-            lo, hi = newest - p.pool_window_minutes, newest - 1
-            if not any(f.height and f.filter(pl.col("_m").is_between(lo, hi)).height for f in (r, g)):
-                lo, hi = newest, newest
-            minutes = hi - lo + 1
-            rw = r.filter(pl.col("_m").is_between(lo, hi)) if r.height else r
-            gw = g.filter(pl.col("_m").is_between(lo, hi)) if g.height else g
-            attrs = _pool_attributes(r, g)
+            changed = wall_s if marks is None or st["seen"] != marks[0] else marks[1]
+            self._pool_marks[pool] = (st["seen"], changed)
+            attrs, per_s = st["attrs"], 60 * st["minutes"]
             fo_slo = self._first_output_slo_ms(attrs)
             signals = PoolSignals(
-                pool=pool, as_of_minute=newest,
-                requests_per_s=_sum(rw, "requests") / (60 * minutes),
-                work_gpu_s_per_s=_sum(rw, "gpu_seconds") / (60 * minutes),
-                tokens_per_s=_sum(rw, "output_tokens") / (60 * minutes),
-                audio_s_per_s=_sum(rw, "audio_seconds") / (60 * minutes),
-                active_streams=_last_minute_sum(gw, "active_streams_max"),
-                queue_age_p95_ms=_quantile(gw, "oldest_queue_age_ms_max", 0.95),
-                first_output_p95_ms=_hist_quantile(rw, "first_output_ms_hist", 0.95),
-                first_output_slo_ms=fo_slo,
-                kv_cache_usage_max=_max(gw, "kv_cache_usage_max"),
-                gpu_util_mean_pct=_mean(gw, "util_pct_mean"),
-                replicas_by_state=_replicas_by_state(gw),
-                burn_rate=_pool_burn_rate(attrs, slo_states),
+                pool=pool, as_of_minute=st["newest"],
+                requests_per_s=st["requests"] / per_s, work_gpu_s_per_s=st["gpu_seconds"] / per_s,
+                tokens_per_s=st["output_tokens"] / per_s, audio_s_per_s=st["audio_seconds"] / per_s,
+                active_streams=st["active_streams"], queue_age_p95_ms=st["queue_age_p95_ms"],
+                first_output_p95_ms=st["first_output_p95_ms"], first_output_slo_ms=fo_slo,
+                kv_cache_usage_max=st["kv_cache_usage_max"], gpu_util_mean_pct=st["gpu_util_mean_pct"],
+                replicas_by_state=st["replicas_by_state"], burn_rate=_pool_burn_rate(attrs, slo_states),
             )
-            capacity, capacity_reason = self._capacity(pool, newest)
+            capacity, capacity_reason = self._capacity(pool, st["newest"])
             decision = self.autoscaler.decide(signals, capacity)
-            tenants = frozenset(r["tenant"].unique().to_list()) if r.height else frozenset()
             body = {
                 "pool": pool, "desired_replicas": decision.desired_replicas,
                 "current_replicas": decision.current_replicas, "reasons": [*decision.reasons, capacity_reason],
                 "signals": {**decision.signals, "capacity_gpu_s_per_s_per_replica": capacity,
-                            "window_minutes": minutes, **{k: v for k, v in attrs.items() if k != "pool"}},
-                "as_of": _iso(newest + 1),
+                            "window_minutes": st["minutes"], **{k: v for k, v in attrs.items() if k != "pool"}},
+                "as_of": _iso(st["newest"] + 1),
             }
-            out[pool] = Scoped(body, tenants, newest, changed)
+            out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
         return out
 
     def _first_output_slo_ms(self, attrs: dict[str, str]) -> float | None:
@@ -224,36 +202,144 @@ class LiveSignals:
 
     # ---- rollout --------------------------------------------------------------------
     def _rollouts(self, req: pl.DataFrame, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
-        sku_of_pool = {}
-        if gpu.height:
-            for pool, sku in gpu.sort("_m").group_by("pool").agg(pl.col("gpu_sku").last()).iter_rows():
-                sku_of_pool[pool] = sku
-        req = req.with_columns(pl.col("pool").replace_strict(
-            {k: self.prices.usd_per_gpu_second(v) for k, v in sku_of_pool.items()},
-            default=self.prices.usd_per_gpu_second(None), return_dtype=pl.Float64).alias("_usd_per_gpu_s"))
+        """Each version's canary traffic (deployment other than stable) against the model's
+        stable traffic, over the model's newest `rollout_window_minutes`; one group-by per side."""
+        window = self.policy.rollout_window_minutes
+        rows = req.filter(pl.col("model") != "").with_columns(self._usd_per_gpu_s(gpu)).filter(
+            pl.col("_m") > pl.col("_m").max().over("model") - window)
+        if not rows.height:
+            return {}, {}
+        newest = dict(rows.group_by("model").agg(pl.col("_m").max()).iter_rows())
+        stable_rows = pl.col("deployment") == "stable"
+        per_version = _version_table(rows.filter((pl.col("model_version") != "") & ~stable_rows), ["model", "model_version"])
+        stable_all = _version_table(rows.filter(stable_rows), ["model"])
+        stable_versions = rows.filter(stable_rows & (pl.col("model_version") != "")).group_by("model", "model_version").agg(
+            pl.col("tenant").unique())
         out: dict[tuple[str, str], Scoped] = {}
         models: dict[str, frozenset[str]] = {}
-        window = self.policy.rollout_window_minutes
-        for (model,), rows in req.partition_by("model", as_dict=True).items():
-            newest = int(rows["_m"].max())
-            rows = rows.filter(pl.col("_m") > newest - window)
-            versions = sorted(v for v in rows["model_version"].unique().to_list() if v)
-            models[model] = frozenset(versions)
-            stable_rows = rows.filter(pl.col("deployment") == "stable")
-            for version in versions:
-                mine = rows.filter(pl.col("model_version") == version)
-                tenants = frozenset(mine["tenant"].unique().to_list())
-                if mine.filter(pl.col("deployment") != "stable").height == 0:
-                    body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
-                            "model": model, "version": version, "window_minutes": window, "as_of": _iso(newest + 1)}
-                    out[(model, version)] = Scoped(body, tenants | frozenset(stable_rows["tenant"].unique().to_list()), newest)
-                    continue
-                base = stable_rows.filter(pl.col("model_version") != version)
-                canary, stable = _version_stats(mine, version), _version_stats(base, _versions(base))
-                v = verdict(canary, stable, window, self.policy.rollout, as_of=_iso(newest + 1))
-                body = {**v.to_json(), "model": model, "version": version}
-                out[(model, version)] = Scoped(body, tenants | frozenset(base["tenant"].unique().to_list()), newest)
+        for model, version, _tenants in stable_versions.iter_rows():
+            base = stable_all[(model,)]
+            models[model] = models.get(model, frozenset()) | {version}
+            body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
+                    "model": model, "version": version, "window_minutes": window, "as_of": _iso(newest[model] + 1)}
+            out[(model, version)] = Scoped(body, base[2], newest[model])
+        for model, version, stats, tenants in per_version:
+            models[model] = models.get(model, frozenset()) | {version}
+            as_of = _iso(newest[model] + 1)
+            base = stable_all.get((model,))
+            base_tenants = base[2] if base else frozenset()
+            stable = base[1] if base else VersionStats("", 0, 0, 0, None, None, 0.0, 0, 0.0)
+            v = verdict(stats, stable, window, self.policy.rollout, as_of=as_of)
+            out[(model, version)] = Scoped({**v.to_json(), "model": model, "version": version},
+                                           tenants | base_tenants, newest[model])
         return out, models
+
+    def _usd_per_gpu_s(self, gpu: pl.DataFrame) -> pl.Expr:
+        """Price of a request row's GPU-second: its pool's SKU as the GPU samples last said."""
+        sku_of_pool = dict(gpu.sort("_m").group_by("pool").agg(pl.col("gpu_sku").last()).iter_rows()) if gpu.height else {}
+        return pl.col("pool").replace_strict(
+            {k: self.prices.usd_per_gpu_second(v) for k, v in sku_of_pool.items()},
+            default=self.prices.usd_per_gpu_second(None), return_dtype=pl.Float64).alias("_usd_per_gpu_s")
+
+
+def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dict[str, dict]:
+    """Per pool: the window (its newest complete minutes, or the newest minute when none is
+    complete), demand sums, latency and GPU signals, tenants and attributes."""
+    frames = [f.select("pool", "_m") for f in (req, gpu) if f.height]
+    if not frames:
+        return {}
+    bounds = pl.concat(frames).filter(pl.col("pool") != "").group_by("pool").agg(
+        pl.col("_m").max().alias("newest"),
+        pl.col("_m").filter(pl.col("_m") < pl.col("_m").max()).max().alias("_complete"),
+    )
+    # The newest minute is still filling: rates come from complete minutes before it.
+    bounds = bounds.with_columns(
+        pl.when(pl.col("_complete") >= pl.col("newest") - window_minutes)
+        .then(pl.col("newest") - window_minutes).otherwise(pl.col("newest")).alias("lo"),
+        pl.when(pl.col("_complete") >= pl.col("newest") - window_minutes)
+        .then(pl.col("newest") - 1).otherwise(pl.col("newest")).alias("hi"),
+    )
+    stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen": 0, "tenants": frozenset(),
+                    "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0,
+                    "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
+                    "gpu_util_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
+             for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
+    in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
+    attr_frames = []
+    if req.height:
+        for pool, seen, tenants in req.group_by("pool").agg(pl.col("requests").sum(), pl.col("tenant").unique()).iter_rows():
+            if pool in stats:
+                stats[pool]["seen"] += int(seen)
+                stats[pool]["tenants"] = frozenset(tenants)
+        rw = req.join(bounds, on="pool").filter(in_window)
+        sums = rw.group_by("pool").agg(*[pl.col(c).fill_null(0).sum().cast(pl.Float64)
+                                         for c in ("requests", "gpu_seconds", "output_tokens", "audio_seconds")])
+        for row in sums.iter_rows(named=True):
+            stats[row.pop("pool")].update(row)
+        for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
+            stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
+        attr_frames.append(req.select("pool", *[pl.col(k) if k in req.columns else pl.lit(None, pl.String).alias(k)
+                                                for k in POOL_ATTRIBUTES if k != "pool"]))
+    if gpu.height:
+        for pool, seen in gpu.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
+            if pool in stats:
+                stats[pool]["seen"] += int(seen)
+        gw = gpu.join(bounds, on="pool").filter(in_window)
+        g = gw.group_by("pool").agg(
+            pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_age_p95_ms"),
+            pl.col("kv_cache_usage_max").max(), pl.col("util_pct_mean").mean().round(3).alias("gpu_util_mean_pct"))
+        for row in g.iter_rows(named=True):
+            stats[row.pop("pool")].update(row)
+        last = gw.filter(pl.col("_m") == pl.col("_m").max().over("pool"))
+        for pool, streams in last.group_by("pool").agg(pl.col("active_streams_max").fill_null(0).sum()).iter_rows():
+            stats[pool]["active_streams"] = int(streams)
+        for pool, state, n in last.group_by("pool", pl.col("replica_state").fill_null("unknown")).len().sort("pool", "replica_state").iter_rows():
+            stats[pool]["replicas_by_state"][state] = int(n)
+        attr_frames.insert(0, gpu.select("pool", *[pl.col(k) if k in gpu.columns else pl.lit(None, pl.String).alias(k)
+                                                   for k in POOL_ATTRIBUTES if k != "pool"]))
+    # An attribute is the pool's when its samples (GPU first, then requests) agree on one value.
+    for i, f in enumerate(attr_frames):
+        agreed = f.group_by("pool").agg(*[pl.col(k).drop_nulls().unique().alias(k) for k in POOL_ATTRIBUTES if k != "pool"])
+        for row in agreed.iter_rows(named=True):
+            pool = row.pop("pool")
+            if pool not in stats:
+                continue
+            attrs = stats[pool]["attrs"]
+            attrs.setdefault("pool", pool)
+            for k, values in row.items():
+                if k not in attrs and len(values) == 1 and values[0]:
+                    attrs[k] = values[0]
+    return stats
+
+
+def _version_table(rows: pl.DataFrame, keys: list[str]) -> dict | list:
+    """VersionStats per group of `keys`, with the group's tenants; for (model, model_version)
+    a list of (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants)."""
+    if not rows.height:
+        return [] if len(keys) == 2 else {}
+    sums = rows.group_by(keys).agg(
+        pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"), pl.col("timeouts").sum(),
+        (pl.col("gpu_seconds") * pl.col("_usd_per_gpu_s")).sum().alias("gpu_cost"),
+        pl.col("output_tokens").fill_null(0).sum(), pl.col("audio_seconds").fill_null(0).sum(),
+        pl.col("tenant").unique().alias("tenants"), pl.col("model_version").unique().alias("versions"),
+    )
+    qs = _merged_quantiles(rows, keys, "first_output_ms_hist", {"fo": 0.99}).join(
+        _merged_quantiles(rows, keys, "e2e_ms_hist", {"e2e": 0.99}), on=keys, how="full", coalesce=True)
+    sums = sums.join(qs, on=keys, how="left")
+    out_list, out_dict = [], {}
+    for r in sums.sort(keys).iter_rows(named=True):
+        label = r["model_version"] if len(keys) == 2 else ",".join(sorted(v for v in r["versions"] if v))
+        stats = VersionStats(
+            version=label, requests=int(r["requests"]), bad=int(r["bad"]), timeouts=int(r["timeouts"]),
+            first_output_p99_ms=float(r["fo"]) if r["fo"] is not None else None,
+            e2e_p99_ms=float(r["e2e"]) if r["e2e"] is not None else None,
+            gpu_cost=round(float(r["gpu_cost"] or 0.0), 6), output_tokens=int(r["output_tokens"]),
+            audio_seconds=float(r["audio_seconds"]))
+        if len(keys) == 2:
+            out_list.append((r["model"], r["model_version"], stats, frozenset(r["tenants"])))
+        else:
+            out_dict[(r["model"],)] = (r["model"], stats, frozenset(r["tenants"]))
+    return out_list if len(keys) == 2 else out_dict
 
 
 def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, first_output_slo_ms,
@@ -285,9 +371,14 @@ def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, fi
 
 
 # ---- SLO and alert reads ------------------------------------------------------------
+def _ordered(states: list[SliceState]) -> list[SliceState]:
+    """By SLO and slice labels, so answers do not depend on the order slices first appeared."""
+    return sorted(states, key=lambda st: (st.spec.name, sorted(st.labels.items())))
+
+
 def slo_reads(states: list[SliceState]) -> list[dict]:
     by_slo: dict[str, dict] = {}
-    for st in states:
+    for st in _ordered(states):
         spec = st.spec
         entry = by_slo.setdefault(spec.name, {
             "name": spec.name, "description": spec.description, "objective": spec.objective,
@@ -306,7 +397,7 @@ def slo_reads(states: list[SliceState]) -> list[dict]:
 
 def firing_alerts(states: list[SliceState]) -> list[dict]:
     out = []
-    for st in states:
+    for st in _ordered(states):
         for fp, (aw, started) in sorted(st.firing.items()):
             out.append({"fingerprint": fp, "alertname": f"SLOBurn{aw.severity.capitalize()}", "severity": aw.severity,
                         "slo": st.spec.name, "window": aw.name, "labels": dict(st.labels), "since": _iso(started),
@@ -323,46 +414,18 @@ def _iso(minute: int) -> str:
     return minute_start_utc(minute).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _sum(f: pl.DataFrame, col: str) -> float:
-    return float(f[col].sum() or 0) if f.height and col in f.columns else 0.0
 
 
-def _max(f: pl.DataFrame, col: str) -> float | None:
-    v = f[col].max() if f.height and col in f.columns else None
-    return float(v) if v is not None else None
 
 
-def _mean(f: pl.DataFrame, col: str) -> float | None:
-    v = f[col].mean() if f.height and col in f.columns else None
-    return round(float(v), 3) if v is not None else None
 
 
-def _quantile(f: pl.DataFrame, col: str, q: float) -> float | None:
-    v = f[col].quantile(q, interpolation="higher") if f.height and col in f.columns else None
-    return float(v) if v is not None else None
 
 
-def _hist_quantile(f: pl.DataFrame, col: str, q: float) -> float | None:
-    if not f.height or col not in f.columns:
-        return None
-    qs = _merged_quantiles(f.with_columns(pl.lit(0).alias("_all")), ["_all"], col, {"q": q})
-    return float(qs["q"][0]) if qs.height and qs["q"][0] is not None else None
 
 
-def _last_minute_sum(g: pl.DataFrame, col: str) -> int:
-    if not g.height:
-        return 0
-    last = g.filter(pl.col("_m") == g["_m"].max())
-    return int(last[col].fill_null(0).sum())
 
 
-def _replicas_by_state(g: pl.DataFrame) -> dict[str, int]:
-    """GPUs (one replica each) by the state they last reported in the newest minute of the window."""
-    if not g.height:
-        return {}
-    last = g.filter(pl.col("_m") == g["_m"].max())
-    counts = last.group_by(pl.col("replica_state").fill_null("unknown")).len()
-    return {state: int(n) for state, n in sorted(counts.iter_rows())}
 
 
 def _pool_attributes(r: pl.DataFrame, g: pl.DataFrame) -> dict[str, str]:
@@ -393,21 +456,4 @@ def _pool_burn_rate(attrs: dict[str, str], states: list[SliceState]) -> float | 
     return round(max(rates), 3) if rates else None
 
 
-def _versions(rows: pl.DataFrame) -> str:
-    return ",".join(sorted(v for v in rows["model_version"].unique().to_list() if v)) if rows.height else ""
-
-
-def _version_stats(rows: pl.DataFrame, version: str) -> VersionStats:
-    if not rows.height:
-        return VersionStats(version, 0, 0, 0, None, None, 0.0, 0, 0.0)
-    fo = _hist_quantile(rows, "first_output_ms_hist", 0.99)
-    e2e = _hist_quantile(rows, "e2e_ms_hist", 0.99)
-    return VersionStats(
-        version=version, requests=int(rows["requests"].sum()),
-        bad=int(rows["errors"].sum() + rows["timeouts"].sum()), timeouts=int(rows["timeouts"].sum()),
-        first_output_p99_ms=fo, e2e_p99_ms=e2e,
-        gpu_cost=round(float((rows["gpu_seconds"] * rows["_usd_per_gpu_s"]).sum()), 6),
-        output_tokens=int(rows["output_tokens"].fill_null(0).sum()),
-        audio_seconds=float(rows["audio_seconds"].fill_null(0).sum()),
-    )
 
