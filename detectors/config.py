@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from detectors.anomaly import MODELS, AnomalyConfig, AnomalyDetector
 from detectors.anomaly import NAME as ANOMALY
@@ -43,6 +42,7 @@ from detectors.utilisation import (
     IdleButSlowDetector,
 )
 from ingest.schema import SLICE_LABELS
+from slo.config_file import read_yaml_mapping
 
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
 CHOICES = {"model": MODELS, "latency_field": LATENCY_P95}
@@ -156,14 +156,7 @@ def _check_values(name: str, values: dict, source: str) -> None:
 def load(path: str | Path | None = None) -> DetectorsConfig:
     """The built-in defaults (path None), or a file layered over the dataclass defaults."""
     path = Path(path) if path is not None else DEFAULTS
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise DetectorConfigError(f"cannot read detectors file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise DetectorConfigError(f"{path}: not valid YAML{where}") from None
+    doc = read_yaml_mapping(path, DetectorConfigError)
     return parse(doc, str(path))
 
 

@@ -26,12 +26,12 @@ _NAME = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
 FLAGGER_CHECKS = ("rollout", "promotion")
 
 
-def _json(status: int, body: object) -> Response:
+def json_response(status: int, body: object) -> Response:
     return status, "application/json", json.dumps(body, separators=(",", ":")).encode()
 
 
 def error(status: int, message: str, **extra) -> Response:
-    return _json(status, {"error": message, **extra})
+    return json_response(status, {"error": message, **extra})
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class SignalApi:
             # rather than scaling in on data that stopped arriving.
             return error(503, f"no new data for pool {pool!r} for {age:.0f} s (bound {self.config.stale_after_s:.0f} s); "
                               f"newest data is from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"])
-        return _json(200, entry.body)
+        return json_response(200, entry.body)
 
     def rollout(self, _req: Request, who: Principal, model: str, version: str) -> Response:
         snap, failed = self._fresh_snapshot()
@@ -134,7 +134,7 @@ class SignalApi:
                 known = ", ".join(sorted(snap.models[model])) or "none"
                 return error(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})")
             return error(404, f"no model {model!r} version {version!r} is visible to this token")
-        return _json(200, entry.body)
+        return json_response(200, entry.body)
 
     def flagger(self, req: Request, _who, check: str) -> Response:
         """Flagger webhook: 2xx advances the canary, anything else halts it.
@@ -169,7 +169,7 @@ class SignalApi:
         snap, failed = self._fresh_snapshot()
         if failed:
             return failed
-        return _json(200, {"slos": [s for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None]})
+        return json_response(200, {"slos": [s for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None]})
 
     def slo(self, _req: Request, who: Principal, name: str) -> Response:
         snap, failed = self._fresh_snapshot()
@@ -179,21 +179,21 @@ class SignalApi:
             if s["name"] == name:
                 scoped = _scoped_slo(s, who)
                 if scoped is not None:
-                    return _json(200, scoped)
+                    return json_response(200, scoped)
         return error(404, f"no SLO named {name!r} is visible to this token", hint="GET /v1/slos lists them")
 
     def alerts(self, _req: Request, who: Principal) -> Response:
         snap, failed = self._fresh_snapshot()
         if failed:
             return failed
-        return _json(200, {"alerts": [a for a in snap.alerts if who.sees_labels(a["labels"])]})
+        return json_response(200, {"alerts": [a for a in snap.alerts if who.sees_labels(a["labels"])]})
 
     def openapi(self, _req: Request, _who) -> Response:
         return 200, "application/json", self._openapi
 
     def ready(self, _req: Request, _who) -> Response:
         ok, reason = self.readiness()
-        return _json(200 if ok else 503, {"ready": ok, "reason": reason})
+        return json_response(200 if ok else 503, {"ready": ok, "reason": reason})
 
 
 def _scoped_slo(slo: dict, who: Principal) -> dict | None:
@@ -201,4 +201,8 @@ def _scoped_slo(slo: dict, who: Principal) -> dict | None:
     if who.tenants is None:
         return slo
     slices = [s for s in slo["slices"] if who.sees_labels(s["labels"])]
-    return {**slo, "slices": slices} if slices else None
+    if not slices:
+        return None
+    # The selector may name a tenant the token is not scoped to.
+    selector = {k: v for k, v in slo["selector"].items() if k != "tenant"}
+    return {**slo, "selector": selector, "slices": slices}

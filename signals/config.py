@@ -20,6 +20,7 @@ Every problem is reported as one line naming the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import hashlib
 import hmac
 import os
@@ -90,10 +91,14 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
     autoscale = _override(AutoscalePolicy(), raw.get("autoscale"), f"{where}: autoscale")
     rollout = _override(RolloutPolicy(), raw.get("rollout"), f"{where}: rollout")
     capacity = raw.get("capacity_gpu_s_per_s") or {}
-    if not isinstance(capacity, dict) or any(not _positive(v) for v in capacity.values()):
+    if not isinstance(capacity, dict) or any(not _positive(v) or not math.isfinite(v) for v in capacity.values()):
         raise ApiConfigError(f"{where}: capacity_gpu_s_per_s must map pool names to positive numbers")
     policy = _override(SignalPolicy(autoscale=autoscale, rollout=rollout, capacity_gpu_s_per_s=dict(capacity)),
                        raw.get("signals"), f"{where}: signals", skip=("autoscale", "rollout", "capacity_gpu_s_per_s"))
+    if autoscale.min_replicas > autoscale.max_replicas:
+        raise ApiConfigError(f"{where}: autoscale.min_replicas is above max_replicas")
+    if policy.history_minutes < max(policy.pool_window_minutes + 1, policy.rollout_window_minutes):
+        raise ApiConfigError(f"{where}: signals.history_minutes must cover pool_window_minutes + 1 and rollout_window_minutes")
     return ApiConfig(stale_after_s=stale, tokens=tokens, policy=policy)
 
 
@@ -112,12 +117,34 @@ def _override(base, raw, where: str, skip: tuple[str, ...] = ()):
         if key not in fields:
             raise ApiConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(fields))})")
         current = getattr(base, key)
-        if not _positive(value) and not (value == 0 and isinstance(current, (int, float))):
-            raise ApiConfigError(f"{where}.{key} must be a non-negative number, got {value!r}")
+        lo, hi, text = RANGES.get(key, (0.0, math.inf, "a number ≥ 0"))
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and lo <= value <= hi
+        if ok and key in OPEN_AT_ZERO:
+            ok = value > 0
+        if not ok:
+            raise ApiConfigError(f"{where}.{key} must be {text}, got {value!r}")
         if isinstance(current, int) and not isinstance(current, bool) and value != int(value):
             raise ApiConfigError(f"{where}.{key} must be a whole number, got {value!r}")
         changes[key] = type(current)(value)
     return dataclasses.replace(base, **changes)
+
+
+# Ranges of policy values that the math needs (a division, a ceiling, a window): checked
+# when the file is loaded, so a bad value is a one-line error and not a worker that dies
+# on its first data.
+RANGES = {
+    "target_utilization": (0.0, 1.0, "in (0, 1]"),
+    "objective": (0.0, 0.999999, "in (0, 1)"),
+    "zones": (1, 1000, "a whole number from 1 to 1000"),
+    "pool_window_minutes": (1, 1440, "from 1 to 1440"),
+    "rollout_window_minutes": (1, 1440, "from 1 to 1440"),
+    "history_minutes": (1, 1440, "from 1 to 1440"),
+    "sustained_minutes": (1, 1440, "from 1 to 1440"),
+    "capacity_history_days": (1, 365, "from 1 to 365"),
+    "max_replicas": (1, 10**7, "from 1 to 10,000,000"),
+    "min_replicas": (0, 10**7, "from 0 to 10,000,000"),
+}
+OPEN_AT_ZERO = {"target_utilization", "objective", "default_capacity_gpu_s_per_s", "queue_age_slo_ms"}
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -138,7 +165,8 @@ def _tokens(raw, where: str) -> dict[str, Principal]:
             if not _HEX64.match(digest):
                 raise ApiConfigError(f"{at} ({t['name']}): sha256 must be 64 hex digits")
         else:
-            secret = os.environ.get(str(t["env"]))
+            # A secret mounted from a file often ends in a newline; the header never does.
+            secret = (os.environ.get(str(t["env"])) or "").strip()
             if not secret:
                 raise ApiConfigError(f"{at} ({t['name']}): environment variable {t['env']} is not set")
             digest = hashlib.sha256(secret.encode()).hexdigest()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
 from slo.capacity import PoolMinute, SustainedCapacity
@@ -20,7 +21,6 @@ from slo.engine import SliceState
 from slo.prices import GpuPrices
 from slo.sli import span
 from slo.spec import SloSpec
-from slo.windows import minute_start_utc
 from signals.rollout import RolloutPolicy, VersionStats, verdict
 
 # Labels that describe a pool (one deployment in one zone for one traffic class), for
@@ -112,7 +112,9 @@ class LiveSignals:
         self.autoscaler = Autoscaler(policy.autoscale)
         self.capacity = SustainedCapacity(policy.sustained_minutes, policy.capacity_history_days)
         self.capacity_observed_through: int | None = None  # pool-minutes up to here fed to `capacity`
-        self._pool_marks: dict[str, tuple[int, float]] = {}  # pool → (events seen, wall when it last grew)
+        # pool → ((newest minute, events in it), wall time when that last grew): trimming old
+        # minutes out of the kept history must not look like fresh data.
+        self._pool_marks: dict[str, tuple[tuple[int, int], float]] = {}
 
     def add_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> list[tuple[str, int, float]]:
         """Keep closed rows; feed minutes now closed on both topics to the capacity
@@ -155,9 +157,10 @@ class LiveSignals:
         """One group-by per signal over all pools at once; the loop only decides."""
         out: dict[str, Scoped] = {}
         for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
-            marks = self._pool_marks.get(pool)
-            changed = wall_s if marks is None or st["seen"] != marks[0] else marks[1]
-            self._pool_marks[pool] = (st["seen"], changed)
+            mark = (st["newest"], st["seen_in_newest"])
+            previous = self._pool_marks.get(pool)
+            changed = wall_s if previous is None or mark > previous[0] else previous[1]
+            self._pool_marks[pool] = (max(mark, previous[0]) if previous else mark, changed)
             attrs, per_s = st["attrs"], 60 * st["minutes"]
             fo_slo = self._first_output_slo_ms(attrs)
             signals = PoolSignals(
@@ -176,7 +179,7 @@ class LiveSignals:
                 "current_replicas": decision.current_replicas, "reasons": [*decision.reasons, capacity_reason],
                 "signals": {**decision.signals, "capacity_gpu_s_per_s_per_replica": capacity,
                             "window_minutes": st["minutes"], **{k: v for k, v in attrs.items() if k != "pool"}},
-                "as_of": _iso(st["newest"] + 1),
+                "as_of": rfc3339(st["newest"] + 1),
             }
             out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
         return out
@@ -221,11 +224,11 @@ class LiveSignals:
             base = stable_all[(model,)]
             models[model] = models.get(model, frozenset()) | {version}
             body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
-                    "model": model, "version": version, "window_minutes": window, "as_of": _iso(newest[model] + 1)}
+                    "model": model, "version": version, "window_minutes": window, "as_of": rfc3339(newest[model] + 1)}
             out[(model, version)] = Scoped(body, base[2], newest[model])
         for model, version, stats, tenants in per_version:
             models[model] = models.get(model, frozenset()) | {version}
-            as_of = _iso(newest[model] + 1)
+            as_of = rfc3339(newest[model] + 1)
             base = stable_all.get((model,))
             base_tenants = base[2] if base else frozenset()
             stable = base[1] if base else VersionStats("", 0, 0, 0, None, None, 0.0, 0, 0.0)
@@ -259,7 +262,7 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         pl.when(pl.col("_complete") >= pl.col("newest") - window_minutes)
         .then(pl.col("newest") - 1).otherwise(pl.col("newest")).alias("hi"),
     )
-    stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen": 0, "tenants": frozenset(),
+    stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen_in_newest": 0, "tenants": frozenset(),
                     "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0,
                     "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
                     "gpu_util_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
@@ -267,10 +270,12 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
     attr_frames = []
     if req.height:
-        for pool, seen, tenants in req.group_by("pool").agg(pl.col("requests").sum(), pl.col("tenant").unique()).iter_rows():
+        for pool, tenants in req.group_by("pool").agg(pl.col("tenant").unique()).iter_rows():
             if pool in stats:
-                stats[pool]["seen"] += int(seen)
                 stats[pool]["tenants"] = frozenset(tenants)
+        newest_rows = req.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
+        for pool, seen in newest_rows.group_by("pool").agg(pl.col("requests").sum()).iter_rows():
+            stats[pool]["seen_in_newest"] += int(seen)
         rw = req.join(bounds, on="pool").filter(in_window)
         sums = rw.group_by("pool").agg(*[pl.col(c).fill_null(0).sum().cast(pl.Float64)
                                          for c in ("requests", "gpu_seconds", "output_tokens", "audio_seconds")])
@@ -281,9 +286,9 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         attr_frames.append(req.select("pool", *[pl.col(k) if k in req.columns else pl.lit(None, pl.String).alias(k)
                                                 for k in POOL_ATTRIBUTES if k != "pool"]))
     if gpu.height:
-        for pool, seen in gpu.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
-            if pool in stats:
-                stats[pool]["seen"] += int(seen)
+        newest_rows = gpu.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
+        for pool, seen in newest_rows.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
+            stats[pool]["seen_in_newest"] += int(seen)
         gw = gpu.join(bounds, on="pool").filter(in_window)
         g = gw.group_by("pool").agg(
             pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_age_p95_ms"),
@@ -390,7 +395,7 @@ def slo_reads(states: list[SliceState]) -> list[dict]:
             "labels": dict(st.labels), "sli": status.sli, "error_budget_remaining": status.error_budget_remaining,
             "burn_rates": {span(m): b for m, b in status.burn_rates.items() if b is not None},
             "minutes_to_exhaustion": status.minutes_to_exhaustion, "firing": status.firing,
-            "as_of": _iso(status.minute + 1) if status.minute else None,
+            "as_of": rfc3339(status.minute + 1) if status.minute else None,
         })
     return [by_slo[k] for k in sorted(by_slo)]
 
@@ -400,34 +405,16 @@ def firing_alerts(states: list[SliceState]) -> list[dict]:
     for st in _ordered(states):
         for fp, (aw, started) in sorted(st.firing.items()):
             out.append({"fingerprint": fp, "alertname": f"SLOBurn{aw.severity.capitalize()}", "severity": aw.severity,
-                        "slo": st.spec.name, "window": aw.name, "labels": dict(st.labels), "since": _iso(started),
+                        "slo": st.spec.name, "window": aw.name, "labels": dict(st.labels), "since": rfc3339(started),
                         "runbook": st.spec.runbook})
         if st.no_data_since is not None:
             out.append({"fingerprint": None, "alertname": "SLONoData", "severity": "ticket", "slo": st.spec.name,
-                        "window": "no-data", "labels": dict(st.labels), "since": _iso(st.no_data_since),
+                        "window": "no-data", "labels": dict(st.labels), "since": rfc3339(st.no_data_since),
                         "runbook": "runbooks/slo-no-data.md"})
     return out
 
 
 # ---- small pure helpers ---------------------------------------------------------------
-def _iso(minute: int) -> str:
-    return minute_start_utc(minute).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _pool_attributes(r: pl.DataFrame, g: pl.DataFrame) -> dict[str, str]:
     attrs: dict[str, str] = {}
     for f in (g, r):

@@ -16,9 +16,11 @@ def read_yaml_mapping(path: str | Path, error: type[Exception], expected: str = 
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise error(f"{path}: {exc.strerror}") from None
+        raise error(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise error(f"{path}: not valid YAML{where}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

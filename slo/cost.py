@@ -162,7 +162,7 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
         (pl.col("idle_gpu_seconds") * pl.col("_share")).alias("idle_gpu_seconds"),
     )
     # Fleet time nobody used in that pool-period: kept under its own tenant so totals reconcile.
-    pool_workload = usage.group_by("pool").agg(pl.col("workload").drop_nulls().mode().first().alias("workload"))
+    pool_workload = usage.group_by("pool").agg(pl.col("workload").drop_nulls().mode().sort().first().alias("workload"))
     unallocated = (
         pools.filter(pl.col("has_fleet_data") & (pl.col("allocated_by") == "unallocated"))
         .join(pool_workload, on="pool", how="left")

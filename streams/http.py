@@ -14,7 +14,7 @@ exits when the worker's end of the pipe closes, so it never outlives it.
 
 from __future__ import annotations
 
-import json
+import logging
 import multiprocessing
 import os
 import threading
@@ -26,15 +26,10 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from signals.api import Request, SignalApi
+from signals.api import MAX_BODY_BYTES, Request, Response, SignalApi, json_response
 from signals.config import ApiConfig
 
-Response = tuple[int, str, bytes]
-MAX_BODY_BYTES = 64 * 1024
-
-
-def json_response(status: int, body: object) -> Response:
-    return status, "application/json", json.dumps(body).encode()
+log = logging.getLogger("tailwatch.http")
 
 
 @dataclass
@@ -53,6 +48,8 @@ class _Served:
         self.state = HttpState()
         self._scrape_conn = scrape_conn
         self._scrape_lock = threading.Lock()
+        self._asked = 0
+        self._metrics_need_token = api_config.auth_required
         self.stale_after_s = api_config.stale_after_s
         self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness)
 
@@ -63,15 +60,27 @@ class _Served:
         return self.state.ready
 
     def scrape(self, what: str) -> Response:
-        """Ask the worker for `metrics` or `health` (one question at a time on the pipe)."""
+        """Ask the worker for `metrics` or `health`: one question at a time on the pipe, each
+        numbered, so a late answer to an abandoned question is dropped, never handed on."""
         with self._scrape_lock:
-            self._scrape_conn.send(what)
-            if not self._scrape_conn.poll(10):
-                return json_response(503, {"error": "the worker did not answer within 10 s"})
-            return self._scrape_conn.recv()
+            self._asked += 1
+            self._scrape_conn.send((self._asked, what))
+            deadline = time.monotonic() + 10
+            while self._scrape_conn.poll(max(0.0, deadline - time.monotonic())):
+                number, answer = self._scrape_conn.recv()
+                if number == self._asked:
+                    return answer
+            return json_response(503, {"error": "the worker did not answer within 10 s"})
 
     def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> Response:
         bare = path.split("?", 1)[0]
+        if method == "GET" and bare == "/metrics" and self._metrics_need_token:
+            # The exposition carries every tenant's series: with tokens configured, only a
+            # token for all tenants may read it (Prometheus: `authorization` in the scrape config).
+            who = self.api.config.authenticate(authorization)
+            if who is None or who.tenants is not None:
+                return json_response(401 if who is None else 403,
+                                     {"error": "/metrics needs a bearer token scoped to all tenants"})
         if method == "GET" and bare in ("/metrics", "/healthz"):
             return self.scrape(bare[1:])
         answer = self.api.handle(Request(method, path, authorization, body))
@@ -86,9 +95,14 @@ def make_server(host: str, port: int, served: _Served) -> ThreadingHTTPServer:
         # Headers and body go out in two writes; with Nagle on, the body waits for the
         # client's delayed ACK (40 ms on Linux) on every keep-alive request.
         disable_nagle_algorithm = True
+        timeout = 60  # an idle keep-alive connection gives its thread back after a minute
 
         def _answer(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
+            raw_length = (self.headers.get("Content-Length") or "0").strip()
+            if not raw_length.isdigit():
+                self._send(json_response(400, {"error": "Content-Length must be a whole number of bytes"}), close=True)
+                return
+            length = int(raw_length)
             if length > MAX_BODY_BYTES:
                 self._send(json_response(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}), close=True)
                 return
@@ -169,15 +183,19 @@ class WorkerHttp:
     def _answer_scrapes(self) -> None:
         while True:
             try:
-                what = self._scrape_conn.recv()
+                number, what = self._scrape_conn.recv()
             except (EOFError, OSError):
                 return
-            if what == "metrics":
-                answer = (200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
-            else:
-                answer = json_response(200, self._health())
             try:
-                self._scrape_conn.send(answer)
+                if what == "metrics":
+                    answer = (200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+                else:
+                    answer = json_response(200, self._health())
+            except Exception as exc:  # a collector that fails must not end every later scrape
+                log.exception("answering /%s failed", what)
+                answer = json_response(500, {"error": f"/{what} failed: {type(exc).__name__}"})
+            try:
+                self._scrape_conn.send((number, answer))
             except OSError:
                 return
 

@@ -237,11 +237,16 @@ class Worker:
         self._stage_cpu("signals_view", started)
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready when partitions are assigned, the API has a view, and the worker was caught
-        up (no consumer lag) within the staleness bound."""
+        """Ready when the worker owns every requests partition (a pool's traffic spans them),
+        the API has a view, and the worker was caught up (lag within one batch) within the
+        staleness bound."""
         bound = self.settings.api_config.stale_after_s
         if self._assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
+        owned = len(self.pipelines[self.settings.kafka.topic("requests")].assigned)
+        if owned < self._requests_partitions:
+            return False, (f"this worker owns {owned} of {self._requests_partitions} partitions of the requests "
+                           "topic: its answers would count part of each pool's traffic")
         if self.signal_snapshot is None:
             return False, "building the first view of the data"
         if self._caught_up_wall is None:
@@ -481,7 +486,7 @@ class Worker:
                 m.consumer_lag.labels(p.topic, str(part)).set(max(0, high - pos))
                 lag_total += max(0, high - pos)
         self.lag_messages = lag_total
-        if lag_known and lag_total == 0 and self._assigned_at is not None:
+        if lag_known and lag_total <= self.settings.batch_size and self._assigned_at is not None:
             self._caught_up_wall = time.time()
 
 

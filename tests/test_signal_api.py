@@ -214,6 +214,12 @@ def test_tokens_and_tenant_scopes(api_worker):
     assert all(0 <= s["error_budget_remaining"] <= 1 for s in one["slices"])
     status, alerts = get(api_worker, "/v1/alerts", TOKENS["solo"])
     assert status == 200 and all(a["labels"].get("tenant") == "solo" for a in alerts["alerts"])
+    # /metrics carries every tenant's series: with tokens configured, only an all-tenants token reads it.
+    assert get(api_worker, "/metrics")[0] == 401
+    assert get(api_worker, "/metrics", TOKENS["solo"])[0] == 403
+    req = urllib.request.Request(f"http://127.0.0.1:{api_worker}/metrics", headers={"Authorization": f"Bearer {TOKENS['ops']}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200 and b"tailwatch_events_total" in r.read()
 
 
 def test_bad_requests(api_worker):
@@ -223,6 +229,11 @@ def test_bad_requests(api_worker):
     status, big = get(api_worker, "/v1/flagger/rollout", method="POST", body=b"x" * 70_000)
     assert status == 413
     assert get(api_worker, "/v1/flagger/rollout", TOKENS["ops"], method="POST", body=b"not json")[0] == 400
+    import socket
+
+    with socket.create_connection(("127.0.0.1", api_worker), timeout=10) as sock:
+        sock.sendall(b"POST /v1/flagger/rollout HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+        assert sock.recv(200).startswith(b"HTTP/1.1 400")
 
 
 def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker):

@@ -91,9 +91,17 @@ from signals.config import ApiConfigError, load_api_config  # noqa: E402
     (f"tokens: [{{name: a, sha256: {'a' * 64}, tenants: []}}]", "tenants must be"),
     ("autoscale: {target_utilisation: 0.7}", "autoscale: unknown key 'target_utilisation'"),
     ("autoscale: {zones: 2.5}", "whole number"),
-    ("rollout: {min_requests: -1}", "non-negative number"),
+    ("rollout: {min_requests: -1}", "a number ≥ 0"),
+    ("rollout: {objective: 1}", "in (0, 1)"),
+    ("autoscale: {target_utilization: 0}", "in (0, 1]"),
+    ("autoscale: {target_utilization: 1.5}", "in (0, 1]"),
+    ("autoscale: {zones: 0}", "from 1 to 1000"),
+    ("autoscale: {zones: .inf}", "from 1 to 1000"),
+    ("autoscale: {default_capacity_gpu_s_per_s: 0}", "a number"),
+    ("autoscale: {min_replicas: 9, max_replicas: 3}", "min_replicas is above max_replicas"),
+    ("signals: {history_minutes: 10}", "history_minutes must cover"),
     ("capacity_gpu_s_per_s: {pool-a: 0}", "positive numbers"),
-    ("[1, 2", "not YAML"),
+    ("[1, 2", "not valid YAML at line"),
 ])
 def test_api_config_errors_are_one_line(tmp_path, text, words):
     path = tmp_path / "api.yaml"
@@ -128,3 +136,41 @@ def test_worker_refuses_to_serve_beyond_loopback_without_tokens(capsys):
     assert main(["worker", "--http-host", "0.0.0.0", "--bootstrap-servers", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "needs bearer tokens" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the live view: a pool that stops sending goes stale ------------------------------
+def _bucket_rows(pool: str, minutes: range):
+    from datetime import datetime, timedelta
+
+    import polars as pl
+
+    hist = pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))
+    n = len(minutes)
+    return pl.DataFrame({
+        "window_start": [datetime(2026, 11, 2) + timedelta(minutes=m) for m in minutes],
+        "tenant": ["acme"] * n, "model": ["m"] * n, "model_version": ["v1"] * n, "deployment": ["stable"] * n,
+        "zone": ["z"] * n, "workload": ["llm"] * n, "traffic_class": ["realtime"] * n, "pool": [pool] * n,
+        "requests": [100] * n, "errors": [0] * n, "timeouts": [0] * n, "gpu_seconds": [60.0] * n,
+        "output_tokens": [1000] * n, "audio_seconds": [0.0] * n,
+        "first_output_ms_hist": [[{"bin": 300, "n": 100}]] * n, "e2e_ms_hist": [[{"bin": 400, "n": 100}]] * n,
+    }, schema_overrides={"first_output_ms_hist": hist, "e2e_ms_hist": hist})
+
+
+def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
+    import polars as pl
+
+    from signals.live import LiveSignals, SignalPolicy
+    from slo.prices import GpuPrices
+
+    live = LiveSignals(SignalPolicy(history_minutes=6, pool_window_minutes=2, rollout_window_minutes=5), [], GpuPrices())
+    live.add_closed(_bucket_rows("p", range(0, 6)), pl.DataFrame())
+    first = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=100.0)
+    assert first.pools["p"].changed_wall_s == 100.0
+    assert first.pools["p"].body["signals"]["requests_per_s"] == pytest.approx(100 / 60)
+    # Another pool moves on; p's oldest minutes fall out of the kept history, p sends nothing new.
+    live.add_closed(_bucket_rows("q", range(6, 9)), pl.DataFrame())
+    later = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=200.0)
+    assert later.pools["p"].changed_wall_s == 100.0  # not fresh: nothing new arrived for p
+    assert later.pools["q"].changed_wall_s == 200.0
+    live.add_closed(_bucket_rows("p", range(9, 10)), pl.DataFrame())
+    assert live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=300.0).pools["p"].changed_wall_s == 300.0
