@@ -187,13 +187,13 @@ def promql_annotation(name: str, expr: str, color: str, title: str, tag_keys: st
 
 
 # ---- cost, in PromQL ----------------------------------------------------------------------
-PRICE = "max by (gpu_sku) (tailwatch_gpu_price_usd_per_gpu_hour)"  # one per SKU, however many workers
+PRICE = "max by (gpu_sku) (tailwatch_gpu_price_usd_per_gpu_second)"  # one per SKU, however many workers
 
 
 def fleet_cost_usd_per_second_by_pool() -> str:
     """What each pool's GPUs cost per second, idle time included."""
     return (f"sum by (pool) (rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]) "
-            f"* on (gpu_sku) group_left() {PRICE}) / 3600")
+            f"* on (gpu_sku) group_left() {PRICE})")
 
 
 def allocated_cost_usd_per_second(by: str) -> str:

@@ -1,6 +1,6 @@
 """Cost and goodput: GPU cost per successful turn, per 1,000 output tokens and per
 audio-second, idle GPU cost, by tenant, model and workload. All PromQL over GPU-seconds
-and the price per SKU (`tailwatch_gpu_price_usd_per_gpu_hour`), idle time allocated as
+and the price per SKU (`tailwatch_gpu_price_usd_per_gpu_second`), idle time allocated as
 DESIGN.md says (see `dashboards.common.allocated_cost_usd_per_second`)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def idle_cost_usd_per_hour() -> str:
     return (f"sum by (zone, pool) (\n"
             f"  clamp_min(({fleet} - on (pool) group_left() {used}) or {fleet}, 0)\n"
             f"  * on (gpu_sku) group_left() {PRICE}\n"
-            f")")
+            f") * 3600")
 
 
 def build(specs=None):

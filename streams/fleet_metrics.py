@@ -27,7 +27,7 @@ What it exports, and at which aggregation level (only the labels some panel need
   (sum), `tailwatch_gpu_temperature_celsius` (max), `tailwatch_gpu_kv_cache_usage_ratio`
   (max), `tailwatch_queue_oldest_age_seconds` (max), `tailwatch_queue_depth_requests`
   (sum), `tailwatch_gpu_replicas{state}` (warm, loading, cold, draining; zeros included);
-- `tailwatch_gpu_price_usd_per_gpu_hour{gpu_sku}` from `slo/prices.py`, so that cost is
+- `tailwatch_gpu_price_usd_per_gpu_second{gpu_sku}` from `slo/prices.py`, so that cost is
   PromQL: GPU-seconds × price, joined `on (gpu_sku)`.
 
 Cardinality. Every label is from a closed set or bounded by the fleet's inventory
@@ -151,11 +151,11 @@ class FleetCollector:
             for key, g in self.pool_gauges.get(name, {}).items():
                 fam.add_metric(list(key), g.value)
             yield fam
-        price = GaugeMetricFamily("tailwatch_gpu_price_usd_per_gpu_hour", "GPU price per SKU (slo/prices.py).",
-                                  labels=["gpu_sku"])
+        price = GaugeMetricFamily("tailwatch_gpu_price_usd_per_gpu_second",
+                                  "GPU price per SKU in USD per GPU-second (slo/prices.py).", labels=["gpu_sku"])
         p = self.config.prices
         for sku in sorted(set(p.usd_per_gpu_hour) | self.skus):
-            price.add_metric([sku], p.usd_per_gpu_second(sku) * 3600)
+            price.add_metric([sku], p.usd_per_gpu_second(sku))
         yield price
 
 

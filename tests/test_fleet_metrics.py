@@ -101,8 +101,8 @@ def test_counters_match_the_simulator(fleet):
         if q == "0.5":
             assert v <= lat[(key, "0.95")] <= lat[(key, "0.99")]
         assert 0 < v < 60
-    price = {s.labels["gpu_sku"]: s.value for s in fams["tailwatch_gpu_price_usd_per_gpu_hour"].samples}
-    assert price["H100"] == 4.0 and price["L4"] == 0.8
+    price = {s.labels["gpu_sku"]: s.value for s in fams["tailwatch_gpu_price_usd_per_gpu_second"].samples}
+    assert price["H100"] == pytest.approx(4.0 / 3600) and price["L4"] == pytest.approx(0.8 / 3600)
 
 
 def test_counters_only_increase_and_stale_gauges_go(fleet):
@@ -140,8 +140,8 @@ def test_tenants_are_capped_into_other(fleet):
 
 def test_price_file_sets_the_price_gauge(fleet):
     stage = FleetMetrics(FleetMetricsConfig(prices=GpuPrices({"H100": 3.25}, 1.5)))
-    price = {s.labels["gpu_sku"]: s.value for s in scrape(stage.collector)["tailwatch_gpu_price_usd_per_gpu_hour"].samples}
-    assert price == {"H100": 3.25}
+    price = {s.labels["gpu_sku"]: s.value for s in scrape(stage.collector)["tailwatch_gpu_price_usd_per_gpu_second"].samples}
+    assert price == {"H100": pytest.approx(3.25 / 3600)}
 
 
 BASE_UNITS_FORBIDDEN = re.compile(r"_(ms|milliseconds|percent|pct|kb|mb|gb|minutes|hours|kilobytes|megabytes)(_|$)")
