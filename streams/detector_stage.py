@@ -40,6 +40,7 @@ from detectors.anomaly import NAME as ANOMALY
 from detectors.anomaly import AnomalyModel
 from detectors.core import Detection, DetectionEvent, Minute, slice_key
 from slo.windows import minute_start_utc
+from streams import store
 
 log = logging.getLogger("tailwatch.detectors")
 
@@ -155,9 +156,9 @@ class DetectorStage:
             # Detectors switched on for a store with history: learn from it, raise nothing for the past.
             processed_before = max(newest_minutes) + 1
         start = processed_before - self.cfg.history_minutes()
-        requests = con.sql("SELECT * EXCLUDE (queue_ms_hist, first_output_ms_hist, e2e_ms_hist) FROM sli_minute "
-                           "WHERE window_start >= $1", params=[minute_start_utc(start)]).pl()
-        gpu = con.sql("SELECT * FROM gpu_minute WHERE window_start >= $1", params=[minute_start_utc(start)]).pl()
+        requests = store.query_frame(con, "SELECT * EXCLUDE (queue_ms_hist, first_output_ms_hist, e2e_ms_hist) "
+                                     "FROM sli_minute WHERE window_start >= $1", [minute_start_utc(start)])
+        gpu = store.query_frame(con, "SELECT * FROM gpu_minute WHERE window_start >= $1", [minute_start_utc(start)])
         by_req, by_gpu = _split_by_minute(requests), _split_by_minute(gpu)
         anomaly = self.set.get(ANOMALY)
         models: list[AnomalyModel] = []

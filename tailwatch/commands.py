@@ -224,7 +224,7 @@ def _capacity_measured(args: argparse.Namespace) -> int:
         pl.col("best").max().alias("capacity"), pl.col("day").sort_by("best").last().alias("best_day"),
         pl.col("day").count().alias("days_measured")).sort("pool")
     table = [[pool, round(cap, 4), str(day), n] for pool, cap, day, n in summary.iter_rows()]
-    print("work per warm replica sustained for 3+ minutes with queue age and first output within SLO (GPU-s/s)")
+    print("work per warm replica (GPU-s/s), sustained with queue age and first output within SLO; best day per pool")
     print(render(["pool", "capacity", "best_day", "days_measured"], table))
     return 0
 
