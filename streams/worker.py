@@ -220,6 +220,7 @@ class Worker:
         finally:
             consumer.close()
             self.producer.flush(10)
+            self.producer = None  # its threads would keep dialling a broker that may be gone
             if http:
                 http.stop()
             self.store.close()
