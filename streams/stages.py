@@ -43,3 +43,14 @@ class Stage(Protocol):
     def deliver(self, wait_s: float = 0.0) -> None:
         """Called from the worker loop: retry outbound delivery, waiting up to wait_s."""
         ...
+
+
+def default_stages(detectors: str | None = "default", alertmanager_url: str | None = None,
+                   prices=None, links=None) -> list[Stage]:
+    """The stages every worker runs (the command line and the demo alike): fleet metrics,
+    and the detectors unless `detectors` is `none`. The signal stage is the worker's own."""
+    from streams.detector_stage import detector_stages
+    from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
+
+    fleet = FleetMetrics(FleetMetricsConfig(prices=prices) if prices is not None else None)
+    return [fleet, *detector_stages(detectors, alertmanager_url, links)]

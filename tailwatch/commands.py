@@ -125,19 +125,9 @@ def load_prices_option(path: str | None):
         raise CliError(f"--prices {exc}") from None
 
 
-def _stages(args: argparse.Namespace, prices, links) -> list:
-    """The stages a worker feeds with closed minutes (streams.stages.Stage), one line each."""
-    from streams.detector_stage import detector_stages
-    from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
-
-    stages: list = []
-    stages.append(FleetMetrics(FleetMetricsConfig(prices=prices)))
-    stages.extend(detector_stages(args.detectors, args.alertmanager_url, links))
-    return stages
-
-
 def _worker_settings(args: argparse.Namespace, **overrides):
     from alerts.alertmanager import AlertLinks
+    from streams.stages import default_stages
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
 
@@ -163,7 +153,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
-        stages=_stages(args, prices, links),
+        stages=default_stages(args.detectors, args.alertmanager_url, prices, links),
         alert_links=links,
         **overrides,
     )

@@ -16,6 +16,7 @@ from ingest.simulator import FleetSimulator
 from slo import histogram
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams import store
+from streams.stages import default_stages
 from streams.worker import Worker, WorkerSettings
 from tailwatch.broker import EmbeddedBroker
 from tailwatch.cli import progress, progress_done
@@ -74,7 +75,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
         say("[3/4] running the worker until the topics are drained")
         worker = Worker(WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
-                                       slos=load_slos(DEFAULT_SLOS),
+                                       slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
                                        progress=lambda line: progress("      " + line)))
         worker.run()
         progress_done()
@@ -109,6 +110,9 @@ def summary(store_path: str) -> str:
             SELECT slo, labels, alert_window, strftime(fired_at, '%H:%M') AS fired, strftime(resolved_at, '%H:%M') AS resolved,
                    round(long_burn_rate, 1) AS burn_long, round(short_burn_rate, 1) AS burn_short
             FROM alerts WHERE severity = 'page' ORDER BY fired_at""").fetchall()
+        detections = con.execute("""
+            SELECT detector, slice, strftime(started_at, '%H:%M') AS started, strftime(ended_at, '%H:%M') AS ended
+            FROM detections ORDER BY started_at, detector""").fetchall()
     finally:
         con.close()
     rows = []
@@ -127,6 +131,8 @@ def summary(store_path: str) -> str:
     out += "\ndead letters by reason: " + (", ".join(f"{r} {n}" for r, n in dead) if dead else "none")
     out += "\n\nPages raised by the default SLOs (event time; `tailwatch slo status` for every SLO)\n"
     out += render(["slo", "slice", "window", "fired", "resolved", "burn_long", "burn_short"], pages)
+    out += "\n\nDetections (why users hurt; evidence in `tailwatch sql \"SELECT * FROM detections\"`)\n"
+    out += render(["detector", "slice", "started", "ended"], detections)
     return out
 
 

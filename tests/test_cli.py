@@ -120,3 +120,15 @@ def test_produce_and_sql_round_trip(kafka, tmp_path):
     con = duckdb.connect(str(store), read_only=True)
     got = con.execute("SELECT (SELECT sum(requests) FROM sli_minute) + (SELECT sum(samples) FROM gpu_minute)").fetchone()[0]
     assert got == n_good
+
+
+def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
+    """The README's first command, shortened: broker, simulator, worker with its stages, summary."""
+    store = tmp_path / "demo.duckdb"
+    out = subprocess.run([sys.executable, "-m", "tailwatch", "demo", "--minutes", "50", "--store", str(store),
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Pages raised by the default SLOs" in out.stdout
+    detections = out.stdout.split("Detections", 1)[1].split("GET /v1/autoscale", 1)[0]
+    assert "retry_storm" in detections and "us-east-1b" in detections  # the zone-b LLM error spike at 00:30
+    assert "GET /v1/autoscale/{pool}" in out.stdout and "llm-us-east-1a-realtime" in out.stdout
