@@ -52,3 +52,26 @@ def kafka(broker) -> KafkaSettings:
     settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
     ensure_topics(settings, partitions=2)
     return settings
+
+
+def start_until_ready(name: str, argv: list[str], port: int, log_path: Path, timeout_s: float = 30.0):
+    """Start a Prometheus-family binary and wait for its `/-/ready`; fail the test (with the
+    end of its log) if it exits or is not ready in time. Returns (process, base URL)."""
+    import subprocess
+    import time
+    import urllib.request
+
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/-/ready", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"{name} did not become ready: {log_path.read_text()[-2000:]}")

@@ -7,15 +7,12 @@ resolution.
 
 import json
 import shutil
-import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import duckdb
-import pytest
 
 from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
 from ingest.producer import EventPublisher
@@ -24,7 +21,7 @@ from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
 from streams.worker import Worker, WorkerSettings
-from tests.conftest import free_port, need
+from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
@@ -80,19 +77,9 @@ receivers:
       - url: http://127.0.0.1:{webhook_port}/
         send_resolved: true
 """)
-    proc = subprocess.Popen([AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
-                             f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address="],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/-/ready", timeout=1)
-            return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail("Alertmanager did not become ready")
+    return start_until_ready("Alertmanager", [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
+                                              f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address="],
+                             port, tmp_path / f"am-{port}.log", timeout_s=20)
 
 
 def change(state, minute, started):

@@ -40,7 +40,7 @@ from streams.fleet_metrics import FleetMetrics
 from streams.worker import Worker, WorkerSettings
 from tailwatch.demo import BAD_RECORDS
 from tailwatch.kafka import KafkaSettings, ensure_topics, send
-from tests.conftest import free_port, need
+from tests.conftest import free_port, need, start_until_ready
 
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_S = 1
@@ -62,22 +62,9 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:{target_port}']
 """)
-    with open(tmp_path / "prometheus.log", "w") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/-/ready", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"Prometheus did not become ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+    return start_until_ready("Prometheus", [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                             port, tmp_path / "prometheus.log")
 
 
 def api(url: str, path: str, **params) -> dict:
