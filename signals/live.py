@@ -268,7 +268,6 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
                     "gpu_util_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
-    attr_frames = []
     if req.height:
         for pool, tenants in req.group_by("pool").agg(pl.col("tenant").unique()).iter_rows():
             if pool in stats:
@@ -283,8 +282,6 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
             stats[row.pop("pool")].update(row)
         for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
             stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
-        attr_frames.append(req.select("pool", *[pl.col(k) if k in req.columns else pl.lit(None, pl.String).alias(k)
-                                                for k in POOL_ATTRIBUTES if k != "pool"]))
     if gpu.height:
         newest_rows = gpu.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
         for pool, seen in newest_rows.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
@@ -300,21 +297,30 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
             stats[pool]["active_streams"] = int(streams)
         for pool, state, n in last.group_by("pool", pl.col("replica_state").fill_null("unknown")).len().sort("pool", "replica_state").iter_rows():
             stats[pool]["replicas_by_state"][state] = int(n)
-        attr_frames.insert(0, gpu.select("pool", *[pl.col(k) if k in gpu.columns else pl.lit(None, pl.String).alias(k)
-                                                   for k in POOL_ATTRIBUTES if k != "pool"]))
-    # An attribute is the pool's when its samples (GPU first, then requests) agree on one value.
-    for i, f in enumerate(attr_frames):
-        agreed = f.group_by("pool").agg(*[pl.col(k).drop_nulls().unique().alias(k) for k in POOL_ATTRIBUTES if k != "pool"])
+    for pool, attrs in pool_attributes(req, gpu).items():
+        if pool in stats:
+            stats[pool]["attrs"] = attrs
+    return stats
+
+
+def pool_attributes(req: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[str, str]]:
+    """Per pool, the attributes (model, zone, workload, traffic class) its rows agree on:
+    one non-empty value, taken from the GPU samples first, then from the requests."""
+    out: dict[str, dict[str, str]] = {}
+    for f in (gpu, req):
+        if not f.height:
+            continue
+        keys = [k for k in POOL_ATTRIBUTES if k != "pool" and k in f.columns]
+        agreed = f.group_by("pool").agg(*[pl.col(k).drop_nulls().unique().alias(k) for k in keys])
         for row in agreed.iter_rows(named=True):
             pool = row.pop("pool")
-            if pool not in stats:
+            if not pool:
                 continue
-            attrs = stats[pool]["attrs"]
-            attrs.setdefault("pool", pool)
+            attrs = out.setdefault(pool, {"pool": pool})
             for k, values in row.items():
                 if k not in attrs and len(values) == 1 and values[0]:
                     attrs[k] = values[0]
-    return stats
+    return out
 
 
 def _version_table(rows: pl.DataFrame, keys: list[str]) -> dict | list:
@@ -361,10 +367,7 @@ def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, fi
         (pl.col("replica_state") == "warm").sum().alias("warm"),
         pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_p95"),
     ).join(work, on=["pool", "_m"]).join(fo, on=["pool", "_m"], how="left").sort("pool", "_m")
-    req_by_pool = req.partition_by("pool", as_dict=True)
-    gpu_by_pool = gpu.partition_by("pool", as_dict=True)
-    thresholds = {pool: first_output_slo_ms(_pool_attributes(req_by_pool.get((pool,), pl.DataFrame()), g))
-                  for (pool,), g in gpu_by_pool.items()}
+    thresholds = {pool: first_output_slo_ms(attrs) for pool, attrs in pool_attributes(req, gpu).items()}
     out = []
     for pool, minute, warm, queue_p95, w, fo_p95 in per.select("pool", "_m", "warm", "queue_p95", "work", "fo_p95").iter_rows():
         if not pool:
@@ -415,16 +418,6 @@ def firing_alerts(states: list[SliceState]) -> list[dict]:
 
 
 # ---- small pure helpers ---------------------------------------------------------------
-def _pool_attributes(r: pl.DataFrame, g: pl.DataFrame) -> dict[str, str]:
-    attrs: dict[str, str] = {}
-    for f in (g, r):
-        for k in POOL_ATTRIBUTES:
-            if f.height and k in f.columns and k not in attrs:
-                values = f[k].drop_nulls().unique().to_list()
-                if len(values) == 1 and values[0]:
-                    attrs[k] = values[0]
-    return attrs
-
 
 def _pool_burn_rate(attrs: dict[str, str], states: list[SliceState]) -> float | None:
     """The fastest-burning SLO slice that speaks about this pool (fastest page window)."""

@@ -416,7 +416,7 @@ class Worker:
             self._stage_cpu("slo", began)
         if any(f.height for f in closed.values()):
             for stage in self.stages:
-                if getattr(stage, "needs_every_partition", False) and not owns_all:
+                if stage.needs_every_partition and not owns_all:
                     continue
                 began = time.process_time()
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tailwatch.broker import EmbeddedBroker
+from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
 
@@ -81,20 +81,12 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
     return s
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False) -> dict:
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
     for i in range(count):
         stats = workdir / f"stats-{group}-{i}.json"
-        port = _free_port()
+        port = free_port()
         cmd = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
                "--topic-prefix", settings.topic_prefix, "--store", str(workdir / f"{group}-{i}.duckdb"),
                "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats),
@@ -159,7 +151,7 @@ def run_baseline(settings: KafkaSettings, n: int, workdir: Path, variant: str) -
 
 def run_bench(args) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-"))
-    broker = EmbeddedBroker(port=args.port or _free_port())
+    broker = EmbeddedBroker(port=args.port or free_port())
     broker.start()
     lines = []
     try:

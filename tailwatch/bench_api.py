@@ -24,7 +24,7 @@ import yaml
 
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from tailwatch.broker import EmbeddedBroker
+from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.kafka import KafkaSettings, ensure_topics
 
 TOKEN = "bench-token"
@@ -77,14 +77,6 @@ def _wait_ready(port: int, timeout_s: float = 90) -> None:
     raise BenchError("the worker's signal API did not answer within 90 s")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _events_seen(port: int) -> int:
     import json
 
@@ -97,7 +89,7 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
     if shutil.which("wrk") is None:
         raise BenchError("wrk is not installed (Debian: apt-get install wrk)")
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-api-"))
-    broker = EmbeddedBroker(port=_free_port(), log_path=str(workdir / "broker.log"))
+    broker = EmbeddedBroker(port=free_port(), log_path=str(workdir / "broker.log"))
     broker.start()
     worker = publisher = None
     try:
@@ -111,7 +103,7 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
             "stale_after": "10m",
             "tokens": [{"name": "bench", "sha256": hashlib.sha256(TOKEN.encode()).hexdigest(), "tenants": "*"}],
         }))
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         common = ["--bootstrap-servers", broker.bootstrap, "--topic-prefix", kafka.topic_prefix]
         worker = subprocess.Popen(

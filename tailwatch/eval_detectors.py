@@ -32,7 +32,7 @@ from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from streams import store
 from streams.detector_stage import DetectorStage
-from tailwatch.broker import EmbeddedBroker
+from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.kafka import KafkaSettings, ensure_topics
 
 # Incident scenarios start at 08:00 (diurnal load rising toward its peak) and run 200
@@ -62,14 +62,6 @@ def default_minutes(scenario: str) -> int:
     return {"quiet-day": 1440, SUITE: 240}.get(scenario, 200)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_scenario(scenario: str, seed: int = 7, minutes: int | None = None, rate_scale: float = DEFAULT_RATE_SCALE,
                  kafka: KafkaSettings | None = None, store_path: str | None = None,
                  cfg: detector_config.DetectorsConfig | None = None,
@@ -89,7 +81,7 @@ def run_scenario(scenario: str, seed: int = 7, minutes: int | None = None, rate_
         Path(store_path).unlink()  # the broker is new: so is the store
     try:
         if kafka is None:
-            broker = EmbeddedBroker(port=_free_port())
+            broker = EmbeddedBroker(port=free_port())
             say(f"{scenario}: starting the embedded broker")
             broker.start()
             kafka = KafkaSettings(bootstrap_servers=broker.bootstrap)

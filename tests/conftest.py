@@ -7,23 +7,16 @@ skips only on a developer machine without it.
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tailwatch.broker import BrokerError, EmbeddedBroker
+from tailwatch.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
 from tailwatch.kafka import KafkaSettings, ensure_topics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 AZURE_TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def need(condition: bool, what: str) -> None:
