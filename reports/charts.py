@@ -1,11 +1,18 @@
 """Charts for the cost report: matplotlib (Agg, no display) drawn to PNG and returned as
-`data:` URIs, so the HTML carries its images inside itself and loads nothing."""
+`data:` URIs, so the HTML carries its images inside itself and loads nothing.
+
+Every chart says "no data" in words when it has nothing to draw, rather than an empty frame,
+and time axes span the data itself: matplotlib widens a zero-width date range by years (a
+run of seven minutes drew axes from 2025 to 2028), so a single point gets half a step each
+side and the ticks follow the span (minutes for a short run, hours, days).
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import io
+import math
 
 import matplotlib
 
@@ -13,7 +20,7 @@ matplotlib.use("Agg")  # no display here, and none wanted: charts go into the HT
 
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
+from matplotlib.ticker import Formatter, FuncFormatter, PercentFormatter  # noqa: E402
 
 ATTRIBUTED = "#3b6ea8"
 IDLE = "#b9c7d8"
@@ -26,7 +33,43 @@ plt.rcParams.update({
     "axes.titlesize": 10, "figure.dpi": 110, "svg.fonttype": "none",
 })
 
-_usd = FuncFormatter(lambda v, _pos: f"${v:,.0f}" if abs(v) >= 10 else f"${v:,.2f}")
+class _Usd(Formatter):
+    """Dollars with as many decimals as the tick step needs, the same on every tick: a
+    seven-minute run costs cents, so fixed whole dollars would label every tick $0."""
+
+    _step = 0.0
+
+    def set_locs(self, locs) -> None:  # matplotlib hands over the ticks before formatting them
+        self._step = abs(locs[1] - locs[0]) if len(locs) > 1 else 0.0
+
+    def __call__(self, v, pos=None):
+        step = self._step or abs(v)
+        decimals = 0 if step >= 1 or step == 0 else min(6, max(2, -math.floor(math.log10(step))))
+        return f"${v:,.{decimals}f}"
+
+
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _no_data(title: str, reason: str, height: float = 3.0) -> str:
+    """A labelled panel instead of an empty frame: the reader learns why there is no line."""
+    fig, ax = plt.subplots(figsize=(7.2, height))
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"No data: {reason}", ha="center", va="center", color=GREY, fontsize=10, transform=ax.transAxes,
+            wrap=True)
+    return _png(fig)
+
+
+def _time_axis(ax, times: list[dt.datetime], step: dt.timedelta) -> None:
+    """X limits from the data, half a step of margin each side (so one point is a visible
+    range, not a zero-width one that matplotlib would widen to years), ticks to suit."""
+    lo, hi = min(times) - step / 2, max(times) + step / 2
+    ax.set_xlim(lo, hi)
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
 
 def _png(fig) -> str:
@@ -39,6 +82,8 @@ def _png(fig) -> str:
 def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float]) -> str:
     """Stacked bars per day (fully loaded: GPU time in use + idle GPU time); flagged days outlined
     in red with their rise."""
+    if not days or not any(a + i > 0 for a, i in zip(in_use, idle)):
+        return _no_data("Daily GPU spend, fully loaded", "no GPU cost in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     x = list(range(len(days)))
     ax.bar(x, in_use, color=ATTRIBUTED, label="GPU time used by requests")
@@ -50,7 +95,7 @@ def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], fla
             ax.annotate(f"+{flagged[day] * 100:.0f}% spend,\nsuccess flat", (xi, total), textcoords="offset points",
                         xytext=(0, 4), ha="center", va="bottom", color=FLAG, fontweight="bold", fontsize=8.5)
     ax.set_xticks(x, [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 8 else 45)
-    ax.yaxis.set_major_formatter(_usd)
+    ax.yaxis.set_major_formatter(_Usd())
     ax.set_ylabel("GPU cost per day (USD)")
     ax.set_title("Daily GPU spend, fully loaded")
     ax.set_ylim(0, max(totals + [1e-9]) * 1.28)
@@ -59,20 +104,23 @@ def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], fla
 
 
 def cost_per_turn_trend(times: list[dt.datetime], fully_loaded: list[float | None], attributed: list[float | None],
-                        flagged_days: list[dt.date]) -> str:
-    """Cost per successful turn over time (hourly or daily), flagged days shaded."""
+                        flagged_days: list[dt.date], step: dt.timedelta = dt.timedelta(hours=1)) -> str:
+    """Cost per successful turn over time (one point per `step`: a minute, an hour or a day),
+    flagged days shaded."""
+    title = "Cost per successful turn"
+    if not _finite(fully_loaded) and not _finite(attributed):
+        return _no_data(title, "no successful turns in this range, so no cost per successful turn")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
+    few = len(times) < 40  # markers, so isolated points (a minute between gaps) still show
     ax.plot(times, [v if v is not None else float("nan") for v in fully_loaded], color=ATTRIBUTED, linewidth=1.6,
-            marker="o" if len(times) < 40 else None, markersize=3, label="fully loaded")
+            marker="o" if few else None, markersize=3, label="fully loaded")
     ax.plot(times, [v if v is not None else float("nan") for v in attributed], color=GREY, linewidth=1.0,
-            linestyle="--", label="attributed")
+            linestyle="--", marker="." if few else None, markersize=3, label="attributed")
     for i, day in enumerate(flagged_days):
         start = dt.datetime.combine(day, dt.time())
         ax.axvspan(start, start + dt.timedelta(days=1), color=FLAG, alpha=0.10, lw=0,
                    label="flagged: spend up, success flat" if i == 0 else None)
-    if times:
-        ax.set_xlim(min(times), max(times))
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    _time_axis(ax, times, step)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"${v:.3f}" if v < 1 else f"${v:,.2f}"))
     ax.set_ylabel("USD per successful turn")
     ax.set_ylim(bottom=0)
@@ -83,6 +131,8 @@ def cost_per_turn_trend(times: list[dt.datetime], fully_loaded: list[float | Non
 
 def cost_by_tenant(tenants: list[str], in_use: list[float], idle_share: list[float]) -> str:
     """Horizontal stacked bars per tenant: fully loaded cost = GPU time in use + allocated idle."""
+    if not tenants or not any(a + i > 0 for a, i in zip(in_use, idle_share)):
+        return _no_data("Cost by tenant", "no GPU cost in this range")
     fig, ax = plt.subplots(figsize=(7.2, 0.45 * len(tenants) + 1.0))
     y = list(range(len(tenants)))[::-1]
     ax.barh(y, in_use, color=ATTRIBUTED, label="GPU time used by requests")
@@ -90,7 +140,7 @@ def cost_by_tenant(tenants: list[str], in_use: list[float], idle_share: list[flo
     for yi, a, i in zip(y, in_use, idle_share):
         ax.annotate(f"${a + i:,.2f}", (a + i, yi), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
     ax.set_yticks(y, tenants)
-    ax.xaxis.set_major_formatter(_usd)
+    ax.xaxis.set_major_formatter(_Usd())
     ax.set_xlabel("GPU cost over the range, fully loaded (USD)")
     ax.set_xlim(0, max([a + i for a, i in zip(in_use, idle_share)] + [1e-9]) * 1.18)
     ax.set_title("Cost by tenant")
@@ -98,25 +148,33 @@ def cost_by_tenant(tenants: list[str], in_use: list[float], idle_share: list[flo
     return _png(fig)
 
 
-def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful: list[int], per: str) -> str:
+def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful: list[int], per: str,
+                          step: dt.timedelta = dt.timedelta(hours=1)) -> str:
     """Throughput (all turns) against goodput (successful turns) over time, goodput ratio beside."""
+    if not any(turns):
+        return _no_data("Goodput vs throughput", "no turns in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
-    ax.plot(times, turns, color=GREY, linewidth=1.4, label=f"throughput: turns per {per}")
-    ax.plot(times, successful, color=GOOD, linewidth=1.4, label=f"goodput: successful turns per {per}")
-    ax.fill_between(times, successful, turns, color=FLAG, alpha=0.15, lw=0, label="turns that failed")
+    few = len(times) < 40
+    ax.plot(times, turns, color=GREY, linewidth=1.4, marker="o" if few else None, markersize=3,
+            label=f"throughput: turns per {per}")
+    ax.plot(times, successful, color=GOOD, linewidth=1.4, marker="o" if few else None, markersize=3,
+            label=f"goodput: successful turns per {per}")
+    ax.fill_between(times, successful, turns, where=[t >= s for s, t in zip(successful, turns)], color=FLAG,
+                    alpha=0.15, lw=0, label="turns that failed")
     ax.set_ylabel(f"turns per {per}")
-    ax.set_ylim(bottom=0)
-    if times:
-        ax.set_xlim(min(times), max(times))
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax.set_ylim(bottom=0, top=max([*turns, *successful]) * 1.08)
+    _time_axis(ax, times, step)
     ax2 = ax.twinx()
-    ratio = [s / t if t else float("nan") for s, t in zip(successful, turns)]
-    ax2.plot(times, ratio, color=GOOD, linewidth=0.8, linestyle=":", label="goodput ratio (right)")
+    # A chain's success can land a minute after its turn: cap the ratio at 100%.
+    ratio = [min(s / t, 1.0) if t else float("nan") for s, t in zip(successful, turns)]
+    ax2.plot(times, ratio, color=GOOD, linewidth=0.8, linestyle=":", marker="." if few else None,
+             label="goodput ratio (right)")
     ax2.set_ylim(0, 1.05)
     ax2.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax2.spines["right"].set_visible(True)
     ax.set_title("Goodput vs throughput")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=7.5, frameon=False, ncol=2)
+    # Below the frame: inside it the legend hid the low end of the lines.
+    ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7.5, frameon=False, ncol=2)
     return _png(fig)

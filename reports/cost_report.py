@@ -1,8 +1,10 @@
 """`tailwatch report cost`: the GPU cost report for finance and product.
 
 Reads the store read-only (`sli_minute` for traffic and the requests' own GPU-seconds,
-`gpu_minute` for the fleet's GPU time), runs the cost math of `slo.cost` per day (tables,
-CSV, Parquet, the spend-rise flag) and per hour (trend charts), and writes three files:
+`gpu_minute` for the fleet's GPU time), scales the requests' GPU-seconds per pool and minute
+to the GPU time that existed (`slo.cost.attribution_scales`), runs the cost math of
+`slo.cost` per day (tables, CSV, Parquet, the spend-rise flag) and per minute, hour or day
+(trend charts, by how long the data runs), and writes three files:
 `report.html` (self-contained: inline CSS, PNG charts as data URIs, nothing loaded from
 anywhere), `cost.csv` and `cost.parquet` (one row per day, tenant, model and workload).
 Nothing is written unless the range holds data.
@@ -29,6 +31,9 @@ BASELINE_DAYS = 7
 RISE_THRESHOLD = 0.20
 SUCCESS_EPSILON = 0.01
 HOURLY_UP_TO_DAYS = 14  # longer ranges chart one point per day
+# Shorter data charts one point per minute: an hourly chart of a seven-minute run is one point.
+MINUTELY_UP_TO = dt.timedelta(hours=6)
+SCALES_VIEW = "tw_attribution_scales"  # the per-minute scales, shown to DuckDB for the usage query
 FILES = ("report.html", "cost.csv", "cost.parquet")
 
 
@@ -86,9 +91,10 @@ class CostReport:
     prices_source: str
     daily: cost.CostTables
     per_day: pl.DataFrame  # one row per day of the range (and the baseline days before it)
-    trend: pl.DataFrame  # per hour (or day): costs and turns, for the charts
-    trend_unit: str
+    trend: pl.DataFrame  # per minute, hour or day: costs and turns, for the charts
+    trend_unit: str  # "minute", "hour" or "day"
     flags: list[cost.SpendRise]
+    scaling: cost.AttributionScaling  # when and by how much attributed GPU-seconds were scaled down
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -111,23 +117,45 @@ def _data_range(con: duckdb.DuckDBPyConnection) -> tuple[dt.datetime, dt.datetim
     return None if lo is None else (lo, hi + dt.timedelta(minutes=1))
 
 
-def _usage(con, unit: str, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    period = "CAST(date_trunc('day', window_start) AS DATE)" if unit == "day" else f"date_trunc('{unit}', window_start)"
-    return con.sql(f"""
-        SELECT {period} AS period, tenant, model, workload, pool,
-               sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
-               sum(successful_turns)::BIGINT AS successful_turns,
-               coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
-               coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,
-               coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds
+def _period(unit: str) -> str:
+    return "CAST(date_trunc('day', window_start) AS DATE)" if unit == "day" else f"date_trunc('{unit}', window_start)"
+
+
+def _scales(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Per pool and minute, the factor that fits the requests' GPU-seconds into the GPUs' (slo.cost)."""
+    reported = con.sql("""
+        SELECT window_start AS minute, coalesce(pool, '') AS pool, coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds
         FROM sli_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
+    present = con.sql("""
+        SELECT window_start AS minute, coalesce(pool, '') AS pool, (count(*) * 60)::DOUBLE AS gpu_seconds
+        FROM gpu_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
+    return cost.attribution_scales(reported, present)
+
+
+def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.DataFrame) -> pl.DataFrame:
+    # The scales are per minute and the usage is summed per period: the join applies them per
+    # bucket in DuckDB, so a long range never brings every slice-minute into Python.
+    con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
+    try:
+        return con.sql(f"""
+            SELECT {_period(unit)} AS period, tenant, model, workload, pool,
+                   sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
+                   sum(successful_turns)::BIGINT AS successful_turns,
+                   coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
+                   coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,
+                   coalesce(sum(gpu_seconds * coalesce(attribution_scale, 1.0)), 0)::DOUBLE AS gpu_seconds,
+                   coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds_reported
+            FROM sli_minute LEFT JOIN {SCALES_VIEW}
+                 ON minute = window_start AND scaled_pool = coalesce(pool, '')
+            WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
+    finally:
+        con.unregister(SCALES_VIEW)
 
 
 def _fleet(con, unit: str, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    period = "CAST(date_trunc('day', window_start) AS DATE)" if unit == "day" else f"date_trunc('{unit}', window_start)"
     # Each row is one GPU present for one minute: 60 GPU-seconds paid for, busy or not.
     return con.sql(f"""
-        SELECT {period} AS period, pool, model, gpu_sku, (count(*) * 60)::DOUBLE AS gpu_seconds
+        SELECT {_period(unit)} AS period, pool, model, gpu_sku, (count(*) * 60)::DOUBLE AS gpu_seconds
         FROM gpu_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
 
 
@@ -173,14 +201,16 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
         raise EmptyRange(f"no data from {rng} in {store_path}; the store holds {_iso(data[0])} to {_iso(data[1])}")
 
     say(f"report cost: reading {rng} from {store_path}")
-    usage = _usage(con, "day", start, end)
-    fleet = _fleet(con, "day", start, end)
-    if usage.height == 0 and fleet.height == 0:
-        raise EmptyRange(f"no data from {rng} in {store_path}; the store holds {_iso(data[0])} to {_iso(data[1])}")
     # Baseline for the spend-rise flag: whole days before the range's first day.
     base_end = dt.datetime.combine(start.date(), dt.time())
     base_start = base_end - dt.timedelta(days=BASELINE_DAYS)
-    base_usage, base_fleet = _usage(con, "day", base_start, base_end), _fleet(con, "day", base_start, base_end)
+    # One set of per-minute scales serves the range, its baseline and the trend alike.
+    scales = _scales(con, base_start, end)
+    usage = _usage(con, "day", start, end, scales)
+    fleet = _fleet(con, "day", start, end)
+    if usage.height == 0 and fleet.height == 0:
+        raise EmptyRange(f"no data from {rng} in {store_path}; the store holds {_iso(data[0])} to {_iso(data[1])}")
+    base_usage, base_fleet = _usage(con, "day", base_start, base_end, scales), _fleet(con, "day", base_start, base_end)
     minutes = pl.concat([_minutes_per_day(con, base_start, base_end), _minutes_per_day(con, start, end)])
     timings["read_s"] = time.perf_counter() - t0
 
@@ -193,13 +223,24 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
                                   success_epsilon=SUCCESS_EPSILON, baseline_days=BASELINE_DAYS)
     # The trend charts also show the baseline days, so a step up at the range's start is visible.
     trend_start = max(base_start, data[0]) if per_day.filter(pl.col("period") < start.date()).height else start
-    unit = "hour" if (end - trend_start) <= dt.timedelta(days=HOURLY_UP_TO_DAYS) else "day"
+    unit = trend_unit(min(end, data[1]) - max(trend_start, data[0]))
     say(f"report cost: per-{unit} trend for the charts")
-    fine = cost.allocate_costs(_usage(con, unit, trend_start, end), _fleet(con, unit, trend_start, end), prices)
+    fine = cost.allocate_costs(_usage(con, unit, trend_start, end, scales), _fleet(con, unit, trend_start, end), prices)
     trend = cost.rollup(fine.detail, ["period"])
+    in_range = scales.filter((pl.col("minute") >= start) & (pl.col("minute") < end))
+    scaling = cost.summarize_scaling(in_range, daily.pools)
     timings["compute_s"] = time.perf_counter() - t1
     return CostReport(store_path=store_path, range=rng, data_range=data, prices=prices, prices_source=prices_source,
-                      daily=daily, per_day=per_day, trend=trend, trend_unit=unit, flags=flags, timings=timings)
+                      daily=daily, per_day=per_day, trend=trend, trend_unit=unit, flags=flags, scaling=scaling,
+                      timings=timings)
+
+
+def trend_unit(span: dt.timedelta) -> str:
+    """The charts' time step for data that runs `span`: enough points to show a shape, few
+    enough to read (a seven-minute run gets minutes, a fortnight hours, longer days)."""
+    if span <= MINUTELY_UP_TO:
+        return "minute"
+    return "hour" if span <= dt.timedelta(days=HOURLY_UP_TO_DAYS) else "day"
 
 
 # ---- writing ------------------------------------------------------------------------------
@@ -208,7 +249,8 @@ CSV_COLUMNS = (
     ("period", "day"), ("tenant", "tenant"), ("model", "model"), ("workload", "workload"),
     ("requests", "requests"), ("turns", "turns"), ("successful_turns", "successful_turns"),
     ("goodput_ratio", "goodput_ratio"), ("output_tokens", "output_tokens"), ("audio_seconds", "audio_seconds"),
-    ("gpu_seconds", "attributed_gpu_seconds"), ("fully_loaded_gpu_seconds", "fully_loaded_gpu_seconds"),
+    ("gpu_seconds_reported", "reported_gpu_seconds"), ("gpu_seconds", "attributed_gpu_seconds"),
+    ("attribution_scale", "attribution_scale"), ("fully_loaded_gpu_seconds", "fully_loaded_gpu_seconds"),
     ("idle_gpu_seconds", "idle_gpu_seconds"), ("attributed_cost_usd", "attributed_cost_usd"),
     ("idle_cost_usd", "idle_cost_usd"), ("fully_loaded_cost_usd", "fully_loaded_cost_usd"),
     ("cost_per_successful_turn_usd", "cost_per_successful_turn_usd"),
@@ -273,6 +315,7 @@ tr.flag td{background:#fdecea;font-weight:600}
 tr.total td{border-top:2px solid #9e9e9e;font-weight:600}
 .charts img{max-width:100%;display:block;margin:10px 0}
 .note{color:#616161;font-size:12.5px}
+.scaled{border-left:6px solid #ef6c00;background:#fff4e5;padding:8px 14px;margin:12px 0;border-radius:3px}
 code{background:#f5f5f5;padding:0 3px}
 """
 
@@ -296,6 +339,14 @@ def _pct(x: float | None, digits: int = 1) -> str:
 
 def _int(x: float | None) -> str:
     return "–" if x is None else f"{int(x):,}"
+
+
+SCALE_HEADER = "Attribution scale (attributed ÷ reported GPU-s)"
+
+
+def _scale(x: float | None) -> str:
+    """1.000 where the requests' own GPU-seconds fit in the GPUs' time; below 1 where scaled down."""
+    return "–" if x is None else f"{x:.3f}"
 
 
 def _table(headers: list[tuple[str, bool]], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
@@ -332,9 +383,10 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
     trend = report.trend.sort("period").to_dicts()
     times = [r["period"] if isinstance(r["period"], dt.datetime) else dt.datetime.combine(r["period"], dt.time())
              for r in trend]
+    step = {"minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}.get(report.trend_unit, dt.timedelta(days=1))
     chart_trend = charts.cost_per_turn_trend(times, [r["cost_per_successful_turn_usd"] for r in trend],
                                              [r["attributed_cost_per_successful_turn_usd"] for r in trend],
-                                             sorted(flagged))
+                                             sorted(flagged), step=step)
     say("report cost: drawing charts (3/4, cost by tenant)")
     tenants = cost.rollup(detail, ["tenant"]).sort("fully_loaded_cost_usd", descending=True).to_dicts()
     chart_tenants = charts.cost_by_tenant([t["tenant"] for t in tenants],
@@ -342,7 +394,7 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
                                           [t["idle_cost_usd"] for t in tenants])
     say("report cost: drawing charts (4/4, goodput vs throughput)")
     chart_goodput = charts.goodput_vs_throughput(times, [r["turns"] for r in trend], [r["successful_turns"] for r in trend],
-                                                 report.trend_unit)
+                                                 report.trend_unit, step=step)
 
     parts: list[str] = []
     add = parts.append
@@ -379,6 +431,10 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
         attrs = f' id="{elem_id}" data-usd="{data}"' if elem_id else ""
         html_cards.append(f"<div class='card'><div class='v'{attrs}>{_e(value)}</div><div class='k'>{_e(label)}</div></div>")
     add("<div class='cards'>" + "".join(html_cards) + "</div>")
+    # Say it where the numbers are: attributed figures below are scaled, not the runtimes' own.
+    scaled_cls = "scaled" if report.scaling.scaled else "note"
+    add(f"<p class='{scaled_cls}' id=\"attribution-scaling\" data-scale=\"{report.scaling.overall_scale or 1.0:.6f}\">"
+        f"{_e(report.scaling.sentence())}</p>")
 
     add("<h2>Charts</h2><div class='charts'>")
     for src, alt in ((chart_daily, "Daily GPU spend, fully loaded, split into GPU time used by requests and idle GPU time"),
@@ -397,13 +453,14 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
         rows.append([
             _e(r["period"].isoformat()) + ("" if in_r else " <span class='note'>(baseline)</span>"),
             f"{r['minutes_with_data'] / 60:.1f}", _usd(r["fully_loaded_cost_usd"]), _usd(r["attributed_cost_usd"]),
-            _usd(r["idle_cost_usd"]), _pct(r["idle_cost_usd"] / r["fully_loaded_cost_usd"] if r["fully_loaded_cost_usd"] else None), _int(r["turns"]), _pct(r["goodput_ratio"], 2),
+            _usd(r["idle_cost_usd"]), _pct(r["idle_cost_usd"] / r["fully_loaded_cost_usd"] if r["fully_loaded_cost_usd"] else None),
+            _scale(r["attribution_scale"]), _int(r["turns"]), _pct(r["goodput_ratio"], 2),
             _usd(r["cost_per_successful_turn_usd"], unit=True),
             f"+{f.rise_ratio * 100:.1f} ⚠" if f else "",
         ])
         classes.append("flag" if f else "")
     add(_table([("Day (UTC)", True), ("Data (h)", False), ("Fully loaded ($)", False), ("Attributed ($)", False),
-                ("Idle ($)", False), ("Idle (% of cost)", False), ("Turns", False), ("Goodput (%)", False),
+                ("Idle ($)", False), ("Idle (% of cost)", False), (SCALE_HEADER, False), ("Turns", False), ("Goodput (%)", False),
                 ("Cost per successful turn ($/turn)", False), ("Spend vs baseline (%)", False)], rows, classes))
     if len(in_range) < len(per_day_rows):
         add(f"<p class='note'>Baseline days (before the range) are shown for comparison; every other figure counts"
@@ -414,15 +471,17 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
     for t in tenants:
         share = t["fully_loaded_cost_usd"] / report.daily.fleet_total_usd if report.daily.fleet_total_usd else None
         rows.append([_e(t["tenant"]), _usd(t["fully_loaded_cost_usd"]), _usd(t["attributed_cost_usd"]),
-                     _usd(t["idle_cost_usd"]), _pct(share), _int(t["turns"]), _pct(t["goodput_ratio"], 2),
+                     _usd(t["idle_cost_usd"]), _scale(t["attribution_scale"]), _pct(share), _int(t["turns"]),
+                     _pct(t["goodput_ratio"], 2),
                      _usd(t["cost_per_successful_turn_usd"], unit=True),
                      _usd(t["attributed_cost_per_successful_turn_usd"], unit=True)])
     rows.append(["All tenants (= fleet total)", _usd(total["fully_loaded_cost_usd"]), _usd(total["attributed_cost_usd"]),
-                 _usd(total["idle_cost_usd"]), "100.0", _int(total["turns"]), _pct(total["goodput_ratio"], 2),
+                 _usd(total["idle_cost_usd"]), _scale(total["attribution_scale"]), "100.0", _int(total["turns"]),
+                 _pct(total["goodput_ratio"], 2),
                  _usd(total["cost_per_successful_turn_usd"], unit=True),
                  _usd(total["attributed_cost_per_successful_turn_usd"], unit=True)])
     add(_table([("Tenant", True), ("Fully loaded ($)", False), ("Attributed ($)", False), ("Idle share ($)", False),
-                ("Share of fleet (%)", False), ("Turns", False), ("Goodput (%)", False),
+                (SCALE_HEADER, False), ("Share of fleet (%)", False), ("Turns", False), ("Goodput (%)", False),
                 ("Fully loaded ($/successful turn)", False), ("Attributed ($/successful turn)", False)],
                rows, [""] * (len(rows) - 1) + ["total"]))
 
@@ -462,18 +521,17 @@ def _method_html(report: CostReport) -> str:
                    "default" if prices.usd_per_gpu_hour.get(s) == DEFAULT_USD_PER_GPU_HOUR.get(s) else _e(report.prices_source)]
                   for s in skus]
     price_rows.append(["any other SKU", f"{prices.default_usd_per_gpu_hour:,.2f}", "fallback"])
-    over = report.daily.pools.filter(pl.col("attributed_exceeds_fleet"))
-    over_note = ""
-    if over.height:
-        names = ", ".join(sorted(set(over["pool"].to_list()))[:6])
-        over_note = (f"<p class='note'>On {over.height} pool-days ({_e(names)}{'…' if over['pool'].n_unique() > 6 else ''})"
-                     " requests reported more GPU-seconds than the pool's GPUs were present (concurrent requests sharing"
-                     " a GPU each report its time): there idle is zero and the fully loaded cost, the fleet's real cost,"
-                     " is below the attributed cost.</p>")
     return f"""<h2>How the costs are counted</h2>
 <p><b>Attributed cost</b> is what the requests themselves used: each request's own <code>gpu_seconds</code>
-× the price per GPU-second of its pool's GPUs that day. It answers "what did this traffic consume" and leaves
+(scaled down where they claim more than the GPUs had, below) × the price per GPU-second of its pool's GPUs that day. It answers "what did this traffic consume" and leaves
 out the GPUs that stood idle.</p>
+<p><b>Attributed GPU-seconds never exceed the GPU time that existed.</b> Runtimes that time-share a GPU (several
+replicas or a batch on one GPU) report each request's wall time as its <code>gpu_seconds</code>, so together they
+can claim more than the GPU had. Per pool and minute, when the requests that completed in that minute reported more
+GPU-seconds than the pool's GPUs had (60 per GPU), each is scaled by GPUs' ÷ reported, so no GPU-minute is attributed
+more than 60 seconds; a pool-day whose traffic minutes lack GPU rows is capped the same way over the day. The
+<i>attribution scale</i> column is attributed ÷ reported GPU-seconds (1.000: unscaled); <code>cost.csv</code> keeps
+both figures. So attributed + idle = fully loaded on every row.</p>
 <p><b>Fully loaded cost</b> is what the fleet cost: every GPU present in a minute (a row of
 <code>gpu_minute</code>) counts 60 GPU-seconds, busy or idle, at its SKU's price, and belongs to its pool.
 Each pool's cost for a day is shared among the tenant, model and workload rows that used the pool that day,
@@ -482,12 +540,13 @@ that day goes to the tenant <code>{cost.UNALLOCATED_TENANT}</code>; traffic on a
 attributed cost. So the sum over tenants is the fleet total, to float rounding. Unit costs
 (per successful turn, per 1,000 output tokens, per audio-second) use the fully loaded cost unless named
 attributed.</p>
-<p><b>Goodput</b> is successful work: the share of turns that ended in <code>task_success</code>. Throughput is all
-turns. <b>Idle GPU cost</b> is fleet GPU time not used by any request (fleet − attributed GPU-seconds, per pool and day).</p>
+<p><b>Goodput</b> is successful work: the share of turns that succeeded. A turn is one attempt chain (a first
+attempt and its retries); it succeeded if it ended <code>ok</code>, unless the runtime reported
+<code>task_success: false</code>, and wherever a runtime reports <code>task_success</code> its value decides. Chains
+whose first attempt the client cancelled are left out. Throughput is all turns. <b>Idle GPU cost</b> is fleet GPU time not used by any request (fleet − attributed GPU-seconds, per pool and day).</p>
 <p><b>The spend-rise flag</b> marks a day whose GPU spend (fully loaded, per 24 h of data) is more than
 {RISE_THRESHOLD * 100:.0f}% above the pooled trailing {BASELINE_DAYS}-day baseline while the goodput ratio improved by no
 more than {SUCCESS_EPSILON * 100:.0f} percentage point. Days with under an hour of data are skipped.</p>
-{over_note}
 <p>Prices (USD per GPU-hour; source: {_e(report.prices_source)}). <code>sli_minute</code> carries no GPU SKU, so a
 request is priced at its pool's GPUs as <code>gpu_minute</code> reports them.</p>
 {_table([("GPU SKU", True), ("$/GPU-hour", False), ("Source", True)], price_rows)}

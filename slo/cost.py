@@ -27,16 +27,31 @@ So the sum of fully loaded cost over tenants equals the fleet total exactly (up 
 rounding): `fleet_total_usd` = Σ pool-periods with GPU rows (fleet GPU-seconds × price)
 + Σ attributed cost on pool-periods without GPU rows.
 
-Idle GPU-seconds of a pool-period = fleet GPU-seconds − attributed GPU-seconds, floored
-at zero; its cost is allocated with the same shares. When requests report more
-GPU-seconds than the pool had (concurrent requests batched on one GPU each report the
-GPU time), idle is zero and fully loaded < attributed for that pool-period; `pools`
-marks it (`attributed_exceeds_fleet`).
+**Attributed GPU-seconds never exceed the GPU-seconds that existed.** Runtimes that
+time-share a GPU (several replicas, or a batch, on one GPU) report each request's wall
+time as its `gpu_seconds`; on a real H100 with four replicas these summed to 2.2× the
+GPU's time. The requests' `gpu_seconds` only apportion the GPUs' time, so they are scaled:
 
-Goodput ratio = successful turns ÷ turns: the share of user turns that ended in
-`task_success` (goodput is successful work; throughput is all turns). Unit costs divide
-the fully loaded cost: per successful turn, per 1,000 output tokens, per audio-second.
-A zero denominator gives null, never inf or NaN.
+- per pool and minute (`attribution_scales`): when the requests that completed in that
+  minute reported more GPU-seconds than the pool's GPUs had (60 per `gpu_minute` row),
+  each is multiplied by fleet ÷ reported, so no GPU-minute is attributed more than 60 s;
+- per pool and period (in `allocate_costs`), as a backstop for minutes whose pool sent no
+  GPU rows while the period has some: the same cap over the whole period.
+
+A request is booked in the minute it completed (its event time), so a long request's time
+counts in its last minute: the cap is on what each minute is attributed, not a replay of
+when each request ran. The reported figure stays beside the attributed one
+(`gpu_seconds_reported`, `attribution_scale` = attributed ÷ reported, 1 when unscaled).
+
+Idle GPU-seconds of a pool-period = fleet GPU-seconds − attributed GPU-seconds (never
+negative, since attributed is capped at the fleet's); its cost is allocated with the same
+shares. So on every row and every roll-up, attributed cost + idle cost = fully loaded cost.
+
+Goodput ratio = successful turns ÷ turns: the share of user turns (attempt chains) that
+ended `ok`, or in `task_success` where the runtime reports it (see `streams.aggregates`).
+Goodput is successful work; throughput is all turns. Unit costs divide the fully loaded
+cost: per successful turn, per 1,000 output tokens, per audio-second. A zero denominator
+gives null, never inf or NaN.
 """
 
 from __future__ import annotations
@@ -50,13 +65,14 @@ from slo.prices import GpuPrices
 
 UNALLOCATED_TENANT = "(unallocated)"
 GROUP_KEYS = ("period", "tenant", "model", "workload")
-USAGE_SUMS = ("requests", "turns", "successful_turns", "output_tokens", "audio_seconds", "gpu_seconds")
+USAGE_SUMS = ("requests", "turns", "successful_turns", "output_tokens", "audio_seconds", "gpu_seconds",
+              "gpu_seconds_reported")
 COST_SUMS = ("attributed_cost_usd", "fully_loaded_cost_usd", "idle_cost_usd", "fully_loaded_gpu_seconds", "idle_gpu_seconds")
 
 USAGE_SCHEMA = {
     "period": None, "tenant": pl.String, "model": pl.String, "workload": pl.String, "pool": pl.String,
     "requests": pl.Int64, "turns": pl.Int64, "successful_turns": pl.Int64, "output_tokens": pl.Int64,
-    "audio_seconds": pl.Float64, "gpu_seconds": pl.Float64,
+    "audio_seconds": pl.Float64, "gpu_seconds": pl.Float64, "gpu_seconds_reported": pl.Float64,
 }
 FLEET_SCHEMA = {"period": None, "pool": pl.String, "model": pl.String, "gpu_sku": pl.String, "gpu_seconds": pl.Float64}
 
@@ -72,6 +88,91 @@ class CostTables:
     fleet_total_usd: float
 
 
+# ---- attribution scaled to the GPU time that existed --------------------------------------
+
+def attribution_scales(reported: pl.DataFrame, fleet: pl.DataFrame) -> pl.DataFrame:
+    """Per (minute, pool): the factor that brings the requests' reported GPU-seconds down to
+    the GPU-seconds the pool's GPUs had in that minute, never up.
+
+    `reported`: per (`minute`, `pool`) the requests' `gpu_seconds` (from `sli_minute`).
+    `fleet`: per (`minute`, `pool`) the GPU-seconds that existed, `gpu_seconds` (60 per
+    `gpu_minute` row). Returns one row per `reported` row: `minute`, `pool`,
+    `reported_gpu_seconds`, `fleet_gpu_seconds` (null: the pool sent no GPU rows that
+    minute), `attribution_scale` in (0, 1]. A minute without GPU rows keeps scale 1 here;
+    `allocate_costs` caps its period instead."""
+    reported = reported.select(
+        "minute", pl.col("pool").fill_null(""), pl.col("gpu_seconds").fill_null(0.0).alias("reported_gpu_seconds"))
+    fleet = fleet.select("minute", pl.col("pool").fill_null(""), pl.col("gpu_seconds").alias("fleet_gpu_seconds"))
+    return (
+        reported.group_by("minute", "pool").agg(pl.col("reported_gpu_seconds").sum())
+        .join(fleet.group_by("minute", "pool").agg(pl.col("fleet_gpu_seconds").sum()),
+              on=["minute", "pool"], how="left")
+        .with_columns(
+            pl.when(pl.col("reported_gpu_seconds") > pl.col("fleet_gpu_seconds"))
+            .then(pl.col("fleet_gpu_seconds") / pl.col("reported_gpu_seconds"))
+            .otherwise(1.0).alias("attribution_scale"))
+        .sort("minute", "pool")
+    )
+
+
+@dataclass(frozen=True)
+class AttributionScaling:
+    """When and by how much attributed GPU-seconds were scaled down, for the report's sentence."""
+
+    pool_minutes: int  # pool-minutes where requests reported GPU-seconds and the pool's GPUs reported
+    pool_minutes_scaled: int
+    pools_scaled: tuple[str, ...]
+    first_scaled_minute: dt.datetime | None  # window start
+    last_scaled_minute: dt.datetime | None  # window start
+    min_scale: float | None  # the tightest minute
+    reported_gpu_seconds: float  # the requests' own figure, over the whole range
+    attributed_gpu_seconds: float  # after scaling, over the whole range
+
+    @property
+    def scaled(self) -> bool:
+        return self.reported_gpu_seconds - self.attributed_gpu_seconds > 1e-9 * max(self.reported_gpu_seconds, 1.0)
+
+    @property
+    def overall_scale(self) -> float | None:
+        return self.attributed_gpu_seconds / self.reported_gpu_seconds if self.reported_gpu_seconds > 0 else None
+
+    def sentence(self) -> str:
+        if not self.scaled:
+            return ("Attributed GPU-seconds are the requests' own: in no minute did a pool's requests report more"
+                    " GPU-seconds than its GPUs had.")
+        text = (f"Requests reported {self.reported_gpu_seconds:,.1f} GPU-seconds, more than their pools' GPUs had in"
+                f" the minutes they completed: runtimes that time-share a GPU report each request's wall time. So"
+                f" attributed GPU-seconds were scaled to fit, at most 60 per GPU-minute: {self.attributed_gpu_seconds:,.1f}"
+                f" in all, a scale of {self.overall_scale or 0.0:.3f}")
+        if self.pool_minutes_scaled and self.first_scaled_minute is not None and self.last_scaled_minute is not None:
+            pools = ", ".join(self.pools_scaled[:6]) + ("…" if len(self.pools_scaled) > 6 else "")
+            first = self.first_scaled_minute.strftime("%Y-%m-%dT%H:%MZ")
+            last = (self.last_scaled_minute + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%MZ")
+            text += (f". Scaled: {self.pool_minutes_scaled:,} of {self.pool_minutes:,} pool-minutes with traffic"
+                     f" ({'pools' if len(self.pools_scaled) > 1 else 'pool'} {pools}, {first} to {last}), the tightest"
+                     f" minute by {self.min_scale:.3f}")
+        return text + "."
+
+
+def summarize_scaling(scales: pl.DataFrame, pools: pl.DataFrame) -> AttributionScaling:
+    """`scales` from `attribution_scales` (the range's minutes); `pools` from `allocate_costs`
+    (its `reported_gpu_seconds` and `attributed_gpu_seconds` give the totals, backstop included)."""
+    matched = scales.filter(pl.col("fleet_gpu_seconds").is_not_null() & (pl.col("reported_gpu_seconds") > 0))
+    hit = matched.filter(pl.col("attribution_scale") < 1.0)
+    return AttributionScaling(
+        pool_minutes=matched.height,
+        pool_minutes_scaled=hit.height,
+        pools_scaled=tuple(sorted(set(hit["pool"].to_list()))),
+        first_scaled_minute=hit["minute"].min() if hit.height else None,  # type: ignore[arg-type]
+        last_scaled_minute=hit["minute"].max() if hit.height else None,  # type: ignore[arg-type]
+        min_scale=float(hit["attribution_scale"].min()) if hit.height else None,  # type: ignore[arg-type]
+        reported_gpu_seconds=float(pools["reported_gpu_seconds"].sum()) if pools.height else 0.0,
+        attributed_gpu_seconds=float(pools["attributed_gpu_seconds"].sum()) if pools.height else 0.0,
+    )
+
+
+# ---- the two cost views ---------------------------------------------------------------------
+
 def _usd_per_gpu_second(sku: pl.Expr, prices: GpuPrices) -> pl.Expr:
     return sku.fill_null("").replace_strict(
         prices.usd_per_gpu_hour, default=prices.default_usd_per_gpu_hour, return_dtype=pl.Float64) / 3600.0
@@ -86,15 +187,20 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
     """Both cost views per (period, tenant, model, workload); see the module docstring for the rules.
 
     `usage`: per (period, tenant, model, workload, pool) sums of `requests`, `turns`,
-    `successful_turns`, `output_tokens`, `audio_seconds`, `gpu_seconds` (from `sli_minute`).
+    `successful_turns`, `output_tokens`, `audio_seconds`, `gpu_seconds` (attributed, already
+    scaled per minute by `attribution_scales`) and optionally `gpu_seconds_reported` (the
+    requests' own figure; taken as `gpu_seconds` when absent), from `sli_minute`.
     `fleet`: per (period, pool, model, gpu_sku) the fleet's `gpu_seconds` (60 per row of
-    `gpu_minute`). `period` is any sortable bucket label (a date, an hour)."""
+    `gpu_minute`). `period` is any sortable bucket label (a date, an hour, a minute)."""
+    if "gpu_seconds_reported" not in usage.columns:
+        usage = usage.with_columns(pl.col("gpu_seconds").alias("gpu_seconds_reported"))
     usage = usage.with_columns(
         pl.col(c).fill_null(0) for c in USAGE_SUMS
     ).with_columns(pl.col("pool").fill_null(""), pl.col("tenant").fill_null(""), pl.col("model").fill_null(""))
     fleet = fleet.with_columns(pl.col("pool").fill_null(""), pl.col("model").fill_null(""),
                                pl.col("gpu_seconds").fill_null(0.0))
     fleet = fleet.with_columns((pl.col("gpu_seconds") * _usd_per_gpu_second(pl.col("gpu_sku"), prices)).alias("cost_usd"))
+    usage = _cap_to_fleet(usage, fleet)
 
     def mix(keys: list[str], name: str) -> pl.DataFrame:
         return fleet.group_by(keys).agg(
@@ -118,6 +224,7 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
     )
     used = priced.group_by("period", "pool").agg(
         pl.col("gpu_seconds").sum().alias("attributed_gpu_seconds"),
+        pl.col("gpu_seconds_reported").sum().alias("reported_gpu_seconds"),
         pl.col("requests").sum().alias("_pool_requests"),
         pl.col("attributed_cost_usd").sum().alias("pool_attributed_cost_usd"),
     )
@@ -125,14 +232,15 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
         fleet_pool.join(used, on=["period", "pool"], how="full", coalesce=True)
         .with_columns(
             pl.col("fleet_gpu_seconds").fill_null(0.0), pl.col("attributed_gpu_seconds").fill_null(0.0),
+            pl.col("reported_gpu_seconds").fill_null(0.0),
             pl.col("_pool_requests").fill_null(0), pl.col("pool_attributed_cost_usd").fill_null(0.0),
             pl.col("fleet_cost_usd").is_not_null().alias("has_fleet_data"),
             pl.col("fleet_cost_usd").fill_null(0.0),
         )
         .with_columns(
+            # Attributed is capped at the fleet's GPU-seconds, so this only absorbs float rounding.
             (pl.col("fleet_gpu_seconds") - pl.col("attributed_gpu_seconds")).clip(lower_bound=0).alias("idle_gpu_seconds"),
-            (pl.col("has_fleet_data") & (pl.col("attributed_gpu_seconds") > pl.col("fleet_gpu_seconds")))
-            .alias("attributed_exceeds_fleet"),
+            _ratio(pl.col("attributed_gpu_seconds"), pl.col("reported_gpu_seconds")).alias("attribution_scale"),
             pl.when(pl.col("attributed_gpu_seconds") > 0).then(pl.lit("gpu_seconds"))
             .when(pl.col("_pool_requests") > 0).then(pl.lit("requests"))
             .otherwise(pl.lit("unallocated")).alias("allocated_by"),
@@ -170,7 +278,7 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
             "period", pl.lit(UNALLOCATED_TENANT).alias("tenant"), pl.col("fleet_model").alias("model"),
             pl.col("workload").cast(pl.String), "pool",
             *[pl.lit(0, dtype=pl.Int64).alias(c) for c in ("requests", "turns", "successful_turns", "output_tokens")],
-            pl.lit(0.0).alias("audio_seconds"), pl.lit(0.0).alias("gpu_seconds"),
+            pl.lit(0.0).alias("audio_seconds"), pl.lit(0.0).alias("gpu_seconds"), pl.lit(0.0).alias("gpu_seconds_reported"),
             pl.lit(0.0).alias("attributed_cost_usd"),
             pl.col("fleet_cost_usd").alias("fully_loaded_cost_usd"),
             pl.col("fleet_cost_usd").alias("idle_cost_usd"),
@@ -184,17 +292,36 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
         allocated.group_by(*GROUP_KEYS).agg(*[pl.col(c).sum() for c in (*USAGE_SUMS, *COST_SUMS)])
     ).sort(*GROUP_KEYS, nulls_last=True)
     pools_out = pools.select(
-        "period", "pool", "has_fleet_data", "fleet_gpu_seconds", "attributed_gpu_seconds", "idle_gpu_seconds",
+        "period", "pool", "has_fleet_data", "fleet_gpu_seconds", "reported_gpu_seconds", "attributed_gpu_seconds",
+        "attribution_scale", "idle_gpu_seconds",
         "fleet_cost_usd", pl.col("pool_attributed_cost_usd").alias("attributed_cost_usd"), "idle_cost_usd",
-        "fully_loaded_cost_usd", "allocated_by", "attributed_exceeds_fleet",
+        "fully_loaded_cost_usd", "allocated_by",
+        (pl.col("attribution_scale") < 1.0).fill_null(False).alias("attribution_scaled"),
     ).sort("period", "pool")
     total = float(pools_out["fully_loaded_cost_usd"].sum()) if pools_out.height else 0.0
     return CostTables(detail=detail, pools=pools_out, fleet_total_usd=total)
 
 
+def _cap_to_fleet(usage: pl.DataFrame, fleet: pl.DataFrame) -> pl.DataFrame:
+    """Scale `gpu_seconds` so that no pool-period with GPU rows is attributed more GPU-seconds
+    than its GPUs had. After per-minute scaling this changes nothing, except where a pool's
+    minutes with traffic lacked GPU rows while other minutes of the period had them."""
+    attributed = usage.group_by("period", "pool").agg(pl.col("gpu_seconds").sum().alias("_attributed"))
+    present = fleet.group_by("period", "pool").agg(pl.col("gpu_seconds").sum().alias("_fleet"))
+    cap = attributed.join(present, on=["period", "pool"], how="inner").filter(
+        pl.col("_attributed") > pl.col("_fleet")
+    ).select("period", "pool", (pl.col("_fleet") / pl.col("_attributed")).alias("_cap"))
+    if cap.height == 0:
+        return usage
+    return usage.join(cap, on=["period", "pool"], how="left").with_columns(
+        (pl.col("gpu_seconds") * pl.col("_cap").fill_null(1.0)).alias("gpu_seconds")
+    ).drop("_cap")
+
+
 def with_unit_costs(frame: pl.DataFrame) -> pl.DataFrame:
     """Ratios of a frame of sums (any roll-up of `detail`): goodput and the unit costs."""
     return frame.with_columns(
+        _ratio(pl.col("gpu_seconds"), pl.col("gpu_seconds_reported")).alias("attribution_scale"),
         _ratio(pl.col("successful_turns"), pl.col("turns")).alias("goodput_ratio"),
         _ratio(pl.col("fully_loaded_cost_usd"), pl.col("successful_turns")).alias("cost_per_successful_turn_usd"),
         _ratio(pl.col("attributed_cost_usd"), pl.col("successful_turns")).alias("attributed_cost_per_successful_turn_usd"),

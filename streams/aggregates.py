@@ -1,6 +1,27 @@
 """What goes into an `sli_minute` and a `gpu_minute` row: the two aggregate specs.
 
 Column names here are the store's contract (see README, "The store").
+
+Turns. A turn is one attempt chain: the first attempt (`attempt` 1 and no `retry_of`) and
+its retries (`attempt` > 1, `retry_of` = the first attempt's id). Attempts arrive as
+separate events, possibly in different minutes, so both counts are made per event with
+no join across events:
+
+- `turns` counts each chain once, at its first attempt. A first attempt the client
+  cancelled is not a turn (availability leaves client cancellations out too), unless the
+  runtime reports `task_success` on it.
+- `successful_turns` counts the attempt that ended the chain `ok` (an `ok` is never
+  retried, so a chain has at most one), unless the runtime says `task_success: false`.
+- Wherever `task_success` is present its value decides: `true` is a successful turn
+  whatever the status, `false` never is. Runtimes that report it (once per turn, on the
+  attempt that ended it) keep full control of success; vLLM, TGI and Triton never send
+  it, and their turns still count.
+
+So a chain that ends `error`, `timeout` or `shed` (retries exhausted) is a failed turn, and
+a chain whose first attempt failed and whose retry the client cancelled is a failed turn
+too. Sums over whole chains are exact; a chain that straddles a minute boundary counts its
+turn in its first attempt's minute and its success in its last, so one minute's
+successful turns can exceed its turns by the chains that crossed into it.
 """
 
 from __future__ import annotations
@@ -25,6 +46,15 @@ def _status(name: str) -> pl.Expr:
     return (pl.col("status") == name).sum().cast(pl.Int64)
 
 
+# A retry says so with attempt > 1 or a retry_of; a producer that sends only one of them
+# must not turn its retries into extra turns.
+_RETRY = (pl.col("attempt").fill_null(1) > 1) | pl.col("retry_of").is_not_null()
+# The first attempt opens the turn; a client that cancelled it never got a turn to judge.
+_OPENS_TURN = ~_RETRY & ((pl.col("status") != "cancelled") | pl.col("task_success").is_not_null())
+# The runtime's task_success decides where it is given; otherwise the chain's ok attempt.
+_ENDS_TURN_OK = pl.col("task_success").fill_null(pl.col("status") == "ok")
+
+
 REQUESTS = AggregateSpec(
     name="requests",
     keys=SLICE_LABELS,
@@ -36,10 +66,10 @@ REQUESTS = AggregateSpec(
         _status("timeout").alias("timeouts"),
         _status("shed").alias("shed"),
         _status("cancelled").alias("cancelled"),
-        (pl.col("attempt") > 1).sum().cast(pl.Int64).alias("retries"),
-        # A runtime reports task_success once per turn, on the attempt that ended it.
-        pl.col("task_success").is_not_null().sum().cast(pl.Int64).alias("turns"),
-        pl.col("task_success").fill_null(False).sum().cast(pl.Int64).alias("successful_turns"),
+        _RETRY.sum().cast(pl.Int64).alias("retries"),
+        # Turns by the attempt chain, computable per event (rule in the module docstring).
+        _OPENS_TURN.sum().cast(pl.Int64).alias("turns"),
+        _ENDS_TURN_OK.sum().cast(pl.Int64).alias("successful_turns"),
         pl.col("prompt_tokens").sum().cast(pl.Int64),
         pl.col("output_tokens").sum().cast(pl.Int64),
         _fixed_sum("audio_seconds", MICRO),

@@ -63,9 +63,10 @@ POOL_LABELS = ("zone", "pool", "gpu_sku")
 OUTCOME_COLUMNS = {"ok": "ok", "error": "errors", "timeout": "timeouts", "shed": "shed", "cancelled": "cancelled"}
 # metric (without _total) → sli_minute column, summed over TRAFFIC_LABELS
 TRAFFIC_COUNTERS = {
-    "tailwatch_request_retries": ("retries", "Request attempts after the first (attempt > 1)."),
-    "tailwatch_turns": ("turns", "User turns ended (attempts that report task_success)."),
-    "tailwatch_successful_turns": ("successful_turns", "User turns that succeeded end to end (goodput)."),
+    "tailwatch_request_retries": ("retries", "Request attempts after the first (attempt > 1 or retry_of set)."),
+    "tailwatch_turns": ("turns", "User turns: attempt chains, counted at their first attempt (cancellations left out)."),
+    "tailwatch_successful_turns": ("successful_turns",
+                                   "User turns that ended ok, or with task_success where the runtime reports it (goodput)."),
     "tailwatch_prompt_tokens": ("prompt_tokens", "Prompt tokens of every attempt."),
     "tailwatch_output_tokens": ("output_tokens", "Output tokens of successful attempts."),
     "tailwatch_audio_seconds": ("audio_seconds", "Seconds of audio processed or produced."),
@@ -178,7 +179,6 @@ class FleetMetrics:
     """The stage: closed buckets → FleetCollector. Writes no store rows."""
 
     name = "fleet_metrics"
-    needs_every_partition = False  # counters add up across workers
 
     def __init__(self, config: FleetMetricsConfig | None = None):
         self.config = config or FleetMetricsConfig()

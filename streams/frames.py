@@ -21,7 +21,7 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "event_id": pl.String,
     "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
     "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
-    "status": pl.String, "attempt": pl.Int32, "task_success": pl.Boolean,
+    "status": pl.String, "attempt": pl.Int32, "retry_of": pl.String, "task_success": pl.Boolean,
     "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64,
     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
     "gpu_seconds": pl.Float64,

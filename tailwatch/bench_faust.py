@@ -49,6 +49,7 @@ class Request(faust.Record, validation=True, serializer="json"):
     deployment: str = "stable"
     http_status: int = None  # type: ignore[assignment]
     attempt: int = 1
+    retry_of: str = None  # type: ignore[assignment]
     task_success: bool = None  # type: ignore[assignment]
     queue_ms: float = None  # type: ignore[assignment]
     first_output_ms: float = None  # type: ignore[assignment]
@@ -81,10 +82,11 @@ def add_to_bucket(ev) -> None:
         b = buckets[key] = [0] * 12 + [{}, {}, {}]
     b[0] += 1
     b[STATUS_INDEX[ev.status]] += 1
-    b[6] += ev.attempt > 1
-    if ev.task_success is not None:
-        b[7] += 1
-        b[8] += bool(ev.task_success)
+    retry = ev.attempt > 1 or ev.retry_of is not None
+    b[6] += retry
+    # Turns as streams.aggregates counts them: at the chain's first attempt, success at its ok.
+    b[7] += not retry and (ev.status != "cancelled" or ev.task_success is not None)
+    b[8] += bool(ev.status == "ok" if ev.task_success is None else ev.task_success)
     b[9] += ev.prompt_tokens or 0
     b[10] += ev.output_tokens or 0
     b[11] += ev.gpu_seconds or 0.0

@@ -14,12 +14,14 @@ import pytest
 
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from reports.cost_report import ReportError, parse_time
+from reports import charts
+from reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
 from slo import cost
 from slo.prices import GpuPrices
 from streams.worker import Worker, WorkerSettings
 from tailwatch.cli import main
 from tailwatch.kafka import KafkaSettings, ensure_topics
+from tests.h100_lab import lab_store
 
 D1, D2 = dt.date(2026, 11, 2), dt.date(2026, 11, 3)
 H100_PER_S, L4_PER_S, DEFAULT_PER_S = 4.0 / 3600, 0.8 / 3600, 2.0 / 3600
@@ -41,6 +43,14 @@ def fleet(*rows) -> pl.DataFrame:
                                 "gpu_seconds": pl.Float64})
 
 
+def assert_adds_up(frame: pl.DataFrame, attributed: str = "attributed_cost_usd", idle: str = "idle_cost_usd",
+                   fully_loaded: str = "fully_loaded_cost_usd") -> None:
+    """Attributed + idle = fully loaded on every row, and attributed never above fully loaded."""
+    for r in frame.to_dicts():
+        assert r[attributed] + r[idle] == pytest.approx(r[fully_loaded], rel=1e-9, abs=1e-12), r
+        assert r[attributed] <= r[fully_loaded] * (1 + 1e-9) + 1e-12, r
+
+
 def no_nan_or_inf(frame: pl.DataFrame) -> bool:
     floats = [c for c, t in frame.schema.items() if t == pl.Float64]
     return all(not (math.isnan(v) or math.isinf(v)) for c in floats for v in frame[c].drop_nulls())
@@ -60,8 +70,7 @@ def test_fleet_cost_is_allocated_in_proportion_to_attributed_gpu_seconds():
     assert rows["b"]["fully_loaded_cost_usd"] == pytest.approx(3.0)
     # Idle = fleet − attributed = 3,200 GPU-s, shared the same way; fully loaded = attributed + idle share.
     assert rows["a"]["idle_gpu_seconds"] == pytest.approx(800.0)
-    for r in rows.values():
-        assert r["fully_loaded_cost_usd"] == pytest.approx(r["attributed_cost_usd"] + r["idle_cost_usd"])
+    assert_adds_up(t.detail)
     assert rows["a"]["cost_per_successful_turn_usd"] == pytest.approx(1.0 / 9)
     assert rows["a"]["cost_per_1k_output_tokens_usd"] == pytest.approx(1.0)
     assert rows["a"]["goodput_ratio"] == pytest.approx(0.9)
@@ -96,6 +105,8 @@ def test_totals_reconcile_with_idle_pools_pools_without_gpus_and_unknown_skus():
     weird = t.detail.filter(pl.col("model") == "x").row(0, named=True)
     assert weird["attributed_cost_usd"] == pytest.approx(6 * DEFAULT_PER_S)  # unknown SKU: the fallback price
     assert no_nan_or_inf(t.detail)
+    assert_adds_up(t.detail)
+    assert_adds_up(cost.rollup(t.detail, ["tenant"]))
 
 
 def test_price_file_prices_and_model_fallback():
@@ -122,14 +133,66 @@ def test_zero_turns_and_zero_work_give_null_not_inf_or_nan():
     assert empty.detail.height == 0 and empty.fleet_total_usd == 0.0
 
 
-def test_requests_reporting_more_gpu_time_than_the_pool_had():
-    u = usage((D1, "a", "m", "llm", "p1", 10, 10, 10, 0, 0.0, 5400.0))  # batched requests each report the GPU time
+def test_requests_reporting_more_gpu_time_than_the_pool_had_are_capped_at_the_pool():
+    # Batched requests each report the GPU time: 5,400 GPU-s claimed of the 3,600 that existed.
+    # Before, attributed ($6) exceeded the bill ($4); the period cap brings it to the fleet's.
+    u = usage((D1, "a", "m", "llm", "p1", 10, 10, 10, 0, 0.0, 3600.0),
+              (D1, "b", "m", "llm", "p1", 10, 10, 10, 0, 0.0, 1800.0))
     f = fleet((D1, "p1", "m", "H100", 3600.0))
     t = cost.allocate_costs(u, f, GpuPrices())
-    row = t.detail.row(0, named=True)
-    assert row["fully_loaded_cost_usd"] == pytest.approx(4.0) and row["attributed_cost_usd"] == pytest.approx(6.0)
-    assert row["idle_cost_usd"] == 0.0
-    assert t.pools["attributed_exceeds_fleet"].to_list() == [True]
+    rows = {r["tenant"]: r for r in t.detail.to_dicts()}
+    assert rows["a"]["attributed_cost_usd"] == pytest.approx(4.0 * 2 / 3)  # shares kept: a used twice what b did
+    assert rows["b"]["attributed_cost_usd"] == pytest.approx(4.0 / 3)
+    assert rows["a"]["gpu_seconds_reported"] == 3600.0 and rows["a"]["attribution_scale"] == pytest.approx(2 / 3)
+    assert sum(r["idle_cost_usd"] for r in rows.values()) == pytest.approx(0.0, abs=1e-12)
+    assert_adds_up(t.detail)
+    pool = t.pools.row(0, named=True)
+    assert pool["attribution_scaled"] and pool["reported_gpu_seconds"] == 5400.0
+    assert pool["attributed_gpu_seconds"] == pytest.approx(3600.0) and pool["attributed_cost_usd"] == pytest.approx(4.0)
+
+
+def test_attributed_gpu_seconds_are_scaled_per_pool_and_minute():
+    m0, m1, m2 = (dt.datetime(2026, 11, 2, 10, i) for i in range(3))
+    reported = pl.DataFrame({"minute": [m0, m1, m1, m2], "pool": ["p1", "p1", "p2", "p3"],
+                             "gpu_seconds": [150.0, 30.0, 200.0, 500.0]})
+    # p1 had 2 GPUs (120 GPU-s a minute), p2 one; p3 sent no GPU rows that minute.
+    present = pl.DataFrame({"minute": [m0, m1, m1], "pool": ["p1", "p1", "p2"], "gpu_seconds": [120.0, 120.0, 60.0]})
+    s = {(r["minute"], r["pool"]): r for r in cost.attribution_scales(reported, present).to_dicts()}
+    assert s[(m0, "p1")]["attribution_scale"] == pytest.approx(120 / 150)  # 150 claimed of 120: no more than 60 s per GPU
+    assert s[(m1, "p1")]["attribution_scale"] == 1.0  # under the GPUs' time: never scaled up
+    assert s[(m1, "p2")]["attribution_scale"] == pytest.approx(0.3)
+    assert s[(m2, "p3")]["attribution_scale"] == 1.0 and s[(m2, "p3")]["fleet_gpu_seconds"] is None
+    scales = cost.attribution_scales(reported, present)
+    pools = pl.DataFrame({"reported_gpu_seconds": [880.0], "attributed_gpu_seconds": [120.0 + 30 + 60 + 500]})
+    summary = cost.summarize_scaling(scales, pools)
+    assert (summary.pool_minutes, summary.pool_minutes_scaled, summary.pools_scaled) == (3, 2, ("p1", "p2"))
+    assert summary.first_scaled_minute == m0 and summary.last_scaled_minute == m1
+    assert summary.min_scale == pytest.approx(0.3) and summary.overall_scale == pytest.approx(710 / 880)
+    assert "2 of 3 pool-minutes" in summary.sentence() and "0.807" in summary.sentence()
+    unscaled = cost.summarize_scaling(scales.with_columns(pl.lit(1.0).alias("attribution_scale")),
+                                      pl.DataFrame({"reported_gpu_seconds": [5.0], "attributed_gpu_seconds": [5.0]}))
+    assert not unscaled.scaled and "the requests' own" in unscaled.sentence()
+
+
+def test_charts_say_no_data_and_keep_a_short_run_on_a_minute_axis():
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    assert trend_unit(dt.timedelta(minutes=7)) == "minute" and trend_unit(dt.timedelta(days=2)) == "hour"
+    assert trend_unit(dt.timedelta(days=30)) == "day"
+    one = [dt.datetime(2026, 11, 23, 8, 41)]
+    # One point used to make matplotlib widen a zero-width range to 2025-2028.
+    fig, ax = plt.subplots()
+    ax.plot(one, [1.0])
+    charts._time_axis(ax, one, dt.timedelta(minutes=1))
+    lo, hi = (mdates.num2date(x).replace(tzinfo=None) for x in ax.get_xlim())
+    plt.close(fig)
+    assert (lo, hi) == (one[0] - dt.timedelta(seconds=30), one[0] + dt.timedelta(seconds=30))
+    # Nothing to draw: a labelled panel, not an empty frame (a PNG all the same, for the page).
+    nothing = charts.cost_per_turn_trend(one, [None], [None], [], step=dt.timedelta(minutes=1))
+    assert nothing.startswith("data:image/png;base64,") and nothing != charts.cost_per_turn_trend(
+        one, [0.01], [0.005], [], step=dt.timedelta(minutes=1))
+    assert charts.goodput_vs_throughput([], [], [], "minute").startswith("data:image/png;base64,")
 
 
 def daily(*rows) -> pl.DataFrame:
@@ -232,6 +295,7 @@ def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path,
     assert by_tenant["fully_loaded_cost_usd"].sum() == pytest.approx(fleet_total, rel=1e-9)
     assert float(re.search(r'id="fleet-total-usd" data-usd="([0-9.]+)"', page).group(1)) == pytest.approx(fleet_total, rel=1e-6)
     assert csv["turns"].sum() == sim.totals.turns and csv["successful_turns"].sum() == sim.totals.successful_turns
+    assert_adds_up(csv)
 
     rise = float(re.search(r"up (\d+\.\d)%", captured.out).group(1))
     assert 35.0 <= rise <= 42.0
@@ -281,3 +345,46 @@ def test_quiet_fleet_across_midnight_is_not_flagged(broker, tmp_path_factory, tm
     csv = pl.read_csv(tmp_path / "q" / "cost.csv")
     assert csv["fully_loaded_cost_usd"].sum() == pytest.approx(_fleet_total_from_store(path, GpuPrices()), rel=1e-9)
     assert 'id="no-spend-rise"' in (tmp_path / "q" / "report.html").read_text()
+
+
+# ---- the H100 lab run: time-shared GPU, no task_success -----------------------------------
+
+def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
+    """Four replicas time-sharing one H100 reported 920 GPU-s in 7 minutes of one GPU (420 GPU-s):
+    before, $1.02 attributed against a $0.47 fully loaded cost, and 0 turns (no task_success)."""
+    path = lab_store(tmp_path / "lab.duckdb")
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        report = build_report(con, str(path), None, None, GpuPrices())
+    finally:
+        con.close()
+    detail = report.daily.detail
+    fleet_usd = 7 * 60 * H100_PER_S  # one H100 for the seven minutes it reported
+    assert report.daily.fleet_total_usd == pytest.approx(fleet_usd)
+    assert detail["gpu_seconds_reported"].sum() == pytest.approx(920.0527)
+    assert detail["attributed_cost_usd"].sum() <= detail["fully_loaded_cost_usd"].sum()
+    assert detail["fully_loaded_cost_usd"].sum() == pytest.approx(fleet_usd)
+    assert_adds_up(detail)
+    assert_adds_up(report.per_day)
+    assert_adds_up(report.trend)  # per minute too
+    # No minute of the pool is attributed more than its one GPU's 60 s.
+    assert report.trend.filter(pl.col("gpu_seconds") > 60.0 + 1e-9).height == 0
+    assert report.scaling.scaled and report.scaling.pools_scaled == ("h100-lab",)
+    assert report.scaling.overall_scale == pytest.approx(297.1012 / 920.0527)
+    total = cost.rollup(detail, []).row(0, named=True)
+    assert (total["turns"], total["successful_turns"]) == (632, 271)
+    assert total["cost_per_successful_turn_usd"] == pytest.approx(fleet_usd / 271)
+    # Seven minutes of data chart one point per minute.
+    assert report.trend_unit == "minute" and report.trend.height == 7
+
+    out = run_cost_report(str(path), None, None, tmp_path / "report", GpuPrices())
+    page = (tmp_path / "report" / "report.html").read_text()
+    scaling = re.search(r'<p class=\'scaled\' id="attribution-scaling" data-scale="([0-9.]+)">([^<]+)</p>', page)
+    assert scaling and float(scaling.group(1)) == pytest.approx(0.3229, abs=1e-4)
+    assert "4 of 5 pool-minutes" in scaling.group(2) and "Attribution scale" in page
+    # The two charts that were empty frames now have a value for every minute with traffic.
+    with_turns = report.trend.filter(pl.col("turns") > 0)
+    assert with_turns.height == 5 and with_turns["cost_per_successful_turn_usd"].null_count() == 0
+    csv = pl.read_csv(tmp_path / "report" / "cost.csv")
+    assert_adds_up(csv)
+    assert (csv["attribution_scale"] < 1).all() and out.fleet_total_usd == pytest.approx(fleet_usd)
