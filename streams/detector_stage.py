@@ -113,7 +113,6 @@ class DetectorCollector:
 
 class DetectorStage:
     name = "detectors"
-    needs_every_partition = True  # slices span tenants, hence partitions
 
     def __init__(self, cfg: detector_config.DetectorsConfig | None = None, alertmanager_url: str | None = None,
                  links: AlertLinks | None = None):

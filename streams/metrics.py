@@ -19,6 +19,9 @@ class WorkerMetrics:
         self.dead_letters = Counter(
             "tailwatch_dead_letters_total", "Records sent to the dead-letter topic, by reason.",
             ["topic", "reason"], registry=r)
+        self.publish_failures = Counter(
+            "tailwatch_publish_failures_total", "Records Kafka refused on the worker's output topics (dead letters, "
+            "closed buckets), by topic and Kafka error; the store still holds them.", ["topic", "error"], registry=r)
         self.late_events = Counter(
             "tailwatch_late_events_total", "Events older than the allowed lateness (dead-lettered).",
             ["topic"], registry=r)

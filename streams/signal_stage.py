@@ -26,7 +26,6 @@ _EPOCH_DAY = date(1970, 1, 1)
 
 class SignalStage:
     name = "signals"
-    needs_every_partition = False  # each worker keeps the view of what it consumes
 
     def __init__(self, live: LiveSignals):
         self.live = live

@@ -18,9 +18,6 @@ from prometheus_client.registry import Collector
 
 class Stage(Protocol):
     name: str
-    # True for stages whose slices span tenants (detectors): the worker skips them unless
-    # it owns every partition of the requests topic, as it does SLO evaluation.
-    needs_every_partition: bool
 
     def collectors(self) -> list[Collector]:
         """Prometheus collectors to register on the worker's registry."""

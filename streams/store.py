@@ -48,8 +48,9 @@ CREATE TABLE IF NOT EXISTS gpu_minute (
 );
 CREATE TABLE IF NOT EXISTS dead_letter (
     ts TIMESTAMP, source_topic VARCHAR, source_partition INTEGER, source_offset BIGINT,
-    reason VARCHAR, detail VARCHAR, size_bytes BIGINT
+    reason VARCHAR, detail VARCHAR, size_bytes BIGINT, sha256 VARCHAR
 );
+ALTER TABLE dead_letter ADD COLUMN IF NOT EXISTS sha256 VARCHAR;
 CREATE TABLE IF NOT EXISTS slo_status (
     window_start TIMESTAMP, slo VARCHAR, slice VARCHAR, sli DOUBLE, error_budget_remaining DOUBLE,
     minutes_to_exhaustion DOUBLE, burn_rates STRUCT("window" VARCHAR, burn_rate DOUBLE)[], firing INTEGER

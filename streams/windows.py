@@ -6,10 +6,19 @@ histogram bins and the set of dedupe hashes seen. The checkpoint writes only wha
 changed since the last one (`take_unsaved`), and `restore` rebuilds the same state.
 
 Lateness is judged per partition, in the partition's own order: an event is late when
-it is older than that partition's watermark minus the allowed lateness. A minute closes
-when the watermark of every assigned partition has passed its end plus the allowed
-lateness. Together these make the buckets a function of the log, not of timing: a replay,
-or a restart from a checkpoint, gives the same buckets. The dedupe sets live only as
+it is older than that partition's watermark minus the allowed lateness, or older than
+the closed frontier. The frontier is cut over EVERY partition of the topic, not only the
+ones this worker owns right now: a partition the group has handed elsewhere (a dead
+member not yet expired, a second worker) holds it at its last known watermark, so how
+partitions were assigned can never turn an on-time event into a late one. A partition
+stops holding the frontier only when it is idle (Flink's `withIdleness`, in event-time
+terms): read to its end by this worker and either without any valid event (a partition
+of poison records or one no producer writes to) or more than `idle_timeout_ms` of event
+time behind the newest partition. The frontier never passes the newest watermark minus
+the allowed lateness, so an event within the allowed lateness of the newest event seen
+is never late, whatever the assignment, the idleness or the timing. Together these make
+the buckets a function of the log: a replay, or a restart from a checkpoint, gives the
+same buckets. The dedupe sets live only as
 long as their minute is open, so their memory is bounded by the events of the open
 minutes (a redelivery after close is late by construction).
 """
@@ -25,6 +34,7 @@ import polars as pl
 from slo import histogram
 
 MINUTE_MS = 60_000
+_EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
 Merge = Literal["sum", "max", "last"]
 
 
@@ -79,9 +89,10 @@ class MinuteWindows:
     HIST_AT = 32
     SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
 
-    def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int):
+    def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int, idle_timeout_ms: int = 60_000):
         self.spec = spec
         self.allowed_lateness_ms = allowed_lateness_ms
+        self.idle_timeout_ms = idle_timeout_ms
         self.watermark_ms: dict[int, int] = {}  # per partition
         self.closed_before_minute: int | None = None  # minutes < this are closed
         self._open: dict[int, OpenMinute] = {}
@@ -222,18 +233,29 @@ class MinuteWindows:
         hist = pl.concat(hists) if hists and self.spec.histogram_fields else None
         return self._finish(counts, hist)
 
-    def closable_before(self, assigned_partitions: set[int], idle_partitions: set[int]) -> int | None:
-        """The first minute that must stay open; minutes before it may close (None: none may)."""
+    def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
+        """The first minute that must stay open; minutes before it may close (None: none may).
+
+        `partitions`: every partition of the topic, owned or not. `read_to_end`: those this
+        worker owns and has consumed to the log end (only those can be idle)."""
+        newest = max(self.watermark_ms.values(), default=None)
         marks = []
-        for p in assigned_partitions:
-            if p in self.watermark_ms:
-                marks.append(self.watermark_ms[p])
-            elif p not in idle_partitions:
-                return None  # a partition we have not heard from yet holds everything open
+        for p in partitions:
+            wm = self.watermark_ms.get(p)
+            if p in read_to_end and (wm is None or wm < newest - self.idle_timeout_ms):
+                continue  # idle: it holds nothing back until it delivers a valid event again
+            if wm is None:
+                return None  # not heard from, and not known to be empty: it may hold anything
+            marks.append(wm)
         if not marks:
             return None
-        global_wm = min(marks)
-        return (global_wm - self.allowed_lateness_ms) // MINUTE_MS
+        return (min(marks) - self.allowed_lateness_ms) // MINUTE_MS
+
+    def idle_partitions(self, partitions: set[int], read_to_end: set[int]) -> set[int]:
+        """The partitions that `closable_before` passes over (for metrics and readiness)."""
+        newest = max(self.watermark_ms.values(), default=None)
+        return {p for p in partitions & read_to_end
+                if self.watermark_ms.get(p) is None or self.watermark_ms[p] < newest - self.idle_timeout_ms}
 
     def close(self, before_minute: int | None) -> tuple[pl.DataFrame, list[int]]:
         """Close every open minute < before_minute (None: all). Returns rows and the minutes closed."""
@@ -278,8 +300,15 @@ class MinuteWindows:
                     pl.col("p99").alias(f"{name}_p99"),
                 )
                 out = out.join(part, on=["_minute", "_slice"], how="left")
-            empty = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
-            out = out.with_columns([pl.col(f"{n}_hist").fill_null(empty) for n in names])
+            out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in names])
+        elif self.spec.histogram_fields:
+            # Minutes in which no event carried any latency field: empty histograms, no
+            # quantiles (closing them used to fail on the missing columns).
+            out = out.with_columns(
+                *[_EMPTY_HIST.alias(f"{n}_hist") for n in self.spec.histogram_fields],
+                *[pl.lit(None, dtype=pl.Float64).alias(f"{n}_{q}") for n in self.spec.histogram_fields
+                  for q in ("p50", "p95", "p99")],
+            )
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))
         return self.spec.finalize(out)
 

@@ -8,12 +8,23 @@ and the open-minute state it restores is exactly the state those offsets imply, 
 SIGKILL at any moment is followed by the same buckets as an uninterrupted run.
 Dead letters and closed buckets are published to their topics before the checkpoint
 commits (at-least-once there; consumers dedupe by source offset / slice and minute).
+A copy the producer refuses (a record too large, a topic gone) is counted and logged,
+never fatal: the store's `dead_letter` table and buckets hold the truth.
+
+Membership: the worker joins its group as a static member (`group.instance.id`, KIP-345),
+so a restarted process takes its partitions back within seconds. Minutes close over every
+partition of a topic, owned or not (streams/windows.py), so a partition that is somewhere
+else for a while delays closing instead of making its events late, and every closed
+minute is whole: SLOs and detectors always run on it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -65,6 +76,21 @@ class WorkerSettings:
     prices: GpuPrices = field(default_factory=GpuPrices)
     alert_links: AlertLinks = field(default_factory=AlertLinks)  # where pages point: runbooks, Grafana
     signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
+    # Event time: a partition read to its end that is this far behind the newest stops holding minutes open.
+    idle_timeout_s: float = 60.0
+    instance_id: str | None = None  # static group membership; None: derived from host, group and store
+    drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
+
+
+def default_instance_id(group_id: str, store_path: str) -> str:
+    """Stable across restarts of the same worker (same host, group and store), different for
+    any other worker, so a restart reclaims its own membership and nobody else's."""
+    digest = hashlib.sha1(f"{group_id}|{os.path.abspath(store_path)}".encode()).hexdigest()[:12]
+    return f"tailwatch-{socket.gethostname()}-{digest}"
+
+
+class NotDrained(Exception):
+    """`--until-idle` ended without having read every partition to its end (one line)."""
 
 
 @dataclass
@@ -95,7 +121,7 @@ class Worker:
             self.pipelines[topic] = TopicPipeline(
                 topic=topic, table=table,
                 decoder=BatchDecoder(event_type, settings.max_record_bytes),
-                columns=columns, windows=MinuteWindows(spec, lateness_ms),
+                columns=columns, windows=MinuteWindows(spec, lateness_ms, int(settings.idle_timeout_s * 1000)),
             )
         self.dead_letters: list[deadletter.DeadLetter] = []
         self.next_offsets: dict[tuple[str, int], int] = {}
@@ -106,8 +132,9 @@ class Worker:
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
         self._stored_frontiers: dict[str, int | None] = {}
-        self._requests_partitions = 0
-        self._warned_partial = False
+        self._topic_partitions: dict[str, set[int]] = {}  # every partition of each input topic (metadata)
+        self._partitions_checked = 0.0
+        self._publish_failures_logged: set[tuple[str, str]] = set()
         self.slo = SloStage(settings.slos, settings.alertmanager_url, settings.alert_links) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
@@ -157,8 +184,9 @@ class Worker:
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka)
-        consumer = make_consumer(s.kafka, s.group_id)
+        consumer = make_consumer(s.kafka, s.group_id, s.instance_id or default_instance_id(s.group_id, s.store_path))
         consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._refresh_partitions(consumer)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 signal.signal(sig, self.stop)
@@ -170,6 +198,7 @@ class Worker:
         last_progress = time.monotonic()
         idle_since = time.monotonic()
         started = time.monotonic()
+        undrained: list[str] = []
         try:
             while not self._stop:
                 msgs = consumer.consume(num_messages=s.batch_size, timeout=0.5)
@@ -204,13 +233,19 @@ class Worker:
                 if s.progress and now - last_progress >= 1.0:
                     s.progress(self._progress_line(now - started))
                     last_progress = now
+                if now - self._partitions_checked >= 30:
+                    self._refresh_partitions(consumer)  # topics may gain partitions
                 if self._assigned_at is None:
                     if now - started > 60:
                         raise RuntimeError("the consumer group gave this worker no partitions within 60 s")
                     idle_since = now  # the group join takes a few seconds: idle time counts from assignment
                 elif s.until_idle_s is not None and now - max(idle_since, self._assigned_at) >= s.until_idle_s:
-                    break
-            self.checkpoint(consumer, close_all=s.until_idle_s is not None and not self._stop)
+                    # Drained means every partition of every input topic read to its end by
+                    # this worker; closing all minutes on less would cut them short.
+                    undrained = self._undrained(consumer)
+                    if not undrained or now - max(idle_since, self._assigned_at) >= s.until_idle_s + s.drain_timeout_s:
+                        break
+            self.checkpoint(consumer, close_all=s.until_idle_s is not None and not self._stop and not undrained)
             if self.slo:
                 self.slo.deliver(wait_s=10.0)
             for stage in self.stages:
@@ -226,6 +261,8 @@ class Worker:
             self.store.close()
             if s.stats_file:
                 self._write_stats(s.stats_file)
+        if undrained and not self._stop:
+            raise NotDrained(f"not drained after {s.until_idle_s + s.drain_timeout_s:.0f} s: " + "; ".join(undrained))
         return 0
 
     def refresh_signals(self) -> None:
@@ -244,9 +281,11 @@ class Worker:
         bound = self.settings.api_config.stale_after_s
         if self._assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
-        owned = len(self.pipelines[self.settings.kafka.topic("requests")].assigned)
-        if owned < self._requests_partitions:
-            return False, (f"this worker owns {owned} of {self._requests_partitions} partitions of the requests "
+        requests_topic = self.settings.kafka.topic("requests")
+        owned = len(self.pipelines[requests_topic].assigned)
+        total = len(self._topic_partitions.get(requests_topic, ()))
+        if owned < total:
+            return False, (f"this worker owns {owned} of {total} partitions of the requests "
                            "topic: its answers would count part of each pool's traffic")
         if self.signal_snapshot is None:
             return False, "building the first view of the data"
@@ -287,9 +326,7 @@ class Worker:
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
         self._assigned_at = time.monotonic()
-        requests_topic = self.settings.kafka.topic("requests")
-        meta = consumer.list_topics(requests_topic, timeout=10).topics.get(requests_topic)
-        self._requests_partitions = len(meta.partitions) if meta is not None and meta.partitions else 0
+        self._refresh_partitions(consumer)
         for tp in partitions:
             tp.offset = self._stored_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
             if tp.topic in self.pipelines:
@@ -300,6 +337,56 @@ class Worker:
         for tp in partitions:
             if tp.topic in self.pipelines:
                 self.pipelines[tp.topic].assigned.discard(tp.partition)
+                self.pipelines[tp.topic].eof.discard(tp.partition)
+
+    def _refresh_partitions(self, consumer) -> None:
+        """Every partition of each input topic, from the cluster's metadata."""
+        self._partitions_checked = time.monotonic()
+        for topic in self.pipelines:
+            try:
+                meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            except Exception as exc:  # metadata is retried on the next tick; the last known set stays
+                log.warning("cannot read the partitions of %s: %s", topic, exc)
+                continue
+            if meta is not None and meta.error is None and meta.partitions:
+                self._topic_partitions[topic] = set(meta.partitions)
+
+    def _partitions_of(self, p: TopicPipeline) -> set[int]:
+        """Every partition whose minutes this worker's buckets must wait for: the topic's
+        partitions per metadata, plus any it owns or holds a watermark of."""
+        return self._topic_partitions.get(p.topic, set()) | p.assigned | set(p.windows.watermark_ms)
+
+    def _read_to_end(self, consumer, p: TopicPipeline) -> set[int]:
+        """Owned partitions consumed up to the log end (EOF seen, or position ≥ high watermark)."""
+        out = set()
+        for part in p.assigned:
+            if part in p.eof:
+                out.add(part)
+                continue
+            try:
+                # Cached: the high offset arrives with every fetch response, no extra request.
+                low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
+            except Exception:  # unknown yet: not read to its end
+                continue
+            if high >= 0 and self.next_offsets.get((p.topic, part), low) >= high:
+                out.add(part)
+        return out
+
+    def _undrained(self, consumer) -> list[str]:
+        """Why the worker is not drained: partitions not owned or not read to their end."""
+        out = []
+        for p in self.pipelines.values():
+            if p.topic not in self._topic_partitions:
+                out.append(f"{p.topic}: the cluster has not said which partitions it has")
+                continue
+            done = self._read_to_end(consumer, p)
+            missing = sorted(self._partitions_of(p) - p.assigned)
+            behind = sorted(p.assigned - done)
+            if missing:
+                out.append(f"{p.topic} partitions {missing} are not assigned to this worker")
+            if behind:
+                out.append(f"{p.topic} partitions {behind} are not read to their end")
+        return out
 
     # ---- the hot path ---------------------------------------------------------------
     def _process(self, msgs) -> int:
@@ -316,6 +403,8 @@ class Worker:
                     p = self.pipelines.get(m.topic())
                     if p is not None:
                         p.eof.add(m.partition())
+                elif err.fatal():  # e.g. fenced: another process took this worker's static membership
+                    raise RuntimeError(f"Kafka consumer failed: {err.str()}")
                 else:
                     log.warning("consumer error: %s", err)
             msgs = [m for m, e in zip(msgs, errors) if e is None]
@@ -374,7 +463,12 @@ class Worker:
         topics = []
         for p in self.pipelines.values():
             w = p.windows
-            before = None if close_all else w.closable_before(p.assigned, idle_partitions=p.eof)
+            if close_all:
+                before = None
+            elif p.topic not in self._topic_partitions:
+                before = None  # until the cluster has said which partitions exist, any may hold anything
+            else:
+                before = w.closable_before(self._partitions_of(p), self._read_to_end(consumer, p))
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
                 rows, minutes = w.close(before)
                 if rows.height:
@@ -402,22 +496,21 @@ class Worker:
         self.dead_letters = []
         dlq = self.settings.kafka.topic("deadletter")
         for d in letters:
-            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode())
-        self.producer.flush(30)
+            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
+        self._flush_copies()
         cp = store.Checkpoint(
             topics=topics, next_offsets=dict(self.next_offsets),
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
         closed = {t.table: t.closed for t in topics}
-        owns_all = self._owns_all_requests()
-        if self.slo and owns_all:
+        # Minutes close over every partition, so each closed minute is whole: SLOs and
+        # detectors run on it whichever partitions this worker owns right now.
+        if self.slo:
             began = time.process_time()
             cp.slo_status, cp.alert_changes = self.slo.evaluate(closed["sli_minute"])
             self._stage_cpu("slo", began)
         if any(f.height for f in closed.values()):
             for stage in self.stages:
-                if stage.needs_every_partition and not owns_all:
-                    continue
                 began = time.process_time()
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():
                     cp.stage_rows.append((table, rows))
@@ -438,18 +531,27 @@ class Worker:
         self.stage_cpu_s[stage] = self.stage_cpu_s.get(stage, 0.0) + spent
         self.metrics.stage_cpu_seconds.labels(stage).inc(spent)
 
-    def _owns_all_requests(self) -> bool:
-        """An SLO slice or a detector's slice spans tenants, hence partitions: a worker that
-        owns only some of them would see partial slices and page wrongly, so it evaluates
-        no SLOs and runs no detectors."""
-        owned = len(self.pipelines[self.settings.kafka.topic("requests")].assigned)
-        if owned >= self._requests_partitions:
-            return True
-        if not self._warned_partial:
-            log.warning("this worker owns %d of %d partitions of the requests topic: SLO evaluation and detectors "
-                        "are off (they need every partition)", owned, self._requests_partitions)
-            self._warned_partial = True
-        return False
+    def _publish_failed(self, topic: str) -> Callable[[str], None]:
+        def failed(reason: str) -> None:
+            self.metrics.publish_failures.labels(topic, reason).inc()
+            if (topic, reason) not in self._publish_failures_logged:  # once per kind: poison can come in floods
+                self._publish_failures_logged.add((topic, reason))
+                log.warning("Kafka refused a record for %s (%s); the store keeps it, the worker goes on", topic, reason)
+        return failed
+
+    def _flush_copies(self) -> None:
+        """Dead letters and closed buckets reach their topics before the checkpoint that covers
+        them commits (at least once): wait for a paused or unreachable broker rather than
+        commit past copies that were never delivered. A record Kafka refused for good is
+        done (counted by `_publish_failed`), so this ends once the broker answers."""
+        waited_s = 0.0
+        while self.producer.flush(5.0) > 0:
+            waited_s += 5.0
+            if self._stop and waited_s >= 30.0:
+                log.error("stopping with %d records not delivered to Kafka", len(self.producer))
+                return
+            if waited_s % 30.0 == 0:
+                log.warning("waiting %.0f s for Kafka to take %d records", waited_s, len(self.producer))
 
     def _publish_closed(self, p: TopicPipeline, rows: pl.DataFrame) -> None:
         if not self.settings.publish_sli:
@@ -461,8 +563,9 @@ class Worker:
             pl.col("window_start").dt.epoch("ms").alias("window_start"),
         ).write_ndjson().splitlines()
         key_rows = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in keys], separator="|")).to_series()
+        failed = self._publish_failed(sli)
         for key, line in zip(key_rows, lines):
-            send(self.producer, sli, line.encode(), key.encode())
+            send(self.producer, sli, line.encode(), key.encode(), on_error=failed)
 
     def _update_gauges(self, consumer) -> None:
         m = self.metrics

@@ -84,7 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--group", default="tailwatch-worker", help="consumer group id")
+    p.add_argument("--instance-id", default=None, metavar="ID",
+                   help="static group membership id (default: from host, group and store, stable across restarts)")
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
+    p.add_argument("--idle-timeout", type=_duration_s, default=60.0, metavar="DURATION",
+                   help="event time: a partition read to its end and this far behind the newest stops holding "
+                        "minutes open (default 1m)")
+    p.add_argument("--drain-timeout", type=_duration_s, default=120.0, metavar="DURATION",
+                   help="with --until-idle: how long to wait for partitions not owned or not read to their end "
+                        "before exiting 3 (default 2m)")
     p.add_argument("--partitions", type=_positive_int, default=4, help="partitions for topics the worker creates")
     p.add_argument("--batch-size", type=_positive_int, default=20_000)
     p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",

@@ -148,6 +148,9 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         http_port=args.http_port,
         until_idle_s=args.until_idle,
         allowed_lateness_s=args.allowed_lateness,
+        idle_timeout_s=args.idle_timeout,
+        drain_timeout_s=args.drain_timeout,
+        instance_id=args.instance_id,
         partitions=args.partitions,
         batch_size=args.batch_size,
         checkpoint_interval_s=args.checkpoint_interval,
@@ -164,10 +167,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _worker_settings(args)
     ensure_reachable(settings.kafka)
+    from streams.worker import NotDrained
+
     try:
         code = Worker(settings).run()
     except OSError as exc:
         raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
+    except NotDrained as exc:
+        progress_done()
+        print(f"tailwatch worker: {exc}", file=sys.stderr)
+        return 3
     progress_done()
     return code
 

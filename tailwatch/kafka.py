@@ -11,6 +11,7 @@ import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -111,9 +112,14 @@ def make_producer(settings: KafkaSettings) -> Producer:
     })
 
 
-def make_consumer(settings: KafkaSettings, group_id: str) -> Consumer:
+def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | None = None) -> Consumer:
+    """A batch consumer. `instance_id` makes it a static member (KIP-345): a restarted
+    process with the same id takes its partitions back at once instead of waiting for the
+    dead member's session to time out while the group hands its partitions to others."""
+    static = {"group.instance.id": instance_id} if instance_id else {}
     return Consumer({
         "group.id": group_id,
+        **static,
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
@@ -126,11 +132,31 @@ def make_consumer(settings: KafkaSettings, group_id: str) -> Consumer:
     })
 
 
-def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None) -> None:
-    """Produce, waiting for room in librdkafka's queue instead of failing when it is full."""
+def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
+         on_error: Callable[[str], None] | None = None) -> None:
+    """Produce, waiting for room in librdkafka's queue instead of failing when it is full.
+
+    Without `on_error` a refused record raises. With it, a record refused at once
+    (larger than the producer's `message.max.bytes`, unknown topic) or failed on delivery
+    is handed to `on_error` with the reason, so a caller for whom the topic is a copy
+    (dead letters, closed buckets: the store holds the truth) can count it and go on.
+    """
+    def delivered(err, _msg) -> None:
+        if err is not None and on_error is not None:
+            on_error(err.name() if hasattr(err, "name") else str(err))
+
     while True:
         try:
-            producer.produce(topic, value, key=key)
+            if on_error is None:
+                producer.produce(topic, value, key=key)
+            else:
+                producer.produce(topic, value, key=key, on_delivery=delivered)
             return
         except BufferError:
             producer.poll(0.05)
+        except KafkaException as exc:
+            if on_error is None:
+                raise
+            err = exc.args[0] if exc.args else exc
+            on_error(err.name() if hasattr(err, "name") else str(err))
+            return

@@ -133,3 +133,25 @@ def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
     got, _ = second.close(None)
     key = ["window_start", "tenant"]
     assert got.sort(key).equals(expected.sort(key))
+
+
+def test_minutes_without_any_latency_field_close_with_empty_histograms():
+    w = windows()
+    w.add(frame([(f"e{i}", T0 + i * 1000, 0, "ok", None) for i in range(3)]))
+    closed, _minutes = w.close(None)
+    assert closed["requests"].to_list() == [3]
+    assert closed["e2e_ms_hist"].to_list() == [[]] and closed["e2e_ms_p95"].to_list() == [None]
+
+
+def test_a_partition_owned_elsewhere_holds_the_frontier_and_an_idle_one_does_not():
+    w = windows(lateness_min=1)
+    w.add(frame([(f"a{i}", T0 + i * MINUTE_MS, 0, "ok", 10.0) for i in range(10)]))
+    w.add(frame([("b0", T0, 1, "ok", 10.0)]))
+    # Partition 1 is not ours right now: it holds at its watermark (T0), read to its end or not.
+    assert w.closable_before({0, 1}, read_to_end={0}) == T0 // MINUTE_MS - 1
+    # Ours and read to its end, 9 minutes behind the newest (> the 1-minute idle timeout): idle.
+    assert w.closable_before({0, 1}, read_to_end={0, 1}) == T0 // MINUTE_MS + 8
+    assert w.idle_partitions({0, 1}, {0, 1}) == {1}
+    # A partition never heard from holds everything unless it is read to its end (empty or all poison).
+    assert w.closable_before({0, 1, 2}, read_to_end={0, 1}) is None
+    assert w.closable_before({0, 1, 2}, read_to_end={0, 1, 2}) == T0 // MINUTE_MS + 8

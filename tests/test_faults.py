@@ -1,0 +1,138 @@
+"""Faults that used to stop or falsify the worker (issue 10), each pinned by a test on the
+real broker: an oversized record, an output topic that refuses a record, a partition of
+nothing but poison, a partition that goes silent, and a partition the group has handed to
+someone else. The randomised mix of all of them is tests/test_chaos.py.
+"""
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+
+import duckdb
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from streams.worker import NotDrained, Worker, WorkerSettings
+from tests.test_pipeline import read_topic
+
+T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a minute boundary
+MINUTE_MS = 60_000
+
+
+def request(i: int, ts_ms: int, tenant: str = "acme") -> bytes:
+    return json.dumps({"schema": "request.v1", "event_id": f"e-{i}", "ts": ts_ms, "tenant": tenant, "model": "m",
+                       "workload": "llm", "status": "ok", "e2e_ms": 100.0 + i % 50, "output_tokens": 10}).encode()
+
+
+def produce(kafka, placed: list[tuple[int, bytes]], topic_suffix: str = "requests") -> None:
+    """(partition, value) records, in order, by a producer that accepts records up to 5 MB."""
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "message.max.bytes": 5_000_000, "linger.ms": 5})
+    for part, value in placed:
+        p.produce(kafka.topic(topic_suffix), value, key=b"k", partition=part)
+    assert p.flush(30) == 0
+
+
+def settings(kafka, store, **kw) -> WorkerSettings:
+    kw.setdefault("group_id", f"g-{uuid.uuid4().hex[:6]}")
+    return WorkerSettings(kafka=kafka, store_path=str(store), http_port=None, checkpoint_interval_s=0.2, **kw)
+
+
+def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Worker:
+    """A live worker (no --until-idle) in a thread, stopped once `until(worker)` holds."""
+    w = Worker(settings(kafka, store, **kw))
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not until(w):
+        time.sleep(0.1)
+    w.stop()
+    t.join(30)
+    assert not t.is_alive()
+    return w
+
+
+def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(kafka, tmp_path):
+    big = request(0, T0_MS)[:-1] + b', "endpoint": "' + b"x" * 2_000_000 + b'"}'
+    produce(kafka, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
+    store = tmp_path / "tw.duckdb"
+    for _ in range(2):  # and a restart reads past it again, no crash loop
+        w = Worker(settings(kafka, store, until_idle_s=2.0))
+        assert w.run() == 0
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT reason, size_bytes, sha256 FROM dead_letter").fetchall() == [
+        ("oversized", len(big), hashlib.sha256(big).hexdigest())]
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 2
+    (envelope,) = read_topic(kafka, "deadletter", 1)
+    letter = json.loads(envelope)
+    assert len(envelope) < 100_000 and letter["schema"] == "deadletter.v2" and letter["raw_truncated"] is True
+    assert letter["size_bytes"] == len(big) and letter["sha256"] == hashlib.sha256(big).hexdigest()
+
+
+def test_a_copy_kafka_refuses_is_counted_and_the_store_keeps_it(kafka, tmp_path):
+    # A producer limit below the envelope's size: every dead letter is refused by Kafka.
+    refusing = type(kafka)(kafka.bootstrap_servers, kafka.topic_prefix, {"message.max.bytes": "1000"})
+    produce(kafka, [(0, request(1, T0_MS)), (0, b"{" + b"x" * 5000)])
+    store = tmp_path / "tw.duckdb"
+    w = Worker(settings(refusing, store, until_idle_s=2.0, publish_sli=False))
+    assert w.run() == 0
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT reason FROM dead_letter").fetchall() == [("malformed_json",)]
+    failures = sum(s.value for m in w.metrics.publish_failures.collect() for s in m.samples if s.name.endswith("_total"))
+    assert failures == 1
+
+
+def test_a_partition_of_only_poison_does_not_hold_minutes_open(kafka, tmp_path):
+    good = [(0, request(i, T0_MS + i * 10_000)) for i in range(60)]  # ten minutes in partition 0
+    poison = [(1, b"not json"), (1, b"\xff\xfe"), (1, b'{"schema": "request.v1"}')]
+    produce(kafka, good + poison)
+    w = run_live(kafka, tmp_path / "tw.duckdb", lambda w: w.buckets_closed >= 4)
+    assert w.buckets_closed >= 4, "minutes stayed open behind a partition that holds only invalid records"
+
+
+def test_a_silent_partition_stops_holding_minutes_after_the_idle_timeout(kafka, tmp_path):
+    busy = [(0, request(i, T0_MS + i * 10_000, "a")) for i in range(90)]  # 15 minutes
+    quiet = [(1, request(1000 + i, T0_MS + i * 10_000, "b")) for i in range(12)]  # then silent after 2
+    produce(kafka, quiet + busy)
+    store = tmp_path / "tw.duckdb"
+    w = run_live(kafka, store, lambda w: w.buckets_closed >= 8, idle_timeout_s=60.0)
+    assert w.buckets_closed >= 8
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
+
+
+def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(kafka, tmp_path):
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    # Another member of the group (a worker that crashed but has not expired, or a second
+    # worker) owns partition 1 while ours reads partition 0 to its end.
+    other = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000})
+    got = threading.Event()
+    other.subscribe([kafka.topic("requests"), kafka.topic("gpu")], on_assign=lambda c, parts: got.set())
+    stop = threading.Event()
+
+    def hold():
+        while not stop.is_set():
+            other.poll(0.2)
+    holder = threading.Thread(target=hold, daemon=True)
+    deadline = time.time() + 30
+    while not got.is_set() and time.time() < deadline:
+        other.poll(0.2)
+    holder.start()
+    events = [(i % 2, request(i, T0_MS + i * 5_000, "ab"[i % 2])) for i in range(240)]  # 20 minutes, both partitions
+    produce(kafka, events)
+    store = tmp_path / "tw.duckdb"
+    w = Worker(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=3.0))
+    with pytest.raises(NotDrained, match=r"requests partitions \[\d\] are not assigned"):
+        w.run()
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT count(*) FROM sli_minute").fetchone()[0] == 0  # nothing closed on half the log
+    con.close()
+    stop.set()
+    holder.join(5)
+    other.close()  # leaves the group: partition 1 comes to our worker
+    w = Worker(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=30.0))
+    assert w.run() == 0
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 240
+    assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
