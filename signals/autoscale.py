@@ -1,19 +1,24 @@
-"""Autoscale decisions per pool: replicas from demand and measured capacity, raised on
+"""Autoscale decisions per pool: replicas from demand and per-replica capacity, raised on
 user pain, with zone-loss headroom, fast out and slow in. Pure: `now_minute` is event time.
 
-Demand is work in GPU-seconds per second; capacity per replica is the work one warm
-replica carried while the pool's latency SLO held (measured, or a default). GPU
-utilisation is reported but never drives the answer: a busy GPU serving batch traffic in
-a realtime pool is a reason to look at traffic classes, not to add replicas.
+Demand is work in GPU-seconds per second. Capacity per replica is a `CapacityEstimate`
+(slo/capacity.py): the physical bound narrowed by measurement, with the bound that decided
+named in the answer. GPU utilisation is reported but never drives the answer: a busy GPU
+serving batch traffic in a realtime pool is a reason to look at traffic classes, not to
+add replicas.
+
+Invariant (tests/test_capacity.py, a property test): a pool where no user waits (queue
+age and first output within SLO) and whose work is under the planning target of its
+capacity (target utilisation, less the zone-loss headroom) is never told to grow.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from slo.capacity import replicas
+from slo.capacity import CapacityEstimate, configured_capacity, replicas
 
 
 @dataclass(frozen=True)
@@ -32,13 +37,15 @@ class PoolSignals:
     gpu_util_mean_pct: float | None
     replicas_by_state: dict[str, int]
     burn_rate: float | None = None  # fastest page window of the pool's SLOs
+    prompt_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
 class AutoscalePolicy:
     target_utilization: float = 0.7
     zones: int = 3
-    default_capacity_gpu_s_per_s: float = 1.0
+    default_capacity_gpu_s_per_s: float = 1.0  # only when a caller passes no capacity at all
+    gpus_per_replica: float = 1.0  # the physical bound: this many GPU-s/s per replica
     queue_age_slo_ms: float = 1_000.0
     breach_step: float = 0.25  # add this share of current replicas per evaluation while users wait
     scale_in_stabilization_minutes: int = 10
@@ -54,6 +61,11 @@ class Decision:
     reasons: list[str]
     signals: dict
     as_of_minute: int
+    capacity: dict = field(default_factory=dict)  # CapacityEstimate.to_json()
+
+    @property
+    def capacity_basis(self) -> str:
+        return self.capacity.get("basis", "")
 
 
 @dataclass
@@ -63,17 +75,29 @@ class Autoscaler:
     policy: AutoscalePolicy = field(default_factory=AutoscalePolicy)
     _history: dict[str, deque] = field(default_factory=dict)
 
-    def decide(self, s: PoolSignals, capacity_gpu_s_per_s: float | None = None) -> Decision:
+    def decide(self, s: PoolSignals, capacity: float | CapacityEstimate | None = None) -> Decision:
+        """`capacity`: an estimate (the live view's), a number (per-replica capacity from
+        config or a load test), or None for the policy default."""
         p = self.policy
         current = s.replicas_by_state.get("warm", 0) + s.replicas_by_state.get("loading", 0)
-        capacity = capacity_gpu_s_per_s or p.default_capacity_gpu_s_per_s
-        plan = replicas(s.work_gpu_s_per_s, p.target_utilization, p.zones, per_replica_capacity=capacity)
+        if isinstance(capacity, CapacityEstimate):
+            estimate = capacity
+        elif capacity:
+            estimate = configured_capacity(capacity)
+        else:
+            estimate = replace(configured_capacity(p.default_capacity_gpu_s_per_s, "the policy default"),
+                               basis="policy-default")
+        per_replica = estimate.per_replica_gpu_s_per_s
+        plan = replicas(s.work_gpu_s_per_s, p.target_utilization, p.zones, per_replica_capacity=per_replica)
         # A pool lives in one zone; to keep the SLO when another zone fails, it takes its share of that zone's load.
         recommended = plan.with_zone_headroom if p.zones > 1 else plan.base_replicas
+        planning_target = p.target_utilization * (p.zones - 1) / p.zones if p.zones > 1 else p.target_utilization
+        utilization = s.work_gpu_s_per_s / (current * per_replica) if current else None
         reasons = [
-            f"demand {s.work_gpu_s_per_s:,.2f} GPU-s/s ({s.requests_per_s:,.1f} req/s) at {capacity:g} GPU-s/s per "
+            f"demand {s.work_gpu_s_per_s:,.2f} GPU-s/s ({s.requests_per_s:,.1f} req/s) at {per_replica:.3g} GPU-s/s per "
             f"replica and {p.target_utilization:.0%} target utilisation needs {plan.base_replicas:,} replicas, "
-            f"{recommended:,} with headroom to lose one of {p.zones} zones"
+            f"{recommended:,} with headroom to lose one of {p.zones} zones",
+            estimate.reason,
         ]
         breaches = []
         if s.queue_age_p95_ms is not None and s.queue_age_p95_ms > p.queue_age_slo_ms:
@@ -86,6 +110,12 @@ class Autoscaler:
             raised = max(recommended, current) + max(1, math.ceil(current * p.breach_step))
             reasons.append("users are waiting: " + "; ".join(breaches) + f" → scale out to {raised:,}")
             recommended = raised
+        elif utilization is not None and utilization <= planning_target * (1 + 1e-9) and recommended > current:
+            # Only rounding gets here (a ceiling before the zone headroom and one after it):
+            # with no user waiting and work under the planning target, growing has no evidence.
+            reasons.append(f"not grown: no user waits and {current:,} replicas run at {utilization:.0%} of capacity, "
+                           f"under the {planning_target:.0%} planning target")
+            recommended = current
         if s.gpu_util_mean_pct is not None:
             reasons.append(f"GPU utilisation {s.gpu_util_mean_pct:.0f}% (reported, not used to scale)")
         recommended = min(max(recommended, p.min_replicas), p.max_replicas)
@@ -102,9 +132,13 @@ class Autoscaler:
                                f"{p.scale_in_stabilization_minutes} minutes (slow in)")
         signals = {
             "requests_per_s": s.requests_per_s, "work_gpu_s_per_s": s.work_gpu_s_per_s, "tokens_per_s": s.tokens_per_s,
+            "prompt_tokens_per_s": s.prompt_tokens_per_s,
             "audio_seconds_per_s": s.audio_s_per_s, "active_streams": s.active_streams,
             "queue_age_p95_ms": s.queue_age_p95_ms, "first_output_p95_ms": s.first_output_p95_ms,
             "first_output_slo_ms": s.first_output_slo_ms, "kv_cache_usage_max": s.kv_cache_usage_max,
             "gpu_util_mean_pct": s.gpu_util_mean_pct, "replicas_by_state": s.replicas_by_state, "burn_rate": s.burn_rate,
+            "capacity_gpu_s_per_s_per_replica": per_replica, "capacity_basis": estimate.basis,
+            "utilization_of_capacity": round(utilization, 4) if utilization is not None else None,
+            "planning_target_utilization": round(planning_target, 4),
         }
-        return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute)
+        return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute, estimate.to_json())

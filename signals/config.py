@@ -10,9 +10,11 @@ bound, and overrides of the autoscale and rollout policies.
         env: ACME_TOKEN          # or: read the token from this environment variable
         tenants: [acme]
     autoscale: {target_utilization: 0.7, zones: 3, queue_age_slo_ms: 1000, scale_in_stabilization_minutes: 10}
-    rollout: {min_requests: 500, promote_min_requests: 2000, pause_cost_factor: 1.25}
+    rollout: {min_requests: 100, promote_min_requests: 2000, error_alpha: 0.001, pause_cost_factor: 1.25}
     signals: {pool_window_minutes: 5, rollout_window_minutes: 30}
     capacity_gpu_s_per_s: {llm-us-east-1a-realtime: 2.4}
+    replica_shape:               # the physical bound per replica (default: autoscale.gpus_per_replica GPUs)
+      llm-us-east-1b-realtime: {gpus_per_replica: 8, prefill_tokens_per_s: 60000, decode_tokens_per_s: 4000}
 
 Every problem is reported as one line naming the key.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from signals.autoscale import AutoscalePolicy
 from signals.live import SignalPolicy
 from signals.rollout import RolloutPolicy
+from slo.capacity import ReplicaShape
 from slo.config_file import read_yaml_mapping
 from slo.spec import parse_duration_s
 
@@ -80,7 +83,7 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
         return ApiConfig()
     where = str(path)
     raw = read_yaml_mapping(path, ApiConfigError)
-    known = {"stale_after", "tokens", "autoscale", "rollout", "signals", "capacity_gpu_s_per_s"}
+    known = {"stale_after", "tokens", "autoscale", "rollout", "signals", "capacity_gpu_s_per_s", "replica_shape"}
     for key in raw:
         if key not in known:
             raise ApiConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
@@ -93,13 +96,32 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
     capacity = raw.get("capacity_gpu_s_per_s") or {}
     if not isinstance(capacity, dict) or any(not _positive(v) or not math.isfinite(v) for v in capacity.values()):
         raise ApiConfigError(f"{where}: capacity_gpu_s_per_s must map pool names to positive numbers")
-    policy = _override(SignalPolicy(autoscale=autoscale, rollout=rollout, capacity_gpu_s_per_s=dict(capacity)),
-                       raw.get("signals"), f"{where}: signals", skip=("autoscale", "rollout", "capacity_gpu_s_per_s"))
+    shapes = _replica_shapes(raw.get("replica_shape"), where)
+    policy = _override(SignalPolicy(autoscale=autoscale, rollout=rollout, capacity_gpu_s_per_s=dict(capacity),
+                                    replica_shape=shapes),
+                       raw.get("signals"), f"{where}: signals",
+                       skip=("autoscale", "rollout", "capacity_gpu_s_per_s", "replica_shape"))
     if autoscale.min_replicas > autoscale.max_replicas:
         raise ApiConfigError(f"{where}: autoscale.min_replicas is above max_replicas")
     if policy.history_minutes < max(policy.pool_window_minutes + 1, policy.rollout_window_minutes):
         raise ApiConfigError(f"{where}: signals.history_minutes must cover pool_window_minutes + 1 and rollout_window_minutes")
     return ApiConfig(stale_after_s=stale, tokens=tokens, policy=policy)
+
+
+def _replica_shapes(raw, where: str) -> dict[str, ReplicaShape]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ApiConfigError(f"{where}: replica_shape must map pool names to {{gpus_per_replica, prefill_tokens_per_s, "
+                             "decode_tokens_per_s}")
+    out = {}
+    for pool, shape in raw.items():
+        if not isinstance(shape, dict) or not shape:
+            raise ApiConfigError(f"{where}: replica_shape.{pool} must be a mapping")
+        # Token throughputs are optional; GPUs per replica defaults to one.
+        out[str(pool)] = _override(ReplicaShape(prefill_tokens_per_s=0.0, decode_tokens_per_s=0.0), shape,
+                                   f"{where}: replica_shape.{pool}")
+    return out
 
 
 def _positive(v) -> bool:
@@ -143,8 +165,16 @@ RANGES = {
     "capacity_history_days": (1, 365, "from 1 to 365"),
     "max_replicas": (1, 10**7, "from 1 to 10,000,000"),
     "min_replicas": (0, 10**7, "from 0 to 10,000,000"),
+    "gpus_per_replica": (0.0, 4096, "a number in (0, 4096]"),
+    "error_alpha": (0.0, 0.5, "in (0, 0.5]"),
+    "latency_alpha": (0.0, 0.5, "in (0, 0.5]"),
+    "cost_alpha": (0.0, 0.5, "in (0, 0.5]"),
+    "rollback_error_factor": (1.0, 1e6, "a number ≥ 1"),
+    "burn_short_minutes": (1, 1440, "from 1 to 1440"),
+    "cost_min_minutes": (2, 1440, "from 2 to 1440"),
 }
-OPEN_AT_ZERO = {"target_utilization", "objective", "default_capacity_gpu_s_per_s", "queue_age_slo_ms"}
+OPEN_AT_ZERO = {"target_utilization", "objective", "default_capacity_gpu_s_per_s", "queue_age_slo_ms", "gpus_per_replica",
+                "error_alpha", "latency_alpha", "cost_alpha"}
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

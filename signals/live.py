@@ -16,12 +16,13 @@ import polars as pl
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
-from slo.capacity import PoolMinute, SustainedCapacity
+from slo.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
+                          estimate_capacity, physical_bound)
 from slo.engine import SliceState
 from slo.prices import GpuPrices
 from slo.sli import span
 from slo.spec import SloSpec
-from signals.rollout import RolloutPolicy, VersionStats, verdict
+from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
 
 # Labels that describe a pool (one deployment in one zone for one traffic class), for
 # deciding which SLO slices and thresholds speak about it. Tenants share a pool, so an SLO
@@ -39,6 +40,7 @@ class SignalPolicy:
     sustained_minutes: int = 3  # capacity counts only work sustained this long with the SLO held
     capacity_history_days: int = 7  # measured capacity: the best day of the last week
     capacity_gpu_s_per_s: dict[str, float] = field(default_factory=dict)  # per pool, overrides measurement
+    replica_shape: dict[str, ReplicaShape] = field(default_factory=dict)  # per pool: GPUs and token throughput per replica
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,7 @@ def _minute_col() -> pl.Expr:
 
 def _merged_quantiles(rows: pl.DataFrame, keys: list[str], hist_col: str, qs: dict[str, float]) -> pl.DataFrame:
     """Quantiles of the histograms of `rows` merged per `keys` (histograms add bin by bin)."""
-    long = (rows.select(*keys, pl.col(hist_col).alias("_h")).explode("_h")
-            .filter(pl.col("_h").is_not_null()).unnest("_h")
-            .group_by(*keys, "bin").agg(pl.col("n").sum()))
-    return histogram.quantiles_frame(long, keys, qs)
+    return histogram.quantiles_frame(_hist_long(rows, keys, hist_col), keys, qs, presorted=True)
 
 
 class LiveSignals:
@@ -167,18 +166,19 @@ class LiveSignals:
                 pool=pool, as_of_minute=st["newest"],
                 requests_per_s=st["requests"] / per_s, work_gpu_s_per_s=st["gpu_seconds"] / per_s,
                 tokens_per_s=st["output_tokens"] / per_s, audio_s_per_s=st["audio_seconds"] / per_s,
+                prompt_tokens_per_s=st["prompt_tokens"] / per_s,
                 active_streams=st["active_streams"], queue_age_p95_ms=st["queue_age_p95_ms"],
                 first_output_p95_ms=st["first_output_p95_ms"], first_output_slo_ms=fo_slo,
                 kv_cache_usage_max=st["kv_cache_usage_max"], gpu_util_mean_pct=st["gpu_util_mean_pct"],
                 replicas_by_state=st["replicas_by_state"], burn_rate=_pool_burn_rate(attrs, slo_states),
             )
-            capacity, capacity_reason = self._capacity(pool, st["newest"])
-            decision = self.autoscaler.decide(signals, capacity)
+            decision = self.autoscaler.decide(signals, self._capacity(pool, st["newest"], signals))
             body = {
                 "pool": pool, "desired_replicas": decision.desired_replicas,
-                "current_replicas": decision.current_replicas, "reasons": [*decision.reasons, capacity_reason],
-                "signals": {**decision.signals, "capacity_gpu_s_per_s_per_replica": capacity,
-                            "window_minutes": st["minutes"], **{k: v for k, v in attrs.items() if k != "pool"}},
+                "current_replicas": decision.current_replicas, "reasons": decision.reasons,
+                "signals": {**decision.signals, "window_minutes": st["minutes"],
+                            **{k: v for k, v in attrs.items() if k != "pool"}},
+                "capacity_basis": decision.capacity_basis, "capacity": decision.capacity,
                 "as_of": rfc3339(st["newest"] + 1),
             }
             out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
@@ -191,17 +191,16 @@ class LiveSignals:
                       and all(k in POOL_ATTRIBUTES for k in s.selector)]
         return min(thresholds) if thresholds else None
 
-    def _capacity(self, pool: str, now_minute: int) -> tuple[float | None, str]:
+    def _capacity(self, pool: str, now_minute: int, s: PoolSignals) -> CapacityEstimate:
+        """Configured capacity wins (a load test measured the knee); otherwise the physical
+        bound narrowed by what the pool held and where its latency broke, recent days."""
         p = self.policy
         if pool in p.capacity_gpu_s_per_s:
-            return p.capacity_gpu_s_per_s[pool], f"capacity {p.capacity_gpu_s_per_s[pool]:g} GPU-s/s per replica from config"
-        best = self.capacity.capacity(pool, now_minute)
-        if best is None:
-            return None, (f"capacity per replica not measured yet (needs {p.sustained_minutes} consecutive minutes "
-                          "with the latency SLOs held): policy default used")
-        return best, (f"capacity {best:.3g} GPU-s/s per warm replica: the most work sustained for "
-                      f"{p.sustained_minutes} minutes with queue age and first output within SLO, best day of the "
-                      f"last {p.capacity_history_days}")
+            return configured_capacity(p.capacity_gpu_s_per_s[pool], "config (capacity_gpu_s_per_s)")
+        shape = p.replica_shape.get(pool) or ReplicaShape(gpus_per_replica=p.autoscale.gpus_per_replica)
+        physical = physical_bound(shape, s.work_gpu_s_per_s, s.prompt_tokens_per_s, s.tokens_per_s)
+        held, broke = self.capacity.bounds(pool, now_minute)
+        return estimate_capacity(physical, held, broke, p.sustained_minutes)
 
     # ---- rollout --------------------------------------------------------------------
     def _rollouts(self, req: pl.DataFrame, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
@@ -215,7 +214,8 @@ class LiveSignals:
         newest = dict(rows.group_by("model").agg(pl.col("_m").max()).iter_rows())
         stable_rows = pl.col("deployment") == "stable"
         per_version = _version_table(rows.filter((pl.col("model_version") != "") & ~stable_rows), ["model", "model_version"])
-        stable_all = _version_table(rows.filter(stable_rows), ["model"])
+        canary_models = sorted({m for m, _, _, _ in per_version})
+        stable_all = _version_table(rows.filter(stable_rows), ["model"], detail_for=canary_models)
         stable_versions = rows.filter(stable_rows & (pl.col("model_version") != "")).group_by("model", "model_version").agg(
             pl.col("tenant").unique())
         out: dict[tuple[str, str], Scoped] = {}
@@ -263,7 +263,7 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         .then(pl.col("newest") - 1).otherwise(pl.col("newest")).alias("hi"),
     )
     stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen_in_newest": 0, "tenants": frozenset(),
-                    "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0,
+                    "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0, "prompt_tokens": 0.0,
                     "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
                     "gpu_util_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
@@ -277,7 +277,8 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
             stats[pool]["seen_in_newest"] += int(seen)
         rw = req.join(bounds, on="pool").filter(in_window)
         sums = rw.group_by("pool").agg(*[pl.col(c).fill_null(0).sum().cast(pl.Float64)
-                                         for c in ("requests", "gpu_seconds", "output_tokens", "audio_seconds")])
+                                         for c in ("requests", "gpu_seconds", "output_tokens", "audio_seconds",
+                                                   "prompt_tokens") if c in rw.columns])
         for row in sums.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
         for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
@@ -323,29 +324,66 @@ def pool_attributes(req: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[str,
     return out
 
 
-def _version_table(rows: pl.DataFrame, keys: list[str]) -> dict | list:
+def _hist_long(rows: pl.DataFrame, keys: list[str], hist_col: str, ordered: bool = True) -> pl.DataFrame:
+    """The histograms of `rows` merged per `keys`, long: (keys…, bin, n), sorted if `ordered`."""
+    long = (rows.select(*keys, pl.col(hist_col).alias("_h")).explode("_h")
+            .filter(pl.col("_h").is_not_null()).unnest("_h")
+            .group_by(*keys, "bin").agg(pl.col("n").sum()))
+    return long.sort(*keys, "bin") if ordered else long
+
+
+def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | None = None) -> dict | list:
     """VersionStats per group of `keys`, with the group's tenants; for (model, model_version)
-    a list of (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants)."""
+    a list of (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants).
+
+    Each carries its per-minute counts and latency histograms, for the rollout tests
+    (signals/rollout.py); one group-by per table, not one per version. `detail_for`: only
+    these models need them (the stable side of models with no canary is never compared)."""
     if not rows.height:
         return [] if len(keys) == 2 else {}
+    cost = (pl.col("gpu_seconds") * pl.col("_usd_per_gpu_s"))
     sums = rows.group_by(keys).agg(
         pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"), pl.col("timeouts").sum(),
-        (pl.col("gpu_seconds") * pl.col("_usd_per_gpu_s")).sum().alias("gpu_cost"),
+        cost.sum().alias("gpu_cost"),
         pl.col("output_tokens").fill_null(0).sum(), pl.col("audio_seconds").fill_null(0).sum(),
         pl.col("tenant").unique().alias("tenants"), pl.col("model_version").unique().alias("versions"),
     )
-    qs = _merged_quantiles(rows, keys, "first_output_ms_hist", {"fo": 0.99}).join(
-        _merged_quantiles(rows, keys, "e2e_ms_hist", {"e2e": 0.99}), on=keys, how="full", coalesce=True)
+    detailed = rows if detail_for is None else rows.filter(pl.col("model").is_in(detail_for))
+    minutes = detailed.group_by(*keys, "_m").agg(
+        pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"),
+        cost.sum().alias("gpu_cost"), pl.col("output_tokens").fill_null(0).sum(),
+        pl.col("audio_seconds").fill_null(0).sum(),
+    ).sort(*keys, "_m")
+    # Histograms per group and minute (the rollout's rank tests compare within minutes), and
+    # their sums per group (the p99s shown), from one explode per field.
+    minute_hists: dict[str, dict[tuple, dict[int, int]]] = {}
+    quantile_frames = []
+    by = [*keys, "_m"]
+    for col, name in (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e")):
+        long_m = _hist_long(detailed, by, col, ordered=False)  # per-minute bins need no order
+        quantile_frames.append(histogram.quantiles_frame(_hist_long(rows, keys, col), keys, {name: 0.99}, presorted=True))
+        per_minute_bins = minute_hists.setdefault(name, {})
+        for group, bins, ns in long_m.group_by(by).agg("bin", "n").select(
+                pl.struct(by).alias("_k"), "bin", "n").iter_rows():
+            per_minute_bins[tuple(group[k] for k in by)] = dict(zip(bins, ns))
+    per_minute: dict[tuple, list] = {}
+    for r in minutes.iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        per_minute.setdefault(key, []).append(MinuteCounts(
+            int(r["_m"]), int(r["requests"]), int(r["bad"]), float(r["gpu_cost"] or 0.0), int(r["output_tokens"]),
+            float(r["audio_seconds"]), minute_hists["fo"].get((*key, r["_m"])), minute_hists["e2e"].get((*key, r["_m"]))))
+    qs = quantile_frames[0].join(quantile_frames[1], on=keys, how="full", coalesce=True)
     sums = sums.join(qs, on=keys, how="left")
     out_list, out_dict = [], {}
     for r in sums.sort(keys).iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
         label = r["model_version"] if len(keys) == 2 else ",".join(sorted(v for v in r["versions"] if v))
         stats = VersionStats(
             version=label, requests=int(r["requests"]), bad=int(r["bad"]), timeouts=int(r["timeouts"]),
             first_output_p99_ms=float(r["fo"]) if r["fo"] is not None else None,
             e2e_p99_ms=float(r["e2e"]) if r["e2e"] is not None else None,
             gpu_cost=round(float(r["gpu_cost"] or 0.0), 6), output_tokens=int(r["output_tokens"]),
-            audio_seconds=float(r["audio_seconds"]))
+            audio_seconds=float(r["audio_seconds"]), per_minute=tuple(per_minute.get(key, ())))
         if len(keys) == 2:
             out_list.append((r["model"], r["model_version"], stats, frozenset(r["tenants"])))
         else:

@@ -36,7 +36,8 @@ SCHEMAS = {
                        "as_of": {"type": "string", "format": "date-time"}, "hint": {"type": "string"}},
     },
     "Autoscale": {
-        "type": "object", "required": ["pool", "desired_replicas", "current_replicas", "reasons", "signals", "as_of"],
+        "type": "object",
+        "required": ["pool", "desired_replicas", "current_replicas", "reasons", "signals", "capacity_basis", "as_of"],
         "properties": {
             "pool": {"type": "string"},
             "desired_replicas": {"type": "integer", "minimum": 0,
@@ -46,7 +47,13 @@ SCHEMAS = {
             "signals": {"type": "object", "description": "requests_per_s, work_gpu_s_per_s, tokens_per_s, "
                         "audio_seconds_per_s, active_streams, queue_age_p95_ms, first_output_p95_ms, "
                         "first_output_slo_ms, kv_cache_usage_max, gpu_util_mean_pct, replicas_by_state, burn_rate, "
-                        "capacity_gpu_s_per_s_per_replica, window_minutes"},
+                        "capacity_gpu_s_per_s_per_replica, capacity_basis, utilization_of_capacity, "
+                        "planning_target_utilization, prompt_tokens_per_s, window_minutes"},
+            "capacity_basis": {"type": "string",
+                               "enum": ["physical", "breach", "measured-above-physical", "configured", "policy-default"],
+                               "description": "Which bound decided the per-replica capacity."},
+            "capacity": {"type": "object", "description": "per_replica_gpu_s_per_s, lower_gpu_s_per_s, "
+                         "upper_gpu_s_per_s, physical_gpu_s_per_s, broke_gpu_s_per_s, basis, reason"},
             "as_of": {"type": "string", "format": "date-time", "description": "Event time of the newest data."},
         },
     },
@@ -59,6 +66,11 @@ SCHEMAS = {
             "model": {"type": "string"}, "version": {"type": "string"},
             "canary": _ref("Side"), "stable": _ref("Side"),
             "window_minutes": {"type": "integer"}, "as_of": {"type": "string", "format": "date-time"},
+            "metrics": {"type": "object", "description": "Per metric (errors, burn_rate, first_output, e2e, cost): "
+                        "verdict (pass, continue, pause, rollback), reason, p_value, method and its numbers.",
+                        "additionalProperties": {"type": "object", "required": ["verdict", "reason", "p_value"]}},
+            "decided_by": {"type": "array", "items": {"type": "string"}},
+            "confidence": {"type": ["number", "null"], "description": "1 − the p-value a pause or rollback acted on."},
         },
     },
     "Slo": {

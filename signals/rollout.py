@@ -1,14 +1,73 @@
 """Rollout verdicts: a canary model version against the stable version of the same model.
 
-Pure: each side is a `VersionStats` summed over the same event-time window; the verdict
-is `promote`, `continue`, `pause` or `rollback`, with the reasons in words and the
-numbers for both sides. Cost counts as much as speed: a faster canary that costs twice
-as much per unit of work is not promoted.
+Pure: each side is a `VersionStats` summed over the same event-time window, with its
+per-minute counts and merged latency histograms when the caller has them. The verdict is
+`promote`, `continue`, `pause` or `rollback`, decided per metric as Kayenta does (each
+metric says pass, continue, pause or rollback with the p-value or confidence it acted
+on), the worst metric deciding. Cost counts as much as speed: a faster canary that costs
+twice as much per unit of work is not promoted.
+
+Methods, and why:
+
+- Errors: a sequential test valid under continuous monitoring, so that a controller
+  polling every minute may act the moment evidence is overwhelming (a few hundred
+  requests for gross harm) without inflating false rollbacks by looking often. Each
+  minute, conditional on how many requests each side served, an error is the canary's
+  with probability p0 = canary share of requests if both error rates are equal; if the
+  canary's rate is ρ times stable's, with q(ρ) = ρ·p0 ÷ (ρ·p0 + 1 − p0). The likelihood
+  ratio of ρ against ρ0, mixed over a grid of ρ > ρ0, is a nonnegative supermartingale
+  for every true ρ ≤ ρ0 (a mixture sequential probability ratio test), so by Ville's
+  inequality 1 ÷ (its running maximum) is an always-valid p-value. Conditioning on the
+  errors keeps it exact for rare errors (0.02% on stable), where normal approximations
+  fail, and for a canary weight that changes minute to minute. Rollback tests ρ0 =
+  `rollback_error_factor`; a canary shown worse than stable at all (ρ0 = 1) but not by
+  that factor, or still within its error budget, is paused for a person.
+- Burn rate: the paging alarm of the SRE workbook, applied to the canary alone: burning
+  the error budget at ≥ 14.4× over the short window (5 min) and the whole window, each
+  with `burn_min_requests` requests. The same alarm pages and rolls back, unless stable
+  pages over the same short window too (a zone or dependency incident): then it pauses.
+- Latency (first output, end to end): the Mann-Whitney U test on the binned histograms
+  (mid-ranks per bin, tie-corrected variance) for a shift of the whole distribution, and a
+  conditional binomial test on the share of requests above stable's p99 for a tail-only
+  regression; the smaller p-value, Bonferroni-corrected for two tests. A regression must be
+  both significant and large (median or p99 ratio over the pause or rollback factor):
+  with thousands of requests a rank test finds differences too small to matter.
+- Cost per unit (per 1k output tokens, or per audio-second): ratio of sums per side, its
+  variance by linearisation over minutes (the delta method with minutes as clusters, since
+  heavy-tailed work makes single requests far from independent of their minute's mix),
+  and a one-sided confidence interval on the log of the canary ÷ stable ratio. A canary
+  whose lower bound is over `pause_cost_factor` pauses (over `rollback_cost_factor`, rolls
+  back); one whose estimate is over `promote_cost_factor` is never promoted.
+
+Latency and cost tests are fixed-sample tests repeated each minute; their small alpha and
+the effect-size gates keep repeated looks from turning noise into verdicts. Callers with
+totals only (no per-minute counts, no histograms) get the same rules on point estimates.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import dataclass, field, fields
+from statistics import NormalDist
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from slo import histogram
+
+
+@dataclass(frozen=True)
+class MinuteCounts:
+    """One side's counts in one event-time minute."""
+
+    minute: int
+    requests: int
+    bad: int  # errors + timeouts
+    gpu_cost: float
+    output_tokens: int
+    audio_seconds: float
+    first_output_hist: Mapping[int, int] | None = None  # this minute's latency bins, for stratified tests
+    e2e_hist: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -22,6 +81,9 @@ class VersionStats:
     gpu_cost: float  # currency units over the window
     output_tokens: int
     audio_seconds: float
+    per_minute: tuple[MinuteCounts, ...] = ()  # for the sequential error test and the cost interval
+    first_output_hist: Mapping[int, int] | None = None  # merged histogram bins (slo/histogram.py)
+    e2e_hist: Mapping[int, int] | None = None
 
     @property
     def error_ratio(self) -> float | None:
@@ -43,15 +105,22 @@ class VersionStats:
 @dataclass(frozen=True)
 class RolloutPolicy:
     objective: float = 0.999  # availability objective used for the canary's burn rate
-    min_requests: int = 500  # per side, before any verdict but `continue`
+    min_requests: int = 100  # per side, before a latency or cost judgement (errors need no fixed count)
     promote_min_requests: int = 2_000
-    rollback_burn_rate: float = 14.4  # the canary alone would page
-    rollback_error_factor: float = 2.0  # canary error ratio vs stable…
-    rollback_error_abs: float = 0.005  # …and at least this much worse in absolute terms
-    rollback_latency_factor: float = 1.5  # p99 first output or e2e vs stable
+    rollback_burn_rate: float = 14.4  # the canary alone would page…
+    burn_short_minutes: int = 5  # …over this short window and the whole window
+    burn_min_requests: int = 100  # per burn window, as the SLOs' min_events
+    rollback_error_factor: float = 2.0  # rollback needs evidence the canary errs more than this × stable…
+    rollback_error_abs: float = 0.0  # …and at least this much more in absolute terms (0: any)
+    error_alpha: float = 0.001  # always-valid: the chance a canary no worse than that is ever rolled back
+    rollback_latency_factor: float = 1.5  # median or p99, first output or e2e, vs stable
     pause_latency_factor: float = 1.15
-    pause_cost_factor: float = 1.25
-    promote_cost_factor: float = 1.10
+    latency_alpha: float = 0.001
+    pause_cost_factor: float = 1.25  # confidently over this: pause
+    rollback_cost_factor: float = math.inf  # confidently over this: rollback (off unless set)
+    promote_cost_factor: float = 1.10  # estimated over this: not promoted
+    cost_alpha: float = 0.01  # one-sided, for the cost ratio's interval
+    cost_min_minutes: int = 10  # minutes with work on each side before the interval is trusted
 
 
 @dataclass
@@ -63,15 +132,22 @@ class Verdict:
     window_minutes: int
     as_of: str | None = None
     extra: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)  # per metric: verdict, method, p-value or interval
+    decided_by: list[str] = field(default_factory=list)
+    confidence: float | None = None  # 1 − the p-value the deciding metric acted on
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "reasons": self.reasons, "canary": self.canary, "stable": self.stable,
-                "window_minutes": self.window_minutes, "as_of": self.as_of, **self.extra}
+                "window_minutes": self.window_minutes, "as_of": self.as_of, "metrics": self.metrics,
+                "decided_by": self.decided_by, "confidence": self.confidence, **self.extra}
+
+
+_SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist")
 
 
 def _side(s: VersionStats) -> dict:
     cost, unit = s.cost_per_unit()
-    d = asdict(s)
+    d = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in _SIDE_DETAIL}
     d.update(error_ratio=s.error_ratio, timeout_ratio=s.timeout_ratio, cost_per_unit=cost, cost_unit=unit)
     return d
 
@@ -82,46 +158,419 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+# ---- the statistics ----------------------------------------------------------------
+
+# Alternatives of the mixture, as multiples of the null's rate ratio: from barely worse to
+# a canary that fails nearly every request on a model that almost never fails. Equal
+# weights per factor of ~1.4, so no size of harm is favoured.
+_RHO_GRID = np.geomspace(1.25, 5000.0, 25)
+_STD_NORMAL = NormalDist()
+
+
+def sequential_error_p_values(canary_n, canary_bad, stable_n, stable_bad, rho0: float = 1.0) -> np.ndarray:
+    """Always-valid p-values, minute by minute, of H0: canary error rate ≤ rho0 × stable's,
+    from per-minute counts in time order (arrays of equal length). See the module docstring."""
+    nc, kc, ns, ks = (np.asarray(a, dtype=float) for a in (canary_n, canary_bad, stable_n, stable_bad))
+    # A minute without errors, or without one side, moves no likelihood ratio (its step is 0).
+    usable = (nc > 0) & (ns > 0)
+    p0 = np.where(usable, nc / np.where(usable, nc + ns, 1.0), 0.5)
+    kc, ks = np.where(usable, kc, 0.0), np.where(usable, ks, 0.0)
+    rhos = rho0 * _RHO_GRID[:, None]
+    q0 = rho0 * p0 / (rho0 * p0 + 1 - p0)
+    q = rhos * p0 / (rhos * p0 + 1 - p0)
+    steps = kc * np.log(q / q0) + ks * (np.log1p(-q) - np.log1p(-q0))
+    path = np.cumsum(steps, axis=1)
+    top = path.max(axis=0)
+    log_mix = top + np.log(np.exp(path - top).mean(axis=0))  # log of the mixture after each minute
+    return np.minimum(1.0, np.exp(-np.maximum.accumulate(np.maximum(log_mix, 0.0))))
+
+
+def sequential_error_p_value(canary_n, canary_bad, stable_n, stable_bad, rho0: float = 1.0) -> float:
+    """The always-valid p-value after the last minute."""
+    if len(np.atleast_1d(canary_n)) == 0:
+        return 1.0
+    return float(sequential_error_p_values(canary_n, canary_bad, stable_n, stable_bad, rho0)[-1])
+
+
+Strata = Sequence[tuple[Mapping[int, int], Mapping[int, int]]]  # per minute: (canary bins, stable bins)
+
+
+@dataclass(frozen=True)
+class DenseStrata:
+    """Strata on one bin axis: `canary[i, j]` and `stable[i, j]` count the values of minute
+    i in bin `bins[j]`. Only minutes where both sides have values are kept."""
+
+    bins: np.ndarray
+    canary: np.ndarray
+    stable: np.ndarray
+
+    @staticmethod
+    def of(strata: Strata | DenseStrata) -> DenseStrata:
+        if isinstance(strata, DenseStrata):
+            return strata
+        pairs = [[(np.fromiter(h.keys(), np.int64, len(h)), np.fromiter(h.values(), float, len(h))) for h in pair]
+                 for pair in strata if pair[0] and pair[1]]
+        bins = np.unique(np.concatenate([k for pair in pairs for k, _ in pair])) if pairs else np.zeros(0, np.int64)
+        out = [np.zeros((len(pairs), len(bins))) for _ in range(2)]
+        for i, pair in enumerate(pairs):
+            for side, (keys, values) in zip(out, pair):
+                side[i, np.searchsorted(bins, keys)] = values
+        keep = (out[0].sum(axis=1) > 0) & (out[1].sum(axis=1) > 0)
+        return DenseStrata(bins, out[0][keep], out[1][keep])
+
+    def merged(self) -> tuple[dict[int, int], dict[int, int]]:
+        c, s = self.canary.sum(axis=0), self.stable.sum(axis=0)
+        return ({int(b): int(n) for b, n in zip(self.bins, c) if n}, {int(b): int(n) for b, n in zip(self.bins, s) if n})
+
+
+def mann_whitney_binned(strata: Strata | DenseStrata) -> tuple[float, float]:
+    """One-sided Mann-Whitney U on histograms, stratified by minute (van Elteren): (p-value
+    that the canary is stochastically larger, AUC = P(canary > stable) + ½ P(tie)).
+
+    Values in one bin are ties: they share the bin's mid-rank, and each stratum's variance
+    carries the tie correction. Strata keep the comparison within a minute, so a canary
+    whose weight changed over the window is not compared with stable traffic from minutes
+    it did not see (latency moves with load); weights 1 ÷ (N + 1) per stratum are van
+    Elteren's locally most powerful choice."""
+    d = DenseStrata.of(strata)
+    c, s = d.canary, d.stable
+    if not len(c):
+        return 1.0, 0.5
+    n1, n2 = c.sum(axis=1), s.sum(axis=1)
+    t = c + s
+    n = n1 + n2
+    midrank = np.cumsum(t, axis=1) - t + (t + 1) / 2
+    u = (c * midrank).sum(axis=1) - n1 * (n1 + 1) / 2
+    var = n1 * n2 / 12 * ((n + 1) - (t**3 - t).sum(axis=1) / np.maximum(n * (n - 1), 1))
+    w = 1.0 / (n + 1)
+    num, v = float((w * (u - n1 * n2 / 2)).sum()), float((w * w * var).sum())
+    auc = float(u.sum() / (n1 * n2).sum())
+    if v <= 0:
+        return 1.0, auc
+    return 1.0 - _STD_NORMAL.cdf(num / math.sqrt(v)), auc
+
+
+def _binomial_pmf(k: int, p: float) -> np.ndarray:
+    if p <= 0 or p >= 1:
+        out = np.zeros(k + 1)
+        out[k if p >= 1 else 0] = 1.0
+        return out
+    # log pmf(i) = k·log(1 − p) + Σ_{j<i} log((k − j) ÷ (j + 1) · p ÷ (1 − p)): one cumulative sum.
+    j = np.arange(k, dtype=float)
+    steps = np.log(k - j) - np.log(j + 1) + math.log(p) - math.log1p(-p)
+    return np.exp(k * math.log1p(-p) + np.concatenate(([0.0], np.cumsum(steps))))
+
+
+def tail_exceedance_p_value(strata: Strata | DenseStrata, q: float = 0.99) -> float:
+    """Does the canary put more requests above the pooled p99 than its share of traffic?
+
+    The cut is the q-quantile bin of both sides pooled (label-blind, so under equal
+    distributions the labels stay exchangeable); within each minute, an exceedance is the
+    canary's with probability n_canary ÷ n. The count of canary exceedances is then a sum
+    of binomials, whose tail is computed exactly by convolution. It catches a tail-only
+    regression (a slow path hit by 3% of requests) that a rank test barely moves for."""
+    d = DenseStrata.of(strata)
+    if not len(d.canary):
+        return 1.0
+    pooled = d.canary.sum(axis=0) + d.stable.sum(axis=0)
+    rank = math.floor(q * (pooled.sum() - 1))
+    cut = int(np.searchsorted(np.cumsum(pooled), rank, side="right"))  # index of the quantile's bin
+    n1, n2 = d.canary.sum(axis=1), d.stable.sum(axis=1)
+    ca = d.canary[:, cut + 1:].sum(axis=1).astype(int)
+    k = ca + d.stable[:, cut + 1:].sum(axis=1).astype(int)
+    dist = np.ones(1)
+    for ki, p0 in zip(k[k > 0], (n1 / (n1 + n2))[k > 0]):
+        dist = np.convolve(dist, _binomial_pmf(int(ki), float(p0)))
+    return float(min(1.0, dist[int(ca.sum()):].sum()))
+
+
+@dataclass(frozen=True)
+class CostInterval:
+    ratio: float  # canary ÷ stable cost per unit
+    lower: float
+    upper: float
+    confidence: float
+    minutes: tuple[int, int]
+
+
+def cost_ratio_interval(canary: tuple[MinuteCounts, ...], stable: tuple[MinuteCounts, ...], unit: str,
+                        alpha: float, min_minutes: int) -> CostInterval | None:
+    """One-sided (1 − alpha) bounds on canary ÷ stable cost per unit (see module docstring)."""
+    def side(rows):
+        x = np.array([(r.output_tokens / 1000 if unit == "per 1k output tokens" else r.audio_seconds) for r in rows], float)
+        y = np.array([r.gpu_cost for r in rows], float)
+        keep = x > 0
+        x, y = x[keep], y[keep]
+        if len(x) < max(2, min_minutes) or y.sum() <= 0:
+            return None
+        r = y.sum() / x.sum()
+        m = len(x)
+        var_r = m / (m - 1) * float(((y - r * x) ** 2).sum()) / x.sum() ** 2
+        return r, var_r / r**2, m
+
+    a, b = side(canary), side(stable)
+    if a is None or b is None:
+        return None
+    ratio = a[0] / b[0]
+    sd = math.sqrt(a[1] + b[1])
+    z = _STD_NORMAL.inv_cdf(1 - alpha)
+    return CostInterval(ratio, ratio * math.exp(-z * sd), ratio * math.exp(z * sd), 1 - alpha, (a[2], b[2]))
+
+
+# ---- per-metric verdicts ------------------------------------------------------------
+
+_RANK = {"pass": 0, "continue": 1, "pause": 2, "rollback": 3}
+
+
+@dataclass
+class MetricVerdict:
+    verdict: str  # pass | continue | pause | rollback
+    reason: str
+    p_value: float | None = None
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "reason": self.reason, "p_value": self.p_value, **self.detail}
+
+
+def _aligned(canary: VersionStats, stable: VersionStats) -> tuple[np.ndarray, ...]:
+    """Per-minute (canary n, bad, stable n, bad) for minutes both sides served, in time
+    order; without per-minute counts, the window as one look."""
+    if canary.per_minute and stable.per_minute:
+        s = {m.minute: m for m in stable.per_minute}
+        rows = [(c.requests, c.bad, s[c.minute].requests, s[c.minute].bad)
+                for c in sorted(canary.per_minute, key=lambda m: m.minute) if c.minute in s]
+        if rows:
+            return tuple(np.array(col, float) for col in zip(*rows))
+        return tuple(np.zeros(0) for _ in range(4))
+    return tuple(np.array([v], float) for v in (canary.requests, canary.bad, stable.requests, stable.bad))
+
+
+def error_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict:
+    nc, kc, ns, ks = _aligned(canary, stable)
+    # Ratios over the minutes both sides served, as the test sees them (stable's window may
+    # reach back before the canary started).
+    c_err = float(kc.sum() / nc.sum()) if nc.sum() else canary.error_ratio or 0.0
+    s_err = float(ks.sum() / ns.sum()) if ns.sum() else stable.error_ratio or 0.0
+    p_rollback = sequential_error_p_value(nc, kc, ns, ks, p.rollback_error_factor)
+    p_worse = sequential_error_p_value(nc, kc, ns, ks, 1.0)
+    # Add-half estimate: finite when stable has no errors in the window.
+    rate_ratio = ((kc.sum() + 0.5) / (nc.sum() + 1)) / ((ks.sum() + 0.5) / (ns.sum() + 1))
+    burn = c_err / (1 - p.objective)
+    detail = {"method": "mixture SPRT on the canary's share of errors, per minute (always-valid p-value)",
+              "p_value_worse_than_stable": p_worse, "rate_ratio": round(rate_ratio, 4),
+              "canary_error_ratio": c_err, "stable_error_ratio": s_err, "canary_burn_rate": round(burn, 3),
+              "alpha": p.error_alpha}
+    words = f"canary error+timeout ratio {100 * c_err:.2f}% vs stable {100 * s_err:.2f}% (~{rate_ratio:.1f}x)"
+    if p_rollback <= p.error_alpha and c_err - s_err >= p.rollback_error_abs and burn >= 1.0:
+        return MetricVerdict("rollback", f"{words}: over {p.rollback_error_factor:g}x stable with p = {p_rollback:.2g} "
+                             f"(always-valid, alpha {p.error_alpha:g}) and burning its budget at {burn:.1f}x",
+                             p_rollback, detail)
+    if p_worse <= p.error_alpha:
+        why = "within its error budget" if burn < 1.0 else f"not yet shown over {p.rollback_error_factor:g}x"
+        return MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, {why}", p_worse, detail)
+    return MetricVerdict("pass", f"{words}: no evidence it errs more (p = {p_worse:.2g})", p_worse, detail)
+
+
+def burn_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy, window_minutes: int) -> MetricVerdict:
+    budget = 1 - p.objective
+    if canary.per_minute:
+        newest = max(m.minute for m in canary.per_minute)
+        short = [m for m in canary.per_minute if m.minute > newest - p.burn_short_minutes]
+        short_n, short_bad = sum(m.requests for m in short), sum(m.bad for m in short)
+        s_short = [m for m in stable.per_minute if m.minute > newest - p.burn_short_minutes]
+        s_n, s_bad = sum(m.requests for m in s_short), sum(m.bad for m in s_short)
+    else:
+        short_n, short_bad = canary.requests, canary.bad  # totals only: one window
+        s_n, s_bad = stable.requests, stable.bad
+    long_n, long_bad = canary.requests, canary.bad
+    short_b = short_bad / short_n / budget if short_n else None
+    long_b = long_bad / long_n / budget if long_n else None
+    stable_b = s_bad / s_n / budget if s_n else None
+    # How surprising the short window's errors would be at exactly the paging burn rate (exact
+    # binomial): reported as the evidence behind the alarm, which itself acts on the rate.
+    at_threshold = min(1.0, p.rollback_burn_rate * budget)
+    p_short = float(min(1.0, _binomial_pmf(short_n, at_threshold)[short_bad:].sum())) if short_n else None
+    detail = {"method": "multi-window burn rate (SRE workbook page: short and long windows)",
+              "short_burn_rate": short_b, "long_burn_rate": long_b, "short_requests": short_n, "long_requests": long_n,
+              "stable_short_burn_rate": stable_b, "short_minutes": p.burn_short_minutes, "long_minutes": window_minutes,
+              "threshold": p.rollback_burn_rate}
+    enough = short_n >= p.burn_min_requests and long_n >= p.burn_min_requests
+    if enough and short_b >= p.rollback_burn_rate and long_b >= p.rollback_burn_rate:
+        words = (f"canary burns its error budget at {short_b:.1f}x over {p.burn_short_minutes} min and {long_b:.1f}x "
+                 f"over {window_minutes} min (pages at {p.rollback_burn_rate:g}x)")
+        if stable_b is not None and s_n >= p.burn_min_requests and stable_b >= p.rollback_burn_rate:
+            # Stable pages too: the incident is the fleet's (a zone, a dependency), and rolling
+            # back onto a version that burns as fast helps nobody. Halt for a person instead.
+            return MetricVerdict("pause", f"{words}, but stable burns at {stable_b:.1f}x too: not the canary's "
+                                 "incident alone", p_short, detail)
+        return MetricVerdict("rollback", words, p_short, detail)
+    if not enough:
+        return MetricVerdict("pass", f"burn rate not judged: {short_n:,} canary requests in the short window, "
+                             f"{p.burn_min_requests:,} needed", None, detail)
+    return MetricVerdict("pass", f"canary burn rate {short_b:.1f}x short, {long_b:.1f}x long: under "
+                         f"{p.rollback_burn_rate:g}x", p_short, detail)
+
+
+def latency_strata(canary: VersionStats, stable: VersionStats, field_name: str) -> Strata | None:
+    """Per minute both sides served, (canary bins, stable bins); or the window as one
+    stratum when only whole-window histograms are given; None without histograms."""
+    c_min = [(m.minute, getattr(m, field_name)) for m in canary.per_minute if getattr(m, field_name)]
+    s_min = {m.minute: getattr(m, field_name) for m in stable.per_minute if getattr(m, field_name)}
+    strata = [(h, s_min[minute]) for minute, h in c_min if minute in s_min]
+    if strata:
+        return strata
+    c, s = getattr(canary, field_name), getattr(stable, field_name)
+    return [(c, s)] if c and s else None
+
+
+def latency_verdict(name: str, strata: Strata | None, c_p99: float | None, s_p99: float | None, canary_n: int,
+                    stable_n: int, p: RolloutPolicy) -> MetricVerdict | None:
+    dense = DenseStrata.of(strata) if strata else None
+    if dense is not None and len(dense.canary):
+        c_hist, s_hist = dense.merged()
+        n1, n2 = sum(c_hist.values()), sum(s_hist.values())
+        if n1 < p.min_requests or n2 < p.min_requests:
+            return MetricVerdict("continue", f"{name}: {n1:,} canary and {n2:,} stable values, {p.min_requests:,} each "
+                                 "needed to judge latency", None, {"canary_values": n1, "stable_values": n2})
+        p_mw, auc = mann_whitney_binned(dense)
+        p_tail = tail_exceedance_p_value(dense)
+        p_val = min(1.0, 2 * min(p_mw, p_tail))
+        c50, s50 = histogram.quantile_ms(c_hist, 0.5), histogram.quantile_ms(s_hist, 0.5)
+        c99, s99 = histogram.quantile_ms(c_hist, 0.99), histogram.quantile_ms(s_hist, 0.99)
+        r50, r99 = _ratio(c50, s50), _ratio(c99, s99)
+        effect = max(r for r in (r50, r99, 0.0) if r is not None)
+        detail = {"method": "Mann-Whitney U on histogram bins, stratified by minute (van Elteren), and exceedance "
+                            "of the pooled p99 (Bonferroni over the two)",
+                  "p_value_rank": p_mw, "p_value_tail": p_tail, "auc": round(auc, 4), "p50_ratio": r50,
+                  "p99_ratio": r99, "canary_p99_ms": c99, "stable_p99_ms": s99, "minutes": len(dense.canary),
+                  "alpha": p.latency_alpha}
+        words = (f"{name} p99 {c99:,.0f} ms vs stable {s99:,.0f} ms ({r99:.2f}x), median {r50:.2f}x"
+                 if r99 is not None and r50 is not None else f"{name}")
+        if p_val <= p.latency_alpha and effect > p.rollback_latency_factor:
+            return MetricVerdict("rollback", f"{words}, p = {p_val:.2g}", p_val, detail)
+        if p_val <= p.latency_alpha and effect > p.pause_latency_factor:
+            return MetricVerdict("pause", f"{words}, p = {p_val:.2g}", p_val, detail)
+        # Not significant, or too small to matter: no evidence of harm. A large ratio
+        # without significance is the noise of a tail quantile from few requests.
+        return MetricVerdict("pass", f"{words}: no significant regression over {p.pause_latency_factor:g}x "
+                             f"(p = {p_val:.2g})", p_val, detail)
+    # Totals only: the p99 ratio once both sides have enough requests.
+    r = _ratio(c_p99, s_p99)
+    if r is None:
+        return None
+    detail = {"method": "p99 ratio (no histograms given)", "p99_ratio": r}
+    if canary_n < p.min_requests or stable_n < p.min_requests:
+        return MetricVerdict("continue", f"{name}: {p.min_requests:,} requests per side needed", None, detail)
+    words = f"{name} p99 {c_p99:,.0f} ms vs stable {s_p99:,.0f} ms ({r:.2f}x)"
+    if r > p.rollback_latency_factor:
+        return MetricVerdict("rollback", words, None, detail)
+    if r > p.pause_latency_factor:
+        return MetricVerdict("pause", words, None, detail)
+    return MetricVerdict("pass", words, None, detail)
+
+
+def cost_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict | None:
+    (c_cost, unit), (s_cost, _) = canary.cost_per_unit(), stable.cost_per_unit()
+    point = _ratio(c_cost, s_cost)
+    if point is None:
+        return None
+    # Over the minutes the canary served: cost per token moves with the prompt mix over time.
+    served = {m.minute for m in canary.per_minute}
+    ci = cost_ratio_interval(canary.per_minute, tuple(m for m in stable.per_minute if m.minute in served), unit,
+                             p.cost_alpha, p.cost_min_minutes) if canary.per_minute and stable.per_minute else None
+    if ci is not None:
+        point = ci.ratio
+    words = f"cost {unit} {c_cost:.4g} vs stable {s_cost:.4g} ({point:.2f}x over the minutes the canary served)"
+    if ci is None:
+        detail = {"method": "ratio of costs per unit (no per-minute data for an interval)", "ratio": point}
+        if canary.per_minute and stable.per_minute:
+            return MetricVerdict("continue", f"{words}: {p.cost_min_minutes} minutes with work per side needed for an "
+                                 "interval; not promoted before", None, detail)
+        if canary.requests < p.min_requests or stable.requests < p.min_requests:
+            return MetricVerdict("continue", f"{words}: {p.min_requests:,} requests per side needed", None, detail)
+        if point > p.rollback_cost_factor:
+            return MetricVerdict("rollback", words, None, detail)
+        if point > p.pause_cost_factor:
+            return MetricVerdict("pause", f"{words}: not promoted while it costs more", None, detail)
+        if point > p.promote_cost_factor:
+            return MetricVerdict("continue", f"as good as stable but {point:.2f}x the cost {unit}: keep watching", None, detail)
+        return MetricVerdict("pass", words, None, detail)
+    # The p-value of "canary costs no more than factor × stable", from the same normal approximation.
+    sd = (math.log(ci.upper) - math.log(ci.lower)) / (2 * _STD_NORMAL.inv_cdf(ci.confidence))
+
+    def p_over(factor: float) -> float:
+        return 1.0 - _STD_NORMAL.cdf((math.log(point) - math.log(factor)) / sd) if sd > 0 and math.isfinite(factor) else 1.0
+
+    detail = {"method": "ratio of sums per side, delta-method interval over minutes (one-sided)", "ratio": point,
+              "lower": ci.lower, "upper": ci.upper, "confidence": ci.confidence, "minutes": list(ci.minutes)}
+    bounds = f"{ci.lower:.2f}x–{ci.upper:.2f}x at {ci.confidence:.0%}"
+    if ci.lower > p.rollback_cost_factor:
+        return MetricVerdict("rollback", f"{words}, {bounds}: over {p.rollback_cost_factor:g}x",
+                             p_over(p.rollback_cost_factor), detail)
+    if ci.lower > p.pause_cost_factor:
+        return MetricVerdict("pause", f"{words}, {bounds}: costs over {p.pause_cost_factor:g}x stable, not promoted",
+                             p_over(p.pause_cost_factor), detail)
+    if point > p.promote_cost_factor:
+        return MetricVerdict("continue", f"{words}, {bounds}: may cost more than {p.promote_cost_factor:g}x, keep "
+                             "watching, not promoted", p_over(p.promote_cost_factor), detail)
+    return MetricVerdict("pass", f"{words}, {bounds}", p_over(p.promote_cost_factor), detail)
+
+
 def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, policy: RolloutPolicy = RolloutPolicy(),
             as_of: str | None = None) -> Verdict:
+    p = policy
+    metrics: dict[str, MetricVerdict] = {}
+    if canary.requests and stable.requests:
+        metrics["errors"] = error_verdict(canary, stable, p)
+    if canary.requests:
+        metrics["burn_rate"] = burn_verdict(canary, stable, p, window_minutes)
+    for key, name, field_name, c99, s99 in (
+            ("first_output", "first-output", "first_output_hist", canary.first_output_p99_ms, stable.first_output_p99_ms),
+            ("e2e", "e2e", "e2e_hist", canary.e2e_p99_ms, stable.e2e_p99_ms)):
+        m = latency_verdict(name, latency_strata(canary, stable, field_name), c99, s99, canary.requests,
+                            stable.requests, p)
+        if m is not None:
+            metrics[key] = m
+    cost = cost_verdict(canary, stable, p)
+    if cost is not None:
+        metrics["cost"] = cost
+    worst = max((m.verdict for m in metrics.values()), key=_RANK.__getitem__, default="continue")
     reasons: list[str] = []
-    out = lambda v: Verdict(v, reasons, _side(canary), _side(stable), window_minutes, as_of)  # noqa: E731
-    if canary.requests < policy.min_requests or stable.requests < policy.min_requests:
-        reasons.append(f"not enough traffic to judge: canary {canary.requests:,} and stable {stable.requests:,} requests "
-                       f"in {window_minutes} min, {policy.min_requests:,} each needed")
-        return out("continue")
-    rollback, pause = [], []
-    c_err, s_err = canary.error_ratio or 0.0, stable.error_ratio or 0.0
-    burn = c_err / (1 - policy.objective)
-    if burn > policy.rollback_burn_rate:
-        rollback.append(f"canary burns its error budget at {burn:.1f}x (pages above {policy.rollback_burn_rate:g}x)")
-    if c_err > s_err * policy.rollback_error_factor and c_err - s_err > policy.rollback_error_abs:
-        rollback.append(f"canary error+timeout ratio {100 * c_err:.2f}% vs stable {100 * s_err:.2f}%")
-    for name, c, s in (("first-output p99", canary.first_output_p99_ms, stable.first_output_p99_ms),
-                       ("e2e p99", canary.e2e_p99_ms, stable.e2e_p99_ms)):
-        r = _ratio(c, s)
-        if r is None:
-            continue
-        if r > policy.rollback_latency_factor:
-            rollback.append(f"{name} {c:,.0f} ms vs stable {s:,.0f} ms ({r:.2f}x)")
-        elif r > policy.pause_latency_factor:
-            pause.append(f"{name} {c:,.0f} ms vs stable {s:,.0f} ms ({r:.2f}x)")
-    (c_cost, unit), (s_cost, _) = canary.cost_per_unit(), stable.cost_per_unit()
-    cost_r = _ratio(c_cost, s_cost)
-    if cost_r is not None and cost_r > policy.pause_cost_factor:
-        pause.append(f"cost {unit} {c_cost:.4g} vs stable {s_cost:.4g} ({cost_r:.2f}x): not promoted while it costs more")
-    if rollback:
-        reasons.extend(rollback + pause)
-        return out("rollback")
-    if pause:
-        reasons.extend(pause)
-        return out("pause")
-    if canary.requests < policy.promote_min_requests:
-        reasons.append(f"healthy so far on {canary.requests:,} requests; promotion needs {policy.promote_min_requests:,}")
-        return out("continue")
-    if cost_r is not None and cost_r > policy.promote_cost_factor:
-        reasons.append(f"as good as stable but {cost_r:.2f}x the cost {unit}: keep watching")
-        return out("continue")
-    reasons.append(f"canary matches or beats stable on errors ({100 * c_err:.2f}% vs {100 * s_err:.2f}%), "
-                   f"latency and cost over {canary.requests:,} requests")
-    return out("promote")
+    decided_by: list[str] = []
+    if worst in ("rollback", "pause"):
+        for level in ("rollback", "pause"):
+            for k, m in metrics.items():
+                if m.verdict == level:
+                    reasons.append(m.reason)
+                    if level == worst:
+                        decided_by.append(k)
+        result = worst
+    elif canary.requests < p.min_requests or stable.requests < p.min_requests:
+        reasons.append(f"not enough traffic to judge latency and cost: canary {canary.requests:,} and stable "
+                       f"{stable.requests:,} requests in {window_minutes} min, {p.min_requests:,} each needed "
+                       "(errors are judged sequentially: no harm shown yet)")
+        result = "continue"
+    elif worst == "continue":
+        reasons.extend(m.reason for m in metrics.values() if m.verdict == "continue")
+        decided_by = [k for k, m in metrics.items() if m.verdict == "continue"]
+        result = "continue"
+    elif canary.requests < p.promote_min_requests:
+        reasons.append(f"healthy so far on {canary.requests:,} requests; promotion needs {p.promote_min_requests:,}")
+        result = "continue"
+    else:
+        c_err, s_err = canary.error_ratio or 0.0, stable.error_ratio or 0.0
+        p_err = metrics["errors"].p_value if "errors" in metrics else None
+        reasons.append(f"no metric shows the canary worse than stable over {canary.requests:,} requests: errors "
+                       f"{100 * c_err:.2f}% vs {100 * s_err:.2f}%"
+                       + (f" (no evidence it errs more, p = {p_err:.2g})" if p_err is not None else "")
+                       + ", latency and cost within bounds")
+        decided_by = list(metrics)
+        result = "promote"
+    # The confidence acted on: for a halt, 1 − the deciding metric's p-value. Promotion and
+    # continue act on the absence of evidence of harm, which has no such number; each
+    # metric's p-value is in `metrics`.
+    p_values = [metrics[k].p_value for k in decided_by if metrics[k].p_value is not None]
+    confidence = round(1 - min(p_values), 6) if result in ("rollback", "pause") and p_values else None
+    return Verdict(result, reasons, _side(canary), _side(stable), window_minutes, as_of,
+                   metrics={k: m.to_json() for k, m in metrics.items()}, decided_by=decided_by, confidence=confidence)

@@ -2,6 +2,7 @@
 
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from signals.rollout import VersionStats, verdict
+from slo import histogram
 
 
 def pool(minute=100, work=7.0, queue_p95=50.0, first_p95=400.0, util=55.0, warm=10, **kw):
@@ -49,8 +50,15 @@ def side(version, requests=5000, bad=10, timeouts=2, fo=800.0, e2e=5000.0, cost=
 
 
 def test_not_enough_canary_traffic_means_continue():
-    v = verdict(side("v2", requests=100), side("v1"), 30)
+    v = verdict(side("v2", requests=60, bad=0, timeouts=0), side("v1"), 30)
     assert v.verdict == "continue" and "not enough traffic" in v.reasons[0]
+
+
+def test_gross_error_harm_rolls_back_without_waiting_for_a_fixed_count():
+    # 10% failing on 100 requests against 0.2% on stable: overwhelming evidence at once.
+    v = verdict(side("v2", requests=100, bad=10), side("v1"), 30)
+    assert v.verdict == "rollback" and "errors" in v.decided_by
+    assert v.metrics["errors"]["p_value"] < 1e-3 and v.confidence > 0.999
 
 
 def test_p99_regression_rolls_back():
@@ -73,6 +81,94 @@ def test_faster_but_twice_as_expensive_is_not_promoted():
     v = verdict(side("v2", fo=600.0, e2e=4000.0, cost=100.0), side("v1"), 30)
     assert v.verdict == "pause" and any("2.00x" in r for r in v.reasons)
 
+
+
+# ---- the statistics behind the rollout verdict ---------------------------------------
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from signals.rollout import (MinuteCounts, mann_whitney_binned, sequential_error_p_values,  # noqa: E402
+                             tail_exceedance_p_value)
+
+
+def _streams(canary_rate, stable_rate, streams=1000, minutes=60, canary_per_min=16, stable_per_min=90, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(streams):
+        nc, ns = rng.poisson(canary_per_min, minutes), rng.poisson(stable_per_min, minutes)
+        yield nc, rng.binomial(nc, canary_rate), ns, rng.binomial(ns, stable_rate)
+
+
+def _first_minute(p_values, alpha=0.001):
+    hit = np.flatnonzero(p_values <= alpha)
+    return int(hit[0]) + 1 if len(hit) else None
+
+
+@pytest.mark.parametrize("canary_rate, stable_rate, rho0", [(0.01, 0.01, 1.0), (0.002, 0.001, 2.0), (0.02, 0.01, 2.0)])
+def test_the_sequential_error_test_keeps_its_false_alarm_rate_under_continuous_monitoring(canary_rate, stable_rate, rho0):
+    # At the null's boundary, checked after every minute for an hour: at most alpha (0.1%)
+    # of canaries are ever flagged (Ville's inequality); 1,000 seeded canaries, at most 3.
+    flagged = sum(_first_minute(sequential_error_p_values(*s, rho0=rho0)) is not None
+                  for s in _streams(canary_rate, stable_rate))
+    assert flagged <= 3
+
+
+def test_gross_error_harm_at_15_percent_traffic_is_flagged_within_minutes_and_small_harm_waits():
+    # 8% vs 0.02% with 16 canary requests a minute: the rollback test (over 2x stable).
+    minutes = [_first_minute(sequential_error_p_values(*s, rho0=2.0)) for s in _streams(0.08, 0.0002, streams=400)]
+    assert all(m is not None for m in minutes)
+    assert np.median(minutes) <= 6 and np.percentile(minutes, 95) <= 10
+    # 1.5x worse (1.5% vs 1%): an hour is rarely enough evidence to say even "worse".
+    small = [_first_minute(sequential_error_p_values(*s, rho0=1.0)) for s in _streams(0.015, 0.01, streams=400)]
+    assert sum(m is not None for m in small) < 0.05 * len(small)
+
+
+def test_rank_and_tail_tests_on_histograms():
+    rng = np.random.default_rng(5)
+    same = [(histogram.from_values(rng.lognormal(6, 0.8, 40)), histogram.from_values(rng.lognormal(6, 0.8, 200)))
+            for _ in range(20)]
+    p, auc = mann_whitney_binned(same)
+    assert p > 0.01 and 0.45 < auc < 0.55 and tail_exceedance_p_value(same) > 0.01
+    slower = [(histogram.from_values(rng.lognormal(6.3, 0.8, 40)), s) for _, s in same]
+    p, auc = mann_whitney_binned(slower)
+    assert p < 1e-6 and auc > 0.55
+    # 4% of canary requests take a slow path 10x longer: the median barely moves, the tail test sees it.
+    tail = [(histogram.from_values(np.where(rng.random(40) < 0.04, 10, 1) * rng.lognormal(6, 0.3, 40)),
+             histogram.from_values(rng.lognormal(6, 0.3, 200))) for _ in range(20)]
+    assert tail_exceedance_p_value(tail) < 1e-6
+
+
+def _minutes(n_minutes, requests, bad, cost_per_token, tokens=20_000, seed=0, latency_ms=800.0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for m in range(n_minutes):
+        t = int(tokens * rng.uniform(0.5, 1.5))
+        out.append(MinuteCounts(m, requests, bad if m % 2 == 0 else 0, cost_per_token * t * rng.uniform(0.9, 1.1), t, 0.0,
+                                histogram.from_values(rng.lognormal(np.log(latency_ms), 0.3, requests)),
+                                histogram.from_values(rng.lognormal(np.log(latency_ms * 5), 0.3, requests))))
+    return tuple(out)
+
+
+def _with_minutes(version, minutes):
+    from slo.histogram import merge
+    return VersionStats(version, sum(m.requests for m in minutes), sum(m.bad for m in minutes), 0, None, None,
+                        sum(m.gpu_cost for m in minutes), sum(m.output_tokens for m in minutes), 0.0, minutes,
+                        merge(m.first_output_hist for m in minutes), merge(m.e2e_hist for m in minutes))
+
+
+def test_the_verdict_carries_per_metric_verdicts_and_the_confidence_it_acted_on():
+    stable = _with_minutes("v1", _minutes(30, 120, 0, 1e-4, seed=1))
+    costly = verdict(_with_minutes("v2", _minutes(30, 20, 0, 2.2e-4, seed=2)), stable, 30)
+    assert costly.verdict == "pause" and costly.decided_by == ["cost"]
+    cost = costly.metrics["cost"]
+    assert cost["lower"] > 1.5 and cost["ratio"] == pytest.approx(2.2, rel=0.1) and costly.confidence > 0.99
+    assert set(costly.metrics) == {"errors", "burn_rate", "first_output", "e2e", "cost"}
+    assert all({"verdict", "reason", "p_value"} <= set(m) for m in costly.metrics.values())
+    body = costly.to_json()
+    assert {"metrics", "decided_by", "confidence"} <= set(body) and "per_minute" not in body["canary"]
+    same = verdict(_with_minutes("v3", _minutes(30, 80, 0, 1e-4, seed=3)), stable, 30)
+    assert same.verdict == "promote" and same.confidence is None
+    slow = verdict(_with_minutes("v4", _minutes(30, 20, 0, 1e-4, seed=4, latency_ms=1600.0)), stable, 30)
+    assert slow.verdict == "rollback" and "first_output" in slow.decided_by and slow.confidence > 0.999
 
 # ---- the API config file: one line per problem ----------------------------------------
 import hashlib  # noqa: E402
@@ -101,6 +197,11 @@ from signals.config import ApiConfigError, load_api_config  # noqa: E402
     ("autoscale: {min_replicas: 9, max_replicas: 3}", "min_replicas is above max_replicas"),
     ("signals: {history_minutes: 10}", "history_minutes must cover"),
     ("capacity_gpu_s_per_s: {pool-a: 0}", "positive numbers"),
+    ("rollout: {error_alpha: 0}", "in (0, 0.5]"),
+    ("rollout: {rollback_error_factor: 0.5}", "a number ≥ 1"),
+    ("autoscale: {gpus_per_replica: 0}", "in (0, 4096]"),
+    ("replica_shape: {pool-a: {gpus: 8}}", "replica_shape.pool-a: unknown key 'gpus'"),
+    ("replica_shape: [1]", "replica_shape must map pool names"),
     ("[1, 2", "not valid YAML at line"),
 ])
 def test_api_config_errors_are_one_line(tmp_path, text, words):
@@ -121,8 +222,13 @@ tokens:
   - {{name: acme, env: TW_TEST_TOKEN, tenants: [acme]}}
 autoscale: {{zones: 2, target_utilization: 0.6}}
 signals: {{pool_window_minutes: 3}}
+rollout: {{error_alpha: 0.01, rollback_cost_factor: 1.5}}
+replica_shape: {{llm-a: {{gpus_per_replica: 8, decode_tokens_per_s: 4000}}}}
 """)
     cfg = load_api_config(path)
+    assert cfg.policy.rollout.error_alpha == 0.01 and cfg.policy.rollout.rollback_cost_factor == 1.5
+    shape = cfg.policy.replica_shape["llm-a"]
+    assert shape.gpus_per_replica == 8 and shape.decode_tokens_per_s == 4000 and not shape.prefill_tokens_per_s
     assert cfg.stale_after_s == 90 and cfg.policy.autoscale.zones == 2 and cfg.policy.pool_window_minutes == 3
     assert cfg.authenticate("Bearer s3cret").tenants is None
     acme = cfg.authenticate("Bearer from-env")
