@@ -153,13 +153,13 @@ def detector_runbook(detector: str) -> str:
     return f"runbooks/detector-{detector.replace('_', '-')}.md"
 
 
-def detection_to_alertmanager(detection, evidence: dict[str, float], links: AlertLinks) -> dict:
+def detection_to_alertmanager(detection, evidence: dict[str, float | str], links: AlertLinks) -> dict:
     """One detection (detectors.core.Detection) in Alertmanager's v2 format: labelled by the
     detector and the detection's slice labels (pool, zone, model, ...: bounded sets), with
     the numbers that triggered it in the summary, and runbook and dashboard links."""
     labels = {k: v for k, v in detection.labels.items() if v}
     slice_text = ", ".join(f"{k}={v}" for k, v in labels.items()) or "all traffic"
-    numbers = ", ".join(f"{k}={v:g}" for k, v in evidence.items())
+    numbers = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in evidence.items())
     # The evidence dashboard, preset to the detection's slice where it has that variable.
     query = "&".join(f"var-{k}={v}" for k, v in labels.items() if k in FILTER_LABELS)
     url = links.dashboard(DETECTOR_DASHBOARD.get(detection.detector, UID_FLEET)) + (f"?{query}" if query else "")

@@ -36,7 +36,9 @@ _POOL_METRICS = ("tailwatch_gpu_seconds_total", "tailwatch_gpu_xid_errors_total"
                  "tailwatch_gpus", "tailwatch_gpu_utilization_ratio", "tailwatch_gpu_memory_used_bytes",
                  "tailwatch_gpu_memory_total_bytes", "tailwatch_gpu_power_watts", "tailwatch_gpu_temperature_celsius",
                  "tailwatch_gpu_kv_cache_usage_ratio", "tailwatch_queue_oldest_age_seconds",
-                 "tailwatch_queue_depth_requests", "tailwatch_gpu_replicas")
+                 "tailwatch_queue_depth_requests", "tailwatch_gpu_replicas", "tailwatch_gpu_sm_active_ratio",
+                 "tailwatch_gpu_sm_occupancy_ratio", "tailwatch_gpu_tensor_active_ratio",
+                 "tailwatch_gpu_dram_bandwidth_ratio", "tailwatch_gpus_profiled")
 METRIC_LABELS: dict[str, tuple[str, ...]] = {
     **{m: TRAFFIC_LABELS for m in _TRAFFIC_METRICS},
     "tailwatch_request_gpu_seconds_total": GPU_TIME_LABELS,

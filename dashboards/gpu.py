@@ -1,5 +1,7 @@
-"""GPU fleet: utilisation, memory, power, temperature, XID/ECC errors, replica states and
-KV-cache usage, by zone and pool (gauges of the newest closed minute)."""
+"""GPU fleet: utilisation and useful utilisation (SM active, SM occupancy, tensor pipes,
+DRAM bandwidth, where GPUs report GPM or DCGM profiling), memory, power, temperature,
+XID/ECC errors, replica states and KV-cache usage, by zone and pool (gauges of the newest
+closed minute)."""
 
 from __future__ import annotations
 
@@ -16,20 +18,49 @@ from dashboards.common import (
 )
 
 
+SM_ACTIVE = ("Share of time the SMs were active (NVML GPM on Hopper and later, or DCGM_FI_PROF_SM_ACTIVE), over the "
+             "GPUs that report it: how much of the GPU works. A pool at high utilisation and low SM activity is "
+             "held by small kernels, not full.")
+
+
 def build(specs=None):
     panels = [
-        stat("GPUs", "short", [Q(f"sum({sel('tailwatch_gpus')})", instant=True)], w=6),
+        stat("GPUs", "short", [Q(f"sum({sel('tailwatch_gpus')})", instant=True)]),
         stat("Mean utilisation", "percentunit", [Q(
             f"sum({sel('tailwatch_gpu_utilization_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus)"
-            f" / sum({sel('tailwatch_gpus')})", instant=True)], w=6),
+            f" / sum({sel('tailwatch_gpus')})", instant=True)],
+             description="NVML utilisation: the share of time some kernel ran. It reads high while most SMs idle."),
+        stat("Mean SM active", "percentunit", [Q(
+            f"sum({sel('tailwatch_gpu_sm_active_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus_profiled)"
+            f" / sum({sel('tailwatch_gpus_profiled')})", instant=True)],
+             description=SM_ACTIVE),
+        stat("GPUs reporting SM activity", "short", [Q(f"sum({sel('tailwatch_gpus_profiled')})", instant=True)],
+             description="GPUs with GPM (Hopper and later, not in MIG mode) or DCGM profiling; the others "
+                         "report utilisation only."),
         stat("XID errors (range)", "short",
-             [Q(f"sum(increase({sel('tailwatch_gpu_xid_errors_total')}[$__range]))", instant=True)], w=6,
+             [Q(f"sum(increase({sel('tailwatch_gpu_xid_errors_total')}[$__range]))", instant=True)],
              threshold_steps=thresholds((1, "red"))),
         stat("ECC errors (range)", "short",
-             [Q(f"sum(increase({sel('tailwatch_gpu_ecc_errors_total')}[$__range]))", instant=True)], w=6,
+             [Q(f"sum(increase({sel('tailwatch_gpu_ecc_errors_total')}[$__range]))", instant=True)],
              threshold_steps=thresholds((1, "red"))),
         timeseries("Utilisation by pool", "percentunit",
                    [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_utilization_ratio')})", "{{pool}}")], w=12),
+        timeseries("SM active by pool", "percentunit",
+                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_sm_active_ratio')})", "{{pool}}")], w=12,
+                   description=SM_ACTIVE),
+        timeseries("Busy but idle SMs: utilisation − SM active", "percentunit", [Q(
+            f"max by (zone, pool) ({sel('tailwatch_gpu_utilization_ratio')})"
+            f" - max by (zone, pool) ({sel('tailwatch_gpu_sm_active_ratio')})", "{{pool}}")], w=6,
+                   description="Time a kernel ran without keeping the SMs busy. Large: the GPUs are held by small "
+                               "kernels (small batches, per-token synchronisation); batch more before adding GPUs."),
+        timeseries("Tensor pipes active by pool", "percentunit",
+                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_tensor_active_ratio')})", "{{pool}}")], w=6),
+        timeseries("SM occupancy by pool", "percentunit",
+                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_sm_occupancy_ratio')})", "{{pool}}")], w=6,
+                   description="Resident warps over the maximum the SMs can hold."),
+        timeseries("DRAM bandwidth by pool", "percentunit",
+                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_dram_bandwidth_ratio')})", "{{pool}}")], w=6,
+                   description="Memory bandwidth used over the GPU's peak: high with SMs idle is memory-bound decode."),
         timeseries("Memory used by pool", "percentunit", [Q(
             f"sum by (pool) ({sel('tailwatch_gpu_memory_used_bytes')})"
             f" / sum by (pool) ({sel('tailwatch_gpu_memory_total_bytes')})", "{{pool}}")], w=12),

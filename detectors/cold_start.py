@@ -1,10 +1,11 @@
 """Cold starts, per pool: replicas loading, how long loading takes, requests queued
 behind replicas that are not warm, and the warm-pool depth against a target.
 
-A GPU's replica state is the last one it reported in the minute (`gpu_minute`). The
-detection holds while, over a window of k minutes, the warm share of the pool's
-replicas is under the target, or while some replica has been loading for longer than
-allowed (a load that never finishes).
+A GPU's replica state is the newest one any of its sources reported in the minute
+(`gpu_minute`). The detection holds while, over a window of k minutes, some replica
+reported `loading` or `cold` and the warm share of the replicas that report a state is
+under the target, or while some replica has been loading for longer than allowed (a load
+that never finishes). GPUs that report no state at all are unknown, never cold.
 """
 
 from __future__ import annotations
@@ -64,10 +65,13 @@ class ColdStartDetector:
             if not window:
                 continue
             pool = h.labels[key]["pool"]
-            gpus = sum(s.gpus for s in window)
-            warm_ratio = sum(s.warm for s in window) / gpus if gpus else 1.0
+            # Only replicas that report a state count: a GPU whose source sends no
+            # replica state (the NVML collector alone) is unknown, not cold.
+            stateful = sum(s.warm + s.loading for s in window)
+            warm_ratio = sum(s.warm for s in window) / stateful if stateful else 1.0
             loading_minutes = longest.get(pool, 0)
-            if warm_ratio < cfg.warm_ratio_target or loading_minutes >= cfg.max_loading_minutes:
+            reported_cold = any(s.loading for s in window)
+            if (reported_cold and warm_ratio < cfg.warm_ratio_target) or loading_minutes >= cfg.max_loading_minutes:
                 last = window[-1]
                 findings.append(Finding(h.labels[key], {
                     "warm_ratio": round(warm_ratio, 4), "warm_ratio_target": cfg.warm_ratio_target,

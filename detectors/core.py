@@ -35,7 +35,7 @@ class Detection:
     labels: dict[str, str]
     started_at: int  # event-time epoch minute: the last minute of the window that breached
     ended_at: int | None = None  # the first minute the condition was clear (None: still open)
-    evidence: dict[str, float] = field(default_factory=dict)  # the numbers that triggered it
+    evidence: dict[str, float | str] = field(default_factory=dict)  # the numbers (and words) that triggered it
 
     @property
     def detection_id(self) -> str:
@@ -49,7 +49,7 @@ class DetectionEvent:
     state: Literal["raised", "ended"]
     at_minute: int  # event-time minute of the change
     detection: Detection
-    evidence: dict[str, float]  # at raise: the triggering numbers; at end: the last numbers seen
+    evidence: dict[str, float | str]  # at raise: the triggering numbers; at end: the last numbers seen
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Finding:
     """A detector's verdict for one slice in one minute: the condition holds, with these numbers."""
 
     labels: dict[str, str]
-    evidence: dict[str, float]
+    evidence: dict[str, float | str]
 
 
 class Tracker:
@@ -68,7 +68,7 @@ class Tracker:
         self.clear_minutes = max(1, clear_minutes)
         self.open: dict[SliceKey, Detection] = {}
         self._clear_run: dict[SliceKey, int] = {}  # consecutive clear minutes of an open detection
-        self._last_evidence: dict[SliceKey, dict[str, float]] = {}
+        self._last_evidence: dict[SliceKey, dict[str, float | str]] = {}
 
     def update(self, minute: int, findings: Iterable[Finding]) -> list[DetectionEvent]:
         events: list[DetectionEvent] = []
@@ -103,6 +103,7 @@ class Tracker:
 
 # ---- the per-minute view of closed buckets ----------------------------------------------
 
+GPM_MEANS = ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_mean", "dram_bw_pct_mean")
 REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "successful_turns",
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
@@ -148,6 +149,13 @@ class PoolMinute:
     loading_gpus: tuple[str, ...]  # node/gpu_index of replicas not warm (loading, cold)
     queue_depth_not_warm: int  # requests queued behind replicas that are not warm
     gpu_sku: str = ""
+    # Useful utilisation (GPM / DCGM profiling), means over the GPUs that reported it; None
+    # where none did (older GPUs, MIG, no permission): util_pct_mean is then all there is.
+    sm_active_pct_mean: float | None = None
+    sm_occupancy_pct_mean: float | None = None
+    tensor_active_pct_mean: float | None = None
+    dram_bw_pct_mean: float | None = None
+    gpm_gpus: int = 0  # GPUs of the pool that reported SM activity this minute
 
 
 def _empty(frame: pl.DataFrame | None) -> bool:
@@ -205,6 +213,7 @@ class Minute:
         self._pools = {}
         if self.gpu is None:
             return self._pools
+        gpm = [c for c in GPM_MEANS if c in self.gpu.columns]  # rows from before GPM have none
         g = self.gpu.with_columns(
             not_warm=pl.col("replica_state").is_in(["loading", "cold"]).fill_null(False),
             warm=(pl.col("replica_state") == "warm").fill_null(False),
@@ -222,6 +231,8 @@ class Minute:
             pl.col("not_warm").sum().alias("replicas_loading"),
             pl.col("gpu_id").filter(pl.col("not_warm")).sort().alias("loading_gpus"),
             pl.col("queue_depth_max").filter(pl.col("not_warm")).sum().alias("queue_depth_not_warm"),
+            *[pl.col(c).cast(pl.Float64).mean() for c in gpm],
+            *([pl.col("sm_active_pct_mean").is_not_null().sum().alias("gpm_gpus")] if "sm_active_pct_mean" in gpm else []),
         )
         for r in g.sort("pool").iter_rows(named=True):
             self._pools[r["pool"]] = PoolMinute(
@@ -231,6 +242,7 @@ class Minute:
                 preemptions=int(r["preemptions"] or 0), replicas_warm=int(r["replicas_warm"]),
                 replicas_loading=int(r["replicas_loading"]), loading_gpus=tuple(r["loading_gpus"] or ()),
                 queue_depth_not_warm=int(r["queue_depth_not_warm"] or 0), gpu_sku=r["gpu_sku"] or "",
+                **{c: r[c] for c in gpm}, gpm_gpus=int(r.get("gpm_gpus") or 0),
             )
         return self._pools
 

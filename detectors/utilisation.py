@@ -7,6 +7,25 @@
 - Idle but slow: GPU utilisation low while end-to-end latency is well above the pool's
   trailing baseline: the GPUs are not the bottleneck (CPU preprocessing, a dependency,
   admission control, model load).
+
+Useful utilisation. NVML's utilisation is the share of time some kernel ran: it reads
+90%+ while most SMs idle (batch-1 decode on an H100: utilisation 77-94%, SMs a few
+percent active). Where the pool's GPUs report SM activity (NVML's GPM or DCGM's
+profiling fields: `sm_active_pct_mean` in `gpu_minute`), busy-but-slow tells the two
+apart and says which it saw (`signal`, `verdict` in the evidence):
+
+- `saturated`: SMs active at least `sm_active_pct_saturated` of the time: the GPUs really
+  are full; move foreign traffic or add replicas.
+- `busy_idle_sms`: utilisation high, SMs mostly idle: the GPUs are held by small
+  kernels (small batches, per-token synchronisation), not filled; batch more (bigger
+  batches, more concurrent sequences per replica) before buying GPUs.
+
+Without SM activity it decides on utilisation alone (`signal: util_pct`, `verdict: busy`)
+and says that it could not tell. Idle-but-slow decides on utilisation either way: SMs
+cannot be active while no kernel runs, so low utilisation is conclusive on its own, and
+high utilisation with idle SMs means the GPU is the bottleneck, wastefully (busy-but-slow's
+`busy_idle_sms`), not that the bottleneck is elsewhere. Its evidence adds the SM activity
+it saw where there is one.
 """
 
 from __future__ import annotations
@@ -27,6 +46,7 @@ class BusyButSlowConfig:
     util_pct_min: float = 80.0  # window mean utilisation at or above this is "busy"
     queue_age_ms_min: float = 500.0  # window mean oldest-queue age must exceed this ...
     queue_age_rise_factor: float = 3.0  # ... and this multiple of the trailing baseline
+    sm_active_pct_saturated: float = 50.0  # window mean SM active at or above: saturated; below: busy but idle SMs
     baseline_minutes: int = 30
     min_baseline_minutes: int = 10
     clear_minutes: int = 3
@@ -52,11 +72,34 @@ class _PoolSample:
     requests: int
     latency_ms: float | None
     classes: dict[str, int]
+    gpus: int = 0
+    gpm_gpus: int = 0  # GPUs that reported SM activity
+    gpm: dict[str, float | None] | None = None  # GPM_EVIDENCE key → the pool's mean this minute
+
+
+# PoolMinute field → evidence key: useful utilisation, where the pool's GPUs report it
+GPM_EVIDENCE = {"sm_active_pct_mean": "sm_active_pct_mean", "sm_occupancy_pct_mean": "sm_occupancy_pct_mean",
+                "tensor_active_pct_mean": "tensor_active_pct_mean", "dram_bw_pct_mean": "dram_bw_pct_mean"}
+NO_SM_ACTIVITY = "no SM activity reported (GPM or DCGM profiling): utilisation only says a kernel ran"
 
 
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
+
+
+def _gpm_evidence(window: list[_PoolSample]) -> dict[str, float]:
+    """Window means of what GPM / DCGM reported for the pool, and the share of its
+    GPU-minutes that reported SM activity; {} when none did."""
+    out: dict[str, float] = {}
+    for key in GPM_EVIDENCE.values():
+        v = _mean([(s.gpm or {}).get(key) for s in window])
+        if v is not None:
+            out[key] = round(v, 3)
+    gpus = sum(s.gpus for s in window)
+    if "sm_active_pct_mean" in out and gpus:
+        out["sm_active_coverage"] = round(sum(s.gpm_gpus for s in window) / gpus, 4)
+    return out
 
 
 class _PoolHistory:
@@ -72,10 +115,11 @@ class _PoolHistory:
         classes = m.traffic_classes()
         for pool, p in pools.items():
             s = lat.get(pool)
+            gpm = {key: getattr(p, f) for f, key in GPM_EVIDENCE.items() if getattr(p, f) is not None}
             self.history.add((("pool", pool),), {"pool": pool, "zone": p.zone, "model": p.model}, m.minute, _PoolSample(
                 util_pct=p.util_pct_mean, queue_age_ms=p.oldest_queue_age_ms_max,
                 requests=s.requests if s else 0, latency_ms=getattr(s, self.latency_field) if s else None,
-                classes=classes.get(pool, {}),
+                classes=classes.get(pool, {}), gpus=p.gpus, gpm_gpus=p.gpm_gpus, gpm=gpm or None,
             ))
         self.history.trim(m.minute)
 
@@ -101,17 +145,31 @@ class BusyButSlowDetector:
             util = _mean([s.util_pct for s in window])
             age = _mean([s.queue_age_ms for s in window])
             baseline = statistics.median(base)
-            if util is None or age is None or util < cfg.util_pct_min or age <= cfg.queue_age_ms_min \
-                    or age < cfg.queue_age_rise_factor * baseline:
+            gpm = _gpm_evidence(window)
+            sm = gpm.get("sm_active_pct_mean")
+            # Busy on utilisation, as before GPM; a source with SM activity and no utilisation
+            # (DCGM profiling alone) is busy when its SMs are saturated.
+            busy = util >= cfg.util_pct_min if util is not None else (sm is not None and sm >= cfg.sm_active_pct_saturated)
+            if not busy or age is None or age <= cfg.queue_age_ms_min or age < cfg.queue_age_rise_factor * baseline:
                 continue
             classes: dict[str, int] = {}
             for s in window:
                 for c, n in s.classes.items():
                     classes[c] = classes.get(c, 0) + n
             total = sum(classes.values())
-            evidence = {"util_pct_mean": round(util, 3), "oldest_queue_age_ms_mean": round(age, 3),
-                        "oldest_queue_age_ms_baseline": round(baseline, 3), "requests": total,
-                        "window_minutes": cfg.window_minutes}
+            evidence: dict[str, float | str] = {}
+            if sm is not None:
+                evidence.update(signal="sm_active_pct",
+                                verdict="saturated" if sm >= cfg.sm_active_pct_saturated else "busy_idle_sms",
+                                sm_active_pct_saturated=cfg.sm_active_pct_saturated)
+            else:
+                evidence.update(signal="util_pct", verdict="busy", note=NO_SM_ACTIVITY)
+            if util is not None:
+                evidence["util_pct_mean"] = round(util, 3)
+            evidence.update(gpm)
+            evidence.update({"oldest_queue_age_ms_mean": round(age, 3),
+                             "oldest_queue_age_ms_baseline": round(baseline, 3), "requests": total,
+                             "window_minutes": cfg.window_minutes})
             for c in sorted(classes):
                 evidence[f"share_{c}"] = round(classes[c] / total, 4)
             findings.append(Finding(h.labels[key], evidence))
@@ -145,7 +203,10 @@ class IdleButSlowDetector:
             baseline = statistics.median(base)
             if util < cfg.util_pct_max and baseline > 0 and latency >= cfg.latency_rise_factor * baseline:
                 findings.append(Finding(h.labels[key], {
-                    "util_pct_mean": round(util, 3), f"{cfg.latency_field}": round(latency, 3),
+                    # Low utilisation is conclusive on its own (no kernel running, no SM active);
+                    # the SM activity seen is shown beside it where the pool reports one.
+                    "signal": "util_pct", "util_pct_mean": round(util, 3), **_gpm_evidence(window),
+                    f"{cfg.latency_field}": round(latency, 3),
                     f"{cfg.latency_field}_baseline": round(baseline, 3),
                     "latency_ratio": round(latency / baseline, 4), "requests": requests,
                     "window_minutes": cfg.window_minutes,

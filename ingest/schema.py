@@ -31,6 +31,7 @@ TrafficClass = Literal["realtime", "batch", "eval", "replay", "shadow"]
 Deployment = Literal["stable", "canary", "shadow"]
 Status = Literal["ok", "error", "timeout", "shed", "cancelled"]
 ReplicaState = Literal["warm", "loading", "cold", "draining"]
+GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
 
 REQUEST_SCHEMA = "request.v1"
 GPU_SCHEMA = "gpu.v1"
@@ -100,6 +101,15 @@ class GpuV1(msgspec.Struct, gc=False, omit_defaults=True):
     active_streams: Optional[NonNegInt] = None
     kv_cache_usage: Optional[Ratio] = None
     preemptions: Optional[NonNegInt] = None
+    # Useful utilisation (NVML's GPM on Hopper and later, or DCGM's profiling fields): how
+    # much of the GPU works, where util_pct only says that some kernel was running.
+    sm_active_pct: Optional[Pct] = None
+    sm_occupancy_pct: Optional[Pct] = None
+    tensor_active_pct: Optional[Pct] = None
+    dram_bw_pct: Optional[Pct] = None
+    # Which source sent the sample; absent: inferred from the fields it carries (NVML
+    # readings → nvml, serving-runtime gauges → runtime).
+    source: Optional[GpuSource] = None
 
 
 class DeployV1(msgspec.Struct, gc=False, omit_defaults=True):

@@ -79,7 +79,9 @@ class Autoscaler:
         """`capacity`: an estimate (the live view's), a number (per-replica capacity from
         config or a load test), or None for the policy default."""
         p = self.policy
-        current = s.replicas_by_state.get("warm", 0) + s.replicas_by_state.get("loading", 0)
+        # A GPU that reports without a state (a node whose runtime sends no gauges) is a
+        # replica in state unknown: it serves, so it counts; cold and draining ones do not.
+        current = sum(s.replicas_by_state.get(state, 0) for state in ("warm", "loading", "unknown"))
         if isinstance(capacity, CapacityEstimate):
             estimate = capacity
         elif capacity:

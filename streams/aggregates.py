@@ -91,15 +91,48 @@ def _mean(total: str, count: str, scale: int) -> pl.Expr:
 
 GPU_KEYS = ("node", "gpu_index")
 GPU_LAST = ("zone", "pool", "gpu_sku", "model", "model_version", "replica_state")
+GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")
+GPU_SOURCES = ("dcgm", "nvml", "otlp", "runtime")  # sorted: the order `sources` lists them in
+# A sample that does not say its source is known by what it carries.
+_NVML_READINGS = ("util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c", "xid_errors", "ecc_errors")
+_RUNTIME_GAUGES = ("replica_state", "queue_depth", "oldest_queue_age_ms", "running", "active_streams",
+                   "kv_cache_usage", "preemptions")
+_INFERRED = {"nvml": _NVML_READINGS, "runtime": _RUNTIME_GAUGES}
+
+
+def _has(column: str) -> pl.Expr:
+    return pl.col(column).is_not_null() & (pl.col(column).cast(pl.String) != "")
+
+
+def _newest_non_empty(column: str) -> list[pl.Expr]:
+    """The newest non-empty value of a label and the time it was seen. A node has several
+    sources for one GPU (the NVML collector, the serving runtime, DCGM), each sending only
+    its own fields: a reading and the labels that describe it are joined, not overwritten
+    by whichever sample came last (ties broken by value, so merge order cannot matter)."""
+    has = _has(column)
+    return [
+        pl.col(column).filter(has).sort_by([pl.col("ts_ms").filter(has), pl.col(column).filter(has)]).last().alias(column),
+        pl.col("ts_ms").filter(has).max().alias(f"_ts_{column}"),
+    ]
+
+
+def _reported_by(source: str) -> pl.Expr:
+    said = pl.col("source") == source
+    if source in _INFERRED:
+        said = said | (pl.col("source").is_null() & pl.any_horizontal([pl.col(f).is_not_null() for f in _INFERRED[source]]))
+    return said.fill_null(False).any().alias(f"_src_{source}")
+
 
 GPU = AggregateSpec(
     name="gpu",
     keys=GPU_KEYS,
-    dedupe_key=pl.struct("node", "gpu_index", "ts_ms").hash(),
+    # A redelivery repeats the whole sample; two sources sampling one GPU in the same
+    # millisecond are two samples, not a duplicate.
+    dedupe_key=pl.struct(pl.all().exclude("^_.*$")).hash(),
     partial=[
         pl.len().cast(pl.Int64).alias("samples"),
-        pl.col("ts_ms").max().alias("_last_ts_ms"),
-        *[pl.col(c).sort_by("ts_ms").last().alias(c) for c in GPU_LAST],
+        *[e for c in GPU_LAST for e in _newest_non_empty(c)],
+        *[_reported_by(src) for src in GPU_SOURCES],
         _fixed_sum("util_pct", MILLI),
         pl.col("util_pct").count().cast(pl.Int64).alias("_util_n"),
         pl.col("util_pct").max().alias("util_pct_max"),
@@ -116,14 +149,17 @@ GPU = AggregateSpec(
         pl.col("active_streams").max().alias("active_streams_max"),
         pl.col("kv_cache_usage").max().alias("kv_cache_usage_max"),
         pl.col("preemptions").sum().cast(pl.Int64).alias("preemptions"),
+        *[e for f in GPM_FIELDS for e in (_fixed_sum(f, MILLI), pl.col(f).count().cast(pl.Int64).alias(f"_{f}_n"))],
     ],
     merge={
-        "samples": "sum", "_last_ts_ms": "max", **{c: "last" for c in GPU_LAST},
+        "samples": "sum", **{c: "last" for c in GPU_LAST}, **{f"_ts_{c}": "max" for c in GPU_LAST},
+        **{f"_src_{s}": "max" for s in GPU_SOURCES},
         "_util_pct_fixed": "sum", "_util_n": "sum", "util_pct_max": "max", "mem_used_bytes_max": "max",
         "mem_total_bytes": "max", "_power_w_fixed": "sum", "_power_n": "sum", "temp_c_max": "max",
         "xid_errors": "sum", "ecc_errors": "sum", "queue_depth_max": "max",
         "oldest_queue_age_ms_max": "max", "running_max": "max", "active_streams_max": "max",
         "kv_cache_usage_max": "max", "preemptions": "sum",
+        **{c: "sum" for f in GPM_FIELDS for c in (f"_{f}_fixed", f"_{f}_n")},
     },
     finalize=lambda f: f.select(
         "window_start", "node", "gpu_index", "zone", "pool", "gpu_sku", "model", "model_version",
@@ -133,5 +169,8 @@ GPU = AggregateSpec(
         _mean("_power_w_fixed", "_power_n", MILLI).alias("power_w_mean"),
         "temp_c_max", "xid_errors", "ecc_errors", "queue_depth_max", "oldest_queue_age_ms_max",
         "running_max", "active_streams_max", "kv_cache_usage_max", "preemptions", "replica_state",
+        *[_mean(f"_{f}_fixed", f"_{f}_n", MILLI).alias(f"{f}_mean") for f in GPM_FIELDS],
+        pl.concat_str([pl.when(pl.col(f"_src_{s}")).then(pl.lit(s)) for s in GPU_SOURCES],
+                      separator=",", ignore_nulls=True).alias("sources"),
     ),
 )

@@ -9,7 +9,7 @@ as absent (a fleet without GPU telemetry) and no longer holds the detectors back
 
 Store (written in the checkpoint transaction):
 - `detection_events`: one row per change (raised, ended) with the slice labels and the
-  evidence (JSON objects of numbers); `detections` is a view with one row per detection:
+  evidence (JSON objects: numbers, and words such as the signal a detector used); `detections` is a view with one row per detection:
   detector, slice, started_at, ended_at (NULL while open), evidence.
 - `_tw_detector_progress`: the minute the detectors have processed up to.
 - `_tw_detector_models`: each fitted anomaly model (version, fit window, pickled forest).

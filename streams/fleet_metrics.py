@@ -27,6 +27,12 @@ What it exports, and at which aggregation level (only the labels some panel need
   (sum), `tailwatch_gpu_temperature_celsius` (max), `tailwatch_gpu_kv_cache_usage_ratio`
   (max), `tailwatch_queue_oldest_age_seconds` (max), `tailwatch_queue_depth_requests`
   (sum), `tailwatch_gpu_replicas{state}` (warm, loading, cold, draining; zeros included);
+  useful utilisation where GPUs report it (NVML's GPM, DCGM's profiling fields), means over
+  the GPUs that do, 0-1 like utilisation: `tailwatch_gpu_sm_active_ratio`,
+  `tailwatch_gpu_sm_occupancy_ratio`, `tailwatch_gpu_tensor_active_ratio`,
+  `tailwatch_gpu_dram_bandwidth_ratio`, and `tailwatch_gpus_profiled` (how many GPUs of
+  the pool reported SM activity: the weight for fleet-wide means). A pool without them
+  has no such series, not a zero;
 - `tailwatch_gpu_price_usd_per_gpu_second{gpu_sku}` from `slo/prices.py`, so that cost is
   PromQL: GPU-seconds × price, joined `on (gpu_sku)`.
 
@@ -172,7 +178,25 @@ POOL_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "tailwatch_queue_oldest_age_seconds": ("Age of the oldest queued request of any replica.", ()),
     "tailwatch_queue_depth_requests": ("Queued requests (sum of per-replica maxima).", ()),
     "tailwatch_gpu_replicas": ("Replicas (one per GPU) by state.", ("state",)),
+    "tailwatch_gpu_sm_active_ratio": ("Mean share of time SMs were active (GPM SM_UTIL, DCGM_FI_PROF_SM_ACTIVE; 0-1), "
+                                      "over the GPUs that report it: how much of the GPU works, where utilisation "
+                                      "only says a kernel ran.", ()),
+    "tailwatch_gpu_sm_occupancy_ratio": ("Mean SM occupancy: resident warps over the maximum (GPM SM_OCCUPANCY, "
+                                         "DCGM_FI_PROF_SM_OCCUPANCY; 0-1).", ()),
+    "tailwatch_gpu_tensor_active_ratio": ("Mean share of time tensor pipes were active (GPM ANY_TENSOR_UTIL, "
+                                          "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE; 0-1).", ()),
+    "tailwatch_gpu_dram_bandwidth_ratio": ("Mean DRAM bandwidth used over the peak (GPM DRAM_BW_UTIL, "
+                                           "DCGM_FI_PROF_DRAM_ACTIVE; 0-1).", ()),
+    "tailwatch_gpus_profiled": ("GPUs reporting SM activity (GPM or DCGM profiling) in the newest closed minute.", ()),
 }
+# gpu_minute column (percent) → gauge (ratio): useful utilisation, where the GPUs report it
+GPM_GAUGES = {
+    "sm_active_pct_mean": "tailwatch_gpu_sm_active_ratio",
+    "sm_occupancy_pct_mean": "tailwatch_gpu_sm_occupancy_ratio",
+    "tensor_active_pct_mean": "tailwatch_gpu_tensor_active_ratio",
+    "dram_bw_pct_mean": "tailwatch_gpu_dram_bandwidth_ratio",
+}
+PROFILED_GAUGES = {*GPM_GAUGES.values(), "tailwatch_gpus_profiled"}
 
 
 class FleetMetrics:
@@ -302,6 +326,10 @@ class FleetMetrics:
             (pl.col("oldest_queue_age_ms_max").max() / 1000).alias("tailwatch_queue_oldest_age_seconds"),
             pl.col("queue_depth_max").sum().alias("tailwatch_queue_depth_requests"),
             *[(pl.col("replica_state") == s).sum().alias(f"_state_{s}") for s in REPLICA_STATES],
+            *[(pl.col(col).cast(pl.Float64).mean() / 100).alias(name) for col, name in GPM_GAUGES.items()
+              if col in newest.columns],
+            *([pl.col("sm_active_pct_mean").is_not_null().sum().alias("tailwatch_gpus_profiled")]
+              if "sm_active_pct_mean" in newest.columns else []),
         )
         for r in pools.iter_rows(named=True):
             key, minute = tuple(r[k] for k in POOL_LABELS), r["_minute"]
@@ -310,8 +338,11 @@ class FleetMetrics:
                 if extra:
                     for s in REPLICA_STATES:
                         gauges[(*key, s)] = _Gauge(float(r[f"_state_{s}"]), minute)
-                elif r[name] is not None:  # e.g. no KV cache outside LLM pools: no series, not a zero
+                elif r.get(name) is not None and (r[name] or name != "tailwatch_gpus_profiled"):
                     gauges[key] = _Gauge(float(r[name]), minute)
+                elif name in PROFILED_GAUGES:  # the pool's GPUs stopped reporting GPM (e.g. MIG mode): not its last value
+                    gauges.pop(key, None)
+                # else: e.g. no KV cache outside LLM pools: no series, not a zero
 
     # ---- staleness --------------------------------------------------------------------
     def _advance(self, minute: int) -> None:

@@ -34,6 +34,8 @@ GPU_COLUMNS: dict[str, pl.DataType] = {
     "replica_state": pl.String, "queue_depth": pl.Int64, "oldest_queue_age_ms": pl.Float64,
     "running": pl.Int64, "active_streams": pl.Int64, "kv_cache_usage": pl.Float64,
     "preemptions": pl.Int64,
+    "sm_active_pct": pl.Float64, "sm_occupancy_pct": pl.Float64, "tensor_active_pct": pl.Float64,
+    "dram_bw_pct": pl.Float64, "source": pl.String,
 }
 
 

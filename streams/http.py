@@ -14,6 +14,7 @@ exits when the worker's end of the pipe closes, so it never outlives it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -39,6 +40,18 @@ class HttpState:
     snapshot: object = None  # signals.live.SignalSnapshot
     ready: tuple[bool, str] = (False, "starting")
     published_wall_s: float = 0.0
+    # A heartbeat from a caught-up worker with nothing new: the last snapshot still holds as
+    # of now (no rebuild, no snapshot on the pipe: an idle worker stays idle).
+    view_unchanged: bool = False
+
+
+def _apply(previous: HttpState, received: HttpState) -> HttpState:
+    if not received.view_unchanged:
+        return received
+    snapshot = previous.snapshot
+    if snapshot is not None:
+        snapshot = dataclasses.replace(snapshot, built_wall_s=received.published_wall_s)
+    return HttpState(snapshot, received.ready, received.published_wall_s)
 
 
 class _Served:
@@ -148,7 +161,7 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
     def read() -> None:
         while True:
             try:
-                served.state = conn.recv()
+                served.state = _apply(served.state, conn.recv())
             except (EOFError, OSError):
                 os._exit(0)  # the worker is gone: so is its port
 

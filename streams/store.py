@@ -44,8 +44,15 @@ CREATE TABLE IF NOT EXISTS gpu_minute (
     util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
     power_w_mean DOUBLE, temp_c_max DOUBLE, xid_errors BIGINT, ecc_errors BIGINT,
     queue_depth_max BIGINT, oldest_queue_age_ms_max DOUBLE, running_max BIGINT,
-    active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR
+    active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR,
+    sm_active_pct_mean DOUBLE, sm_occupancy_pct_mean DOUBLE, tensor_active_pct_mean DOUBLE, dram_bw_pct_mean DOUBLE,
+    sources VARCHAR
 );
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sm_active_pct_mean DOUBLE;
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sm_occupancy_pct_mean DOUBLE;
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS tensor_active_pct_mean DOUBLE;
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS dram_bw_pct_mean DOUBLE;
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sources VARCHAR;
 CREATE TABLE IF NOT EXISTS dead_letter (
     ts TIMESTAMP, source_topic VARCHAR, source_partition INTEGER, source_offset BIGINT,
     reason VARCHAR, detail VARCHAR, size_bytes BIGINT, sha256 VARCHAR
@@ -236,7 +243,7 @@ def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
         frames = [f for f in frames if f.height]
         if not frames:
             continue
-        merged = pl.concat(frames, how="vertical_relaxed")
+        merged = pl.concat(frames, how="diagonal_relaxed")
         for (minute,), part in merged.partition_by("_minute", as_dict=True).items():
             con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, minute, _frame_blob(part)])
     for minute, hashes in t.seen:

@@ -197,16 +197,19 @@ class MinuteWindows:
         if len(frames) == 1 and grouped:
             return frames[0]
         keys = list(self.spec.keys)
-        merged = pl.concat(frames, how="vertical_relaxed")
+        # By name: partials from a batch and merged ones list their columns in different
+        # orders, and blobs from an older checkpoint may lack newer columns.
+        merged = pl.concat(frames, how="diagonal_relaxed")
         exprs = [pl.col(k).first() for k in keys]
         for col, how in self.spec.merge.items():
             if how == "sum":
                 exprs.append(pl.col(col).sum())
             elif how == "max":
                 exprs.append(pl.col(col).max())
-            else:
-                exprs.append(pl.col(col).sort_by("_last_ts_ms").last())
-        return merged.group_by("_minute", "_slice").agg(exprs)
+            else:  # the newest non-empty value, by the time kept beside it (streams/aggregates.py)
+                exprs.append(pl.col(col).sort_by([f"_ts_{col}", col], nulls_last=False).last())
+        ordered = list(dict.fromkeys(c for f in frames for c in f.columns))
+        return merged.group_by("_minute", "_slice").agg(exprs).select(ordered)
 
     def _merge_hist(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
         if len(frames) == 1 and grouped:
@@ -228,7 +231,7 @@ class MinuteWindows:
             s.counts = [self._merge_counts(s.counts)]
             if s.hist:
                 s.hist = [self._merge_hist(s.hist)]
-        counts = pl.concat([s.counts[0] for s in states], how="vertical_relaxed")
+        counts = pl.concat([s.counts[0] for s in states], how="diagonal_relaxed")
         hists = [s.hist[0] for s in states if s.hist]
         hist = pl.concat(hists) if hists and self.spec.histogram_fields else None
         return self._finish(counts, hist)
@@ -271,7 +274,7 @@ class MinuteWindows:
         states = [self._open.pop(m) for m in closing]
         if not any(s.counts for s in states):
             return pl.DataFrame(), []
-        counts = pl.concat([self._merge_counts(s.counts) for s in states if s.counts], how="vertical_relaxed")
+        counts = pl.concat([self._merge_counts(s.counts) for s in states if s.counts], how="diagonal_relaxed")
         hists = [self._merge_hist(s.hist) for s in states if s.hist]
         hist = pl.concat(hists) if hists else None
         return self._finish(counts, hist if self.spec.histogram_fields else None), closing

@@ -149,6 +149,7 @@ class Worker:
         if self.live:
             self.stages.append(SignalStage(self.live))
         self._caught_up_wall: float | None = None
+        self._view_dirty = True  # events or closed minutes since the signal view was last built
         self.lag_messages = 0
         self.stage_cpu_s: dict[str, float] = {}
         self.first_event_wall: float | None = None
@@ -156,7 +157,8 @@ class Worker:
         self.last_event_wall: float | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
-    MAX_VIEW_AGE_S = 30.0  # the signal API's view is rebuilt at least this often, backlog or not
+    MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
+    HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
 
     def stop(self, *_args) -> None:
         self._stop = True
@@ -193,7 +195,7 @@ class Worker:
             except ValueError:  # not the main thread (tests run the worker in one)
                 pass
         last_checkpoint = time.monotonic()
-        last_refresh = 0.0
+        last_refresh = last_publish = 0.0
         refresh_every_s = s.signals_refresh_s
         last_progress = time.monotonic()
         idle_since = time.monotonic()
@@ -205,6 +207,7 @@ class Worker:
                 got = self._process(msgs)
                 now = time.monotonic()
                 if got:
+                    self._view_dirty = True
                     idle_since = now
                     self.last_batch_wall = now
                     if self.first_event_wall is None:
@@ -218,13 +221,18 @@ class Worker:
                 # the API is not ready then anyway, and each rebuild costs as much as
                 # tens of thousands of events.
                 backlogged = self.lag_messages > s.batch_size and now - last_refresh < self.MAX_VIEW_AGE_S
-                if http and now - last_refresh >= refresh_every_s and not backlogged:
+                if http and now - last_refresh >= refresh_every_s and not backlogged and self._view_dirty:
                     began = time.monotonic()
                     self.refresh_signals()
+                    self._view_dirty = False
                     http.publish(HttpState(self.signal_snapshot, self.readiness()))
-                    last_refresh = time.monotonic()
+                    last_refresh = last_publish = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
+                elif http and now - last_publish >= self.HEARTBEAT_S:
+                    # Nothing changed: say the view still holds instead of rebuilding it.
+                    http.publish(HttpState(None, self.readiness(), view_unchanged=True))
+                    last_publish = now
                 if self.slo:
                     self.slo.deliver()
                 for stage in self.stages:
@@ -472,6 +480,7 @@ class Worker:
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
                 rows, minutes = w.close(before)
                 if rows.height:
+                    self._view_dirty = True
                     self._publish_closed(p, rows)
                     self.metrics.buckets_closed.labels(p.topic).inc(rows.height)
                     self.buckets_closed += rows.height

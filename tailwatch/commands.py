@@ -243,10 +243,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
         ensure_reachable(settings)
         publisher = EventPublisher(settings)
     enc = msgspec.json.Encoder()
+    gpm = nvml.GpmReader(pynvml)  # keeps each GPU's previous GPM sample between intervals
     rounds = 0
     try:
+        if gpm.start():  # the first samples, so that the first round already has an interval behind it
+            time.sleep(min(1.0, args.interval))
         while True:
-            samples = nvml.read_samples(pynvml, int(time.time() * 1000), node, args.zone, args.pool)
+            samples = nvml.read_samples(pynvml, int(time.time() * 1000), node, args.zone, args.pool, gpm=gpm)
             if publisher:
                 publisher.publish_events(samples)
                 publisher.producer.flush(10)
@@ -261,6 +264,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     finally:
         if publisher:
             publisher.close()
+        gpm.close()
         pynvml.nvmlShutdown()
     return 0
 

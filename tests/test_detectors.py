@@ -209,9 +209,9 @@ def test_queue_age_takes_the_oldest_request_in_the_pool():
 
 # ---- busy / idle but slow -----------------------------------------------------------------
 
-def _pool_minute(i, util, age, e2e=1000.0, requests=100, classes=(("realtime", 1.0),)):
+def _pool_minute(i, util, age, e2e=1000.0, requests=100, classes=(("realtime", 1.0),), **gpm):
     reqs = [req_rows(T0 + i, traffic_class=c, requests=round(requests * share), e2e_ms_p95=e2e) for c, share in classes]
-    return minute(i, reqs, [gpu_row(T0 + i, util_pct_mean=util, oldest_queue_age_ms_max=age)])
+    return minute(i, reqs, [gpu_row(T0 + i, util_pct_mean=util, oldest_queue_age_ms_max=age, **gpm)])
 
 
 def test_busy_but_slow_names_the_traffic_classes_in_the_pool():
@@ -234,6 +234,89 @@ def test_busy_but_slow_needs_a_baseline_and_busy_gpus():
     assert run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 50, 3000) for i in range(5)]) == []  # not busy
     # Exactly at the utilisation floor counts as busy.
     assert raised(run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 80.0, 3000) for i in range(5)]))
+
+
+def _gpm(sm, occupancy=None, tensor=None, dram=None) -> dict:
+    return {"sm_active_pct_mean": sm, "sm_occupancy_pct_mean": occupancy, "tensor_active_pct_mean": tensor,
+            "dram_bw_pct_mean": dram}
+
+
+def _busy_evidence(busy_minutes, cfg=BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)):
+    quiet = [_pool_minute(i, 50, 20, **_gpm(20.0, 8.0, 4.0, 12.0)) for i in range(10)]
+    events = raised(run(BusyButSlowDetector(cfg), quiet + busy_minutes))
+    assert len(events) == 1
+    return events[0].evidence
+
+
+def test_busy_but_slow_with_sm_activity_tells_saturated_from_busy_but_idle_sms():
+    # A realtime pool flooded with real work: SMs 96% active (a bf16 matrix-product load on an H100).
+    ev = _busy_evidence([_pool_minute(10 + i, 99, 3000, **_gpm(96.0, 14.0, 93.0, 26.0)) for i in range(5)])
+    assert (ev["signal"], ev["verdict"]) == ("sm_active_pct", "saturated")
+    assert ev["util_pct_mean"] >= 80 and ev["sm_active_pct_mean"] == pytest.approx((20 + 96 + 96) / 3, abs=1e-3)
+    assert ev["tensor_active_pct_mean"] == pytest.approx((4 + 93 + 93) / 3, abs=1e-3) and ev["sm_active_coverage"] == 1.0
+    # Batch-1 decode: utilisation reads 99%, SMs 3% active: batch more before buying GPUs.
+    ev = _busy_evidence([_pool_minute(10 + i, 99, 3000, **_gpm(3.0, 0.5, 0.1, 2.9)) for i in range(5)])
+    assert (ev["signal"], ev["verdict"]) == ("sm_active_pct", "busy_idle_sms")
+    assert ev["sm_active_pct_mean"] < 50 and ev["sm_active_pct_saturated"] == 50.0 and ev["util_pct_mean"] >= 80
+    # Exactly at the saturation threshold is saturated; the threshold is a setting.
+    at = [_pool_minute(10 + i, 99, 3000, **_gpm(65.0)) for i in range(5)]  # window (20 + 65 + 65) / 3 = 50
+    assert _busy_evidence(at)["verdict"] == "saturated"
+    assert _busy_evidence(at, BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5,
+                                                sm_active_pct_saturated=60))["verdict"] == "busy_idle_sms"
+    # SM activity decides the verdict, never whether the pool is busy: 50% utilisation is not busy.
+    cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+    quiet = [_pool_minute(i, 50, 20, **_gpm(20.0)) for i in range(10)]
+    assert run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 50, 3000, **_gpm(45.0)) for i in range(5)]) == []
+
+
+def test_busy_but_slow_without_sm_activity_falls_back_to_utilisation_and_says_so():
+    for minutes in ([_pool_minute(10 + i, 95, 3000) for i in range(5)],  # no GPM columns at all (older rows)
+                    [_pool_minute(10 + i, 95, 3000, **_gpm(None)) for i in range(5)]):  # columns, all NULL (no GPM)
+        cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+        events = raised(run(BusyButSlowDetector(cfg), [_pool_minute(i, 50, 20) for i in range(10)] + minutes))
+        assert len(events) == 1
+        ev = events[0].evidence
+        assert (ev["signal"], ev["verdict"]) == ("util_pct", "busy") and "no SM activity reported" in ev["note"]
+        assert "sm_active_pct_mean" not in ev and ev["util_pct_mean"] >= 80
+    # The alert summary carries the words as well as the numbers.
+    summary = detection_to_alertmanager(events[0].detection, ev, AlertLinks())["annotations"]["summary"]
+    assert "signal=util_pct" in summary and "verdict=busy" in summary and "util_pct_mean=" in summary
+
+
+def test_busy_but_slow_counts_the_gpus_that_report_sm_activity():
+    """A pool half on GPM (H100) and half without (an older GPU): the verdict comes from the
+    GPUs that report SM activity, and the evidence says how much of the pool that is."""
+    cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+
+    def pool(i, util, age, sm):
+        return minute(i, [req_rows(T0 + i, requests=100, e2e_ms_p95=1000.0)],
+                      [gpu_row(T0 + i, util_pct_mean=util, oldest_queue_age_ms_max=age, sm_active_pct_mean=sm),
+                       gpu_row(T0 + i, node="n2", util_pct_mean=util, oldest_queue_age_ms_max=age, sm_active_pct_mean=None)])
+
+    m = pool(0, 90, 20, 70.0)
+    assert (m.pools()["p1"].sm_active_pct_mean, m.pools()["p1"].gpm_gpus, m.pools()["p1"].gpus) == (70.0, 1, 2)
+    events = raised(run(BusyButSlowDetector(cfg), [pool(i, 50, 20, 20.0) for i in range(10)]
+                        + [pool(10 + i, 95, 3000, 90.0) for i in range(5)]))
+    ev = events[0].evidence
+    assert ev["verdict"] == "saturated" and ev["sm_active_coverage"] == 0.5
+
+
+def test_idle_but_slow_decides_on_utilisation_and_shows_sm_activity():
+    cfg = IdleButSlowConfig(baseline_minutes=10, min_baseline_minutes=5, min_requests=30)
+    base = [_pool_minute(i, 25, 20, e2e=1000, **_gpm(6.0, 2.0, 1.0, 4.0)) for i in range(10)]
+    events = raised(run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=3000, **_gpm(2.0))
+                                                          for i in range(4)]))
+    assert len(events) == 1
+    ev = events[0].evidence
+    assert ev["signal"] == "util_pct" and ev["util_pct_mean"] == 25.0
+    assert ev["sm_active_pct_mean"] == pytest.approx((6 + 2 + 2) / 3, abs=1e-3) and ev["sm_active_coverage"] == 1.0
+    # Utilisation high with SMs idle is a GPU held by small kernels, not a bottleneck elsewhere: no detection.
+    assert run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 90, 20, e2e=3000, **_gpm(3.0))
+                                                 for i in range(4)]) == []
+    # Without GPM: the same verdict on utilisation, and no SM numbers.
+    plain = [_pool_minute(i, 25, 20, e2e=1000) for i in range(10)]
+    ev = raised(run(IdleButSlowDetector(cfg), plain + [_pool_minute(10 + i, 25, 20, e2e=3000) for i in range(4)]))[0].evidence
+    assert ev["signal"] == "util_pct" and not any(k.startswith("sm_") for k in ev)
 
 
 def test_idle_but_slow_fires_on_latency_with_idle_gpus_only():

@@ -105,6 +105,40 @@ def test_counters_match_the_simulator(fleet):
     assert price["H100"] == pytest.approx(4.0 / 3600) and price["L4"] == pytest.approx(0.8 / 3600)
 
 
+def test_useful_utilisation_gauges_where_gpus_report_gpm(fleet):
+    """The simulator's H100 pools report GPM (SMs active a share of the utilised time), its
+    L4 pools do not: ratios 0-1 for the former, no series (not zeros) for the latter."""
+    _sim, requests, gpu = fleet
+    stage = FleetMetrics()
+    stage.on_closed(requests, gpu)
+    fams = scrape(stage.collector)
+
+    def by_pool(name):
+        return {s.labels["pool"]: s for s in fams[name].samples}
+
+    gpus, util, profiled = by_pool("tailwatch_gpus"), by_pool("tailwatch_gpu_utilization_ratio"), by_pool("tailwatch_gpus_profiled")
+    h100 = {p for p, s in gpus.items() if s.labels["gpu_sku"] == "H100"}
+    assert h100 and set(profiled) == h100 and all(profiled[p].value == gpus[p].value for p in h100)
+    for name in ("tailwatch_gpu_sm_active_ratio", "tailwatch_gpu_sm_occupancy_ratio", "tailwatch_gpu_tensor_active_ratio",
+                 "tailwatch_gpu_dram_bandwidth_ratio"):
+        series = by_pool(name)
+        assert set(series) == h100, name
+        assert all(0 < s.value < 1 for s in series.values()), name
+    sm = by_pool("tailwatch_gpu_sm_active_ratio")
+    assert all(sm[p].value < util[p].value for p in h100)  # utilisation reads higher than the SMs work
+    # A pool whose GPUs stop reporting GPM (e.g. switched to MIG) loses those series at once.
+    newest = gpu.filter(pl.col("window_start") == gpu["window_start"].max())
+    newest = newest.with_columns(pl.when(pl.col("pool") == "llm-us-east-1a-realtime").then(None)
+                                 .otherwise(pl.col(c)).alias(c)
+                                 for c in ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_mean",
+                                           "dram_bw_pct_mean"))
+    stage.on_closed(requests.head(0), newest.with_columns(pl.col("window_start") + pl.duration(minutes=1)))
+    fams = scrape(stage.collector)
+    assert "llm-us-east-1a-realtime" not in by_pool("tailwatch_gpu_sm_active_ratio")
+    assert "llm-us-east-1a-realtime" not in by_pool("tailwatch_gpus_profiled")
+    assert "llm-us-east-1b-realtime" in by_pool("tailwatch_gpu_sm_active_ratio")
+
+
 def test_counters_only_increase_and_stale_gauges_go(fleet):
     _sim, requests, gpu = fleet
     stage = FleetMetrics(FleetMetricsConfig(stale_minutes=2))

@@ -155,3 +155,48 @@ def test_a_partition_owned_elsewhere_holds_the_frontier_and_an_idle_one_does_not
     # A partition never heard from holds everything unless it is read to its end (empty or all poison).
     assert w.closable_before({0, 1, 2}, read_to_end={0, 1}) is None
     assert w.closable_before({0, 1, 2}, read_to_end={0, 1, 2}) == T0 // MINUTE_MS + 8
+
+
+def gpu_frame(rows):
+    """rows: dicts of gpu.v1 fields plus ts_ms and partition."""
+    from streams.frames import GPU_COLUMNS
+
+    data = {c: [r.get(c) for r in rows] for c in GPU_COLUMNS}
+    data.update(ts_ms=[r["ts_ms"] for r in rows], _partition=[0] * len(rows), _offset=list(range(len(rows))),
+                _index=list(range(len(rows))))
+    schema = {**GPU_COLUMNS, "ts_ms": pl.Int64, "_partition": pl.Int32, "_offset": pl.Int64, "_index": pl.Int64}
+    return pl.DataFrame(data, schema=schema)
+
+
+def test_two_sources_for_one_gpu_make_one_row_merged_field_by_field():
+    from streams.aggregates import GPU
+
+    gpu = {"node": "n0", "gpu_index": 0, "pool": "p", "zone": "z", "gpu_sku": "H100"}
+    nvml = [{**gpu, "ts_ms": T0 + i * 2000, "util_pct": 90.0, "power_w": 200.0, "sm_active_pct": 30.0} for i in range(0, 30, 2)]
+    runtime = [{**gpu, "ts_ms": T0 + i * 2000, "model": "llm", "model_version": "v1", "replica_state": "warm",
+                "queue_depth": 3} for i in range(1, 30, 2)]
+    # The newest sample of the minute is the collector's, which carries no model or state.
+    nvml.append({**gpu, "ts_ms": T0 + 59_999, "util_pct": 90.0})
+    for split in (1, 4):  # one batch, or several: partials merge to the same row
+        w = MinuteWindows(GPU, MINUTE_MS)  # batches interleave in time: within the allowed lateness
+        rows = sorted(nvml + runtime, key=lambda r: r["ts_ms"])
+        for k in range(split):
+            w.add(gpu_frame(rows[k::split]))
+        closed, _ = w.close(None)
+        row = closed.row(0, named=True)
+        assert closed.height == 1 and row["samples"] == 31
+        assert (row["model"], row["model_version"], row["replica_state"]) == ("llm", "v1", "warm")
+        assert row["util_pct_mean"] == 90.0 and row["queue_depth_max"] == 3 and row["sm_active_pct_mean"] == 30.0
+        assert row["sources"] == "nvml,runtime"
+
+
+def test_gpu_partials_merged_and_unmerged_close_together():
+    from streams.aggregates import GPU
+
+    w = MinuteWindows(GPU, MINUTE_MS)
+    gpu = {"node": "n0", "gpu_index": 0, "pool": "p"}
+    for batch in range(6):  # more batches than COUNTS_AT: one minute merged, the next one not
+        w.add(gpu_frame([{**gpu, "ts_ms": T0 + batch * 1000, "util_pct": 50.0},
+                         {**gpu, "gpu_index": 1, "ts_ms": T0 + MINUTE_MS + batch, "replica_state": "warm"}][: 1 + (batch == 0)]))
+    closed, minutes = w.close(None)
+    assert closed.height == 2 and sorted(closed["samples"].to_list()) == [1, 6]
