@@ -38,6 +38,8 @@ class PoolSignals:
     replicas_by_state: dict[str, int]
     burn_rate: float | None = None  # fastest page window of the pool's SLOs
     prompt_tokens_per_s: float | None = None
+    # Useful utilisation (GPM / DCGM profiling) where the GPUs report it: SMs doing work.
+    sm_active_mean_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class AutoscalePolicy:
     scale_in_stabilization_minutes: int = 10
     min_replicas: int = 1
     max_replicas: int = 10_000
+    sm_active_pct_saturated: float = 50.0  # as the busy-but-slow detector: SMs this busy are saturated
 
 
 @dataclass
@@ -120,6 +123,8 @@ class Autoscaler:
             recommended = current
         if s.gpu_util_mean_pct is not None:
             reasons.append(f"GPU utilisation {s.gpu_util_mean_pct:.0f}% (reported, not used to scale)")
+        if s.sm_active_mean_pct is not None:
+            reasons.append(sm_activity_reason(s.sm_active_mean_pct, s.gpu_util_mean_pct, p.sm_active_pct_saturated))
         recommended = min(max(recommended, p.min_replicas), p.max_replicas)
         history = self._history.setdefault(s.pool, deque())
         history.append((s.as_of_minute, recommended))
@@ -138,9 +143,20 @@ class Autoscaler:
             "audio_seconds_per_s": s.audio_s_per_s, "active_streams": s.active_streams,
             "queue_age_p95_ms": s.queue_age_p95_ms, "first_output_p95_ms": s.first_output_p95_ms,
             "first_output_slo_ms": s.first_output_slo_ms, "kv_cache_usage_max": s.kv_cache_usage_max,
-            "gpu_util_mean_pct": s.gpu_util_mean_pct, "replicas_by_state": s.replicas_by_state, "burn_rate": s.burn_rate,
+            "gpu_util_mean_pct": s.gpu_util_mean_pct, "sm_active_mean_pct": s.sm_active_mean_pct, "replicas_by_state": s.replicas_by_state, "burn_rate": s.burn_rate,
             "capacity_gpu_s_per_s_per_replica": per_replica, "capacity_basis": estimate.basis,
             "utilization_of_capacity": round(utilization, 4) if utilization is not None else None,
             "planning_target_utilization": round(planning_target, 4),
         }
         return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute, estimate.to_json())
+
+
+def sm_activity_reason(sm_active_pct: float, util_pct: float | None, saturated_pct: float) -> str:
+    """What the SMs say about the GPUs' headroom: NVML utilisation reads 100% while most SMs
+    idle (a kernel was running), so only SM activity tells a saturated GPU from one that
+    would serve more by batching more."""
+    if sm_active_pct >= saturated_pct:
+        return f"SMs active {sm_active_pct:.0f}%: the GPUs are saturated (SM activity, reported)"
+    util = f" while utilisation reads {util_pct:.0f}%" if util_pct is not None else ""
+    return (f"SMs active {sm_active_pct:.0f}%{util}: busy but idle SMs, so batching more (larger max batch, "
+            "more sequences per replica) would serve more before buying GPUs")

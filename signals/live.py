@@ -170,6 +170,7 @@ class LiveSignals:
                 active_streams=st["active_streams"], queue_age_p95_ms=st["queue_age_p95_ms"],
                 first_output_p95_ms=st["first_output_p95_ms"], first_output_slo_ms=fo_slo,
                 kv_cache_usage_max=st["kv_cache_usage_max"], gpu_util_mean_pct=st["gpu_util_mean_pct"],
+                sm_active_mean_pct=st["sm_active_mean_pct"],
                 replicas_by_state=st["replicas_by_state"], burn_rate=_pool_burn_rate(attrs, slo_states),
             )
             decision = self.autoscaler.decide(signals, self._capacity(pool, st["newest"], signals))
@@ -265,7 +266,7 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
     stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen_in_newest": 0, "tenants": frozenset(),
                     "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0, "prompt_tokens": 0.0,
                     "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
-                    "gpu_util_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
+                    "gpu_util_mean_pct": None, "sm_active_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
     if req.height:
@@ -290,7 +291,9 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         gw = gpu.join(bounds, on="pool").filter(in_window)
         g = gw.group_by("pool").agg(
             pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_age_p95_ms"),
-            pl.col("kv_cache_usage_max").max(), pl.col("util_pct_mean").mean().round(3).alias("gpu_util_mean_pct"))
+            pl.col("kv_cache_usage_max").max(), pl.col("util_pct_mean").mean().round(3).alias("gpu_util_mean_pct"),
+            (pl.col("sm_active_pct_mean").mean().round(3) if "sm_active_pct_mean" in gw.columns
+             else pl.lit(None, dtype=pl.Float64)).alias("sm_active_mean_pct"))
         for row in g.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
         last = gw.filter(pl.col("_m") == pl.col("_m").max().over("pool"))

@@ -46,7 +46,7 @@ SCHEMAS = {
             "reasons": {"type": "array", "items": {"type": "string"}},
             "signals": {"type": "object", "description": "requests_per_s, work_gpu_s_per_s, tokens_per_s, "
                         "audio_seconds_per_s, active_streams, queue_age_p95_ms, first_output_p95_ms, "
-                        "first_output_slo_ms, kv_cache_usage_max, gpu_util_mean_pct, replicas_by_state, burn_rate, "
+                        "first_output_slo_ms, kv_cache_usage_max, gpu_util_mean_pct, sm_active_mean_pct, replicas_by_state, burn_rate, "
                         "capacity_gpu_s_per_s_per_replica, capacity_basis, utilization_of_capacity, "
                         "planning_target_utilization, prompt_tokens_per_s, window_minutes"},
             "capacity_basis": {"type": "string",

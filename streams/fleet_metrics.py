@@ -26,7 +26,7 @@ What it exports, and at which aggregation level (only the labels some panel need
   `tailwatch_gpu_memory_used_bytes` / `_total_bytes` (sums), `tailwatch_gpu_power_watts`
   (sum), `tailwatch_gpu_temperature_celsius` (max), `tailwatch_gpu_kv_cache_usage_ratio`
   (max), `tailwatch_queue_oldest_age_seconds` (max), `tailwatch_queue_depth_requests`
-  (sum), `tailwatch_gpu_replicas{state}` (warm, loading, cold, draining; zeros included);
+  (sum), `tailwatch_gpu_replicas{state}` (warm, loading, cold, draining, unknown; zeros included);
   useful utilisation where GPUs report it (NVML's GPM, DCGM's profiling fields), means over
   the GPUs that do, 0-1 like utilisation: `tailwatch_gpu_sm_active_ratio`,
   `tailwatch_gpu_sm_occupancy_ratio`, `tailwatch_gpu_tensor_active_ratio`,
@@ -79,7 +79,7 @@ TRAFFIC_COUNTERS = {
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist"}
 QUANTILES = {"0.5": 0.5, "0.95": 0.95, "0.99": 0.99}
-REPLICA_STATES = ("warm", "loading", "cold", "draining")
+REPLICA_STATES = ("warm", "loading", "cold", "draining", "unknown")  # unknown: the GPU's sources send no state
 GPU_SECONDS_PER_GPU_MINUTE = 60.0
 OTHER_TENANT = "other"
 
@@ -325,7 +325,7 @@ class FleetMetrics:
             pl.col("kv_cache_usage_max").max().alias("tailwatch_gpu_kv_cache_usage_ratio"),
             (pl.col("oldest_queue_age_ms_max").max() / 1000).alias("tailwatch_queue_oldest_age_seconds"),
             pl.col("queue_depth_max").sum().alias("tailwatch_queue_depth_requests"),
-            *[(pl.col("replica_state") == s).sum().alias(f"_state_{s}") for s in REPLICA_STATES],
+            *[(pl.col("replica_state").fill_null("unknown") == s).sum().alias(f"_state_{s}") for s in REPLICA_STATES],
             *[(pl.col(col).cast(pl.Float64).mean() / 100).alias(name) for col, name in GPM_GAUGES.items()
               if col in newest.columns],
             *([pl.col("sm_active_pct_mean").is_not_null().sum().alias("tailwatch_gpus_profiled")]

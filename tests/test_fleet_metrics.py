@@ -90,7 +90,7 @@ def test_counters_match_the_simulator(fleet):
     fleet_s = sum(s.value for s in fams["tailwatch_gpu_seconds"].samples if s.name.endswith("_total"))
     assert fleet_s == 84 * 6 * 60
     assert sum(s.value for s in fams["tailwatch_gpus"].samples) == 84
-    assert {s.labels["state"] for s in fams["tailwatch_gpu_replicas"].samples} == {"warm", "loading", "cold", "draining"}
+    assert {s.labels["state"] for s in fams["tailwatch_gpu_replicas"].samples} == {"warm", "loading", "cold", "draining", "unknown"}
     util = [s.value for s in fams["tailwatch_gpu_utilization_ratio"].samples]
     assert util and all(0 <= u <= 1 for u in util)
     # Latency in seconds, quantiles ordered.

@@ -280,3 +280,17 @@ def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     assert later.pools["q"].changed_wall_s == 200.0
     live.add_closed(_bucket_rows("p", range(9, 10)), pl.DataFrame())
     assert live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=300.0).pools["p"].changed_wall_s == 300.0
+
+
+def test_sm_activity_tells_saturated_gpus_from_busy_ones_with_idle_sms():
+    from dataclasses import replace
+
+    a = Autoscaler(AutoscalePolicy(zones=1))
+    busy_idle = a.decide(replace(pool(util=95.0, queue_p95=3000.0), sm_active_mean_pct=28.0))
+    assert any("busy but idle SMs" in r and "batching more" in r for r in busy_idle.reasons)
+    saturated = Autoscaler(AutoscalePolicy(zones=1)).decide(replace(pool(util=95.0, queue_p95=3000.0), sm_active_mean_pct=91.0))
+    assert any("saturated" in r for r in saturated.reasons)
+    assert saturated.desired_replicas == busy_idle.desired_replicas  # reported, never the scaling signal
+    assert not any("SMs active" in r for r in a.decide(pool()).reasons)  # no GPM: nothing claimed
+    unknown = Autoscaler(AutoscalePolicy(zones=1)).decide(pool(warm=0, unknown=2))
+    assert unknown.current_replicas == 2  # GPUs that send no state still serve
