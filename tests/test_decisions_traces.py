@@ -21,13 +21,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+
 from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_trace
 from signals.live import LiveSignals, SignalPolicy
 from signals.rollout import RolloutPolicy
 from slo import histogram
 from slo.prices import GpuPrices
 
-from .conftest import AZURE_TRACE
+from .conftest import AZURE_TRACE, need
 
 SLOTS_PER_REPLICA = 16  # sequences batched per replica: GPU-seconds = service time ÷ this
 REPLICAS = 4
@@ -35,7 +36,11 @@ EPOCH = datetime(2026, 11, 2, tzinfo=timezone.utc)
 MODEL, STABLE, CANARY = "code-llm", "2023-11", "2023-11-rc1"
 HIST = pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))
 
-pytestmark = pytest.mark.skipif(not AZURE_TRACE.is_file(), reason=f"{AZURE_TRACE} is not here")
+
+
+@pytest.fixture(autouse=True)
+def _azure_trace():
+    need(AZURE_TRACE.is_file(), f"the Azure code trace at {AZURE_TRACE}")  # a failure under CI=true
 
 
 @dataclass(frozen=True)
