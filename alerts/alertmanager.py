@@ -16,12 +16,16 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
+import polars as pl
+
 from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from slo.engine import AlertChange
 from slo.sli import span
 from slo.windows import minute_start_utc
 
 log = logging.getLogger("tailwatch.alerts")
+OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
+DELIVERED_SCHEMA = {"stage": pl.String, "seq": pl.Int64}
 
 
 @dataclass(frozen=True)
@@ -96,17 +100,21 @@ class AlertmanagerOutbox:
         self.max_backoff_s = max_backoff_s
         self.max_pending = max_pending
         self.pending: deque[dict] = deque()
+        self.pending_seqs: deque[int | None] = deque()  # the durable outbox's sequence number of each, if any
+        self.delivered_seq = -1  # the highest sequence number delivered
         self.delivered = 0
         self.failures = 0
         self._backoff_s = 0.0
         self._next_try = 0.0  # monotonic clock: when to try again after a failure
 
-    def put(self, alert: dict) -> None:
+    def put(self, alert: dict, seq: int | None = None) -> None:
         if len(self.pending) >= self.max_pending:
             # Never drop silently: the oldest change goes, and the log says so.
             dropped = self.pending.popleft()
+            self.pending_seqs.popleft()
             log.error("alert outbox full (%d): dropping the oldest change for %s", self.max_pending, dropped["labels"])
         self.pending.append(alert)
+        self.pending_seqs.append(seq)
 
     def flush(self, batch: int = 500) -> bool:
         """Try to deliver what is pending; True when the outbox is empty afterwards."""
@@ -123,6 +131,9 @@ class AlertmanagerOutbox:
                 return False
             for _ in chunk:
                 self.pending.popleft()
+                seq = self.pending_seqs.popleft()
+                if seq is not None and seq > self.delivered_seq:
+                    self.delivered_seq = seq
             self.delivered += len(chunk)
             self._backoff_s = 0.0
         return True
@@ -184,22 +195,76 @@ class FiringAlerts:
     """What a stage has firing, delivered through an outbox: each change is sent once, and
     alerts still firing are sent again every RESEND_S, because Alertmanager resolves an
     alert it has not heard of for its resolve_timeout (5 m by default), as Prometheus does.
-    Without a URL nothing is sent and the calls are no-ops."""
+    Without a URL nothing is sent and the calls are no-ops.
+
+    The outbox is durable: each change's payload is staged (`stage_changes`) as a row of
+    `_tw_alert_outbox` in the checkpoint that commits the change, and what Alertmanager took
+    is marked in `_tw_alert_delivered` by a later checkpoint (`delivery_rows`). On start
+    (`restore`) every change past the last mark is sent again, so a page that fired, or
+    resolved, while Alertmanager was down is not lost when the worker dies before it was
+    delivered (a repeat is the same alert to Alertmanager)."""
 
     RESEND_S = 60.0
 
-    def __init__(self, url: str | None):
+    def __init__(self, url: str | None, stage: str = ""):
         self.outbox = AlertmanagerOutbox(url) if url else None
+        self.stage = stage
         self.payloads: dict[str, dict] = {}  # key (fingerprint, detection id) → payload while firing
         self._last_resend = time.monotonic()
+        self._next_seq = 0
+        self._staged: list[tuple[str, bool, dict, int]] = []  # written with the checkpoint, handed out on commit
+        self._marked_seq = -1  # the delivered mark last written to the store
 
-    def change(self, key: str, firing: bool, payload: dict) -> None:
+    def change(self, key: str, firing: bool, payload: dict, seq: int | None = None) -> None:
         if firing:
             self.payloads[key] = payload
         else:
             self.payloads.pop(key, None)
         if self.outbox is not None:
-            self.outbox.put(payload)
+            self.outbox.put(payload, seq)
+
+    def stage_changes(self, changes: list[tuple[str, bool, dict]]) -> list[tuple[str, pl.DataFrame]]:
+        """Number this checkpoint's changes and return the store rows that make them durable."""
+        if self.outbox is None or not changes:
+            return []
+        rows = []
+        for key, firing, payload in changes:
+            self._staged.append((key, firing, payload, self._next_seq))
+            rows.append((self.stage, self._next_seq, json.dumps(payload, sort_keys=True)))
+            self._next_seq += 1
+        return [("_tw_alert_outbox", pl.DataFrame(rows, schema=OUTBOX_SCHEMA, orient="row"))]
+
+    def committed(self) -> None:
+        """The checkpoint holding the staged changes is durable: hand them to the outbox."""
+        staged, self._staged = self._staged, []
+        for key, firing, payload, seq in staged:
+            self.change(key, firing, payload, seq)
+        if staged:
+            self.deliver()
+
+    def delivery_rows(self) -> list[tuple[str, pl.DataFrame]]:
+        """A row marking what Alertmanager has taken since the last mark (for a checkpoint)."""
+        if self.outbox is None or self.outbox.delivered_seq <= self._marked_seq:
+            return []
+        self._marked_seq = self.outbox.delivered_seq
+        return [("_tw_alert_delivered", pl.DataFrame([(self.stage, self._marked_seq)], schema=DELIVERED_SCHEMA,
+                                                     orient="row"))]
+
+    def restore(self, con) -> None:
+        """On start: queue every change past the last delivered mark, in order."""
+        if self.outbox is None:
+            return
+        row = con.execute("SELECT max(seq) FROM _tw_alert_delivered WHERE stage = ?", [self.stage]).fetchone()
+        self._marked_seq = self.outbox.delivered_seq = row[0] if row and row[0] is not None else -1
+        undelivered = con.execute("SELECT seq, payload FROM _tw_alert_outbox WHERE stage = ? AND seq > ? ORDER BY seq",
+                                  [self.stage, self._marked_seq]).fetchall()
+        for seq, payload in undelivered:
+            self.outbox.put(json.loads(payload), seq)
+        row = con.execute("SELECT max(seq) FROM _tw_alert_outbox WHERE stage = ?", [self.stage]).fetchone()
+        self._next_seq = row[0] + 1 if row and row[0] is not None else 0
+        if undelivered:
+            log.info("%s: %d alert changes not confirmed delivered before the restart are sent again",
+                     self.stage, len(undelivered))
 
     def deliver(self, wait_s: float = 0.0) -> None:
         """Try the outbox; with wait_s, keep trying (with its backoff) for up to that long."""

@@ -29,8 +29,14 @@ def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
         hist = pl.col(f"{spec.latency_field}_hist")
         good = hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum()
         total = hist.list.eval(pl.element().struct.field("n")).list.sum()
-        valid = total.alias("valid") if spec.sli_kind == "latency" else not_cancelled
-        counted = rows.select("window_start", *spec.slice_by, good.cast(pl.Int64).alias("good"), valid)
+        if spec.sli_kind == "latency":
+            counted = rows.select("window_start", *spec.slice_by, good.cast(pl.Int64).alias("good"), total.alias("valid"))
+        else:
+            # Goodput: the first-output histogram also holds attempts the client cancelled
+            # after their first token (an LLM stream abandoned mid-answer), which valid leaves
+            # out; capped so that good never exceeds valid (it used to crash the engine).
+            counted = rows.select("window_start", *spec.slice_by,
+                                  pl.min_horizontal(good.cast(pl.Int64), not_cancelled).alias("good"), not_cancelled)
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
 
 

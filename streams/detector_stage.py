@@ -119,7 +119,7 @@ class DetectorStage:
         self.cfg = cfg or detector_config.DetectorsConfig()
         self.set = detector_config.DetectorSet(self.cfg)
         self.links = links or AlertLinks()
-        self.alerts = FiringAlerts(alertmanager_url)
+        self.alerts = FiringAlerts(alertmanager_url, stage="detectors")
         self.collector = DetectorCollector([d.name for d in self.set.detectors])
         self.pending_requests: dict[int, list[pl.DataFrame]] = {}
         self.pending_gpu: dict[int, list[pl.DataFrame]] = {}
@@ -144,6 +144,7 @@ class DetectorStage:
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(SCHEMA_SQL)
+        self.alerts.restore(con)
         # fetchall, not fetchone: DuckDB refuses the next query while a result is unfinished.
         row = con.execute("SELECT max(processed_before_minute) FROM _tw_detector_progress").fetchall()[0]
         processed_before = int(row[0]) if row and row[0] is not None else None
@@ -251,6 +252,10 @@ class DetectorStage:
         for e in events:
             if e.state == "raised":
                 self.collector.raised[e.detection.detector] += 1
+        changes, self._uncommitted = self._uncommitted, []
+        for table, rows in self.alerts.stage_changes([(i, state == "raised", p) for i, state, p in changes]) \
+                + self.alerts.delivery_rows():
+            out[table] = rows
         return out
 
     def _keep(self, minute: int, table: str) -> bool:
@@ -294,11 +299,7 @@ class DetectorStage:
         return pl.DataFrame(rows, schema=EVENT_SCHEMA)
 
     def committed(self) -> None:
-        changes, self._uncommitted = self._uncommitted, []
-        for detection_id, state, payload in changes:
-            self.alerts.change(detection_id, state == "raised", payload)
-        if changes:
-            self.alerts.deliver()
+        self.alerts.committed()
 
     def deliver(self, wait_s: float = 0.0) -> None:
         self.alerts.deliver(wait_s)

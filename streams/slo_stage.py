@@ -75,7 +75,8 @@ class SloStage:
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()
-        self.alerts = FiringAlerts(alertmanager_url)
+        self.alerts = FiringAlerts(alertmanager_url, stage="slo")
+        self._outbox_rows: list[tuple[str, pl.DataFrame]] = []
         self.collector = SloCollector(specs)
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -96,6 +97,7 @@ class SloStage:
             minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
             change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left)
             self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
+        self.alerts.restore(con)
 
     def evaluate(self, closed: pl.DataFrame) -> tuple[pl.DataFrame | None, list[AlertChange]]:
         if closed.height == 0:
@@ -103,6 +105,9 @@ class SloStage:
         result = self.evaluator.feed(closed)
         self._count_events(result.counts)
         self.collector.snapshot = list(self.evaluator.states.values())
+        self._outbox_rows = self.alerts.stage_changes(
+            [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
+             for c in result.changes])
         rows = [
             {**r, "window_start": minute_start_utc(r["window_start"]),
              "burn_rates": [{"window": k, "burn_rate": v} for k, v in r["burn_rates"].items()]}
@@ -122,12 +127,14 @@ class SloStage:
                 events[key] = (good + int(row["good"]), bad + int(row["valid"] - row["good"]))
         self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
+    def outbox_rows(self) -> list[tuple[str, pl.DataFrame]]:
+        """The last evaluation's page payloads and what Alertmanager has taken since the last
+        mark, for this checkpoint."""
+        rows, self._outbox_rows = self._outbox_rows, []
+        return rows + self.alerts.delivery_rows()
+
     def committed(self, changes: list[AlertChange]) -> None:
-        if self.alerts.outbox is None:
-            return
-        for c in changes:
-            self.alerts.change(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
-        self.alerts.deliver()
+        self.alerts.committed()
 
     def deliver(self, wait_s: float = 0.0) -> None:
         self.alerts.deliver(wait_s)

@@ -70,6 +70,8 @@ CREATE TABLE IF NOT EXISTS alerts (
 CREATE TABLE IF NOT EXISTS _tw_offsets (
     topic VARCHAR, part INTEGER, next_offset BIGINT, watermark_ms BIGINT, PRIMARY KEY (topic, part)
 );
+CREATE TABLE IF NOT EXISTS _tw_alert_outbox (stage VARCHAR, seq BIGINT, payload VARCHAR);
+CREATE TABLE IF NOT EXISTS _tw_alert_delivered (stage VARCHAR, seq BIGINT);
 CREATE TABLE IF NOT EXISTS _tw_frontier (topic VARCHAR PRIMARY KEY, closed_before_minute BIGINT);
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);

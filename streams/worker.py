@@ -11,20 +11,18 @@ commits (at-least-once there; consumers dedupe by source offset / slice and minu
 A copy the producer refuses (a record too large, a topic gone) is counted and logged,
 never fatal: the store's `dead_letter` table and buckets hold the truth.
 
-Membership: the worker joins its group as a static member (`group.instance.id`, KIP-345),
-so a restarted process takes its partitions back within seconds. Minutes close over every
-partition of a topic, owned or not (streams/windows.py), so a partition that is somewhere
-else for a while delays closing instead of making its events late, and every closed
-minute is whole: SLOs and detectors always run on it.
+Membership: minutes close over every partition of a topic, owned or not
+(streams/windows.py), so a partition that is somewhere else for a while (a dead member
+not yet expired, a second worker) delays closing instead of making its events late, and
+every closed minute is whole: SLOs and detectors always run on it. With `instance_id`
+the worker is a static member (`group.instance.id`, KIP-345) and a restart takes its
+partitions back at once, on clusters that expire static members that leave.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -78,15 +76,9 @@ class WorkerSettings:
     signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
     # Event time: a partition read to its end that is this far behind the newest stops holding minutes open.
     idle_timeout_s: float = 60.0
-    instance_id: str | None = None  # static group membership; None: derived from host, group and store
+    # Static group membership (KIP-345) on a cluster that expires static members; None: dynamic.
+    instance_id: str | None = None
     drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
-
-
-def default_instance_id(group_id: str, store_path: str) -> str:
-    """Stable across restarts of the same worker (same host, group and store), different for
-    any other worker, so a restart reclaims its own membership and nobody else's."""
-    digest = hashlib.sha1(f"{group_id}|{os.path.abspath(store_path)}".encode()).hexdigest()[:12]
-    return f"tailwatch-{socket.gethostname()}-{digest}"
 
 
 class NotDrained(Exception):
@@ -186,7 +178,7 @@ class Worker:
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka)
-        consumer = make_consumer(s.kafka, s.group_id, s.instance_id or default_instance_id(s.group_id, s.store_path))
+        consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
         consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
         self._refresh_partitions(consumer)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -517,6 +509,7 @@ class Worker:
         if self.slo:
             began = time.process_time()
             cp.slo_status, cp.alert_changes = self.slo.evaluate(closed["sli_minute"])
+            cp.stage_rows.extend(self.slo.outbox_rows())
             self._stage_cpu("slo", began)
         if any(f.height for f in closed.values()):
             for stage in self.stages:

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--group", default="tailwatch-worker", help="consumer group id")
     p.add_argument("--instance-id", default=None, metavar="ID",
-                   help="static group membership id (default: from host, group and store, stable across restarts)")
+                   help="static group membership (KIP-345): a restart with the same id takes its partitions back "
+                        "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
     p.add_argument("--idle-timeout", type=_duration_s, default=60.0, metavar="DURATION",
                    help="event time: a partition read to its end and this far behind the newest stops holding "
@@ -203,6 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated minutes (default: 200, and 1440 for quiet-day)")
     c.add_argument("--rate-scale", type=float, default=0.3, help="multiply every request rate (default 0.3)")
     c.add_argument("--detectors", default="default", metavar="FILE", help="detector settings (default: built-in)")
+    c.add_argument("--trace", action="append", default=None, metavar="FILE",
+                   help="a public trace instead of the simulator (repeatable): Azure LLM inference CSV or Mooncake "
+                        "JSONL; a quiet day built from it, then the same day with every incident kind injected")
+    c.add_argument("--repeats", type=_positive_int, default=3, help="with --trace: incidents of each kind (default 3)")
+
+    p = sub.add_parser("backtest", help="replay the store through the autoscaler or the rollout verdict")
+    bsub = p.add_subparsers(dest="backtest_command", required=True, metavar="WHAT")
+    c = bsub.add_parser("autoscale", help="per pool: desired vs running replicas, minutes users waited, replica-hours")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb), opened read-only")
+    c.add_argument("--pool", action="append", default=None, metavar="P", help="only this pool (repeatable)")
+    c.add_argument("--from", dest="start", default=None, metavar="T", help="RFC 3339 start (default: the first bucket)")
+    c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
+    c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose first-output thresholds say who waited")
+    c.add_argument("--per-minute", action="store_true", help="also print every minute's desired and running replicas")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    c = bsub.add_parser("rollout", help="the verdict minute by minute for a canary version")
+    c.add_argument("model")
+    c.add_argument("version")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb), opened read-only")
+    c.add_argument("--from", dest="start", default=None, metavar="T", help="RFC 3339 start (default: the first bucket)")
+    c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
     p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
     p.add_argument("--minutes", type=_positive_int, default=120)

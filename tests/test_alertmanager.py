@@ -60,7 +60,7 @@ class Webhook:
         return []
 
 
-def start_alertmanager(tmp_path, webhook_port, port=None):
+def start_alertmanager(tmp_path, webhook_port, port=None, log_level="info"):
     need(AM_BIN is not None, "prometheus-alertmanager (Debian package)")
     port = port or free_port()
     cfg = tmp_path / f"am-{port}.yml"
@@ -78,7 +78,8 @@ receivers:
         send_resolved: true
 """)
     return start_until_ready("Alertmanager", [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
-                                              f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address="],
+                                              f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address=",
+                                              f"--log.level={log_level}"],
                              port, tmp_path / f"am-{port}.log", timeout_s=20)
 
 
@@ -171,5 +172,35 @@ def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, 
         resolved = hook.wait_for(lambda a: a["status"] == "resolved" and a["labels"].get("zone") == "us-east-1b"
                                  and a["labels"]["alertname"] == "SLOBurnPage")
         assert resolved, "Alertmanager never reported the page resolved"
+    finally:
+        proc.kill()
+
+
+def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_later(kafka, tmp_path):
+    """The outbox is in the store: a page that fired and resolved while Alertmanager was
+    down, in a worker that ended before it could deliver, is delivered by the next worker."""
+    sim = FleetSimulator("mixed-fleet", minutes=60, seed=7)
+    pub = EventPublisher(kafka)
+    pub.publish_events(sim.events())
+    pub.close()
+    store, am_port, group = tmp_path / "tw.duckdb", free_port(), f"g-{uuid.uuid4().hex[:6]}"
+    url = f"http://127.0.0.1:{am_port}"  # nothing listens there yet
+    settings = dict(kafka=kafka, store_path=str(store), group_id=group, http_port=None, until_idle_s=2.0,
+                    slos=load_slos(DEFAULT_SLOS), alertmanager_url=url)
+    assert Worker(WorkerSettings(**settings)).run() == 0
+    con = duckdb.connect(str(store), read_only=True)
+    fired = con.execute("SELECT count(*) FROM alerts WHERE alertname = 'SLOBurnPage'").fetchone()[0]
+    undelivered = con.execute("SELECT count(*) FROM _tw_alert_outbox WHERE stage = 'slo'").fetchone()[0]
+    assert fired > 0 and undelivered >= fired and con.execute("SELECT count(*) FROM _tw_alert_delivered").fetchone()[0] == 0
+    con.close()
+
+    proc, _ = start_alertmanager(tmp_path, Webhook().port, port=am_port, log_level="debug")
+    try:
+        assert Worker(WorkerSettings(**settings)).run() == 0  # nothing new to read: it only delivers
+        log = (tmp_path / f"am-{am_port}.log").read_text()
+        received = [line for line in log.splitlines() if "Received alert" in line and "SLOBurnPage" in line]
+        assert len(received) >= fired, log[-2000:]
+        con = duckdb.connect(str(store), read_only=True)
+        assert con.execute("SELECT max(seq) FROM _tw_alert_delivered WHERE stage = 'slo'").fetchone()[0] == undelivered - 1
     finally:
         proc.kill()

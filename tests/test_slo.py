@@ -256,3 +256,20 @@ def test_calendar_month_budget_starts_afresh_each_month(tmp_path):
     s.advance(last_of_oct + 2, 1000, 1000)  # 00:00 on 1 November: a new month, a new budget
     assert s.budget_remaining() == 1.0 and s.status().sli == 1.0
     assert s.burn(60) == pytest.approx(5.0)  # alert windows still roll across the boundary
+
+
+def test_goodput_good_never_exceeds_valid_when_cancelled_streams_had_a_first_token():
+    from datetime import datetime
+
+    import polars as pl
+
+    from slo import histogram
+    from slo.sli import good_valid
+
+    spec = next(s for s in load_slos(DEFAULT_SLOS) if s.sli_kind == "goodput")
+    row = {label: "x" for label in spec.slice_by} | dict(spec.selector)
+    frame = pl.DataFrame([{**row, "window_start": datetime(2026, 1, 1), "requests": 7, "cancelled": 1, "ok": 6,
+                           # 7 fast first tokens; one of those streams was then cancelled by its client
+                           "first_output_ms_hist": [{"bin": histogram.bin_of(50.0), "n": 7}]}])
+    got = good_valid(spec, frame)
+    assert got["good"].to_list() == [6] and got["valid"].to_list() == [6]
