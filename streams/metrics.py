@@ -22,6 +22,9 @@ class WorkerMetrics:
         self.publish_failures = Counter(
             "tailwatch_publish_failures_total", "Records Kafka refused on the worker's output topics (dead letters, "
             "closed buckets), by topic and Kafka error; the store still holds them.", ["topic", "error"], registry=r)
+        self.group_rescues = Counter(
+            "tailwatch_consumer_group_rescues_total", "Times the worker, holding no partition, found its consumer "
+            "group wedged on a departed leader and freed it (tailwatch/kafka.py rescue_wedged_group).", registry=r)
         self.late_events = Counter(
             "tailwatch_late_events_total", "Events older than the allowed lateness (dead-lettered).",
             ["topic"], registry=r)

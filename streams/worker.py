@@ -45,7 +45,7 @@ from streams.windows import MinuteWindows
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
 from slo.prices import GpuPrices
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, rescue_wedged_group, send
 
 log = logging.getLogger("tailwatch.worker")
 
@@ -123,6 +123,8 @@ class Worker:
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
         self._assigned_at: float | None = None
+        self._unassigned_since: float | None = None  # holding no partition since (monotonic)
+        self._last_group_rescue = 0.0
         self._stored_frontiers: dict[str, int | None] = {}
         self._topic_partitions: dict[str, set[int]] = {}  # every partition of each input topic (metadata)
         self._partitions_checked = 0.0
@@ -151,6 +153,8 @@ class Worker:
     # ---- lifecycle ------------------------------------------------------------------
     MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
     HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
+    # (or a quarter of the staleness bound, if that is shorter: a view between heartbeats must
+    # never look stale, or a pool that went quiet would be reported as a stale worker)
 
     def stop(self, *_args) -> None:
         self._stop = True
@@ -180,6 +184,7 @@ class Worker:
         self.producer = make_producer(s.kafka)
         consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
         consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._unassigned_since = time.monotonic()
         self._refresh_partitions(consumer)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -221,7 +226,7 @@ class Worker:
                     last_refresh = last_publish = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
-                elif http and now - last_publish >= self.HEARTBEAT_S:
+                elif http and now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4):
                     # Nothing changed: say the view still holds instead of rebuilding it.
                     http.publish(HttpState(None, self.readiness(), view_unchanged=True))
                     last_publish = now
@@ -235,6 +240,7 @@ class Worker:
                     last_progress = now
                 if now - self._partitions_checked >= 30:
                     self._refresh_partitions(consumer)  # topics may gain partitions
+                self._rescue_group_if_wedged(consumer, now)
                 if self._assigned_at is None:
                     if now - started > 60:
                         raise RuntimeError("the consumer group gave this worker no partitions within 60 s")
@@ -326,6 +332,8 @@ class Worker:
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
         self._assigned_at = time.monotonic()
+        if partitions:
+            self._unassigned_since = None
         self._refresh_partitions(consumer)
         for tp in partitions:
             tp.offset = self._stored_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
@@ -338,6 +346,23 @@ class Worker:
             if tp.topic in self.pipelines:
                 self.pipelines[tp.topic].assigned.discard(tp.partition)
                 self.pipelines[tp.topic].eof.discard(tp.partition)
+        if not any(p.assigned for p in self.pipelines.values()):
+            self._unassigned_since = time.monotonic()
+
+    GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
+
+    def _rescue_group_if_wedged(self, consumer, now: float) -> None:
+        """Holding no partition for a while: see whether the group is wedged on a departed
+        leader (a bug of the embedded broker, see `rescue_wedged_group`) and free it."""
+        since = self._unassigned_since
+        if since is None or now - since < self.GROUP_RESCUE_AFTER_S or now - self._last_group_rescue < self.GROUP_RESCUE_AFTER_S:
+            return
+        self._last_group_rescue = now
+        s = self.settings
+        done = rescue_wedged_group(s.kafka, s.group_id, list(self.pipelines), consumer.memberid())
+        if done:
+            self.metrics.group_rescues.inc()
+            log.warning("%s", done)
 
     def _refresh_partitions(self, consumer) -> None:
         """Every partition of each input topic, from the cluster's metadata."""

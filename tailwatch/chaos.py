@@ -290,6 +290,7 @@ class ChaosReport:
     second_workers: list[FaultWindow] = field(default_factory=list)
     final_exit_code: int | None = None
     final_log_tail: str = ""
+    group_rescues: int = 0  # times a worker freed the group from the broker's departed leader
     tables: list[TableCheck] = field(default_factory=list)
     events_lost: int = 0
     events_counted_twice: int = 0
@@ -379,6 +380,7 @@ class ChaosReport:
             f"  broker pauses (SIGSTOP)      {len(self.broker_pauses)} ({pauses or '-'})",
             f"  Alertmanager outages         {len(self.alertmanager_outages)} ({outages or '-'})",
             f"  worker exits on its own      {len(self.worker_crashes)}",
+            f"  wedged group rescued         {self.group_rescues} (the broker named a departed leader)",
             "result",
         ]
         if self.verification_error:
@@ -1405,6 +1407,9 @@ class _Chaos:
         final.mark_ended(f"until-idle exit {code}")
         self.report.final_exit_code = code
         self.report.final_log_tail = _log_tail(final.log_path, 20)
+        self.report.group_rescues = sum(
+            p.read_text(errors="replace").count("named a departed member as its leader")
+            for p in (self.out / "workers").glob("*.log"))
         self.say(f"chaos: {self.at():5.1f} s  final worker exited {code}")
 
     def check_exits_final(self) -> None:

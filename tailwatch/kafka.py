@@ -164,3 +164,72 @@ def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
             err = exc.args[0] if exc.args else exc
             on_error(err.name() if hasattr(err, "name") else str(err))
             return
+
+
+def rescue_wedged_group(settings: KafkaSettings, group_id: str, topics: list[str], own_member_id: str | None,
+                        session_timeout_ms: int = 3000) -> str | None:
+    """Free a consumer group whose coordinator names a leader that is no longer a member.
+
+    The embedded broker (Tansu 0.6.0, build 510f3e2) has this bug: a LeaveGroup from the
+    leader while the group is rebalancing removes the member but keeps it as the leader
+    (`Inner<Forming>::leave` never clears `state.leader`). Every later JoinGroup is told
+    that ghost is the leader, no SyncGroup completes, and the group never assigns a
+    partition again, to old members or new ones, until the broker restarts. Two workers
+    stopping within a second of each other, or a worker stopping while the group is
+    still settling after a broker pause, is enough.
+
+    The way out, from the coordinator's own rules: join once as the ghost's member id
+    (an unknown id is admitted as a member, so the leader is a member again), then say
+    nothing more; its session lapses, and evicting a leader for a missed heartbeat does
+    clear the leader, so the live members' next join elects one of them.
+
+    Called only when this worker has had no partition for a while. A group that is
+    healthy and simply has more members than partitions is left alone: it is stable and
+    lists `own_member_id`. Returns what was done, or None when the group is not wedged.
+    """
+    import asyncio
+    import struct
+    import uuid
+
+    from aiokafka.client import AIOKafkaClient, CoordinationType
+    from aiokafka.protocol.group import JoinGroupRequest
+    from confluent_kafka import ConsumerGroupState
+
+    admin = AdminClient(settings.base_config())
+    try:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result()
+    except KafkaException:
+        return None
+    members = {m.member_id for m in desc.members}
+    if desc.state == ConsumerGroupState.STABLE and own_member_id in members:
+        return None
+    # ConsumerProtocolMemberMetadata v0: version, topics, no user data.
+    metadata = struct.pack(">hi", 0, len(topics)) + b"".join(
+        struct.pack(">h", len(t.encode())) + t.encode() for t in topics) + struct.pack(">i", 0)
+
+    async def rescue() -> str | None:
+        client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15_000)
+        await client.bootstrap()
+        try:
+            node = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+
+            async def join(member_id: str):
+                return await client.send(node, JoinGroupRequest(
+                    group_id, session_timeout_ms, session_timeout_ms, member_id, None, "consumer",
+                    [("range", metadata)]))
+
+            probe = f"tailwatch-probe-{uuid.uuid4()}"
+            leader = getattr(await join(probe), "leader_id", None) or None
+            if not leader or leader == probe or leader in members:
+                return None
+            await join(leader)
+            return f"consumer group {group_id} named a departed member as its leader ({leader}); re-admitted it " \
+                   f"so the broker evicts it and elects a live one"
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(rescue())
+    except Exception as exc:  # best effort: the watchdog tries again later
+        logging.getLogger(__name__).warning("could not inspect consumer group %s: %s", group_id, exc)
+        return None
