@@ -4,10 +4,24 @@ more than a threshold against a trailing baseline while task success does not im
 Cost is read in GPU-seconds (the store's `gpu_seconds`): against a baseline of the same
 model on the same SKU, the price per GPU-second cancels out of the ratio, so no price
 table is needed to see the regression; the evidence carries both figures.
+
+Calibrated on heavy-tailed work (the Azure code trace's output lengths, Mooncake's prompts):
+GPU-seconds per turn swing minute to minute, so a +30% rule on a few minutes fires on quiet
+traffic. Instead, per cost figure (per successful turn, per 1,000 tokens):
+
+- the window is long (10 minutes) and its cost is volume-weighted (GPU-seconds summed ÷
+  turns or tokens summed), never a mean of per-minute ratios;
+- the baseline's level is the median of its window-long blocks' ratios (a past incident in
+  the trailing two hours does not move it), and its noise is measured: the per-minute
+  residuals of GPU-seconds around level × volume give the variance per unit of volume, so
+  the window's ratio has a standard error that shrinks with its own volume;
+- it breaches when the rise is both large (`increase_threshold`) and significant (`z`
+  standard errors above the baseline), with `min_successful_turns` in the window.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -19,11 +33,12 @@ NAME = "cost_regression"
 @dataclass(frozen=True)
 class CostRegressionConfig:
     enabled: bool = True
-    window_minutes: int = 5
-    increase_threshold: float = 0.3  # breach when cost is up strictly more than 30% on the baseline
+    window_minutes: int = 10
+    increase_threshold: float = 0.3  # breach when cost is up strictly more than 30% on the baseline ...
+    z: float = 4.0  # ... and more than this many standard errors above it
     success_gain_min: float = 0.01  # a task-success gain of at least this (absolute) excuses a cost rise
-    baseline_minutes: int = 60
-    min_baseline_minutes: int = 20
+    baseline_minutes: int = 120
+    min_baseline_minutes: int = 30
     min_successful_turns: int = 50  # in the window
     slice_by: tuple[str, ...] = ("workload", "model")
     clear_minutes: int = 3
@@ -66,34 +81,83 @@ class CostBaseline:
     per_successful_turn: float | None
     per_1k_tokens: float | None
     task_success: float | None
+    # Noise: the variance of GPU-seconds per unit of volume (a successful turn; 1,000 tokens)
+    # and the baseline's volume. None: unknown, judged on the increase alone.
+    per_successful_turn_var: float | None = None
+    per_1k_tokens_var: float | None = None
+    successful_turns: int = 0
+    tokens: int = 0
 
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def baseline(minutes: list[CostSums]) -> CostBaseline:
-    """Medians of the per-minute costs over the trailing minutes: a ratio of sums would
-    carry a past incident's minutes into the baseline (prompts that tripled for 20 minutes
-    of the hour make the hour after look like a cost regression per 1,000 tokens)."""
-    return CostBaseline(
-        _median([m.per_successful_turn for m in minutes if m.per_successful_turn is not None]),
-        _median([m.per_1k_tokens for m in minutes if m.per_1k_tokens is not None]),
-        _total(minutes).task_success,
-    )
+_VOLUME = {"per_successful_turn": (lambda s: s.successful_turns, 1.0),
+           "per_1k_tokens": (lambda s: s.tokens, 1000.0)}
+
+
+def _level_and_noise(minutes: list[CostSums], block: int, name: str) -> tuple[float | None, float | None]:
+    """The median of `block`-minute blocks' volume-weighted costs, and the variance of
+    GPU-seconds per unit of volume around it (per-minute residuals, volume-weighted)."""
+    volume, unit = _VOLUME[name]
+    block = max(1, block)
+    ratios = []
+    for i in range(0, len(minutes), block):
+        part = _total(minutes[i:i + block])
+        r = getattr(part, name)
+        if r is not None:
+            ratios.append(r)
+    level = _median(ratios)
+    if level is None:
+        return None, None
+    vol = sum(volume(m) for m in minutes) / unit
+    if vol <= 0:
+        return level, None
+    residual = sum((m.gpu_seconds - level * volume(m) / unit) ** 2 for m in minutes)
+    return level, residual / vol
+
+
+def baseline(minutes: list[CostSums], block_minutes: int = 1) -> CostBaseline:
+    """The trailing minutes' cost level and noise. The level is a median of block ratios: a
+    ratio of all the sums would carry a past incident's minutes into the baseline (prompts
+    that tripled for 20 minutes make the hours after look like a cost regression per 1,000
+    tokens)."""
+    turn, turn_var = _level_and_noise(minutes, block_minutes, "per_successful_turn")
+    tok, tok_var = _level_and_noise(minutes, block_minutes, "per_1k_tokens")
+    total = _total(minutes)
+    return CostBaseline(turn, tok, total.task_success, turn_var, tok_var, total.successful_turns, total.tokens)
+
+
+def z_score(now: float, before: float, var_per_unit: float | None, window_volume: float,
+            base_volume: float) -> float | None:
+    """Standard errors between the window's cost and the baseline's: the window's ratio of
+    sums has variance var_per_unit ÷ its volume (and the baseline's ÷ its own)."""
+    if var_per_unit is None or window_volume <= 0:
+        return None
+    se2 = var_per_unit / window_volume + (var_per_unit / base_volume if base_volume > 0 else 0.0)
+    if se2 <= 0:
+        return math.inf if now > before else 0.0
+    return (now - before) / math.sqrt(se2)
 
 
 def regression(window: CostSums, base: CostBaseline, cfg: CostRegressionConfig) -> dict[str, float] | None:
     """The evidence when the window's cost regressed against the baseline, else None."""
     if window.successful_turns < cfg.min_successful_turns:
         return None
-    rises, breached = {}, False
+    rises, zs, breached = {}, {}, False
     for name in ("per_successful_turn", "per_1k_tokens"):
         now, before = getattr(window, name), getattr(base, name)
         if now is not None and before:
             rises[name] = now / before - 1
+            volume, unit = _VOLUME[name]
+            base_volume = (base.successful_turns if name == "per_successful_turn" else base.tokens) / unit
+            z = z_score(now, before, getattr(base, f"{name}_var"), volume(window) / unit, base_volume)
+            if z is not None:
+                zs[name] = z
             # Compared as a product: 1.3 / 1.0 - 1 is 0.30000000000000004 in floating point.
-            breached = breached or now > before * (1 + cfg.increase_threshold)
+            large = now > before * (1 + cfg.increase_threshold)
+            breached = breached or (large and (z is None or z > cfg.z))
     if not breached:
         return None
     s_now, s_before = window.task_success, base.task_success
@@ -104,6 +168,9 @@ def regression(window: CostSums, base: CostBaseline, cfg: CostRegressionConfig) 
           "cost_increase": round(max(rises.values()), 4), "increase_threshold": cfg.increase_threshold,
           "task_success": round(s_now or 0.0, 6), "task_success_baseline": round(s_before or 0.0, 6),
           "successful_turns": window.successful_turns}
+    if zs:
+        ev["z"] = round(min(max(zs.values()), 1e6), 3)
+        ev["z_threshold"] = cfg.z
     if "per_1k_tokens" in rises:
         ev["gpu_seconds_per_1k_tokens"] = round(window.per_1k_tokens, 6)
         ev["gpu_seconds_per_1k_tokens_baseline"] = round(base.per_1k_tokens, 6)
@@ -130,7 +197,7 @@ class CostRegressionDetector:
             base = h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
             if not window or len(base) < cfg.min_baseline_minutes:
                 continue
-            ev = regression(_total(window), baseline(base), cfg)
+            ev = regression(_total(window), baseline(base, cfg.window_minutes), cfg)
             if ev is not None:
                 ev["window_minutes"] = cfg.window_minutes
                 findings.append(Finding(h.labels[key], ev))

@@ -60,7 +60,8 @@ class IdleButSlowConfig:
     latency_field: str = "e2e_ms_p95"  # or first_output_ms_p95, queue_ms_p95
     latency_rise_factor: float = 2.0  # window latency at or above this multiple of the baseline
     min_requests: int = 30  # requests in the window
-    baseline_minutes: int = 60
+    min_minutes_over: int = 2  # minutes of the window whose own latency is at or above the rise, too
+    baseline_minutes: int = 120  # longer than an incident: a half-hour of short answers must not own the median
     min_baseline_minutes: int = 15
     clear_minutes: int = 3
 
@@ -201,7 +202,11 @@ class IdleButSlowDetector:
                 continue
             latency = sum(v * n for v, n in weighted) / sum(n for _, n in weighted)
             baseline = statistics.median(base)
-            if util < cfg.util_pct_max and baseline > 0 and latency >= cfg.latency_rise_factor * baseline:
+            # One long answer sets a quiet minute's p95 on heavy-tailed LLM work: a pool that
+            # is slow stays slow, so the rise must hold minute by minute, not only on average.
+            over = sum(v >= cfg.latency_rise_factor * baseline for v, _ in weighted)
+            if util < cfg.util_pct_max and baseline > 0 and latency >= cfg.latency_rise_factor * baseline \
+                    and over >= min(cfg.min_minutes_over, cfg.window_minutes):
                 findings.append(Finding(h.labels[key], {
                     # Low utilisation is conclusive on its own (no kernel running, no SM active);
                     # the SM activity seen is shown beside it where the pool reports one.
@@ -209,6 +214,6 @@ class IdleButSlowDetector:
                     f"{cfg.latency_field}": round(latency, 3),
                     f"{cfg.latency_field}_baseline": round(baseline, 3),
                     "latency_ratio": round(latency / baseline, 4), "requests": requests,
-                    "window_minutes": cfg.window_minutes,
+                    "window_minutes": cfg.window_minutes, "minutes_over": over,
                 }))
         return self.tracker.update(m.minute, findings)

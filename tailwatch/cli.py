@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
+    p.add_argument("--chaos", action="store_true",
+                   help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "
+                        "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")
+    p.add_argument("--seed", type=int, default=7, help="chaos: the fault schedule's seed")
+    p.add_argument("--minutes", type=_positive_int, default=120, help="chaos: event-minutes of traffic (default 120)")
+    p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir)")
     return parser
 
 

@@ -270,14 +270,29 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tailwatch.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors
+    from tailwatch.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors, cmd_eval_traces
 
+    if args.trace:
+        if args.scenario:
+            raise CliError("--trace and --scenario are exclusive: a trace run builds its own scenarios")
+        return cmd_eval_traces(args.trace, args.seed, args.minutes or 1440, args.repeats, args.detectors)
     names = args.scenario or ["all"]
     scenarios = list(EVAL_SCENARIOS) if "all" in names else names
     unknown = [n for n in scenarios if n not in (*EVAL_SCENARIOS, SUITE)]
     if unknown:
         raise CliError(f"unknown detector scenario {unknown[0]!r}; known: {', '.join(EVAL_SCENARIOS)}, {SUITE}, all")
     return cmd_eval_detectors(scenarios, args.seed, args.minutes, args.rate_scale, args.detectors)
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from streams.store import DEFAULT_STORE
+    from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
+
+    path = args.store or DEFAULT_STORE
+    if args.backtest_command == "autoscale":
+        return cmd_backtest_autoscale(path, args.pool, args.start, args.end, load_slo_option(args.slos),
+                                      args.per_minute, args.format)
+    return cmd_backtest_rollout(path, args.model, args.version, args.start, args.end, args.format)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -287,6 +302,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.chaos:
+        import tempfile
+
+        from tailwatch.chaos import ChaosSetupError, run_chaos
+
+        out = args.out or tempfile.mkdtemp(prefix="tailwatch-chaos-")
+        try:
+            report = run_chaos(args.seed, args.minutes, out, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        except ChaosSetupError as exc:
+            raise CliError(str(exc)) from None
+        print(report.table())
+        return 0 if report.ok else 1
     if args.api:
         from tailwatch.bench_api import BenchError, run as run_api
 

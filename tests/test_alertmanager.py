@@ -5,12 +5,9 @@ what a pager integration would receive: the page, its labels and links, and its
 resolution.
 """
 
-import json
 import shutil
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import duckdb
 
@@ -21,31 +18,14 @@ from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
 from streams.worker import Worker, WorkerSettings
+from tailwatch.chaos import Webhook as ChaosWebhook
 from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
-class Webhook:
-    """Collects what Alertmanager posts to its webhook receiver."""
-
-    def __init__(self):
-        self.notifications: list[dict] = []
-        received = self.notifications
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+class Webhook(ChaosWebhook):
+    """Collects what Alertmanager posts to its webhook receiver (tailwatch/chaos.py's)."""
 
     def alerts(self):
         return [a for n in self.notifications for a in n["alerts"]]

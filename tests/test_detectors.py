@@ -191,7 +191,7 @@ def _queue_minutes(ages: list[float]):
 
 
 def test_queue_age_detector_fires_at_end_of_breaching_window():
-    d = QueueAgeDetector(QueueAgeConfig(window_minutes=3, clear_minutes=1))
+    d = QueueAgeDetector(QueueAgeConfig(window_minutes=3, clear_minutes=1, min_minutes_over=1))  # the mean alone
     events = run(d, _queue_minutes([20, 20, 20, 20, 3100, 3100, 20, 20, 20, 20]))
     assert [e.state for e in events] == ["raised", "ended"]
     assert events[0].at_minute == T0 + 4
@@ -328,6 +328,18 @@ def test_idle_but_slow_fires_on_latency_with_idle_gpus_only():
     # Exactly 2x (the factor) breaches; zero requests never do.
     assert raised(run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=2000) for i in range(4)]))
     assert run(IdleButSlowDetector(cfg), base + [_pool_minute(10 + i, 25, 20, e2e=3000, requests=0) for i in range(4)]) == []
+
+
+def test_idle_but_slow_wants_the_rise_in_two_minutes_not_one_long_answer():
+    # Heavy-tailed LLM work: one long answer makes a quiet minute's p95 ten times the usual;
+    # the window's mean is over 2x, but a slow pool is slow minute after minute.
+    cfg = IdleButSlowConfig(baseline_minutes=10, min_baseline_minutes=5, min_requests=30)
+    base = [_pool_minute(i, 25, 20, e2e=1000) for i in range(10)]
+    spike = [_pool_minute(10, 25, 20, e2e=10_000)] + [_pool_minute(11 + i, 25, 20, e2e=1000) for i in range(4)]
+    assert run(IdleButSlowDetector(cfg), base + spike) == []
+    slow = [_pool_minute(10, 25, 20, e2e=2500), _pool_minute(11, 25, 20, e2e=2500)]
+    events = raised(run(IdleButSlowDetector(cfg), base + slow))
+    assert len(events) == 1 and events[0].evidence["minutes_over"] == 2
 
 
 # ---- KV cache and prompts -----------------------------------------------------------------
@@ -581,3 +593,76 @@ def test_every_detector_has_a_runbook():
     root = Path(__file__).resolve().parents[1]
     for name in C.DETECTOR_NAMES:
         assert (root / detector_runbook(name)).is_file(), name
+
+
+# ---- calibrated on real traffic shapes (issue 11) -------------------------------------------
+
+def test_retry_storm_is_judged_on_significance_not_a_fixed_count():
+    from detectors.retry_storm import wilson_lower
+
+    assert wilson_lower(0, 0, 3.09) == 0.0
+    assert wilson_lower(3, 20, 3.09) < 0.1 < 3 / 20  # a small slice's noisy ratio: not evidence
+    assert wilson_lower(60, 200, 3.09) > 0.1
+    cfg = RetryStormConfig()
+    # 15% retries on 20 attempts a minute, for minutes on end: never significant.
+    assert run(RetryStormDetector(cfg), _retry_minutes([0.15] * 8, requests=20)) == []
+    # A real storm on a small slice (28% of 40 attempts a minute) is raised, within 2 minutes.
+    events = raised(run(RetryStormDetector(cfg), _retry_minutes([0.0] * 5 + [0.28] * 5, requests=40)))
+    assert len(events) == 1 and events[0].at_minute <= T0 + 6
+    # On a big slice the storm's first minute is enough: not diluted by the quiet minutes before it.
+    events = raised(run(RetryStormDetector(cfg), _retry_minutes([0.0] * 5 + [0.2] * 5, requests=300)))
+    assert events[0].at_minute == T0 + 5 and events[0].evidence["breached_minutes"] == 1
+
+
+def test_queue_age_one_minute_burst_is_not_saturation():
+    cfg = QueueAgeConfig()
+    # A burst parks one request for 5 s in one minute (real traffic at 35% utilisation does this).
+    assert run(QueueAgeDetector(cfg), _queue_minutes([30, 30, 30, 5500, 30, 30, 30, 30])) == []
+    # A saturated queue stays old: raised on its second minute.
+    events = raised(run(QueueAgeDetector(cfg), _queue_minutes([30, 30, 30, 3000, 3000, 3000, 30])))
+    assert len(events) == 1 and events[0].at_minute == T0 + 4 and events[0].evidence["minutes_over"] == 2
+
+
+def _heavy_cost_minutes(n: int, seed: int, factor: float = 1.0, start: int = 0, turns: int = 60):
+    """Minutes of heavy-tailed work: GPU-seconds per turn lognormal with sigma 1.2 (the p99
+    turn costs ~16x the median, like output lengths of the Azure code trace)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        g = float(rng.lognormal(0.0, 1.2, turns).sum()) * factor
+        out.append(minute(start + i, [req_rows(T0 + start + i, requests=turns, turns=turns, successful_turns=turns,
+                                               gpu_seconds=g, prompt_tokens=turns * 500, output_tokens=turns * 100)]))
+    return out
+
+
+def test_cost_regression_does_not_fire_on_heavy_tailed_quiet_work_and_finds_a_real_rise():
+    cfg = CostRegressionConfig()
+    old = CostRegressionConfig(window_minutes=5, baseline_minutes=60, min_baseline_minutes=20, z=0.0)
+    quiet_new = quiet_old = 0
+    for seed in range(6):
+        quiet = _heavy_cost_minutes(300, seed)
+        quiet_new += len(raised(run(CostRegressionDetector(cfg), quiet)))
+        quiet_old += len(raised(run(CostRegressionDetector(old), quiet)))
+    assert quiet_new == 0
+    assert quiet_old > 0  # the fixed +30% on 5 minutes against a median of minutes: fires on noise
+    # A build that spends 60% more per turn for 35 minutes is found, with its z-score as evidence.
+    found = 0
+    for seed in range(6):
+        ms = _heavy_cost_minutes(150, seed) + _heavy_cost_minutes(35, 100 + seed, factor=1.6, start=150)
+        events = raised(run(CostRegressionDetector(cfg), ms))
+        found += bool(events) and all(T0 + 150 <= e.at_minute < T0 + 190 for e in events)
+        for e in events:
+            assert e.evidence["z"] > cfg.z and e.evidence["cost_increase"] > cfg.increase_threshold
+    assert found == 6
+
+
+def test_cost_baseline_level_ignores_a_past_incident_in_the_window():
+    from detectors.cost import baseline
+
+    calm = [CostSums(100.0, 100, 100, 10_000)] * 90
+    spike = [CostSums(300.0, 100, 100, 10_000)] * 30  # a past 3x incident in the trailing two hours
+    b = baseline(calm[:45] + spike + calm[45:], block_minutes=10)
+    assert b.per_successful_turn == pytest.approx(1.0) and b.per_1k_tokens == pytest.approx(10.0)
+    assert b.per_successful_turn_var > 0  # ... but its noise is counted: judgements get more cautious
