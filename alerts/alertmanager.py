@@ -1,8 +1,9 @@
 """Delivery of alert state changes to Alertmanager through its v2 HTTP API.
 
 State changes queue in an outbox and are posted in order; when Alertmanager is down the
-outbox keeps them and retries with exponential backoff (bounded), so no change is lost
-while the process lives. Times are event times: `startsAt` is when the condition began
+outbox keeps them and retries with jittered exponential backoff (bounded), so no change is
+lost while the process lives (and, through the store's durable outbox, across restarts);
+every alert goes to every Alertmanager of an HA cluster. Times are event times: `startsAt` is when the condition began
 in the telemetry and `endsAt` when it cooled, so a replay pages with the same times.
 """
 
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
+from prometheus_client.core import CounterMetricFamily
 
 from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from slo.engine import AlertChange
@@ -25,7 +29,7 @@ from slo.windows import minute_start_utc
 
 log = logging.getLogger("tailwatch.alerts")
 OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
-DELIVERED_SCHEMA = {"stage": pl.String, "seq": pl.Int64}
+DELIVERED_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "target": pl.String}
 
 
 @dataclass(frozen=True)
@@ -92,18 +96,27 @@ def _no_data_alert(change: AlertChange, links: AlertLinks) -> dict:
 
 
 class AlertmanagerOutbox:
-    """In-order, retried delivery of alert payloads to one Alertmanager."""
+    """In-order, retried delivery of alert payloads to one Alertmanager.
 
-    def __init__(self, url: str, timeout_s: float = 5.0, max_backoff_s: float = 30.0, max_pending: int = 100_000):
-        self.url = url.rstrip("/") + "/api/v2/alerts"
+    A refusal that retrying cannot fix (a 4xx other than 408 and 429: Alertmanager says the
+    payload is wrong) drops that batch with a log line and a count, so it cannot block every
+    change queued behind it; anything else (unreachable, 5xx, 408, 429) is retried with
+    exponential backoff and full jitter, so instances that come back are not hit in step."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, max_backoff_s: float = 30.0, max_pending: int = 100_000,
+                 rng: random.Random | None = None):
+        self.target = url.rstrip("/")
+        self.url = self.target + "/api/v2/alerts"
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
         self.max_pending = max_pending
         self.pending: deque[dict] = deque()
         self.pending_seqs: deque[int | None] = deque()  # the durable outbox's sequence number of each, if any
-        self.delivered_seq = -1  # the highest sequence number delivered
+        self.delivered_seq = -1  # the highest sequence number delivered (or given up on, refused)
         self.delivered = 0
         self.failures = 0
+        self.refused = 0  # alerts dropped on a 4xx
+        self._rng = rng or random.Random()
         self._backoff_s = 0.0
         self._next_try = 0.0  # monotonic clock: when to try again after a failure
 
@@ -112,7 +125,8 @@ class AlertmanagerOutbox:
             # Never drop silently: the oldest change goes, and the log says so.
             dropped = self.pending.popleft()
             self.pending_seqs.popleft()
-            log.error("alert outbox full (%d): dropping the oldest change for %s", self.max_pending, dropped["labels"])
+            log.error("alert outbox for %s full (%d): dropping the oldest change for %s", self.target,
+                      self.max_pending, dropped["labels"])
         self.pending.append(alert)
         self.pending_seqs.append(seq)
 
@@ -124,29 +138,42 @@ class AlertmanagerOutbox:
             return False
         while self.pending:
             chunk = [self.pending[i] for i in range(min(batch, len(self.pending)))]
-            if not self._post(chunk):
+            outcome = self._post(chunk)
+            if outcome == "retry":
                 self.failures += 1
                 self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
-                self._next_try = time.monotonic() + self._backoff_s
+                self._next_try = time.monotonic() + self._rng.uniform(0.0, self._backoff_s)
                 return False
             for _ in chunk:
                 self.pending.popleft()
                 seq = self.pending_seqs.popleft()
                 if seq is not None and seq > self.delivered_seq:
                     self.delivered_seq = seq
-            self.delivered += len(chunk)
+            if outcome == "refused":
+                self.refused += len(chunk)
+            else:
+                self.delivered += len(chunk)
             self._backoff_s = 0.0
         return True
 
-    def _post(self, alerts: list[dict]) -> bool:
+    def _post(self, alerts: list[dict]) -> str:
+        """'ok', 'refused' (a 4xx retrying cannot fix) or 'retry'."""
         req = urllib.request.Request(self.url, data=json.dumps(alerts).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return 200 <= resp.status < 300
+                return "ok" if 200 <= resp.status < 300 else "retry"
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                detail = exc.read(500).decode("utf-8", "replace").strip()
+                log.error("Alertmanager at %s refused %d alerts (HTTP %d: %s): dropped, not retried",
+                          self.target, len(alerts), exc.code, detail)
+                return "refused"
+            log.warning("Alertmanager at %s did not take %d alerts: HTTP %d", self.target, len(alerts), exc.code)
+            return "retry"
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            log.warning("Alertmanager at %s did not take %d alerts: %s", self.url, len(alerts), exc)
-            return False
+            log.warning("Alertmanager at %s did not take %d alerts: %s", self.target, len(alerts), exc)
+            return "retry"
 
 
 # ---- detectors -------------------------------------------------------------------------
@@ -197,6 +224,11 @@ class FiringAlerts:
     alert it has not heard of for its resolve_timeout (5 m by default), as Prometheus does.
     Without a URL nothing is sent and the calls are no-ops.
 
+    Alertmanager's high availability asks clients to send every alert to every instance of
+    the cluster, never to load-balance: each URL has its own outbox, backoff and delivered
+    mark, so one instance down holds back nothing sent to the others, and gets everything
+    once it is back.
+
     The outbox is durable: each change's payload is staged (`stage_changes`) as a row of
     `_tw_alert_outbox` in the checkpoint that commits the change, and what Alertmanager took
     is marked in `_tw_alert_delivered` by a later checkpoint (`delivery_rows`). On start
@@ -206,26 +238,30 @@ class FiringAlerts:
 
     RESEND_S = 60.0
 
-    def __init__(self, url: str | None, stage: str = ""):
-        self.outbox = AlertmanagerOutbox(url) if url else None
+    def __init__(self, urls: Sequence[str] = (), stage: str = ""):
+        self.outboxes = [AlertmanagerOutbox(u) for u in dict.fromkeys(urls)]
         self.stage = stage
         self.payloads: dict[str, dict] = {}  # key (fingerprint, detection id) → payload while firing
         self._last_resend = time.monotonic()
         self._next_seq = 0
         self._staged: list[tuple[str, bool, dict, int]] = []  # written with the checkpoint, handed out on commit
-        self._marked_seq = -1  # the delivered mark last written to the store
+        self._marked_seq: dict[str, int] = {}  # per target: the delivered mark last written to the store
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.outboxes)
 
     def change(self, key: str, firing: bool, payload: dict, seq: int | None = None) -> None:
         if firing:
             self.payloads[key] = payload
         else:
             self.payloads.pop(key, None)
-        if self.outbox is not None:
-            self.outbox.put(payload, seq)
+        for outbox in self.outboxes:
+            outbox.put(payload, seq)
 
     def stage_changes(self, changes: list[tuple[str, bool, dict]]) -> list[tuple[str, pl.DataFrame]]:
         """Number this checkpoint's changes and return the store rows that make them durable."""
-        if self.outbox is None or not changes:
+        if not self.outboxes or not changes:
             return []
         rows = []
         for key, firing, payload in changes:
@@ -243,37 +279,73 @@ class FiringAlerts:
             self.deliver()
 
     def delivery_rows(self) -> list[tuple[str, pl.DataFrame]]:
-        """A row marking what Alertmanager has taken since the last mark (for a checkpoint)."""
-        if self.outbox is None or self.outbox.delivered_seq <= self._marked_seq:
-            return []
-        self._marked_seq = self.outbox.delivered_seq
-        return [("_tw_alert_delivered", pl.DataFrame([(self.stage, self._marked_seq)], schema=DELIVERED_SCHEMA,
-                                                     orient="row"))]
+        """Rows marking what each Alertmanager has taken since its last mark (for a checkpoint)."""
+        rows = []
+        for outbox in self.outboxes:
+            if outbox.delivered_seq > self._marked_seq.get(outbox.target, -1):
+                self._marked_seq[outbox.target] = outbox.delivered_seq
+                rows.append((self.stage, outbox.delivered_seq, outbox.target))
+        return [("_tw_alert_delivered", pl.DataFrame(rows, schema=DELIVERED_SCHEMA, orient="row"))] if rows else []
 
     def restore(self, con) -> None:
-        """On start: queue every change past the last delivered mark, in order."""
-        if self.outbox is None:
+        """On start: queue, per Alertmanager, every change past its last delivered mark, in order.
+        (A mark without a target is from the single-URL days: it stands for every target.)"""
+        if not self.outboxes:
             return
-        row = con.execute("SELECT max(seq) FROM _tw_alert_delivered WHERE stage = ?", [self.stage]).fetchone()
-        self._marked_seq = self.outbox.delivered_seq = row[0] if row and row[0] is not None else -1
-        undelivered = con.execute("SELECT seq, payload FROM _tw_alert_outbox WHERE stage = ? AND seq > ? ORDER BY seq",
-                                  [self.stage, self._marked_seq]).fetchall()
-        for seq, payload in undelivered:
-            self.outbox.put(json.loads(payload), seq)
         row = con.execute("SELECT max(seq) FROM _tw_alert_outbox WHERE stage = ?", [self.stage]).fetchone()
         self._next_seq = row[0] + 1 if row and row[0] is not None else 0
-        if undelivered:
-            log.info("%s: %d alert changes not confirmed delivered before the restart are sent again",
-                     self.stage, len(undelivered))
+        for outbox in self.outboxes:
+            row = con.execute("SELECT max(seq) FROM _tw_alert_delivered WHERE stage = ? AND coalesce(target, ?) = ?",
+                              [self.stage, outbox.target, outbox.target]).fetchone()
+            mark = row[0] if row and row[0] is not None else -1
+            self._marked_seq[outbox.target] = outbox.delivered_seq = mark
+            undelivered = con.execute(
+                "SELECT seq, payload FROM _tw_alert_outbox WHERE stage = ? AND seq > ? ORDER BY seq",
+                [self.stage, mark]).fetchall()
+            for seq, payload in undelivered:
+                outbox.put(json.loads(payload), seq)
+            if undelivered:
+                log.info("%s: %d alert changes not confirmed delivered to %s before the restart are sent again",
+                         self.stage, len(undelivered), outbox.target)
 
     def deliver(self, wait_s: float = 0.0) -> None:
-        """Try the outbox; with wait_s, keep trying (with its backoff) for up to that long."""
-        if self.outbox is None:
+        """Try every outbox; with wait_s, keep trying (with their backoff) for up to that long."""
+        if not self.outboxes:
             return
         if time.monotonic() - self._last_resend >= self.RESEND_S:
             self._last_resend = time.monotonic()
             for payload in self.payloads.values():
-                self.outbox.put(payload)
+                for outbox in self.outboxes:
+                    outbox.put(payload)
         deadline = time.monotonic() + wait_s
-        while not self.outbox.flush() and time.monotonic() < deadline:
+        while not all([outbox.flush() for outbox in self.outboxes]) and time.monotonic() < deadline:
             time.sleep(0.2)
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per Alertmanager: alerts delivered and alerts refused (4xx, dropped)."""
+        return {o.target: (o.delivered, o.refused) for o in self.outboxes}
+
+    def collector(self) -> "DeliveryCollector":
+        return DeliveryCollector(self)
+
+
+class DeliveryCollector:
+    """`tailwatch_alerts_delivered_total` and `tailwatch_alerts_refused_total` per stage and
+    Alertmanager (the configured URLs: a handful, so the label stays bounded)."""
+
+    def __init__(self, alerts: FiringAlerts):
+        self.alerts = alerts
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        delivered = CounterMetricFamily("tailwatch_alerts_delivered", "Alert changes Alertmanager took, per instance.",
+                                        labels=["stage", "alertmanager"])
+        refused = CounterMetricFamily("tailwatch_alerts_refused", "Alert changes an Alertmanager refused with a 4xx "
+                                      "(dropped with a log line, never retried).", labels=["stage", "alertmanager"])
+        for target, (ok, bad) in self.alerts.counts().items():
+            delivered.add_metric([self.alerts.stage, target], ok)
+            refused.add_metric([self.alerts.stage, target], bad)
+        yield delivered
+        yield refused

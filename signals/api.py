@@ -23,7 +23,17 @@ Response = tuple[int, str, bytes]
 MAX_BODY_BYTES = 64 * 1024
 MAX_PATH_CHARS = 1024
 _NAME = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
-FLAGGER_CHECKS = ("rollout", "promotion")
+# Flagger webhook type → the verdicts that answer 2xx. Flagger counts a failed `rollout` hook
+# toward `threshold` and rolls back after it, so only `rollback` fails there; the gates
+# (`confirm-traffic-increase`, `confirm-promotion`) halt without counting, so `pause` and an
+# inconclusive answer hold there; a `rollback` hook's 2xx tells Flagger to roll back now.
+FLAGGER_PASSES = {
+    "rollout": ("promote", "continue", "pause", "inconclusive"),
+    "traffic-increase": ("promote", "continue"),
+    "promotion": ("promote",),
+    "rollback": ("rollback",),
+}
+FLAGGER_CHECKS = tuple(FLAGGER_PASSES)
 
 
 def json_response(status: int, body: object) -> Response:
@@ -54,6 +64,7 @@ class SignalApi:
         self.routes: list[tuple[str, re.Pattern, Callable[..., Response], bool]] = [
             ("GET", re.compile(r"^/v1/autoscale/([^/]+)$"), self.autoscale, True),
             ("GET", re.compile(r"^/v1/rollout/([^/]+)/([^/]+)$"), self.rollout, True),
+            ("GET", re.compile(r"^/v1/argo/([^/]+)/([^/]+)$"), self.argo, True),
             ("POST", re.compile(r"^/v1/flagger/([^/]+)$"), self.flagger, False),  # token checked in the handler
             ("GET", re.compile(r"^/v1/slos$"), self.slos, True),
             ("GET", re.compile(r"^/v1/slos/([^/]+)$"), self.slo, True),
@@ -132,13 +143,32 @@ class SignalApi:
         if entry is None or not who.sees(entry.tenants):
             if model in snap.models and who.tenants is None:
                 known = ", ".join(sorted(snap.models[model])) or "none"
-                return error(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})")
-            return error(404, f"no model {model!r} version {version!r} is visible to this token")
+                return error(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})",
+                             reason="no_data")
+            return error(404, f"no model {model!r} version {version!r} is visible to this token", reason="no_data")
         return json_response(200, entry.body)
 
+    def controller_verdict(self, who: Principal, model: str, version: str) -> dict:
+        """The verdict a rollout controller acts on. Stale data, or none yet for this version
+        (a canary before its first closed minute), is `inconclusive` with the reason, never
+        an error: Argo counts errors toward `consecutiveErrorLimit` and Flagger counts them
+        as failed checks, and neither should abort or roll back a canary for want of data."""
+        status, _ctype, body = self.rollout(None, who, model, version)
+        result = json.loads(body)
+        if status == 200:
+            return result
+        return {"verdict": "inconclusive", "reason": result.get("reason", "no_data"), "error": result.get("error", ""),
+                "model": model, "version": version}
+
+    def argo(self, _req: Request, who: Principal, model: str, version: str) -> Response:
+        """Argo Rollouts' `web` metric provider: always 200 with a verdict, `inconclusive`
+        included, so Argo's `inconclusiveLimit` applies to missing data, not its error limit."""
+        return json_response(200, self.controller_verdict(who, model, version))
+
     def flagger(self, req: Request, _who, check: str) -> Response:
-        """Flagger webhook: 2xx advances the canary, anything else halts it.
-        `rollout` halts on pause or rollback; `promotion` passes only a promote verdict."""
+        """Flagger webhooks, one per hook type (see FLAGGER_PASSES): `rollout` fails only on
+        rollback, `traffic-increase` and `promotion` hold on anything short of continue and
+        promote, `rollback` answers 2xx when the canary must be rolled back."""
         if check not in FLAGGER_CHECKS:
             return error(404, f"no flagger check {check!r} (known: {', '.join(FLAGGER_CHECKS)})")
         if len(req.body) > MAX_BODY_BYTES:
@@ -158,12 +188,9 @@ class SignalApi:
         for p in (meta["model"], meta["version"]):
             if not _NAME.match(p):
                 return error(400, "metadata.model and metadata.version are 1 to 128 characters of letters, digits and . _ : @ + -")
-        status, ctype, body = self.rollout(req, who, meta["model"], meta["version"])
-        if status != 200:
-            return status, ctype, body
-        result = json.loads(body)
-        passed = result["verdict"] == "promote" if check == "promotion" else result["verdict"] in ("promote", "continue")
-        return (200 if passed else 412), ctype, body
+        result = self.controller_verdict(who, meta["model"], meta["version"])
+        status, ctype, body = json_response(200, result)
+        return (200 if result["verdict"] in FLAGGER_PASSES[check] else 412), ctype, body
 
     def slos(self, _req: Request, who: Principal) -> Response:
         snap, failed = self._fresh_snapshot()

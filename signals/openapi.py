@@ -32,7 +32,7 @@ ERRORS = {
 SCHEMAS = {
     "Error": {
         "type": "object", "required": ["error"],
-        "properties": {"error": {"type": "string"}, "reason": {"type": "string", "enum": ["stale", "starting"]},
+        "properties": {"error": {"type": "string"}, "reason": {"type": "string", "enum": ["stale", "starting", "no_data"]},
                        "as_of": {"type": "string", "format": "date-time"}, "hint": {"type": "string"}},
     },
     "Autoscale": {
@@ -56,6 +56,13 @@ SCHEMAS = {
                          "upper_gpu_s_per_s, physical_gpu_s_per_s, broke_gpu_s_per_s, basis, reason"},
             "as_of": {"type": "string", "format": "date-time", "description": "Event time of the newest data."},
         },
+    },
+    "Inconclusive": {
+        "type": "object", "required": ["verdict", "reason", "error", "model", "version"],
+        "description": "Argo and Flagger routes: no verdict for want of data, never an error a controller counts",
+        "properties": {"verdict": {"type": "string", "enum": ["inconclusive"]},
+                       "reason": {"type": "string", "enum": ["stale", "starting", "no_data"]},
+                       "error": {"type": "string"}, "model": {"type": "string"}, "version": {"type": "string"}},
     },
     "Side": {"type": "object", "required": ["version", "requests", "error_ratio", "cost_per_unit", "cost_unit"]},
     "Verdict": {
@@ -122,13 +129,24 @@ def openapi_document() -> dict:
                 "summary": "Verdict on a canary version against the model's stable version", "security": secured,
                 "parameters": [_name_param("model", "model"), _name_param("version", "model_version")],
                 "responses": {"200": _json(_ref("Verdict"), "promote, continue, pause or rollback."), **ERRORS}}},
+            "/v1/argo/{model}/{version}": {"get": {
+                "summary": "Argo Rollouts web metric: the verdict, always 200 (stale or missing data is inconclusive)",
+                "security": secured,
+                "parameters": [_name_param("model", "model"), _name_param("version", "model_version")],
+                "responses": {"200": _json({"oneOf": [_ref("Verdict"), _ref("Inconclusive")]},
+                                           "promote, continue, pause, rollback or inconclusive."),
+                              **ERRORS}}},
             "/v1/flagger/{check}": {"post": {
-                "summary": "Flagger webhook: 2xx advances, 412 halts", "security": secured,
+                "summary": "Flagger webhook per hook type: rollout (fails on rollback), traffic-increase and promotion "
+                           "(gates), rollback (2xx rolls back)", "security": secured,
                 "parameters": [{"name": "check", "in": "path", "required": True,
-                                "schema": {"type": "string", "enum": ["rollout", "promotion"]}}],
+                                "schema": {"type": "string",
+                                           "enum": ["rollout", "traffic-increase", "promotion", "rollback"]}}],
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("FlaggerPayload")}}},
-                "responses": {"200": _json(_ref("Verdict"), "Advance."),
-                              "412": _json(_ref("Verdict"), "Halt: the verdict does not pass this check."),
+                "responses": {"200": _json({"oneOf": [_ref("Verdict"), _ref("Inconclusive")]},
+                                           "The verdict passes this hook."),
+                              "412": _json({"oneOf": [_ref("Verdict"), _ref("Inconclusive")]}, "It does not (for a gate: hold; for rollout: a failed "
+                                                            "check; for rollback: do not roll back)."),
                               "413": _json(_ref("Error"), "Body over 64 KiB."), **ERRORS}}},
             "/v1/slos": {"get": {
                 "summary": "Every SLO with its slices", "security": secured,

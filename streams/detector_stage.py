@@ -114,12 +114,12 @@ class DetectorCollector:
 class DetectorStage:
     name = "detectors"
 
-    def __init__(self, cfg: detector_config.DetectorsConfig | None = None, alertmanager_url: str | None = None,
+    def __init__(self, cfg: detector_config.DetectorsConfig | None = None, alertmanager_urls: tuple[str, ...] = (),
                  links: AlertLinks | None = None):
         self.cfg = cfg or detector_config.DetectorsConfig()
         self.set = detector_config.DetectorSet(self.cfg)
         self.links = links or AlertLinks()
-        self.alerts = FiringAlerts(alertmanager_url, stage="detectors")
+        self.alerts = FiringAlerts(alertmanager_urls, stage="detectors")
         self.collector = DetectorCollector([d.name for d in self.set.detectors])
         self.pending_requests: dict[int, list[pl.DataFrame]] = {}
         self.pending_gpu: dict[int, list[pl.DataFrame]] = {}
@@ -129,18 +129,18 @@ class DetectorStage:
         self._uncommitted: list[tuple[str, str, dict]] = []  # (id, state, Alertmanager payload) of the last on_closed
 
     @classmethod
-    def from_option(cls, value: str | None, alertmanager_url: str | None = None,
+    def from_option(cls, value: str | None, alertmanager_urls: tuple[str, ...] = (),
                     links: AlertLinks | None = None) -> DetectorStage | None:
         """`--detectors FILE|default|none` → a stage (or None). A bad file raises
         DetectorConfigError, a ValueError with a one-line message."""
         if value == "none":
             return None
         cfg = detector_config.load(None if value in (None, "default") else value)
-        return cls(cfg, alertmanager_url, links) if cfg.enabled() else None
+        return cls(cfg, alertmanager_urls, links) if cfg.enabled() else None
 
     # ---- Stage protocol ------------------------------------------------------------
     def collectors(self) -> list:
-        return [self.collector]
+        return [self.collector, self.alerts.collector()]
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(SCHEMA_SQL)
@@ -305,8 +305,8 @@ class DetectorStage:
         self.alerts.deliver(wait_s)
 
 
-def detector_stages(value: str | None, alertmanager_url: str | None = None,
+def detector_stages(value: str | None, alertmanager_urls: tuple[str, ...] = (),
                     links: AlertLinks | None = None) -> list[DetectorStage]:
     """`--detectors FILE|default|none` → the stages list entry (empty when off)."""
-    stage = DetectorStage.from_option(value, alertmanager_url, links)
+    stage = DetectorStage.from_option(value, alertmanager_urls, links)
     return [stage] if stage is not None else []

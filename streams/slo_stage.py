@@ -71,11 +71,11 @@ class SloCollector:
 
 
 class SloStage:
-    def __init__(self, specs: list[SloSpec], alertmanager_url: str | None, links: AlertLinks | None = None):
+    def __init__(self, specs: list[SloSpec], alertmanager_urls: tuple[str, ...], links: AlertLinks | None = None):
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()
-        self.alerts = FiringAlerts(alertmanager_url, stage="slo")
+        self.alerts = FiringAlerts(alertmanager_urls, stage="slo")
         self._outbox_rows: list[tuple[str, pl.DataFrame]] = []
         self.collector = SloCollector(specs)
 
@@ -83,7 +83,7 @@ class SloStage:
         longest = max(s.window_minutes for s in self.specs.values())
         self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
         self.collector.snapshot = list(self.evaluator.states.values())
-        if self.alerts.outbox is None:
+        if not self.alerts.enabled:
             return
         for row in con.execute(
             "SELECT fingerprint, alertname, severity, slo, alert_window, labels, fired_at, long_burn_rate, "

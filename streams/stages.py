@@ -42,7 +42,7 @@ class Stage(Protocol):
         ...
 
 
-def default_stages(detectors: str | None = "default", alertmanager_url: str | None = None,
+def default_stages(detectors: str | None = "default", alertmanager_urls: tuple[str, ...] = (),
                    prices=None, links=None) -> list[Stage]:
     """The stages every worker runs (the command line and the demo alike): fleet metrics,
     and the detectors unless `detectors` is `none`. The signal stage is the worker's own."""
@@ -50,4 +50,4 @@ def default_stages(detectors: str | None = "default", alertmanager_url: str | No
     from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
 
     fleet = FleetMetrics(FleetMetricsConfig(prices=prices) if prices is not None else None)
-    return [fleet, *detector_stages(detectors, alertmanager_url, links)]
+    return [fleet, *detector_stages(detectors, alertmanager_urls, links)]

@@ -72,6 +72,7 @@ CREATE TABLE IF NOT EXISTS _tw_offsets (
 );
 CREATE TABLE IF NOT EXISTS _tw_alert_outbox (stage VARCHAR, seq BIGINT, payload VARCHAR);
 CREATE TABLE IF NOT EXISTS _tw_alert_delivered (stage VARCHAR, seq BIGINT);
+ALTER TABLE _tw_alert_delivered ADD COLUMN IF NOT EXISTS target VARCHAR;
 CREATE TABLE IF NOT EXISTS _tw_frontier (topic VARCHAR PRIMARY KEY, closed_before_minute BIGINT);
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);

@@ -66,7 +66,7 @@ class WorkerSettings:
     progress: Callable[[str], None] | None = None
     stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
-    alertmanager_url: str | None = None
+    alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
     store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
     stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
     http_host: str = "127.0.0.1"
@@ -129,9 +129,10 @@ class Worker:
         self._topic_partitions: dict[str, set[int]] = {}  # every partition of each input topic (metadata)
         self._partitions_checked = 0.0
         self._publish_failures_logged: set[tuple[str, str]] = set()
-        self.slo = SloStage(settings.slos, settings.alertmanager_url, settings.alert_links) if settings.slos else None
+        self.slo = SloStage(settings.slos, settings.alertmanager_urls, settings.alert_links) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
+            self.metrics.registry.register(self.slo.alerts.collector())
         self.stages = list(settings.stages)
         for stage in self.stages:
             for collector in stage.collectors():

@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--slos", default="default", metavar="FILE",
                    help="SLOs evaluated on every closed minute: a file, `default` (built-in set) or `none`")
-    p.add_argument("--alertmanager-url", default=None, metavar="URL",
-                   help="deliver SLO alerts to this Alertmanager (v2 API), e.g. http://127.0.0.1:9093")
+    p.add_argument("--alertmanager-url", action="append", default=None, metavar="URL",
+                   help="deliver pages to this Alertmanager (v2 API), e.g. http://127.0.0.1:9093; repeat it for "
+                        "every instance of an HA cluster (each gets every alert)")
     p.add_argument("--detectors", default="default", metavar="FILE",
                    help="detector settings: a YAML file, `default` (detectors/defaults.yaml) or `none`")
     p.add_argument("--grafana-url", default="http://grafana.local", metavar="URL",

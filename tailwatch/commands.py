@@ -141,7 +141,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         http_host=args.http_host,
         prices=prices,
         slos=load_slo_option(args.slos),
-        alertmanager_url=args.alertmanager_url,
+        alertmanager_urls=tuple(args.alertmanager_url or ()),
         kafka=kafka_settings(args),
         store_path=args.store or DEFAULT_STORE,
         group_id=args.group,
@@ -156,7 +156,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
-        stages=default_stages(args.detectors, args.alertmanager_url, prices, links),
+        stages=default_stages(args.detectors, tuple(args.alertmanager_url or ()), prices, links),
         alert_links=links,
         **overrides,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -93,12 +93,14 @@ def ensure_topics(settings: KafkaSettings, partitions: int = 4) -> None:
     wanted = [settings.topic(s) for s in TOPIC_SUFFIXES if settings.topic(s) not in existing]
     if not wanted:
         return
-    futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1) for t in wanted])
+    # replication_factor=-1: the cluster's default.replication.factor (KIP-464), not 1, which
+    # would leave a real cluster's topics on one broker.
+    futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in wanted])
     for topic, fut in futures.items():
         try:
             fut.result()
         except KafkaException as exc:
-            if "already exists" not in str(exc).lower() and "TOPIC_ALREADY_EXISTS" not in str(exc):
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another process made it first: fine
                 raise
 
 

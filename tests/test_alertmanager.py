@@ -125,7 +125,7 @@ def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, 
         pub.close()
         store = tmp_path / "tw.duckdb"
         w = Worker(WorkerSettings(kafka=kafka, store_path=str(store), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                                  http_port=None, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS), alertmanager_url=url))
+                                  http_port=None, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS), alertmanager_urls=(url,)))
         assert w.run() == 0
         # The zone-b LLM error spike (minutes 30-42) pages on the fast window for zone us-east-1b.
         pages = hook.wait_for(lambda a: a["labels"].get("slo") == "llm-realtime-availability"
@@ -166,7 +166,7 @@ def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_l
     store, am_port, group = tmp_path / "tw.duckdb", free_port(), f"g-{uuid.uuid4().hex[:6]}"
     url = f"http://127.0.0.1:{am_port}"  # nothing listens there yet
     settings = dict(kafka=kafka, store_path=str(store), group_id=group, http_port=None, until_idle_s=2.0,
-                    slos=load_slos(DEFAULT_SLOS), alertmanager_url=url)
+                    slos=load_slos(DEFAULT_SLOS), alertmanager_urls=(url,))
     assert Worker(WorkerSettings(**settings)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     fired = con.execute("SELECT count(*) FROM alerts WHERE alertname = 'SLOBurnPage'").fetchone()[0]
@@ -184,3 +184,81 @@ def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_l
         assert con.execute("SELECT max(seq) FROM _tw_alert_delivered WHERE stage = 'slo'").fetchone()[0] == undelivered - 1
     finally:
         proc.kill()
+
+
+def test_every_page_goes_to_every_alertmanager_and_one_down_holds_back_nothing(tmp_path):
+    """HA as Alertmanager documents it: every alert to every instance, no load balancing.
+    The second instance is down when the page fires; the first gets it at once, the second
+    as soon as it is back."""
+    from alerts.alertmanager import FiringAlerts
+
+    hooks = [Webhook(), Webhook()]
+    first, url_first = start_alertmanager(tmp_path, hooks[0].port)
+    second_port = free_port()
+    alerts = FiringAlerts((url_first, f"http://127.0.0.1:{second_port}"), stage="slo")
+    second = None
+    try:
+        now_min = int(time.time()) // 60
+        spec, fired = change("firing", now_min - 2, now_min - 2)
+        alerts.change("fp1", True, to_alertmanager(fired, spec.runbook, AlertLinks()), seq=0)
+        alerts.deliver()
+        assert hooks[0].wait_for(lambda a: a["status"] == "firing"), "the live instance was held back"
+        assert alerts.counts()[url_first] == (1, 0)
+        second, _ = start_alertmanager(tmp_path, hooks[1].port, port=second_port)
+        alerts.deliver(wait_s=15)
+        assert hooks[1].wait_for(lambda a: a["status"] == "firing"), "the instance that came back never got the page"
+        assert {t: delivered for t, (delivered, _) in alerts.counts().items()} == {
+            url_first: 1, f"http://127.0.0.1:{second_port}": 1}
+        marks = alerts.delivery_rows()[0][1]
+        assert sorted(marks["target"].to_list()) == sorted([url_first, f"http://127.0.0.1:{second_port}"])
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever(tmp_path):
+    hook = Webhook()
+    proc, url = start_alertmanager(tmp_path, hook.port)
+    try:
+        now_min = int(time.time()) // 60
+        spec, fired = change("firing", now_min - 2, now_min - 2)
+        box = AlertmanagerOutbox(url)
+        box.put({"labels": {}, "annotations": {}}, seq=0)  # no labels: Alertmanager answers 400
+        box.put(to_alertmanager(fired, spec.runbook, AlertLinks()), seq=1)
+        assert box.flush(batch=1)  # the refusal does not block the page queued behind it
+        assert (box.refused, box.delivered, box.delivered_seq) == (1, 1, 1)
+        assert hook.wait_for(lambda a: a["labels"].get("slo") == spec.name)
+    finally:
+        proc.kill()
+
+
+def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
+    from alerts.alertmanager import FiringAlerts
+    from streams import store
+
+    con = store.connect(str(tmp_path / "tw.duckdb"))
+    for seq in range(3):
+        con.execute("INSERT INTO _tw_alert_outbox VALUES ('slo', ?, ?)", [seq, '{"labels": {"n": "%d"}}' % seq])
+    con.execute("INSERT INTO _tw_alert_delivered VALUES ('slo', 2, 'http://am-a:9093')")  # a took everything
+    con.execute("INSERT INTO _tw_alert_delivered VALUES ('slo', 0, NULL)")  # the single-URL days: every target
+    alerts = FiringAlerts(("http://am-a:9093", "http://am-b:9093/"), stage="slo")
+    alerts.restore(con)
+    con.close()
+    a, b = alerts.outboxes
+    assert list(a.pending) == [] and [p["labels"]["n"] for p in b.pending] == ["1", "2"]
+    assert alerts._next_seq == 3
+
+
+def test_deliveries_and_refusals_are_counted_per_alertmanager():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from alerts.alertmanager import FiringAlerts
+
+    alerts = FiringAlerts(("http://am-a:9093",), stage="detectors")
+    alerts.outboxes[0].delivered, alerts.outboxes[0].refused = 5, 2
+    registry = CollectorRegistry()
+    registry.register(alerts.collector())
+    text = generate_latest(registry).decode()
+    assert 'tailwatch_alerts_delivered_total{alertmanager="http://am-a:9093",stage="detectors"} 5.0' in text
+    assert 'tailwatch_alerts_refused_total{alertmanager="http://am-a:9093",stage="detectors"} 2.0' in text

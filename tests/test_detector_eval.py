@@ -113,7 +113,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
     proc, url = start_alertmanager(tmp_path, hook.port)
     try:
         now_min = int(time.time()) // 60
-        stage = DetectorStage(alertmanager_url=url)
+        stage = DetectorStage(alertmanager_urls=(url,))
         con = duckdb.connect(str(tmp_path / "am.duckdb"))
         from streams.store import SCHEMA_SQL
 

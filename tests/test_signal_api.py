@@ -183,11 +183,70 @@ def test_flagger_webhook(api_worker):
                            "metadata": {"model": "chat-70b", "version": version, "token": token}}).encode()
         return get(api_worker, f"/v1/flagger/{check}", method="POST", body=body)
 
-    assert hook("rollout", "v2-slow")[0] == 412
+    assert hook("rollout", "v2-slow")[0] == 412  # a failed check: Flagger rolls back after `threshold`
+    assert hook("rollback", "v2-slow")[0] == 200  # a rollback hook's 2xx rolls back at once
     assert hook("rollout", "v3-cheap")[0] == 200
+    assert hook("traffic-increase", "v3-cheap")[0] == 200
     assert hook("promotion", "v3-cheap")[0] == 200
+    assert hook("rollback", "v3-cheap")[0] == 412
+    # A version with no data yet is inconclusive: no failed check counted, the gates hold.
+    status, body = hook("rollout", "v9")
+    assert status == 200 and body["verdict"] == "inconclusive" and body["reason"] == "no_data", body
+    assert [hook(c, "v9")[0] for c in ("traffic-increase", "promotion", "rollback")] == [412, 412, 412]
     assert hook("rollout", "v3-cheap", token="wrong")[0] == 401
     assert hook("nonsense", "v3-cheap")[0] == 404
+
+
+def test_argo_web_metric_answers_200_with_the_verdict_or_inconclusive(api_worker):
+    status, slow = get(api_worker, "/v1/argo/chat-70b/v2-slow", TOKENS["ops"])
+    assert status == 200 and slow["verdict"] == "rollback"
+    status, missing = get(api_worker, "/v1/argo/chat-70b/v9", TOKENS["ops"])
+    assert status == 200 and missing["verdict"] == "inconclusive" and missing["reason"] == "no_data", missing
+    assert get(api_worker, "/v1/argo/chat-70b/v2-slow")[0] == 401
+
+
+def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float):
+    from signals.api import SignalApi
+    from signals.config import ApiConfig, Principal
+    from signals.live import Scoped, SignalSnapshot
+
+    rollouts = {("m", v): Scoped({"verdict": verdict, "reasons": [], "model": "m", "version": v}, frozenset({"t"}), 0)
+                for v, verdict in verdicts.items()}
+    snap = SignalSnapshot(built_wall_s, 0, {}, rollouts, {"m": frozenset(verdicts)}, [], [])
+    token = "tok"
+    config = ApiConfig(stale_after_s=60.0, tokens={hashlib.sha256(token.encode()).hexdigest(): Principal("ops", None)})
+    return SignalApi(config, lambda: snap, lambda: (True, ""), wall_clock=lambda: now_s), token
+
+
+@pytest.mark.parametrize("verdict, rollout, traffic_increase, promotion, rollback", [
+    ("promote", 200, 200, 200, 412),
+    ("continue", 200, 200, 412, 412),
+    ("pause", 200, 412, 412, 412),  # wait: no failed check counted, the traffic gate holds
+    ("rollback", 412, 412, 412, 200),
+])
+def test_flagger_hook_types_follow_flaggers_contract(verdict, rollout, traffic_increase, promotion, rollback):
+    from signals.api import Request
+
+    api, token = _controller_api({"v2": verdict}, built_wall_s=1000.0, now_s=1001.0)
+    body = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
+    got = [api.handle(Request("POST", f"/v1/flagger/{c}", None, body))[0]
+           for c in ("rollout", "traffic-increase", "promotion", "rollback")]
+    assert got == [rollout, traffic_increase, promotion, rollback]
+
+
+def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
+    from signals.api import Request
+
+    api, token = _controller_api({"v2": "rollback"}, built_wall_s=1000.0, now_s=1000.0 + 600)
+    auth = f"Bearer {token}"
+    assert api.handle(Request("GET", "/v1/rollout/m/v2", auth, b""))[0] == 503
+    status, _ct, body = api.handle(Request("GET", "/v1/argo/m/v2", auth, b""))
+    answer = json.loads(body)
+    assert status == 200 and answer["verdict"] == "inconclusive" and answer["reason"] == "stale", answer
+    hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
+    # Ten-minute-old data says rollback: a rollout controller neither rolls back nor advances on it.
+    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
+            for c in ("rollout", "traffic-increase", "promotion", "rollback")] == [200, 412, 412, 412]
 
 
 def test_tokens_and_tenant_scopes(api_worker):
