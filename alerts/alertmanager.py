@@ -238,8 +238,8 @@ class FiringAlerts:
 
     RESEND_S = 60.0
 
-    def __init__(self, urls: Sequence[str] = (), stage: str = ""):
-        self.outboxes = [AlertmanagerOutbox(u) for u in dict.fromkeys(urls)]
+    def __init__(self, urls: Sequence[str] | None = (), stage: str = ""):
+        self.outboxes = [AlertmanagerOutbox(u) for u in dict.fromkeys(urls or ())]
         self.stage = stage
         self.payloads: dict[str, dict] = {}  # key (fingerprint, detection id) → payload while firing
         self._last_resend = time.monotonic()
@@ -325,16 +325,14 @@ class FiringAlerts:
         """Per Alertmanager: alerts delivered and alerts refused (4xx, dropped)."""
         return {o.target: (o.delivered, o.refused) for o in self.outboxes}
 
-    def collector(self) -> "DeliveryCollector":
-        return DeliveryCollector(self)
-
 
 class DeliveryCollector:
     """`tailwatch_alerts_delivered_total` and `tailwatch_alerts_refused_total` per stage and
-    Alertmanager (the configured URLs: a handful, so the label stays bounded)."""
+    Alertmanager (the configured URLs: a handful, so the label stays bounded). One per
+    process, over every stage's FiringAlerts: two collectors would export each name twice."""
 
-    def __init__(self, alerts: FiringAlerts):
-        self.alerts = alerts
+    def __init__(self, alerts: Sequence[FiringAlerts]):
+        self.alerts = list(alerts)
 
     def describe(self):
         return []
@@ -344,8 +342,9 @@ class DeliveryCollector:
                                         labels=["stage", "alertmanager"])
         refused = CounterMetricFamily("tailwatch_alerts_refused", "Alert changes an Alertmanager refused with a 4xx "
                                       "(dropped with a log line, never retried).", labels=["stage", "alertmanager"])
-        for target, (ok, bad) in self.alerts.counts().items():
-            delivered.add_metric([self.alerts.stage, target], ok)
-            refused.add_metric([self.alerts.stage, target], bad)
+        for alerts in self.alerts:
+            for target, (ok, bad) in alerts.counts().items():
+                delivered.add_metric([alerts.stage, target], ok)
+                refused.add_metric([alerts.stage, target], bad)
         yield delivered
         yield refused

@@ -10,11 +10,10 @@ from dashboards.common import (
     Q,
     allocated_cost_usd_per_second,
     dashboard,
-    eq,
     fleet_variables,
+    latency_quantile,
     per_unit,
     rate,
-    sel,
     timeseries,
 )
 
@@ -23,7 +22,6 @@ LEGEND = "{{model}} {{deployment}}"
 
 
 def build(specs=None):
-    latency = "tailwatch_request_latency_seconds"
     panels = [
         timeseries("Requests by model version", "reqps",
                    [Q(rate("tailwatch_requests_total", "model, model_version, deployment"),
@@ -32,10 +30,10 @@ def build(specs=None):
             f"{rate('tailwatch_requests_total', BY, outcome=ERRORS)}\n"
             f"/ ({rate('tailwatch_requests_total', BY, outcome=NOT_CANCELLED)} > 0)", LEGEND)], w=12),
         timeseries("First output p95, canary vs stable", "s", [Q(
-            f'max by (model, model_version, deployment) ({sel(latency, field=eq("first_output"), quantile=eq("0.95"))})',
+            latency_quantile("first_output", "0.95", "model, model_version, deployment"),
             "{{model}} {{model_version}} ({{deployment}})")], w=12),
         timeseries("End-to-end p99, canary vs stable", "s", [Q(
-            f'max by (model, model_version, deployment) ({sel(latency, field=eq("e2e"), quantile=eq("0.99"))})',
+            latency_quantile("e2e", "0.99", "model, model_version, deployment"),
             "{{model}} {{model_version}} ({{deployment}})")], w=12),
         timeseries("Turn success ratio, canary vs stable", "percentunit", [Q(
             f"{rate('tailwatch_successful_turns_total', BY)}\n/ ({rate('tailwatch_turns_total', BY)} > 0)", LEGEND)]),

@@ -42,7 +42,7 @@ _POOL_METRICS = ("tailwatch_gpu_seconds_total", "tailwatch_gpu_xid_errors_total"
 METRIC_LABELS: dict[str, tuple[str, ...]] = {
     **{m: TRAFFIC_LABELS for m in _TRAFFIC_METRICS},
     "tailwatch_request_gpu_seconds_total": GPU_TIME_LABELS,
-    "tailwatch_request_latency_seconds": LATENCY_LABELS,
+    "tailwatch_request_latency_seconds_bucket": LATENCY_LABELS,
     **{m: POOL_LABELS for m in _POOL_METRICS},
 }
 
@@ -65,6 +65,14 @@ ERRORS = '=~"error|timeout|shed"'  # failures of the service; a client's cancell
 
 def rate(metric: str, by: str, **matchers: str) -> str:
     return f"sum by ({by}) (rate({sel(metric, **matchers)}[{RATE}]))"
+
+
+LATENCY_BUCKETS = "tailwatch_request_latency_seconds_bucket"
+
+
+def latency_quantile(field: str, quantile: str, by: str) -> str:
+    """`histogram_quantile` over the latency histogram's buckets summed by `by`."""
+    return f"histogram_quantile({quantile}, {rate(LATENCY_BUCKETS, f'le, {by}' if by else 'le', field=eq(field))})"
 
 
 # ---- template variables ------------------------------------------------------------------

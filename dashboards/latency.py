@@ -8,19 +8,19 @@ from dashboards.common import (
     UID_LATENCY,
     Q,
     dashboard,
-    eq,
     fleet_variables,
+    latency_quantile,
     rate,
     sel,
     timeseries,
 )
 
-LATENCY = "tailwatch_request_latency_seconds"
 
 
 def pct(field: str, quantile: str, by: str) -> str:
-    """Worst slice per group: quantiles do not add, so groups show their slowest member."""
-    return f'max by ({by}) ({sel(LATENCY, field=eq(field), quantile=eq(quantile))})'
+    """The quantile of each group from the histogram's buckets summed over the group: exact
+    aggregation over any labels (to the bucket bounds), unlike a max of per-slice quantiles."""
+    return latency_quantile(field, quantile, by)
 
 
 def busy_gpus_by_traffic_class() -> str:
@@ -48,8 +48,8 @@ def build(specs=None):
                    [Q(pct("e2e", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
         timeseries("End-to-end p99 by zone", "s",
                    [Q(pct("e2e", "0.99", "workload, zone"), "{{workload}} {{zone}}")]),
-        timeseries("First output p50 / p95 / p99 (worst slice)", "s", [
-            Q(pct("first_output", q, "quantile"), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
+        timeseries("First output p50 / p95 / p99 (all selected slices)", "s", [
+            Q(pct("first_output", q, ""), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
         ], w=12),
         timeseries("Retried attempts by workload and zone", "reqps",
                    [Q(rate("tailwatch_request_retries_total", "workload, zone"), "{{workload}} {{zone}}")], w=12,

@@ -25,7 +25,7 @@ def build(specs=None):
         stat("Events per second", "cps", [Q(f"sum(rate(tailwatch_events_total[{RATE}]))", instant=True)], w=6),
         stat("Dead letters (range)", "short",
              [Q("sum(increase(tailwatch_dead_letters_total[$__range]))", instant=True)], w=6),
-        stat("Open minutes", "short", [Q("max(tailwatch_open_buckets_minutes)", instant=True)], w=6),
+        stat("Open minutes", "short", [Q("max(tailwatch_open_buckets)", instant=True)], w=6),
         timeseries("Consumer lag by topic and partition", "short",
                    [Q("sum by (topic, partition) (tailwatch_consumer_lag_messages)", "{{topic}}[{{partition}}]")], w=12),
         timeseries("Events per second by topic and outcome", "cps",

@@ -140,7 +140,7 @@ class DetectorStage:
 
     # ---- Stage protocol ------------------------------------------------------------
     def collectors(self) -> list:
-        return [self.collector, self.alerts.collector()]
+        return [self.collector]
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(SCHEMA_SQL)

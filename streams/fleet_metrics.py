@@ -15,10 +15,12 @@ What it exports, and at which aggregation level (only the labels some panel need
 - `tailwatch_request_gpu_seconds_total{GPU_TIME_LABELS}`: GPU time the requests used,
   with the `pool` and `gpu_sku` that cost panels join on (the SKU of a pool is learnt
   from its GPU samples: `sli_minute` has no SKU);
-- `tailwatch_request_latency_seconds{LATENCY_LABELS, field, quantile}` (gauges):
-  queue, first-output and e2e p50/p95/p99 of the newest closed minute, merged across
-  tenants and pools from the mergeable histograms (exact roll-up, not an average of
-  percentiles);
+- `tailwatch_request_latency_seconds{LATENCY_LABELS, field}` (a histogram: `_bucket`
+  with `le` in LATENCY_BUCKETS_S, `_sum`, `_count`): queue, first-output and e2e latency of
+  every closed minute, the stored sketch bins coarsened to Prometheus buckets (a bin goes to
+  the first bucket at or above its upper bound, so `le` is never understated), so that
+  `histogram_quantile` over `rate(..._bucket)` aggregates over any labels; quantile gauges
+  could not be added across slices;
 - GPU fleet, labels `zone, pool, gpu_sku`: `tailwatch_gpu_seconds_total` (every GPU
   present in a minute is 60 GPU-seconds: the fleet time that is paid for, idle included),
   `tailwatch_gpu_xid_errors_total`, `tailwatch_gpu_ecc_errors_total`, and gauges of the
@@ -44,7 +46,7 @@ process's life (a counter never moves between series) and starts afresh on resta
 as every counter here does: they accumulate closed buckets since start, which
 Prometheus' rate() and increase() treat as a counter reset. Gauges of a label set that
 has had no closed minute for `stale_minutes` of event time are dropped, so a retired
-model version does not linger with its last latency.
+model version does not linger with its last reading.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from slo import histogram
@@ -78,7 +81,10 @@ TRAFFIC_COUNTERS = {
     "tailwatch_audio_seconds": ("audio_seconds", "Seconds of audio processed or produced."),
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist"}
-QUANTILES = {"0.5": 0.5, "0.95": 0.95, "0.99": 0.99}
+# Bucket bounds in seconds (+Inf implied): queue waits of tens of ms to first outputs and
+# answers of minutes. 14 series per label set and field, against 3 quantile gauges before.
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BOUNDS_MS = np.array(LATENCY_BUCKETS_S) * 1000.0
 REPLICA_STATES = ("warm", "loading", "cold", "draining", "unknown")  # unknown: the GPU's sources send no state
 GPU_SECONDS_PER_GPU_MINUTE = 60.0
 OTHER_TENANT = "other"
@@ -110,7 +116,10 @@ class FleetCollector:
         self.gpu_seconds: dict[tuple, float] = {}
         self.xid_errors: dict[tuple, float] = {}
         self.ecc_errors: dict[tuple, float] = {}
-        self.latency: dict[tuple, _Gauge] = {}  # (*LATENCY labels, field, quantile)
+        # (*LATENCY labels, field) → requests per bucket (not cumulative; the last is +Inf), and
+        # the sum of their latencies in seconds (bins at their representative value)
+        self.latency: dict[tuple, np.ndarray] = {}
+        self.latency_sum_s: dict[tuple, float] = {}
         self.pool_gauges: dict[str, dict[tuple, _Gauge]] = {}  # metric → (*POOL labels[, state]) → gauge
         self.skus: set[str] = set()
 
@@ -147,11 +156,13 @@ class FleetCollector:
             for key, v in store.items():
                 fam.add_metric(list(key), v)
             yield fam
-        lat = GaugeMetricFamily("tailwatch_request_latency_seconds",
-                                "Latency quantile of the newest closed minute (queue, first_output, e2e).",
-                                labels=[*LATENCY_LABELS, "field", "quantile"])
-        for key, g in self.latency.items():
-            lat.add_metric(list(key), g.value)
+        lat = HistogramMetricFamily("tailwatch_request_latency_seconds",
+                                    "Latency of requests in closed minutes (field: queue, first_output, e2e).",
+                                    labels=[*LATENCY_LABELS, "field"])
+        les = [_le(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+        for key, counts in self.latency.items():
+            lat.add_metric(list(key), list(zip(les, np.cumsum(counts).astype(float).tolist())),
+                           sum_value=self.latency_sum_s[key])
         yield lat
         for name, (doc, extra) in POOL_GAUGES.items():
             fam = GaugeMetricFamily(name, doc, labels=[*POOL_LABELS, *extra])
@@ -164,6 +175,10 @@ class FleetCollector:
         for sku in sorted(set(p.usd_per_gpu_hour) | self.skus):
             price.add_metric([sku], p.usd_per_gpu_second(sku))
         yield price
+
+
+def _le(bound_s: float) -> str:
+    return repr(float(bound_s))
 
 
 # metric → (help, extra labels beyond POOL_LABELS)
@@ -275,26 +290,34 @@ class FleetMetrics:
         self._latency(rows)
 
     def _latency(self, rows: pl.DataFrame) -> None:
-        """Quantiles of each label set's newest closed minute, from merged histograms."""
+        """Every closed minute's histograms, merged across tenants and pools, into the buckets."""
         minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
-        rows = rows.with_columns(minute)
-        newest = rows.filter(pl.col("_minute") == pl.col("_minute").max().over(LATENCY_LABELS))
-        if newest.height:
-            self._advance(int(newest["_minute"].max()))
+        if rows.height:
+            self._advance(int(rows.select(minute.max()).item()))
         # Explode an integer group id, not six string labels per bin (half the CPU at 20,000 slices).
-        groups = newest.select(*LATENCY_LABELS, "_minute").unique().with_row_index("_group")
-        newest = newest.join(groups, on=[*LATENCY_LABELS, "_minute"])
+        groups = rows.select(*LATENCY_LABELS).unique().with_row_index("_group")
+        rows = rows.join(groups, on=list(LATENCY_LABELS))
         for field_name, column in LATENCY_FIELDS.items():
-            long = newest.select("_group", column).explode(column).drop_nulls(column).unnest(column)
+            long = rows.select("_group", column).explode(column).drop_nulls(column).unnest(column)
             if long.height == 0:
                 continue
-            merged = long.group_by("_group", "bin").agg(pl.col("n").sum())
-            qs = histogram.quantiles_frame(merged, ["_group"], QUANTILES).join(groups, on="_group")
-            for r in qs.iter_rows(named=True):
-                labels = tuple(r[k] for k in LATENCY_LABELS)
-                for q in QUANTILES:
-                    if r[q] is not None:
-                        self.collector.latency[(*labels, field_name, q)] = _Gauge(r[q] / 1000.0, r["_minute"])
+            upper_ms = pl.when(pl.col("bin") <= histogram.ZERO_BIN).then(histogram.MIN_VALUE_MS) \
+                .otherwise((pl.col("bin").cast(pl.Float64) * histogram.LOG_GAMMA).exp())
+            long = long.with_columns(upper_ms.alias("_upper_ms"), histogram.bin_value_expr("bin").alias("_value_ms"))
+            long = long.with_columns(pl.Series("_bucket", np.searchsorted(_BOUNDS_MS, long["_upper_ms"].to_numpy() * (1 - 1e-12))))
+            per_bucket = long.group_by("_group", "_bucket").agg(pl.col("n").sum())
+            sums = long.group_by("_group").agg((pl.col("_value_ms") * pl.col("n")).sum().alias("_sum_ms"))
+            labels_of = {r["_group"]: tuple(r[k] for k in LATENCY_LABELS) for r in groups.iter_rows(named=True)}
+            c = self.collector
+            for g, bucket, n in per_bucket.iter_rows():
+                key = (*labels_of[g], field_name)
+                counts = c.latency.get(key)
+                if counts is None:
+                    counts = c.latency[key] = np.zeros(len(LATENCY_BUCKETS_S) + 1)
+                    c.latency_sum_s[key] = 0.0
+                counts[bucket] += n
+            for g, sum_ms in sums.iter_rows():
+                c.latency_sum_s[(*labels_of[g], field_name)] += sum_ms / 1000.0
 
     # ---- GPUs -------------------------------------------------------------------------
     def _gpu(self, rows: pl.DataFrame) -> None:
@@ -354,6 +377,5 @@ class FleetMetrics:
             return
         oldest = self.newest_minute - self.config.stale_minutes
         c = self.collector
-        c.latency = {k: g for k, g in c.latency.items() if g.minute >= oldest}
         c.pool_gauges = {name: {k: g for k, g in gauges.items() if g.minute >= oldest}
                          for name, gauges in c.pool_gauges.items()}

@@ -6,7 +6,10 @@ by the topic's partition count).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# `_created` series would double the exposition for a timestamp no dashboard reads.
+disable_created_metrics()
 
 
 class WorkerMetrics:
@@ -42,7 +45,7 @@ class WorkerMetrics:
         self.watermark = Gauge(
             "tailwatch_watermark_timestamp_seconds", "Lowest partition watermark (event time).", ["topic"], registry=r)
         self.open_minutes = Gauge(
-            "tailwatch_open_buckets_minutes", "Minutes of event time still open.", ["topic"], registry=r)
+            "tailwatch_open_buckets", "One-minute buckets of event time still open.", ["topic"], registry=r)
         self.dedupe_ids = Gauge(
             "tailwatch_dedupe_ids", "Event ids held for duplicate detection (open minutes only).", ["topic"], registry=r)
         self.stage_cpu_seconds = Counter(

@@ -71,7 +71,7 @@ class SloCollector:
 
 
 class SloStage:
-    def __init__(self, specs: list[SloSpec], alertmanager_urls: tuple[str, ...], links: AlertLinks | None = None):
+    def __init__(self, specs: list[SloSpec], alertmanager_urls: tuple[str, ...] = (), links: AlertLinks | None = None):
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()

@@ -30,7 +30,7 @@ from typing import Callable
 import polars as pl
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-from alerts.alertmanager import AlertLinks
+from alerts.alertmanager import AlertLinks, DeliveryCollector, FiringAlerts
 from ingest import deadletter
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
@@ -132,11 +132,12 @@ class Worker:
         self.slo = SloStage(settings.slos, settings.alertmanager_urls, settings.alert_links) if settings.slos else None
         if self.slo:
             self.metrics.registry.register(self.slo.collector)
-            self.metrics.registry.register(self.slo.alerts.collector())
         self.stages = list(settings.stages)
         for stage in self.stages:
             for collector in stage.collectors():
                 self.metrics.registry.register(collector)
+        paging = [s.alerts for s in (self.slo, *self.stages) if isinstance(getattr(s, "alerts", None), FiringAlerts)]
+        self.metrics.registry.register(DeliveryCollector(paging))
         # The signal API's view: rebuilt every few seconds in this thread, read by HTTP threads.
         self.live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices) \
             if settings.http_port is not None else None

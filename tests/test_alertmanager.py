@@ -253,12 +253,12 @@ def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
 def test_deliveries_and_refusals_are_counted_per_alertmanager():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from alerts.alertmanager import FiringAlerts
+    from alerts.alertmanager import DeliveryCollector, FiringAlerts
 
     alerts = FiringAlerts(("http://am-a:9093",), stage="detectors")
     alerts.outboxes[0].delivered, alerts.outboxes[0].refused = 5, 2
     registry = CollectorRegistry()
-    registry.register(alerts.collector())
+    registry.register(DeliveryCollector([alerts, FiringAlerts((), stage="slo")]))
     text = generate_latest(registry).decode()
     assert 'tailwatch_alerts_delivered_total{alertmanager="http://am-a:9093",stage="detectors"} 5.0' in text
     assert 'tailwatch_alerts_refused_total{alertmanager="http://am-a:9093",stage="detectors"} 2.0' in text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
+import subprocess
 
 import msgspec
 import polars as pl
@@ -26,6 +28,9 @@ from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.metrics import WorkerMetrics
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
+from alerts.alertmanager import DeliveryCollector, FiringAlerts
+from streams.detector_stage import DetectorStage
+from tests.conftest import need
 
 
 def closed_buckets(events) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -93,14 +98,26 @@ def test_counters_match_the_simulator(fleet):
     assert {s.labels["state"] for s in fams["tailwatch_gpu_replicas"].samples} == {"warm", "loading", "cold", "draining", "unknown"}
     util = [s.value for s in fams["tailwatch_gpu_utilization_ratio"].samples]
     assert util and all(0 <= u <= 1 for u in util)
-    # Latency in seconds, quantiles ordered.
-    lat = {(tuple(sorted((k, v) for k, v in s.labels.items() if k != "quantile")), s.labels["quantile"]): s.value
-           for s in fams["tailwatch_request_latency_seconds"].samples}
-    assert lat
-    for (key, q), v in lat.items():
-        if q == "0.5":
-            assert v <= lat[(key, "0.95")] <= lat[(key, "0.99")]
-        assert 0 < v < 60
+    # Latency as a histogram in seconds: cumulative buckets, +Inf = _count = every request
+    # the store's sketches hold, whatever the labels are summed over.
+    samples = fams["tailwatch_request_latency_seconds"].samples
+    for field_name, column in (("e2e", "e2e_ms_hist"), ("queue", "queue_ms_hist")):
+        stored = requests.select(pl.col(column).explode().struct.field("n").sum()).item()
+        count = sum(s.value for s in samples if s.name.endswith("_count") and s.labels["field"] == field_name)
+        inf = sum(s.value for s in samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"
+                  and s.labels["field"] == field_name)
+        assert count == inf == stored > 0
+    series: dict[tuple, list[tuple[float, float]]] = {}
+    for s in samples:
+        if s.name.endswith("_bucket"):
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            series.setdefault(key, []).append((float(s.labels["le"]), s.value))
+    for buckets in series.values():
+        counts = [n for _le, n in sorted(buckets)]
+        assert counts == sorted(counts)  # cumulative
+    mean_e2e = (sum(s.value for s in samples if s.name.endswith("_sum") and s.labels["field"] == "e2e")
+                / sum(s.value for s in samples if s.name.endswith("_count") and s.labels["field"] == "e2e"))
+    assert 0 < mean_e2e < 60
     price = {s.labels["gpu_sku"]: s.value for s in fams["tailwatch_gpu_price_usd_per_gpu_second"].samples}
     assert price["H100"] == pytest.approx(4.0 / 3600) and price["L4"] == pytest.approx(0.8 / 3600)
 
@@ -151,14 +168,20 @@ def test_counters_only_increase_and_stale_gauges_go(fleet):
         if last:
             assert all(now.get(k, 0) >= v for k, v in last.items())
         last = now
-    # A model version absent from the newest minutes has no latency series left.
+    # Latency is a counter now: a retired model version's buckets stay as they were (rate 0),
+    # never move backwards and never vanish mid-scrape like a stale gauge.
     only_early = requests.filter(pl.col("window_start") == minutes[0]).with_columns(pl.lit("v-retired").alias("model_version"))
     stage2 = FleetMetrics(FleetMetricsConfig(stale_minutes=2))
     stage2.on_closed(only_early, gpu.head(0))
-    assert any(s.labels["model_version"] == "v-retired" for s in scrape(stage2.collector)["tailwatch_request_latency_seconds"].samples)
+
+    def retired():
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for s in scrape(stage2.collector)["tailwatch_request_latency_seconds"].samples
+                if s.labels["model_version"] == "v-retired"}
+    before = retired()
+    assert before
     stage2.on_closed(requests.filter(pl.col("window_start") == minutes[-1]), gpu.head(0))
-    assert not any(s.labels["model_version"] == "v-retired"
-                   for s in scrape(stage2.collector)["tailwatch_request_latency_seconds"].samples)
+    assert retired() == before
 
 
 def test_tenants_are_capped_into_other(fleet):
@@ -179,8 +202,7 @@ def test_price_file_sets_the_price_gauge(fleet):
 
 
 BASE_UNITS_FORBIDDEN = re.compile(r"_(ms|milliseconds|percent|pct|kb|mb|gb|minutes|hours|kilobytes|megabytes)(_|$)")
-# A count of open 1-minute buckets (how many, not how long): the suffix names the bucket, not a unit.
-UNIT_EXCEPTIONS = {"tailwatch_open_buckets_minutes"}
+UNIT_EXCEPTIONS: set[str] = set()
 
 
 def test_exported_metric_names_follow_prometheus_conventions(fleet):
@@ -189,11 +211,15 @@ def test_exported_metric_names_follow_prometheus_conventions(fleet):
     _sim, requests, gpu = fleet
     stage = FleetMetrics()
     stage.on_closed(requests, gpu)
-    slo = SloStage(load_slos(DEFAULT_SLOS), None)
+    slo = SloStage(load_slos(DEFAULT_SLOS))
     slo.evaluate(requests)
     metrics = WorkerMetrics()
     metrics.registry.register(slo.collector)
     metrics.registry.register(stage.collector)
+    detectors = DetectorStage(alertmanager_urls=("http://am:9093",))
+    for collector in detectors.collectors():
+        metrics.registry.register(collector)
+    metrics.registry.register(DeliveryCollector([FiringAlerts(("http://am:9093",), stage="slo"), detectors.alerts]))
     # Touch every labelled pipeline metric so that it has a sample.
     metrics.events.labels("t", "accepted").inc()
     metrics.dead_letters.labels("t", "late").inc()
@@ -213,8 +239,9 @@ def test_exported_metric_names_follow_prometheus_conventions(fleet):
         for s in fam.samples:
             seen += 1
             assert re.fullmatch(r"[a-z][a-z0-9_]*", s.name), s.name
+            assert not s.name.endswith("_created"), f"{s.name}: _created series are off"
             if fam.type == "counter":
-                assert s.name.endswith(("_total", "_created")), s.name
+                assert s.name.endswith("_total"), s.name
             elif fam.type == "gauge":
                 assert not s.name.endswith("_total"), f"{s.name}: a gauge named like a counter"
             # A ratio is 0-1, except a budget remaining, which goes below zero once overspent.
@@ -225,6 +252,12 @@ def test_exported_metric_names_follow_prometheus_conventions(fleet):
         if fam.type == "histogram":
             assert fam.name.endswith("_seconds"), f"{fam.name}: histograms here measure time in seconds"
     assert seen > 100
+    # And Prometheus' own linter, on the exposition a scrape gets.
+    promtool = shutil.which("promtool")
+    need(promtool is not None, "promtool (Debian package prometheus)")
+    lint = subprocess.run([promtool, "check", "metrics"], input=generate_latest(metrics.registry),
+                          capture_output=True, timeout=60)
+    assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()[-3000:]
 
 
 def test_rebuild_learns_pool_skus_from_the_store(fleet):
