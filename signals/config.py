@@ -87,9 +87,9 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
     for key in raw:
         if key not in known:
             raise ApiConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-    stale = parse_duration_s(raw.get("stale_after", "2m"))
+    stale = parse_duration_s(raw.get("stale_after", "2m"), bare_unit="s")
     if stale is None or stale <= 0:
-        raise ApiConfigError(f"{where}: stale_after must be a duration like 90s or 2m, got {raw.get('stale_after')!r}")
+        raise ApiConfigError(f"{where}: stale_after must be a duration like 90s, 2m or 90 (seconds), got {raw.get('stale_after')!r}")
     tokens = _tokens(raw.get("tokens") or [], where)
     autoscale = _override(AutoscalePolicy(), raw.get("autoscale"), f"{where}: autoscale")
     rollout = _override(RolloutPolicy(), raw.get("rollout"), f"{where}: rollout")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 
 from tailwatch.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
@@ -19,11 +18,12 @@ class CliError(Exception):
 
 
 def _duration_s(text: str) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 500ms, 10s, 2m)")
-    value, unit = float(m.group(1)), m.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    from slo.spec import parse_duration_s
+
+    value = parse_duration_s(text, bare_unit="s")
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 500ms, 90s, 2m, 1h, 7d; a bare number is seconds)")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -294,3 +294,19 @@ def test_sm_activity_tells_saturated_gpus_from_busy_ones_with_idle_sms():
     assert not any("SMs active" in r for r in a.decide(pool()).reasons)  # no GPM: nothing claimed
     unknown = Autoscaler(AutoscalePolicy(zones=1)).decide(pool(warm=0, unknown=2))
     assert unknown.current_replicas == 2  # GPUs that send no state still serve
+
+
+def test_one_duration_parser_for_flags_and_files(tmp_path):
+    """`--until-idle 90` and `stale_after: 90` mean the same; d and w work in both; a latency
+    threshold, where a bare 300 could be ms or s, still needs its unit."""
+    from slo.spec import SpecErrors, load_slos
+    from tailwatch.cli import _duration_s
+
+    path = tmp_path / "api.yaml"
+    for text, seconds in (("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200), ("1d", 86400), ("1w", 604800)):
+        path.write_text(f"stale_after: {text}\n")
+        assert load_api_config(path).stale_after_s == seconds == _duration_s(text)
+    slos = tmp_path / "slos.yaml"
+    slos.write_text("slos:\n  - name: x\n    sli: {latency: {field: first_output_ms, threshold: 300}}\n    objective: 99%\n")
+    with pytest.raises(SpecErrors, match="needs a unit"):
+        load_slos(slos)
