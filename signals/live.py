@@ -16,6 +16,7 @@ import polars as pl
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
+from slo.cost import attribution_scales
 from slo.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)
 from slo.engine import SliceState
@@ -246,6 +247,20 @@ class LiveSignals:
             default=self.prices.usd_per_gpu_second(None), return_dtype=pl.Float64).alias("_usd_per_gpu_s")
 
 
+def capped_work(req: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """Per (pool, `_m`): the requests' GPU-seconds, capped at the GPU-seconds the pool's GPUs
+    had that minute (60 per GPU reporting). Runtimes that time-share a GPU report each
+    request's wall time (the H100 lab: 2.2x the GPU-seconds that existed); read as demand,
+    that told a one-GPU pool to run 9 replicas. The same scaling as cost attribution
+    (`slo.cost.attribution_scales`); a minute without GPU rows is left as reported."""
+    reported = req.group_by("pool", "_m").agg(pl.col("gpu_seconds").fill_null(0).sum()).rename({"_m": "minute"})
+    fleet = (gpu.group_by("pool", "_m").agg((pl.len() * 60.0).alias("gpu_seconds")).rename({"_m": "minute"})
+             if gpu.height else pl.DataFrame(schema={"pool": pl.String, "minute": pl.Int64, "gpu_seconds": pl.Float64}))
+    scales = attribution_scales(reported, fleet.with_columns(pl.col("minute").cast(reported.schema["minute"])))
+    return scales.select("pool", pl.col("minute").alias("_m"),
+                         (pl.col("reported_gpu_seconds") * pl.col("attribution_scale")).alias("gpu_seconds"))
+
+
 def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dict[str, dict]:
     """Per pool: the window (its newest complete minutes, or the newest minute when none is
     complete), demand sums, latency and GPU signals, tenants and attributes."""
@@ -278,10 +293,15 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
             stats[pool]["seen_in_newest"] += int(seen)
         rw = req.join(bounds, on="pool").filter(in_window)
         sums = rw.group_by("pool").agg(*[pl.col(c).fill_null(0).sum().cast(pl.Float64)
-                                         for c in ("requests", "gpu_seconds", "output_tokens", "audio_seconds",
+                                         for c in ("requests", "output_tokens", "audio_seconds",
                                                    "prompt_tokens") if c in rw.columns])
         for row in sums.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
+        gw_all = gpu.join(bounds, on="pool").filter(in_window) if gpu.height else gpu
+        work = capped_work(rw, gw_all).group_by("pool").agg(pl.col("gpu_seconds").sum())
+        for pool, gpu_s in work.iter_rows():
+            if pool in stats:
+                stats[pool]["gpu_seconds"] = float(gpu_s)
         for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
             stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
     if gpu.height:
@@ -402,7 +422,7 @@ def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, fi
     gpu = gpu.with_columns(_minute_col()).filter(pl.col("_m").is_between(lo, hi))
     if not req.height or not gpu.height:
         return []
-    work = req.group_by("pool", "_m").agg((pl.col("gpu_seconds").sum() / 60).alias("work"))
+    work = capped_work(req, gpu).select("pool", "_m", (pl.col("gpu_seconds") / 60).alias("work"))
     fo = _merged_quantiles(req, ["pool", "_m"], "first_output_ms_hist", {"fo_p95": 0.95})
     per = gpu.group_by("pool", "_m").agg(
         (pl.col("replica_state") == "warm").sum().alias("warm"),

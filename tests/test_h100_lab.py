@@ -85,6 +85,12 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
         assert status == 200, body
         answer = json.loads(body)
         assert answer["current_replicas"] == 1 and answer["signals"]["replicas_by_state"] == {"warm": 1}
+        # Four replica processes time-share the GPU and each reports its wall time as GPU-seconds
+        # (2.2x what existed): demand is capped at the GPU-seconds the GPU had, as cost is, so
+        # a one-GPU pool is not told to run a replica per overlapping request.
+        assert 0 < answer["signals"]["work_gpu_s_per_s"] <= 1.0, answer["signals"]
+        print(f"h100-lab autoscale: desired {answer['desired_replicas']}, work {answer['signals']['work_gpu_s_per_s']:.2f} "
+              f"GPU-s/s, reasons {answer['reasons']}")
         _, exposition = get(port, "/metrics")
         assert metric(exposition, "tailwatch_gpu_replicas", state="warm") == [1.0]
 
