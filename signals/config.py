@@ -69,13 +69,15 @@ class ApiConfig:
         return bool(self.tokens)
 
     def authenticate(self, authorization: str | None) -> Principal | None:
-        if not authorization or not authorization.startswith("Bearer "):
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():  # the scheme is case-insensitive (RFC 9110)
             return None
-        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
-        for known, principal in self.tokens.items():
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        found = None
+        for known, principal in self.tokens.items():  # every token compared: the time says nothing
             if hmac.compare_digest(known, digest):
-                return principal
-        return None
+                found = principal
+        return found
 
 
 def load_api_config(path: str | Path | None) -> ApiConfig:

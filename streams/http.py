@@ -10,20 +10,36 @@ readiness). `/metrics` and `/healthz` are asked of the worker on each scrape, ov
 second pipe, so they are as fresh as before (a scrape may wait on the worker; a
 Prometheus scrape can afford that, an autoscaler's poll should not have to). The child
 exits when the worker's end of the pipe closes, so it never outlives it.
+
+The server is uvicorn (h11) running a Starlette app: one event loop, so a thousand idle or
+slow connections cost memory, not a thousand threads as `http.server` did; chunked bodies,
+malformed requests and oversized headers are h11's to answer. Two limits are ours: a body
+over MAX_BODY_BYTES is refused while it streams in (413), and a connection must finish a
+request's head within HEAD_TIMEOUT_S of connecting or of its last response (uvicorn's
+keep-alive timer restarts on every byte, so a client sending one header byte every 2 s
+would hold it for ever).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import multiprocessing
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 from typing import Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response as HttpResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -102,61 +118,102 @@ class _Served:
         return answer
 
 
-def make_server(host: str, port: int, served: _Served) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Headers and body go out in two writes; with Nagle on, the body waits for the
-        # client's delayed ACK (40 ms on Linux) on every keep-alive request.
-        disable_nagle_algorithm = True
-        timeout = 60  # an idle keep-alive connection gives its thread back after a minute
+HEAD_TIMEOUT_S = 5.0  # to send a request's head, from connecting or from the last response
+KEEP_ALIVE_S = 60  # an idle keep-alive connection is closed after this
 
-        def _answer(self, method: str) -> None:
-            raw_length = (self.headers.get("Content-Length") or "0").strip()
-            if not raw_length.isdigit():
-                self._send(json_response(400, {"error": "Content-Length must be a whole number of bytes"}), close=True)
-                return
-            length = int(raw_length)
-            if length > MAX_BODY_BYTES:
-                self._send(json_response(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}), close=True)
-                return
-            body = self.rfile.read(length) if length > 0 else b""
-            self._send(served.answer(method, self.path, self.headers.get("Authorization"), body))
 
-        def _send(self, answer: Response, close: bool = False) -> None:
-            status, ctype, body = answer
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            if status == 401:
-                self.send_header("WWW-Authenticate", 'Bearer realm="tailwatch"')
-            if close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            self.wfile.write(body)
+class _HeadDeadline(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's head (see the module doc)."""
 
-        def do_GET(self) -> None:  # noqa: N802 (stdlib name)
-            self._answer("GET")
+    _deadline: asyncio.TimerHandle | None = None
 
-        def do_POST(self) -> None:  # noqa: N802
-            self._answer("POST")
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(HEAD_TIMEOUT_S, self._head_too_slow)
 
-        def log_message(self, *args) -> None:  # keep access logs (and tokens) out of the output
-            pass
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    def _head_too_slow(self) -> None:
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._disarm()  # a whole head arrived: the app has the request
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _body(request: HttpRequest) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def make_app(served: _Served) -> Starlette:
+    async def endpoint(request: HttpRequest) -> HttpResponse:
+        try:
+            body = await _body(request) if request.method == "POST" else b""
+        except _BodyTooLarge:
+            answer = json_response(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"})
+            return _response(answer, close=True)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        # A scrape waits on the worker (up to 10 s): off the event loop, so polls are not held.
+        answer = await run_in_threadpool(served.answer, request.method, path, request.headers.get("authorization"), body)
+        return _response(answer)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
+
+
+def _response(answer: Response, close: bool = False) -> HttpResponse:
+    status, ctype, body = answer
+    headers = {"WWW-Authenticate": 'Bearer realm="tailwatch"'} if status == 401 else {}
+    if close:
+        headers["Connection"] = "close"
+    return HttpResponse(body, status_code=status, media_type=ctype, headers=headers)
+
+
+def make_server(sock: socket.socket, served: _Served) -> uvicorn.Server:
+    config = uvicorn.Config(make_app(served), http=_HeadDeadline, loop="asyncio", lifespan="off",
+                            timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=16 * 1024,
+                            backlog=2048, access_log=False, server_header=False, log_level="warning")
+    return uvicorn.Server(config)
 
 
 def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> None:
     served = _Served(api_config, scrape_conn)
     try:
-        server = make_server(host, port, served)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
         conn.send(("error", exc.errno, exc.strerror or str(exc)))
         return
-    conn.send(("bound", server.server_address[1], ""))
+    conn.send(("bound", sock.getsockname()[1], ""))
 
     def read() -> None:
         while True:
@@ -166,7 +223,7 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
                 os._exit(0)  # the worker is gone: so is its port
 
     threading.Thread(target=read, name="http-state", daemon=True).start()
-    server.serve_forever()
+    make_server(sock, served).run(sockets=[sock])
 
 
 class WorkerHttp:

@@ -326,3 +326,100 @@ def test_stale_data_answers_503_so_keda_falls_back(api_worker):
         time.sleep(0.5)
     assert status == 503 and body["reason"] == "stale" and "llm-b-realtime" in body["error"], body
     assert get(api_worker, "/healthz")[0] == 200
+
+
+def _http_head(port: int, raw: bytes, timeout_s: float = 10.0) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(raw)
+        out = b""
+        while b"\r\n\r\n" not in out:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def _read_response(sock) -> bytes:
+    """One whole HTTP response (head and Content-Length body) from a socket."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        out += sock.recv(65536)
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_chunked_and_malformed_requests_are_answered_correctly(api_worker):
+    body = json.dumps({"metadata": {"model": "chat-70b", "version": "v9", "token": TOKENS["ops"]}}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7)) + b"0\r\n\r\n"
+    import socket
+
+    with socket.create_connection(("127.0.0.1", api_worker), timeout=10) as sock:
+        # A chunked POST is read whole (not its chunk-size line as a second request), and the
+        # same keep-alive connection then answers the next request.
+        sock.sendall(b"POST /v1/flagger/traffic-increase HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + chunked)
+        first = _read_response(sock)
+        assert first.startswith(b"HTTP/1.1 412") and b"inconclusive" in first, first[:300]  # no v9: the gate holds
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+    assert _http_head(api_worker, b"NOT-HTTP\r\n\r\n").startswith(b"HTTP/1.1 400")
+    # A head that keeps growing past 16 KiB without ending is refused, not buffered on.
+    with socket.create_connection(("127.0.0.1", api_worker), timeout=10) as sock:
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000)
+        time.sleep(0.3)
+        try:
+            sock.sendall(b"a" * 40_000 + b"\r\n\r\n")
+            answer = sock.recv(200)
+        except OSError:  # reset while we were still sending: refused all the same
+            answer = b""
+        assert answer[:12] in (b"HTTP/1.1 400", b"HTTP/1.1 431", b""), answer[:200]
+    # The bearer scheme is case-insensitive.
+    req = urllib.request.Request(f"http://127.0.0.1:{api_worker}/v1/slos")
+    req.add_header("Authorization", f"bearer {TOKENS['ops']}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
+def test_slow_clients_and_idle_connections_do_not_hold_the_port(api_worker):
+    """A slowloris client is cut off once its head is late; a thousand idle connections are
+    held by one event loop (no thread each) while another client is answered every time."""
+    import socket
+
+    idle = []
+    try:
+        for _ in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", api_worker), timeout=10))
+        slow = socket.create_connection(("127.0.0.1", api_worker), timeout=30)
+        started = time.monotonic()
+        closed_after = None
+        for byte in b"GET /readyz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
+            try:
+                slow.sendall(bytes([byte]))
+                slow.settimeout(1.0)
+                if slow.recv(1) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except socket.timeout:
+                continue  # still open: send the next byte
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+        slow.close()
+        assert closed_after is not None and closed_after < 15, closed_after  # HEAD_TIMEOUT_S is 5 s
+        latencies = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            status, _body = get(api_worker, "/v1/slos", TOKENS["ops"])
+            latencies.append(time.perf_counter() - t0)
+            assert status == 200
+        latencies.sort()
+        print(f"with 1,000 idle connections: p50 {latencies[100] * 1000:.1f} ms, p99 {latencies[197] * 1000:.1f} ms")
+    finally:
+        for s in idle:
+            s.close()
