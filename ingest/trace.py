@@ -10,6 +10,7 @@ are drawn from the seed. Only the token counts and times come from the trace.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +51,39 @@ def read_trace(path: str | Path) -> list[tuple[int, int, int]]:
     rows.sort(key=lambda r: r[0])  # stable: rows of one millisecond keep their file order
     t0 = rows[0][0]
     return [(t - t0, c, g) for t, c, g in rows]
+
+
+def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
+    """(arrival ms since first row, prompt tokens, output tokens, prompt blocks already seen)
+    from a Mooncake JSONL trace (`timestamp`, `input_length`, `output_length`, `hash_ids`),
+    in arrival order. A prompt's prefix is reusable only up to its first unseen block."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"--trace: no such file {path}")
+    seen: set[int] = set()
+    rows = []
+    with p.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                ids = r.get("hash_ids") or []
+                cached = 0
+                for h in ids:
+                    if h not in seen:
+                        break
+                    cached += 1
+                seen.update(ids)
+                rows.append((int(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), cached))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise TraceError(f"{path}:{lineno}: expected a JSON object with timestamp, input_length, "
+                                 "output_length") from None
+    if not rows:
+        raise TraceError(f"{path}: no rows")
+    rows.sort(key=lambda r: r[0])  # stable: rows of one millisecond keep their file order
+    t0 = rows[0][0]
+    return [(t - t0, c, g, k) for t, c, g, k in rows]
 
 
 class TraceReplay:

@@ -54,6 +54,12 @@ def bin_upper_bound_ms(bin_index: int) -> float:
     return GAMMA**bin_index
 
 
+def bin_upper_bound_expr(bin_column: str) -> pl.Expr:
+    """`bin_upper_bound_ms` as a polars expression."""
+    b = pl.col(bin_column)
+    return pl.when(b <= ZERO_BIN).then(MIN_VALUE_MS).otherwise((b.cast(pl.Float64) * LOG_GAMMA).exp())
+
+
 def bin_value_expr(bin_column: str) -> pl.Expr:
     b = pl.col(bin_column)
     return pl.when(b <= ZERO_BIN).then(0.0).otherwise(2 * (b.cast(pl.Float64) * LOG_GAMMA).exp() / (GAMMA + 1))

@@ -13,11 +13,13 @@ carries is left out); everything else is the live code path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Iterator
 
 import polars as pl
 
+from alerts.alertmanager import rfc3339
+from reports import cost_report
 from signals.live import LiveSignals, SignalPolicy, SignalSnapshot, pool_minutes
 from slo.prices import GpuPrices
 from slo.spec import SloSpec
@@ -31,24 +33,18 @@ class BacktestError(ValueError):
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """RFC 3339 (or a date) → naive UTC, as the store keeps its TIMESTAMPs."""
+    """RFC 3339 (or a date) → naive UTC, as the store keeps its TIMESTAMPs (the cost
+    report's parser: one reading of --from/--to across commands)."""
     if text is None:
         return None
     try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise BacktestError(f"not an RFC 3339 time: {text!r}") from None
-    if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
-    return dt
+        return cost_report.parse_time(text)
+    except cost_report.ReportError as exc:
+        raise BacktestError(str(exc)) from None
 
 
 def _minute_of(ts: datetime) -> int:
     return int((ts - _EPOCH).total_seconds()) // 60
-
-
-def _iso(minute: int) -> str:
-    return datetime.fromtimestamp(minute * 60, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def read_buckets(store_path: str, start: datetime | None = None, end: datetime | None = None,
@@ -193,7 +189,7 @@ def _ranges(minutes: list[int]) -> str:
         if m is not None and m == prev + 1:
             prev = m
             continue
-        parts.append(_iso(start)[11:16] + ("" if start == prev else f"-{_iso(prev + 1)[11:16]}"))
+        parts.append(rfc3339(start)[11:16] + ("" if start == prev else f"-{rfc3339(prev + 1)[11:16]}"))
         if m is not None:
             start = prev = m
     return ", ".join(parts)
@@ -267,7 +263,7 @@ def cmd_backtest_autoscale(store_path: str, pools: list[str] | None, start: str 
         raise BacktestError("no pool answered in that span (pools come from gpu_minute and sli_minute rows)")
     first = min(min(bt.minutes) for bt in result.values())
     last = max(max(bt.minutes) for bt in result.values())
-    print(f"autoscale backtest, {_iso(first)} to {_iso(last + 1)} ({last - first + 1} minutes), "
+    print(f"autoscale backtest, {rfc3339(first)} to {rfc3339(last + 1)} ({last - first + 1} minutes), "
           f"{len(result)} pool(s); desired = the autoscaler's answer during each minute, running = replicas "
           f"reporting warm/loading; usd_net = (added − saved) replica-hours × GPU price × "
           f"{policy.autoscale.gpus_per_replica:g} GPU per replica")
@@ -278,7 +274,7 @@ def cmd_backtest_autoscale(store_path: str, pools: list[str] | None, start: str 
                   f"users waited in {len(bt.waited)} minute(s): {_ranges(bt.waited)}")
             if per_minute:
                 waited = set(bt.waited)
-                rows = [[_iso(m)[11:16], r, d, d - r, "waited" if m in waited else ""]
+                rows = [[rfc3339(m)[11:16], r, d, d - r, "waited" if m in waited else ""]
                         for m, r, d in zip(bt.minutes, bt.running, bt.desired)]
                 print(render(["minute", "running", "desired", "change", "users"], rows))
     return 0
@@ -297,14 +293,14 @@ def cmd_backtest_rollout(store_path: str, model: str, version: str, start: str |
     if not bt.steps:
         versions = sorted(set(req["model_version"].drop_nulls().to_list()))
         raise BacktestError(f"{model} {version}: no traffic in that span (versions seen: {', '.join(versions) or 'none'})")
-    rows = [[_iso(s.minute)[11:16], s.verdict, s.canary_requests, ",".join(s.decided_by) or "-",
+    rows = [[rfc3339(s.minute)[11:16], s.verdict, s.canary_requests, ",".join(s.decided_by) or "-",
              "-" if s.confidence is None else f"{s.confidence:.4f}", s.reason[:100]] for s in bt.steps]
-    print(f"rollout backtest of {model} {version}, {_iso(bt.steps[0].minute)} to {_iso(bt.steps[-1].minute + 1)}")
+    print(f"rollout backtest of {model} {version}, {rfc3339(bt.steps[0].minute)} to {rfc3339(bt.steps[-1].minute + 1)}")
     print(render(["minute", "verdict", "canary_requests", "decided_by", "confidence", "reason"], rows, fmt))
     if fmt == "table":
         for word in ("rollback", "promote", "pause"):
             s = bt.first(word)
             print(f"first {word}: " + ("never" if s is None else
-                                        f"{_iso(s.minute)} ({s.minute - bt.canary_start} min after the canary's "
+                                        f"{rfc3339(s.minute)} ({s.minute - bt.canary_start} min after the canary's "
                                         f"first answer, {s.canary_requests:,} canary requests)"))
     return 0

@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 import duckdb
 import numpy as np
 
-from ingest.trace import read_trace
+from ingest.trace import read_mooncake, read_trace
 from slo import histogram  # constants only: the bin and quantile formulas are rewritten in SQL below
 from tailwatch.broker import BrokerError, EmbeddedBroker, free_port
 from tailwatch.kafka import KafkaSettings, ensure_topics
@@ -493,32 +493,11 @@ def _dumps(doc: dict) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _read_mooncake(path: Path, minutes: int) -> list[tuple[int, int, int, int]]:
-    """(arrival ms, prompt tokens, output tokens, prompt blocks already seen) from the Mooncake trace."""
-    seen: set[int] = set()
-    rows = []
-    with path.open() as fh:
-        for line in fh:
-            r = json.loads(line)
-            if r["timestamp"] >= minutes * MINUTE_MS:
-                continue
-            ids = r.get("hash_ids") or []
-            cached = 0
-            for h in ids:  # a prefix is reusable only up to its first unseen block
-                if h not in seen:
-                    break
-                cached += 1
-            seen.update(ids)
-            rows.append((int(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), cached))
-    rows.sort(key=lambda r: r[0])
-    return rows
-
-
 def build_stream(seed: int, minutes: int, azure_csv: Path, mooncake_jsonl: Path, rng: random.Random) -> Stream:
     """The valid records, the exact redeliveries and the poison, cut into publish chunks."""
     nrng = np.random.default_rng(seed)
     azure = [r for r in read_trace(azure_csv) if r[0] < minutes * MINUTE_MS]
-    mooncake = _read_mooncake(mooncake_jsonl, minutes)
+    mooncake = [r for r in read_mooncake(mooncake_jsonl) if r[0] < minutes * MINUTE_MS]
 
     # The error burst: BURST_TENANT's stable chat traffic fails from a quarter of the run, for 8 minutes.
     burst_start = START_MS + max(3, minutes // 4) * MINUTE_MS
@@ -940,6 +919,22 @@ class Webhook:
         self.server.server_close()
 
 
+def alertmanager_config(webhook_port: int, group_by: str) -> str:
+    """An Alertmanager config that notifies a local webhook within a second or two."""
+    return f"""route:
+  receiver: hook
+  group_by: {group_by}
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: hook
+    webhook_configs:
+      - url: http://127.0.0.1:{webhook_port}/
+        send_resolved: true
+"""
+
+
 class Alertmanager:
     """A real Alertmanager on a fixed port, stopped and started again on that port. Debug
     logging is on because its log is the only record of alerts it received already
@@ -953,18 +948,7 @@ class Alertmanager:
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = self.dir / "alertmanager.yml"
         # Grouped by every label: one group per alert, so each alert is notified on its own.
-        self.config.write_text(f"""route:
-  receiver: hook
-  group_by: ['...']
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs:
-      - url: http://127.0.0.1:{webhook_port}/
-        send_resolved: true
-""")
+        self.config.write_text(alertmanager_config(webhook_port, "['...']"))
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
 

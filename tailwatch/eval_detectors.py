@@ -221,30 +221,12 @@ def read_any_trace(path: str | Path) -> "np.ndarray":
     `output_length`), in arrival order."""
     import numpy as np
 
-    from ingest.trace import TraceError, read_trace
+    from ingest.trace import read_mooncake, read_trace
 
-    p = Path(path)
-    if not p.is_file():
-        raise TraceError(f"--trace: no such file {path}")
-    if p.suffix == ".csv":
-        rows = read_trace(p)
+    if Path(path).suffix == ".csv":
+        rows = read_trace(path)
     else:
-        rows = []
-        with p.open() as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                    rows.append((int(r["timestamp"]), int(r["input_length"]), int(r["output_length"])))
-                except (ValueError, KeyError, TypeError):
-                    raise TraceError(f"{path}:{lineno}: expected a JSON object with timestamp, input_length, "
-                                     "output_length") from None
-        if not rows:
-            raise TraceError(f"{path}: no rows")
-        rows.sort(key=lambda r: r[0])
-        t0 = rows[0][0]
-        rows = [(t - t0, c, g) for t, c, g in rows]
+        rows = [(t, c, g) for t, c, g, _cached in read_mooncake(path)]
     return np.array(rows, dtype=float)
 
 

@@ -18,7 +18,7 @@ from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
 from streams.worker import Worker, WorkerSettings
-from tailwatch.chaos import Webhook as ChaosWebhook
+from tailwatch.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -44,19 +44,7 @@ def start_alertmanager(tmp_path, webhook_port, port=None, log_level="info"):
     need(AM_BIN is not None, "prometheus-alertmanager (Debian package)")
     port = port or free_port()
     cfg = tmp_path / f"am-{port}.yml"
-    cfg.write_text(f"""
-route:
-  receiver: hook
-  group_by: [alertname, slo]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs:
-      - url: http://127.0.0.1:{webhook_port}/
-        send_resolved: true
-""")
+    cfg.write_text(alertmanager_config(webhook_port, "[alertname, slo]"))
     return start_until_ready("Alertmanager", [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
                                               f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address=",
                                               f"--log.level={log_level}"],
