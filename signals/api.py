@@ -1,28 +1,47 @@
 """The signal API over HTTP: routes, bearer tokens and tenant scopes, staleness, errors.
 
 It answers from the latest `SignalSnapshot` the worker swapped in, so a request costs a
-dictionary lookup and a JSON encode. Every error is JSON with an `error` line a person
-reads. A tenant-scoped token gets 404 for anything holding another tenant's traffic, with
-the same message as for a name that does not exist, so scopes leak nothing.
+dictionary lookup, a conversion to its answer type and a JSON encode. Each route is one
+`ApiRoute`: its handler's annotations (path parameters, body, return type) are what the
+dispatcher validates and what `signals/openapi.py` documents. Every error is an `ApiError`
+with a line a person reads. A tenant-scoped token gets 404 for anything holding another
+tenant's traffic, with the same message as for a name that does not exist, so scopes leak
+nothing.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 import time
+import typing
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
+import msgspec
+
+from signals.answers import (
+    Alert,
+    AlertList,
+    ApiError,
+    Autoscale,
+    FlaggerCheck,
+    FlaggerPayload,
+    Inconclusive,
+    Name,
+    Readiness,
+    Slo,
+    SloList,
+    Verdict,
+    typed,
+)
 from signals.config import ApiConfig, Principal
 from signals.live import SignalSnapshot
-from signals.openapi import openapi_document
 
 Response = tuple[int, str, bytes]
 MAX_BODY_BYTES = 64 * 1024
 MAX_PATH_CHARS = 1024
-_NAME = re.compile(r"^[A-Za-z0-9._:@+-]{1,128}$")
 # Flagger webhook type → the verdicts that answer 2xx. Flagger counts a failed `rollout` hook
 # toward `threshold` and rolls back after it, so only `rollback` fails there; the gates
 # (`confirm-traffic-increase`, `confirm-promotion`) halt without counting, so `pause` and an
@@ -33,15 +52,35 @@ FLAGGER_PASSES = {
     "promotion": ("promote",),
     "rollback": ("rollback",),
 }
-FLAGGER_CHECKS = tuple(FLAGGER_PASSES)
+
+
+def literal_choices(hint) -> tuple[str, ...]:
+    """The names a `Literal` type (possibly `Annotated`) allows; empty for other types."""
+    while typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+
+
+FLAGGER_CHECKS = literal_choices(FlaggerCheck)
+assert set(FLAGGER_CHECKS) == set(FLAGGER_PASSES)
+_ENCODER = msgspec.json.Encoder()
+log = logging.getLogger("tailwatch.api")
 
 
 def json_response(status: int, body: object) -> Response:
-    return status, "application/json", json.dumps(body, separators=(",", ":")).encode()
+    return status, "application/json", _ENCODER.encode(body)
 
 
 def error(status: int, message: str, **extra) -> Response:
-    return json_response(status, {"error": message, **extra})
+    return json_response(status, ApiError(message, **extra))
+
+
+class ApiFailure(Exception):
+    """A handler's non-2xx answer."""
+
+    def __init__(self, status: int, message: str, **extra):
+        super().__init__(message)
+        self.status, self.answer = status, ApiError(message, **extra)
 
 
 @dataclass(frozen=True)
@@ -52,6 +91,39 @@ class Request:
     body: bytes
 
 
+@dataclass(frozen=True)
+class ApiRoute:
+    """One operation. The handler takes the caller (`who`), then the path's parameters by
+    name, typed (`Name`, `FlaggerCheck`), then `payload` (a Struct decoded from the JSON body)
+    when it has one; it returns its answer, or `(status, answer)` where the status varies."""
+
+    method: str
+    path: str  # "/v1/autoscale/{pool}"
+    handler: Callable
+    summary: str
+    secured: bool = True  # a bearer token when tokens are configured
+    errors: tuple[int, ...] = (400, 401, 404, 503)
+    also: dict[int, str] = field(default_factory=dict)  # other statuses answering the same body type
+    pattern: re.Pattern = field(init=False)
+    params: tuple[tuple[str, object], ...] = field(init=False)  # (name, type) in path order
+    payload: type | None = field(init=False)
+    wants_authorization: bool = field(init=False)  # checks the token itself (Flagger: header or body)
+    answer: object = field(init=False)  # the return annotation: a Struct type, a union, or None (not JSON)
+
+    def __post_init__(self):
+        names = re.findall(r"{(\w+)}", self.path)
+        hints = typing.get_type_hints(self.handler, include_extras=True)
+        answer = hints.get("return")
+        if typing.get_origin(answer) is tuple:
+            answer = typing.get_args(answer)[1]
+        regex = "^" + re.sub(r"{\w+}", "([^/]+)", re.escape(self.path).replace(r"\{", "{").replace(r"\}", "}")) + "$"
+        object.__setattr__(self, "pattern", re.compile(regex))
+        object.__setattr__(self, "params", tuple((n, hints[n]) for n in names))
+        object.__setattr__(self, "payload", hints.get("payload"))
+        object.__setattr__(self, "wants_authorization", "authorization" in hints)
+        object.__setattr__(self, "answer", answer)
+
+
 class SignalApi:
     def __init__(self, config: ApiConfig, snapshot: Callable[[], SignalSnapshot | None],
                  readiness: Callable[[], tuple[bool, str]], wall_clock: Callable[[], float] = time.time):
@@ -59,19 +131,25 @@ class SignalApi:
         self.snapshot = snapshot
         self.readiness = readiness
         self.wall_clock = wall_clock
-        self._openapi = json.dumps(openapi_document()).encode()
-        # (method, pattern, handler, needs a token)
-        self.routes: list[tuple[str, re.Pattern, Callable[..., Response], bool]] = [
-            ("GET", re.compile(r"^/v1/autoscale/([^/]+)$"), self.autoscale, True),
-            ("GET", re.compile(r"^/v1/rollout/([^/]+)/([^/]+)$"), self.rollout, True),
-            ("GET", re.compile(r"^/v1/argo/([^/]+)/([^/]+)$"), self.argo, True),
-            ("POST", re.compile(r"^/v1/flagger/([^/]+)$"), self.flagger, False),  # token checked in the handler
-            ("GET", re.compile(r"^/v1/slos$"), self.slos, True),
-            ("GET", re.compile(r"^/v1/slos/([^/]+)$"), self.slo, True),
-            ("GET", re.compile(r"^/v1/alerts$"), self.alerts, True),
-            ("GET", re.compile(r"^/readyz$"), self.ready, False),
-            ("GET", re.compile(r"^/openapi.json$"), self.openapi, False),
+        self.routes: list[ApiRoute] = [
+            ApiRoute("GET", "/v1/autoscale/{pool}", self.autoscale, "Desired replicas for a pool, with its signals and reasons"),
+            ApiRoute("GET", "/v1/rollout/{model}/{version}", self.rollout,
+                     "Verdict on a canary version against the model's stable version"),
+            ApiRoute("GET", "/v1/argo/{model}/{version}", self.argo,
+                     "Argo Rollouts web metric: the verdict, always 200 (stale or missing data is inconclusive)",
+                     errors=(400, 401)),
+            ApiRoute("POST", "/v1/flagger/{check}", self.flagger,
+                     "Flagger webhook per hook type: rollout (fails on rollback), traffic-increase and promotion "
+                     "(gates), rollback (2xx rolls back)", secured=False, errors=(400, 401, 404, 413),
+                     also={412: "It does not pass (a gate: hold; rollout: a failed check; rollback: do not roll back)."}),
+            ApiRoute("GET", "/v1/slos", self.slos, "Every SLO with its slices"),
+            ApiRoute("GET", "/v1/slos/{name}", self.slo, "One SLO: per slice budget remaining, burn rates, SLI"),
+            ApiRoute("GET", "/v1/alerts", self.alerts, "Alerts firing now"),
+            ApiRoute("GET", "/readyz", self.ready, "Caught up within the staleness bound", secured=False, errors=(),
+                     also={503: "Not ready, with the reason."}),
+            ApiRoute("GET", "/openapi.json", self.openapi, "This document (OpenAPI 3.1)", secured=False, errors=()),
         ]
+        self._openapi: bytes | None = None
 
     # ---- dispatch -------------------------------------------------------------------
     def handle(self, req: Request) -> Response | None:
@@ -79,148 +157,149 @@ class SignalApi:
         path = req.path.split("?", 1)[0]
         if len(path) > MAX_PATH_CHARS:
             return error(414, f"path longer than {MAX_PATH_CHARS} characters")
-        matched = [(m, pat.match(path), h, auth) for m, pat, h, auth in self.routes]
-        matched = [(m, mo, h, auth) for m, mo, h, auth in matched if mo]
+        matched = [(route, mo) for route in self.routes if (mo := route.pattern.match(path))]
         if not matched:
             return None
-        for method, mo, handler, needs_token in matched:
-            if method != req.method:
-                continue
-            params = [urllib.parse.unquote(g) for g in mo.groups()]
-            for p in params:
-                if not _NAME.match(p):
-                    return error(400, "path parameters are 1 to 128 characters of letters, digits and . _ : @ + -")
-            principal = None
-            if needs_token:
-                principal, denied = self._principal(req.authorization)
-                if denied:
-                    return denied
-            return handler(req, principal, *params)
-        return error(405, f"{req.method} is not allowed here; use {matched[0][0]}")
+        for route, mo in matched:
+            if route.method == req.method:
+                try:
+                    return self._call(route, [urllib.parse.unquote(g) for g in mo.groups()], req)
+                except ApiFailure as failure:
+                    return json_response(failure.status, failure.answer)
+                except Exception as exc:  # a bug answers JSON with a log line, and the next request is served
+                    log.exception("%s %s failed", req.method, path[:200])
+                    return error(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})")
+        return error(405, f"{req.method} is not allowed here; use {matched[0][0].method}")
 
-    def _principal(self, authorization: str | None) -> tuple[Principal | None, Response | None]:
+    def _call(self, route: ApiRoute, values: list[str], req: Request) -> Response:
+        kwargs = {}
+        for (name, hint), value in zip(route.params, values):
+            try:
+                kwargs[name] = msgspec.convert(value, hint)
+            except msgspec.ValidationError:
+                choices = literal_choices(hint)
+                if choices:  # a fixed set of names: an unknown one is not found, not malformed
+                    raise ApiFailure(404, f"no {name} {value[:128]!r} (known: {', '.join(choices)})") from None
+                raise ApiFailure(400, "path parameters are 1 to 128 characters of letters, digits and . _ : @ + -") from None
+        if route.payload is not None:
+            if len(req.body) > MAX_BODY_BYTES:
+                raise ApiFailure(413, f"request body over {MAX_BODY_BYTES} bytes")
+            kwargs["payload"] = _decode_payload(req.body, route.payload)
+        if route.wants_authorization:
+            kwargs["authorization"] = req.authorization
+        who = self._principal(req.authorization) if route.secured else None
+        result = route.handler(who, **kwargs)
+        status, body = result if isinstance(result, tuple) else (200, result)
+        return json_response(status, body)
+
+    def _principal(self, authorization: str | None) -> Principal:
         if not self.config.auth_required:
-            return Principal("anonymous", None), None
+            return Principal("anonymous", None)
         if not authorization:
-            return None, error(401, "missing bearer token (Authorization: Bearer <token>)")
+            raise ApiFailure(401, "missing bearer token (Authorization: Bearer <token>)")
         principal = self.config.authenticate(authorization)
         if principal is None:
-            return None, error(401, "invalid bearer token")
-        return principal, None
+            raise ApiFailure(401, "invalid bearer token")
+        return principal
 
-    def _fresh_snapshot(self) -> tuple[SignalSnapshot | None, Response | None]:
+    def _fresh_snapshot(self) -> SignalSnapshot:
         snap = self.snapshot()
         if snap is None:
-            return None, error(503, "no data yet: the worker has not built its first view", reason="starting")
+            raise ApiFailure(503, "no data yet: the worker has not built its first view", reason="starting")
         age = self.wall_clock() - snap.built_wall_s
         if age > self.config.stale_after_s:
-            return None, error(503, f"the worker's view is {age:.0f} s old (bound {self.config.stale_after_s:.0f} s)",
-                               reason="stale")
-        return snap, None
+            raise ApiFailure(503, f"the worker's view is {age:.0f} s old (bound {self.config.stale_after_s:.0f} s)",
+                             reason="stale")
+        return snap
 
     # ---- handlers -------------------------------------------------------------------
-    def autoscale(self, _req: Request, who: Principal, pool: str) -> Response:
-        snap, failed = self._fresh_snapshot()
-        if failed:
-            return failed
+    def autoscale(self, who: Principal, pool: Name) -> Autoscale:
+        snap = self._fresh_snapshot()
         entry = snap.pools.get(pool)
         if entry is None or not who.sees(entry.tenants):
-            return error(404, f"no pool named {pool!r} is visible to this token",
-                         hint="pools are the `pool` field of request.v1 and gpu.v1 events")
+            raise ApiFailure(404, f"no pool named {pool!r} is visible to this token",
+                             hint="pools are the `pool` field of request.v1 and gpu.v1 events")
         age = self.wall_clock() - entry.changed_wall_s
         if age > self.config.stale_after_s:
             # KEDA treats an error as a failed scaler and applies its fallback replicas,
             # rather than scaling in on data that stopped arriving.
-            return error(503, f"no new data for pool {pool!r} for {age:.0f} s (bound {self.config.stale_after_s:.0f} s); "
-                              f"newest data is from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"])
-        return json_response(200, entry.body)
+            raise ApiFailure(503, f"no new data for pool {pool!r} for {age:.0f} s (bound {self.config.stale_after_s:.0f} s); "
+                                  f"newest data is from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"])
+        return typed(entry.body, Autoscale)
 
-    def rollout(self, _req: Request, who: Principal, model: str, version: str) -> Response:
-        snap, failed = self._fresh_snapshot()
-        if failed:
-            return failed
+    def rollout(self, who: Principal, model: Name, version: Name) -> Verdict:
+        snap = self._fresh_snapshot()
         entry = snap.rollouts.get((model, version))
         if entry is None or not who.sees(entry.tenants):
             if model in snap.models and who.tenants is None:
                 known = ", ".join(sorted(snap.models[model])) or "none"
-                return error(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})",
-                             reason="no_data")
-            return error(404, f"no model {model!r} version {version!r} is visible to this token", reason="no_data")
-        return json_response(200, entry.body)
+                raise ApiFailure(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})",
+                                 reason="no_data")
+            raise ApiFailure(404, f"no model {model!r} version {version!r} is visible to this token", reason="no_data")
+        return typed(entry.body, Verdict)
 
-    def controller_verdict(self, who: Principal, model: str, version: str) -> dict:
+    def controller_verdict(self, who: Principal, model: str, version: str) -> Verdict | Inconclusive:
         """The verdict a rollout controller acts on. Stale data, or none yet for this version
         (a canary before its first closed minute), is `inconclusive` with the reason, never
         an error: Argo counts errors toward `consecutiveErrorLimit` and Flagger counts them
         as failed checks, and neither should abort or roll back a canary for want of data."""
-        status, _ctype, body = self.rollout(None, who, model, version)
-        result = json.loads(body)
-        if status == 200:
-            return result
-        return {"verdict": "inconclusive", "reason": result.get("reason", "no_data"), "error": result.get("error", ""),
-                "model": model, "version": version}
+        try:
+            return self.rollout(who, model, version)
+        except ApiFailure as failure:
+            return Inconclusive("inconclusive", failure.answer.reason or "no_data", failure.answer.error, model, version)
 
-    def argo(self, _req: Request, who: Principal, model: str, version: str) -> Response:
+    def argo(self, who: Principal, model: Name, version: Name) -> Verdict | Inconclusive:
         """Argo Rollouts' `web` metric provider: always 200 with a verdict, `inconclusive`
         included, so Argo's `inconclusiveLimit` applies to missing data, not its error limit."""
-        return json_response(200, self.controller_verdict(who, model, version))
+        return self.controller_verdict(who, model, version)
 
-    def flagger(self, req: Request, _who, check: str) -> Response:
-        """Flagger webhooks, one per hook type (see FLAGGER_PASSES): `rollout` fails only on
+    def flagger(self, _who: None, check: FlaggerCheck, payload: FlaggerPayload,
+                authorization: str | None) -> tuple[int, Verdict | Inconclusive]:
+        """Flagger webhooks, one per hook type: `rollout` fails only on
         rollback, `traffic-increase` and `promotion` hold on anything short of continue and
         promote, `rollback` answers 2xx when the canary must be rolled back."""
-        if check not in FLAGGER_CHECKS:
-            return error(404, f"no flagger check {check!r} (known: {', '.join(FLAGGER_CHECKS)})")
-        if len(req.body) > MAX_BODY_BYTES:
-            return error(413, f"request body over {MAX_BODY_BYTES} bytes")
-        try:
-            payload = json.loads(req.body or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error(400, "the body is not JSON (expected Flagger's webhook payload)")
-        meta = payload.get("metadata") if isinstance(payload, dict) else None
-        if not isinstance(meta, dict) or not all(isinstance(meta.get(k), str) for k in ("model", "version")):
-            return error(400, "metadata.model and metadata.version are required (set them in the Canary's webhook)")
+        meta = payload.metadata
         # Flagger cannot send headers on webhooks; its metadata may carry the token instead.
-        authorization = req.authorization or (f"Bearer {meta['token']}" if isinstance(meta.get("token"), str) else None)
-        who, denied = self._principal(authorization)
-        if denied:
-            return denied
-        for p in (meta["model"], meta["version"]):
-            if not _NAME.match(p):
-                return error(400, "metadata.model and metadata.version are 1 to 128 characters of letters, digits and . _ : @ + -")
-        result = self.controller_verdict(who, meta["model"], meta["version"])
-        status, ctype, body = json_response(200, result)
-        return (200 if result["verdict"] in FLAGGER_PASSES[check] else 412), ctype, body
+        who = self._principal(authorization or (f"Bearer {meta.token}" if meta.token is not None else None))
+        result = self.controller_verdict(who, meta.model, meta.version)
+        return (200 if result.verdict in FLAGGER_PASSES[check] else 412), result
 
-    def slos(self, _req: Request, who: Principal) -> Response:
-        snap, failed = self._fresh_snapshot()
-        if failed:
-            return failed
-        return json_response(200, {"slos": [s for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None]})
+    def slos(self, who: Principal) -> SloList:
+        snap = self._fresh_snapshot()
+        return SloList([typed(s, Slo) for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None])
 
-    def slo(self, _req: Request, who: Principal, name: str) -> Response:
-        snap, failed = self._fresh_snapshot()
-        if failed:
-            return failed
+    def slo(self, who: Principal, name: Name) -> Slo:
+        snap = self._fresh_snapshot()
         for s in snap.slos:
             if s["name"] == name:
                 scoped = _scoped_slo(s, who)
                 if scoped is not None:
-                    return json_response(200, scoped)
-        return error(404, f"no SLO named {name!r} is visible to this token", hint="GET /v1/slos lists them")
+                    return typed(scoped, Slo)
+        raise ApiFailure(404, f"no SLO named {name!r} is visible to this token", hint="GET /v1/slos lists them")
 
-    def alerts(self, _req: Request, who: Principal) -> Response:
-        snap, failed = self._fresh_snapshot()
-        if failed:
-            return failed
-        return json_response(200, {"alerts": [a for a in snap.alerts if who.sees_labels(a["labels"])]})
+    def alerts(self, who: Principal) -> AlertList:
+        snap = self._fresh_snapshot()
+        return AlertList([typed(a, Alert) for a in snap.alerts if who.sees_labels(a["labels"])])
 
-    def openapi(self, _req: Request, _who) -> Response:
-        return 200, "application/json", self._openapi
+    def openapi(self, _who: None) -> msgspec.Raw:
+        if self._openapi is None:
+            from signals.openapi import openapi_document  # it reads this module's routes
 
-    def ready(self, _req: Request, _who) -> Response:
+            self._openapi = _ENCODER.encode(openapi_document(self.routes))
+        return msgspec.Raw(self._openapi)
+
+    def ready(self, _who: None) -> tuple[int, Readiness]:
         ok, reason = self.readiness()
-        return json_response(200 if ok else 503, {"ready": ok, "reason": reason})
+        return (200 if ok else 503), Readiness(ok, reason)
+
+
+def _decode_payload(body: bytes, kind: type):
+    try:
+        return msgspec.json.decode(body or b"{}", type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiFailure(400, f"the body does not fit {kind.__name__}: {exc}") from None
+    except msgspec.DecodeError:
+        raise ApiFailure(400, f"the body is not JSON (expected {kind.__name__})") from None
 
 
 def _scoped_slo(slo: dict, who: Principal) -> dict | None:
@@ -233,3 +312,4 @@ def _scoped_slo(slo: dict, who: Principal) -> dict | None:
     # The selector may name a tenant the token is not scoped to.
     selector = {k: v for k, v in slo["selector"].items() if k != "tenant"}
     return {**slo, "selector": selector, "slices": slices}
+

@@ -284,3 +284,27 @@ def test_a_canary_equal_to_stable_is_never_rolled_back_and_is_promoted(seed):
     assert not [m for m, v in seq.items() if v["verdict"] in ("rollback", "pause")], \
         {m: v["reasons"] for m, v in seq.items() if v["verdict"] in ("rollback", "pause")}
     assert seq[max(seq)]["verdict"] == "promote", seq[max(seq)]["reasons"]
+
+
+def _same_json(a, b) -> bool:
+    import json
+
+    import msgspec
+
+    from signals.answers import _TO_JSON
+
+    return json.loads(msgspec.json.encode(a)) == json.loads(_TO_JSON.encode(b))
+
+
+def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(autoscale_run):
+    """The API converts the view's answers to the Structs its OpenAPI document is generated
+    from: on the public trace, each converts and comes back equal, so no key of a real
+    answer is missing from the document, and no documented required key is missing from it."""
+    from signals.answers import Autoscale, Verdict, typed
+
+    pools = [scoped.body for pools in autoscale_run.values() for scoped in pools.values()]
+    assert len(pools) > 100 and all(_same_json(typed(b, Autoscale), b) for b in pools)
+    seq = [*verdicts(Canary(error_rate=0.08, start_minute=5), seed=21).values(),
+           *verdicts(Canary(gpu_seconds_factor=2.2), seed=22).values()]
+    assert {v["verdict"] for v in seq} >= {"rollback", "pause", "continue"}
+    assert all(_same_json(typed(v, Verdict), v) for v in seq)

@@ -210,7 +210,8 @@ def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float)
     from signals.config import ApiConfig, Principal
     from signals.live import Scoped, SignalSnapshot
 
-    rollouts = {("m", v): Scoped({"verdict": verdict, "reasons": [], "model": "m", "version": v}, frozenset({"t"}), 0)
+    rollouts = {("m", v): Scoped({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
+                                  "as_of": "2026-11-02T00:30:00Z"}, frozenset({"t"}), 0)
                 for v, verdict in verdicts.items()}
     snap = SignalSnapshot(built_wall_s, 0, {}, rollouts, {"m": frozenset(verdicts)}, [], [])
     token = "tok"
@@ -297,22 +298,29 @@ def test_bad_requests(api_worker):
 
 def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker):
     status, doc = get(api_worker, "/openapi.json")
-    assert status == 200 and doc == json.loads(json.dumps(openapi_document()))
     from signals.api import SignalApi
     from signals.config import ApiConfig
 
-    served = {(m, p.pattern) for m, p, _h, _a in SignalApi(ApiConfig(), lambda: None, lambda: (True, "")).routes}
-    documented = {(m.upper(), "^" + path.replace("{pool}", "([^/]+)").replace("{model}", "([^/]+)")
-                   .replace("{version}", "([^/]+)").replace("{check}", "([^/]+)").replace("{name}", "([^/]+)") + "$")
-                  for path, ops in doc["paths"].items() for m in ops}
-    assert {(m, p.replace("\\.", ".")) for m, p in served} <= {(m, p.replace("\\.", ".")) for m, p in documented}
+    routes = SignalApi(ApiConfig(), lambda: None, lambda: (True, "")).routes
+    assert status == 200 and doc == json.loads(json.dumps(openapi_document(routes)))
+    assert {(r.method.lower(), r.path) for r in routes} <= {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"] == [
+        "promotion", "rollback", "rollout", "traffic-increase"]
     schemas = doc["components"]["schemas"]
+    # Every schema is a real one (the hand copy once held a `Side` with no properties).
+    assert all(s.get("properties") for s in schemas.values()), [n for n, s in schemas.items() if not s.get("properties")]
+    # A live server's answers hold every required property, and no property the document lacks.
+    for path, schema in (("/v1/autoscale/llm-b-realtime", "Autoscale"), ("/v1/rollout/chat-70b/v3-cheap", "Verdict"),
+                         ("/v1/slos/chat-first-token", "Slo"), ("/v1/rollout/chat-70b/v2-slow", "Verdict")):
+        _, answer = get(api_worker, path, TOKENS["ops"])
+        props = schemas[schema]["properties"]
+        assert set(schemas[schema]["required"]) <= set(answer) <= set(props), (path, set(answer) ^ set(props))
+    _, slow = get(api_worker, "/v1/rollout/chat-70b/v2-slow", TOKENS["ops"])
+    assert set(slow["canary"]) == set(schemas["Side"]["properties"])
+    for metric in slow["metrics"].values():
+        assert set(metric) <= set(schemas["MetricAnswer"]["properties"])
     _, a = get(api_worker, "/v1/autoscale/llm-b-realtime", TOKENS["ops"])
-    assert set(schemas["Autoscale"]["required"]) <= set(a)
-    _, v = get(api_worker, "/v1/rollout/chat-70b/v3-cheap", TOKENS["ops"])
-    assert set(schemas["Verdict"]["required"]) <= set(v)
-    _, one = get(api_worker, "/v1/slos/chat-first-token", TOKENS["ops"])
-    assert set(schemas["Slo"]["required"]) <= set(one)
+    assert set(a["signals"]) <= set(schemas["PoolSignalsAnswer"]["properties"])
 
 
 def test_stale_data_answers_503_so_keda_falls_back(api_worker):

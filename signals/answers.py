@@ -1,0 +1,256 @@
+"""What the signal API answers and accepts, as typed msgspec Structs.
+
+The handlers in `signals/api.py` return these and the OpenAPI document is generated from
+them (`signals/openapi.py`), so the document cannot drift from the answers. The live view
+builds its answers as plain mappings (the demo and the backtests read them too); the API
+converts each to its Struct on the way out, and `tests/test_signal_api.py` checks that the
+conversion keeps every key of real answers, so a field added to the view and not here fails
+a test rather than vanishing from the API.
+
+Optional details that are absent from an answer (not null: absent) are `UNSET` and left out
+of the JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+# A pool, model, version or SLO name in a path.
+Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@+-]+$",
+                           description="letters, digits and . _ : @ + -, 1 to 128 characters")]
+FlaggerCheck = Annotated[Literal["rollout", "traffic-increase", "promotion", "rollback"],
+                         Meta(description="the Flagger hook type this URL serves")]
+Timestamp = Annotated[str, Meta(description="RFC 3339, UTC, event time")]
+Reason = Literal["stale", "starting", "no_data"]
+CapacityBasis = Literal["physical", "breach", "measured-above-physical", "configured", "policy-default"]
+VerdictName = Literal["promote", "continue", "pause", "rollback"]
+MetricVerdictName = Literal["pass", "continue", "pause", "rollback"]
+Number = Union[float, None]
+
+
+class ApiError(Struct, omit_defaults=True):
+    """Every answer other than 2xx (and 412 from Flagger hooks)."""
+
+    error: str
+    reason: Reason | None = None
+    as_of: Timestamp | None = None
+    hint: str | None = None
+
+
+class Capacity(Struct):
+    """Per-replica capacity at SLO and the bounds it was chosen from."""
+
+    per_replica_gpu_s_per_s: float
+    lower_gpu_s_per_s: Number
+    upper_gpu_s_per_s: float
+    physical_gpu_s_per_s: Number
+    broke_gpu_s_per_s: Number
+    basis: CapacityBasis
+    reason: str
+
+
+class PoolSignalsAnswer(Struct):
+    """The signals one autoscale decision read, over `window_minutes` complete minutes."""
+
+    requests_per_s: float
+    work_gpu_s_per_s: float
+    tokens_per_s: float
+    prompt_tokens_per_s: Number
+    audio_seconds_per_s: float
+    active_streams: int
+    queue_age_p95_ms: Number
+    first_output_p95_ms: Number
+    first_output_slo_ms: Number
+    kv_cache_usage_max: Number
+    gpu_util_mean_pct: Annotated[Number, Meta(description="NVML utilisation: reported, not used to scale")]
+    sm_active_mean_pct: Number
+    replicas_by_state: dict[str, int]
+    burn_rate: Annotated[Number, Meta(description="the fastest page window of the pool's SLOs")]
+    capacity_gpu_s_per_s_per_replica: float
+    capacity_basis: CapacityBasis
+    utilization_of_capacity: Number
+    planning_target_utilization: float
+    window_minutes: int
+    model: str | UnsetType = UNSET
+    zone: str | UnsetType = UNSET
+    workload: str | UnsetType = UNSET
+    traffic_class: str | UnsetType = UNSET
+
+
+class Autoscale(Struct):
+    """Desired replicas for a pool. Point KEDA's metrics-api `valueLocation` at
+    `desired_replicas` with `targetValue: 1`."""
+
+    pool: str
+    desired_replicas: Annotated[int, Meta(ge=0)]
+    current_replicas: Annotated[int, Meta(ge=0, description="warm, loading and unknown replicas in the newest minute")]
+    reasons: list[str]
+    signals: PoolSignalsAnswer
+    capacity_basis: Annotated[CapacityBasis, Meta(description="which bound decided the per-replica capacity")]
+    capacity: Capacity
+    as_of: Timestamp
+
+
+class Side(Struct):
+    """One side of a canary comparison over the rollout window."""
+
+    version: str
+    requests: int
+    bad: Annotated[int, Meta(description="errors and timeouts")]
+    timeouts: int
+    first_output_p99_ms: Number
+    e2e_p99_ms: Number
+    gpu_cost: Annotated[float, Meta(description="currency units over the window")]
+    output_tokens: int
+    audio_seconds: float
+    error_ratio: Number
+    timeout_ratio: Number
+    cost_per_unit: Number
+    cost_unit: str
+
+
+class MetricAnswer(Struct, omit_defaults=True):
+    """One metric's verdict (Kayenta-style): the method and the numbers it acted on."""
+
+    verdict: MetricVerdictName
+    reason: str
+    p_value: Number
+    method: str | UnsetType = UNSET
+    alpha: float | UnsetType = UNSET
+    # errors (sequential test)
+    p_value_worse_than_stable: Number | UnsetType = UNSET
+    rate_ratio: float | UnsetType = UNSET
+    canary_error_ratio: Number | UnsetType = UNSET
+    stable_error_ratio: Number | UnsetType = UNSET
+    canary_burn_rate: Number | UnsetType = UNSET
+    # burn rate
+    short_burn_rate: Number | UnsetType = UNSET
+    long_burn_rate: Number | UnsetType = UNSET
+    short_requests: int | UnsetType = UNSET
+    long_requests: int | UnsetType = UNSET
+    stable_short_burn_rate: Number | UnsetType = UNSET
+    short_minutes: int | UnsetType = UNSET
+    long_minutes: int | UnsetType = UNSET
+    threshold: float | UnsetType = UNSET
+    # latency (first_output, e2e)
+    p_value_rank: Number | UnsetType = UNSET
+    p_value_tail: Number | UnsetType = UNSET
+    auc: Number | UnsetType = UNSET
+    p50_ratio: Number | UnsetType = UNSET
+    p99_ratio: Number | UnsetType = UNSET
+    canary_p99_ms: Number | UnsetType = UNSET
+    stable_p99_ms: Number | UnsetType = UNSET
+    canary_values: int | UnsetType = UNSET  # values each side had, when too few to judge
+    stable_values: int | UnsetType = UNSET
+    # latency and cost
+    minutes: int | list[int] | UnsetType = UNSET
+    # cost
+    ratio: Number | UnsetType = UNSET
+    lower: Number | UnsetType = UNSET
+    upper: Number | UnsetType = UNSET
+    confidence: Number | UnsetType = UNSET
+
+
+class Verdict(Struct, omit_defaults=True):
+    """A canary version against its model's stable version."""
+
+    verdict: VerdictName
+    reasons: list[str]
+    model: str
+    version: str
+    window_minutes: int
+    as_of: Timestamp | None
+    canary: Side | UnsetType = UNSET  # absent for the stable version itself
+    stable: Side | UnsetType = UNSET
+    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, cost
+    decided_by: list[str] | UnsetType = UNSET
+    confidence: Annotated[Number, Meta(description="1 − the p-value a pause or rollback acted on")] | UnsetType = UNSET
+
+
+class Inconclusive(Struct):
+    """No verdict for want of data: never an error a rollout controller counts."""
+
+    verdict: Literal["inconclusive"]
+    reason: Reason
+    error: str
+    model: str
+    version: str
+
+
+class SloSlice(Struct):
+    labels: dict[str, str]
+    sli: Number
+    error_budget_remaining: float
+    burn_rates: Annotated[dict[str, float], Meta(description="window (5m, 1h, ...) → burn rate")]
+    minutes_to_exhaustion: Number
+    firing: list[str]
+    as_of: Timestamp | None
+
+
+class Slo(Struct):
+    name: str
+    description: str
+    objective: float
+    window: str
+    slice_by: list[str]
+    selector: dict[str, str]
+    slices: list[SloSlice]
+
+
+class SloList(Struct):
+    slos: list[Slo]
+
+
+class Alert(Struct):
+    fingerprint: str | None
+    alertname: str
+    severity: str
+    slo: str
+    window: str
+    labels: dict[str, str]
+    since: Timestamp
+    runbook: str
+
+
+class AlertList(Struct):
+    alerts: list[Alert]
+
+
+class Readiness(Struct):
+    ready: bool
+    reason: str
+
+
+class FlaggerMetadata(Struct):
+    model: Name
+    version: Name
+    token: Annotated[str, Meta(description="Flagger sends no headers: the bearer token may come here")] | None = None
+
+
+class FlaggerPayload(Struct):
+    """The body of a Flagger webhook; the Canary's webhook `metadata` names the model and version."""
+
+    metadata: FlaggerMetadata
+    name: str | None = None
+    namespace: str | None = None
+    phase: str | None = None
+
+
+def _plain(value):
+    """NumPy scalars (the statistics hand some back) as the Python numbers they hold."""
+    if hasattr(value, "item") and hasattr(value, "dtype"):
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_TO_JSON = msgspec.json.Encoder(enc_hook=_plain)
+
+
+def typed(answer: dict, kind: type[Struct]) -> Struct:
+    """A view's mapping as its answer type, through JSON so NumPy scalars read as numbers
+    (an int for a float field is fine; a missing required field is a bug in the view and
+    raises)."""
+    return msgspec.json.decode(_TO_JSON.encode(answer), type=kind)
