@@ -29,6 +29,7 @@ import pickle
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -41,31 +42,35 @@ from detectors.core import (
     SliceMinute,
     Tracker,
     ratio,
+    SliceBy,
 )
+from slo.config_file import ConfigStruct, Count, Minutes, PositiveCount
 
 NAME = "anomaly"
 FEATURES = ("error_ratio_z", "e2e_ms_p95_z", "output_tokens_per_ok_z", "task_success_z",
             "prompt_tokens_per_request_z", "gpu_seconds_per_request_z")
 
 
-@dataclass(frozen=True)
-class AnomalyConfig:
+MODELS = ("local_outlier_factor", "isolation_forest")
+
+
+class AnomalyConfig(ConfigStruct):
     enabled: bool = True
-    slice_by: tuple[str, ...] = ("model", "model_version")
-    min_requests: int = 20  # a slice-minute with fewer requests is neither scored nor learned from
-    baseline_minutes: int = 60
-    min_baseline_minutes: int = 10
-    fit_window_minutes: int = 240
-    refit_every_minutes: int = 60
-    min_fit_rows: int = 200
-    model: str = "local_outlier_factor"  # or "isolation_forest"
-    n_neighbors: int = 20  # local_outlier_factor
-    n_estimators: int = 100  # isolation_forest
+    slice_by: SliceBy = ("model", "model_version")
+    min_requests: Count = 20  # a slice-minute with fewer requests is neither scored nor learned from
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 10
+    fit_window_minutes: Minutes = 240
+    refit_every_minutes: Minutes = 60
+    min_fit_rows: PositiveCount = 200
+    model: Literal[MODELS] = "local_outlier_factor"  # or "isolation_forest"
+    n_neighbors: PositiveCount = 20  # local_outlier_factor
+    n_estimators: PositiveCount = 100  # isolation_forest
     random_state: int = 0  # isolation_forest
     score_threshold: float = -3.0  # the model's score_samples strictly below this is anomalous
-    window_minutes: int = 3
-    anomalous_minutes: int = 3  # anomalous minutes within the window that raise a detection
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    anomalous_minutes: Minutes = 3  # anomalous minutes within the window that raise a detection
+    clear_minutes: Minutes = 3
 
 
 @dataclass(frozen=True)
@@ -139,9 +144,6 @@ def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
         _robust_z(_log(now.prompt_tokens_per_request, 1.0), [_log(b.prompt_tokens_per_request, 1.0) for b in base], 0.05),
         _robust_z(_log(now.gpu_seconds_per_request, 1e-3), [_log(b.gpu_seconds_per_request, 1e-3) for b in base], 0.05),
     ]
-
-
-MODELS = ("local_outlier_factor", "isolation_forest")
 
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):

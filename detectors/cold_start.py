@@ -13,17 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+from slo.config_file import ConfigStruct, Fraction, Minutes
 
 NAME = "cold_start"
 
 
-@dataclass(frozen=True)
-class ColdStartConfig:
+class ColdStartConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 2
-    warm_ratio_target: float = 0.75  # breach when the window's mean warm share is strictly below
-    max_loading_minutes: int = 5  # a replica loading this long or longer breaches on its own
-    clear_minutes: int = 3
+    window_minutes: Minutes = 2
+    warm_ratio_target: Fraction = 0.75  # breach when the window's mean warm share is strictly below
+    max_loading_minutes: Minutes = 5  # a replica loading this long or longer breaches on its own
+    clear_minutes: Minutes = 3
 
 
 @dataclass(frozen=True)

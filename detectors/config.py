@@ -2,23 +2,23 @@
 and window with a documented default (`detectors/defaults.yaml`, the built-in set).
 
 A section names only the settings it changes; the rest keep the defaults of the
-detector's config dataclass. An unknown detector, an unknown setting or a value of the
-wrong type is an error that names its place.
+detector's config Struct (`ConfigStruct`: constraints in `Meta`, unknown keys refused). An
+unknown detector, an unknown setting, a value of the wrong type or out of its range is a
+one-line error that names its place (`detectors.yaml: queue_age.window_minutes: expected
+`int` >= 1`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from detectors.anomaly import MODELS, AnomalyConfig, AnomalyDetector
+from detectors.anomaly import AnomalyConfig, AnomalyDetector
 from detectors.anomaly import NAME as ANOMALY
 from detectors.cold_start import NAME as COLD
 from detectors.cold_start import ColdStartConfig, ColdStartDetector
-from detectors.core import LATENCY_P95, DetectionEvent, Minute
+from detectors.core import DetectionEvent, Minute
 from detectors.cost import NAME as COST
 from detectors.cost import CostRegressionConfig, CostRegressionDetector
 from detectors.kv_cache import (
@@ -41,11 +41,9 @@ from detectors.utilisation import (
     IdleButSlowConfig,
     IdleButSlowDetector,
 )
-from ingest.schema import SLICE_LABELS
-from slo.config_file import read_yaml_mapping
+from slo.config_file import convert, read_yaml
 
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
-CHOICES = {"model": MODELS, "latency_field": LATENCY_P95}
 
 # detector name → (config dataclass, detector class), in the order detectors run.
 REGISTRY: dict[str, tuple[type, type]] = {
@@ -85,33 +83,9 @@ class DetectorsConfig:
         return need
 
 
-def _coerce(value, default, where: str):
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise DetectorConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise DetectorConfigError(f"{where}: expected an integer, got {value!r}")
-        if value < 0 or (value == 0 and where.endswith("minutes")):
-            raise DetectorConfigError(f"{where}: must be positive, got {value}")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DetectorConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if isinstance(default, tuple):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not value:
-            raise DetectorConfigError(f"{where}: expected a non-empty list of label names, got {value!r}")
-        return tuple(value)
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise DetectorConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise DetectorConfigError(f"{where}: unsupported setting")
-
-
 def parse(doc: object, source: str = "detectors file") -> DetectorsConfig:
+    """A detectors document: each section converted to its detector's config Struct, whose
+    field types and `Meta` constraints are the rules; the first problem names its place."""
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -120,43 +94,14 @@ def parse(doc: object, source: str = "detectors file") -> DetectorsConfig:
     for name, section in doc.items():
         if name not in REGISTRY:
             raise DetectorConfigError(f"{source}: unknown detector {name!r} (known: {', '.join(DETECTOR_NAMES)})")
-        section = section or {}
-        if not isinstance(section, dict):
-            raise DetectorConfigError(f"{source}: {name}: expected a mapping of settings")
-        klass = REGISTRY[name][0]
-        defaults = {f.name: f.default for f in dataclasses.fields(klass)}
-        values = {}
-        for key, value in section.items():
-            if key not in defaults:
-                raise DetectorConfigError(f"{source}: {name}.{key}: unknown setting (known: {', '.join(defaults)})")
-            values[key] = _coerce(value, defaults[key], f"{source}: {name}.{key}")
-        _check_values(name, values, source)
-        cfg.configs[name] = klass(**{**defaults, **values})
+        cfg.configs[name] = convert(section, REGISTRY[name][0], source, DetectorConfigError, at=name)
     return cfg
 
 
-def _check_values(name: str, values: dict, source: str) -> None:
-    """Settings whose type is right but whose value must come from a fixed set."""
-    for key, value in values.items():
-        where = f"{source}: {name}.{key}"
-        allowed = CHOICES.get(key)
-        if allowed is not None and value not in allowed:
-            raise DetectorConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
-        if key == "slice_by":
-            unknown = [v for v in value if v not in SLICE_LABELS]
-            if unknown:
-                raise DetectorConfigError(f"{where}: {unknown[0]!r} is not a slice label ({', '.join(SLICE_LABELS)})")
-        if key == "pool_regex":
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise DetectorConfigError(f"{where}: not a regular expression ({exc})") from None
-
-
 def load(path: str | Path | None = None) -> DetectorsConfig:
-    """The built-in defaults (path None), or a file layered over the dataclass defaults."""
+    """The built-in defaults (path None), or a file layered over the Structs' defaults."""
     path = Path(path) if path is not None else DEFAULTS
-    doc = read_yaml_mapping(path, DetectorConfigError)
+    doc = read_yaml(path, DetectorConfigError)
     return parse(doc, str(path))
 
 

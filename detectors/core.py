@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import polars as pl
+from msgspec import Meta
+
+from ingest.schema import SLICE_LABELS
 
 SliceKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs: hashable, stable order
 
@@ -107,6 +110,9 @@ GPM_MEANS = ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_m
 REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "successful_turns",
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
+LatencyP95 = Literal[LATENCY_P95]
+# The labels a detector slices by: at least one, each an event label.
+SliceBy = Annotated[tuple[Literal[SLICE_LABELS], ...], Meta(min_length=1)]
 
 
 @dataclass(frozen=True)

@@ -25,23 +25,23 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, ratio
+from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, ratio, SliceBy
+from slo.config_file import ConfigStruct, Count, Minutes, NonNegative, Positive
 
 NAME = "cost_regression"
 
 
-@dataclass(frozen=True)
-class CostRegressionConfig:
+class CostRegressionConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 10
-    increase_threshold: float = 0.3  # breach when cost is up strictly more than 30% on the baseline ...
-    z: float = 4.0  # ... and more than this many standard errors above it
-    success_gain_min: float = 0.01  # a task-success gain of at least this (absolute) excuses a cost rise
-    baseline_minutes: int = 120
-    min_baseline_minutes: int = 30
-    min_successful_turns: int = 50  # in the window
-    slice_by: tuple[str, ...] = ("workload", "model")
-    clear_minutes: int = 3
+    window_minutes: Minutes = 10
+    increase_threshold: NonNegative = 0.3  # breach when cost is up strictly more than 30% on the baseline ...
+    z: Positive = 4.0  # ... and more than this many standard errors above it
+    success_gain_min: NonNegative = 0.01  # a task-success gain of at least this (absolute) excuses a cost rise
+    baseline_minutes: Minutes = 120
+    min_baseline_minutes: Minutes = 30
+    min_successful_turns: Count = 50  # in the window
+    slice_by: SliceBy = ("workload", "model")
+    clear_minutes: Minutes = 3
 
 
 @dataclass(frozen=True)

@@ -14,33 +14,32 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, SliceBy
+from slo.config_file import ConfigStruct, Count, Factor, Fraction, Minutes, NonNegative
 
 KV = "kv_cache_pressure"
 PROMPT = "prompt_growth"
 
 
-@dataclass(frozen=True)
-class KvCachePressureConfig:
+class KvCachePressureConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    kv_cache_usage_min: float = 0.9  # window mean usage at or above this is "near full"
-    preemptions_per_minute_min: float = 1.0  # window preemption rate must reach this ...
-    preemption_rise_factor: float = 2.0  # ... and exceed this multiple of the trailing rate
-    baseline_minutes: int = 30
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    kv_cache_usage_min: Fraction = 0.9  # window mean usage at or above this is "near full"
+    preemptions_per_minute_min: NonNegative = 1.0  # window preemption rate must reach this ...
+    preemption_rise_factor: Factor = 2.0  # ... and exceed this multiple of the trailing rate
+    baseline_minutes: Minutes = 30
+    clear_minutes: Minutes = 3
 
 
-@dataclass(frozen=True)
-class PromptGrowthConfig:
+class PromptGrowthConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    growth_factor: float = 2.0  # window mean prompt tokens at or above this multiple of the baseline
-    min_requests: int = 50  # requests with prompts in the window
-    baseline_minutes: int = 60
-    min_baseline_minutes: int = 15
-    slice_by: tuple[str, ...] = ("model",)
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    growth_factor: Factor = 2.0  # window mean prompt tokens at or above this multiple of the baseline
+    min_requests: Count = 50  # requests with prompts in the window
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model",)
+    clear_minutes: Minutes = 3
 
 
 class KvCachePressureDetector:

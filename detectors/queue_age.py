@@ -21,20 +21,26 @@ import re
 from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+from slo.config_file import ConfigStruct, Factor, Minutes, NonNegative
 
 NAME = "queue_age"
 
 
-@dataclass(frozen=True)
-class QueueAgeConfig:
+class QueueAgeConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    oldest_queue_age_ms_threshold: float = 1000.0  # breach strictly above
+    window_minutes: Minutes = 3
+    oldest_queue_age_ms_threshold: NonNegative = 1000.0  # breach strictly above
     pool_regex: str = ".*"  # only pools whose name matches (e.g. "-realtime$")
-    min_minutes_over: int = 3  # minutes of the window strictly above the threshold, too ...
-    severe_factor: float = 2.0  # ... or, with the window's mean above this multiple of the threshold,
-    severe_minutes_over: int = 2  # ... this many
-    clear_minutes: int = 3
+    min_minutes_over: Minutes = 3  # minutes of the window strictly above the threshold, too ...
+    severe_factor: Factor = 2.0  # ... or, with the window's mean above this multiple of the threshold,
+    severe_minutes_over: Minutes = 2  # ... this many
+    clear_minutes: Minutes = 3
+
+    def __post_init__(self):
+        try:
+            re.compile(self.pool_regex)
+        except re.error as exc:
+            raise ValueError(f"pool_regex is not a regular expression ({exc})") from None
 
 
 def window_mean(values: list[float], k: int) -> list[float | None]:

@@ -24,20 +24,21 @@ from detectors.core import (
     Tracker,
     ratio,
     slice_key,
+    SliceBy,
 )
+from slo.config_file import ConfigStruct, Count, Minutes, Positive, Ratio
 
 NAME = "retry_storm"
 
 
-@dataclass(frozen=True)
-class RetryStormConfig:
+class RetryStormConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    retry_ratio_threshold: float = 0.1  # breach when the ratio's lower bound is strictly above
-    min_requests: int = 30  # attempts in the window; fewer never alert
-    z: float = 3.09  # one-sided lower confidence bound of the retry ratio (3.09: 99.9%)
-    slice_by: tuple[str, ...] = ("workload", "model", "zone")
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    retry_ratio_threshold: Ratio = 0.1  # breach when the ratio's lower bound is strictly above
+    min_requests: Count = 30  # attempts in the window; fewer never alert
+    z: Positive = 3.09  # one-sided lower confidence bound of the retry ratio (3.09: 99.9%)
+    slice_by: SliceBy = ("workload", "model", "zone")
+    clear_minutes: Minutes = 3
 
 
 @dataclass(frozen=True)

@@ -33,37 +33,36 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
+from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, LatencyP95
+from slo.config_file import ConfigStruct, Count, Factor, Minutes, NonNegative, Percent
 
 BUSY = "busy_but_slow"
 IDLE = "idle_but_slow"
 
 
-@dataclass(frozen=True)
-class BusyButSlowConfig:
+class BusyButSlowConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    util_pct_min: float = 80.0  # window mean utilisation at or above this is "busy"
-    queue_age_ms_min: float = 500.0  # window mean oldest-queue age must exceed this ...
-    queue_age_rise_factor: float = 3.0  # ... and this multiple of the trailing baseline
-    sm_active_pct_saturated: float = 50.0  # window mean SM active at or above: saturated; below: busy but idle SMs
-    baseline_minutes: int = 30
-    min_baseline_minutes: int = 10
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    util_pct_min: Percent = 80.0  # window mean utilisation at or above this is "busy"
+    queue_age_ms_min: NonNegative = 500.0  # window mean oldest-queue age must exceed this ...
+    queue_age_rise_factor: Factor = 3.0  # ... and this multiple of the trailing baseline
+    sm_active_pct_saturated: Percent = 50.0  # window mean SM active at or above: saturated; below: busy but idle SMs
+    baseline_minutes: Minutes = 30
+    min_baseline_minutes: Minutes = 10
+    clear_minutes: Minutes = 3
 
 
-@dataclass(frozen=True)
-class IdleButSlowConfig:
+class IdleButSlowConfig(ConfigStruct):
     enabled: bool = True
-    window_minutes: int = 3
-    util_pct_max: float = 40.0  # window mean utilisation strictly below this is "idle"
-    latency_field: str = "e2e_ms_p95"  # or first_output_ms_p95, queue_ms_p95
-    latency_rise_factor: float = 2.0  # window latency at or above this multiple of the baseline
-    min_requests: int = 30  # requests in the window
-    min_minutes_over: int = 2  # minutes of the window whose own latency is at or above the rise, too
-    baseline_minutes: int = 120  # longer than an incident: a half-hour of short answers must not own the median
-    min_baseline_minutes: int = 15
-    clear_minutes: int = 3
+    window_minutes: Minutes = 3
+    util_pct_max: Percent = 40.0  # window mean utilisation strictly below this is "idle"
+    latency_field: LatencyP95 = "e2e_ms_p95"  # or first_output_ms_p95, queue_ms_p95
+    latency_rise_factor: Factor = 2.0  # window latency at or above this multiple of the baseline
+    min_requests: Count = 30  # requests in the window
+    min_minutes_over: Minutes = 2  # minutes of the window whose own latency is at or above the rise, too
+    baseline_minutes: Minutes = 120  # longer than an incident: a half-hour of short answers must not own the median
+    min_baseline_minutes: Minutes = 15
+    clear_minutes: Minutes = 3
 
 
 @dataclass(frozen=True)

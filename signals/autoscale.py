@@ -17,8 +17,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Annotated
 
-from slo.capacity import CapacityEstimate, configured_capacity, replicas
+from msgspec import Meta
+
+from slo.capacity import CapacityEstimate, GpusPerReplica, configured_capacity, replicas
+from slo.config_file import ConfigStruct, NonNegative, Percent, Positive, Ratio
 
 
 @dataclass(frozen=True)
@@ -42,18 +46,23 @@ class PoolSignals:
     sm_active_mean_pct: float | None = None
 
 
-@dataclass(frozen=True)
-class AutoscalePolicy:
-    target_utilization: float = 0.7
-    zones: int = 3
-    default_capacity_gpu_s_per_s: float = 1.0  # only when a caller passes no capacity at all
-    gpus_per_replica: float = 1.0  # the physical bound: this many GPU-s/s per replica
-    queue_age_slo_ms: float = 1_000.0
-    breach_step: float = 0.25  # add this share of current replicas per evaluation while users wait
-    scale_in_stabilization_minutes: int = 10
-    min_replicas: int = 1
-    max_replicas: int = 10_000
-    sm_active_pct_saturated: float = 50.0  # as the busy-but-slow detector: SMs this busy are saturated
+class AutoscalePolicy(ConfigStruct):
+    """The `autoscale:` section of the API config file."""
+
+    target_utilization: Ratio = 0.7
+    zones: Annotated[int, Meta(ge=1, le=1000)] = 3
+    default_capacity_gpu_s_per_s: Positive = 1.0  # only when a caller passes no capacity at all
+    gpus_per_replica: GpusPerReplica = 1.0  # the physical bound: this many GPU-s/s per replica
+    queue_age_slo_ms: Positive = 1_000.0
+    breach_step: NonNegative = 0.25  # add this share of current replicas per evaluation while users wait
+    scale_in_stabilization_minutes: Annotated[int, Meta(ge=0, le=1440)] = 10
+    min_replicas: Annotated[int, Meta(ge=0, le=10**7)] = 1
+    max_replicas: Annotated[int, Meta(ge=1, le=10**7)] = 10_000
+    sm_active_pct_saturated: Percent = 50.0  # as the busy-but-slow detector: SMs this busy are saturated
+
+    def __post_init__(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
 
 
 @dataclass

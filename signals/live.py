@@ -9,13 +9,16 @@ HTTP threads read a finished, consistent answer and never touch live state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Annotated
 
 import polars as pl
+from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
+from slo.config_file import ConfigStruct, Days
 from slo.cost import attribution_scales
 from slo.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)
@@ -31,17 +34,29 @@ from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
 POOL_ATTRIBUTES = ("pool", "model", "zone", "workload", "traffic_class")
 
 
-@dataclass(frozen=True)
-class SignalPolicy:
-    autoscale: AutoscalePolicy = field(default_factory=AutoscalePolicy)
-    rollout: RolloutPolicy = field(default_factory=RolloutPolicy)
-    pool_window_minutes: int = 5  # demand and latency are read over this many complete minutes
-    rollout_window_minutes: int = 30
-    history_minutes: int = 60  # buckets kept for the pool and rollout windows
-    sustained_minutes: int = 3  # capacity counts only work sustained this long with the SLO held
-    capacity_history_days: int = 7  # measured capacity: the best day of the last week
-    capacity_gpu_s_per_s: dict[str, float] = field(default_factory=dict)  # per pool, overrides measurement
-    replica_shape: dict[str, ReplicaShape] = field(default_factory=dict)  # per pool: GPUs and token throughput per replica
+WindowMinutes = Annotated[int, Meta(ge=1, le=1440)]
+
+
+class SignalWindows(ConfigStruct):
+    """The `signals:` section of the API config file."""
+
+    pool_window_minutes: WindowMinutes = 5  # demand and latency are read over this many complete minutes
+    rollout_window_minutes: WindowMinutes = 30
+    history_minutes: WindowMinutes = 60  # buckets kept for the pool and rollout windows
+    sustained_minutes: WindowMinutes = 3  # capacity counts only work sustained this long with the SLO held
+    capacity_history_days: Days = 7  # measured capacity: the best day of the last week
+
+    def __post_init__(self):
+        if self.history_minutes < max(self.pool_window_minutes + 1, self.rollout_window_minutes):
+            raise ValueError("history_minutes must cover pool_window_minutes + 1 and rollout_window_minutes")
+
+
+class SignalPolicy(SignalWindows):
+    autoscale: AutoscalePolicy = AutoscalePolicy()
+    rollout: RolloutPolicy = RolloutPolicy()
+    # Per pool: a configured capacity overrides measurement; the shape bounds it physically.
+    capacity_gpu_s_per_s: dict[str, Annotated[float, Meta(gt=0.0, lt=1e9)]] = {}
+    replica_shape: dict[str, ReplicaShape] = {}
 
 
 @dataclass(frozen=True)

@@ -49,11 +49,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
-from typing import Mapping, Sequence
+from typing import Annotated, Mapping, Sequence
 
 import numpy as np
+from msgspec import Meta
 
 from slo import histogram
+from slo.config_file import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive
 
 
 @dataclass(frozen=True)
@@ -102,25 +104,26 @@ class VersionStats:
         return None, "per unit"
 
 
-@dataclass(frozen=True)
-class RolloutPolicy:
-    objective: float = 0.999  # availability objective used for the canary's burn rate
-    min_requests: int = 100  # per side, before a latency or cost judgement (errors need no fixed count)
-    promote_min_requests: int = 2_000
-    rollback_burn_rate: float = 14.4  # the canary alone would page…
-    burn_short_minutes: int = 5  # …over this short window and the whole window
-    burn_min_requests: int = 100  # per burn window, as the SLOs' min_events
-    rollback_error_factor: float = 2.0  # rollback needs evidence the canary errs more than this × stable…
-    rollback_error_abs: float = 0.0  # …and at least this much more in absolute terms (0: any)
-    error_alpha: float = 0.001  # always-valid: the chance a canary no worse than that is ever rolled back
-    rollback_latency_factor: float = 1.5  # median or p99, first output or e2e, vs stable
-    pause_latency_factor: float = 1.15
-    latency_alpha: float = 0.001
-    pause_cost_factor: float = 1.25  # confidently over this: pause
-    rollback_cost_factor: float = math.inf  # confidently over this: rollback (off unless set)
-    promote_cost_factor: float = 1.10  # estimated over this: not promoted
-    cost_alpha: float = 0.01  # one-sided, for the cost ratio's interval
-    cost_min_minutes: int = 10  # minutes with work on each side before the interval is trusted
+class RolloutPolicy(ConfigStruct):
+    """The `rollout:` section of the API config file."""
+
+    objective: Objective = 0.999  # availability objective used for the canary's burn rate
+    min_requests: Count = 100  # per side, before a latency or cost judgement (errors need no fixed count)
+    promote_min_requests: Count = 2_000
+    rollback_burn_rate: Positive = 14.4  # the canary alone would page…
+    burn_short_minutes: Annotated[int, Meta(ge=1, le=1440)] = 5  # …over this short window and the whole window
+    burn_min_requests: Count = 100  # per burn window, as the SLOs' min_events
+    rollback_error_factor: Factor = 2.0  # rollback needs evidence the canary errs more than this × stable…
+    rollback_error_abs: Fraction = 0.0  # …and at least this much more in absolute terms (0: any)
+    error_alpha: Alpha = 0.001  # always-valid: the chance a canary no worse than that is ever rolled back
+    rollback_latency_factor: Factor = 1.5  # median or p99, first output or e2e, vs stable
+    pause_latency_factor: Factor = 1.15
+    latency_alpha: Alpha = 0.001
+    pause_cost_factor: Positive = 1.25  # confidently over this: pause
+    rollback_cost_factor: Positive = math.inf  # confidently over this: rollback (off unless set)
+    promote_cost_factor: Positive = 1.10  # estimated over this: not promoted
+    cost_alpha: Alpha = 0.01  # one-sided, for the cost ratio's interval
+    cost_min_minutes: Annotated[int, Meta(ge=2, le=1440)] = 10  # minutes with work on each side before the interval is trusted
 
 
 @dataclass

@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
+
+from msgspec import Meta
+
+from slo.config_file import ConfigStruct, NonNegative
 
 GIB = 2**30
 
@@ -210,14 +215,17 @@ class SustainedCapacity:
 GPU_SECONDS_PER_SECOND_PER_GPU = 1.0  # a GPU cannot do more than one second of work per second
 
 
-@dataclass(frozen=True)
-class ReplicaShape:
-    """What one replica physically is: its GPUs and, for LLM pools, the token throughput
-    it reaches flat out (from a load test or the runtime's benchmark), per replica."""
+GpusPerReplica = Annotated[float, Meta(gt=0.0, le=4096.0, description="GPUs per replica, in (0, 4096]")]
 
-    gpus_per_replica: float = 1.0
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
+
+class ReplicaShape(ConfigStruct):
+    """What one replica physically is: its GPUs and, for LLM pools, the token throughput
+    it reaches flat out (from a load test or the runtime's benchmark), per replica.
+    A `replica_shape.<pool>` entry of the API config file."""
+
+    gpus_per_replica: GpusPerReplica = 1.0
+    prefill_tokens_per_s: NonNegative | None = None  # None or 0: not a bound
+    decode_tokens_per_s: NonNegative | None = None
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import yaml
+from msgspec import UNSET, Meta, UnsetType
 
 from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
+from slo.config_file import ConfigStruct, PositiveCount, every_problem
 from slo.windows import AlertWindow, default_catalog
 
 SLI_KINDS = ("availability", "latency", "goodput")
@@ -131,72 +134,94 @@ def load_slos(path: str | Path) -> list[SloSpec]:
     return specs
 
 
+class AvailabilitySli(ConfigStruct):
+    """Good: `ok`; valid: every attempt except client cancellations."""
+
+
+class LatencySli(ConfigStruct):
+    field: Literal[LATENCY_FIELDS]
+    threshold: str | float  # a duration with its unit: 300ms, 1.5s
+
+
+class SliEntry(ConfigStruct):
+    availability: AvailabilitySli | None | UnsetType = UNSET
+    latency: LatencySli | UnsetType = UNSET
+    goodput: LatencySli | UnsetType = UNSET
+
+    def __post_init__(self):
+        if sum(getattr(self, k) is not UNSET for k in SLI_KINDS) != 1:
+            raise ValueError(f"expected exactly one of {', '.join(SLI_KINDS)}")
+
+
+class AlertWindowEntry(ConfigStruct):
+    long: str
+    budget_share: Annotated[float, Meta(gt=0.0, le=1.0, description="a fraction of the budget in (0, 1]")]
+    short: str | None = None  # default: long ÷ 12
+    severity: Literal["page", "ticket"] = "page"
+    name: str | None = None
+
+
+class SloEntry(ConfigStruct):
+    """One SLO as written in a `slos:` list (see the module doc)."""
+
+    name: Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="lower-case letters, digits, - and _")]
+    sli: SliEntry
+    objective: str | float  # 99.9% or 0.999
+    description: str = ""
+    selector: dict[str, str] = {}
+    slice_by: list[str] = []
+    window: str = "30d"  # rolling, or calendar-month
+    min_events: PositiveCount = 1
+    no_data_after: str = "10m"
+    runbook: str = "runbooks/slo-burn.md"
+    alert_windows: Literal["default"] | list[AlertWindowEntry] = "default"
+
+
 def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
-    if not isinstance(raw, dict):
-        errors.append(f"{where}: expected a mapping")
+    problems = every_problem(raw, SloEntry, where)
+    if problems:
+        errors.extend(problems)
         return None
+    e = msgspec.convert(raw, SloEntry)
     before = len(errors)
-    name = raw.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name or ""):
-        errors.append(f"{where}.name: required, lower-case letters, digits, - and _")
-    selector = raw.get("selector") or {}
-    if not isinstance(selector, dict):
-        errors.append(f"{where}.selector: expected a mapping of label: value")
-        selector = {}
-    for label in selector:
+    for label in e.selector:
         if label not in SLICE_LABELS:
             errors.append(f"{where}.selector.{label}: unknown label (known: {', '.join(SLICE_LABELS)})")
-    slice_by = raw.get("slice_by") or []
-    if not isinstance(slice_by, list):
-        errors.append(f"{where}.slice_by: expected a list of labels")
-        slice_by = []
-    for label in slice_by:
+    for label in e.slice_by:
         if label not in SLICE_LABELS:
             errors.append(f"{where}.slice_by: unknown label {label!r} (known: {', '.join(SLICE_LABELS)})")
-    sli = raw.get("sli")
-    kind, latency_field, threshold_ms = None, None, None
-    if not isinstance(sli, dict) or len(sli) != 1 or next(iter(sli)) not in SLI_KINDS:
-        errors.append(f"{where}.sli: expected one of {', '.join(SLI_KINDS)}")
-    else:
-        kind = next(iter(sli))
-        body = sli[kind] or {}
-        if kind in ("latency", "goodput"):
-            latency_field = body.get("field")
-            if latency_field not in LATENCY_FIELDS:
-                errors.append(f"{where}.sli.{kind}.field: one of {', '.join(LATENCY_FIELDS)}")
-            t = body.get("threshold")
-            secs = parse_duration_s(t)
-            if secs is None:
-                errors.append(f"{where}.sli.{kind}.threshold: {t!r} needs a unit, e.g. 300ms or 1.5s")
-            elif secs <= 0:
-                errors.append(f"{where}.sli.{kind}.threshold: must be positive")
-            else:
-                threshold_ms = round(secs * 1000, 9)
-            if kind == "goodput" and latency_field not in (None, "first_output_ms"):
-                # Only first output is recorded for successful attempts alone, so only it
-                # can tell "succeeded and fast" from the buckets.
-                errors.append(f"{where}.sli.goodput.field: goodput is defined over first_output_ms")
-    objective = _objective(raw.get("objective"))
+    kind = next(k for k in SLI_KINDS if getattr(e.sli, k) is not UNSET)
+    latency_field, threshold_ms = None, None
+    if kind in ("latency", "goodput"):
+        body = getattr(e.sli, kind)
+        latency_field = body.field
+        secs = parse_duration_s(body.threshold)
+        if secs is None:
+            errors.append(f"{where}.sli.{kind}.threshold: {body.threshold!r} needs a unit, e.g. 300ms or 1.5s")
+        elif secs <= 0:
+            errors.append(f"{where}.sli.{kind}.threshold: must be positive")
+        else:
+            threshold_ms = round(secs * 1000, 9)
+        if kind == "goodput" and latency_field != "first_output_ms":
+            # Only first output is recorded for successful attempts alone, so only it
+            # can tell "succeeded and fast" from the buckets.
+            errors.append(f"{where}.sli.goodput.field: goodput is defined over first_output_ms")
+    objective = _objective(e.objective)
     if objective is None:
         errors.append(f"{where}.objective: expected a percentage such as 99.9% or a ratio such as 0.999")
     elif not 0 < objective < 1:
-        errors.append(f"{where}.objective: {raw.get('objective')} must be above 0% and below 100%")
-    window = raw.get("window", "30d")
-    calendar = window == "calendar-month"
-    window_s = 30 * 86400 if calendar else parse_duration_s(window)
+        errors.append(f"{where}.objective: {e.objective} must be above 0% and below 100%")
+    calendar = e.window == "calendar-month"
+    window_s = 30 * 86400 if calendar else parse_duration_s(e.window)
     if window_s is None:
-        errors.append(f"{where}.window: {window!r} is not a duration (28d, 30d) or calendar-month")
+        errors.append(f"{where}.window: {e.window!r} is not a duration (28d, 30d) or calendar-month")
         window_s = 30 * 86400
-    windows = _alert_windows(raw.get("alert_windows", "default"), f"{where}.alert_windows", errors)
+    windows = _alert_windows(e.alert_windows, f"{where}.alert_windows", errors)
     window_minutes = int(window_s // 60)
     for w in windows:
         if w.long_minutes > window_minutes:
-            errors.append(f"{where}.window: {window} is shorter than alert window {w.name} ({w.long_minutes} min)")
-    min_events = raw.get("min_events", 1)
-    if not isinstance(min_events, int) or min_events < 1:
-        errors.append(f"{where}.min_events: a positive integer")
-        min_events = 1
-    no_data_s = parse_duration_s(raw.get("no_data_after", "10m"))
+            errors.append(f"{where}.window: {e.window} is shorter than alert window {w.name} ({w.long_minutes} min)")
+    no_data_s = parse_duration_s(e.no_data_after)
     if no_data_s is None or no_data_s < 60:
         errors.append(f"{where}.no_data_after: a duration of at least 1m")
         no_data_s = 600
@@ -204,41 +229,31 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
         return None
     return SloSpec(
         no_data_minutes=int(no_data_s // 60),
-        name=name, description=str(raw.get("description", "")), selector={k: str(v) for k, v in selector.items()},
+        name=e.name, description=e.description, selector=dict(e.selector),
         sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
-        slice_by=tuple(slice_by), alert_windows=windows, min_events=min_events, latency_field=latency_field,
-        threshold_ms=threshold_ms, runbook=str(raw.get("runbook", "runbooks/slo-burn.md")),
+        slice_by=tuple(e.slice_by), alert_windows=windows, min_events=e.min_events, latency_field=latency_field,
+        threshold_ms=threshold_ms, runbook=e.runbook,
     )
 
 
-def _alert_windows(raw: Any, where: str, errors: list[str]) -> tuple[AlertWindow, ...]:
-    if raw in (None, "default"):
-        return default_catalog()
-    if not isinstance(raw, list) or not raw:
-        errors.append(f"{where}: `default` or a list of windows")
+def _alert_windows(entries: str | list[AlertWindowEntry], where: str, errors: list[str]) -> tuple[AlertWindow, ...]:
+    if entries == "default" or not entries:
         return default_catalog()
     out = []
-    for i, w in enumerate(raw):
+    for i, w in enumerate(entries):
         at = f"{where}[{i}]"
-        if not isinstance(w, dict):
-            errors.append(f"{at}: expected a mapping")
-            continue
-        long_s, short_s = parse_duration_s(w.get("long")), parse_duration_s(w.get("short", ""))
-        share = w.get("budget_share")
+        long_s, short_s = parse_duration_s(w.long), parse_duration_s(w.short) if w.short is not None else None
         if long_s is None:
             errors.append(f"{at}.long: a duration such as 1h")
+            continue
+        if w.short is not None and short_s is None:
+            errors.append(f"{at}.short: a duration such as 5m")
             continue
         if short_s is None:
             short_s = long_s / 12
         if short_s > long_s:
-            errors.append(f"{at}.short: {w.get('short')} is longer than its long window {w.get('long')}")
-        if not isinstance(share, (int, float)) or not 0 < share <= 1:
-            errors.append(f"{at}.budget_share: a fraction of the budget in (0, 1]")
-            continue
-        severity = w.get("severity", "page")
-        if severity not in ("page", "ticket"):
-            errors.append(f"{at}.severity: page or ticket")
-        out.append(AlertWindow(str(w.get("name", f"window-{i}")), severity, float(share),
+            errors.append(f"{at}.short: {w.short} is longer than its long window {w.long}")
+        out.append(AlertWindow(w.name or f"window-{i}", w.severity, float(w.budget_share),
                                max(1, int(long_s // 60)), max(1, int(short_s // 60))))
     return tuple(out) or default_catalog()
 

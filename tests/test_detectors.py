@@ -507,13 +507,17 @@ def test_config_layers_and_errors(tmp_path):
     assert cfg.configs["retry_storm"].window_minutes == 5 and cfg.configs["retry_storm"].slice_by == ("model",)
     assert cfg.configs["retry_storm"].min_requests == RetryStormConfig().min_requests
     assert "anomaly" not in cfg.enabled()
-    for text, needle in [("nope: {}\n", "unknown detector"), ("queue_age:\n  k: 3\n", "unknown setting"),
-                         ("queue_age:\n  window_minutes: three\n", "expected an integer"),
-                         ("queue_age:\n  window_minutes: 0\n", "must be positive"),
+    for text, needle in [("nope: {}\n", "unknown detector"),
+                         ("queue_age:\n  k: 3\n", "queue_age: object contains unknown field `k`"),
+                         ("queue_age:\n  window_minutes: three\n", "queue_age.window_minutes: expected `int`, got `str`"),
+                         ("queue_age:\n  window_minutes: 0\n", "queue_age.window_minutes: expected `int` >= 1"),
+                         ("retry_storm:\n  retry_ratio_threshold: 1.5\n", "retry_storm.retry_ratio_threshold: expected `float` <= 1.0"),
                          ("queue_age: [1, 2\n", "not valid YAML"), ("- 1\n", "expected a mapping"),
-                         ("anomaly:\n  model: svm\n", "not one of"), ("retry_storm:\n  slice_by: [user]\n", "slice label"),
-                         ("idle_but_slow:\n  latency_field: e2e_ms\n", "not one of"),
-                         ("queue_age:\n  pool_regex: '['\n", "regular expression")]:
+                         ("anomaly:\n  model: svm\n", "anomaly.model: invalid enum value 'svm'"),
+                         ("retry_storm:\n  slice_by: [user]\n", "retry_storm.slice_by\\[0\\]: invalid enum value 'user'"),
+                         ("retry_storm:\n  slice_by: []\n", "retry_storm.slice_by: expected `array` of length >= 1"),
+                         ("idle_but_slow:\n  latency_field: e2e_ms\n", "idle_but_slow.latency_field: invalid enum value"),
+                         ("queue_age:\n  pool_regex: '['\n", "queue_age: pool_regex is not a regular expression")]:
         f.write_text(text)
         with pytest.raises(C.DetectorConfigError, match=needle) as exc:
             C.load(f)

@@ -179,30 +179,35 @@ from signals.config import ApiConfigError, load_api_config  # noqa: E402
 
 
 @pytest.mark.parametrize("text, words", [
-    ("bogus: 1", "unknown key 'bogus'"),
+    ("bogus: 1", "unknown field `bogus`"),
     ("stale_after: soon", "stale_after must be a duration"),
-    ("tokens: [{name: a}]", "needs exactly one of sha256 or env"),
-    ("tokens: [{name: a, sha256: abc}]", "sha256 must be 64 hex digits"),
+    ("stale_after: true", "stale_after: expected `float | str`, got `bool`"),
+    ("tokens: [{name: a}]", "tokens[0]: token 'a' needs exactly one of sha256 or env"),
+    ("tokens: [{name: a, sha256: abc}]", "tokens[0].sha256: expected `str` matching regex"),
     ("tokens: [{name: a, env: TW_TEST_UNSET_VAR}]", "TW_TEST_UNSET_VAR is not set"),
-    (f"tokens: [{{name: a, sha256: {'a' * 64}, tenants: []}}]", "tenants must be"),
-    ("autoscale: {target_utilisation: 0.7}", "autoscale: unknown key 'target_utilisation'"),
-    ("autoscale: {zones: 2.5}", "whole number"),
-    ("rollout: {min_requests: -1}", "a number ≥ 0"),
-    ("rollout: {objective: 1}", "in (0, 1)"),
-    ("autoscale: {target_utilization: 0}", "in (0, 1]"),
-    ("autoscale: {target_utilization: 1.5}", "in (0, 1]"),
-    ("autoscale: {zones: 0}", "from 1 to 1000"),
-    ("autoscale: {zones: .inf}", "from 1 to 1000"),
-    ("autoscale: {default_capacity_gpu_s_per_s: 0}", "a number"),
-    ("autoscale: {min_replicas: 9, max_replicas: 3}", "min_replicas is above max_replicas"),
-    ("signals: {history_minutes: 10}", "history_minutes must cover"),
-    ("capacity_gpu_s_per_s: {pool-a: 0}", "positive numbers"),
-    ("rollout: {error_alpha: 0}", "in (0, 0.5]"),
-    ("rollout: {rollback_error_factor: 0.5}", "a number ≥ 1"),
-    ("autoscale: {gpus_per_replica: 0}", "in (0, 4096]"),
-    ("replica_shape: {pool-a: {gpus: 8}}", "replica_shape.pool-a: unknown key 'gpus'"),
-    ("replica_shape: [1]", "replica_shape must map pool names"),
+    (f"tokens: [{{name: a, sha256: {'a' * 64}, tenants: []}}]", "tokens[0].tenants: expected `array` of length >= 1"),
+    ("autoscale: {target_utilisation: 0.7}", "autoscale: object contains unknown field `target_utilisation`"),
+    ("autoscale: {zones: 2.5}", "autoscale.zones: expected `int`, got `float`"),
+    ("rollout: {min_requests: -1}", "rollout.min_requests: expected `int` >= 0"),
+    ("rollout: {objective: 1}", "rollout.objective: expected `float` < 1.0"),
+    ("autoscale: {target_utilization: 0}", "autoscale.target_utilization: expected `float` > 0.0"),
+    ("autoscale: {target_utilization: 1.5}", "autoscale.target_utilization: expected `float` <= 1.0"),
+    ("autoscale: {zones: 0}", "autoscale.zones: expected `int` >= 1"),
+    ("autoscale: {zones: .inf}", "autoscale.zones: expected `int`"),
+    ("autoscale: {default_capacity_gpu_s_per_s: 0}", "default_capacity_gpu_s_per_s: expected `float` > 0.0"),
+    ("autoscale: {min_replicas: 9, max_replicas: 3}", "autoscale: min_replicas (9) is above max_replicas (3)"),
+    ("signals: {history_minutes: 10}", "signals: history_minutes must cover"),
+    ("capacity_gpu_s_per_s: {pool-b: 2, pool-a: 0}", "capacity_gpu_s_per_s.pool-a: expected `float` > 0.0"),
+    ("rollout: {error_alpha: 0}", "rollout.error_alpha: expected `float` > 0.0"),
+    ("rollout: {pause_cost_factor: .nan}", "rollout.pause_cost_factor: expected `float` > 0.0"),
+    ("rollout: {rollback_error_factor: 0.5}", "rollout.rollback_error_factor: expected `float` >= 1.0"),
+    ("autoscale: {gpus_per_replica: 0}", "autoscale.gpus_per_replica: expected `float` > 0.0"),
+    ("replica_shape: {pool-a: {gpus: 8}}", "replica_shape.pool-a: object contains unknown field `gpus`"),
+    ("replica_shape: {ok: {gpus_per_replica: 2}, pool-z: {gpus_per_replica: 5000}}",
+     "replica_shape.pool-z.gpus_per_replica: expected `float` <= 4096.0"),
+    ("replica_shape: [1]", "replica_shape: expected `object`, got `array`"),
     ("[1, 2", "not valid YAML at line"),
+    ("- 1", "expected a mapping"),
 ])
 def test_api_config_errors_are_one_line(tmp_path, text, words):
     path = tmp_path / "api.yaml"
@@ -310,3 +315,22 @@ def test_one_duration_parser_for_flags_and_files(tmp_path):
     slos.write_text("slos:\n  - name: x\n    sli: {latency: {field: first_output_ms, threshold: 300}}\n    objective: 99%\n")
     with pytest.raises(SpecErrors, match="needs a unit"):
         load_slos(slos)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("usd_per_gpu_hour: {L4: 0.8, H100: -1}", "usd_per_gpu_hour.H100: expected `float` >= 0.0"),
+    ("currency: EUR", "currency: invalid enum value 'EUR'"),
+    ("usd_per_gpu_hours: {H100: 3}", "unknown field `usd_per_gpu_hours`"),
+    ("default_usd_per_gpu_hour: cheap", "default_usd_per_gpu_hour: expected `float`, got `str`"),
+])
+def test_price_file_errors_name_their_place(tmp_path, text, words):
+    from slo.prices import PriceError, load_prices
+
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    with pytest.raises(PriceError) as exc:
+        load_prices(path)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+    path.write_text("usd_per_gpu_hour: {H100: 3.5}\n")
+    prices = load_prices(path)
+    assert prices.usd_per_gpu_hour["H100"] == 3.5 and prices.usd_per_gpu_hour["L4"] == 0.80

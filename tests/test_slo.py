@@ -118,6 +118,12 @@ slos:
     sli: {availability: {}}
     objective: 99%
     alert_windows: [{name: x, budget_share: 0.02, long: 1h, short: 2h}]
+  - name: d
+    sli: {availability: {}, latency: {field: e2e_ms, threshold: 1s}}
+    objective: 99%
+    no_data_afer: 5m
+    min_events: zero
+    alert_windows: [{long: 1h, budget_share: 2, severity: wake-me}]
 """
     with pytest.raises(SpecErrors) as err:
         load_slos(spec_file(tmp_path, bad))
@@ -127,6 +133,11 @@ slos:
     assert any(p.startswith("slos[0].objective") and "below 100%" in p for p in problems)
     assert any(p.startswith("slos[1].window") and "shorter than alert window" in p for p in problems)
     assert any(p.startswith("slos[2].alert_windows[0].short") and "longer than its long window" in p for p in problems)
+    # A typo is refused, not ignored; each field's problem is listed, not only the first.
+    assert any(p.startswith("slos[3]: unknown field `no_data_afer`") for p in problems), problems
+    assert "slos[3].min_events: expected `int`, got `str`" in problems
+    assert "slos[3].sli: expected exactly one of availability, latency, goodput" in problems
+    assert "slos[3].alert_windows[0].budget_share: expected `float` <= 1.0" in problems, problems
 
 
 OPENSLO = """
