@@ -14,7 +14,8 @@ on request (`model`); see `fit_model` for why the default is not the forest.
 
 The model is fitted on the trailing `fit_window_minutes` of slice-minutes, at most every
 `refit_every_minutes` of event time (at minutes aligned to that period, so a replay fits
-at the same minutes on the same rows); LocalOutlierFactor has no randomness and the forest
+at the same minutes on the same rows), in a thread off the worker's loop, and scores from
+the next minute on; LocalOutlierFactor has no randomness and the forest
 a fixed `random_state`, so the same buckets give the same model. Rows
 scored anomalous are left out of later fits, so an ongoing degradation is not learned
 as normal. Each fit is a new version (number, fit window), handed to the caller to
@@ -28,6 +29,7 @@ import math
 import pickle
 import statistics
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -179,6 +181,7 @@ class AnomalyDetector:
         self.anomalous_run: dict[SliceKey, int] = {}  # consecutive anomalous minutes per slice
         self.model: AnomalyModel | None = None
         self.fitting = True  # off while a restart replays history: the stored model is put back after
+        self._fit: tuple[int, Future] | None = None  # (the minute it was started at, the fit running off the loop)
         self.new_models: list[AnomalyModel] = []  # fitted since the caller last took them
         self.tracker = Tracker(NAME, cfg.clear_minutes)
 
@@ -187,8 +190,10 @@ class AnomalyDetector:
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
+        if self._fit is not None and m.minute > self._fit[0]:
+            self._install()
         if self.fitting and m.minute % cfg.refit_every_minutes == 0:
-            self._maybe_fit(m.minute)
+            self._start_fit(m.minute)
         scored: list[tuple[SliceKey, list[float]]] = []
         raws: dict[SliceKey, RawFeatures] = {}
         for key, s in m.slices(tuple(cfg.slice_by)).items():
@@ -236,12 +241,41 @@ class AnomalyDetector:
                 findings.append(Finding(self.labels[key], ev))
         return self.tracker.update(m.minute, findings)
 
-    def _maybe_fit(self, minute: int) -> None:
+    def _start_fit(self, minute: int) -> None:
+        """Fit on the rows before `minute` in a thread, off the worker's loop (importing
+        scikit-learn and fitting take a second or more); the model is put in place when
+        the next minute is observed, waiting for it if need be, so the minutes it scores
+        depend on event time only and a replay scores the same minutes with it."""
         rows = [f for mm, f in self.training if minute - self.cfg.fit_window_minutes <= mm < minute]
         if len(rows) < self.cfg.min_fit_rows:
             return
+        if self._fit is not None:
+            self._install()
         version = (self.model.version + 1) if self.model else 1
-        forest = fit_model(np.array(rows), self.cfg)
-        first = min(mm for mm, _ in self.training)
-        self.model = AnomalyModel(version, max(first, minute - self.cfg.fit_window_minutes), minute, len(rows), forest)
+        first = max(min(mm for mm, _ in self.training), minute - self.cfg.fit_window_minutes)
+        cfg = self.cfg
+        self._fit = (minute, _fitter().submit(
+            lambda: AnomalyModel(version, first, minute, len(rows), fit_model(np.array(rows), cfg))))
+
+    def _install(self) -> None:
+        _started, fit = self._fit
+        self._fit = None
+        self.model = fit.result()
         self.new_models.append(self.model)
+
+    def resume_fit(self, processed_before: int) -> None:
+        """After a restart's replay: a fit started at the last aligned minute whose model was
+        never stored (the worker stopped while it ran) is started again on the same rows."""
+        last = (processed_before - 1) // self.cfg.refit_every_minutes * self.cfg.refit_every_minutes
+        if self.fitting and (self.model is None or self.model.fit_to_minute < last):
+            self._start_fit(last)
+
+
+_FITTER: ThreadPoolExecutor | None = None
+
+
+def _fitter() -> ThreadPoolExecutor:
+    global _FITTER
+    if _FITTER is None:
+        _FITTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anomaly-fit")
+    return _FITTER

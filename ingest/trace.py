@@ -89,9 +89,11 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
 class TraceReplay:
     """LLM requests at the trace's own arrival times and token counts."""
 
-    def __init__(self, path: str | Path, minutes: int | None = None, seed: int = 7, start: str = DEFAULT_START,
-                 model: str = "llama-3.1-70b", version: str = "2024-07"):
-        self.rows = read_trace(path)
+    def __init__(self, path: str | Path | None = None, minutes: int | None = None, seed: int = 7,
+                 start: str = DEFAULT_START, model: str = "llama-3.1-70b", version: str = "2024-07",
+                 rows: list[tuple[int, int, int]] | None = None):
+        """From an Azure trace file, or from `rows` already read and shaped (the bench)."""
+        self.rows = rows if rows is not None else read_trace(path)
         if minutes is not None:
             self.rows = [r for r in self.rows if r[0] < minutes * 60_000]
         self.seed, self.model, self.version = seed, model, version

@@ -38,7 +38,7 @@ from alerts.alertmanager import (
 from detectors import config as detector_config
 from detectors.anomaly import NAME as ANOMALY
 from detectors.anomaly import AnomalyModel
-from detectors.core import Detection, DetectionEvent, Minute, slice_key
+from detectors.core import Detection, DetectionEvent, Minute, MinuteBatch, slice_key
 from slo.windows import minute_start_utc
 from streams import store
 
@@ -70,6 +70,12 @@ _EPOCH = datetime(1970, 1, 1)
 
 def _minute_of(ts: datetime) -> int:
     return int((ts - _EPOCH).total_seconds()) // 60  # the store's TIMESTAMPs are naive UTC
+
+
+def _take_until(pending: dict[int, list[pl.DataFrame]], until: int) -> pl.DataFrame | None:
+    """The pending rows of minutes up to `until`, taken out of `pending`, as one frame."""
+    frames = [f for m in sorted(m for m in pending if m <= until) for f in pending.pop(m)]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
 def _split_by_minute(frame: pl.DataFrame | None) -> dict[int, pl.DataFrame]:
@@ -172,15 +178,18 @@ class DetectorStage:
                           "WHERE detector = ? ORDER BY version", [ANOMALY]).fetchall()]
             anomaly.fitting = False
         first = min([*by_req, *by_gpu], default=processed_before)
+        batch = MinuteBatch(requests, gpu)
         for minute in range(max(first, start), processed_before):
             if anomaly is not None:
-                anomaly.model = next((mdl for mdl in reversed(models) if mdl.fit_to_minute <= minute), None)
-            self.set.observe(Minute(minute, by_req.get(minute), by_gpu.get(minute)))
+                # A model fitted at minute F scores from F + 1 on (the fit runs while F is scored).
+                anomaly.model = next((mdl for mdl in reversed(models) if mdl.fit_to_minute < minute), None)
+            self.set.observe(Minute(minute, batch=batch))
         if anomaly is not None:
             anomaly.fitting = True
             if models:
                 anomaly.load(models[-1])
                 self.collector.model_version = models[-1].version
+            anomaly.resume_fit(processed_before)
         self._adopt_open(con)
         self.processed_before = processed_before
         self.collector.processed_before_minute = processed_before
@@ -223,15 +232,15 @@ class DetectorStage:
             if self.processed_before is None:
                 self.processed_before = min([*self.pending_requests, *self.pending_gpu])
             history = self.cfg.history_minutes()
+            # Every ready minute summarised in one pass per label set (MinuteBatch), then
+            # fed to the detectors minute by minute.
+            batch = MinuteBatch(_take_until(self.pending_requests, until), _take_until(self.pending_gpu, until))
             minute = self.processed_before
+            last_data = max(batch.minutes(), default=None)
             while minute <= until:
-                req = self.pending_requests.pop(minute, [])
-                gp = self.pending_gpu.pop(minute, [])
-                events.extend(self.set.observe(Minute(
-                    minute, pl.concat(req, how="vertical_relaxed") if req else None,
-                    pl.concat(gp, how="vertical_relaxed") if gp else None)))
+                events.extend(self.set.observe(Minute(minute, batch=batch)))
                 minute += 1
-                if not self.pending_requests and not self.pending_gpu and until - minute > history:
+                if (last_data is None or minute > last_data) and until - minute > history:
                     minute = until - history  # a long gap: empty minutes past every window change nothing
             self.processed_before = until + 1
             self.collector.processed_before_minute = self.processed_before

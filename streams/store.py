@@ -241,16 +241,22 @@ def _write_alert_changes(con: duckdb.DuckDBPyConnection, changes: list) -> None:
 
 
 def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
-    """Deltas of open-minute state since the last checkpoint, one blob per minute."""
+    """Deltas of open-minute state since the last checkpoint, one blob per minute, for the
+    minutes still open after it: a minute that closes in this checkpoint is in its closed
+    rows, and its deltas would be deleted in the same transaction (on a replay of history,
+    that was most of the checkpoint's cost)."""
+    frontier = t.closed_before_minute if t.closed_before_minute is not None else -(2**62)
     for table, frames in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
         frames = [f for f in frames if f.height]
         if not frames:
             continue
         merged = pl.concat(frames, how="diagonal_relaxed")
+        merged = merged.filter(pl.col("_minute") >= frontier)
         for (minute,), part in merged.partition_by("_minute", as_dict=True).items():
             con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, minute, _frame_blob(part)])
     for minute, hashes in t.seen:
-        con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
+        if minute >= frontier:
+            con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
 
 
 def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> list[pl.DataFrame]:

@@ -274,10 +274,18 @@ class MinuteWindows:
         states = [self._open.pop(m) for m in closing]
         if not any(s.counts for s in states):
             return pl.DataFrame(), []
-        counts = pl.concat([self._merge_counts(s.counts) for s in states if s.counts], how="diagonal_relaxed")
-        hists = [self._merge_hist(s.hist) for s in states if s.hist]
-        hist = pl.concat(hists) if hists else None
+        # Every closing minute in one group-by (keys include the minute), not one per minute:
+        # on thin traffic a checkpoint closes many minutes of a few rows each.
+        counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
+        hist = self._merge_all([s.hist for s in states], self._merge_hist) if any(s.hist for s in states) else None
         return self._finish(counts, hist if self.spec.histogram_fields else None), closing
+
+    @staticmethod
+    def _merge_all(per_minute: list[list[pl.DataFrame]], merge, diagonal: bool = False) -> pl.DataFrame:
+        frames = [f for parts in per_minute for f in parts]
+        if all(len(parts) <= 1 for parts in per_minute):  # each minute already one row per slice
+            return pl.concat(frames, how="diagonal_relaxed" if diagonal else "vertical") if len(frames) > 1 else frames[0]
+        return merge(frames, grouped=False)
 
     def _advance_frontier(self, cut: int) -> None:
         if self.closed_before_minute is None or cut > self.closed_before_minute:

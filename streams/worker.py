@@ -119,6 +119,7 @@ class Worker:
         self.next_offsets: dict[tuple[str, int], int] = {}
         self.events_seen = 0
         self.buckets_closed = 0
+        self.minutes_closed: set[int] = set()  # event-time minutes closed, any topic (bench: cost per minute)
         self.last_batch_wall = time.monotonic()
         self._stop = False
         self._stored_offsets: dict[tuple[str, int], int] = {}
@@ -319,6 +320,7 @@ class Worker:
                 "cpu_seconds_processing": time.process_time() - (self.cpu_at_first_event or 0.0),
                 "max_rss_bytes": usage.ru_maxrss * 1024,
                 "stage_cpu_seconds": self.stage_cpu_s,
+                "minutes_closed": len(self.minutes_closed),
             }, fh)
 
     def _progress_line(self, elapsed_s: float) -> str:
@@ -503,6 +505,7 @@ class Worker:
                     self._publish_closed(p, rows)
                     self.metrics.buckets_closed.labels(p.topic).inc(rows.height)
                     self.buckets_closed += rows.height
+                    self.minutes_closed.update(minutes)
                     wall = time.time()
                     for minute in minutes:
                         self.metrics.bucket_close_delay.labels(p.topic).observe(max(0.0, wall - (minute + 1) * 60))
@@ -544,8 +547,10 @@ class Worker:
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"]).items():
                     cp.stage_rows.append((table, rows))
                 self._stage_cpu(stage.name, began)
+        began = time.process_time()
         with self.store as con:
             store.write_checkpoint(con, cp)
+        self._stage_cpu("checkpoint_write", began)
         if self.slo:
             self.slo.committed(cp.alert_changes)
         for stage in self.stages:

@@ -81,7 +81,8 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
     return s
 
 
-def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False) -> dict:
+def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False,
+                     all_stages: bool = False) -> dict:
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
     for i in range(count):
@@ -89,8 +90,9 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
         port = free_port()
         cmd = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
                "--topic-prefix", settings.topic_prefix, "--store", str(workdir / f"{group}-{i}.duckdb"),
-               "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats),
-               "--slos", "none"]  # the firehose alone: SLO evaluation is measured by `bench --slo`
+               "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats)]
+        if not all_stages:
+            cmd += ["--slos", "none"]  # the firehose alone: SLO evaluation is measured by `bench --slo`
         if count > 1:
             # Each worker owns part of the log and its own store, so none is ever drained
             # (exit 3): the scaling figure is about consuming, not closing (issue 17).

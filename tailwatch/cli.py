@@ -252,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
+    p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,
+                   help="replay a public trace through a worker with every default stage: each trace-hour in one "
+                        "event-minute (dense), at its own pace (sparse), or both")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in ../shared/data)")
+    p.add_argument("--hours", type=_positive_int, default=None,
+                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse)")
     p.add_argument("--chaos", action="store_true",
                    help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "
                         "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")

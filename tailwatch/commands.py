@@ -322,6 +322,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except BenchError as exc:
             raise CliError(str(exc)) from None
         return 0
+    if args.shape or args.trace:
+        from ingest.trace import TraceError
+        from tailwatch.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
+
+        shapes = SHAPES if args.shape in (None, "both") else (args.shape,)
+        try:
+            print("\n".join(run_trace(Path(args.trace) if args.trace else DEFAULT_TRACE, shapes, args.hours,
+                                      args.baseline_events, args.skip_baseline)))
+        except TraceError as exc:
+            raise CliError(str(exc)) from None
+        return 0
     if args.slo:
         from tailwatch.bench_slo import run
 
