@@ -97,24 +97,23 @@ _VOLUME = {"per_successful_turn": (lambda s: s.successful_turns, 1.0),
            "per_1k_tokens": (lambda s: s.tokens, 1000.0)}
 
 
-def _level_and_noise(minutes: list[CostSums], block: int, name: str) -> tuple[float | None, float | None]:
+def _level_and_noise(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> tuple[float | None, float | None]:
     """The median of `block`-minute blocks' volume-weighted costs, and the variance of
-    GPU-seconds per unit of volume around it (per-minute residuals, volume-weighted)."""
-    volume, unit = _VOLUME[name]
+    GPU-seconds per unit of volume around it (per-minute residuals, volume-weighted).
+    Over plain lists, not CostSums: it runs for every slice every minute."""
     block = max(1, block)
     ratios = []
-    for i in range(0, len(minutes), block):
-        part = _total(minutes[i:i + block])
-        r = getattr(part, name)
+    for i in range(0, len(gpu_s), block):
+        r = ratio(sum(gpu_s[i:i + block]), sum(volumes[i:i + block]))
         if r is not None:
-            ratios.append(r)
+            ratios.append(unit * r if unit != 1.0 else r)
     level = _median(ratios)
     if level is None:
         return None, None
-    vol = sum(volume(m) for m in minutes) / unit
+    vol = sum(volumes) / unit
     if vol <= 0:
         return level, None
-    residual = sum((m.gpu_seconds - level * volume(m) / unit) ** 2 for m in minutes)
+    residual = sum((g - level * v / unit) ** 2 for g, v in zip(gpu_s, volumes))
     return level, residual / vol
 
 
@@ -123,8 +122,11 @@ def baseline(minutes: list[CostSums], block_minutes: int = 1) -> CostBaseline:
     ratio of all the sums would carry a past incident's minutes into the baseline (prompts
     that tripled for 20 minutes make the hours after look like a cost regression per 1,000
     tokens)."""
-    turn, turn_var = _level_and_noise(minutes, block_minutes, "per_successful_turn")
-    tok, tok_var = _level_and_noise(minutes, block_minutes, "per_1k_tokens")
+    gpu_s = [m.gpu_seconds for m in minutes]
+    turns_ok = [m.successful_turns for m in minutes]
+    tokens = [m.tokens for m in minutes]
+    turn, turn_var = _level_and_noise(gpu_s, turns_ok, block_minutes, 1.0)
+    tok, tok_var = _level_and_noise(gpu_s, tokens, block_minutes, 1000.0)
     total = _total(minutes)
     return CostBaseline(turn, tok, total.task_success, turn_var, tok_var, total.successful_turns, total.tokens)
 

@@ -241,19 +241,19 @@ def _write_alert_changes(con: duckdb.DuckDBPyConnection, changes: list) -> None:
 
 
 def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
-    """Deltas of open-minute state since the last checkpoint, one blob per minute, for the
-    minutes still open after it: a minute that closes in this checkpoint is in its closed
-    rows, and its deltas would be deleted in the same transaction (on a replay of history,
-    that was most of the checkpoint's cost)."""
+    """Deltas of open-minute state since the last checkpoint, for the minutes still open
+    after it (a minute that closes in this checkpoint is in its closed rows): one blob per
+    table and checkpoint, whatever the number of minutes, stored under its newest minute so
+    that it is deleted once every minute in it has closed (the restore skips closed ones).
+    The cost follows what changed, not how many minutes are open."""
     frontier = t.closed_before_minute if t.closed_before_minute is not None else -(2**62)
     for table, frames in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
         frames = [f for f in frames if f.height]
         if not frames:
             continue
-        merged = pl.concat(frames, how="diagonal_relaxed")
-        merged = merged.filter(pl.col("_minute") >= frontier)
-        for (minute,), part in merged.partition_by("_minute", as_dict=True).items():
-            con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, minute, _frame_blob(part)])
+        merged = pl.concat(frames, how="diagonal_relaxed").filter(pl.col("_minute") >= frontier)
+        if merged.height:
+            con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, int(merged["_minute"].max()), _frame_blob(merged)])
     for minute, hashes in t.seen:
         if minute >= frontier:
             con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])

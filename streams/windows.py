@@ -334,12 +334,15 @@ class MinuteWindows:
         self.watermark_ms = dict(watermarks)
         self.closed_before_minute = closed_before_minute
         self._open = {}
+        closed = closed_before_minute if closed_before_minute is not None else -(2**62)
         for frames, attr in ((counts, "counts"), (hist, "hist")):
             for f in frames:
-                for (minute,), part in f.partition_by("_minute", as_dict=True).items():
+                # A delta spans the minutes open at its checkpoint; some have closed since.
+                for (minute,), part in f.filter(pl.col("_minute") >= closed).partition_by("_minute", as_dict=True).items():
                     getattr(self._minute(minute), attr).append(part)
         for minute, hashes in seen:
-            self._minute(minute).seen.append(np.sort(hashes))
+            if minute >= closed:
+                self._minute(minute).seen.append(np.sort(hashes))
         for state in self._open.values():
             # A checkpoint delta concatenates several batches' partials: keys repeat in it.
             state.counts = [self._merge_counts(state.counts, grouped=False)] if state.counts else []

@@ -136,3 +136,22 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     storm = [line for line in detections.splitlines() if line.startswith("retry_storm")]
     assert storm and "us-east-1c" in storm[0] and "asr" in storm[0] and "01:10" in storm[0], detections
     assert "GET /v1/autoscale/{pool}" in out.stdout and "llm-us-east-1a-realtime" in out.stdout
+
+
+def test_bench_shapes_replay_a_public_trace_through_every_stage():
+    """The shape bench on traffic nobody here generated (the Mooncake trace, its first
+    trace-hour at its own pace): every request reaches the worker, minutes close, and the
+    cost per closed minute is split by stage. Numbers are printed, not asserted."""
+    mooncake = AZURE_TRACE.parents[1] / "mooncake-fast25" / "conversation_trace.jsonl"
+    need(mooncake.is_file(), f"the public trace {mooncake.name} in ../shared/data")
+    r = subprocess.run([sys.executable, "-m", "tailwatch", "bench", "--shape", "sparse", "--trace", str(mooncake),
+                        "--hours", "1", "--skip-baseline"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    print(r.stdout)
+    first_hour = r.stdout.splitlines()[0]
+    assert "12,031 requests in its first hour" in first_hour, r.stdout
+    shape = next(line for line in r.stdout.splitlines() if line.startswith("sparse:"))
+    assert shape.startswith("sparse: 12,031 events over 59 event-minutes"), shape
+    per_minute = next(line for line in r.stdout.splitlines() if "per closed minute" in line)
+    for stage in ("detectors", "slo", "checkpoint_write", "fleet_metrics", "signals_view"):
+        assert f"{stage} " in per_minute, per_minute
