@@ -210,10 +210,14 @@ from signals.config import ApiConfigError, load_api_config  # noqa: E402
     ("- 1", "expected a mapping"),
 ])
 def test_api_config_errors_are_one_line(tmp_path, text, words):
-    path = tmp_path / "api.yaml"
+    _one_line_error(tmp_path, load_api_config, ApiConfigError, text, words)
+
+
+def _one_line_error(tmp_path, load, error: type[Exception], text: str, words: str) -> None:
+    path = tmp_path / "config.yaml"
     path.write_text(text)
-    with pytest.raises(ApiConfigError) as exc:
-        load_api_config(path)
+    with pytest.raises(error) as exc:
+        load(path)
     assert words in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -326,11 +330,8 @@ def test_one_duration_parser_for_flags_and_files(tmp_path):
 def test_price_file_errors_name_their_place(tmp_path, text, words):
     from slo.prices import PriceError, load_prices
 
+    _one_line_error(tmp_path, load_prices, PriceError, text, words)
     path = tmp_path / "prices.yaml"
-    path.write_text(text)
-    with pytest.raises(PriceError) as exc:
-        load_prices(path)
-    assert words in str(exc.value) and "\n" not in str(exc.value)
     path.write_text("usd_per_gpu_hour: {H100: 3.5}\n")
     prices = load_prices(path)
     assert prices.usd_per_gpu_hour["H100"] == 3.5 and prices.usd_per_gpu_hour["L4"] == 0.80
