@@ -499,7 +499,9 @@ class Worker:
             else:
                 before = w.closable_before(self._partitions_of(p), self._read_to_end(consumer, p))
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
+                began = time.process_time()
                 rows, minutes = w.close(before)
+                self._stage_cpu("close_buckets", began)
                 if rows.height:
                     self._view_dirty = True
                     self._publish_closed(p, rows)

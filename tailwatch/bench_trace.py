@@ -64,7 +64,7 @@ class ShapeResult:
             staged = sum(self.stage_cpu_s.values())
             out.append(f"  per closed minute ({self.minutes_closed:,}): {1000 * self.cpu_s / self.minutes_closed:.1f} ms in "
                        "all, of which " + ", ".join(f"{k} {v:.2f} ms" for k, v in per.items())
-                       + f", the rest (consume, decode, window) {1000 * (self.cpu_s - staged) / self.minutes_closed:.2f} ms")
+                       + f", the rest (consume, validate, dedupe, window) {1000 * (self.cpu_s - staged) / self.minutes_closed:.2f} ms")
         return out
 
 
