@@ -86,6 +86,14 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
     return [(t - t0, c, g, k) for t, c, g, k in rows]
 
 
+def read_any_trace(path: str | Path) -> list[tuple[int, int, int]]:
+    """(arrival ms from the first request, prompt tokens, output tokens) of an Azure LLM
+    inference trace CSV or a Mooncake JSONL trace, in arrival order."""
+    if Path(path).suffix == ".csv":
+        return read_trace(path)
+    return [(t, c, g) for t, c, g, _cached in read_mooncake(path)]
+
+
 class TraceReplay:
     """LLM requests at the trace's own arrival times and token counts."""
 

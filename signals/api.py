@@ -116,8 +116,7 @@ class ApiRoute:
         answer = hints.get("return")
         if typing.get_origin(answer) is tuple:
             answer = typing.get_args(answer)[1]
-        regex = "^" + re.sub(r"{\w+}", "([^/]+)", re.escape(self.path).replace(r"\{", "{").replace(r"\}", "}")) + "$"
-        object.__setattr__(self, "pattern", re.compile(regex))
+        object.__setattr__(self, "pattern", re.compile("^" + re.sub(r"\\{\w+\\}", "([^/]+)", re.escape(self.path)) + "$"))
         object.__setattr__(self, "params", tuple((n, hints[n]) for n in names))
         object.__setattr__(self, "payload", hints.get("payload"))
         object.__setattr__(self, "wants_authorization", "authorization" in hints)

@@ -34,7 +34,7 @@ import msgspec
 from msgspec import Meta
 
 from signals.autoscale import AutoscalePolicy
-from signals.live import SignalPolicy, SignalWindows
+from signals.live import CapacityGpuSPerS, SignalPolicy, SignalWindows
 from signals.rollout import RolloutPolicy
 from slo.capacity import ReplicaShape
 from slo.config_file import ConfigStruct, load_struct
@@ -102,7 +102,7 @@ class ApiFile(ConfigStruct):
     autoscale: AutoscalePolicy = AutoscalePolicy()
     rollout: RolloutPolicy = RolloutPolicy()
     signals: SignalWindows = SignalWindows()
-    capacity_gpu_s_per_s: dict[str, Annotated[float, Meta(gt=0.0, lt=1e9)]] = {}
+    capacity_gpu_s_per_s: dict[str, CapacityGpuSPerS] = {}
     replica_shape: dict[str, ReplicaShape] = {}
 
 

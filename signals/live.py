@@ -18,7 +18,7 @@ from msgspec import Meta
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
 from slo import histogram
-from slo.config_file import ConfigStruct, Days
+from slo.config_file import ConfigStruct, Days, WindowMinutes
 from slo.cost import attribution_scales
 from slo.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)
@@ -34,7 +34,8 @@ from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
 POOL_ATTRIBUTES = ("pool", "model", "zone", "workload", "traffic_class")
 
 
-WindowMinutes = Annotated[int, Meta(ge=1, le=1440)]
+# Per-replica capacity a person configures for a pool (a load test's knee), GPU-s/s.
+CapacityGpuSPerS = Annotated[float, Meta(gt=0.0, lt=1e9)]
 
 
 class SignalWindows(ConfigStruct):
@@ -55,7 +56,7 @@ class SignalPolicy(SignalWindows):
     autoscale: AutoscalePolicy = AutoscalePolicy()
     rollout: RolloutPolicy = RolloutPolicy()
     # Per pool: a configured capacity overrides measurement; the shape bounds it physically.
-    capacity_gpu_s_per_s: dict[str, Annotated[float, Meta(gt=0.0, lt=1e9)]] = {}
+    capacity_gpu_s_per_s: dict[str, CapacityGpuSPerS] = {}
     replica_shape: dict[str, ReplicaShape] = {}
 
 

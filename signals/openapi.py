@@ -49,7 +49,7 @@ def openapi_document(routes) -> dict:
         doc = (r.handler.__doc__ or "").strip()
         if doc:
             operation["description"] = " ".join(doc.split())
-        if r.secured or "authorization" in (typing.get_type_hints(r.handler) or {}):
+        if r.secured or r.wants_authorization:
             operation["security"] = [{"bearer": []}]
         params = []
         for name, hint in r.params:

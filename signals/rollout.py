@@ -55,7 +55,7 @@ import numpy as np
 from msgspec import Meta
 
 from slo import histogram
-from slo.config_file import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive
+from slo.config_file import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class RolloutPolicy(ConfigStruct):
     min_requests: Count = 100  # per side, before a latency or cost judgement (errors need no fixed count)
     promote_min_requests: Count = 2_000
     rollback_burn_rate: Positive = 14.4  # the canary alone would page…
-    burn_short_minutes: Annotated[int, Meta(ge=1, le=1440)] = 5  # …over this short window and the whole window
+    burn_short_minutes: WindowMinutes = 5  # …over this short window and the whole window
     burn_min_requests: Count = 100  # per burn window, as the SLOs' min_events
     rollback_error_factor: Factor = 2.0  # rollback needs evidence the canary errs more than this × stable…
     rollback_error_abs: Fraction = 0.0  # …and at least this much more in absolute terms (0: any)

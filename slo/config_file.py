@@ -28,6 +28,7 @@ class ConfigStruct(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
 
 # The ranges the math needs (a division, a ceiling, a window), named once.
 Minutes = Annotated[int, Meta(ge=1, le=525_600, description="minutes, 1 to a year")]
+WindowMinutes = Annotated[int, Meta(ge=1, le=1440, description="minutes, 1 to a day")]
 Days = Annotated[int, Meta(ge=1, le=366)]
 Count = Annotated[int, Meta(ge=0)]
 PositiveCount = Annotated[int, Meta(ge=1)]
@@ -89,24 +90,23 @@ def every_problem(raw: Any, kind: type[ConfigStruct], at: str) -> list[str]:
 def _name_key(place: str, raw: Any, kind: Any) -> str:
     """msgspec writes a mapping's key as `[...]` (`replica_shape[...]`); the key is found by
     converting with that mapping cut down to one entry at a time (every section has
-    defaults, so the rest still converts)."""
+    defaults, so the rest still converts). `raw` is put back as it was."""
     head, found, tail = place.partition("[...]")
     if not found or not re.fullmatch(r"[\w.]*", head):
         return place
-    path = head.split(".") if head else []
-    holder: Any = {"": raw}
-    for part in ["", *path[:-1]] if path else []:
+    root = {"": raw}  # so that the mapping always has a holder, the file itself included
+    *parents, name = ["", *head.split(".")] if head else [""]
+    holder: Any = root
+    for part in parents:
         holder = holder.get(part) if isinstance(holder, dict) else None
-    name = path[-1] if path else ""
     mapping = holder.get(name) if isinstance(holder, dict) else None
     if not isinstance(mapping, dict):
         return place
-    top = holder if not path else None
     try:
         for key, value in mapping.items():
             holder[name] = {key: value}
             try:
-                msgspec.convert(holder[""] if top is not None else raw, kind)
+                msgspec.convert(root[""], kind)
             except msgspec.ValidationError:
                 return f"{head}.{key}{tail}" if head else f"{key}{tail}"
     finally:

@@ -27,14 +27,12 @@ from pathlib import Path
 
 import msgspec
 
-from ingest.trace import TraceReplay, read_mooncake, read_trace
+from ingest.trace import TraceReplay, read_any_trace
 from tailwatch.bench import run_baseline, worker_processes
 from tailwatch.broker import EmbeddedBroker, free_port
+from tailwatch.chaos import AZURE_CODE_TRACE as DEFAULT_TRACE
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-DEFAULT_TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 HOUR_MS = 3_600_000
 SHAPES = ("dense", "sparse")
 DEFAULT_HOURS = {"dense": 60, "sparse": 24}  # about 550k and 220k events of the Azure code trace
@@ -68,13 +66,6 @@ class ShapeResult:
         return out
 
 
-def trace_rows(path: Path) -> list[tuple[int, int, int]]:
-    """(arrival ms, prompt tokens, output tokens) of an Azure CSV or a Mooncake JSONL trace."""
-    if path.suffix == ".jsonl":
-        return [(t, c, g) for t, c, g, _ in read_mooncake(path)]
-    return read_trace(path)
-
-
 def shaped(rows: list[tuple[int, int, int]], shape: str, hours: int) -> list[tuple[int, int, int]]:
     """The trace's first hour, `hours` times over: one event-minute per hour (dense) or at
     its own pace, hour after hour (sparse)."""
@@ -106,7 +97,7 @@ def publish_trace(settings: KafkaSettings, rows: list[tuple[int, int, int]], see
 
 def run(trace: Path, shapes: tuple[str, ...], hours: int | None, baseline_events: int, skip_baseline: bool,
         say=lambda m: print(m, file=sys.stderr, flush=True)) -> list[str]:
-    rows = trace_rows(trace)
+    rows = read_any_trace(trace)
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-trace-"))
     broker = EmbeddedBroker(port=free_port())
     broker.start()

@@ -215,21 +215,6 @@ TRACE_KINDS: tuple[str, ...] = ("retry_storm", "queue_age", "busy_but_slow", "id
 TRACE_EVAL_START = "2026-11-02T00:00:00Z"
 
 
-def read_any_trace(path: str | Path) -> "np.ndarray":
-    """(arrival ms from the first request, prompt tokens, output tokens) rows of an Azure
-    LLM inference trace CSV or a Mooncake JSONL trace (`timestamp`, `input_length`,
-    `output_length`), in arrival order."""
-    import numpy as np
-
-    from ingest.trace import read_mooncake, read_trace
-
-    if Path(path).suffix == ".csv":
-        rows = read_trace(path)
-    else:
-        rows = [(t, c, g) for t, c, g, _cached in read_mooncake(path)]
-    return np.array(rows, dtype=float)
-
-
 def trace_model_names(path: str | Path) -> tuple[str, str]:
     stem = Path(path).stem.lower()
     base = "chat-llm" if "conversation" in stem or "mooncake" in str(path).lower() else "code-llm"
@@ -424,10 +409,10 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
     import polars as pl
 
     from ingest.simulator import parse_start
-    from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN
+    from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_any_trace
     from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS
 
-    trace = read_any_trace(path)
+    trace = np.array(read_any_trace(path), dtype=float)
     pools = trace_pools(path)
     incs = trace_incidents(pools, minutes, seed, repeats) if incidents else []
     start_ms = parse_start(start)
