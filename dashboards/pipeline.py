@@ -1,5 +1,6 @@
 """Pipeline health: consumer lag, events per second by topic, dead letters by reason,
-late events, bucket close delay, checkpoints (the worker's own metrics, streams/metrics.py)."""
+late events, bucket close delay, checkpoints (the worker's own metrics, streams/metrics.py),
+and the fleet metrics' label sets against their budget."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def build(specs=None):
         timeseries("Fields dropped at ingest by topic", "cps",
                    [Q(f"sum by (topic) (rate(tailwatch_unknown_fields_dropped_total[{RATE}]))", "{{topic}}")], w=12,
                    description="Records that carried fields outside the schema (dropped before storage)."),
+        timeseries("Fleet metric label sets against their limit", "short",
+                   [Q("max by (family) (tailwatch_fleet_label_sets)", "{{family}}"),
+                    Q("max by (family) (tailwatch_fleet_label_sets_limit)", "{{family}} limit")], w=24,
+                   description="Past the limit, new label sets fold their tenant, model, version and pool into "
+                               "other (--metrics-max-label-sets): totals stay exact, named breakdowns stop growing."),
     ]
     return dashboard(UID_PIPELINE, "tailwatch / Pipeline health", "The worker itself: lag, throughput, dead letters.",
                      panels, [datasource_variable()], time_from="now-1h")

@@ -38,15 +38,28 @@ What it exports, and at which aggregation level (only the labels some panel need
 - `tailwatch_gpu_price_usd_per_gpu_second{gpu_sku}` from `slo/prices.py`, so that cost is
   PromQL: GPU-seconds × price, joined `on (gpu_sku)`.
 
-Cardinality. Every label is from a closed set or bounded by the fleet's inventory
-(models, versions, zones, pools, SKUs), except `tenant`, which grows with the customer
-base. The first `max_tenants` distinct tenants (in log order, default 50) keep their
-name; later ones are counted under `tenant="other"`. Assignment is sticky for the
-process's life (a counter never moves between series) and starts afresh on restart,
-as every counter here does: they accumulate closed buckets since start, which
-Prometheus' rate() and increase() treat as a counter reset. Gauges of a label set that
-has had no closed minute for `stale_minutes` of event time are dropped, so a retired
-model version does not linger with its last reading.
+Cardinality. Each label is from a closed set (`workload`, `traffic_class`, `deployment`:
+schema literals) or bounded by the fleet's inventory (models, versions, zones, pools,
+SKUs), except `tenant`, which grows with the customer base. Two budgets bound the series:
+
+- the first `max_tenants` distinct tenants (busiest of their batch first, default 50)
+  keep their name; later ones are counted under `tenant="other"`;
+- per family (traffic, request GPU time, latency), the first `max_label_sets` label sets
+  (default 1,000) keep their labels; a later one has its open-ended labels (`tenant`,
+  `model`, `model_version`, `pool`) folded into `other`, keeping `zone`, the closed sets
+  and `gpu_sku`. The product of inventory labels is what explodes (13 models × 7 versions ×
+  3 zones × 4 workloads × 2 classes × 2 deployments is 4,368 latency label sets, 196,560
+  series), and a scrape that renders a million series stalls the worker's HTTP thread. Like
+  the OpenTelemetry SDK's cardinality limit with its overflow series, folding keeps every
+  total and every breakdown by the kept labels exact; only the named breakdown of the
+  newest label sets is lost, and `tailwatch_fleet_label_sets{family}` against
+  `tailwatch_fleet_label_sets_limit{family}` shows when that happens.
+
+Assignment is sticky for the process's life (a counter never moves between series) and
+starts afresh on restart, as every counter here does: they accumulate closed buckets
+since start, which Prometheus' rate() and increase() treat as a counter reset. Gauges of
+a label set that has had no closed minute for `stale_minutes` of event time are dropped,
+so a retired model version does not linger with its last reading.
 """
 
 from __future__ import annotations
@@ -88,13 +101,48 @@ _BOUNDS_MS = np.array(LATENCY_BUCKETS_S) * 1000.0
 REPLICA_STATES = ("warm", "loading", "cold", "draining", "unknown")  # unknown: the GPU's sources send no state
 GPU_SECONDS_PER_GPU_MINUTE = 60.0
 OTHER_TENANT = "other"
+OTHER = "other"
+# Labels that survive folding: closed sets or few by nature, and what cost joins on.
+KEPT_WHEN_FOLDED = frozenset({"zone", "workload", "traffic_class", "deployment", "gpu_sku"})
 
 
 @dataclass(frozen=True)
 class FleetMetricsConfig:
     max_tenants: int = 50
+    max_label_sets: int = 1000
     stale_minutes: int = 5
     prices: GpuPrices = field(default_factory=GpuPrices)
+
+
+class LabelBudget:
+    """Sticky admission of one family's label sets up to `limit`; past it, a new label
+    set's open-ended labels become `other` (the folded sets are few: products of closed
+    sets and zones, so they are not counted against the limit)."""
+
+    def __init__(self, family: str, labels: tuple[str, ...], limit: int):
+        self.family = family
+        self.limit = limit
+        self.folded_positions = [i for i, name in enumerate(labels) if name not in KEPT_WHEN_FOLDED]
+        self.named: set[tuple] = set()
+        self.folded_sets: set[tuple] = set()
+        self.folded_buckets = 0  # closed label-set minutes counted under a folded set
+
+    def admit(self, key: tuple, buckets: int = 1) -> tuple:
+        if key in self.named:
+            return key
+        if len(self.named) < self.limit:
+            self.named.add(key)
+            return key
+        folded = list(key)
+        for i in self.folded_positions:
+            folded[i] = OTHER
+        folded = tuple(folded)
+        self.folded_sets.add(folded)
+        self.folded_buckets += buckets
+        return folded
+
+    def label_sets(self) -> int:
+        return len(self.named) + len(self.folded_sets - self.named)
 
 
 @dataclass
@@ -122,6 +170,11 @@ class FleetCollector:
         self.latency_sum_s: dict[tuple, float] = {}
         self.pool_gauges: dict[str, dict[tuple, _Gauge]] = {}  # metric → (*POOL labels[, state]) → gauge
         self.skus: set[str] = set()
+        self.budgets = {
+            "traffic": LabelBudget("traffic", TRAFFIC_LABELS, config.max_label_sets),
+            "request_gpu_seconds": LabelBudget("request_gpu_seconds", GPU_TIME_LABELS, config.max_label_sets),
+            "latency": LabelBudget("latency", LATENCY_LABELS, config.max_label_sets),
+        }
 
     def describe(self):
         return []
@@ -175,6 +228,22 @@ class FleetCollector:
         for sku in sorted(set(p.usd_per_gpu_hour) | self.skus):
             price.add_metric([sku], p.usd_per_gpu_second(sku))
         yield price
+        sets = GaugeMetricFamily("tailwatch_fleet_label_sets", "Label sets a fleet metric family exports "
+                                 "(named and folded into other).", labels=["family"])
+        limit = GaugeMetricFamily("tailwatch_fleet_label_sets_limit", "Named label sets a family may export "
+                                  "before new ones fold into other (--metrics-max-label-sets).", labels=["family"])
+        folded = CounterMetricFamily("tailwatch_fleet_folded_buckets", "Closed label-set minutes counted under "
+                                     "a label set folded into other.", labels=["family"])
+        for family, budget in self.budgets.items():
+            sets.add_metric([family], budget.label_sets())
+            limit.add_metric([family], budget.limit)
+            folded.add_metric([family], budget.folded_buckets)
+        yield from (sets, limit, folded)
+
+
+def _busiest_first(grouped: pl.DataFrame, labels: tuple[str, ...]) -> pl.DataFrame:
+    """Label sets by requests, most first (then by name, so replays admit the same ones)."""
+    return grouped.sort(["requests", *labels], descending=[True, *[False] * len(labels)])
 
 
 def _le(bound_s: float) -> str:
@@ -273,9 +342,12 @@ class FleetMetrics:
         rows = rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in (*TRAFFIC_LABELS, "pool")])
         rows = self._cap_tenants(rows)
         sums = [*OUTCOME_COLUMNS.values(), *(col for col, _ in TRAFFIC_COUNTERS.values())]
-        traffic = rows.group_by(TRAFFIC_LABELS).agg([pl.col(s).fill_null(0).sum() for s in sums])
+        traffic = _busiest_first(rows.group_by(TRAFFIC_LABELS).agg(
+            pl.len().alias("_buckets"), pl.col("requests").sum(), *[pl.col(s).fill_null(0).sum() for s in sums]),
+            TRAFFIC_LABELS)
+        budget = c.budgets["traffic"]
         for r in traffic.iter_rows(named=True):
-            key = tuple(r[k] for k in TRAFFIC_LABELS)
+            key = budget.admit(tuple(r[k] for k in TRAFFIC_LABELS), r["_buckets"])
             outcomes = c.requests.setdefault(key, {o: 0.0 for o in OUTCOME_COLUMNS})
             for outcome, column in OUTCOME_COLUMNS.items():
                 outcomes[outcome] += r[column]
@@ -283,9 +355,11 @@ class FleetMetrics:
                 c.traffic[name][key] = c.traffic[name].get(key, 0.0) + r[column]
         gpu_time = rows.with_columns(
             pl.col("pool").replace_strict(self.sku_of_pool, default="", return_dtype=pl.String).alias("gpu_sku")
-        ).group_by(GPU_TIME_LABELS).agg(pl.col("gpu_seconds").fill_null(0).sum())
-        for r in gpu_time.iter_rows(named=True):
-            key = tuple(r[k] for k in GPU_TIME_LABELS)
+        ).group_by(GPU_TIME_LABELS).agg(pl.len().alias("_buckets"), pl.col("requests").sum(),
+                                        pl.col("gpu_seconds").fill_null(0).sum())
+        budget = c.budgets["request_gpu_seconds"]
+        for r in _busiest_first(gpu_time, GPU_TIME_LABELS).iter_rows(named=True):
+            key = budget.admit(tuple(r[k] for k in GPU_TIME_LABELS), r["_buckets"])
             c.request_gpu_seconds[key] = c.request_gpu_seconds.get(key, 0.0) + r["gpu_seconds"]
         self._latency(rows)
 
@@ -295,10 +369,12 @@ class FleetMetrics:
         if rows.height:
             self._advance(int(rows.select(minute.max()).item()))
         # Explode an integer group id, not six string labels per bin (half the CPU at 20,000 slices).
-        groups = rows.select(*LATENCY_LABELS).unique().with_row_index("_group")
-        rows = rows.join(groups, on=list(LATENCY_LABELS))
-        labels_of = {r[0]: r[1:] for r in groups.select("_group", *LATENCY_LABELS).iter_rows()}
+        groups = _busiest_first(rows.group_by(LATENCY_LABELS).agg(pl.len().alias("_buckets"), pl.col("requests").sum()),
+                                LATENCY_LABELS).with_row_index("_group")
+        rows = rows.join(groups.select("_group", *LATENCY_LABELS), on=list(LATENCY_LABELS))
         c = self.collector
+        budget = c.budgets["latency"]
+        labels_of = {r[0]: budget.admit(r[2:], r[1]) for r in groups.select("_group", "_buckets", *LATENCY_LABELS).iter_rows()}
         for field_name, column in LATENCY_FIELDS.items():
             long = rows.select("_group", column).explode(column).drop_nulls(column).unnest(column)
             if long.height == 0:

@@ -43,11 +43,11 @@ class Stage(Protocol):
 
 
 def default_stages(detectors: str | None = "default", alertmanager_urls: tuple[str, ...] = (),
-                   prices=None, links=None) -> list[Stage]:
-    """The stages every worker runs (the command line and the demo alike): fleet metrics,
-    and the detectors unless `detectors` is `none`. The signal stage is the worker's own."""
+                   links=None, fleet=None) -> list[Stage]:
+    """The stages every worker runs (the command line and the demo alike): fleet metrics
+    (`fleet`: a FleetMetricsConfig, default its defaults), and the detectors unless
+    `detectors` is `none`. The signal stage is the worker's own."""
     from streams.detector_stage import detector_stages
-    from streams.fleet_metrics import FleetMetrics, FleetMetricsConfig
+    from streams.fleet_metrics import FleetMetrics
 
-    fleet = FleetMetrics(FleetMetricsConfig(prices=prices) if prices is not None else None)
-    return [fleet, *detector_stages(detectors, alertmanager_urls, links)]
+    return [FleetMetrics(fleet), *detector_stages(detectors, alertmanager_urls, links)]

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signals.md)")
     p.add_argument("--prices", default=None, metavar="FILE",
                    help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see slo/prices.py)")
+    p.add_argument("--metrics-max-tenants", type=_positive_int, default=50, metavar="N",
+                   help="tenants named in /metrics; later ones count as tenant=other (default 50)")
+    p.add_argument("--metrics-max-label-sets", type=_positive_int, default=1000, metavar="N",
+                   help="label sets per fleet metric family in /metrics before new ones fold into other (default 1000)")
     _kafka_args(p)
 
     p = sub.add_parser("sql", help="query the store")

@@ -127,6 +127,7 @@ def load_prices_option(path: str | None):
 
 def _worker_settings(args: argparse.Namespace, **overrides):
     from alerts.alertmanager import AlertLinks
+    from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
     from streams.store import DEFAULT_STORE
     from streams.worker import WorkerSettings
@@ -156,7 +157,10 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         checkpoint_interval_s=args.checkpoint_interval,
         stats_file=args.stats_file,
         progress=progress,
-        stages=default_stages(args.detectors, tuple(args.alertmanager_url or ()), prices, links),
+        stages=default_stages(args.detectors, tuple(args.alertmanager_url or ()), links,
+                              FleetMetricsConfig(max_tenants=args.metrics_max_tenants,
+                                                 max_label_sets=args.metrics_max_label_sets,
+                                                 prices=prices)),
         alert_links=links,
         **overrides,
     )

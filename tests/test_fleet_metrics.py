@@ -12,6 +12,7 @@ import shutil
 import subprocess
 
 import msgspec
+import numpy as np
 import polars as pl
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,30 +24,34 @@ from ingest.validate import BatchDecoder
 from slo.prices import GpuPrices
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.aggregates import GPU, REQUESTS
-from streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMetricsConfig
+from streams.fleet_metrics import LATENCY_LABELS, OTHER_TENANT, FleetMetrics, FleetMetricsConfig
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.metrics import WorkerMetrics
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
 from alerts.alertmanager import DeliveryCollector, FiringAlerts
 from streams.detector_stage import DetectorStage
+from tailwatch.bench import synthetic_events
 from tests.conftest import need
 
 
 def closed_buckets(events) -> tuple[pl.DataFrame, pl.DataFrame]:
     """sli_minute and gpu_minute rows of every minute, as the worker would close them."""
     enc = msgspec.json.Encoder()
-    out = []
-    for event_type, columns, spec in ((RequestV1, REQUEST_COLUMNS, REQUESTS), (GpuV1, GPU_COLUMNS, GPU)):
-        values = [enc.encode(e) for e in events if isinstance(e, event_type)]
-        decoded = BatchDecoder(event_type).decode(values)
-        frame, _bad = records_to_frame(decoded.records, values, columns, [0] * len(values), list(range(len(values))),
-                                       decoded.indices)
-        windows = MinuteWindows(spec, 0)
-        windows.add(frame)
-        rows, _minutes = windows.close(None)
-        out.append(rows)
-    return out[0], out[1]
+    return (closed_rows([enc.encode(e) for e in events if isinstance(e, RequestV1)], RequestV1),
+            closed_rows([enc.encode(e) for e in events if isinstance(e, GpuV1)], GpuV1))
+
+
+def closed_rows(values: list[bytes], event_type) -> pl.DataFrame:
+    """One topic's JSON values → its closed minute rows."""
+    columns, spec = (REQUEST_COLUMNS, REQUESTS) if event_type is RequestV1 else (GPU_COLUMNS, GPU)
+    decoded = BatchDecoder(event_type).decode(values)
+    frame, _bad = records_to_frame(decoded.records, values, columns, [0] * len(values), list(range(len(values))),
+                                   decoded.indices)
+    windows = MinuteWindows(spec, 0)
+    windows.add(frame)
+    rows, _minutes = windows.close(None)
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +198,60 @@ def test_tenants_are_capped_into_other(fleet):
     total_requests = sum(s.value for s in scrape(stage.collector)["tailwatch_requests"].samples
                          if s.name == "tailwatch_requests_total")
     assert total_requests == requests["requests"].sum()
+
+
+def test_series_stay_within_the_label_set_budget_at_20000_slices():
+    """The bench's 20,000 slices (inventory labels that multiply out): named label sets stop
+    at the budget, the rest fold into `other`, and every total and every breakdown by a kept
+    label stays exact."""
+    values = [v for _k, v in synthetic_events(40_000, 20_000, seed=5, events_per_minute=20_000)]
+    requests = closed_rows(values, RequestV1)
+    no_gpu = pl.DataFrame()
+
+    unbounded = FleetMetrics(FleetMetricsConfig(max_label_sets=10**9))  # read from its dicts: a scrape takes seconds
+    unbounded.on_closed(requests, no_gpu)
+    stage = FleetMetrics(FleetMetricsConfig(max_label_sets=300))
+    stage.on_closed(requests, no_gpu)
+    bounded = scrape(stage.collector)
+
+    def label_sets(name):
+        return {tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("le", "outcome", "field")))
+                for s in bounded[name].samples}
+
+    kept_products = 3 * 4 * 2 * 2  # zones × workloads × traffic classes × deployments in the bench
+    for family, name in (("traffic", "tailwatch_requests"), ("request_gpu_seconds", "tailwatch_request_gpu_seconds"),
+                         ("latency", "tailwatch_request_latency_seconds")):
+        assert unbounded.collector.budgets[family].label_sets() > 3_000  # what the budget is for
+        assert len(label_sets(name)) <= 300 + kept_products
+    sets = {s.labels["family"]: s.value for s in bounded["tailwatch_fleet_label_sets"].samples}
+    assert sets["latency"] == len(label_sets("tailwatch_request_latency_seconds"))
+    folded = {s.labels["family"]: s.value for s in bounded["tailwatch_fleet_folded_buckets"].samples}
+    assert folded["traffic"] > 0
+
+    def scraped(name, label, sample_suffix="_total", **match):
+        out: dict[str, float] = {}
+        for s in bounded[name].samples:
+            if s.name.endswith(sample_suffix) and all(s.labels.get(k) == v for k, v in match.items()):
+                out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+        return out
+
+    def truth(column, label):
+        return dict(requests.group_by(label).agg(pl.col(column).sum()).iter_rows())
+
+    assert scraped("tailwatch_requests", "zone", outcome="ok") == truth("ok", "zone")
+    for label in ("workload", "traffic_class", "deployment"):
+        assert sum(scraped("tailwatch_requests", label).values()) == requests["requests"].sum()
+        assert scraped("tailwatch_requests", label, outcome="error") == truth("errors", label)
+    assert scraped("tailwatch_request_gpu_seconds", "zone") == pytest.approx(truth("gpu_seconds", "zone"))
+    e2e_by_workload: dict[str, np.ndarray] = {}
+    for key, counts in unbounded.collector.latency.items():
+        if key[-1] == "e2e":
+            workload = key[LATENCY_LABELS.index("workload")]
+            e2e_by_workload[workload] = e2e_by_workload.get(workload, 0) + np.cumsum(counts)
+    for i, le in ((4, "0.25"), (8, "5.0"), (-1, "+Inf")):
+        assert scraped("tailwatch_request_latency_seconds", "workload", "_bucket", le=le, field="e2e") == \
+            {w: float(c[i]) for w, c in e2e_by_workload.items()}
+    assert "other" in {s.labels["model"] for s in bounded["tailwatch_request_latency_seconds"].samples}
 
 
 def test_price_file_sets_the_price_gauge(fleet):
