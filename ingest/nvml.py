@@ -70,7 +70,7 @@ def read_samples(nvml, ts_ms: int, node: str, zone: str = "", pool: str = "", la
         useful = gpm.read(i, h, name) if gpm is not None else {}
         out.append(GpuV1(
             schema="gpu.v1", ts=ts_ms, node=node, gpu_index=i, zone=zone, pool=pool,
-            gpu_uuid=uuid, gpu_sku=_sku(name),
+            gpu_uuid=uuid, gpu_sku=gpu_sku_of(name),
             util_pct=float(util.gpu) if util is not None else None,
             mem_used_bytes=int(mem.used) if mem is not None else None,
             mem_total_bytes=int(mem.total) if mem is not None else None,
@@ -249,7 +249,7 @@ def _error_text(exc: Exception) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
-def _sku(name: str) -> str:
+def gpu_sku_of(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' → 'H100'; unknown names are kept whole (bounded length)."""
     for token in name.replace("NVIDIA", "").split():
         if token[:1].isalpha() and any(c.isdigit() for c in token):

@@ -26,6 +26,11 @@ def _duration_s(text: str) -> float:
     return value
 
 
+def _otlp_topic_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spans-topic", default="otlp_spans", help="the Collector's span topic (default otlp_spans)")
+    p.add_argument("--metrics-topic", default="otlp_metrics", help="the Collector's metric topic (default otlp_metrics)")
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -72,7 +77,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
     p.add_argument("--truth", default=None, metavar="FILE", help="write the labelled incidents (JSON Lines) here")
     p.add_argument("--trace", default=None, metavar="CSV", help="replay an Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens)")
+    p.add_argument("--format", choices=("json", "otlp"), default="json",
+                   help="json: request.v1/gpu.v1 to tw.* topics; otlp: spans and metrics batches as an "
+                        "OpenTelemetry Collector's kafka exporter writes them")
+    p.add_argument("--otlp-encoding", choices=("otlp_proto", "otlp_json"), default="otlp_proto")
+    _otlp_topic_args(p)
     _kafka_args(p)
+
+    p = sub.add_parser("ingest", help="adapters from standard telemetry")
+    isub = p.add_subparsers(dest="ingest_command", required=True, metavar="SOURCE")
+    c = isub.add_parser("otlp", help="the Collector's otlp_spans / otlp_metrics topics → tw.requests / tw.gpu")
+    c.add_argument("--mapping", default=None, metavar="FILE", help="where tenant, pool, zone ... come from (docs: README)")
+    c.add_argument("--group", default="tailwatch-otlp", help="consumer group id")
+    c.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
+                   help="stop after this long without a record (default: run until stopped)")
+    _otlp_topic_args(c)
+    _kafka_args(c)
+
+    p = sub.add_parser("otlp", help="the OTLP mapping file")
+    osub = p.add_subparsers(dest="otlp_command", required=True, metavar="ACTION")
+    c = osub.add_parser("check", help="validate a mapping file; exit 1 on problems")
+    c.add_argument("file")
 
     p = sub.add_parser("produce", help="validate JSON Lines events and publish them to their topics")
     p.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files, or - for standard input")
@@ -198,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pool", default="")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
     _kafka_args(g)
+    g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, Triton /metrics → tw.gpu")
+    g.add_argument("--url", action="append", required=True, metavar="URL", help="a /metrics URL (repeatable)")
+    g.add_argument("--interval", type=_duration_s, default=10.0)
+    g.add_argument("--count", type=int, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--mapping", default=None, metavar="FILE", help="OTLP mapping file (its gpu: section)")
+    g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
+    _kafka_args(g)
 
     p = sub.add_parser("eval", help="measure detectors against scenarios with labelled incidents")
     esub = p.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
@@ -263,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in ../shared/data)")
     p.add_argument("--hours", type=_positive_int, default=None,
                    help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse)")
+    p.add_argument("--otlp", action="store_true",
+                   help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
+    p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")
     p.add_argument("--chaos", action="store_true",
                    help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "
                         "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")

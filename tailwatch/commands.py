@@ -61,13 +61,87 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     ensure_reachable(settings)
     from tailwatch.kafka import ensure_topics
 
-    ensure_topics(settings)
+    otlp = args.format == "otlp"
+    ensure_topics(settings, others=(args.spans_topic, args.metrics_topic) if otlp else ())
     pub = EventPublisher(settings)
+    if otlp:
+        return _simulate_otlp(args, sim, pub)
     report = pub.publish_events(sim.events(), progress=lambda n: progress(f"simulate: {n:,} events published"))
     pub.close()
     progress_done()
     for line in report.lines():
         print(line)
+    return 0
+
+
+def _simulate_otlp(args: argparse.Namespace, sim, pub) -> int:
+    """The simulator's fleet as a Collector's kafka exporter would write it."""
+    from ingest.otlp.encode import otlp_batches
+    from ingest.otlp.wire import encode
+    from tailwatch.kafka import send
+
+    topics = {"spans": args.spans_topic, "metrics": args.metrics_topic}
+    sent = {"spans": 0, "metrics": 0}
+    native = []
+    # JSON spans are about four times the protobuf size: 200 a batch stays under the
+    # exporter's and the broker's 1,000,000-byte default record limit.
+    per_batch = 512 if args.otlp_encoding == "otlp_proto" else 200
+    for n, (kind, item) in enumerate(otlp_batches(sim.events(), per_batch), 1):
+        if kind == "native":
+            native.append(item)
+            continue
+        send(pub.producer, topics[kind], encode(item, args.otlp_encoding))
+        sent[kind] += 1
+        if n % 200 == 0:
+            pub.producer.poll(0)
+            progress(f"simulate: {sent['spans']:,} span batches, {sent['metrics']:,} metric batches")
+    report = pub.publish_events(native)
+    pub.close()
+    progress_done()
+    print(f"published {sent['spans']:,} span batches to {args.spans_topic} and {sent['metrics']:,} metric batches "
+          f"to {args.metrics_topic} ({args.otlp_encoding})")
+    for line in report.lines() if native else ():
+        print(line)
+    return 0
+
+
+def load_mapping_option(path: str | None):
+    from ingest.otlp.mapping import MappingError, load_mapping
+
+    try:
+        return load_mapping(path)
+    except MappingError as exc:
+        raise CliError(f"--mapping {exc}") from None
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ingest.otlp.republish import OtlpRepublisher
+    from tailwatch.kafka import ensure_topics
+
+    mapping = load_mapping_option(args.mapping)
+    settings = kafka_settings(args)
+    ensure_reachable(settings)
+    ensure_topics(settings, others=(args.spans_topic, args.metrics_topic))
+    republisher = OtlpRepublisher(settings, mapping, args.spans_topic, args.metrics_topic, args.group)
+    report = republisher.run(args.until_idle, progress=progress)
+    progress_done()
+    for line in report.lines():
+        print(line)
+    return 0
+
+
+def cmd_otlp(args: argparse.Namespace) -> int:
+    from ingest.otlp.mapping import MappingError, check_mapping
+
+    try:
+        problems = check_mapping(args.file)
+    except MappingError as exc:
+        raise CliError(str(exc)) from None
+    for problem in problems:
+        print(f"{args.file}: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{args.file}: no problems")
     return 0
 
 
@@ -233,6 +307,8 @@ def _capacity_measured(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    if args.collector == "prometheus":
+        return _collect_prometheus(args)
     import pynvml
 
     from ingest import nvml
@@ -270,6 +346,45 @@ def cmd_collect(args: argparse.Namespace) -> int:
             publisher.close()
         gpm.close()
         pynvml.nvmlShutdown()
+    return 0
+
+
+def _collect_prometheus(args: argparse.Namespace) -> int:
+    from ingest.otlp.scrape import PrometheusScraper
+
+    mapping = load_mapping_option(args.mapping)
+    publisher = None
+    if not args.print_only:
+        from ingest.producer import EventPublisher
+
+        settings = kafka_settings(args)
+        ensure_reachable(settings)
+        publisher = EventPublisher(settings)
+    scraper = PrometheusScraper(args.url, mapping.gpu)
+    enc = msgspec.json.Encoder()
+    rounds = 0
+    try:
+        while True:
+            started = time.monotonic()
+            mapped, errors = scraper.round(int(time.time() * 1000))
+            for line in errors:
+                print(f"tailwatch collect prometheus: {line}", file=sys.stderr)
+            for reason, detail in mapped.refused:
+                print(f"tailwatch collect prometheus: {reason}: {detail}", file=sys.stderr)
+            if publisher:
+                publisher.publish_events(mapped.samples)
+                publisher.producer.flush(10)
+            else:
+                for sample in mapped.samples:
+                    print(enc.encode(sample).decode())
+                sys.stdout.flush()
+            rounds += 1
+            if args.count and rounds >= args.count:
+                break
+            time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
+    finally:
+        if publisher:
+            publisher.close()
     return 0
 
 
@@ -325,6 +440,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("\n".join(run_api(args.rate, args.seconds, say=lambda m: print(m, file=sys.stderr, flush=True))))
         except BenchError as exc:
             raise CliError(str(exc)) from None
+        return 0
+    if args.otlp:
+        from tailwatch.bench_otlp import run as run_otlp
+        from tailwatch.bench_trace import DEFAULT_TRACE
+
+        print("\n".join(run_otlp(Path(args.trace) if args.trace else DEFAULT_TRACE, args.spans,
+                                 say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
     if args.shape or args.trace:
         from ingest.trace import TraceError

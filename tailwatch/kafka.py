@@ -87,10 +87,11 @@ def _tcp_open(server: str, timeout_s: float) -> bool:
         return False
 
 
-def ensure_topics(settings: KafkaSettings, partitions: int = 4) -> None:
+def ensure_topics(settings: KafkaSettings, partitions: int = 4, others: tuple[str, ...] = ()) -> None:
+    """The prefixed tailwatch topics, and `others` by their full names (the Collector's)."""
     admin = AdminClient(settings.base_config())
     existing = set(admin.list_topics(timeout=10).topics)
-    wanted = [settings.topic(s) for s in TOPIC_SUFFIXES if settings.topic(s) not in existing]
+    wanted = [t for t in (*(settings.topic(s) for s in TOPIC_SUFFIXES), *others) if t not in existing]
     if not wanted:
         return
     # replication_factor=-1: the cluster's default.replication.factor (KIP-464), not 1, which

@@ -1,0 +1,106 @@
+"""Metric samples, from OTLP `MetricsData` or from a Prometheus text exposition, in one
+shape for the GPU mapping: name, labels (resource attributes under the point's own),
+value, time, and whether the value is a running total.
+
+Names are matched as Prometheus writes them; the Collector's Prometheus receiver may drop
+a counter's `_total`, so `_total` is taken off every counter name here and the mapping
+tables name counters without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, MetricsData
+from prometheus_client.parser import text_string_to_metric_families
+
+from ingest.otlp.attributes import as_dict
+from ingest.otlp.views import as_int, as_list, as_object, json_attributes
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+    ts_ms: int
+    cumulative: bool = False  # a running total (counter): the mapping takes deltas
+
+
+def samples_from_otlp(data: MetricsData | dict) -> list[Sample]:
+    """A decoded batch (`wire.decode`: the protobuf message or the OTLP/JSON document)."""
+    if isinstance(data, dict):
+        return _samples_from_json(data)
+    out: list[Sample] = []
+    for rm in data.resource_metrics:
+        resource = {k: str(v) for k, v in as_dict(rm.resource.attributes).items() if v is not None}
+        for scope in rm.scope_metrics:
+            for metric in scope.metrics:
+                kind = metric.WhichOneof("data")
+                if kind == "gauge":
+                    points, cumulative = metric.gauge.data_points, False
+                elif kind == "sum":
+                    points = metric.sum.data_points
+                    cumulative = metric.sum.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+                else:
+                    continue  # histograms and summaries: no gpu.v1 field reads them
+                name = _counter_name(metric.name) if kind == "sum" else metric.name
+                for p in points:
+                    value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+                    labels = {**resource, **{k: str(v) for k, v in as_dict(p.attributes).items() if v is not None}}
+                    out.append(Sample(name, labels, value, p.time_unix_nano // 1_000_000, cumulative))
+    return out
+
+
+def _samples_from_json(doc: dict) -> list[Sample]:
+    out: list[Sample] = []
+    for rm in as_list(doc.get("resourceMetrics")):
+        rm = as_object(rm)
+        resource = _labels(as_object(rm.get("resource")).get("attributes"))
+        for scope in as_list(rm.get("scopeMetrics")):
+            for metric in as_list(as_object(scope).get("metrics")):
+                metric = as_object(metric)
+                name = str(metric.get("name", ""))
+                if "gauge" in metric:
+                    body, cumulative = as_object(metric["gauge"]), False
+                elif "sum" in metric:
+                    body = as_object(metric["sum"])
+                    temporality = body.get("aggregationTemporality", 0)
+                    cumulative = temporality in (AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
+                                                 "AGGREGATION_TEMPORALITY_CUMULATIVE")
+                    name = _counter_name(name)
+                else:
+                    continue
+                for p in as_list(body.get("dataPoints")):
+                    p = as_object(p)
+                    raw = p.get("asDouble", p.get("asInt"))
+                    try:
+                        value = float(raw)
+                    except (TypeError, ValueError):
+                        continue  # no value (a NaN or a missing point): nothing to carry
+                    labels = {**resource, **_labels(p.get("attributes"))}
+                    out.append(Sample(name, labels, value, as_int(p.get("timeUnixNano")) // 1_000_000, cumulative))
+    return out
+
+
+def _labels(key_values) -> dict[str, str]:
+    return {k: str(v) for k, v in json_attributes(key_values).items() if v is not None}
+
+
+def samples_from_exposition(text: str, now_ms: int) -> list[Sample]:
+    """A Prometheus text exposition scraped at `now_ms` (a sample's own timestamp wins)."""
+    out: list[Sample] = []
+    for family in text_string_to_metric_families(text):
+        if family.type not in ("gauge", "counter", "untyped", "unknown"):
+            continue
+        for s in family.samples:
+            if family.type == "counter" and not s.name.endswith("_total"):
+                continue  # _created
+            ts_ms = int(s.timestamp * 1000) if s.timestamp is not None else now_ms
+            name = _counter_name(s.name) if family.type == "counter" else s.name
+            out.append(Sample(name, dict(s.labels), float(s.value), ts_ms, family.type == "counter"))
+    return out
+
+
+def _counter_name(name: str) -> str:
+    return name[: -len("_total")] if name.endswith("_total") else name
