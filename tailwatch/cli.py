@@ -269,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--store", default=None)
     p.add_argument("--port", type=_positive_int, default=None, help="broker port (default: 9092, or a free one)")
+    p.add_argument("--otlp", action="store_true",
+                   help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
+                        "on Kafka) and run `ingest otlp` before the worker")
 
     p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
     p.add_argument("--events", type=_positive_int, default=1_000_000)

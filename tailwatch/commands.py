@@ -76,25 +76,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _simulate_otlp(args: argparse.Namespace, sim, pub) -> int:
     """The simulator's fleet as a Collector's kafka exporter would write it."""
-    from ingest.otlp.encode import otlp_batches
-    from ingest.otlp.wire import encode
-    from tailwatch.kafka import send
+    from ingest.otlp.encode import publish_batches
 
-    topics = {"spans": args.spans_topic, "metrics": args.metrics_topic}
-    sent = {"spans": 0, "metrics": 0}
-    native = []
-    # JSON spans are about four times the protobuf size: 200 a batch stays under the
-    # exporter's and the broker's 1,000,000-byte default record limit.
-    per_batch = 512 if args.otlp_encoding == "otlp_proto" else 200
-    for n, (kind, item) in enumerate(otlp_batches(sim.events(), per_batch), 1):
-        if kind == "native":
-            native.append(item)
-            continue
-        send(pub.producer, topics[kind], encode(item, args.otlp_encoding))
-        sent[kind] += 1
-        if n % 200 == 0:
-            pub.producer.poll(0)
-            progress(f"simulate: {sent['spans']:,} span batches, {sent['metrics']:,} metric batches")
+    sent, native = publish_batches(pub.producer, sim.events(), args.otlp_encoding, args.spans_topic, args.metrics_topic,
+                                   progress=lambda line: progress(f"simulate: {line}"))
     report = pub.publish_events(native)
     pub.close()
     progress_done()
@@ -417,7 +402,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tailwatch.demo import run_demo
 
-    return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port)
+    return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port, otlp=args.otlp)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -32,7 +32,10 @@ BAD_RECORDS = [
 ]
 
 
-def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None) -> int:
+def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None,
+             otlp: bool = False) -> int:
+    """`otlp`: the fleet as an OpenTelemetry Collector ships it (spans and DCGM/vLLM metrics
+    on otlp_spans / otlp_metrics), through `ingest otlp` into the worker's topics."""
     started = time.monotonic()
     store_path = store_path or store.DEFAULT_STORE
     if Path(store_path).exists():
@@ -55,13 +58,17 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
             if i % 5_000 == 4_999:
                 events.append(e)
                 dupes += 1
-        pub.publish_events(events, progress=lambda n: progress(f"      published {n:,} events"))
-        for raw in BAD_RECORDS:
-            send(pub.producer, settings.topic("requests"), raw, b"demo")
+        if otlp:
+            _publish_otlp(settings, pub, events, say)
+        else:
+            pub.publish_events(events, progress=lambda n: progress(f"      published {n:,} events"))
+            for raw in BAD_RECORDS:
+                send(pub.producer, settings.topic("requests"), raw, b"demo")
         pub.close()
         del pub
         progress_done()
-        say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
+        if not otlp:
+            say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
         say("[3/4] running the worker until the topics are drained")
         worker = Worker(WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
                                        slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
@@ -77,6 +84,28 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
     print(f"\nstore: {Path(store_path).resolve()}   (query it: tailwatch sql \"SELECT * FROM sli_minute LIMIT 5\")")
     print(f"demo finished in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _publish_otlp(settings: KafkaSettings, pub: EventPublisher, events: list, say) -> None:
+    from ingest.otlp.encode import publish_batches
+    from ingest.otlp.mapping import OtlpMapping
+    from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC, OtlpRepublisher
+
+    ensure_topics(settings, partitions=4, others=(DEFAULT_SPANS_TOPIC, DEFAULT_METRICS_TOPIC))
+    sent, native = publish_batches(pub.producer, events, "otlp_proto", DEFAULT_SPANS_TOPIC, DEFAULT_METRICS_TOPIC,
+                                   progress=lambda line: progress(f"      published {line}"))
+    pub.publish_events(native)
+    for raw in (b"\x0a\xff\xff not a batch", b'{"resourceSpans": [ cut short'):
+        send(pub.producer, DEFAULT_SPANS_TOPIC, raw)
+    pub.producer.flush(60)
+    progress_done()
+    say(f"      {sent['spans']:,} span batches and {sent['metrics']:,} metric batches (otlp_proto; some spans "
+        "delivered twice), 2 malformed batches; `ingest otlp` republishes them")
+    report = OtlpRepublisher(settings, OtlpMapping()).run(
+        until_idle_s=3.0, progress=lambda line: progress("      " + line))
+    progress_done()
+    for line in report.lines():
+        say("      " + line)
 
 
 def summary(store_path: str) -> str:

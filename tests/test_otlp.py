@@ -5,6 +5,7 @@ expositions in DCGM exporter and vLLM format into gpu.v1, over real HTTP."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.server
 import json
 import threading
@@ -23,9 +24,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
 from ingest.otlp import wire
+from ingest.otlp.alignment import EventTimeAlignment
 from ingest.otlp.gpu import GpuMapper
 from ingest.otlp.mapping import OtlpMapping, check_mapping
 from ingest.otlp.republish import OtlpRepublisher
@@ -121,8 +123,10 @@ def test_the_otlp_path_gives_the_store_the_same_slis(broker, tmp_path, fleet):
     publish(native, [without_otlp_gaps(e) for e in fleet])
     p = make_producer(via_otlp)
     batches = sdk_span_batches(fleet, per_batch=200)
+    # Both partitions span the whole six minutes, as unkeyed Collector batches do: read one
+    # partition to its end before the other and the worker would refuse minutes as late.
     for i, raw in enumerate(batches):
-        p.produce(spans_topic, raw if i % 2 else wire.encode(TracesData.FromString(raw), "otlp_json"))
+        p.produce(spans_topic, raw if i % 2 else wire.encode(TracesData.FromString(raw), "otlp_json"), partition=i % 2)
     for poison in POISON_BATCHES:  # between good ones
         p.produce(spans_topic, poison)
     assert p.flush(30) == 0
@@ -147,6 +151,9 @@ def test_the_otlp_path_gives_the_store_the_same_slis(broker, tmp_path, fleet):
         con.close()
         return cols, out
 
+    otlp_con = duckdb.connect(str(stores["otlp"]), read_only=True)
+    assert otlp_con.execute("SELECT count(*) FROM dead_letter WHERE reason LIKE '%late%'").fetchone()[0] == 0
+    otlp_con.close()
     cols, native_rows = rows(stores["native"])
     assert rows(stores["otlp"]) == (cols, native_rows)
     assert sum(r[cols.index("requests")] for r in native_rows) == len(fleet)
@@ -168,6 +175,27 @@ POISON_BATCHES = [
                      attributes=[{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
                                  {"key": "workload", "value": {"stringValue": "chat-bot"}}]),
 ]
+
+
+def test_alignment_pauses_the_partition_that_runs_ahead():
+    a = EventTimeAlignment(max_drift_ms=60_000)
+    a.assign([("s", 0), ("s", 1), ("m", 0)])
+    a.reading(("s", 0))
+    a.advance(("s", 0), 600_000)
+    assert a.decide() == ({("s", 0)}, set())  # s/1 not read yet: it may hold the oldest records
+    a.reading(("s", 1))
+    a.advance(("s", 1), 100_000)
+    a.at_end(("m", 0))
+    assert a.decide() == (set(), set()) and a.paused == {("s", 0)}  # still 500 s ahead
+    a.advance(("s", 1), 560_000)
+    assert a.decide() == (set(), {("s", 0)})  # within a minute again
+    a.advance(("s", 0), 900_000)
+    a.reading(("s", 1))
+    a.at_end(("s", 1))  # its last records, then its end, in one fetch: caught up, holds nobody back
+    a.advance(("s", 1), 570_000)
+    assert a.decide() == (set(), set())
+    a.revoke([("s", 0)])
+    assert ("s", 0) not in a.newest_ms and a.paused == set()
 
 
 def test_a_replayed_batch_is_not_counted_twice(broker, tmp_path, fleet):
@@ -366,3 +394,62 @@ def test_simulate_otlp_then_ingest_otlp_feed_the_worker(kafka, tmp_path, capsys)
     merged = con.execute("SELECT count(*), count(*) FILTER (WHERE sources = 'dcgm,runtime' AND model IS NOT NULL "
                          "AND util_pct_mean IS NOT NULL AND queue_depth_max IS NOT NULL) FROM gpu_minute").fetchone()
     assert merged[0] > 0 and merged[1] == merged[0]
+
+
+def test_triton_spans_become_one_request_with_its_queue_time():
+    """Triton (trace mode opentelemetry) sends a top-level span, a model span and a compute
+    span per request, each with model_name, model_version and request_id, and the queue and
+    compute timestamps as span events."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "triton-inference-server",
+                                                        "cloud.availability_zone": "us-east-1a", "tenant.id": "acme"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("triton")
+    t0 = 1_793_577_600_000_000_000
+    ms = 1_000_000
+    for i, (queue_ms, failed) in enumerate(((12, False), (40, True))):
+        start = t0 + i * 1000 * ms
+        attrs = {"model_name": "whisper", "model_version": "3", "request_id": f"r{i}", "workload": "asr"}
+        top = tracer.start_span("InferRequest", start_time=start, attributes=attrs)
+        model = tracer.start_span("whisper", context=set_span_in_context(top), start_time=start + ms, attributes=attrs)
+        model.add_event("QUEUE_START", timestamp=start + 2 * ms)
+        compute = tracer.start_span("compute", context=set_span_in_context(model), start_time=start + (2 + queue_ms) * ms, attributes=attrs)
+        compute.add_event("COMPUTE_START", timestamp=start + (2 + queue_ms) * ms)
+        compute.add_event("COMPUTE_END", timestamp=start + (60 + queue_ms) * ms)
+        compute.end(end_time=start + (61 + queue_ms) * ms)
+        model.end(end_time=start + (62 + queue_ms) * ms)
+        if failed:
+            top.set_status(Status(StatusCode.ERROR, "model instance failed"))
+        top.end(end_time=start + (70 + queue_ms) * ms)
+    raw = encode_spans(exporter.get_finished_spans()).SerializeToString()
+    mapped = requests_from_traces(wire.decode(raw, TracesData), OtlpMapping().requests)
+    assert mapped.skipped == 4 and not mapped.refused  # the model and compute spans are parts, not requests
+    first, second = sorted(mapped.events, key=lambda e: e.ts)
+    assert (first.model, first.model_version, first.tenant, first.zone, first.workload) == ("whisper", "3", "acme", "us-east-1a", "asr")
+    assert (first.queue_ms, first.e2e_ms, first.status) == (12.0, 82.0, "ok")
+    assert (second.queue_ms, second.e2e_ms, second.status) == (40.0, 110.0, "error")
+
+
+def test_triton_metrics_join_their_gpu_by_uuid_and_pod():
+    text = """\
+# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"} 0.93
+# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"} 42949672960
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="whisper",version="3",pod="llama-8b-6f9c"} 5
+"""
+    mapper = GpuMapper(OtlpMapping().gpu)
+    dcgm_text, _ = exposition()
+    mapper.map(samples_from_exposition(dcgm_text, 1_793_577_600_000))  # DCGM teaches uuid → index and pod → GPU
+    mapped = mapper.map([replace_label(s, Hostname="gpu-node-7") for s in samples_from_exposition(text, 1_793_577_610_000)])
+    [g] = mapped.samples
+    assert (g.node, g.gpu_index, g.source) == ("gpu-node-7", 0, "runtime")
+    assert (g.util_pct, g.mem_used_bytes, g.queue_depth, g.model, g.model_version) == (93.0, 40 * 2**30, 5, "whisper", "3")
+
+
+def replace_label(sample, **labels):
+    return dataclasses.replace(sample, labels={**sample.labels, **labels})

@@ -154,6 +154,7 @@ def _epoch_ms(ts) -> int:
     return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000)
 
 
+SPANS_PER_BATCH_BY_ENCODING = {"otlp_proto": SPANS_PER_BATCH, "otlp_json": 200}  # JSON is about 4x larger
 GPU_SAMPLES_PER_BATCH = 48  # a DCGM + vLLM sample is about 4 KB in otlp_json
 
 
@@ -180,3 +181,27 @@ def otlp_batches(events: Iterable, spans_per_batch: int = SPANS_PER_BATCH) -> It
         yield "spans", traces(requests)
     if gpus:
         yield "metrics", metrics(gpus)
+
+
+def publish_batches(producer, events: Iterable, encoding: str, spans_topic: str, metrics_topic: str,
+                    progress=None) -> tuple[dict[str, int], list]:
+    """Send the events as OTLP batches (each under the exporter's and the broker's
+    1,000,000-byte default record limit); returns the batches sent per kind and the
+    events OTLP has no form for, for the caller to publish natively."""
+    from ingest.otlp.wire import encode
+    from tailwatch.kafka import send
+
+    topics = {"spans": spans_topic, "metrics": metrics_topic}
+    sent = {"spans": 0, "metrics": 0}
+    native = []
+    for n, (kind, item) in enumerate(otlp_batches(events, SPANS_PER_BATCH_BY_ENCODING[encoding]), 1):
+        if kind == "native":
+            native.append(item)
+            continue
+        send(producer, topics[kind], encode(item, encoding))
+        sent[kind] += 1
+        if n % 200 == 0:
+            producer.poll(0)
+            if progress:
+                progress(f"{sent['spans']:,} span batches, {sent['metrics']:,} metric batches")
+    return sent, native

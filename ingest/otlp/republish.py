@@ -4,7 +4,9 @@ A consumer group over the span and metric topics (`otlp_spans`, `otlp_metrics` b
 default) that republishes each batch's requests to `tw.requests` keyed by tenant and its
 GPU samples to `tw.gpu` keyed by node, as the worker expects. A record that is not an OTLP
 batch, a request span that does not map, and a GPU sample the schema refuses each go to
-the dead-letter topic with their reason; nothing stops.
+the dead-letter topic with their reason; nothing stops. Partitions are kept within a
+minute of event time of each other (`alignment`), and the records of one fetch are
+produced oldest first, so the worker's watermark does not run ahead of a slow partition.
 
 Exactly once into the store: offsets are committed only after everything produced from
 the records before them is delivered, so a crash republishes whole batches, never half of
@@ -25,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import msgspec
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, TopicPartition
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from ingest import deadletter
+from ingest.otlp.alignment import EventTimeAlignment
 from ingest.otlp.gpu import GpuMapper
 from ingest.otlp.mapping import OtlpMapping
 from ingest.otlp.samples import samples_from_otlp
@@ -39,6 +42,7 @@ from ingest.schema import partition_key
 from tailwatch.kafka import KafkaSettings, make_consumer, make_producer, send
 
 log = logging.getLogger("tailwatch.otlp")
+IDLENESS_S = 10.0
 DEFAULT_SPANS_TOPIC = "otlp_spans"
 DEFAULT_METRICS_TOPIC = "otlp_metrics"
 _encoder = msgspec.json.Encoder()
@@ -61,80 +65,136 @@ class RepublishReport:
         return out
 
 
+@dataclass
+class MappedRecord:
+    """What one Kafka record maps to, before it is produced."""
+
+    topic: str
+    partition: int
+    out_topic: str = ""
+    events: list = field(default_factory=list)
+
+    # The mapping writes `ts` as epoch milliseconds.
+    def oldest_ms(self) -> int:
+        return min((e.ts for e in self.events), default=2**62)
+
+    def newest_ms(self) -> int | None:
+        return max((e.ts for e in self.events), default=None)
+
+
 class OtlpRepublisher:
     def __init__(self, settings: KafkaSettings, mapping: OtlpMapping, spans_topic: str = DEFAULT_SPANS_TOPIC,
-                 metrics_topic: str = DEFAULT_METRICS_TOPIC, group_id: str = "tailwatch-otlp"):
+                 metrics_topic: str = DEFAULT_METRICS_TOPIC, group_id: str = "tailwatch-otlp",
+                 max_drift_ms: int = 60_000):
         self.settings = settings
         self.mapping = mapping
         self.spans_topic, self.metrics_topic = spans_topic, metrics_topic
         self.consumer = make_consumer(settings, group_id)
         self.producer = make_producer(settings)
         self.gpu = GpuMapper(mapping.gpu)
+        self.alignment = EventTimeAlignment(max_drift_ms)
         self.report = RepublishReport()
         self._warned: set[str] = set()
 
     def run(self, until_idle_s: float | None = None, progress: Callable[[str], None] | None = None) -> RepublishReport:
-        self.consumer.subscribe([self.spans_topic, self.metrics_topic])
-        last_message = time.monotonic()
+        assigned_at: list[float] = []  # idle time counts from the first assignment, not from the group join
+
+        def on_assign(consumer, partitions) -> None:
+            self.alignment.assign([(p.topic, p.partition) for p in partitions])
+            if partitions and not assigned_at:
+                assigned_at.append(time.monotonic())
+
+        def on_revoke(consumer, partitions) -> None:
+            self.alignment.revoke([(p.topic, p.partition) for p in partitions])
+
+        self.consumer.subscribe([self.spans_topic, self.metrics_topic], on_assign=on_assign, on_revoke=on_revoke)
+        last_message = 0.0
         try:
             while True:
                 msgs = self.consumer.consume(num_messages=500, timeout=0.5)
                 records = [m for m in msgs if m.error() is None]
                 for m in msgs:
                     err = m.error()
-                    if err is None or err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:  # e.g. a Collector that ships no metrics yet
+                    if err is None:
+                        self.alignment.reading((m.topic(), m.partition()))
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        self.alignment.at_end((m.topic(), m.partition()))
+                    elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:  # e.g. a Collector that ships no metrics yet
                         if err.str() not in self._warned:
                             self._warned.add(err.str())
                             log.warning("%s; waiting for it", err.str())
-                        continue
-                    raise RuntimeError(f"consume: {err}")
+                    else:
+                        raise RuntimeError(f"consume: {err}")
                 if records:
                     last_message = time.monotonic()
                     started = time.process_time()
-                    for m in records:
-                        self.handle(m.topic(), m.partition(), m.offset(), m.value(), max(m.timestamp()[1], 0))
+                    mapped = [self.map_record(m.topic(), m.partition(), m.offset(), m.value(), max(m.timestamp()[1], 0))
+                              for m in records]
+                    # Oldest first across the partitions of this fetch: the worker sees time move forward.
+                    for record in sorted(mapped, key=MappedRecord.oldest_ms):
+                        self.publish(record)
+                        self.alignment.advance((record.topic, record.partition), record.newest_ms())
                     self.report.cpu_seconds += time.process_time() - started
                     self._commit()
                     if progress:
                         progress(f"ingest otlp: {self.report.batches:,} batches, {self.report.requests:,} requests, "
                                  f"{self.report.gpu_samples:,} GPU samples")
-                elif until_idle_s is not None and time.monotonic() - last_message > until_idle_s:
+                elif assigned_at and time.monotonic() - max(last_message, assigned_at[0]) > IDLENESS_S and \
+                        self.alignment.paused:
+                    # The partitions the others wait for gave neither records nor their end: idle, as
+                    # Flink's withIdleness says, they stop holding the others back until they speak again.
+                    idle = self.alignment.assigned - self.alignment.ended - self.alignment.paused
+                    log.warning("%d partitions silent for %.0f s: not waiting for them", len(idle), IDLENESS_S)
+                    for tp in idle:
+                        self.alignment.at_end(tp)
+                    last_message = time.monotonic()
+                elif until_idle_s is not None and assigned_at and not self.alignment.paused and \
+                        time.monotonic() - max(last_message, assigned_at[0]) > until_idle_s:
                     return self.report
+                self._align()
         finally:
             self.consumer.close()
 
-    def handle(self, topic: str, partition: int, offset: int, raw: bytes | None, kafka_ts_ms: int) -> None:
-        """One Kafka record: every request or GPU sample it maps to is produced, every part
-        that does not map is dead-lettered."""
+    def _align(self) -> None:
+        pause, resume = self.alignment.decide()
+        if pause:
+            self.consumer.pause([TopicPartition(t, p) for t, p in pause])
+        if resume:
+            self.consumer.resume([TopicPartition(t, p) for t, p in resume])
+
+    def map_record(self, topic: str, partition: int, offset: int, raw: bytes | None, kafka_ts_ms: int) -> MappedRecord:
+        """One Kafka record → the requests or GPU samples it maps to; every part that does
+        not map is dead-lettered here."""
         self.report.batches += 1
         raw = raw or b""
+        out = MappedRecord(topic, partition)
         spans = topic == self.spans_topic
         try:
             data = decode(raw, TracesData if spans else MetricsData)
         except OtlpDecodeError as exc:
             self._dead_letter(topic, partition, offset, "otlp_undecodable", str(exc), raw, kafka_ts_ms)
-            return
+            return out
         if spans:
             mapped = requests_from_traces(data, self.mapping.requests)
             self.report.spans += len(mapped.events) + len(mapped.refused) + mapped.skipped
             self.report.skipped += mapped.skipped
             for reason, detail, span_bytes in mapped.refused:
                 self._dead_letter(topic, partition, offset, reason, detail, span_bytes, kafka_ts_ms)
-            out_topic, events = self.settings.topic("requests"), mapped.events
-            self.report.requests += len(events)
+            out.out_topic, out.events = self.settings.topic("requests"), mapped.events
+            self.report.requests += len(out.events)
         else:
             gpu = self.gpu.map(samples_from_otlp(data))
             self.report.skipped += gpu.skipped
             for reason, detail in gpu.refused:
                 self._dead_letter(topic, partition, offset, reason, detail, raw, kafka_ts_ms)
-            out_topic, events = self.settings.topic("gpu"), gpu.samples
-            self.report.gpu_samples += len(events)
-        for e in events:
-            send(self.producer, out_topic, _encoder.encode(e), partition_key(e))
-        self.producer.poll(0)
+            out.out_topic, out.events = self.settings.topic("gpu"), gpu.samples
+            self.report.gpu_samples += len(out.events)
+        return out
 
+    def publish(self, record: MappedRecord) -> None:
+        for e in record.events:
+            send(self.producer, record.out_topic, _encoder.encode(e), partition_key(e))
+        self.producer.poll(0)
     def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str, raw: bytes,
                      kafka_ts_ms: int) -> None:
         letter = deadletter.make(topic, partition, offset, reason, detail, raw, kafka_ts_ms)
