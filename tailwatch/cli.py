@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--group", default="tailwatch-otlp", help="consumer group id")
     c.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="stop after this long without a record (default: run until stopped)")
+    c.add_argument("--max-drift", type=_duration_s, default=60.0, metavar="DURATION",
+                   help="event time a partition may run ahead of the slowest before it is paused (default 1m; "
+                        "keep it well under the worker's --allowed-lateness)")
     _otlp_topic_args(c)
     _kafka_args(c)
 

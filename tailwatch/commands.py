@@ -107,7 +107,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     ensure_reachable(settings)
     ensure_topics(settings, others=(args.spans_topic, args.metrics_topic))
-    republisher = OtlpRepublisher(settings, mapping, args.spans_topic, args.metrics_topic, args.group)
+    republisher = OtlpRepublisher(settings, mapping, args.spans_topic, args.metrics_topic, args.group,
+                                  max_drift_ms=int(args.max_drift * 1000))
     report = republisher.run(args.until_idle, progress=progress)
     progress_done()
     for line in report.lines():

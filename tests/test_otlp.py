@@ -310,12 +310,16 @@ def test_sdk_metrics_in_both_encodings_become_gpu_samples():
     meter.create_gauge("DCGM_FI_DEV_GPU_UTIL").set(55, labels)
     meter.create_gauge("DCGM_FI_DEV_FB_USED").set(1024, labels)
     meter.create_gauge("DCGM_FI_DEV_FB_FREE").set(1024, labels)
-    meter.create_gauge("DCGM_FI_DEV_GPU_UTIL").set(101, {**labels, "gpu": "4"})  # out of range: refused
+    meter.create_gauge("DCGM_FI_DEV_GPU_UTIL").set(101, {**labels, "gpu": "4", "Hostname": "n10"})  # out of range: refused
+    # A runtime's queue as an up-down counter: a level, not a running total to take deltas of.
+    meter.create_up_down_counter("nv_inference_pending_request_count").add(7, {"model": "m", "Hostname": "n9"})
     request = encode_metrics(reader.get_metrics_data())
     for encoding in wire.ENCODINGS:
         raw = wire.encode(MetricsData.FromString(request.SerializeToString()), encoding)
         mapped = GpuMapper(OtlpMapping().gpu).map(samples_from_otlp(wire.decode(raw, MetricsData)))
-        [g] = mapped.samples
+        [g] = [s for s in mapped.samples if s.source == "dcgm"]
+        [runtime] = [s for s in mapped.samples if s.source == "runtime"]
+        assert (runtime.node, runtime.gpu_index, runtime.queue_depth, runtime.model) == ("n9", 3, 7, "m")
         assert (g.node, g.gpu_index, g.zone, g.pool, g.gpu_sku, g.util_pct) == ("n9", 3, "eu-west-4a", "llm-eu", "L40S", 55)
         assert g.mem_total_bytes == 2048 * 2**20
         assert [r for r, _ in mapped.refused] == ["otlp_metric_invalid"]

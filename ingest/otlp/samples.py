@@ -41,7 +41,9 @@ def samples_from_otlp(data: MetricsData | dict) -> list[Sample]:
                     points, cumulative = metric.gauge.data_points, False
                 elif kind == "sum":
                     points = metric.sum.data_points
-                    cumulative = metric.sum.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+                    # a running total to take deltas of; a non-monotonic sum (an up-down counter) is a level
+                    cumulative = metric.sum.is_monotonic and \
+                        metric.sum.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
                 else:
                     continue  # histograms and summaries: no gpu.v1 field reads them
                 name = _counter_name(metric.name) if kind == "sum" else metric.name
@@ -66,8 +68,8 @@ def _samples_from_json(doc: dict) -> list[Sample]:
                 elif "sum" in metric:
                     body = as_object(metric["sum"])
                     temporality = body.get("aggregationTemporality", 0)
-                    cumulative = temporality in (AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
-                                                 "AGGREGATION_TEMPORALITY_CUMULATIVE")
+                    cumulative = bool(body.get("isMonotonic")) and temporality in (
+                        AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE, "AGGREGATION_TEMPORALITY_CUMULATIVE")
                     name = _counter_name(name)
                 else:
                     continue
