@@ -368,13 +368,15 @@ def test_mapping_file_problems_are_listed_with_their_place(tmp_path, capsys):
                     "  traffic_class: {attributes: [priority], values: {high: realtime, low: batch}}\n")
     assert main(["otlp", "check", str(good)]) == 0
     bad = tmp_path / "bad.yaml"
-    bad.write_text("requests:\n  tenant: {attribute: [x]}\n  traffic_class: {default: urgent}\ngpu:\n  nodes: {}\n")
+    bad.write_text("requests:\n  tenant: {attribute: [x]}\n  traffic_class: {default: urgent}\n"
+                   "  pool: {attributes: [k8s.deployment.name, enduser.id]}\ngpu:\n  nodes: {}\n")
     assert main(["otlp", "check", str(bad)]) == 1
     err = capsys.readouterr().err
     assert f"{bad}: requests.tenant: object contains unknown field `attribute`" in err
     assert "requests.traffic_class.default: invalid enum value 'urgent'" in err
     assert "gpu: unknown field `nodes`" in err
-    assert len(check_mapping(bad)) == 3
+    assert "requests.pool: attribute enduser.id carries a person or their words and is never read" in err
+    assert len(check_mapping(bad)) == 4
     assert main(["ingest", "otlp", "--mapping", str(bad), "--bootstrap-servers", "127.0.0.1:9"]) == 2
 
 
@@ -457,3 +459,22 @@ nv_inference_pending_request_count{model="whisper",version="3",pod="llama-8b-6f9
 
 def replace_label(sample, **labels):
     return dataclasses.replace(sample, labels={**sample.labels, **labels})
+
+
+def test_refused_gpu_samples_of_one_batch_share_one_dead_letter_and_all_count():
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("dcgm")
+    util = meter.create_gauge("DCGM_FI_DEV_GPU_UTIL")
+    for gpu in range(3):
+        util.set(150, {"gpu": str(gpu), "Hostname": "n1"})  # above 100%: the schema refuses it
+    util.set(40, {"gpu": "3", "Hostname": "n1"})
+    raw = encode_metrics(reader.get_metrics_data()).SerializeToString()
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix="x.")  # nothing is sent: queued only
+    republisher = OtlpRepublisher(settings, OtlpMapping(), "spans", "metrics", group_id="unused")
+    sent = []
+    republisher._dead_letter = lambda *args: (sent.append(args), republisher.report.dead_letters.update([args[3]]))
+    record = republisher.map_record("metrics", 0, 17, raw, 0)
+    assert [(g.node, g.gpu_index, g.util_pct) for g in record.events] == [("n1", 3, 40.0)]
+    assert republisher.report.dead_letters == {"otlp_metric_invalid": 3}
+    [(topic, partition, offset, reason, detail, letter_raw, _ts)] = sent  # one letter with the batch's bytes
+    assert (topic, partition, offset, letter_raw) == ("metrics", 0, 17, raw) and "(and 2 more samples)" in detail

@@ -36,10 +36,23 @@ class MappingError(Exception):
     """A bad mapping file: one line naming the file, the place and the problem."""
 
 
+# Attributes that carry people or their words (OpenTelemetry's user and GenAI content
+# conventions). No rule may read them: nothing of a prompt, a completion or a user's
+# identity may become a label, however a mapping file is written.
+PERSONAL_ATTRIBUTE_PREFIXES = ("enduser.", "user.", "gen_ai.prompt", "gen_ai.completion", "gen_ai.input.",
+                               "gen_ai.output.", "gen_ai.system_instructions", "gen_ai.tool.call.arguments",
+                               "gen_ai.tool.call.result", "http.request.header.", "url.query", "client.address")
+
+
 class FieldRule(ConfigStruct):
     attributes: list[AttributeName] = []
     values: dict[str, LabelValue] = {}
     default: LabelValue = ""
+
+    def __post_init__(self):
+        personal = [a for a in self.attributes if a.startswith(PERSONAL_ATTRIBUTE_PREFIXES)]
+        if personal:
+            raise ValueError(f"attribute {personal[0]} carries a person or their words and is never read")
 
     def pick(self, *scopes: Attributes) -> str:
         found = first(self.attributes, *scopes)

@@ -185,8 +185,14 @@ class OtlpRepublisher:
         else:
             gpu = self.gpu.map(samples_from_otlp(data))
             self.report.skipped += gpu.skipped
+            # One dead letter per reason and record (each carries the record's bytes), counting them all.
+            by_reason: dict[str, list[str]] = {}
             for reason, detail in gpu.refused:
-                self._dead_letter(topic, partition, offset, reason, detail, raw, kafka_ts_ms)
+                by_reason.setdefault(reason, []).append(detail)
+            for reason, details in by_reason.items():
+                more = f" (and {len(details) - 1} more samples)" if len(details) > 1 else ""
+                self._dead_letter(topic, partition, offset, reason, details[0] + more, raw, kafka_ts_ms)
+                self.report.dead_letters[reason] += len(details) - 1
             out.out_topic, out.events = self.settings.topic("gpu"), gpu.samples
             self.report.gpu_samples += len(out.events)
         return out
