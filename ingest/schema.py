@@ -9,6 +9,7 @@ upper bound rejects `1e999` (infinity) and absurd values with the same check.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Annotated, Literal, Optional, Union
 
 import msgspec
@@ -138,6 +139,16 @@ SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
 SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
 
 LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms")
+
+
+def parse_ts_ms(ts: int | str) -> int:
+    """Epoch milliseconds of a `Timestamp`: an epoch-ms integer or an RFC 3339 string (naive = UTC)."""
+    if isinstance(ts, int):
+        return ts
+    dt = datetime.fromisoformat(ts.replace("Z", "+00:00").replace("z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
 
 
 def field_names(event_type: type[msgspec.Struct]) -> tuple[str, ...]:

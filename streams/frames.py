@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import io
-from datetime import datetime, timezone
 from typing import Sequence
 
 import msgspec
 import polars as pl
 
+from ingest.schema import parse_ts_ms
 from ingest.validate import BAD_TIMESTAMP, Rejected
 
 # Columns taken from each record type, with their polars dtype.
@@ -37,16 +37,6 @@ GPU_COLUMNS: dict[str, pl.DataType] = {
     "sm_active_pct": pl.Float64, "sm_occupancy_pct": pl.Float64, "tensor_active_pct": pl.Float64,
     "dram_bw_pct": pl.Float64, "source": pl.String,
 }
-
-
-def parse_ts_ms(ts: int | str) -> int:
-    """Epoch milliseconds from an epoch-ms integer or an RFC 3339 string (naive = UTC)."""
-    if isinstance(ts, int):
-        return ts
-    dt = datetime.fromisoformat(ts.replace("Z", "+00:00").replace("z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
 
 
 @functools.cache

@@ -35,6 +35,8 @@ from ingest.otlp.samples import samples_from_exposition, samples_from_otlp
 from ingest.otlp.spans import requests_from_traces
 from ingest.schema import RequestV1
 from ingest.simulator import FleetSimulator
+from ingest.trace import TraceReplay, read_any_trace
+from tailwatch.chaos import AZURE_CODE_TRACE
 from tailwatch.cli import main
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
 from tests.test_pipeline import publish, read_topic, run_worker
@@ -92,6 +94,17 @@ def fleet():
 
 
 def test_sdk_spans_map_back_to_their_requests_in_both_encodings(fleet):
+    assert_spans_map_back(fleet)
+
+
+def test_the_azure_trace_as_sdk_spans_maps_back_to_its_requests():
+    """Traffic we did not generate: the public Azure code trace's first 3,000 requests."""
+    requests = list(TraceReplay(rows=read_any_trace(AZURE_CODE_TRACE)[:3000], seed=3).events())
+    assert len(requests) == 3000
+    assert_spans_map_back(requests)
+
+
+def assert_spans_map_back(fleet):
     batches = sdk_span_batches(fleet)
     assert len(batches) > 2
     for encoding in wire.ENCODINGS:

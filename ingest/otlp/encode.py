@@ -17,7 +17,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status, TracesData
 
 from ingest.otlp.gpu import DCGM_GAUGES, MIB
-from ingest.schema import GpuV1, RequestV1
+from ingest.schema import GpuV1, RequestV1, parse_ts_ms
 
 SPANS_PER_BATCH = 512  # the SDK's and the Collector's default batch size
 _STATUS_ERROR_TYPE = {"error": "internal_error", "timeout": "timeout", "shed": "overloaded"}
@@ -83,7 +83,7 @@ def metrics(samples: list[GpuV1]) -> MetricsData:
         scope = rm.scope_metrics.add()
         gauges: dict[str, Metric] = {}
         for g in group:
-            ts_ns = _epoch_ms(g.ts) * 1_000_000
+            ts_ns = parse_ts_ms(g.ts) * 1_000_000
             pod = f"{node}-gpu{g.gpu_index}"
             dcgm = {"gpu": str(g.gpu_index), "UUID": g.gpu_uuid, "modelName": f"NVIDIA {g.gpu_sku}" if g.gpu_sku else "",
                     "Hostname": node, "pod": pod}
@@ -146,12 +146,6 @@ def _s(ms: float | None) -> float | None:
 def _mib(n: int | None) -> float | None:
     return n / MIB if n is not None else None
 
-
-def _epoch_ms(ts) -> int:
-    if isinstance(ts, int):
-        return ts
-    from datetime import datetime
-    return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 SPANS_PER_BATCH_BY_ENCODING = {"otlp_proto": SPANS_PER_BATCH, "otlp_json": 200}  # JSON is about 4x larger

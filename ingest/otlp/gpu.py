@@ -60,11 +60,9 @@ INTEGER_FIELDS = {"mem_used_bytes", "mem_total_bytes", "queue_depth", "running",
 POD_LABELS = ("pod", "k8s.pod.name")
 # OpenTelemetry instrument names are case-insensitive (the Python SDK writes them lower-case);
 # Prometheus keeps DCGM's upper case. Names are matched lower-cased.
-_KIND_OF = {**{n.lower(): "dcgm" for n in (*DCGM_GAUGES, *DCGM_COUNTERS, DCGM_XID)},
-            **{n.lower(): "triton_gpu" for n in TRITON_GPU},
-            **{n.lower(): "runtime" for n in (*RUNTIME_GAUGES, *RUNTIME_COUNTERS)}}
 _CANONICAL = {n.lower(): n for n in (*DCGM_GAUGES, *DCGM_COUNTERS, DCGM_XID, *TRITON_GPU, *RUNTIME_GAUGES,
                                      *RUNTIME_COUNTERS)}
+_NAMES = frozenset(_CANONICAL.values())
 
 
 @dataclass
@@ -92,19 +90,20 @@ class GpuMapper:
         rows: dict[tuple[str, int, int, str], dict] = {}  # (node, gpu index, ts, source) → fields
         runtime: list[tuple[Sample, str, str]] = []
         for s in samples:
-            kind = _KIND_OF.get(s.name.lower())
-            if kind is None:
+            name = s.name if s.name in _NAMES else _CANONICAL.get(s.name.lower())
+            if name is None:
                 out.skipped += 1
                 continue
-            s = replace(s, name=_CANONICAL[s.name.lower()])
-            if kind == "dcgm":
+            if name != s.name:
+                s = replace(s, name=name)
+            if name in DCGM_GAUGES or name in DCGM_COUNTERS or name == DCGM_XID:
                 self._dcgm(s, rows, out)
-            elif kind == "triton_gpu":
+            elif name in TRITON_GPU:
                 self._triton_gpu(s, rows, out)
             else:
-                value = self._delta(s) if s.name in RUNTIME_COUNTERS else s.value
+                value = self._delta(s) if name in RUNTIME_COUNTERS else s.value
                 if value is not None:
-                    runtime.append((s, RUNTIME_GAUGES.get(s.name) or RUNTIME_COUNTERS[s.name], value))
+                    runtime.append((s, RUNTIME_GAUGES.get(name) or RUNTIME_COUNTERS[name], value))
         for s, fld, value in runtime:  # after the GPUs of this batch are known
             self._runtime(s, fld, value, rows)
         for (node, index, ts_ms, source), fields in rows.items():
