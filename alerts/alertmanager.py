@@ -74,6 +74,8 @@ def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dic
         "startsAt": rfc3339(change.started_minute),
         "generatorURL": f"{links.dashboard_base_url}?{query}",
     }
+    if change.detail:
+        alert["annotations"]["description"] = change.detail
     if change.state == "resolved":
         alert["endsAt"] = rfc3339(change.at_minute)
     return alert

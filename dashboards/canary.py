@@ -35,6 +35,14 @@ def build(specs=None):
         timeseries("End-to-end p99, canary vs stable", "s", [Q(
             latency_quantile("e2e", "0.99", "model, model_version, deployment"),
             "{{model}} {{model_version}} ({{deployment}})")], w=12),
+        timeseries("Inter-token latency p95, canary vs stable", "s", [Q(
+            latency_quantile("inter_token", "0.95", "model, model_version, deployment"),
+            "{{model}} {{model_version}} ({{deployment}})")], w=12,
+            description="A canary that decodes slowly keeps a healthy first token; the gap between tokens shows it."),
+        timeseries("Stream completion ratio, canary vs stable", "percentunit", [Q(
+            f"{rate('tailwatch_streams_completed_total', BY)}\n"
+            f"/ (({rate('tailwatch_streams_total', BY)} - {rate('tailwatch_streams_cancelled_total', BY)}) > 0)", LEGEND)],
+            w=12),
         timeseries("Turn success ratio, canary vs stable", "percentunit", [Q(
             f"{rate('tailwatch_successful_turns_total', BY)}\n/ ({rate('tailwatch_turns_total', BY)} > 0)", LEGEND)]),
         timeseries("GPU cost per 1,000 output tokens, canary vs stable", "currencyUSD", [Q(

@@ -1,5 +1,5 @@
-"""Latency: queue, first-output and end-to-end percentiles by workload, model version,
-zone and traffic class; beside them, GPU utilisation split by traffic class and the
+"""Latency: queue, first-output, inter-token and end-to-end percentiles by workload, model
+version, zone and traffic class; how answer streams ended; beside them, GPU utilisation split by traffic class and the
 oldest queued request, so that "GPUs busy but users waiting" is visible in one row."""
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ def build(specs=None):
                    [Q(pct("e2e", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
         timeseries("End-to-end p99 by zone", "s",
                    [Q(pct("e2e", "0.99", "workload, zone"), "{{workload}} {{zone}}")]),
+        timeseries("Inter-token latency p95 by model and version", "s",
+                   [Q(pct("inter_token", "0.95", "model, model_version"), "{{model}} {{model_version}}")], w=12,
+                   description="The mean gap between tokens of each answer, after the first token: slow decode "
+                               "shows here while first output stays healthy."),
+        timeseries("Stream completion ratio by model and zone", "percentunit", [Q(
+            f"{rate('tailwatch_streams_completed_total', 'model, zone')}\n"
+            f"/ (({rate('tailwatch_streams_total', 'model, zone')} - {rate('tailwatch_streams_cancelled_total', 'model, zone')}) > 0)",
+            "{{model}} {{zone}}")], w=12,
+            description="Streams that ended normally, of those the client did not cancel; a stream cut mid-answer "
+                        "behind an HTTP 200 counts against it."),
         timeseries("First output p50 / p95 / p99 (all selected slices)", "s", [
             Q(pct("first_output", q, ""), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
         ], w=12),

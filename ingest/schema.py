@@ -33,6 +33,20 @@ Deployment = Literal["stable", "canary", "shadow"]
 Status = Literal["ok", "error", "timeout", "shed", "cancelled"]
 ReplicaState = Literal["warm", "loading", "cold", "draining"]
 GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
+# How a stream ended: normally (stop, length, content_filter), or not (the client left, the
+# server cut it, it timed out). A stream cut mid-answer can still have been an HTTP 200.
+FinishReason = Literal["stop", "length", "content_filter", "client_cancel", "server_cut", "timeout"]
+COMPLETED_FINISH = ("stop", "length", "content_filter")
+
+# Stages of a cascaded turn (seed 000's speech-to-speech budget, seed 002's ASR pipeline).
+# Names are bounded: a stage outside this list is kept under `other`, so a producer's new
+# stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
+# their place here.
+STAGE_NAMES = ("vad", "asr_partial", "asr_final", "feature_extraction", "acoustic_model", "language_model",
+               "post_processing", "retrieval", "llm_first_token", "llm_decode", "tts_first_audio", "playback",
+               "tokenize", "network", "other")
+MAX_STAGES = 16
+StageName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 
 REQUEST_SCHEMA = "request.v1"
 GPU_SCHEMA = "gpu.v1"
@@ -66,6 +80,9 @@ class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
     first_output_ms: Optional[NonNegMs] = None
     inter_token_ms: Optional[NonNegMs] = None
     e2e_ms: Optional[NonNegMs] = None
+    finish_reason: Optional[FinishReason] = None
+    # Stage name → milliseconds spent in it (see STAGE_NAMES), for cascaded turns.
+    stages: Optional[Annotated[dict[StageName, NonNegMs], msgspec.Meta(max_length=MAX_STAGES)]] = None
     prompt_tokens: Optional[NonNegInt] = None
     output_tokens: Optional[NonNegInt] = None
     audio_seconds: Optional[NonNegFloat] = None
@@ -138,7 +155,8 @@ SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
 # The slice of a request: the labels an SLI bucket is cut by.
 SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
 
-LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms")
+# Appended only: checkpoints number histogram fields by their place here.
+LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
 
 
 def parse_ts_ms(ts: int | str) -> int:

@@ -51,6 +51,12 @@ PROFILES = (
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
 TENANT_WEIGHTS = np.array([0.30, 0.22, 0.16, 0.14, 0.10, 0.08])
 STATUSES = ("ok", "error", "timeout", "shed", "cancelled")
+STREAMING_WORKLOADS = ("asr", "tts", "llm", "s2s")  # answers that stream: partial transcripts, audio, tokens
+# A speech-to-speech turn until first audio, by stage (shares of first_output_ms), then the
+# answer's decode and playback (shares of the rest). Seed 000's cascaded budget.
+S2S_FIRST_AUDIO_SHARES = (("vad", 0.06), ("asr_final", 0.24), ("retrieval", 0.08), ("llm_first_token", 0.38),
+                          ("tts_first_audio", 0.24))
+S2S_AFTER_SHARES = (("llm_decode", 0.45), ("playback", 0.55))
 GPM_SKUS = {"H100"}  # GPUs with NVML's GPM (Hopper and later): the others report utilisation only
 
 
@@ -79,6 +85,9 @@ class Incident:
     cold_replicas: int = 0  # this many replicas of the pool loading (not warm) while it lasts
     prompt_tokens_factor: float = 1.0
     output_tokens_factor: float = 1.0  # answers shrink while HTTP stays 200
+    decode_factor: float = 1.0  # generation after the first token slows (inter-token latency), first token untouched
+    stream_cut_ratio: float = 0.0  # share of answered streams the server cuts mid-answer (HTTP 200 all the same)
+    stage_factors: tuple[tuple[str, float], ...] = ()  # s2s stages that slow, e.g. (("tts_first_audio", 4.0),)
     labelled: bool = True  # False: background noise, not in the truth
     related: tuple[str, ...] = ()  # other detector kinds whose firing here is explained, not false
 
@@ -103,6 +112,17 @@ SCENARIOS: dict[str, list[Incident]] = {
     # Run it for 2+ days; `--rate-scale 0.01 --gpu-samples-per-minute 1` keeps that light.
     "cost-spike": [
         Incident("fleet-gpu-spend-up-38pct", "cost_regression", 1440, 7 * 1440, {}, cost_factor=1.38),
+    ],
+    # Latency as users feel it (issue 15): tokens come slowly after a fast first token, streams
+    # cut mid-answer behind HTTP 200, and one stage of the speech-to-speech cascade (TTS first
+    # audio) slowing until it is the bottleneck of the turn.
+    "streaming": [
+        Incident("llm-1a-decode-slow", "decode_slowdown", 30, 75, {"workload": "llm", "zone": "us-east-1a"},
+                 decode_factor=4.0),
+        Incident("llm-1b-streams-cut", "stream_cuts", 40, 70, {"workload": "llm", "zone": "us-east-1b"},
+                 stream_cut_ratio=0.2),
+        Incident("s2s-tts-first-audio-slow", "stage_bottleneck", 50, 110, {"workload": "s2s"},
+                 stage_factors=(("tts_first_audio", 6.0),)),
     ],
 }
 
@@ -241,6 +261,9 @@ class SimTotals:
     successful_turns: int = 0
     output_tokens: int = 0
     gpu_samples: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    stage_samples: int = 0
+    inter_token_values: int = 0
 
 
 def _pool(workload: str, zone: str, traffic_class: str) -> str:
@@ -272,6 +295,8 @@ class FleetSimulator:
         self.rng = np.random.default_rng(seed)
         # GPM readings draw from their own stream, so every other event is what it was without them.
         self.gpm_rng = np.random.default_rng([seed, 0x6B1])
+        # So do stream endings and stage timings.
+        self.stream_rng = np.random.default_rng([seed, 0x57E])
         self.totals = SimTotals()
         self._next_id = 0
 
@@ -349,6 +374,7 @@ class FleetSimulator:
             err = 0.0004 + sum(inc.error_ratio for inc in active)
             tmo = 0.0001 + sum(inc.timeout_ratio for inc in active)
             lat = math.prod(inc.latency_factor for inc in active)
+            decode = math.prod(inc.decode_factor for inc in active)
             q = float(queue[i]) + sum(inc.queue_ms for inc in active)
             retries = max((inc.retry_attempts for inc in active), default=1)
             status = "cancelled" if u_cancel[i] < 0.003 else ("error" if u_status[i] < err else ("timeout" if u_status[i] < err + tmo else "ok"))
@@ -358,10 +384,11 @@ class FleetSimulator:
                 eid = self._id()
                 final = status in ("ok", "cancelled") or attempt >= max(retries, 1 if status == "ok" else 2)
                 yield self._request(prof, lab, pool, zone, eid, at, status, attempt, first_id, session,
-                                    final, bool(u_success[i] < 0.97), float(fo[i]) * lat, float(e2e_extra[i]) * lat,
+                                    final, bool(u_success[i] < 0.97), float(fo[i]) * lat, float(e2e_extra[i]) * lat * decode,
                                     q, float(gpu_s[i]) * math.prod(inc.cost_factor for inc in active),
                                     int(prompt_tokens[i] * math.prod(inc.prompt_tokens_factor for inc in active)),
-                                    int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)), float(audio_s[i]))
+                                    int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)), float(audio_s[i]),
+                                    active)
                 if final:
                     break
                 first_id = first_id or eid
@@ -371,7 +398,11 @@ class FleetSimulator:
                 status = "error" if self.rng.random() < err else "ok"
 
     def _request(self, prof, lab, pool, zone, eid, ts, status, attempt, retry_of, session, final, succeeded,
-                 fo, e2e_extra, queue, gpu_s, prompt, out, audio) -> RequestV1:
+                 fo, e2e_extra, queue, gpu_s, prompt, out, audio, active) -> RequestV1:
+        finish = self._finish_reason(prof, status, active)
+        stages = None
+        if prof.workload == "s2s" and status == "ok":
+            stages, fo = self._stages(fo, e2e_extra, active)
         t = self.totals
         t.requests += 1
         t.by_status[status] += 1
@@ -384,6 +415,10 @@ class FleetSimulator:
             t.successful_turns += int(bool(task_success))
         shaped_out = out if ok else 0
         t.output_tokens += shaped_out
+        if finish is not None:
+            t.finish_reasons[finish] = t.finish_reasons.get(finish, 0) + 1
+        t.stage_samples += len(stages or ())
+        t.inter_token_values += int(ok and bool(out))
         return RequestV1(
             schema="request.v1", event_id=eid, ts=ts, tenant=lab["tenant"], model=prof.model,
             workload=prof.workload, status=status, model_version=lab["model_version"], zone=zone, region=REGION,
@@ -394,11 +429,39 @@ class FleetSimulator:
             first_output_ms=round(fo, 2) if ok else None,
             inter_token_ms=round(e2e_extra / max(out, 1), 2) if ok and out else None,
             e2e_ms=round(queue + fo + e2e_extra, 2) if status != "cancelled" else None,
+            finish_reason=finish, stages=stages,
             prompt_tokens=prompt or None, output_tokens=shaped_out if prof.workload == "llm" else None,
             audio_seconds=round(audio, 3) if audio else None,
             batch_size=8 if lab["traffic_class"] == "batch" else 1,
             gpu_seconds=round(gpu_s * (1 if ok else 0.5), 4), gpu_sku=prof.gpu_sku,
         )
+
+    def _finish_reason(self, prof: ModelProfile, status: str, active: list[Incident]) -> str | None:
+        """How a stream ended; None where no stream began (an error or shed answered at once)."""
+        if prof.workload not in STREAMING_WORKLOADS:
+            return None
+        if status == "cancelled":
+            return "client_cancel"
+        if status == "timeout":
+            return "timeout"
+        if status != "ok":
+            return None
+        u = float(self.stream_rng.random())
+        cut = sum(inc.stream_cut_ratio for inc in active)
+        return "server_cut" if u < cut else ("length" if u < cut + 0.04 else "stop")
+
+    def _stages(self, fo: float, e2e_extra: float, active: list[Incident]) -> tuple[dict[str, float], float]:
+        """Stage timings of an answered s2s turn, and its first-audio time (the sum of the stages
+        before first audio, which grows with a slowed stage)."""
+        factor = {name: f for inc in active for name, f in inc.stage_factors}
+        noise = self.stream_rng.lognormal(0.0, 0.2, len(S2S_FIRST_AUDIO_SHARES) + len(S2S_AFTER_SHARES))
+        raw = [share * float(z) for (_, share), z in zip(S2S_FIRST_AUDIO_SHARES, noise)]
+        stages = {name: round(fo * r / sum(raw) * factor.get(name, 1.0), 2)
+                  for (name, _), r in zip(S2S_FIRST_AUDIO_SHARES, raw)}
+        first_audio = sum(stages.values())
+        for (name, share), z in zip(S2S_AFTER_SHARES, noise[len(S2S_FIRST_AUDIO_SHARES):]):
+            stages[name] = round(e2e_extra * share * float(z) * factor.get(name, 1.0), 2)
+        return stages, first_audio
 
     # ---- GPU samples ----------------------------------------------------------------
     def _minute_gpu(self, minute: int) -> Iterator[GpuV1]:

@@ -110,6 +110,7 @@ class Side(Struct):
     timeout_ratio: Number
     cost_per_unit: Number
     cost_unit: str
+    inter_token_p99_ms: Annotated[Number, Meta(description="LLM streams: p99 of the mean gap between tokens per answer")] = None
 
 
 class MetricAnswer(Struct, omit_defaults=True):
@@ -135,7 +136,7 @@ class MetricAnswer(Struct, omit_defaults=True):
     short_minutes: int | UnsetType = UNSET
     long_minutes: int | UnsetType = UNSET
     threshold: float | UnsetType = UNSET
-    # latency (first_output, e2e)
+    # latency (first_output, e2e, inter_token)
     p_value_rank: Number | UnsetType = UNSET
     p_value_tail: Number | UnsetType = UNSET
     auc: Number | UnsetType = UNSET
@@ -165,7 +166,7 @@ class Verdict(Struct, omit_defaults=True):
     as_of: Timestamp | None
     canary: Side | UnsetType = UNSET  # absent for the stable version itself
     stable: Side | UnsetType = UNSET
-    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, cost
+    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost
     decided_by: list[str] | UnsetType = UNSET
     confidence: Annotated[Number, Meta(description="1 − the p-value a pause or rollback acted on")] | UnsetType = UNSET
 

@@ -387,6 +387,11 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
         pl.col("output_tokens").fill_null(0).sum(), pl.col("audio_seconds").fill_null(0).sum(),
         pl.col("tenant").unique().alias("tenants"), pl.col("model_version").unique().alias("versions"),
     )
+    hist_fields = [(col, name) for col, name in (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e"),
+                                                 ("inter_token_ms_hist", "itl"))]
+    # Rows from before a field existed (or a caller's own frame) lack its histogram: none.
+    rows = rows.with_columns(pl.lit(None, dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))).alias(col)
+                             for col, _ in hist_fields if col not in rows.columns)
     detailed = rows if detail_for is None else rows.filter(pl.col("model").is_in(detail_for))
     minutes = detailed.group_by(*keys, "_m").agg(
         pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"),
@@ -398,7 +403,7 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
     minute_hists: dict[str, dict[tuple, dict[int, int]]] = {}
     quantile_frames = []
     by = [*keys, "_m"]
-    for col, name in (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e")):
+    for col, name in hist_fields:
         long_m = _hist_long(detailed, by, col, ordered=False)  # per-minute bins need no order
         quantile_frames.append(histogram.quantiles_frame(_hist_long(rows, keys, col), keys, {name: 0.99}, presorted=True))
         per_minute_bins = minute_hists.setdefault(name, {})
@@ -410,8 +415,11 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
         key = tuple(r[k] for k in keys)
         per_minute.setdefault(key, []).append(MinuteCounts(
             int(r["_m"]), int(r["requests"]), int(r["bad"]), float(r["gpu_cost"] or 0.0), int(r["output_tokens"]),
-            float(r["audio_seconds"]), minute_hists["fo"].get((*key, r["_m"])), minute_hists["e2e"].get((*key, r["_m"]))))
-    qs = quantile_frames[0].join(quantile_frames[1], on=keys, how="full", coalesce=True)
+            float(r["audio_seconds"]), minute_hists["fo"].get((*key, r["_m"])), minute_hists["e2e"].get((*key, r["_m"])),
+            minute_hists["itl"].get((*key, r["_m"]))))
+    qs = quantile_frames[0]
+    for more in quantile_frames[1:]:
+        qs = qs.join(more, on=keys, how="full", coalesce=True)
     sums = sums.join(qs, on=keys, how="left")
     out_list, out_dict = [], {}
     for r in sums.sort(keys).iter_rows(named=True):
@@ -421,6 +429,7 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
             version=label, requests=int(r["requests"]), bad=int(r["bad"]), timeouts=int(r["timeouts"]),
             first_output_p99_ms=float(r["fo"]) if r["fo"] is not None else None,
             e2e_p99_ms=float(r["e2e"]) if r["e2e"] is not None else None,
+            inter_token_p99_ms=float(r["itl"]) if r["itl"] is not None else None,
             gpu_cost=round(float(r["gpu_cost"] or 0.0), 6), output_tokens=int(r["output_tokens"]),
             audio_seconds=float(r["audio_seconds"]), per_minute=tuple(per_minute.get(key, ())))
         if len(keys) == 2:

@@ -26,7 +26,7 @@ Methods, and why:
   the error budget at ≥ 14.4× over the short window (5 min) and the whole window, each
   with `burn_min_requests` requests. The same alarm pages and rolls back, unless stable
   pages over the same short window too (a zone or dependency incident): then it pauses.
-- Latency (first output, end to end): the Mann-Whitney U test on the binned histograms
+- Latency (first output, end to end, inter-token): the Mann-Whitney U test on the binned histograms
   (mid-ranks per bin, tie-corrected variance) for a shift of the whole distribution, and a
   conditional binomial test on the share of requests above stable's p99 for a tail-only
   regression; the smaller p-value, Bonferroni-corrected for two tests. A regression must be
@@ -70,6 +70,7 @@ class MinuteCounts:
     audio_seconds: float
     first_output_hist: Mapping[int, int] | None = None  # this minute's latency bins, for stratified tests
     e2e_hist: Mapping[int, int] | None = None
+    inter_token_hist: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class VersionStats:
     per_minute: tuple[MinuteCounts, ...] = ()  # for the sequential error test and the cost interval
     first_output_hist: Mapping[int, int] | None = None  # merged histogram bins (slo/histogram.py)
     e2e_hist: Mapping[int, int] | None = None
+    inter_token_p99_ms: float | None = None  # LLM streams: the mean gap between tokens, per answer
+    inter_token_hist: Mapping[int, int] | None = None
 
     @property
     def error_ratio(self) -> float | None:
@@ -145,7 +148,7 @@ class Verdict:
                 "decided_by": self.decided_by, "confidence": self.confidence, **self.extra}
 
 
-_SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist")
+_SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist", "inter_token_hist")
 
 
 def _side(s: VersionStats) -> dict:
@@ -530,7 +533,10 @@ def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, pol
         metrics["burn_rate"] = burn_verdict(canary, stable, p, window_minutes)
     for key, name, field_name, c99, s99 in (
             ("first_output", "first-output", "first_output_hist", canary.first_output_p99_ms, stable.first_output_p99_ms),
-            ("e2e", "e2e", "e2e_hist", canary.e2e_p99_ms, stable.e2e_p99_ms)):
+            ("e2e", "e2e", "e2e_hist", canary.e2e_p99_ms, stable.e2e_p99_ms),
+            # A canary that decodes slowly keeps its first token and its e2e within noise of
+            # long answers; the gap between tokens shows it.
+            ("inter_token", "inter-token", "inter_token_hist", canary.inter_token_p99_ms, stable.inter_token_p99_ms)):
         m = latency_verdict(name, latency_strata(canary, stable, field_name), c99, s99, canary.requests,
                             stable.requests, p)
         if m is not None:

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from slo.spec import SloSpec
+from slo.stages import StageSpend, most_overspent
 from slo.windows import AlertWindow, minute_start_utc
 
 
@@ -93,6 +94,7 @@ class AlertChange:
     long_burn_rate: float | None
     short_burn_rate: float | None
     error_budget_remaining: float
+    detail: str = ""  # what explains it, where the SLO can tell (a stage_budget SLO: the stage that overspent)
 
 
 @dataclass
@@ -105,6 +107,7 @@ class SliceStatus:
     burn_rates: dict[int, float | None]  # by window length in minutes
     minutes_to_exhaustion: float | None
     firing: list[str]
+    overspent_stage: StageSpend | None = None
 
 
 class SliceState:
@@ -125,6 +128,21 @@ class SliceState:
         self.month: tuple[int, int] | None = None
         self.month_good = 0
         self.month_valid = 0
+        # stage_budget SLOs: per stage, samples within its budget over the fastest alert's long window.
+        self.stage_windows: dict[str, RollingWindow] = {}
+        self._stage_minutes = min(w.long_minutes for w in spec.alert_windows)
+
+    def observe_stages(self, minute: int, spends: list[tuple[str, int, int]]) -> None:
+        """(stage, samples over budget, samples) of one minute, before `advance` for that minute."""
+        for stage, over, samples in spends:
+            w = self.stage_windows.setdefault(stage, RollingWindow(self._stage_minutes))
+            w.retire_until(minute)
+            w.add(minute, samples - over, samples)
+
+    def overspent(self) -> StageSpend | None:
+        budgets = dict(self.spec.stage_budgets_ms)
+        return most_overspent(StageSpend(stage, budgets[stage], w.bad, w.valid)
+                              for stage, w in self.stage_windows.items() if stage in budgets)
 
     def advance(self, minute: int, good: int, valid: int) -> list[AlertChange]:
         if good < 0 or valid < 0 or good > valid:
@@ -135,6 +153,8 @@ class SliceState:
             w.retire_until(minute)
             if valid:
                 w.add(minute, good, valid)
+        for w in self.stage_windows.values():
+            w.retire_until(minute)
         if self.spec.calendar_month:
             month = _month_of(minute)
             if month != self.month:
@@ -190,8 +210,9 @@ class SliceState:
             )
             if fp not in self.firing and hot:
                 self.firing[fp] = (aw, minute)
+                spent = self.overspent() if self.spec.stage_budgets_ms else None
                 changes.append(AlertChange("firing", fp, name, aw.severity, self.spec.name, self.labels, minute, minute,
-                                           aw, long_b, short_b, remaining))
+                                           aw, long_b, short_b, remaining, spent.describe() if spent else ""))
             elif fp in self.firing and (short_b is None or short_b <= factor):
                 _, started = self.firing.pop(fp)
                 changes.append(AlertChange("resolved", fp, name, aw.severity, self.spec.name, self.labels, minute,
@@ -219,4 +240,5 @@ class SliceState:
             burn_rates={m: self.burn(m) for m in self.windows},
             minutes_to_exhaustion=minutes_to_exhaustion(remaining, self.burn(fastest.long_minutes), self.spec.window_minutes),
             firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
+            overspent_stage=self.overspent() if self.spec.stage_budgets_ms else None,
         )

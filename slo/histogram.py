@@ -54,6 +54,12 @@ def bin_upper_bound_ms(bin_index: int) -> float:
     return GAMMA**bin_index
 
 
+def last_good_bin(threshold_ms: float) -> int:
+    """The highest bin whose every value is ≤ threshold (the bin holding it counts as bad)."""
+    b = bin_of(threshold_ms)
+    return b if bin_upper_bound_ms(b) <= threshold_ms * (1 + 1e-12) else b - 1
+
+
 def bin_upper_bound_expr(bin_column: str) -> pl.Expr:
     """`bin_upper_bound_ms` as a polars expression."""
     b = pl.col(bin_column)

@@ -14,22 +14,24 @@ import polars as pl
 from slo import histogram
 from slo.engine import AlertChange, SliceState
 from slo.spec import SloSpec
+from slo.stages import overspend_counts
 
 
 def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
     """Rows (window_start, *slice_by, good, valid) for the buckets that the SLO selects."""
-    rows = buckets
-    for label, value in spec.selector.items():
-        rows = rows.filter(pl.col(label) == value)
+    rows = spec.selected(buckets)
     not_cancelled = (pl.col("requests") - pl.col("cancelled")).alias("valid")
     if spec.sli_kind == "availability":
         counted = rows.select("window_start", *spec.slice_by, pl.col("ok").alias("good"), not_cancelled)
+    elif spec.sli_kind == "stream_completion":
+        counted = rows.select("window_start", *spec.slice_by, pl.col("streams_completed").fill_null(0).alias("good"),
+                              (pl.col("streams") - pl.col("streams_cancelled")).fill_null(0).alias("valid"))
     else:
-        bound = _last_good_bin(spec.threshold_ms)  # type: ignore[arg-type]
+        bound = histogram.last_good_bin(spec.threshold_ms)  # type: ignore[arg-type]
         hist = pl.col(f"{spec.latency_field}_hist")
         good = hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum()
         total = hist.list.eval(pl.element().struct.field("n")).list.sum()
-        if spec.sli_kind == "latency":
+        if spec.sli_kind in ("latency", "stage_budget"):
             counted = rows.select("window_start", *spec.slice_by, good.cast(pl.Int64).alias("good"), total.alias("valid"))
         else:
             # Goodput: the first-output histogram also holds attempts the client cancelled
@@ -38,12 +40,6 @@ def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
             counted = rows.select("window_start", *spec.slice_by,
                                   pl.min_horizontal(good.cast(pl.Int64), not_cancelled).alias("good"), not_cancelled)
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
-
-
-def _last_good_bin(threshold_ms: float) -> int:
-    """The highest bin whose every value is ≤ threshold (the bin holding it counts as bad)."""
-    b = histogram.bin_of(threshold_ms)
-    return b if histogram.bin_upper_bound_ms(b) <= threshold_ms * (1 + 1e-12) else b - 1
 
 
 @dataclass
@@ -73,12 +69,15 @@ class SloEvaluator:
             if until_minute is not None:
                 counts = counts.filter(pl.col("_minute") <= until_minute)
             out.counts[spec.name] = counts
+            spends = _stage_spends(spec, buckets) if spec.stage_budgets_ms else {}
             for row in counts.iter_rows(named=True):
                 labels = {k: str(row[k]) for k in spec.slice_by}
                 key = (spec.name, tuple(labels.values()))
                 state = self.states.get(key)
                 if state is None:
                     state = self.states[key] = SliceState(spec, labels)
+                if spends:
+                    state.observe_stages(row["_minute"], spends.get((row["_minute"], key[1]), []))
                 out.changes.extend(state.advance(row["_minute"], int(row["good"]), int(row["valid"])))
                 if with_status:
                     out.status.append(_status_row(state))
@@ -92,6 +91,16 @@ class SloEvaluator:
     def retire_until(self, minute: int) -> None:
         for state in self.states.values():
             state.retire_until(minute)
+
+
+def _stage_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
+    """(minute, slice values) → [(stage, samples over budget, samples)] of a stage_budget SLO."""
+    out: dict[tuple[int, tuple], list[tuple[str, int, int]]] = {}
+    rows = overspend_counts(spec, buckets).with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
+    for row in rows.iter_rows(named=True):
+        key = (row["_minute"], tuple(str(row[k]) for k in spec.slice_by))
+        out.setdefault(key, []).append((row["stage"], int(row["over"]), int(row["samples"])))
+    return out
 
 
 def _status_row(state: SliceState) -> dict:

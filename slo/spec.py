@@ -25,6 +25,13 @@ SLIs, over the buckets of `sli_minute`:
   bin bound; otherwise the bin holding the threshold counts as bad (conservative).
 - goodput: good = latency-good values of `field`; valid = attempts except cancellations,
   so an error counts against it like a slow answer.
+- stream_completion: good = streams that ended normally (`finish_reason` stop, length or
+  content_filter); valid = streams except those the client cancelled. A stream the server
+  cut or that timed out is bad even when its HTTP status was 200.
+- stage_budget: a latency SLI on the turn (`field`, `threshold`) whose target is split into
+  per-stage budgets (`budgets: {asr_final: 300ms, ...}`, adding up to at most the
+  threshold); when it burns, the alert names the stage that overspent its share most
+  (slo/stages.py).
 """
 
 from __future__ import annotations
@@ -35,14 +42,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import polars as pl
 import yaml
 from msgspec import UNSET, Meta, UnsetType
 
-from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
+from ingest.schema import LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from slo.config_file import ConfigStruct, PositiveCount, every_problem
 from slo.windows import AlertWindow, default_catalog
 
-SLI_KINDS = ("availability", "latency", "goodput")
+SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -63,10 +71,17 @@ class SloSpec:
     latency_field: str | None = None
     threshold_ms: float | None = None
     runbook: str = "runbooks/slo-burn.md"
+    stage_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (stage, budget) in pipeline order
 
     @property
     def error_budget(self) -> float:
         return 1.0 - self.objective
+
+    def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
+        """The buckets that the selector picks."""
+        for label, value in self.selector.items():
+            buckets = buckets.filter(pl.col(label) == value)
+        return buckets
 
 
 @dataclass
@@ -143,10 +158,22 @@ class LatencySli(ConfigStruct):
     threshold: str | float  # a duration with its unit: 300ms, 1.5s
 
 
+class StreamCompletionSli(ConfigStruct):
+    """Good: streams that ended normally; valid: streams except client cancellations."""
+
+
+class StageBudgetSli(ConfigStruct):
+    threshold: str | float  # the turn's target
+    budgets: dict[Literal[STAGE_NAMES], str | float]  # stage → its share of the target, a duration
+    field: Literal[LATENCY_FIELDS] = "first_output_ms"
+
+
 class SliEntry(ConfigStruct):
     availability: AvailabilitySli | None | UnsetType = UNSET
     latency: LatencySli | UnsetType = UNSET
     goodput: LatencySli | UnsetType = UNSET
+    stream_completion: StreamCompletionSli | None | UnsetType = UNSET
+    stage_budget: StageBudgetSli | UnsetType = UNSET
 
     def __post_init__(self):
         if sum(getattr(self, k) is not UNSET for k in SLI_KINDS) != 1:
@@ -191,8 +218,8 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
         if label not in SLICE_LABELS:
             errors.append(f"{where}.slice_by: unknown label {label!r} (known: {', '.join(SLICE_LABELS)})")
     kind = next(k for k in SLI_KINDS if getattr(e.sli, k) is not UNSET)
-    latency_field, threshold_ms = None, None
-    if kind in ("latency", "goodput"):
+    latency_field, threshold_ms, budgets = None, None, ()
+    if kind in ("latency", "goodput", "stage_budget"):
         body = getattr(e.sli, kind)
         latency_field = body.field
         secs = parse_duration_s(body.threshold)
@@ -206,6 +233,8 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
             # Only first output is recorded for successful attempts alone, so only it
             # can tell "succeeded and fast" from the buckets.
             errors.append(f"{where}.sli.goodput.field: goodput is defined over first_output_ms")
+    if kind == "stage_budget":
+        budgets = _stage_budgets(e.sli.stage_budget, threshold_ms, f"{where}.sli.stage_budget", errors)
     objective = _objective(e.objective)
     if objective is None:
         errors.append(f"{where}.objective: expected a percentage such as 99.9% or a ratio such as 0.999")
@@ -232,8 +261,27 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
         name=e.name, description=e.description, selector=dict(e.selector),
         sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
         slice_by=tuple(e.slice_by), alert_windows=windows, min_events=e.min_events, latency_field=latency_field,
-        threshold_ms=threshold_ms, runbook=e.runbook,
+        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets,
     )
+
+
+def _stage_budgets(body: StageBudgetSli, threshold_ms: float | None, where: str,
+                   errors: list[str]) -> tuple[tuple[str, float], ...]:
+    """(stage, budget ms) in pipeline order (STAGE_NAMES); the shares may not exceed the target."""
+    out = []
+    for stage in sorted(body.budgets, key=STAGE_NAMES.index):
+        secs = parse_duration_s(body.budgets[stage])
+        if secs is None or secs <= 0:
+            errors.append(f"{where}.budgets.{stage}: {body.budgets[stage]!r} is not a positive duration such as 300ms")
+            continue
+        out.append((stage, round(secs * 1000, 9)))
+    if not body.budgets:
+        errors.append(f"{where}.budgets: name at least one stage and its share of the target")
+    total = sum(ms for _, ms in out)
+    if threshold_ms is not None and total > threshold_ms * (1 + 1e-9):
+        errors.append(f"{where}.budgets: the stages' shares add up to {total:g} ms, more than the turn's target "
+                      f"of {threshold_ms:g} ms")
+    return tuple(out)
 
 
 def _alert_windows(entries: str | list[AlertWindowEntry], where: str, errors: list[str]) -> tuple[AlertWindow, ...]:

@@ -28,10 +28,15 @@ from __future__ import annotations
 
 import polars as pl
 
-from ingest.schema import LATENCY_FIELDS, SLICE_LABELS
+from ingest.schema import COMPLETED_FINISH, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from streams.frames import STAGES_COLUMN
 from streams.windows import AggregateSpec
 
 REQUEST_COUNTS = ("requests", "ok", "errors", "timeouts", "shed", "cancelled", "retries", "turns", "successful_turns")
+# Streams: attempts that say how their stream ended (`finish_reason`). Completed: a normal
+# finish; cut: the server ended it mid-answer (an HTTP 200 can hide one); cancelled: the
+# client left, which is not the service's failure.
+STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_out", "streams_cancelled")
 MICRO = 1_000_000
 MILLI = 1_000
 
@@ -44,6 +49,10 @@ def _fixed_sum(column: str, scale: int) -> pl.Expr:
 
 def _status(name: str) -> pl.Expr:
     return (pl.col("status") == name).sum().cast(pl.Int64)
+
+
+def _finish(reason: str) -> pl.Expr:
+    return (pl.col("finish_reason") == reason).sum().cast(pl.Int64)
 
 
 # A retry says so with attempt > 1 or a retry_of; a producer that sends only one of them
@@ -70,19 +79,27 @@ REQUESTS = AggregateSpec(
         # Turns by the attempt chain, computable per event (rule in the module docstring).
         _OPENS_TURN.sum().cast(pl.Int64).alias("turns"),
         _ENDS_TURN_OK.sum().cast(pl.Int64).alias("successful_turns"),
+        pl.col("finish_reason").is_not_null().sum().cast(pl.Int64).alias("streams"),
+        pl.col("finish_reason").is_in(COMPLETED_FINISH).sum().cast(pl.Int64).alias("streams_completed"),
+        _finish("server_cut").alias("streams_cut"),
+        _finish("timeout").alias("streams_timed_out"),
+        _finish("client_cancel").alias("streams_cancelled"),
         pl.col("prompt_tokens").sum().cast(pl.Int64),
         pl.col("output_tokens").sum().cast(pl.Int64),
         _fixed_sum("audio_seconds", MICRO),
         _fixed_sum("gpu_seconds", MICRO),
     ],
-    merge={c: "sum" for c in (*REQUEST_COUNTS, "prompt_tokens", "output_tokens", "_audio_seconds_fixed", "_gpu_seconds_fixed")},
+    merge={c: "sum" for c in (*REQUEST_COUNTS, *STREAM_COUNTS, "prompt_tokens", "output_tokens", "_audio_seconds_fixed", "_gpu_seconds_fixed")},
     finalize=lambda f: f.select(
         "window_start", *SLICE_LABELS, *REQUEST_COUNTS, "prompt_tokens", "output_tokens",
         (pl.col("_audio_seconds_fixed") / MICRO).alias("audio_seconds"),
         (pl.col("_gpu_seconds_fixed") / MICRO).alias("gpu_seconds"),
         *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
+        *[pl.col(c).fill_null(0) for c in STREAM_COUNTS],  # partials from an older checkpoint lack them
+        f"{STAGES_COLUMN}_hist",
     ),
     histogram_fields=LATENCY_FIELDS,
+    keyed_histogram=(STAGES_COLUMN, STAGE_NAMES),
 )
 
 def _mean(total: str, count: str, scale: int) -> pl.Expr:

@@ -11,12 +11,14 @@ What it exports, and at which aggregation level (only the labels some panel need
   error panel is never empty for lack of errors), `tailwatch_request_retries_total`,
   `tailwatch_turns_total`, `tailwatch_successful_turns_total`,
   `tailwatch_prompt_tokens_total`, `tailwatch_output_tokens_total`,
-  `tailwatch_audio_seconds_total`;
+  `tailwatch_audio_seconds_total`, and how answer streams ended: `tailwatch_streams_total`,
+  `tailwatch_streams_completed_total`, `_cut_total`, `_timed_out_total`, `_cancelled_total`;
 - `tailwatch_request_gpu_seconds_total{GPU_TIME_LABELS}`: GPU time the requests used,
   with the `pool` and `gpu_sku` that cost panels join on (the SKU of a pool is learnt
   from its GPU samples: `sli_minute` has no SKU);
 - `tailwatch_request_latency_seconds{LATENCY_LABELS, field}` (a histogram: `_bucket`
-  with `le` in LATENCY_BUCKETS_S, `_sum`, `_count`): queue, first-output and e2e latency of
+  with `le` in LATENCY_BUCKETS_S, `_sum`, `_count`): queue, first-output, e2e and
+  inter-token latency of
   every closed minute, the stored sketch bins coarsened to Prometheus buckets (a bin goes to
   the first bucket at or above its upper bound, so `le` is never understated), so that
   `histogram_quantile` over `rate(..._bucket)` aggregates over any labels; quantile gauges
@@ -92,8 +94,14 @@ TRAFFIC_COUNTERS = {
     "tailwatch_prompt_tokens": ("prompt_tokens", "Prompt tokens of every attempt."),
     "tailwatch_output_tokens": ("output_tokens", "Output tokens of successful attempts."),
     "tailwatch_audio_seconds": ("audio_seconds", "Seconds of audio processed or produced."),
+    "tailwatch_streams": ("streams", "Attempts that said how their answer stream ended (finish_reason)."),
+    "tailwatch_streams_completed": ("streams_completed", "Streams that ended normally: stop, length or content filter."),
+    "tailwatch_streams_cut": ("streams_cut", "Streams the server cut mid-answer (an HTTP 200 can hide one)."),
+    "tailwatch_streams_timed_out": ("streams_timed_out", "Streams that timed out."),
+    "tailwatch_streams_cancelled": ("streams_cancelled", "Streams the client cancelled (not the service's failure)."),
 }
-LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist"}
+LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist",
+                  "inter_token": "inter_token_ms_hist"}
 # Bucket bounds in seconds (+Inf implied): queue waits of tens of ms to first outputs and
 # answers of minutes. 14 series per label set and field, against 3 quantile gauges before.
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

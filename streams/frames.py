@@ -13,7 +13,7 @@ from typing import Sequence
 import msgspec
 import polars as pl
 
-from ingest.schema import parse_ts_ms
+from ingest.schema import STAGE_NAMES, parse_ts_ms
 from ingest.validate import BAD_TIMESTAMP, Rejected
 
 # Columns taken from each record type, with their polars dtype.
@@ -22,10 +22,18 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
     "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
     "status": pl.String, "attempt": pl.Int32, "retry_of": pl.String, "task_success": pl.Boolean,
-    "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64,
+    "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64, "inter_token_ms": pl.Float64,
+    "finish_reason": pl.String,
     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
     "gpu_seconds": pl.Float64,
 }
+# Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
+# Built from the decoded records, not by the JSON reader: a name outside the list folds
+# into `other` here, so the buckets' stage keys stay bounded.
+STAGES_COLUMN = "stages"
+STAGES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
+STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}
+REQUEST_COLUMNS[STAGES_COLUMN] = STAGES_DTYPE
 GPU_COLUMNS: dict[str, pl.DataType] = {
     "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
     "gpu_sku": pl.String, "model": pl.String, "model_version": pl.String,
@@ -77,13 +85,17 @@ def records_to_frame(
             except (ValueError, OverflowError):
                 rejected.append(Rejected(indices[pos], BAD_TIMESTAMP, "ts is neither epoch milliseconds nor RFC 3339"))
         indices = [indices[p] for p in keep]
+        records = [records[p] for p in keep]
+    read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
     if len(indices) == len(raw_values):
-        body = pl.read_ndjson(io.BytesIO(b"\n".join(raw_values)), schema=columns)
+        body = pl.read_ndjson(io.BytesIO(b"\n".join(raw_values)), schema=read)
     elif indices:
-        body = pl.read_ndjson(io.BytesIO(b"\n".join([raw_values[i] for i in indices])), schema=columns)
+        body = pl.read_ndjson(io.BytesIO(b"\n".join([raw_values[i] for i in indices])), schema=read)
     else:
-        body = pl.DataFrame(schema=columns)
-    frame = body.with_columns(*_defaults(type(records[0]), tuple(columns))) if records else body
+        body = pl.DataFrame(schema=read)
+    frame = body.with_columns(*_defaults(type(records[0]), tuple(read))) if records else body
+    if STAGES_COLUMN in columns:
+        frame = frame.with_columns(stage_column(records))
     frame = frame.with_columns(
         pl.Series("ts_ms", ts_ms, dtype=pl.Int64),
         pl.Series("_partition", [partitions[i] for i in indices], dtype=pl.Int32),
@@ -91,3 +103,13 @@ def records_to_frame(
         pl.Series("_index", list(indices), dtype=pl.Int64),
     )
     return frame, rejected
+
+
+def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:
+    """The `stages` column of request records (null where a record has none)."""
+    other = STAGE_INDEX["other"]
+    values = [
+        [{"stage": STAGE_INDEX.get(name, other), "ms": ms} for name, ms in stages.items()] if stages else None
+        for stages in (r.stages for r in records)  # type: ignore[attr-defined]
+    ]
+    return pl.Series(STAGES_COLUMN, values, dtype=STAGES_DTYPE)

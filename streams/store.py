@@ -25,6 +25,7 @@ from slo.windows import minute_start_utc
 DEFAULT_STORE = "data/tailwatch.duckdb"
 
 _HIST = "STRUCT(bin SMALLINT, n BIGINT)[]"
+_STAGE_HIST = "STRUCT(stage VARCHAR, bin SMALLINT, n BIGINT)[]"
 
 SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS sli_minute (
@@ -36,8 +37,21 @@ CREATE TABLE IF NOT EXISTS sli_minute (
     prompt_tokens BIGINT, output_tokens BIGINT, audio_seconds DOUBLE, gpu_seconds DOUBLE,
     queue_ms_hist {_HIST}, queue_ms_p50 DOUBLE, queue_ms_p95 DOUBLE, queue_ms_p99 DOUBLE,
     first_output_ms_hist {_HIST}, first_output_ms_p50 DOUBLE, first_output_ms_p95 DOUBLE, first_output_ms_p99 DOUBLE,
-    e2e_ms_hist {_HIST}, e2e_ms_p50 DOUBLE, e2e_ms_p95 DOUBLE, e2e_ms_p99 DOUBLE
+    e2e_ms_hist {_HIST}, e2e_ms_p50 DOUBLE, e2e_ms_p95 DOUBLE, e2e_ms_p99 DOUBLE,
+    inter_token_ms_hist {_HIST}, inter_token_ms_p50 DOUBLE, inter_token_ms_p95 DOUBLE, inter_token_ms_p99 DOUBLE,
+    streams BIGINT, streams_completed BIGINT, streams_cut BIGINT, streams_timed_out BIGINT, streams_cancelled BIGINT,
+    stages_hist {_STAGE_HIST}
 );
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS inter_token_ms_hist {_HIST};
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS inter_token_ms_p50 DOUBLE;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS inter_token_ms_p95 DOUBLE;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS inter_token_ms_p99 DOUBLE;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams BIGINT;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_completed BIGINT;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cut BIGINT;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_timed_out BIGINT;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cancelled BIGINT;
+ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS stages_hist {_STAGE_HIST};
 CREATE TABLE IF NOT EXISTS gpu_minute (
     window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
     gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, samples BIGINT,

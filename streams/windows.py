@@ -35,6 +35,9 @@ from slo import histogram
 
 MINUTE_MS = 60_000
 _EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
+_EMPTY_KEYED_HIST = pl.lit([], dtype=pl.List(pl.Struct({"stage": pl.String, "bin": pl.Int16, "n": pl.Int64})))
+# Histogram partials number their field: latency fields from 0, keyed ones (stages) from here.
+KEYED_FIELD_BASE = 64
 Merge = Literal["sum", "max", "last"]
 
 
@@ -49,6 +52,9 @@ class AggregateSpec:
     merge: dict[str, Merge]
     finalize: Callable[[pl.DataFrame], pl.DataFrame]
     histogram_fields: tuple[str, ...] = ()
+    # A list column of {stage, ms} (stage: an index into the names) kept as one histogram per
+    # key, closed into `<column>_hist`: [{stage, bin, n}].
+    keyed_histogram: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclass
@@ -183,13 +189,27 @@ class MinuteWindows:
             .with_columns(pl.lit(fi, dtype=pl.Int8).alias("field"))
             .select("_minute", "_slice", "field", "bin", "n")
             for fi, name in enumerate(self.spec.histogram_fields)
-        ])
+        ] + self._keyed_hist(frame))
         self.unsaved.hist.append(hist)
         for (minute,), part in hist.partition_by("_minute", as_dict=True).items():
             state = self._minute(minute)
             state.hist.append(part)
             if len(state.hist) > self.HIST_AT:
                 state.hist = _tiered(state.hist, self._merge_hist, self.HIST_AT)
+
+    def _keyed_hist(self, frame: pl.DataFrame) -> list[pl.DataFrame]:
+        keyed = self.spec.keyed_histogram
+        if keyed is None or keyed[0] not in frame.columns or frame[keyed[0]].null_count() == frame.height:
+            return []
+        column = keyed[0]
+        return [
+            frame.select("_minute", "_slice", column).drop_nulls(column).explode(column).unnest(column)
+            .drop_nulls("ms")
+            .group_by("_minute", "_slice", (pl.col("stage") + KEYED_FIELD_BASE).cast(pl.Int8).alias("field"),
+                      histogram.bin_expr("ms").alias("bin"))
+            .agg(pl.len().cast(pl.Int32).alias("n"))
+            .select("_minute", "_slice", "field", "bin", "n")
+        ]
 
     # ---- merging ------------------------------------------------------------------
     def _merge_counts(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
@@ -312,6 +332,7 @@ class MinuteWindows:
                 )
                 out = out.join(part, on=["_minute", "_slice"], how="left")
             out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in names])
+            out = self._finish_keyed(out, lists)
         elif self.spec.histogram_fields:
             # Minutes in which no event carried any latency field: empty histograms, no
             # quantiles (closing them used to fail on the missing columns).
@@ -320,8 +341,29 @@ class MinuteWindows:
                 *[pl.lit(None, dtype=pl.Float64).alias(f"{n}_{q}") for n in self.spec.histogram_fields
                   for q in ("p50", "p95", "p99")],
             )
+            out = self._finish_keyed(out, None)
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))
         return self.spec.finalize(out)
+
+    def _finish_keyed(self, out: pl.DataFrame, lists: pl.DataFrame | None) -> pl.DataFrame:
+        """`<column>_hist` per slice-minute: the keyed fields' bins, named, in key order."""
+        if self.spec.keyed_histogram is None:
+            return out
+        column, names = self.spec.keyed_histogram
+        name = f"{column}_hist"
+        keyed = None if lists is None else lists.filter(pl.col("field") >= KEYED_FIELD_BASE)
+        if keyed is None or keyed.height == 0:
+            return out.with_columns(_EMPTY_KEYED_HIST.alias(name))
+        by_key = (
+            keyed.explode("hist").unnest("hist")
+            .with_columns((pl.col("field").cast(pl.Int32) - KEYED_FIELD_BASE)
+                          .replace_strict(list(range(len(names))), list(names), return_dtype=pl.String).alias("stage"))
+            .sort("_minute", "_slice", "field", "bin")
+            .group_by("_minute", "_slice", maintain_order=True)
+            .agg(pl.struct("stage", "bin", "n").alias(name))
+        )
+        return out.join(by_key, on=["_minute", "_slice"], how="left").with_columns(
+            pl.col(name).fill_null(_EMPTY_KEYED_HIST))
 
     # ---- checkpoint support --------------------------------------------------------
     def take_unsaved(self) -> Unsaved:

@@ -108,7 +108,7 @@ POISON_REASONS = {
     "oversized": "oversized",
 }
 SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
-LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms")
+LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
 GPU_KEYS = ("node", "gpu_index")
 AM_BIN_NAMES = ("prometheus-alertmanager", "alertmanager")
 
@@ -645,22 +645,25 @@ def _outcome(status: str, queue_ms: float, first_ms: float, gen: int, decode_ms:
     every JSON reader parses them to the same double."""
     if status == "ok":
         work = first_ms + gen * decode_ms
+        # How the stream ended, from the token count (no new random draw: every other field
+        # stays what it was): now and then a stream cut behind HTTP 200, often a length stop.
+        finish = "server_cut" if gen % 997 == 0 else "length" if gen % 17 == 0 else "stop"
         return {"status": "ok", "http_status": 200, "queue_ms": queue_ms, "first_output_ms": round(first_ms, 2),
                 "inter_token_ms": decode_ms, "e2e_ms": round(queue_ms + work, 2), "output_tokens": gen,
-                "gpu_seconds": round(work / 1000 / 8, 4)}
+                "gpu_seconds": round(work / 1000 / 8, 4), "finish_reason": finish}
     if status == "error":
         return {"status": "error", "http_status": 503, "queue_ms": queue_ms, "e2e_ms": round(queue_ms + 40.5, 2),
                 "output_tokens": 0, "gpu_seconds": 0.001}
     if status == "timeout":
         part = min(gen, int(30_000 / decode_ms))
         return {"status": "timeout", "http_status": 504, "queue_ms": queue_ms, "first_output_ms": round(first_ms, 2),
-                "e2e_ms": 30_000.0, "output_tokens": part, "gpu_seconds": round(30.0 / 8, 4)}
+                "e2e_ms": 30_000.0, "output_tokens": part, "gpu_seconds": round(30.0 / 8, 4), "finish_reason": "timeout"}
     if status == "shed":  # refused at admission: no output, no tokens field at all
         return {"status": "shed", "http_status": 429, "queue_ms": queue_ms, "e2e_ms": round(queue_ms + 1.25, 2)}
     part = gen // 3
     return {"status": "cancelled", "http_status": 499, "queue_ms": queue_ms, "first_output_ms": round(first_ms, 2),
             "e2e_ms": round(queue_ms + first_ms + part * decode_ms, 2), "output_tokens": part,
-            "gpu_seconds": round((first_ms + part * decode_ms) / 1000 / 8, 4)}
+            "gpu_seconds": round((first_ms + part * decode_ms) / 1000 / 8, 4), "finish_reason": "client_cancel"}
 
 
 def _finish(doc: dict, ts_ms: int, u: float) -> None:
@@ -1695,6 +1698,8 @@ _HIST_CONSTANTS = {
 #   (README "Turns");
 # - token sums as integers, GPU-seconds and audio-seconds summed in integer micro-units
 #   (round(x · 10^6)), GPU means over integer milli-units; sums over nothing are 0, maxima NULL;
+# - streams: attempts with a finish_reason; completed = stop, length, content_filter; cut, timed out and
+#   cancelled = server_cut, timeout, client_cancel (stage histograms are not reproduced here);
 # - latency bins: values ≤ MIN_VALUE_MS in ZERO_BIN, others ceil(ln(v) / ln γ), as [{bin, n}]
 #   ordered by bin ([] when the slice-minute has no value); quantile q is the bin holding rank
 #   floor(q · (n − 1)), read as 2 γ^bin / (γ + 1) (0 for the zero bin), NULL without values;
@@ -1710,13 +1715,14 @@ SELECT DISTINCT ON (event_id)
     tenant, model, coalesce(model_version, '') AS model_version, coalesce(zone, '') AS zone, workload,
     coalesce(traffic_class, 'realtime') AS traffic_class, coalesce(deployment, 'stable') AS deployment,
     coalesce(pool, '') AS pool, status, coalesce(attempt, 1) AS attempt, retry_of, task_success,
-    queue_ms, first_output_ms, e2e_ms, prompt_tokens, output_tokens, audio_seconds, gpu_seconds
+    queue_ms, first_output_ms, e2e_ms, inter_token_ms, finish_reason, prompt_tokens, output_tokens, audio_seconds,
+    gpu_seconds
 FROM read_json('{requests}', format = 'newline_delimited', columns = {{
     event_id: 'VARCHAR', ts: 'VARCHAR', tenant: 'VARCHAR', model: 'VARCHAR', model_version: 'VARCHAR',
     zone: 'VARCHAR', workload: 'VARCHAR', traffic_class: 'VARCHAR', deployment: 'VARCHAR', pool: 'VARCHAR',
     status: 'VARCHAR', attempt: 'INTEGER', retry_of: 'VARCHAR', task_success: 'BOOLEAN', queue_ms: 'DOUBLE',
-    first_output_ms: 'DOUBLE', e2e_ms: 'DOUBLE', prompt_tokens: 'BIGINT', output_tokens: 'BIGINT',
-    audio_seconds: 'DOUBLE', gpu_seconds: 'DOUBLE'}});
+    first_output_ms: 'DOUBLE', e2e_ms: 'DOUBLE', inter_token_ms: 'DOUBLE', finish_reason: 'VARCHAR',
+    prompt_tokens: 'BIGINT', output_tokens: 'BIGINT', audio_seconds: 'DOUBLE', gpu_seconds: 'DOUBLE'}});
 
 CREATE TEMP TABLE req_m AS
 SELECT *, make_timestamp((ts_ms // 60000) * 60000000) AS window_start,
@@ -1731,6 +1737,7 @@ FROM (
     SELECT *, 'queue_ms' AS field, queue_ms AS v FROM req_m
     UNION ALL SELECT *, 'first_output_ms', first_output_ms FROM req_m
     UNION ALL SELECT *, 'e2e_ms', e2e_ms FROM req_m
+    UNION ALL SELECT *, 'inter_token_ms', inter_token_ms FROM req_m
 ) WHERE v IS NOT NULL
 GROUP BY ALL;
 
@@ -1765,20 +1772,30 @@ WITH counts AS (
            count_if(coalesce(task_success, status = 'ok')) AS successful_turns,
            coalesce(sum(prompt_tokens), 0) AS prompt_tokens, coalesce(sum(output_tokens), 0) AS output_tokens,
            coalesce(sum(round(audio_seconds * 1000000)::BIGINT), 0)::DOUBLE * {inv_micro} AS audio_seconds,
-           coalesce(sum(round(gpu_seconds * 1000000)::BIGINT), 0)::DOUBLE * {inv_micro} AS gpu_seconds
+           coalesce(sum(round(gpu_seconds * 1000000)::BIGINT), 0)::DOUBLE * {inv_micro} AS gpu_seconds,
+           count(finish_reason) AS streams,
+           -- count_if of nothing but NULLs is NULL in DuckDB, not 0
+           count(*) FILTER (finish_reason IN ('stop', 'length', 'content_filter')) AS streams_completed,
+           count(*) FILTER (finish_reason = 'server_cut') AS streams_cut,
+           count(*) FILTER (finish_reason = 'timeout') AS streams_timed_out,
+           count(*) FILTER (finish_reason = 'client_cancel') AS streams_cancelled
     FROM req_m GROUP BY ALL
 )
 SELECT c.*,
        coalesce(hq.hist, []) AS queue_ms_hist, hq.p50 AS queue_ms_p50, hq.p95 AS queue_ms_p95, hq.p99 AS queue_ms_p99,
        coalesce(hf.hist, []) AS first_output_ms_hist, hf.p50 AS first_output_ms_p50, hf.p95 AS first_output_ms_p95,
        hf.p99 AS first_output_ms_p99,
-       coalesce(he.hist, []) AS e2e_ms_hist, he.p50 AS e2e_ms_p50, he.p95 AS e2e_ms_p95, he.p99 AS e2e_ms_p99
+       coalesce(he.hist, []) AS e2e_ms_hist, he.p50 AS e2e_ms_p50, he.p95 AS e2e_ms_p95, he.p99 AS e2e_ms_p99,
+       coalesce(hi.hist, []) AS inter_token_ms_hist, hi.p50 AS inter_token_ms_p50, hi.p95 AS inter_token_ms_p95,
+       hi.p99 AS inter_token_ms_p99
 FROM counts c
 LEFT JOIN (FROM req_hist WHERE field = 'queue_ms') hq
     USING (window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool)
 LEFT JOIN (FROM req_hist WHERE field = 'first_output_ms') hf
     USING (window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool)
 LEFT JOIN (FROM req_hist WHERE field = 'e2e_ms') he
+    USING (window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool)
+LEFT JOIN (FROM req_hist WHERE field = 'inter_token_ms') hi
     USING (window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool);
 
 CREATE TEMP TABLE gpu AS

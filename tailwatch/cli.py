@@ -216,6 +216,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--days", type=_positive_int, default=7, help="newest days of measurements to show (default 7)")
     c.add_argument("--pool", default=None, help="one pool only")
 
+    p = sub.add_parser("plan", help="plan compute from what the store measured")
+    plsub = p.add_subparsers(dest="plan_command", required=True, metavar="WHAT")
+    c = plsub.add_parser("stages", help="per stage of a cascaded turn: latency, throughput, the bottleneck, and a "
+                                        "greedy plan of workers per stage (seed 002)")
+    c.add_argument("--workload", default="s2s", help="the workload whose turns report stages (default s2s)")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
+    c.add_argument("--from", dest="start", default=None, metavar="T1", help="start, RFC 3339 or a date (UTC); default: all")
+    c.add_argument("--to", dest="end", default=None, metavar="T2", help="end, exclusive RFC 3339 time, or a date")
+    c.add_argument("--target-rps", type=float, default=None,
+                   help="turns per second to plan for (default: the measured rate over the range)")
+    c.add_argument("--max-latency-ms", type=float, default=None, help="bound on the sum of stage latencies")
+    c.add_argument("--budget-per-hour", type=float, default=None, help="USD per hour the plan may spend")
+    c.add_argument("--gpu-types", default=None, help="GPU SKUs GPU stages may run on, e.g. H100,L4 (cheapest per request)")
+    c.add_argument("--target-utilization", type=float, default=0.8, help="plan each stage at most this busy (default 0.8)")
+    c.add_argument("--stage-setup", default=None, metavar="FILE",
+                   help="YAML: per stage device (cpu, gpu, none), batch_size, workers, gpu_sku (see README)")
+    c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
+    c.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")

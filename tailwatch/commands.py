@@ -543,3 +543,84 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                              args.gpu_memory_gib, args.weights_gib, args.overhead_gib)
     print("\n".join(plan.working))
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`plan stages`: measured stage profiles → bottleneck → greedy plan (slo/stages.py, slo/stage_plan.py)."""
+    import dataclasses
+    import json
+
+    from reports.cost_report import ReportError, parse_time
+    from slo.stage_plan import PlanConstraints, bottleneck, plan_stages
+    from slo.stages import StageSetupError, load_stage_setup, measured_profiles
+    from streams import store
+    from tailwatch.table import render
+
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end, end=True) if args.end else None
+        setup = load_stage_setup(args.stage_setup)
+    except (ReportError, StageSetupError) as exc:
+        raise CliError(str(exc)) from None
+    prices = load_prices_option(args.prices)
+    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
+    try:
+        where, params = ["workload = $1"], [args.workload]
+        if start is not None:
+            where.append(f"window_start >= ${len(params) + 1}")
+            params.append(start.replace(tzinfo=None))
+        if end is not None:
+            where.append(f"window_start < ${len(params) + 1}")
+            params.append(end.replace(tzinfo=None))
+        rows = store.query_frame(con, f"SELECT window_start, stages_hist FROM sli_minute WHERE {' AND '.join(where)} "
+                                      "AND len(stages_hist) > 0", params)
+    finally:
+        con.close()
+    measured = measured_profiles(rows, setup)
+    if not measured.profiles:
+        raise CliError(f"no stage timings for workload {args.workload!r} in the store"
+                       + (" in that range" if start or end else "")
+                       + ": turns report them in request.v1's `stages` (or as child spans through `ingest otlp`)")
+    profiles = measured.profiles
+    target = args.target_rps if args.target_rps is not None else max(p.measured_rps or 0.0 for p in profiles)
+    try:
+        constraints = PlanConstraints(
+            target_rps=target, max_latency_ms=args.max_latency_ms, budget_usd_per_hour=args.budget_per_hour,
+            gpu_types=tuple(t.strip() for t in args.gpu_types.split(",") if t.strip()) if args.gpu_types else (),
+            target_utilisation=args.target_utilization)
+        neck = bottleneck(profiles, {p.stage: p.workers for p in profiles if p.workers})
+        plan = plan_stages(profiles, constraints, prices, cpu_usd_per_worker_hour=setup.cpu_usd_per_worker_hour)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"workload": args.workload, "minutes": measured.minutes, "turns": measured.turns,
+                          "left_out": measured.left_out, "profiles": [dataclasses.asdict(p) for p in profiles],
+                          "bottleneck": dataclasses.asdict(neck), "plan": dataclasses.asdict(plan)}, indent=2))
+        return 0
+
+    def ms(v):
+        return "-" if v is None else f"{v:,.1f}"
+
+    print(f"{args.workload}: {measured.turns:,} turns with stage timings over {measured.minutes:,} minutes"
+          + (f"; not compute, left out of the plan: {', '.join(measured.left_out)}" if measured.left_out else ""))
+    print(render(["stage", "device", "gpu_sku", "p50_ms", "p95_ms", "p99_ms", "rps", "batch", "rps_per_worker",
+                  "workers", "utilisation"],
+                 [[p.stage, p.device, p.gpu_sku or "-", ms(p.latency_p50_ms), ms(p.latency_p95_ms), ms(p.latency_p99_ms),
+                   f"{p.measured_rps:,.2f}", f"{p.batch_size:g}", f"{p.throughput_per_worker_rps:,.2f}",
+                   p.workers or "?", "-" if p.utilisation is None else f"{p.utilisation:.0%}"] for p in profiles]))
+    print(f"bottleneck: {neck.stage} ({neck.capacity_rps:,.2f} rps)")
+    for line in neck.evidence:
+        print(f"  {line}")
+    print(f"plan for {target:,.2f} turns/s" + (f" within {args.max_latency_ms:g} ms" if args.max_latency_ms else "")
+          + (f" and ${args.budget_per_hour:,.2f}/h" if args.budget_per_hour is not None else "") + ":")
+    print(render(["stage", "device", "gpu_sku", "workers", "capacity_rps", "utilisation", "latency_ms", "usd_per_hour"],
+                 [[s.stage, s.device, s.gpu_sku or "-", s.workers, f"{s.capacity_rps:,.2f}", f"{s.utilisation:.0%}",
+                   ms(s.latency_ms) if s.latency_ms != float("inf") else "inf", f"{s.usd_per_hour:,.2f}"]
+                  for s in plan.stages]))
+    per_request = "-" if plan.usd_per_request is None else f"${plan.usd_per_request:.6f}"
+    latency = "inf" if plan.latency_ms == float("inf") else f"{plan.latency_ms:,.0f} ms"
+    print(f"{'met' if plan.met else 'NOT met'} ({plan.stopped_by}): {plan.throughput_rps:,.2f} turns/s, latency {latency}, "
+          f"${plan.usd_per_hour:,.2f}/h, {per_request} per turn; bottleneck {plan.bottleneck}")
+    for line in plan.working:
+        print(f"  {line}")
+    return 0

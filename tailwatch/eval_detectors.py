@@ -515,7 +515,8 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
             pl.lit(p.pool).alias("pool"), pl.lit(None, pl.Boolean).alias("task_success"),
             pl.lit(None, pl.Float64).alias("audio_seconds"),
         )
-        req_frames.append(frame.select(*[pl.col(c).cast(t) for c, t in REQUEST_COLUMNS.items()], "ts_ms").sort("ts_ms"))
+        req_frames.append(frame.select(*[pl.col(c).cast(t) if c in frame.columns else pl.lit(None, t).alias(c)
+                                          for c, t in REQUEST_COLUMNS.items()], "ts_ms").sort("ts_ms"))
         # GPU samples: one per replica per minute.
         done_minute = np.minimum(((start_t + service) // 60_000).astype(int), minutes - 1)
         work = np.bincount(done_minute, weights=gpu_s, minlength=minutes) / 60  # GPU-s per s, whole pool

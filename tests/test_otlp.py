@@ -32,7 +32,7 @@ from ingest.otlp.gpu import GpuMapper
 from ingest.otlp.mapping import OtlpMapping, check_mapping
 from ingest.otlp.republish import OtlpRepublisher
 from ingest.otlp.samples import samples_from_exposition, samples_from_otlp
-from ingest.otlp.spans import requests_from_traces
+from ingest.otlp.spans import OTLP_FINISH_NAME, requests_from_traces
 from ingest.schema import RequestV1
 from ingest.simulator import FleetSimulator
 from ingest.trace import TraceReplay, read_any_trace
@@ -76,14 +76,34 @@ def sdk_span_batches(events: list[RequestV1], per_batch: int = 512) -> list[byte
             attrs["error.type"] = ERROR_TYPE[e.status]
         if e.status == "cancelled":
             attrs["gen_ai.response.finish_reasons"] = ["abort"]
-        span = providers[key].get_tracer("serving").start_span(
-            "chat", kind=SpanKind.SERVER, start_time=end_ns - int((e.e2e_ms or 0) * 1e6),
-            attributes={k: v for k, v in attrs.items() if v is not None and v != ""})
+        if e.finish_reason is not None:
+            attrs["gen_ai.response.finish_reasons"] = [OTLP_FINISH_NAME[e.finish_reason]]
+        tracer = providers[key].get_tracer("serving")
+        start_ns = end_ns - int((e.e2e_ms or 0) * 1e6)
+        span = tracer.start_span("chat", kind=SpanKind.SERVER, start_time=start_ns,
+                                 attributes={k: v for k, v in attrs.items() if v is not None and v != ""})
+        # A cascaded turn's stages as child spans, each naming its stage.
+        at = start_ns
+        for stage, ms in (e.stages or {}).items():
+            child = tracer.start_span(stage, context=set_span_in_context(span), start_time=at,
+                                      attributes={"tailwatch.stage": stage})
+            at += round(ms * 1e6)
+            child.end(end_time=at)
         if e.status in ERROR_TYPE:
             span.set_status(Status(StatusCode.ERROR, ERROR_TYPE[e.status]))
         span.end(end_time=end_ns)
-    spans = exporter.get_finished_spans()
-    return [encode_spans(spans[i:i + per_batch]).SerializeToString() for i in range(0, len(spans), per_batch)]
+    # Whole traces per batch, as the Collector's groupbytrace processor sends them: a turn's
+    # stage spans are joined to it within a batch.
+    traces: dict[int, list] = {}
+    for s in exporter.get_finished_spans():
+        traces.setdefault(s.context.trace_id, []).append(s)
+    batches, batch = [], []
+    for spans in traces.values():
+        batch += spans
+        if len(batch) >= per_batch:
+            batches.append(batch)
+            batch = []
+    return [encode_spans(b).SerializeToString() for b in batches + ([batch] if batch else [])]
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,15 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     mismatch = con.execute("""SELECT count(*) FROM sli_minute
                               WHERE list_sum([h.n for h in e2e_ms_hist]) != requests - cancelled""").fetchone()[0]
     assert mismatch == 0
+    # Inter-token latency, stream endings and stage timings (issue 15) reach the store whole.
+    streams = con.execute("""SELECT sum(streams), sum(streams_completed), sum(streams_cut), sum(streams_timed_out),
+                                    sum(streams_cancelled), sum(list_sum([h.n for h in inter_token_ms_hist])),
+                                    sum(list_sum([h.n for h in stages_hist])) FROM sli_minute""").fetchone()
+    f = t.finish_reasons
+    assert streams == (sum(f.values()), f.get("stop", 0) + f.get("length", 0) + f.get("content_filter", 0),
+                       f.get("server_cut", 0), f.get("timeout", 0), f.get("client_cancel", 0), t.inter_token_values,
+                       t.stage_samples)
+    assert t.stage_samples > 0 and t.inter_token_values > 0
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
     assert w.metrics.events.labels(kafka.topic("requests"), "accepted")._value.get() == t.requests
     # Fields the producer left out take the schema's defaults (the simulator omits them).

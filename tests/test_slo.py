@@ -99,7 +99,7 @@ def test_rolling_sums_equal_a_rescan(counts, length):
 
 def test_default_slos_load():
     specs = load_slos(DEFAULT_SLOS)
-    assert {s.sli_kind for s in specs} == {"availability", "latency", "goodput"}
+    assert {s.sli_kind for s in specs} == {"availability", "latency", "goodput", "stream_completion", "stage_budget"}
 
 
 def test_check_names_each_problem_with_its_place(tmp_path):
@@ -136,7 +136,7 @@ slos:
     # A typo is refused, not ignored; each field's problem is listed, not only the first.
     assert any(p.startswith("slos[3]: unknown field `no_data_afer`") for p in problems), problems
     assert "slos[3].min_events: expected `int`, got `str`" in problems
-    assert "slos[3].sli: expected exactly one of availability, latency, goodput" in problems
+    assert "slos[3].sli: expected exactly one of availability, latency, goodput, stream_completion, stage_budget" in problems
     assert "slos[3].alert_windows[0].budget_share: expected `float` <= 1.0" in problems, problems
 
 

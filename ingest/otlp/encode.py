@@ -17,6 +17,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status, TracesData
 
 from ingest.otlp.gpu import DCGM_GAUGES, MIB
+from ingest.otlp.spans import OTLP_FINISH_NAME
 from ingest.schema import GpuV1, RequestV1, parse_ts_ms
 
 SPANS_PER_BATCH = 512  # the SDK's and the Collector's default batch size
@@ -44,7 +45,7 @@ def traces(events: list[RequestV1]) -> TracesData:
         rs.resource.CopyFrom(_resource({"cloud.availability_zone": zone, "cloud.region": region, "pool": pool}))
         scope = rs.scope_spans.add()
         scope.scope.name = "tailwatch.simulator"
-        scope.spans.extend(span(e) for e in group)
+        scope.spans.extend(sp for e in group for sp in (span(e), *stage_spans(e)))
     return data
 
 
@@ -66,8 +67,27 @@ def span(e: RequestV1) -> Span:
         s.status.code = Status.STATUS_CODE_ERROR
     elif e.status == "cancelled":
         attrs["gen_ai.response.finish_reasons"] = ["abort"]
+    if e.finish_reason is not None:
+        attrs["gen_ai.response.finish_reasons"] = [OTLP_FINISH_NAME[e.finish_reason]]
     s.attributes.extend(_key_values(attrs))
     return s
+
+
+def stage_spans(e: RequestV1) -> list[Span]:
+    """One child span per stage of a cascaded turn, named by `tailwatch.stage`, laid end to end."""
+    if not e.stages:
+        return []
+    ids = hashlib.sha256(e.event_id.encode()).digest()
+    at = int(e.ts) * 1_000_000 - int((e.e2e_ms or 0) * 1e6)
+    out = []
+    for i, (stage, ms) in enumerate(e.stages.items()):
+        child = Span(trace_id=ids[:16], span_id=hashlib.sha256(ids + bytes([i])).digest()[:8], parent_span_id=ids[16:24],
+                     name=stage, kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=at,
+                     end_time_unix_nano=at + round(ms * 1e6))
+        child.attributes.extend(_key_values({"tailwatch.stage": stage}))
+        out.append(child)
+        at += round(ms * 1e6)
+    return out
 
 
 def metrics(samples: list[GpuV1]) -> MetricsData:

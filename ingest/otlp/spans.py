@@ -7,7 +7,14 @@ Which spans are requests:
 - Triton: every span of a request carries `model_name`, `model_version` and `request_id`; the
   request is the outermost of them in the trace, and its queue time is read from the
   `QUEUE_START` / `COMPUTE_START` timestamps (span events) of the whole group.
+- a cascaded turn (speech-to-speech): a span whose children name a stage in `tailwatch.stage`
+  (or `stage`); each child's duration is that stage's time (summed when a stage repeats),
+  and the turn's event carries them in `stages`. Children are joined by trace and parent id
+  within one batch (the Collector's `groupbytrace` processor keeps a trace in one batch).
 Other spans (HTTP handlers, database calls) are skipped, not dead-lettered.
+
+Stream endings: `gen_ai.response.finish_reasons` becomes `finish_reason` (stop, end_turn,
+tool_calls → stop; length, max_tokens → length; content_filter; abort → client_cancel).
 
 Outcome: `error.type`, the span status and the HTTP status decide `status` (429 shed,
 408/504 timeout, 499 or an aborted stream cancelled, other failures error; a cancelled
@@ -43,6 +50,18 @@ QUEUE_S = ("gen_ai.latency.time_in_queue",)
 DECODE_S = ("gen_ai.latency.time_in_model_decode",)
 PER_OUTPUT_TOKEN_S = ("gen_ai.server.time_per_output_token",)
 CANCELLED_FINISH = {"abort", "aborted", "cancelled", "canceled"}
+STAGE_ATTRIBUTES = ("tailwatch.stage", "stage")
+FINISH_REASONS = {
+    **dict.fromkeys(("stop", "eos", "end_turn", "stop_sequence", "tool_calls", "tool_use", "function_call"), "stop"),
+    **dict.fromkeys(("length", "max_tokens", "max_output_tokens"), "length"),
+    **dict.fromkeys(("content_filter", "safety", "refusal"), "content_filter"),
+    **dict.fromkeys(CANCELLED_FINISH, "client_cancel"),
+    # No convention names these; tailwatch's own encoder (and a runtime that wants them seen) does.
+    "server_cut": "server_cut", "timeout": "timeout",
+}
+# finish_reason → the name written to gen_ai.response.finish_reasons (ingest/otlp/encode.py).
+OTLP_FINISH_NAME = {"stop": "stop", "length": "length", "content_filter": "content_filter", "client_cancel": "abort",
+                    "server_cut": "server_cut", "timeout": "timeout"}
 
 
 @dataclass
@@ -55,22 +74,43 @@ class MappedSpans:
 def requests_from_traces(data: TracesData | dict, rules: RequestRules) -> MappedSpans:
     """A decoded batch (`wire.decode`: the protobuf message or the OTLP/JSON document)."""
     out = MappedSpans()
-    for resource, spans in resource_spans(data):
+    groups = list(resource_spans(data))
+    stages = _stage_children(groups)
+    for resource, spans in groups:
         triton: dict[tuple[bytes, str], list[SpanView]] = {}
         for span in spans:
             attrs = span.attributes
-            if span.name == VLLM_SPAN or any(k in attrs for k in GENAI_MARKERS):
-                _add(out, span, _genai_fields(span), resource, rules)
+            turn_stages = stages.get((span.trace_id, span.span_id))
+            if span.name == VLLM_SPAN or any(k in attrs for k in GENAI_MARKERS) or turn_stages:
+                fields = _genai_fields(span)
+                if turn_stages:
+                    fields["stages"] = turn_stages
+                _add(out, span, fields, resource, rules)
             elif all(k in attrs for k in TRITON_MARKERS):
                 triton.setdefault((span.trace_id, str(attrs["request_id"])), []).append(span)
-            else:
-                out.skipped += 1
+            elif first(STAGE_ATTRIBUTES, attrs) is None:
+                out.skipped += 1  # a stage span is not skipped: its time is in its turn's event
         for group in triton.values():
             ids = {s.span_id for s in group}
             roots = [s for s in group if s.parent_span_id not in ids]
             span = min(roots or group, key=lambda s: s.start_ns)
             out.skipped += len(group) - 1
             _add(out, span, _triton_fields(span, group), resource, rules)
+    return out
+
+
+def _stage_children(groups: list[tuple[Attributes, list[SpanView]]]) -> dict[tuple[bytes, bytes], dict[str, float]]:
+    """(trace id, parent span id) → {stage: ms} from the spans that name a stage."""
+    out: dict[tuple[bytes, bytes], dict[str, float]] = {}
+    for _resource, spans in groups:
+        for span in spans:
+            stage = first(STAGE_ATTRIBUTES, span.attributes)
+            duration = _duration_ms(span)
+            if stage is None or not span.parent_span_id or duration is None:
+                continue
+            name = str(stage).strip().lower().replace("-", "_").replace(" ", "_")[:32] or "other"
+            times = out.setdefault((span.trace_id, span.parent_span_id), {})
+            times[name] = round(times.get(name, 0.0) + duration, 6)
     return out
 
 
@@ -90,6 +130,9 @@ def _add(out: MappedSpans, span: SpanView, fields: dict, resource: Attributes, r
     if http is not None and 100 <= http <= 599:
         event["http_status"] = int(http)
     event["status"] = _status(span, attrs, event.get("http_status"))
+    finish = _finish_reason(attrs)
+    if finish is not None:
+        event["finish_reason"] = finish
     if event["status"] == "cancelled":
         event.pop("e2e_ms", None)  # the client left: how long until then is not the service's latency
     conversation = first(("gen_ai.conversation.id",), attrs)
@@ -145,6 +188,15 @@ def _status(span: SpanView, attrs: Attributes, http: int | None) -> str:
     if http == 499 or reasons & CANCELLED_FINISH or (failed and "cancel" in text):
         return "cancelled"
     return "error" if failed else "ok"
+
+
+def _finish_reason(attrs: Attributes) -> str | None:
+    finish = attrs.get("gen_ai.response.finish_reasons")
+    for reason in (finish if isinstance(finish, list) else [finish] if finish else []):
+        mapped = FINISH_REASONS.get(str(reason).lower())
+        if mapped is not None:
+            return mapped
+    return None
 
 
 def _duration_ms(span: SpanView) -> float | None:
