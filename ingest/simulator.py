@@ -104,8 +104,10 @@ SCENARIOS: dict[str, list[Incident]] = {
                  latency_factor=3.0),
         Incident("asr-retry-storm", "retry_storm", 70, 80, {"workload": "asr", "zone": "us-east-1c"},
                  error_ratio=0.3, retry_attempts=3),
+        # Batch jobs sent to a realtime pool: they arrive labelled batch, as a misrouted job would.
         Incident("batch-in-realtime-pool", "queue_saturation", 95, 110, {"pool": "llm-us-east-1a-realtime"},
-                 queue_ms=4000, latency_factor=1.6, extra_rate_factor=0.8, timeout_ratio=0.05),
+                 queue_ms=4000, latency_factor=1.6, extra_rate_factor=0.8, timeout_ratio=0.05,
+                 leak_traffic_class="batch"),
     ],
     # From the second day on, every pool spends 38% more GPU time for the same traffic and the
     # same task success (a less efficient build, scaled out to match): what a cost report must flag.

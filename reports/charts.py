@@ -178,3 +178,27 @@ def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful
     # Below the frame: inside it the legend hid the low end of the lines.
     ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7.5, frameon=False, ncol=2)
     return _png(fig)
+
+
+def series_over_time(title: str, ylabel: str, times: list[dt.datetime], series: dict[str, list[float | None]],
+                     step: dt.timedelta = dt.timedelta(minutes=1), percent: bool = False,
+                     threshold: float | None = None, threshold_label: str = "") -> str:
+    """One line per named series (a model version, a pool) over event time; a dashed line at
+    `threshold` (an SLO target) when given."""
+    if not times or not any(_finite(v) for v in series.values()):
+        return _no_data(title, "nothing measured in this range")
+    fig, ax = plt.subplots(figsize=(7.2, 3.0))
+    few = len(times) < 40
+    for name, values in series.items():
+        ax.plot(times, [v if v is not None else float("nan") for v in values], linewidth=1.4,
+                marker="o" if few else None, markersize=3, label=name)
+    if threshold is not None:
+        ax.axhline(threshold, color=FLAG, linestyle="--", linewidth=1.0, label=threshold_label or None)
+    _time_axis(ax, times, step)
+    if percent:
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=7.5, frameon=False, ncol=3)
+    return _png(fig)

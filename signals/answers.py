@@ -94,6 +94,54 @@ class Autoscale(Struct):
     as_of: Timestamp
 
 
+class ShedStep(Struct):
+    """One rung of the degradation ladder, in the policy's order."""
+
+    step: Literal["delay_batch", "shed_over_quota", "shorten_context", "reduce_retrieval_depth",
+                  "route_to_smaller_model", "disable_premium_effects", "reject_low_priority"]
+    action: str
+    load_removed_gpu_s_per_s: Annotated[float, Meta(description="demand this step would remove")]
+    share_of_demand: float
+    still_over_gpu_s_per_s: Annotated[float, Meta(description="demand left over capacity after this and the steps before")]
+    enough: Annotated[bool, Meta(description="the first step after which the demand fits: take the steps up to here")]
+    basis: Annotated[str, Meta(description="measured, estimated or configured, and from what")]
+
+
+class AdmittedGroup(Struct):
+    """One tenant and traffic class in the next interval's admission plan."""
+
+    tenant: str
+    traffic_class: str
+    priority: int
+    requests: Annotated[int, Meta(description="expected in the interval, at the measured rate")]
+    cost_gpu_s: Annotated[float, Meta(description="GPU-seconds per request, measured")]
+    admitted: int
+    rejected: int
+
+
+class AdmissionPlan(Struct):
+    """Seed 000's admission: higher priority first, within a priority the cheaper request
+    first, ties by a stable id; a request that does not fit is rejected and the rest go on."""
+
+    interval_s: int
+    capacity_gpu_s: Annotated[float, Meta(description="measured capacity × the interval")]
+    retry_after_s: Annotated[int, Meta(description="what a rejected client is told (Retry-After)")]
+    groups: list[AdmittedGroup]
+
+
+class Shed(Struct):
+    """How a pool should degrade, in order, with the load each step frees; and who is admitted."""
+
+    pool: str
+    under_pressure: bool
+    pressure: list[str]
+    demand_gpu_s_per_s: float
+    capacity_gpu_s_per_s: Annotated[float, Meta(description="per-replica capacity × serving replicas")]
+    steps: list[ShedStep]
+    admission: AdmissionPlan
+    as_of: Timestamp
+
+
 class Side(Struct):
     """One side of a canary comparison over the rollout window."""
 

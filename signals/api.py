@@ -31,6 +31,7 @@ from signals.answers import (
     Inconclusive,
     Name,
     Readiness,
+    Shed,
     Slo,
     SloList,
     Verdict,
@@ -132,6 +133,9 @@ class SignalApi:
         self.wall_clock = wall_clock
         self.routes: list[ApiRoute] = [
             ApiRoute("GET", "/v1/autoscale/{pool}", self.autoscale, "Desired replicas for a pool, with its signals and reasons"),
+            ApiRoute("GET", "/v1/shed/{pool}", self.shed,
+                     "For a pool under pressure: the degradation steps in order with the load each frees, and the "
+                     "admission plan for the next interval at measured capacity"),
             ApiRoute("GET", "/v1/rollout/{model}/{version}", self.rollout,
                      "Verdict on a canary version against the model's stable version"),
             ApiRoute("GET", "/v1/argo/{model}/{version}", self.argo,
@@ -212,19 +216,25 @@ class SignalApi:
         return snap
 
     # ---- handlers -------------------------------------------------------------------
-    def autoscale(self, who: Principal, pool: Name) -> Autoscale:
-        snap = self._fresh_snapshot()
-        entry = snap.pools.get(pool)
+    def _pool_answer(self, who: Principal, pool: str, answers: str) -> dict:
+        """A pool's answer from the snapshot's `answers` table, if visible and fresh."""
+        entry = getattr(self._fresh_snapshot(), answers).get(pool)
         if entry is None or not who.sees(entry.tenants):
             raise ApiFailure(404, f"no pool named {pool!r} is visible to this token",
                              hint="pools are the `pool` field of request.v1 and gpu.v1 events")
         age = self.wall_clock() - entry.changed_wall_s
         if age > self.config.stale_after_s:
             # KEDA treats an error as a failed scaler and applies its fallback replicas,
-            # rather than scaling in on data that stopped arriving.
+            # rather than scaling in (or shedding) on data that stopped arriving.
             raise ApiFailure(503, f"no new data for pool {pool!r} for {age:.0f} s (bound {self.config.stale_after_s:.0f} s); "
                                   f"newest data is from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"])
-        return typed(entry.body, Autoscale)
+        return entry.body
+
+    def autoscale(self, who: Principal, pool: Name) -> Autoscale:
+        return typed(self._pool_answer(who, pool, "pools"), Autoscale)
+
+    def shed(self, who: Principal, pool: Name) -> Shed:
+        return typed(self._pool_answer(who, pool, "shed"), Shed)
 
     def rollout(self, who: Principal, model: Name, version: Name) -> Verdict:
         snap = self._fresh_snapshot()

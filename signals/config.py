@@ -12,6 +12,11 @@ bound, and overrides of the autoscale and rollout policies.
     autoscale: {target_utilization: 0.7, zones: 3, queue_age_slo_ms: 1000, scale_in_stabilization_minutes: 10}
     rollout: {min_requests: 100, promote_min_requests: 2000, error_alpha: 0.001, pause_cost_factor: 1.25}
     signals: {pool_window_minutes: 5, rollout_window_minutes: 30}
+    shed:                        # GET /v1/shed/{pool} (signals/shed.py has every default)
+      ladder: [delay_batch, shed_over_quota, shorten_context, route_to_smaller_model, reject_low_priority]
+      tenant_priority: {acme: 2} # added to the traffic class's priority (realtime 3, batch 1, ...)
+      quota_share: {globex: 0.3} # a tenant's share of a pool's capacity
+      context_budget_tokens: 8000
     capacity_gpu_s_per_s: {llm-us-east-1a-realtime: 2.4}
     replica_shape:               # the physical bound per replica (default: autoscale.gpus_per_replica GPUs)
       llm-us-east-1b-realtime: {gpus_per_replica: 8, prefill_tokens_per_s: 60000, decode_tokens_per_s: 4000}
@@ -36,6 +41,7 @@ from msgspec import Meta
 from signals.autoscale import AutoscalePolicy
 from signals.live import CapacityGpuSPerS, SignalPolicy, SignalWindows
 from signals.rollout import RolloutPolicy
+from signals.shed import ShedPolicy
 from slo.capacity import ReplicaShape
 from slo.config_file import ConfigStruct, load_struct
 from slo.spec import parse_duration_s
@@ -101,6 +107,7 @@ class ApiFile(ConfigStruct):
     tokens: list[TokenEntry] = []
     autoscale: AutoscalePolicy = AutoscalePolicy()
     rollout: RolloutPolicy = RolloutPolicy()
+    shed: ShedPolicy = ShedPolicy()
     signals: SignalWindows = SignalWindows()
     capacity_gpu_s_per_s: dict[str, CapacityGpuSPerS] = {}
     replica_shape: dict[str, ReplicaShape] = {}
@@ -114,7 +121,7 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
     stale = parse_duration_s(f.stale_after, bare_unit="s")
     if stale is None or stale <= 0:
         raise ApiConfigError(f"{where}: stale_after must be a duration like 90s, 2m or 90 (seconds), got {f.stale_after!r}")
-    policy = SignalPolicy(**msgspec.structs.asdict(f.signals), autoscale=f.autoscale, rollout=f.rollout,
+    policy = SignalPolicy(**msgspec.structs.asdict(f.signals), autoscale=f.autoscale, rollout=f.rollout, shed=f.shed,
                           capacity_gpu_s_per_s=f.capacity_gpu_s_per_s, replica_shape=f.replica_shape)
     return ApiConfig(stale_after_s=stale, tokens=_tokens(f.tokens, where), policy=policy)
 

@@ -9,7 +9,7 @@ HTTP threads read a finished, consistent answer and never touch live state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import polars as pl
@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
+from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from slo.config_file import ConfigStruct, Days, WindowMinutes
 from slo.cost import attribution_scales
@@ -55,6 +56,7 @@ class SignalWindows(ConfigStruct):
 class SignalPolicy(SignalWindows):
     autoscale: AutoscalePolicy = AutoscalePolicy()
     rollout: RolloutPolicy = RolloutPolicy()
+    shed: ShedPolicy = ShedPolicy()
     # Per pool: a configured capacity overrides measurement; the shape bounds it physically.
     capacity_gpu_s_per_s: dict[str, CapacityGpuSPerS] = {}
     replica_shape: dict[str, ReplicaShape] = {}
@@ -79,6 +81,7 @@ class SignalSnapshot:
     models: dict[str, frozenset[str]]  # model → its versions (for 404 messages)
     slos: list[dict]  # one per SLO, slices carry their labels
     alerts: list[dict]
+    shed: dict[str, Scoped] = field(default_factory=dict)  # per pool: the degradation ladder and admission plan
 
 
 class RecentBuckets:
@@ -161,17 +164,21 @@ class LiveSignals:
         if gpu.height:
             gpu = gpu.with_columns(_minute_col())
         newest = [int(f["_m"].max()) for f in (req, gpu) if f.height]
-        pools = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else {}
+        pools, shed = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else ({}, {})
         rollouts, models = self._rollouts(req, gpu) if req.height else ({}, {})
         return SignalSnapshot(
             built_wall_s=wall_s, as_of_minute=max(newest) if newest else None, pools=pools, rollouts=rollouts,
+            shed=shed,
             models=models, slos=slo_reads(slo_states), alerts=firing_alerts(slo_states),
         )
 
     # ---- autoscale ------------------------------------------------------------------
-    def _pools(self, req: pl.DataFrame, gpu: pl.DataFrame, slo_states: list[SliceState], wall_s: float) -> dict[str, Scoped]:
-        """One group-by per signal over all pools at once; the loop only decides."""
+    def _pools(self, req: pl.DataFrame, gpu: pl.DataFrame, slo_states: list[SliceState],
+               wall_s: float) -> tuple[dict[str, Scoped], dict[str, Scoped]]:
+        """One group-by per signal over all pools at once; the loop only decides. Returns the
+        autoscale answers and the shedding advice, per pool."""
         out: dict[str, Scoped] = {}
+        shed: dict[str, Scoped] = {}
         for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
             mark = (st["newest"], st["seen_in_newest"])
             previous = self._pool_marks.get(pool)
@@ -200,7 +207,20 @@ class LiveSignals:
                 "as_of": rfc3339(st["newest"] + 1),
             }
             out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
-        return out
+            advice = self._shed(pool, st, signals, decision)
+            shed[pool] = Scoped({**shed_body(advice), "as_of": body["as_of"]}, st["tenants"], st["newest"], changed)
+        return out, shed
+
+    def _shed(self, pool: str, st: dict, s: PoolSignals, decision) -> ShedAdvice:
+        p = self.policy.autoscale
+        pressure = []
+        if s.queue_age_p95_ms is not None and s.queue_age_p95_ms > p.queue_age_slo_ms:
+            pressure.append(f"queue age p95 {s.queue_age_p95_ms:,.0f} ms is over {p.queue_age_slo_ms:,.0f} ms")
+        if s.first_output_p95_ms is not None and s.first_output_slo_ms is not None and s.first_output_p95_ms > s.first_output_slo_ms:
+            pressure.append(f"first-output p95 {s.first_output_p95_ms:,.0f} ms is over its SLO of {s.first_output_slo_ms:,.0f} ms")
+        capacity = decision.signals["capacity_gpu_s_per_s_per_replica"] * decision.current_replicas
+        return shed_advice(pool, st["traffic"], s.work_gpu_s_per_s, capacity, self.policy.shed, pressure,
+                           st["attrs"].get("workload"))
 
     def _first_output_slo_ms(self, attrs: dict[str, str]) -> float | None:
         thresholds = [s.threshold_ms for s in self.specs
@@ -277,6 +297,42 @@ def capped_work(req: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
                          (pl.col("reported_gpu_seconds") * pl.col("attribution_scale")).alias("gpu_seconds"))
 
 
+def traffic_slices(rows: pl.DataFrame, capped: pl.DataFrame) -> dict[str, list[tuple]]:
+    """Per pool, (tenant, traffic class, requests, GPU-seconds, prompt tokens, output tokens)
+    over `rows`, GPU-seconds scaled per pool-minute as `capped_work` scaled them."""
+    reported = rows.group_by("pool", "_m").agg(pl.col("gpu_seconds").fill_null(0).sum().alias("_reported"))
+    scale = capped.join(reported, on=["pool", "_m"]).select(
+        "pool", "_m", pl.when(pl.col("_reported") > 0).then(pl.col("gpu_seconds") / pl.col("_reported"))
+        .otherwise(1.0).alias("_scale"))
+    def total(column: str) -> pl.Expr:  # a caller's rows may lack token columns: none counted
+        return (pl.col(column).fill_null(0).sum() if column in rows.columns else pl.lit(0)).cast(pl.Float64)
+
+    sums = rows.join(scale, on=["pool", "_m"], how="left").group_by("pool", "tenant", "traffic_class").agg(
+        total("requests"), (pl.col("gpu_seconds").fill_null(0) * pl.col("_scale").fill_null(1.0)).sum(),
+        total("prompt_tokens"), total("output_tokens"),
+    ).sort("pool", "traffic_class", "tenant")
+    out: dict[str, list[tuple]] = {}
+    for row in sums.iter_rows():
+        out.setdefault(row[0], []).append(row[1:])
+    return out
+
+
+def shed_body(advice) -> dict:
+    """A `ShedAdvice` as the API's mapping (answers.Shed)."""
+    return {
+        "pool": advice.pool, "under_pressure": advice.under_pressure, "pressure": advice.pressure,
+        "demand_gpu_s_per_s": round(advice.demand_gpu_s_per_s, 6), "capacity_gpu_s_per_s": round(advice.capacity_gpu_s_per_s, 6),
+        "steps": [vars(step) for step in advice.steps],
+        "admission": {
+            "interval_s": advice.interval_s, "capacity_gpu_s": round(advice.admission_capacity_gpu_s, 6),
+            "retry_after_s": advice.retry_after_s,
+            "groups": [{"tenant": a.group.tenant, "traffic_class": a.group.traffic_class, "priority": a.group.priority,
+                        "requests": a.group.requests, "cost_gpu_s": round(a.group.cost, 6), "admitted": a.admitted,
+                        "rejected": a.rejected} for a in advice.admission],
+        },
+    }
+
+
 def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dict[str, dict]:
     """Per pool: the window (its newest complete minutes, or the newest minute when none is
     complete), demand sums, latency and GPU signals, tenants and attributes."""
@@ -297,7 +353,8 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
     stats = {pool: {"newest": int(newest), "minutes": int(hi - lo + 1), "seen_in_newest": 0, "tenants": frozenset(),
                     "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0, "prompt_tokens": 0.0,
                     "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
-                    "gpu_util_mean_pct": None, "sm_active_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {}}
+                    "gpu_util_mean_pct": None, "sm_active_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {},
+                    "traffic": []}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
     if req.height:
@@ -314,10 +371,14 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         for row in sums.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
         gw_all = gpu.join(bounds, on="pool").filter(in_window) if gpu.height else gpu
-        work = capped_work(rw, gw_all).group_by("pool").agg(pl.col("gpu_seconds").sum())
+        capped = capped_work(rw, gw_all)
+        work = capped.group_by("pool").agg(pl.col("gpu_seconds").sum())
         for pool, gpu_s in work.iter_rows():
             if pool in stats:
                 stats[pool]["gpu_seconds"] = float(gpu_s)
+        for pool, slices in traffic_slices(rw, capped).items():
+            stats[pool]["traffic"] = [TrafficSlice(*row[:2], *(v / (60 * stats[pool]["minutes"]) for v in row[2:]))
+                                      for row in slices]
         for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
             stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
     if gpu.height:

@@ -189,6 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="data/reports/cost", metavar="DIR", help="output folder (default data/reports/cost)")
     c.add_argument("--prices", default=None, metavar="FILE",
                    help="GPU prices per SKU in USD per GPU-hour (YAML; default: built-in list prices, see slo/prices.py)")
+    c = repsub.add_parser("readiness", help="one model's launch readiness: contract, latency, memory, quality by "
+                                            "slice, operations, a verdict: readiness.html, readiness.json")
+    c.add_argument("--model", required=True, help="the model, as in request.v1's `model`")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
+    c.add_argument("--from", dest="start", default=None, metavar="T1", help="start, RFC 3339 or a date (UTC); default: all")
+    c.add_argument("--to", dest="end", default=None, metavar="T2", help="end, exclusive RFC 3339 time, or a date")
+    c.add_argument("--out", default="data/reports/readiness", metavar="DIR",
+                   help="output folder (default data/reports/readiness)")
+    c.add_argument("--slos", default="default", help="SLO file, `default` or `none` (default: the built-in set)")
+    c.add_argument("--api-config", default=None, metavar="FILE", help="the signal API's policies (rollout, autoscale)")
+    c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
+    c.add_argument("--cost-budget-per-turn", type=float, default=None, metavar="USD",
+                   help="flag versions whose GPU cost per successful turn is over this")
 
     p = sub.add_parser("capacity", help="capacity planning: replicas with zone headroom, KV-cache memory")
     capsub = p.add_subparsers(dest="capacity_command", required=True, metavar="QUESTION")

@@ -490,6 +490,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports.cost_report import ReportError, parse_time, run_cost_report
     from streams.store import DEFAULT_STORE
 
+    if args.report_command == "readiness":
+        return _report_readiness(args)
+
     try:
         start = parse_time(args.start) if args.start else None
         end = parse_time(args.end, end=True) if args.end else None
@@ -623,4 +626,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"${plan.usd_per_hour:,.2f}/h, {per_request} per turn; bottleneck {plan.bottleneck}")
     for line in plan.working:
         print(f"  {line}")
+    return 0
+
+
+def _report_readiness(args: argparse.Namespace) -> int:
+    """`report readiness`: the store's buckets of one model, its canaries and pools replayed
+    through the signal API's decisions, into reports/readiness.py."""
+    from reports.cost_report import ReportError, parse_time
+    from reports.readiness import CanaryHistory, build_readiness, write_readiness
+    from streams.store import DEFAULT_STORE
+    from tailwatch.backtest import backtest_rollout, read_buckets
+
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end, end=True) if args.end else None
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    if start is not None and end is not None and end <= start:
+        raise CliError(f"--to {args.end} must be after --from {args.start}")
+    specs = load_slo_option(args.slos) or []
+    prices = load_prices_option(args.prices)
+    policy = load_api_config_option(args.api_config).policy
+    naive = lambda t: t.replace(tzinfo=None) if t is not None else None  # noqa: E731
+    requests, gpu = read_buckets(args.store or DEFAULT_STORE, naive(start), naive(end), models=[args.model])
+    canaries = []
+    if requests.height:
+        progress(f"report readiness: replaying {args.model}'s canaries through the rollout verdict")
+        versions = requests.filter(requests["deployment"] != "stable")["model_version"].unique().sort().to_list()
+        for version in (v for v in versions if v):
+            bt = backtest_rollout(requests, gpu, args.model, version, policy, prices)
+            canaries.append(CanaryHistory(version, [(s.minute, s.verdict, s.reason) for s in bt.steps]))
+        progress_done()
+    report = build_readiness(args.model, requests, gpu, specs, prices, canaries, policy.autoscale.queue_age_slo_ms,
+                             start, end, args.cost_budget_per_turn)
+    files = write_readiness(report, requests, args.out)
+    print(f"{args.model}: {report.verdict}; wrote {', '.join(str(f) for f in files)}")
+    for f in report.findings:
+        print(f"  {f.severity}: {f.what}")
     return 0

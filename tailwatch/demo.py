@@ -167,6 +167,14 @@ def signal_summary(snapshot) -> str:
                 for (m, v), e in sorted(snapshot.rollouts.items()) if e.body.get("canary")]
     out += "\n\nGET /v1/rollout/{model}/{version} for the canaries (last 30 minutes)\n"
     out += render(["model", "version", "verdict", "first reason"], verdicts)
+    pressed = [[name, e.body["pressure"][0][:60] if e.body["pressure"] else "",
+                *next(([s["step"], f"{s['load_removed_gpu_s_per_s']:.2f}"] for s in e.body["steps"] if s["enough"]),
+                      ["-", "-"]),
+                sum(g["rejected"] for g in e.body["admission"]["groups"])]
+               for name, e in sorted(snapshot.shed.items()) if e.body["under_pressure"]]
+    out += "\n\nGET /v1/shed/{pool} for the pools under pressure (the ladder's first sufficient step)\n"
+    out += render(["pool", "pressure", "step", "frees_gpu_s_per_s", "rejected_next_minute"], pressed) if pressed \
+        else "no pool under pressure"
     return out
 
 

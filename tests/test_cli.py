@@ -125,7 +125,7 @@ def test_produce_and_sql_round_trip(kafka, tmp_path):
 def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     """The README's first command, shortened: broker, simulator, worker with its stages, summary."""
     store = tmp_path / "demo.duckdb"
-    out = subprocess.run([sys.executable, "-m", "tailwatch", "demo", "--minutes", "90", "--store", str(store),
+    out = subprocess.run([sys.executable, "-m", "tailwatch", "demo", "--minutes", "112", "--store", str(store),
                           "--port", str(free_port())], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Pages raised by the default SLOs" in out.stdout
@@ -136,6 +136,38 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     storm = [line for line in detections.splitlines() if line.startswith("retry_storm")]
     assert storm and "us-east-1c" in storm[0] and "asr" in storm[0] and "01:10" in storm[0], detections
     assert "GET /v1/autoscale/{pool}" in out.stdout and "llm-us-east-1a-realtime" in out.stdout
+    # Extra traffic floods llm-us-east-1a-realtime from 01:35: the shed advice names it.
+    shed = out.stdout.split("GET /v1/shed/{pool}", 1)[1]
+    assert "llm-us-east-1a-realtime" in shed and "queue age p95" in shed, shed
+    check_readiness_on_the_demo_store(store, tmp_path)
+
+
+def check_readiness_on_the_demo_store(store, tmp_path):
+    """Issue 16: the report flags the canary that regressed (first output 3x from 00:55) and the
+    pool that saturated; a model with no traffic gets a "nothing measured" page, not an error."""
+    out_dir = tmp_path / "readiness"
+    r = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "llama-3.1-70b",
+                        "--store", str(store), "--out", str(out_dir)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out_dir / "readiness.json").read_text())
+    assert report["verdict"] == "blocked"
+    canary = {c["version"]: c for c in report["canaries"]}["2024-11"]
+    assert canary["latest_verdict"] == "rollback" and canary["halt_minutes"] > 10
+    assert any(f["severity"] == "blocker" and f["what"].startswith("canary 2024-11") and "first-output" in f["what"]
+               for f in report["findings"]), report["findings"]
+    assert [p["pool"] for p in report["saturated_pools"]] == ["llm-us-east-1a-realtime"]
+    assert "01:35" in report["saturated_pools"][0]["when"]
+    assert {v["model_version"] for v in report["contract"]["versions"]} == {"2024-07", "2024-11"}
+    assert report["contract"]["gpu_skus"] == ["H100"] and report["latency"][0]["inter-token p50 ms"] > 0
+    assert any(m.startswith("cold start") for m in report["not_measured"])
+    page = (out_dir / "readiness.html").read_text()
+    assert "Verdict: blocked" in page and page.count("data:image/png;base64,") == 2 and "Saturated pools" in page
+    empty = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "no-such-model",
+                            "--store", str(store), "--out", str(tmp_path / "none")], capture_output=True, text=True)
+    assert empty.returncode == 0, empty.stderr
+    nothing = json.loads((tmp_path / "none" / "readiness.json").read_text())
+    assert nothing["verdict"] == "blocked" and nothing["findings"][0]["what"].startswith("nothing measured")
+    assert "Nothing measured" in (tmp_path / "none" / "readiness.html").read_text()
 
 
 def test_bench_shapes_replay_a_public_trace_through_every_stage():

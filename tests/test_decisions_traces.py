@@ -179,9 +179,36 @@ POOL_FACTORS = {CALM: 3.6, SATURATED: 20.0, **{f"llm-us-east-1{z}-p{i}": f for z
 
 
 @pytest.fixture(scope="module")
-def autoscale_run():
+def trace_snapshots():
     fleet = build_fleet(POOL_FACTORS, seed=11)
-    return {m: snap.pools for m, snap in replay(fleet, SignalPolicy())}
+    return dict(replay(fleet, SignalPolicy()))
+
+
+@pytest.fixture(scope="module")
+def autoscale_run(trace_snapshots):
+    return {m: snap.pools for m, snap in trace_snapshots.items()}
+
+
+def test_shedding_on_the_trace_leaves_the_calm_pool_alone_and_degrades_the_saturated_one(trace_snapshots):
+    """GET /v1/shed on the public trace: all realtime traffic of one tenant, so no batch to
+    delay; the saturated pool's advice starts where something can be freed."""
+    from signals.answers import Shed, typed
+
+    pressed = 0
+    for m, snap in trace_snapshots.items():
+        if m < 6:
+            continue
+        calm, sat = snap.shed[CALM].body, snap.shed[SATURATED].body
+        assert not calm["under_pressure"] and not any(s["enough"] for s in calm["steps"]), (m, calm)
+        assert all(g["rejected"] == 0 for g in calm["admission"]["groups"]), (m, calm)
+        assert _same_json(typed(sat, Shed), sat)
+        if snap.pools[SATURATED].body["signals"]["queue_age_p95_ms"] > 2000:
+            pressed += 1
+            assert sat["under_pressure"], (m, sat)
+            steps = {s["step"]: s for s in sat["steps"]}
+            assert steps["delay_batch"]["load_removed_gpu_s_per_s"] == 0 and not steps["delay_batch"]["enough"]
+            assert sum(s["enough"] for s in sat["steps"]) == 1, sat["steps"]
+    assert pressed > 20
 
 
 def test_a_calm_pool_on_the_trace_is_never_scaled_out(autoscale_run):

@@ -165,6 +165,20 @@ def test_queue_age_breach_scales_out_while_gpu_utilisation_looks_normal(api_work
     assert isinstance(a["desired_replicas"], int) and a["as_of"].startswith("2026-11-02T00:")
 
 
+def test_shed_advice_for_a_pool_whose_users_wait(api_worker):
+    status, a = get(api_worker, "/v1/shed/llm-a-realtime", TOKENS["ops"])
+    assert status == 200, a
+    assert a["under_pressure"] and any("queue age p95 4,000 ms" in p for p in a["pressure"]), a["pressure"]
+    assert [s["step"] for s in a["steps"]][0] == "delay_batch" and a["steps"][0]["load_removed_gpu_s_per_s"] == 0
+    assert sum(s["enough"] for s in a["steps"]) == 1  # realtime only: a later step is the one to take
+    assert {g["tenant"] for g in a["admission"]["groups"]} == {"acme", "globex"}
+    _, b = get(api_worker, "/v1/shed/llm-b-realtime", TOKENS["ops"])
+    assert not b["under_pressure"] and not any(s["enough"] for s in b["steps"])
+    # A tenant-scoped token sees no pool that carries other tenants' traffic.
+    assert get(api_worker, "/v1/shed/llm-a-realtime", TOKENS["solo"])[0] == 404
+    assert get(api_worker, "/v1/shed/tts-c-realtime", TOKENS["solo"])[0] == 200
+
+
 def test_rollout_verdicts(api_worker):
     status, slow = get(api_worker, "/v1/rollout/chat-70b/v2-slow", TOKENS["ops"])
     assert status == 200 and slow["verdict"] == "rollback", slow
@@ -311,7 +325,8 @@ def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker)
     assert all(s.get("properties") for s in schemas.values()), [n for n, s in schemas.items() if not s.get("properties")]
     # A live server's answers hold every required property, and no property the document lacks.
     for path, schema in (("/v1/autoscale/llm-b-realtime", "Autoscale"), ("/v1/rollout/chat-70b/v3-cheap", "Verdict"),
-                         ("/v1/slos/chat-first-token", "Slo"), ("/v1/rollout/chat-70b/v2-slow", "Verdict")):
+                         ("/v1/slos/chat-first-token", "Slo"), ("/v1/rollout/chat-70b/v2-slow", "Verdict"),
+                         ("/v1/shed/llm-a-realtime", "Shed")):
         _, answer = get(api_worker, path, TOKENS["ops"])
         props = schemas[schema]["properties"]
         assert set(schemas[schema]["required"]) <= set(answer) <= set(props), (path, set(answer) ^ set(props))

@@ -1,0 +1,401 @@
+"""The inference readiness report for one model (seed 001's lab): one page, from the store
+alone, that connects the model's quality to its operational constraints and ends in a verdict.
+
+Sections: the model contract (versions, SKUs, pools seen); latency (cold starts, warm
+p50/p95/p99 of first output and end to end, inter-token); memory (GPU memory peak, KV-cache,
+preemptions, prompt lengths); quality by slice (turn success, errors, stream completion by
+tenant, zone and version); operations (its SLOs and budgets, alerts, runbooks, dashboards,
+rollback path, canary verdicts, saturated pools, cost per successful turn); and above all
+what was measured, what was not, what blocks launch, and how to roll back or degrade.
+
+Verdict: `blocked` when an SLO's budget is spent, a canary's latest verdict is rollback or
+pause, no stable version exists to roll back to, or nothing was measured; `ready with risks`
+when a canary regressed and recovered, a pool saturated (users waited minutes on end), a
+budget is more than half spent, a page fired, or cost is over its budget; otherwise `ready`.
+What the store could not tell (no cold start seen, no quality labels) is listed beside the
+verdict, not folded into it.
+
+Pure over bucket frames: the command reads the store and replays the rollout and autoscale
+decisions (tailwatch/backtest.py), then hands their results here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+
+import polars as pl
+
+from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
+from slo import histogram
+from slo.prices import GpuPrices
+from slo.sli import replay as replay_slos
+from slo.spec import SloSpec
+
+FIRST_OUTPUT_NAME = {"llm": "time to first token", "asr": "first partial", "tts": "first audio byte",
+                     "s2s": "first audio byte", "embed": "first output"}
+SATURATED_RUN_MINUTES = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # blocker, risk
+    what: str
+
+
+@dataclass(frozen=True)
+class CanaryHistory:
+    """The rollout verdict minute by minute for one canary version (from the backtest)."""
+
+    version: str
+    steps: list[tuple[int, str, str]]  # (minute, verdict, first reason)
+
+
+@dataclass
+class ReadinessReport:
+    model: str
+    start: dt.datetime | None
+    end: dt.datetime | None
+    verdict: str
+    findings: list[Finding]
+    not_measured: list[str]
+    contract: dict
+    latency: list[dict]
+    cold_starts: list[dict]
+    memory: list[dict]
+    quality: dict[str, list[dict]]
+    slos: list[dict]
+    canaries: list[dict]
+    saturated_pools: list[dict]
+    cost: list[dict]
+    rollback_path: str
+    charts: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.pop("charts")
+        out["start"] = self.start.isoformat() if self.start else None
+        out["end"] = self.end.isoformat() if self.end else None
+        return out
+
+
+def _minute(ts: dt.datetime) -> int:
+    return int(ts.replace(tzinfo=dt.timezone.utc).timestamp()) // 60
+
+
+def _hist_q(rows: pl.DataFrame, column: str, qs: tuple[float, ...]) -> list[float | None]:
+    if column not in rows.columns or rows.height == 0:
+        return [None] * len(qs)
+    merged = histogram.merge({h["bin"]: h["n"] for h in hs} for hs in rows[column].drop_nulls().to_list())
+    return [round(v, 1) if (v := histogram.quantile_ms(merged, q)) is not None else None for q in qs]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return round(num / den, 6) if den else None
+
+
+def _runs(minutes: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for m in sorted(set(minutes)):
+        if out and m == out[-1][1] + 1:
+            out[-1] = (out[-1][0], m)
+        else:
+            out.append((m, m))
+    return out
+
+
+def _at(minute: int) -> str:
+    return dt.datetime.fromtimestamp(minute * 60, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs: list[SloSpec], prices: GpuPrices,
+                    canaries: list[CanaryHistory], queue_age_slo_ms: float, start: dt.datetime | None = None,
+                    end: dt.datetime | None = None, cost_budget_per_turn_usd: float | None = None) -> ReadinessReport:
+    findings: list[Finding] = []
+    missing: list[str] = []
+    if requests.height == 0:
+        return ReadinessReport(model, start, end, "blocked", [Finding("blocker", f"nothing measured: the store has no "
+                               f"traffic for model {model!r} in this range, so nothing about it can be judged")],
+                               ["everything: no requests and no GPU samples for this model"], {}, [], [], [], {}, [],
+                               [], [], [], "unknown: no version seen")
+    req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+    workload = req["workload"].mode().sort()[0]
+    first_name = FIRST_OUTPUT_NAME.get(workload, "first output")
+
+    # ---- contract ----------------------------------------------------------------------
+    versions = req.group_by("model_version", "deployment").agg(
+        pl.col("requests").sum(), pl.col("window_start").min().alias("first_seen"),
+        pl.col("window_start").max().alias("last_seen")).sort("model_version", "deployment")
+    skus = sorted(s for s in gpu["gpu_sku"].unique().to_list() if s) if gpu.height else []
+    contract = {
+        "workload": workload, "versions": [{**r, "first_seen": str(r["first_seen"]), "last_seen": str(r["last_seen"])}
+                                           for r in versions.to_dicts()],
+        "gpu_skus": skus, "pools": sorted(p for p in req["pool"].unique().to_list() if p),
+        "zones": sorted(z for z in req["zone"].unique().to_list() if z),
+        "tenants": int(req["tenant"].n_unique()), "requests": int(req["requests"].sum()),
+        "minutes": int(req["_m"].n_unique()),
+    }
+    if not skus:
+        missing.append("GPU SKU and memory: no GPU samples name this model (its pools' collectors send no model label)")
+
+    # ---- latency -------------------------------------------------------------------------
+    latency = []
+    for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
+        fo = _hist_q(rows, "first_output_ms_hist", (0.5, 0.95, 0.99))
+        e2e = _hist_q(rows, "e2e_ms_hist", (0.5, 0.95, 0.99))
+        itl = _hist_q(rows, "inter_token_ms_hist", (0.5, 0.95))
+        latency.append({"version": version, "requests": int(rows["requests"].sum()), f"{first_name} p50 ms": fo[0],
+                        f"{first_name} p95 ms": fo[1], f"{first_name} p99 ms": fo[2], "e2e p50 ms": e2e[0],
+                        "e2e p95 ms": e2e[1], "e2e p99 ms": e2e[2], "inter-token p50 ms": itl[0],
+                        "inter-token p95 ms": itl[1]})
+    if workload == "llm" and all(r["inter-token p50 ms"] is None for r in latency):
+        missing.append("inter-token latency: no answer carried inter_token_ms")
+    cold = []
+    if gpu.height:
+        g = gpu.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+        loading = g.filter(pl.col("replica_state").is_in(["loading", "cold"]))
+        for (pool,), rows in sorted(loading.partition_by("pool", as_dict=True).items()):
+            longest = max((b - a + 1 for (_n, _i), part in rows.partition_by("node", "gpu_index", as_dict=True).items()
+                           for a, b in _runs(part["_m"].to_list())), default=0)
+            cold.append({"pool": pool, "gpu_minutes_loading": rows.height, "longest_to_warm_minutes": longest})
+    if not cold:
+        missing.append("cold start: no replica was seen loading or cold in this range, so time to warm is unknown")
+
+    # ---- memory --------------------------------------------------------------------------
+    memory = []
+    if gpu.height:
+        per_pool = gpu.group_by("pool").agg(
+            (pl.col("mem_used_bytes_max") / pl.col("mem_total_bytes")).max().alias("gpu_memory_peak_ratio"),
+            pl.col("mem_used_bytes_max").max().alias("gpu_memory_peak_bytes"),
+            pl.col("kv_cache_usage_max").max().alias("kv_cache_usage_max"),
+            pl.col("kv_cache_usage_max").quantile(0.95, interpolation="higher").alias("kv_cache_usage_p95"),
+            pl.col("preemptions").fill_null(0).sum().alias("preemptions")).sort("pool")
+        prompts = req.group_by("pool").agg((pl.col("prompt_tokens").fill_null(0).sum() / pl.col("requests").sum())
+                                           .alias("prompt_tokens_per_request"))
+        memory = per_pool.join(prompts, on="pool", how="left").to_dicts()
+        if per_pool["kv_cache_usage_max"].null_count() == per_pool.height and workload == "llm":
+            missing.append("KV-cache use: the runtime reports no kv_cache_usage")
+    if workload == "llm":
+        missing.append("context lengths: buckets keep prompt tokens per minute and slice, not per request; "
+                       "only the mean is shown")
+
+    # ---- quality by slice ------------------------------------------------------------------
+    def by(label: str) -> list[dict]:
+        return req.group_by(label).agg(
+            pl.col("turns").sum(), pl.col("successful_turns").sum(), pl.col("requests").sum(),
+            (pl.col("errors") + pl.col("timeouts")).sum().alias("failed"),
+            pl.col("streams").fill_null(0).sum(), pl.col("streams_completed").fill_null(0).sum(),
+            pl.col("streams_cancelled").fill_null(0).sum(),
+        ).with_columns(
+            (pl.col("successful_turns") / pl.col("turns")).alias("turn_success_ratio"),
+            (pl.col("failed") / pl.col("requests")).alias("error_ratio"),
+            (pl.col("streams_completed") / (pl.col("streams") - pl.col("streams_cancelled"))).alias("stream_completion"),
+        ).sort(label).to_dicts()
+
+    quality = {label: by(label) for label in ("model_version", "tenant", "zone")}
+    missing.append("quality labels: the store counts a turn successful by the runtime's task_success where it is sent "
+                   "and by status ok otherwise, and cannot tell which; no offline evaluation score is stored")
+    if not req.filter(pl.col("traffic_class") == "eval").height:
+        missing.append("evaluation traffic: no `eval` traffic class for this model, so quality under a fixed test set "
+                       "was not measured")
+
+    # ---- SLOs ----------------------------------------------------------------------------
+    slos = []
+    state = replay_slos(specs, requests)
+    for (name, _labels), st in sorted(state.evaluator.states.items()):
+        s = st.status()
+        slos.append({"slo": name, "slice": ",".join(f"{k}={v}" for k, v in s.labels.items()) or "all",
+                     "sli": s.sli, "error_budget_remaining": s.error_budget_remaining, "firing": s.firing,
+                     "runbook": st.spec.runbook})
+    for name in sorted({r["slo"] for r in slos}):
+        rows = [r for r in slos if r["slo"] == name]
+        worst = min(rows, key=lambda r: r["error_budget_remaining"])
+        spent = [r for r in rows if r["error_budget_remaining"] < 0]
+        if spent:
+            findings.append(Finding("blocker", f"SLO {name}: error budget spent in {len(spent)} of {len(rows)} slices "
+                                               f"(worst {worst['slice']}: {worst['error_budget_remaining']:.0%} left)"))
+        elif worst["error_budget_remaining"] < 0.5:
+            findings.append(Finding("risk", f"SLO {name}: {worst['error_budget_remaining']:.0%} of the error budget "
+                                            f"left in {worst['slice']}"))
+    pages = [c for c in state.changes if c.state == "firing" and c.severity == "page"]
+    if not specs:
+        missing.append("SLOs: none given (--slos none), so no budget was judged")
+    elif not slos:
+        missing.append("SLOs: no SLO selects this model's traffic")
+
+    # ---- canaries and the rollback path ---------------------------------------------------
+    canary_rows = []
+    for c in canaries:
+        bad = [(m, v, why) for m, v, why in c.steps if v in ("rollback", "pause")]
+        last = c.steps[-1] if c.steps else None
+        row = {"version": c.version, "latest_verdict": last[1] if last else None,
+               "first_halt": _at(bad[0][0]) if bad else None, "halt_minutes": len(bad),
+               "reason": bad[0][2] if bad else (last[2] if last else "")}
+        canary_rows.append(row)
+        if last and last[1] in ("rollback", "pause"):
+            findings.append(Finding("blocker", f"canary {c.version}: the rollout verdict is {last[1]} ({last[2]})"))
+        elif bad:
+            findings.append(Finding("risk", f"canary {c.version} regressed: {bad[0][1]} from {_at(bad[0][0])} for "
+                                            f"{len(bad)} minutes ({bad[0][2]}); healthy since"))
+    stable = [v["model_version"] for v in contract["versions"] if v["deployment"] == "stable" and v["model_version"]]
+    if stable:
+        rollback_path = (f"shift traffic back to the stable version {', '.join(stable)} (rollout controller: the "
+                         f"verdict API answers rollback); degrade with GET /v1/shed/{{pool}}")
+    else:
+        rollback_path = "none: no stable version of this model served traffic, so there is nothing to roll back to"
+        findings.append(Finding("blocker", "no stable version served traffic: no rollback path"))
+
+    # ---- saturated pools -----------------------------------------------------------------
+    # Saturated: the oldest queued request (p95 over the pool's GPUs, as the autoscaler reads
+    # it) over the queue-age SLO for minutes on end. Latency alone is not saturation: a slow
+    # canary breaks first output with idle GPUs.
+    saturated = []
+    if gpu.height:
+        waits = (gpu.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+                 .group_by("pool", "_m").agg(pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher")
+                                             .alias("q")).filter(pl.col("q") > queue_age_slo_ms))
+        for (pool,), rows in sorted(waits.partition_by("pool", as_dict=True).items()):
+            runs = [(a, b) for a, b in _runs(rows["_m"].to_list()) if b - a + 1 >= SATURATED_RUN_MINUTES]
+            if runs:
+                saturated.append({"pool": pool, "minutes_saturated": sum(b - a + 1 for a, b in runs),
+                                  "worst_queue_age_ms": round(float(rows["q"].max()), 1),
+                                  "when": ", ".join(f"{_at(a)}–{_at(b + 1)[11:]}" for a, b in runs)})
+                findings.append(Finding("risk", f"pool {pool} saturated: queue age p95 over {queue_age_slo_ms:,.0f} ms "
+                                                f"for {saturated[-1]['minutes_saturated']} minutes ({saturated[-1]['when']}),"
+                                                f" worst {saturated[-1]['worst_queue_age_ms']:,.0f} ms"))
+    else:
+        missing.append("saturation: no GPU samples for this model's pools, so queue age is unknown")
+
+    # ---- cost ----------------------------------------------------------------------------
+    sku_of_pool = dict(gpu.sort("window_start").group_by("pool").agg(pl.col("gpu_sku").drop_nulls().last())
+                       .iter_rows()) if gpu.height else {}
+    priced = req.with_columns(pl.col("pool").replace_strict(
+        {p: prices.usd_per_gpu_second(s) for p, s in sku_of_pool.items()}, default=prices.usd_per_gpu_second(None),
+        return_dtype=pl.Float64).alias("_usd"))
+    cost = priced.group_by("model_version").agg(
+        (pl.col("gpu_seconds").fill_null(0) * pl.col("_usd")).sum().alias("gpu_cost_usd"),
+        pl.col("successful_turns").sum()).with_columns(
+        (pl.col("gpu_cost_usd") / pl.col("successful_turns")).alias("cost_per_successful_turn_usd")).sort("model_version")
+    cost_rows = cost.to_dicts()
+    if not sku_of_pool:
+        missing.append("GPU prices: no SKU seen for this model's pools; the default price was used")
+    if cost_budget_per_turn_usd is not None:
+        for r in cost_rows:
+            if r["cost_per_successful_turn_usd"] is not None and r["cost_per_successful_turn_usd"] > cost_budget_per_turn_usd:
+                findings.append(Finding("risk", f"version {r['model_version']} costs "
+                                                f"${r['cost_per_successful_turn_usd']:.5f} per successful turn, over the "
+                                                f"${cost_budget_per_turn_usd:.5f} budget"))
+    else:
+        missing.append("cost budget: none given (--cost-budget-per-turn), so cost was shown, not judged")
+    for c in pages:
+        if c.labels and not any(f.what.startswith(f"SLO {c.slo}") for f in findings):
+            findings.append(Finding("risk", f"SLO {c.slo} paged at {_at(c.at_minute)} "
+                                            f"({','.join(f'{k}={v}' for k, v in c.labels.items())})"))
+    blocked = any(f.severity == "blocker" for f in findings)
+    # What the store could not tell is listed, not judged: some of it no store of buckets can know.
+    verdict = "blocked" if blocked else ("ready with risks" if findings else "ready")
+    return ReadinessReport(model, start, end, verdict, findings, missing, contract, latency, cold, memory, quality,
+                           slos, canary_rows, saturated, cost_rows, rollback_path)
+
+
+def dashboards_for(model: str) -> list[tuple[str, str]]:
+    return [(title, f"/d/{uid}?var-model={model}") for title, uid in
+            (("SLO detail", UID_SLO), ("Latency", UID_LATENCY), ("Model version and canary", UID_CANARY),
+             ("GPUs", UID_GPU))]
+
+
+# ---- the page ---------------------------------------------------------------------------
+def _charts(report: ReadinessReport, requests: pl.DataFrame) -> dict[str, str]:
+    from reports import charts
+
+    if requests.height == 0:
+        return {}
+    req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+    minutes = list(range(int(req["_m"].min()), int(req["_m"].max()) + 1))
+    times = [dt.datetime.fromtimestamp(m * 60, tz=dt.timezone.utc).replace(tzinfo=None) for m in minutes]
+    fo, err = {}, {}
+    for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
+        by_m = {m: part for (m,), part in rows.partition_by("_m", as_dict=True).items()}
+        fo[version or "(none)"] = [(_hist_q(by_m[m], "first_output_ms_hist", (0.95,))[0] if m in by_m else None)
+                                   for m in minutes]
+        err[version or "(none)"] = [(_ratio(float((by_m[m]["errors"] + by_m[m]["timeouts"]).sum()),
+                                            float(by_m[m]["requests"].sum())) if m in by_m else None) for m in minutes]
+    name = FIRST_OUTPUT_NAME.get(report.contract.get("workload", ""), "first output")
+    return {
+        "latency": charts.series_over_time(f"{name.capitalize()} p95 by version", "ms", times, fo),
+        "errors": charts.series_over_time("Error ratio by version (errors and timeouts)", "share of attempts",
+                                          times, err, percent=True),
+    }
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1 else f"{v:,.1f}"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) or "–"
+    return str(v)
+
+
+def _rows_table(rows: list[dict]) -> str:
+    from reports.cost_report import _e, _table
+
+    if not rows:
+        return "<p class='note'>none</p>"
+    keys = list(rows[0])
+    return _table([(_e(k), i == 0) for i, k in enumerate(keys)], [[_e(_fmt(r[k])) for k in keys] for r in rows])
+
+
+def render_html(report: ReadinessReport) -> str:
+    from reports.cost_report import CSS, _e
+
+    box = {"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict]
+    span = f"{_e(report.start or 'the first bucket')} to {_e(report.end or 'the last')}"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Readiness: {_e(report.model)}</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>Inference readiness: {_e(report.model)}</h1><p class='sub'>{span} (UTC, event time), from the store "
+             "alone</p>",
+             f"<div class='{box}' id='verdict'><h2>Verdict: {_e(report.verdict)}</h2><ul>"
+             + "".join(f"<li><b>{_e(f.severity)}</b>: {_e(f.what)}</li>" for f in report.findings)
+             + ("" if report.findings else "<li>no blocker and no risk found</li>") + "</ul></div>",
+             "<h2 id='not-measured'>What the store could not tell</h2><ul>"
+             + "".join(f"<li>{_e(m)}</li>" for m in report.not_measured) + "</ul>"]
+    if not report.contract:
+        parts.append("<p>Nothing measured: no section below could be filled.</p></body></html>")
+        return "".join(parts)
+    c = report.contract
+    parts += [
+        "<h2>Model contract</h2>",
+        f"<p>workload {_e(c['workload'])}; {c['requests']:,} requests over {c['minutes']:,} minutes from {c['tenants']} "
+        f"tenants; GPUs {_e(', '.join(c['gpu_skus']) or 'not seen')}; pools {_e(', '.join(c['pools']))}; zones "
+        f"{_e(', '.join(c['zones']))}</p>", _rows_table(c["versions"]),
+        "<h2>Latency</h2>", _rows_table(report.latency),
+        f"<div class='charts'><img alt='latency' src='{report.charts.get('latency', '')}'></div>" if report.charts else "",
+        "<h3>Cold starts</h3>", _rows_table(report.cold_starts),
+        "<h2>Memory</h2>", _rows_table(report.memory),
+        "<h2>Quality by slice</h2>",
+        *[f"<h3>by {_e(k)}</h3>" + _rows_table(v) for k, v in report.quality.items()],
+        f"<div class='charts'><img alt='errors' src='{report.charts.get('errors', '')}'></div>" if report.charts else "",
+        "<h2>Operations</h2><h3>SLOs and budgets</h3>", _rows_table(report.slos),
+        "<h3 id='canaries'>Canary verdicts (replayed minute by minute)</h3>", _rows_table(report.canaries),
+        "<h3 id='saturated'>Saturated pools</h3>", _rows_table(report.saturated_pools),
+        "<h3>Cost per successful turn</h3>", _rows_table(report.cost),
+        f"<h3>Rollback and degradation</h3><p>{_e(report.rollback_path)}</p>",
+        "<h3>Dashboards</h3><ul>" + "".join(f"<li><a href='{_e(u)}'>{_e(t)}</a></li>" for t, u in dashboards_for(report.model))
+        + "</ul></body></html>",
+    ]
+    return "".join(parts)
+
+
+def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir) -> list:
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    report.charts = _charts(report, requests)
+    page = render_html(report)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "readiness.html").write_text(page, encoding="utf-8")
+    (out / "readiness.json").write_text(json.dumps(report.to_json(), indent=2, default=str), encoding="utf-8")
+    return [out / "readiness.html", out / "readiness.json"]
