@@ -136,9 +136,12 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     storm = [line for line in detections.splitlines() if line.startswith("retry_storm")]
     assert storm and "us-east-1c" in storm[0] and "asr" in storm[0] and "01:10" in storm[0], detections
     assert "GET /v1/autoscale/{pool}" in out.stdout and "llm-us-east-1a-realtime" in out.stdout
-    # Extra traffic floods llm-us-east-1a-realtime from 01:35: the shed advice names it.
+    # Batch jobs flood llm-us-east-1a-realtime from 01:35: the shed advice says to delay them
+    # first. (Which pressure it names first, queue age or demand over a capacity measured at
+    # breaches, depends on when the view was last rebuilt.)
     shed = out.stdout.split("GET /v1/shed/{pool}", 1)[1]
-    assert "llm-us-east-1a-realtime" in shed and "queue age p95" in shed, shed
+    row = next((line for line in shed.splitlines() if line.startswith("llm-us-east-1a-realtime")), "")
+    assert "delay_batch" in row, shed
     check_readiness_on_the_demo_store(store, tmp_path)
 
 
