@@ -74,6 +74,7 @@ class Decision:
     signals: dict
     as_of_minute: int
     capacity: dict = field(default_factory=dict)  # CapacityEstimate.to_json()
+    breaches: list[str] = field(default_factory=list)  # users waiting: queue age or first output over SLO
 
     @property
     def capacity_basis(self) -> str:
@@ -157,7 +158,7 @@ class Autoscaler:
             "utilization_of_capacity": round(utilization, 4) if utilization is not None else None,
             "planning_target_utilization": round(planning_target, 4),
         }
-        return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute, estimate.to_json())
+        return Decision(s.pool, desired, current, reasons, signals, s.as_of_minute, estimate.to_json(), breaches)
 
 
 def sm_activity_reason(sm_active_pct: float, util_pct: float | None, saturated_pct: float) -> str:

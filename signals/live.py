@@ -16,7 +16,7 @@ import polars as pl
 from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
-from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
+from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from slo.config_file import ConfigStruct, Days, WindowMinutes
@@ -207,19 +207,13 @@ class LiveSignals:
                 "as_of": rfc3339(st["newest"] + 1),
             }
             out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
-            advice = self._shed(pool, st, signals, decision)
+            advice = self._shed(st, signals, decision)
             shed[pool] = Scoped({**shed_body(advice), "as_of": body["as_of"]}, st["tenants"], st["newest"], changed)
         return out, shed
 
-    def _shed(self, pool: str, st: dict, s: PoolSignals, decision) -> ShedAdvice:
-        p = self.policy.autoscale
-        pressure = []
-        if s.queue_age_p95_ms is not None and s.queue_age_p95_ms > p.queue_age_slo_ms:
-            pressure.append(f"queue age p95 {s.queue_age_p95_ms:,.0f} ms is over {p.queue_age_slo_ms:,.0f} ms")
-        if s.first_output_p95_ms is not None and s.first_output_slo_ms is not None and s.first_output_p95_ms > s.first_output_slo_ms:
-            pressure.append(f"first-output p95 {s.first_output_p95_ms:,.0f} ms is over its SLO of {s.first_output_slo_ms:,.0f} ms")
+    def _shed(self, st: dict, s: PoolSignals, decision: Decision) -> ShedAdvice:
         capacity = decision.signals["capacity_gpu_s_per_s_per_replica"] * decision.current_replicas
-        return shed_advice(pool, st["traffic"], s.work_gpu_s_per_s, capacity, self.policy.shed, pressure,
+        return shed_advice(s.pool, st["traffic"], s.work_gpu_s_per_s, capacity, self.policy.shed, decision.breaches,
                            st["attrs"].get("workload"))
 
     def _first_output_slo_ms(self, attrs: dict[str, str]) -> float | None:

@@ -94,7 +94,9 @@ def records_to_frame(
     else:
         body = pl.DataFrame(schema=read)
     frame = body.with_columns(*_defaults(type(records[0]), tuple(read))) if records else body
-    if STAGES_COLUMN in columns:
+    # Only batches that carry stages get the column (the windows take its absence for none):
+    # a batch without them costs one scan, not a column of nulls.
+    if STAGES_COLUMN in columns and any(r.stages for r in records):  # type: ignore[attr-defined]
         frame = frame.with_columns(stage_column(records))
     frame = frame.with_columns(
         pl.Series("ts_ms", ts_ms, dtype=pl.Int64),

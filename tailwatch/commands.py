@@ -486,18 +486,30 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
     return 0
 
 
+def time_range_option(args: argparse.Namespace):
+    """`--from` / `--to` (RFC 3339 or a date, UTC; `--to` a date includes that day) as
+    aware datetimes, None where not given."""
+    from reports.cost_report import ReportError, parse_time
+
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end, end=True) if args.end else None
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    if start is not None and end is not None and end <= start:
+        raise CliError(f"--to {args.end} must be after --from {args.start}")
+    return start, end
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from reports.cost_report import ReportError, parse_time, run_cost_report
+    from reports.cost_report import ReportError, run_cost_report
     from streams.store import DEFAULT_STORE
 
     if args.report_command == "readiness":
         return _report_readiness(args)
 
+    start, end = time_range_option(args)
     try:
-        start = parse_time(args.start) if args.start else None
-        end = parse_time(args.end, end=True) if args.end else None
-        if start is not None and end is not None and end <= start:
-            raise CliError(f"--to {args.end} must be after --from {args.start}")
         prices = load_prices_option(args.prices)
         result = run_cost_report(args.store or DEFAULT_STORE, start, end, args.out, prices,
                                  prices_source=args.prices or "defaults", progress=progress)
@@ -553,17 +565,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from reports.cost_report import ReportError, parse_time
     from slo.stage_plan import PlanConstraints, bottleneck, plan_stages
     from slo.stages import StageSetupError, load_stage_setup, measured_profiles
     from streams import store
     from tailwatch.table import render
 
+    start, end = time_range_option(args)
     try:
-        start = parse_time(args.start) if args.start else None
-        end = parse_time(args.end, end=True) if args.end else None
         setup = load_stage_setup(args.stage_setup)
-    except (ReportError, StageSetupError) as exc:
+    except StageSetupError as exc:
         raise CliError(str(exc)) from None
     prices = load_prices_option(args.prices)
     con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
@@ -632,18 +642,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _report_readiness(args: argparse.Namespace) -> int:
     """`report readiness`: the store's buckets of one model, its canaries and pools replayed
     through the signal API's decisions, into reports/readiness.py."""
-    from reports.cost_report import ReportError, parse_time
     from reports.readiness import CanaryHistory, build_readiness, write_readiness
     from streams.store import DEFAULT_STORE
     from tailwatch.backtest import backtest_rollout, read_buckets
 
-    try:
-        start = parse_time(args.start) if args.start else None
-        end = parse_time(args.end, end=True) if args.end else None
-    except ReportError as exc:
-        raise CliError(str(exc)) from None
-    if start is not None and end is not None and end <= start:
-        raise CliError(f"--to {args.end} must be after --from {args.start}")
+    start, end = time_range_option(args)
     specs = load_slo_option(args.slos) or []
     prices = load_prices_option(args.prices)
     policy = load_api_config_option(args.api_config).policy
