@@ -90,6 +90,11 @@ def _hist_q(rows: pl.DataFrame, column: str, qs: tuple[float, ...]) -> list[floa
     return [round(v, 1) if (v := histogram.quantile_ms(merged, q)) is not None else None for q in qs]
 
 
+def _share(numerator: str, denominator: pl.Expr) -> pl.Expr:
+    """numerator ÷ denominator, null (not NaN, which JSON cannot carry) where nothing was counted."""
+    return pl.when(denominator > 0).then(pl.col(numerator) / denominator)
+
+
 def _ratio(num: float, den: float) -> float | None:
     return round(num / den, 6) if den else None
 
@@ -187,12 +192,15 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
             pl.col("streams").fill_null(0).sum(), pl.col("streams_completed").fill_null(0).sum(),
             pl.col("streams_cancelled").fill_null(0).sum(),
         ).with_columns(
-            (pl.col("successful_turns") / pl.col("turns")).alias("turn_success_ratio"),
-            (pl.col("failed") / pl.col("requests")).alias("error_ratio"),
-            (pl.col("streams_completed") / (pl.col("streams") - pl.col("streams_cancelled"))).alias("stream_completion"),
+            _share("successful_turns", pl.col("turns")).alias("turn_success_ratio"),
+            _share("failed", pl.col("requests")).alias("error_ratio"),
+            _share("streams_completed", pl.col("streams") - pl.col("streams_cancelled")).alias("stream_completion"),
         ).sort(label).to_dicts()
 
     quality = {label: by(label) for label in ("model_version", "tenant", "zone")}
+    if not req["streams"].fill_null(0).sum():
+        missing.append("stream endings: no attempt said how its stream ended (finish_reason), so stream completion "
+                       "is unknown")
     missing.append("quality labels: the store counts a turn successful by the runtime's task_success where it is sent "
                    "and by status ok otherwise, and cannot tell which; no offline evaluation score is stored")
     if not req.filter(pl.col("traffic_class") == "eval").height:

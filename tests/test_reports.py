@@ -388,3 +388,29 @@ def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
     csv = pl.read_csv(tmp_path / "report" / "cost.csv")
     assert_adds_up(csv)
     assert (csv["attribution_scale"] < 1).all() and out.fleet_total_usd == pytest.approx(fleet_usd)
+
+
+def test_readiness_of_the_real_h100_run_names_its_saturated_pool_and_what_it_could_not_tell(tmp_path):
+    """Issue 16 on real telemetry: one H100 serving an LLM, overloaded (most requests shed,
+    queue age up to 11 s), with two sources per GPU and no KV-cache or stream-ending fields."""
+    import json
+
+    store = lab_store(tmp_path / "lab.duckdb")
+    assert main(["report", "readiness", "--model", "llama-1b-rand", "--store", str(store),
+                 "--out", str(tmp_path / "out")]) == 0
+
+    def no_nan(token):
+        raise AssertionError(f"{token} in readiness.json")
+
+    report = json.loads((tmp_path / "out" / "readiness.json").read_text(), parse_constant=no_nan)
+    assert report["verdict"] == "blocked"  # its availability budget is spent: 57% of requests shed
+    assert [p["pool"] for p in report["saturated_pools"]] == ["h100-lab"]
+    assert report["saturated_pools"][0]["worst_queue_age_ms"] > 5000
+    assert report["contract"]["gpu_skus"] == ["H100"] and report["contract"]["requests"] == 632
+    memory = report["memory"][0]
+    assert 0 < memory["gpu_memory_peak_ratio"] < 1 and memory["kv_cache_usage_max"] is None
+    said = " ".join(report["not_measured"])
+    assert "KV-cache use" in said and "stream endings" in said and "cold start" in said
+    assert report["quality"]["model_version"][0]["stream_completion"] is None
+    assert report["latency"][0]["inter-token p50 ms"] is not None
+    assert "Verdict: blocked" in (tmp_path / "out" / "readiness.html").read_text()

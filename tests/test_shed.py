@@ -138,3 +138,24 @@ def test_a_calm_pool_gets_no_shedding(busy_snapshot):
     assert not body["under_pressure"] and body["pressure"] == []
     assert not any(s["enough"] for s in body["steps"])
     assert all(g["rejected"] == 0 for g in body["admission"]["groups"])
+
+
+def test_the_real_h100_run_that_shed_most_of_its_requests_is_under_pressure():
+    """The H100 lab (one GPU, 361 of 632 requests shed, queue age up to 11 s): all realtime,
+    so there is no batch to delay, and the advice says so; the answer fits its type whole."""
+    from tests.h100_lab import lab_gpu_minute, lab_sli_minute
+
+    req, gpu = lab_sli_minute(), lab_gpu_minute()
+    newest = req["window_start"].max()
+    live = LiveSignals(SignalPolicy(), load_slos(DEFAULT_SLOS), GpuPrices())
+    live.add_closed(req.filter(pl.col("window_start") < newest), gpu.filter(pl.col("window_start") < newest))
+    snap = live.snapshot(req.filter(pl.col("window_start") == newest), gpu.filter(pl.col("window_start") == newest),
+                         [], wall_s=0.0)
+    body = snap.shed["h100-lab"].body
+    assert body["under_pressure"] and any("queue age" in p for p in body["pressure"]), body["pressure"]
+    first = body["steps"][0]
+    assert first["step"] == "delay_batch" and first["load_removed_gpu_s_per_s"] == 0 and not first["enough"]
+    assert "no batch, eval or replay traffic" in first["basis"]
+    assert {g["traffic_class"] for g in body["admission"]["groups"]} == {"realtime"}
+    assert msgspec.json.decode(msgspec.json.encode(typed(body, Shed)), type=dict) == \
+        msgspec.json.decode(msgspec.json.encode(body), type=dict)

@@ -348,6 +348,9 @@ def test_stale_data_answers_503_so_keda_falls_back(api_worker):
             break
         time.sleep(0.5)
     assert status == 503 and body["reason"] == "stale" and "llm-b-realtime" in body["error"], body
+    # Shedding advice on data that stopped arriving would shed on a guess: the same 503.
+    status, body = get(api_worker, "/v1/shed/llm-b-realtime", TOKENS["ops"])
+    assert status == 503 and body["reason"] == "stale", body
     assert get(api_worker, "/healthz")[0] == 200
 
 

@@ -177,3 +177,18 @@ def test_plan_stages_names_the_bottleneck_from_the_store_and_plans_greedily(stag
 def test_plan_stages_says_plainly_when_the_store_has_no_stage_timings(stage_store):
     r = _plan(stage_store, "--workload", "asr")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no stage timings for workload 'asr'" in r.stderr
+
+
+def test_inter_token_quantiles_of_a_real_h100_run_match_its_exact_values():
+    """Traffic nobody here generated: the H100 lab's answers (vLLM, one GPU) and their own
+    inter-token latency, merged over every slice-minute, against the exact rank values."""
+    from tests.h100_lab import lab_dir, lab_sli_minute, lines
+
+    exact = np.sort([v for v in (json.loads(line).get("inter_token_ms") for line in lines(lab_dir() / "requests.jsonl"))
+                     if v is not None])
+    assert len(exact) == 271  # the answered requests; the 361 shed ones have no tokens
+    merged = histogram.merge({h["bin"]: h["n"] for h in hs} for hs in lab_sli_minute()["inter_token_ms_hist"].to_list())
+    assert sum(merged.values()) == len(exact)
+    for q in (0.5, 0.95, 0.99):
+        want = float(exact[math.floor(q * (len(exact) - 1))])
+        assert abs(histogram.quantile_ms(merged, q) - want) <= histogram.RELATIVE_ACCURACY * want + 1e-9, q
