@@ -136,6 +136,11 @@ def _rps(x: float) -> str:
     return f"{x:,.1f}".rstrip("0").rstrip(".")
 
 
+def _ms(x: float) -> str:
+    """Milliseconds to a tenth at most: measured latencies are histogram bin values (80.4685)."""
+    return f"{x:,.1f}".rstrip("0").rstrip(".")
+
+
 def _argmin(xs: list[float]) -> int:
     return min(range(len(xs)), key=lambda i: xs[i])  # min keeps the first of equals: pipeline order
 
@@ -168,8 +173,8 @@ def bottleneck(profiles: list[StageProfile], workers: dict[str, int] | None = No
     if p.queue_ms_p95 is not None:
         evidence.append(f"{p.stage} p95 queue wait {p.queue_ms_p95:g} ms")
     total = sum(q.bare_latency_ms for q in profiles)
-    evidence.append(f"{p.stage} p95 {p.bare_latency_ms:g} ms is {p.bare_latency_ms / total:.0%} of the pipeline's "
-                    f"{total:g} ms (sum of stage p95s, service time where unmeasured)")
+    evidence.append(f"{p.stage} p95 {_ms(p.bare_latency_ms)} ms is {p.bare_latency_ms / total:.0%} of the pipeline's "
+                    f"{_ms(total)} ms (sum of stage p95s, service time where unmeasured)")
     return Bottleneck(p.stage, cap, evidence)
 
 
