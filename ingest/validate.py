@@ -19,6 +19,10 @@ import msgspec
 from ingest.schema import EVENT_TYPES
 
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
+# Records per msgspec call: one call over a whole 20,000-record batch costs 2.2 µs a record
+# on the Azure trace's events, chunks of 1,000 cost 0.9 (the joined buffer and the decoded
+# list stay in cache); a bad record also costs only its chunk the slow path.
+CHUNK_RECORDS = 1000
 
 # Rejection reasons: a closed set, so they are safe as a metric label.
 MALFORMED_JSON = "malformed_json"
@@ -79,6 +83,20 @@ class BatchDecoder(Generic[T]):
         self._any = msgspec.json.Decoder()
 
     def decode(self, values: Sequence[bytes | None]) -> DecodedBatch[T]:
+        if len(values) <= CHUNK_RECORDS:
+            return self._decode_chunk(values, 0)
+        out: DecodedBatch[T] = DecodedBatch(records=[], indices=[])
+        for start in range(0, len(values), CHUNK_RECORDS):
+            part = self._decode_chunk(values[start:start + CHUNK_RECORDS], start)
+            out.records += part.records
+            out.indices += part.indices
+            out.rejected += part.rejected
+            out.unknown_fields_dropped += part.unknown_fields_dropped
+        return out
+
+    def _decode_chunk(self, values: Sequence[bytes | None], start: int) -> DecodedBatch[T]:
+        """`values` (positions `start`, `start + 1`, ... of the batch) in one call, or one by one
+        where that fails."""
         try:
             fits = not values or max(map(len, values)) <= self.max_record_bytes  # type: ignore[arg-type]
         except TypeError:  # a None value (a tombstone) somewhere
@@ -90,12 +108,12 @@ class BatchDecoder(Generic[T]):
                 decoded = None
             # A record such as `{..},{..}` would decode as two: only trust equal counts.
             if decoded is not None and len(decoded) == len(values):
-                return DecodedBatch(records=decoded, indices=list(range(len(values))))  # type: ignore[arg-type]
-        return self._decode_one_by_one(values)
+                return DecodedBatch(records=decoded, indices=list(range(start, start + len(values))))  # type: ignore[arg-type]
+        return self._decode_one_by_one(values, start)
 
-    def _decode_one_by_one(self, values: Sequence[bytes | None]) -> DecodedBatch[T]:
+    def _decode_one_by_one(self, values: Sequence[bytes | None], start: int = 0) -> DecodedBatch[T]:
         out: DecodedBatch[T] = DecodedBatch(records=[], indices=[])
-        for i, raw in enumerate(values):
+        for i, raw in enumerate(values, start):
             if raw is None:
                 out.rejected.append(Rejected(i, MALFORMED_JSON, "empty record (null value)"))
                 continue

@@ -131,6 +131,12 @@ class SliceState:
         # stage_budget SLOs: per stage, samples within its budget over the fastest alert's long window.
         self.stage_windows: dict[str, RollingWindow] = {}
         self._stage_minutes = min(w.long_minutes for w in spec.alert_windows)
+        # Per alert window: its alert name, fingerprint and burn-rate factor, which never
+        # change for a slice (a SHA-256 per window per minute was a sixth of the SLO stage).
+        self._alerts = [
+            (aw, name, fingerprint(spec.name, f"{name}:{aw.name}", labels), aw.factor(spec.window_minutes))
+            for aw, name in ((aw, f"SLOBurn{aw.severity.capitalize()}") for aw in spec.alert_windows)
+        ]
 
     def observe_stages(self, minute: int, spends: list[tuple[str, int, int]]) -> None:
         """(stage, samples over budget, samples) of one minute, before `advance` for that minute."""
@@ -198,12 +204,9 @@ class SliceState:
     def _evaluate(self, minute: int) -> list[AlertChange]:
         changes = []
         remaining = self.budget_remaining()
-        for aw in self.spec.alert_windows:
-            factor = aw.factor(self.spec.window_minutes)
+        for aw, name, fp, factor in self._alerts:
             long_w, short_w = self.windows[aw.long_minutes], self.windows[aw.short_minutes]
             long_b, short_b = self.burn(aw.long_minutes), self.burn(aw.short_minutes)
-            name = f"SLOBurn{aw.severity.capitalize()}"
-            fp = fingerprint(self.spec.name, f"{name}:{aw.name}", self.labels)
             hot = (
                 long_b is not None and short_b is not None and long_b > factor and short_b > factor
                 and long_w.valid >= self.spec.min_events and short_w.valid >= self.spec.min_events

@@ -6,11 +6,11 @@ Only the columns that aggregation needs are extracted; identifiers such as
 
 from __future__ import annotations
 
-import functools
-import io
+from operator import attrgetter
 from typing import Sequence
 
 import msgspec
+import numpy as np
 import polars as pl
 
 from ingest.schema import STAGE_NAMES, parse_ts_ms
@@ -28,7 +28,7 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "gpu_seconds": pl.Float64,
 }
 # Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
-# Built from the decoded records, not by the JSON reader: a name outside the list folds
+# Built apart from the flat columns: a name outside the list folds
 # into `other` here, so the buckets' stage keys stay bounded.
 STAGES_COLUMN = "stages"
 STAGES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
@@ -47,19 +47,8 @@ GPU_COLUMNS: dict[str, pl.DataType] = {
 }
 
 
-@functools.cache
-def _defaults(event_type: type[msgspec.Struct], column_names: tuple[str, ...]) -> list[pl.Expr]:
-    """The schema's defaults for fields a producer left out (the JSON reader gives null)."""
-    return [
-        pl.col(f.name).fill_null(f.default)
-        for f in msgspec.structs.fields(event_type)
-        if f.name in column_names and f.default is not msgspec.NODEFAULT and f.default is not None
-    ]
-
-
 def records_to_frame(
     records: Sequence[msgspec.Struct],
-    raw_values: Sequence[bytes],
     columns: dict[str, pl.DataType],
     partitions: Sequence[int],
     offsets: Sequence[int],
@@ -67,13 +56,13 @@ def records_to_frame(
 ) -> tuple[pl.DataFrame, list[Rejected]]:
     """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`, `_index`; bad timestamps rejected.
 
-    The records are already validated; their columns are read from the same raw bytes by
-    polars' native JSON reader (about twice as fast as building columns from Python
-    objects). `raw_values`/`partitions`/`offsets` are per raw record; `indices` maps each
-    record to its raw position.
+    The records are already validated, with the schema's defaults filled in; each column is
+    gathered from them with one `attrgetter` pass (1.2 µs a record for the 22 request
+    columns, where polars' JSON reader over the same raw bytes took 1.7). `partitions` and
+    `offsets` are per raw record; `indices` maps each record to its raw position.
     """
     rejected: list[Rejected] = []
-    ts_raw = [r.ts for r in records]  # type: ignore[attr-defined]
+    ts_raw = list(map(_TS, records))
     if set(map(type, ts_raw)) <= {int}:
         ts_ms = ts_raw
     else:
@@ -87,24 +76,24 @@ def records_to_frame(
         indices = [indices[p] for p in keep]
         records = [records[p] for p in keep]
     read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
-    if len(indices) == len(raw_values):
-        body = pl.read_ndjson(io.BytesIO(b"\n".join(raw_values)), schema=read)
-    elif indices:
-        body = pl.read_ndjson(io.BytesIO(b"\n".join([raw_values[i] for i in indices])), schema=read)
-    else:
-        body = pl.DataFrame(schema=read)
-    frame = body.with_columns(*_defaults(type(records[0]), tuple(read))) if records else body
+    frame = pl.DataFrame({c: list(map(attrgetter(c), records)) for c in read}, schema=read)
     # Only batches that carry stages get the column (the windows take its absence for none):
     # a batch without them costs one scan, not a column of nulls.
     if STAGES_COLUMN in columns and any(r.stages for r in records):  # type: ignore[attr-defined]
         frame = frame.with_columns(stage_column(records))
+    index = np.asarray(indices, dtype=np.int64)
+    whole = len(index) == len(partitions)  # no record rejected: positions are 0..n-1
     frame = frame.with_columns(
         pl.Series("ts_ms", ts_ms, dtype=pl.Int64),
-        pl.Series("_partition", [partitions[i] for i in indices], dtype=pl.Int32),
-        pl.Series("_offset", [offsets[i] for i in indices], dtype=pl.Int64),
-        pl.Series("_index", list(indices), dtype=pl.Int64),
+        pl.Series("_partition", np.asarray(partitions, dtype=np.int32) if whole
+                  else np.asarray(partitions, dtype=np.int32)[index]),
+        pl.Series("_offset", np.asarray(offsets, dtype=np.int64) if whole else np.asarray(offsets, dtype=np.int64)[index]),
+        pl.Series("_index", index),
     )
     return frame, rejected
+
+
+_TS = attrgetter("ts")
 
 
 def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:

@@ -459,7 +459,7 @@ class Worker:
                 self.next_offsets[key] = last + 1
         p.eof.difference_update(partitions)
         decoded = p.decoder.decode(values)
-        frame, bad_ts = records_to_frame(decoded.records, values, p.columns, partitions, offsets, decoded.indices)
+        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices)
         rejected = decoded.rejected + bad_ts
         outcome = p.windows.add(frame)
         m = self.metrics

@@ -33,7 +33,7 @@ def buckets(values: list[bytes], event_type: type[msgspec.Struct], columns: dict
     """Closed 1-minute rows for raw JSON records, as the worker would store them."""
     decoded = BatchDecoder(event_type).decode(values)
     n = len(values)
-    frame, bad_ts = records_to_frame(decoded.records, values, columns, [0] * n, list(range(n)), decoded.indices)
+    frame, bad_ts = records_to_frame(decoded.records, columns, [0] * n, list(range(n)), decoded.indices)
     assert not decoded.rejected and not bad_ts, (decoded.rejected[:3], bad_ts[:3])
     windows = MinuteWindows(spec, allowed_lateness_ms=5 * 60_000)
     windows.add(frame)

@@ -46,7 +46,7 @@ def closed_rows(values: list[bytes], event_type) -> pl.DataFrame:
     """One topic's JSON values → its closed minute rows."""
     columns, spec = (REQUEST_COLUMNS, REQUESTS) if event_type is RequestV1 else (GPU_COLUMNS, GPU)
     decoded = BatchDecoder(event_type).decode(values)
-    frame, _bad = records_to_frame(decoded.records, values, columns, [0] * len(values), list(range(len(values))),
+    frame, _bad = records_to_frame(decoded.records, columns, [0] * len(values), list(range(len(values))),
                                    decoded.indices)
     windows = MinuteWindows(spec, 0)
     windows.add(frame)

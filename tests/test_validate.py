@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ingest.schema import GpuV1, RequestV1
-from ingest.validate import BatchDecoder
+from ingest.validate import CHUNK_RECORDS, BatchDecoder
 
 GOOD = {"schema": "request.v1", "event_id": "e1", "ts": 1_700_000_000_000, "tenant": "acme", "model": "m",
         "workload": "llm", "status": "ok", "e2e_ms": 12.5}
@@ -74,6 +74,21 @@ def test_rejection_detail_never_carries_the_offending_value():
 def test_fast_path_decodes_a_clean_batch_in_one_call():
     out = BatchDecoder(RequestV1).decode([rec(event_id=f"e{i}") for i in range(1000)])
     assert len(out.records) == 1000 and out.indices == list(range(1000))
+
+
+def test_a_batch_longer_than_a_chunk_keeps_every_position():
+    """Batches are decoded in chunks: records, indices, rejections and dropped-field counts
+    must come out as if the batch were decoded whole."""
+    n = 2 * CHUNK_RECORDS + 7
+    values = [rec(event_id=f"e{i}") for i in range(n)]
+    values[CHUNK_RECORDS + 3] = b"not json"
+    values[n - 1] = rec(event_id="extra", prompt="dropped")
+    values[5] = None
+    out = BatchDecoder(RequestV1).decode(values)
+    assert [(r.index, r.reason) for r in out.rejected] == [(5, "malformed_json"), (CHUNK_RECORDS + 3, "malformed_json")]
+    assert out.indices == [i for i in range(n) if i not in (5, CHUNK_RECORDS + 3)]
+    assert [r.event_id for r in out.records[-2:]] == [f"e{n - 2}", "extra"]
+    assert out.unknown_fields_dropped == 1
 
 
 def test_gpu_sample_bounds():
