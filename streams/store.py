@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from slo.windows import minute_start_utc
 
@@ -268,9 +269,15 @@ def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
         merged = pl.concat(frames, how="diagonal_relaxed").filter(pl.col("_minute") >= frontier)
         if merged.height:
             con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, int(merged["_minute"].max()), _frame_blob(merged)])
-    for minute, hashes in t.seen:
-        if minute >= frontier:
-            con.execute("INSERT INTO _tw_open_seen VALUES (?, ?, ?)", [t.topic, minute, hashes.astype("<u8").tobytes()])
+    seen = [(minute, hashes.astype("<u8").tobytes()) for minute, hashes in t.seen if minute >= frontier]
+    if seen:
+        # One insert for every run: a batch of thin traffic leaves runs in tens of minutes,
+        # and a statement per run cost more than the runs' bytes.
+        runs = pa.table({"topic": [t.topic] * len(seen), "minute": [m for m, _ in seen], "hashes": [b for _, b in seen]},
+                        schema=pa.schema([("topic", pa.string()), ("minute", pa.int64()), ("hashes", pa.binary())]))
+        con.register("_runs", runs)
+        con.execute("INSERT INTO _tw_open_seen BY NAME SELECT * FROM _runs")
+        con.unregister("_runs")
 
 
 def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> list[pl.DataFrame]:
