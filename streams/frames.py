@@ -33,6 +33,7 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
 STAGES_COLUMN = "stages"
 STAGES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
 STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}
+_TS = attrgetter("ts")
 REQUEST_COLUMNS[STAGES_COLUMN] = STAGES_DTYPE
 GPU_COLUMNS: dict[str, pl.DataType] = {
     "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
@@ -82,18 +83,16 @@ def records_to_frame(
     if STAGES_COLUMN in columns and any(r.stages for r in records):  # type: ignore[attr-defined]
         frame = frame.with_columns(stage_column(records))
     index = np.asarray(indices, dtype=np.int64)
-    whole = len(index) == len(partitions)  # no record rejected: positions are 0..n-1
+    part, offset = np.asarray(partitions, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
+    if len(index) < len(part):  # some records rejected: keep the kept records' positions
+        part, offset = part[index], offset[index]
     frame = frame.with_columns(
         pl.Series("ts_ms", ts_ms, dtype=pl.Int64),
-        pl.Series("_partition", np.asarray(partitions, dtype=np.int32) if whole
-                  else np.asarray(partitions, dtype=np.int32)[index]),
-        pl.Series("_offset", np.asarray(offsets, dtype=np.int64) if whole else np.asarray(offsets, dtype=np.int64)[index]),
+        pl.Series("_partition", part),
+        pl.Series("_offset", offset),
         pl.Series("_index", index),
     )
     return frame, rejected
-
-
-_TS = attrgetter("ts")
 
 
 def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:

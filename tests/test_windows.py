@@ -114,25 +114,33 @@ def test_event_for_a_closed_minute_is_late():
     assert out.late_index == [0]
 
 
+RESTORE_ROWS = [(f"e{i}", T0 + i * 7_000, i % 2, "ok" if i % 7 else "timeout", float(i % 50 + 1)) for i in range(120)]
+
+
+def assert_restored_closes_as_whole(counts, hist, seen, watermarks, closed_before_minute):
+    """Windows restored from saved open state, then given every row again (a redelivery of
+    the saved part too: deduped), close the same buckets as one pass over the rows."""
+    whole = windows()
+    whole.add(frame(RESTORE_ROWS))
+    expected, _ = whole.close(None)
+    second = windows()
+    second.restore(counts, hist, seen, watermarks, closed_before_minute)
+    second.add(frame(RESTORE_ROWS))
+    got, _ = second.close(None)
+    key = ["window_start", "tenant"]
+    assert got.sort(key).equals(expected.sort(key))
+
+
 @pytest.mark.parametrize("split,concatenated", [(1, False), (3, False), (7, False), (7, True)])
 def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
-    rows = [(f"e{i}", T0 + i * 7_000, i % 2, "ok" if i % 7 else "timeout", float(i % 50 + 1)) for i in range(120)]
-    whole = windows()
-    whole.add(frame(rows))
-    expected, _ = whole.close(None)
-
+    rows = RESTORE_ROWS
     first = windows()
     for i in range(split):
         first.add(frame(rows[i * 10: (i + 1) * 10]))
     saved = first.take_unsaved()
     if concatenated:  # as a checkpoint stores them: one delta frame of many batches
         saved.counts, saved.hist = [pl.concat(saved.counts)], [pl.concat(saved.hist)]
-    second = windows()
-    second.restore(saved.counts, saved.hist, saved.seen, first.watermark_ms, first.closed_before_minute)
-    second.add(frame(rows))  # redelivery of the first part too: deduped
-    got, _ = second.close(None)
-    key = ["window_start", "tenant"]
-    assert got.sort(key).equals(expected.sort(key))
+    assert_restored_closes_as_whole(saved.counts, saved.hist, saved.seen, first.watermark_ms, first.closed_before_minute)
 
 
 def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
@@ -140,11 +148,7 @@ def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     insert) and read back by a restarted worker closes the same buckets, and dedupes."""
     from streams import store
 
-    rows = [(f"e{i}", T0 + i * 7_000, i % 2, "ok" if i % 7 else "timeout", float(i % 50 + 1)) for i in range(120)]
-    whole = windows()
-    whole.add(frame(rows))
-    expected, _ = whole.close(None)
-
+    rows = RESTORE_ROWS
     first = windows()
     for i in range(3):
         first.add(frame(rows[i * 25: (i + 1) * 25]))  # three batches over four minutes
@@ -157,12 +161,7 @@ def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
         next_offsets={}))
     back = store.load_topic_state(con, "t")
     assert sorted((m, h.tolist()) for m, h in back.seen) == sorted((m, h.tolist()) for m, h in unsaved.seen)
-    second = windows()
-    second.restore(back.counts, back.hist, back.seen, back.watermarks, back.closed_before_minute)
-    second.add(frame(rows))  # redelivery of the first part too: deduped
-    got, _ = second.close(None)
-    key = ["window_start", "tenant"]
-    assert got.sort(key).equals(expected.sort(key))
+    assert_restored_closes_as_whole(back.counts, back.hist, back.seen, back.watermarks, back.closed_before_minute)
 
 
 def test_minutes_without_any_latency_field_close_with_empty_histograms():
