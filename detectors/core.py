@@ -171,11 +171,15 @@ def _empty(frame: pl.DataFrame | None) -> bool:
 MINUTE_COL = "_minute"
 
 
-def _with_minute(frame: pl.DataFrame | None, minute: int | None) -> pl.DataFrame | None:
+def with_minute(frame: pl.DataFrame | None, minute: int | None = None) -> pl.DataFrame | None:
+    """The rows with their event-time minute in MINUTE_COL: `minute` for all of them, or
+    each row's own from `window_start` (kept when the frame already carries it)."""
     if _empty(frame):
         return None
     if minute is not None:
         return frame.with_columns(pl.lit(minute, dtype=pl.Int64).alias(MINUTE_COL))
+    if MINUTE_COL in frame.columns:
+        return frame
     return frame.with_columns((pl.col("window_start").dt.epoch("s") // 60).cast(pl.Int64).alias(MINUTE_COL))
 
 
@@ -187,8 +191,8 @@ class MinuteBatch:
 
     def __init__(self, requests: pl.DataFrame | None, gpu: pl.DataFrame | None, minute: int | None = None):
         """`minute`: every row is of this minute; None: rows carry `window_start`."""
-        self.requests = _with_minute(requests, minute)
-        self.gpu = _with_minute(gpu, minute)
+        self.requests = with_minute(requests, minute)
+        self.gpu = with_minute(gpu, minute)
         self._slices: dict[tuple[str, ...], dict[int, dict[SliceKey, SliceMinute]]] = {}
         self._pools: dict[int, dict[str, PoolMinute]] | None = None
         self._classes: dict[int, dict[str, dict[str, int]]] | None = None

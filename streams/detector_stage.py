@@ -38,7 +38,7 @@ from alerts.alertmanager import (
 from detectors import config as detector_config
 from detectors.anomaly import NAME as ANOMALY
 from detectors.anomaly import AnomalyModel
-from detectors.core import Detection, DetectionEvent, Minute, MinuteBatch, slice_key
+from detectors.core import MINUTE_COL, Detection, DetectionEvent, Minute, MinuteBatch, slice_key, with_minute
 from slo.windows import minute_start_utc
 from streams import store
 
@@ -72,17 +72,59 @@ def _minute_of(ts: datetime) -> int:
     return int((ts - _EPOCH).total_seconds()) // 60  # the store's TIMESTAMPs are naive UTC
 
 
-def _take_until(pending: dict[int, list[pl.DataFrame]], until: int) -> pl.DataFrame | None:
-    """The pending rows of minutes up to `until`, taken out of `pending`, as one frame."""
-    frames = [f for m in sorted(m for m in pending if m <= until) for f in pending.pop(m)]
-    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
-def _split_by_minute(frame: pl.DataFrame | None) -> dict[int, pl.DataFrame]:
-    if frame is None or frame.height == 0 or "window_start" not in frame.columns:
-        return {}
-    f = frame.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
-    return {int(m): part.drop("_minute") for (m,), part in f.partition_by("_minute", as_dict=True).items()}
+def _first_pending(*pending: PendingMinutes) -> int | None:
+    return min((m for p in pending if (m := p.first_minute()) is not None), default=None)
+
+
+class PendingMinutes:
+    """One table's closed rows waiting for the detectors, kept as the frames they came in
+    (each with its MINUTE_COL), not split per minute: on thin traffic a checkpoint closes a
+    hundred minutes, and splitting them only to concatenate them again when they are
+    ready cost a fifth of the detector stage."""
+
+    def __init__(self, table: str):
+        self.table = table
+        self.frames: list[tuple[int, int, pl.DataFrame]] = []  # (first minute, last minute, rows)
+
+    def add(self, frame: pl.DataFrame | None, not_before: int | None = None) -> int | None:
+        """Hold the rows of minutes from `not_before` on; the newest minute among them (None: no rows)."""
+        f = with_minute(frame) if frame is not None and "window_start" in frame.columns else None
+        if f is None:
+            return None
+        first, last = f[MINUTE_COL].min(), f[MINUTE_COL].max()
+        if not_before is not None and first < not_before:
+            # Only when the table was taken as absent: the detectors have moved on.
+            late = f.filter(pl.col(MINUTE_COL) < not_before)[MINUTE_COL].unique().sort().to_list()
+            log.warning("%s rows of minutes %s closed after the detectors passed them: not seen by detectors",
+                        self.table, ", ".join(map(str, late)))
+            f = f.filter(pl.col(MINUTE_COL) >= not_before)
+            if f.height == 0:
+                return last
+            first = f[MINUTE_COL].min()
+        self.frames.append((first, last, f))
+        return last
+
+    def first_minute(self) -> int | None:
+        return min((first for first, _, _ in self.frames), default=None)
+
+    def take_until(self, until: int) -> pl.DataFrame | None:
+        """The rows of minutes up to `until`, taken out, as one frame."""
+        taken, kept = [], []
+        for first, last, f in self.frames:
+            if last <= until:
+                taken.append(f)
+            elif first > until:
+                kept.append((first, last, f))
+            else:
+                taken.append(f.filter(pl.col(MINUTE_COL) <= until))
+                rest = f.filter(pl.col(MINUTE_COL) > until)
+                kept.append((rest[MINUTE_COL].min(), last, rest))
+        self.frames = kept
+        return pl.concat(taken, how="diagonal_relaxed") if taken else None
 
 
 class DetectorCollector:
@@ -127,8 +169,8 @@ class DetectorStage:
         self.links = links or AlertLinks()
         self.alerts = FiringAlerts(alertmanager_urls, stage="detectors")
         self.collector = DetectorCollector([d.name for d in self.set.detectors])
-        self.pending_requests: dict[int, list[pl.DataFrame]] = {}
-        self.pending_gpu: dict[int, list[pl.DataFrame]] = {}
+        self.pending_requests = PendingMinutes("sli_minute")
+        self.pending_gpu = PendingMinutes("gpu_minute")
         self.max_request_minute: int | None = None
         self.max_gpu_minute: int | None = None
         self.processed_before: int | None = None  # the next minute to feed the detectors
@@ -165,7 +207,7 @@ class DetectorStage:
         requests = store.query_frame(con, "SELECT * EXCLUDE (queue_ms_hist, first_output_ms_hist, e2e_ms_hist) "
                                      "FROM sli_minute WHERE window_start >= $1", [minute_start_utc(start)])
         gpu = store.query_frame(con, "SELECT * FROM gpu_minute WHERE window_start >= $1", [minute_start_utc(start)])
-        by_req, by_gpu = _split_by_minute(requests), _split_by_minute(gpu)
+        requests, gpu = with_minute(requests), with_minute(gpu)
         anomaly = self.set.get(ANOMALY)
         models: list[AnomalyModel] = []
         if anomaly is not None:
@@ -177,8 +219,8 @@ class DetectorStage:
                           "SELECT version, fit_from, fit_to, fit_rows, model FROM _tw_detector_models "
                           "WHERE detector = ? ORDER BY version", [ANOMALY]).fetchall()]
             anomaly.fitting = False
-        first = min([*by_req, *by_gpu], default=processed_before)
         batch = MinuteBatch(requests, gpu)
+        first = min(batch.minutes(), default=processed_before)
         for minute in range(max(first, start), processed_before):
             if anomaly is not None:
                 # A model fitted at minute F scores from F + 1 on (the fit runs while F is scored).
@@ -193,14 +235,11 @@ class DetectorStage:
         self._adopt_open(con)
         self.processed_before = processed_before
         self.collector.processed_before_minute = processed_before
-        for minute, part in by_req.items():
-            if minute >= processed_before:
-                self.pending_requests.setdefault(minute, []).append(part)
-        for minute, part in by_gpu.items():
-            if minute >= processed_before:
-                self.pending_gpu.setdefault(minute, []).append(part)
-        self.max_request_minute = max(by_req, default=None)
-        self.max_gpu_minute = max(by_gpu, default=None)
+        for pending, rows in ((self.pending_requests, requests), (self.pending_gpu, gpu)):
+            if rows is not None:
+                pending.add(rows.filter(pl.col(MINUTE_COL) >= processed_before))
+        self.max_request_minute = None if requests is None else requests[MINUTE_COL].max()
+        self.max_gpu_minute = None if gpu is None else gpu[MINUTE_COL].max()
 
     def _adopt_open(self, con: duckdb.DuckDBPyConnection) -> None:
         """The store's open detections continue as themselves; any the replay opened that
@@ -218,23 +257,17 @@ class DetectorStage:
             self.collector.active[det.name] = len(det.tracker.open)
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
-        for minute, part in _split_by_minute(requests).items():
-            self.max_request_minute = max(minute, self.max_request_minute if self.max_request_minute is not None else minute)
-            if self._keep(minute, "sli_minute"):
-                self.pending_requests.setdefault(minute, []).append(part)
-        for minute, part in _split_by_minute(gpu).items():
-            self.max_gpu_minute = max(minute, self.max_gpu_minute if self.max_gpu_minute is not None else minute)
-            if self._keep(minute, "gpu_minute"):
-                self.pending_gpu.setdefault(minute, []).append(part)
+        self.max_request_minute = _newest(self.max_request_minute, self.pending_requests.add(requests, self.processed_before))
+        self.max_gpu_minute = _newest(self.max_gpu_minute, self.pending_gpu.add(gpu, self.processed_before))
         until = self._ready_until()
         events: list[DetectionEvent] = []
         if until is not None:
             if self.processed_before is None:
-                self.processed_before = min([*self.pending_requests, *self.pending_gpu])
+                self.processed_before = _first_pending(self.pending_requests, self.pending_gpu)
             history = self.cfg.history_minutes()
             # Every ready minute summarised in one pass per label set (MinuteBatch), then
             # fed to the detectors minute by minute.
-            batch = MinuteBatch(_take_until(self.pending_requests, until), _take_until(self.pending_gpu, until))
+            batch = MinuteBatch(self.pending_requests.take_until(until), self.pending_gpu.take_until(until))
             minute = self.processed_before
             last_data = max(batch.minutes(), default=None)
             while minute <= until:
@@ -267,13 +300,6 @@ class DetectorStage:
             out[table] = rows
         return out
 
-    def _keep(self, minute: int, table: str) -> bool:
-        if self.processed_before is not None and minute < self.processed_before:
-            # Only when the table was taken as absent: the detectors have moved on.
-            log.warning("%s rows of minute %d closed after the detectors passed it: not seen by detectors", table, minute)
-            return False
-        return True
-
     def _ready_until(self) -> int | None:
         """The newest minute that both tables have closed (or that one table's silence lets go)."""
         r, g = self.max_request_minute, self.max_gpu_minute
@@ -287,7 +313,7 @@ class DetectorStage:
             until = (r if r is not None else g) - ABSENT_SOURCE_MINUTES
         if self.processed_before is not None and until < self.processed_before:
             return None
-        if self.processed_before is None and until < min([*self.pending_requests, *self.pending_gpu], default=until):
+        if self.processed_before is None and until < (_first_pending(self.pending_requests, self.pending_gpu) or until):
             return None
         return until
 

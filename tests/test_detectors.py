@@ -577,6 +577,24 @@ def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
     assert con.execute("SELECT detector, ended_at FROM detections").fetchall() == [("retry_storm", None)]
 
 
+def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog):
+    from streams.detector_stage import PendingMinutes
+
+    pending = PendingMinutes("sli_minute")
+    frame = lambda minutes: pl.DataFrame([req_rows(T0 + m, requests=m + 1) for m in minutes], schema_overrides=REQ_SCHEMA)  # noqa: E731
+    assert pending.add(frame([0, 1, 2])) == T0 + 2
+    assert pending.add(frame([3, 4])) == T0 + 4
+    assert pending.add(None) is None and pending.first_minute() == T0
+    taken = pending.take_until(T0 + 3)  # a frame cut in two: minute 4 waits
+    assert sorted(taken["requests"].to_list()) == [1, 2, 3, 4]
+    assert pending.first_minute() == T0 + 4
+    with caplog.at_level("WARNING"):
+        assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
+    assert f"minutes {T0 + 2} closed after the detectors passed them" in caplog.text
+    assert sorted(pending.take_until(T0 + 9)["requests"].to_list()) == [5, 6]
+    assert pending.take_until(T0 + 9) is None
+
+
 def test_detection_alert_payload_has_links_and_numbers():
     d = Detection("queue_age", {"pool": "p1", "zone": "z1"}, T0, None, {"oldest_queue_age_ms_mean": 1500.0})
     a = detection_to_alertmanager(d, d.evidence, AlertLinks())
