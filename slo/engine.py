@@ -137,6 +137,8 @@ class SliceState:
             (aw, name, fingerprint(spec.name, f"{name}:{aw.name}", labels), aw.factor(spec.window_minutes))
             for aw, name in ((aw, f"SLOBurn{aw.severity.capitalize()}") for aw in spec.alert_windows)
         ]
+        self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
+        self._burns: dict[int, float | None] | None = None  # per window, until the windows next move
 
     def observe_stages(self, minute: int, spends: list[tuple[str, int, int]]) -> None:
         """(stage, samples over budget, samples) of one minute, before `advance` for that minute."""
@@ -155,6 +157,7 @@ class SliceState:
             raise ValueError(f"bad counts for {self.spec.name}: good={good} valid={valid}")
         if self.last_minute is not None and minute <= self.last_minute:
             raise ValueError(f"minute {minute} is not after {self.last_minute}: buckets arrive in order")
+        self._burns = None
         for w in self.windows.values():
             w.retire_until(minute)
             if valid:
@@ -194,19 +197,28 @@ class SliceState:
 
     def retire_until(self, minute: int) -> None:
         """Move the windows to `minute` without new data (for reads between buckets)."""
+        self._burns = None
         for w in self.windows.values():
             w.retire_until(minute)
 
+    def burn_rates(self) -> dict[int, float | None]:
+        """Per window length, its burn rate now (computed once per move of the windows:
+        the alert windows, the status row and /metrics all read them)."""
+        if self._burns is None:
+            objective = self.spec.objective
+            self._burns = {m: burn_rate(w.bad, w.valid, objective) for m, w in self.windows.items()}
+        return self._burns
+
     def burn(self, minutes: int) -> float | None:
-        w = self.windows[minutes]
-        return burn_rate(w.bad, w.valid, self.spec.objective)
+        return self.burn_rates()[minutes]
 
     def _evaluate(self, minute: int) -> list[AlertChange]:
         changes = []
         remaining = self.budget_remaining()
+        burns = self.burn_rates()
         for aw, name, fp, factor in self._alerts:
             long_w, short_w = self.windows[aw.long_minutes], self.windows[aw.short_minutes]
-            long_b, short_b = self.burn(aw.long_minutes), self.burn(aw.short_minutes)
+            long_b, short_b = burns[aw.long_minutes], burns[aw.short_minutes]
             hot = (
                 long_b is not None and short_b is not None and long_b > factor and short_b > factor
                 and long_w.valid >= self.spec.min_events and short_w.valid >= self.spec.min_events
@@ -234,14 +246,15 @@ class SliceState:
 
     def status(self) -> SliceStatus:
         good, valid = self._compliance_counts()
-        remaining = self.budget_remaining()
-        fastest = min(self.spec.alert_windows, key=lambda a: a.long_minutes)
+        remaining = error_budget_remaining(valid - good, valid, self.spec.objective)
+        burns = self.burn_rates()
         return SliceStatus(
             slo=self.spec.name, labels=self.labels, minute=self.last_minute or 0,
             sli=(good / valid) if valid else None,
             error_budget_remaining=remaining,
-            burn_rates={m: self.burn(m) for m in self.windows},
-            minutes_to_exhaustion=minutes_to_exhaustion(remaining, self.burn(fastest.long_minutes), self.spec.window_minutes),
-            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
+            burn_rates=dict(burns),
+            minutes_to_exhaustion=minutes_to_exhaustion(remaining, burns[self._fastest_long_minutes],
+                                                        self.spec.window_minutes),
+            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()) if self.firing else [],
             overspent_stage=self.overspent() if self.spec.stage_budgets_ms else None,
         )

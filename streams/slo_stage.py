@@ -103,7 +103,7 @@ class SloStage:
         if closed.height == 0:
             return None, []
         result = self.evaluator.feed(closed)
-        self._count_events(result.counts)
+        self._count_events(result.events)
         self.collector.snapshot = list(self.evaluator.states.values())
         self._outbox_rows = self.alerts.stage_changes(
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
@@ -115,16 +115,13 @@ class SloStage:
         ]
         return pl.DataFrame(rows, schema=STATUS_SCHEMA), result.changes
 
-    def _count_events(self, counts_by_slo: dict[str, pl.DataFrame]) -> None:
+    def _count_events(self, by_slice: dict[tuple[str, tuple[str, ...]], list[int]]) -> None:
         events = dict(self.collector.events)
-        for name, counts in counts_by_slo.items():
-            spec = self.specs[name]
-            totals = counts.group_by(*spec.slice_by or [pl.lit(0).alias("_all")]).agg(
-                pl.col("good").sum(), pl.col("valid").sum())
-            for row in totals.iter_rows(named=True):
-                key = (name, *(str(row[k]) if k in spec.slice_by else "" for k in self.collector.labels))
-                good, bad = events.get(key, (0, 0))
-                events[key] = (good + int(row["good"]), bad + int(row["valid"] - row["good"]))
+        for (name, values), (good, valid) in by_slice.items():
+            labels = dict(zip(self.specs[name].slice_by, values))
+            key = (name, *(labels.get(k, "") for k in self.collector.labels))
+            before_good, before_bad = events.get(key, (0, 0))
+            events[key] = (before_good + good, before_bad + valid - good)
         self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
     def outbox_rows(self) -> list[tuple[str, pl.DataFrame]]:

@@ -209,6 +209,43 @@ slos:
     assert good_valid(av, frame).select("good", "valid").row(0) == (8, 9)
 
 
+def test_every_slo_counted_at_once_equals_each_slo_counted_alone(tmp_path):
+    from datetime import datetime
+
+    import polars as pl
+
+    from slo import histogram
+    from slo.sli import good_valid, good_valid_rows
+
+    hist = lambda *ms: [{"bin": b, "n": n} for b, n in sorted(histogram.from_values(list(ms)).items())]  # noqa: E731
+    t0, t1 = datetime(2026, 11, 2, 0, 0), datetime(2026, 11, 2, 0, 1)
+    frame = pl.DataFrame({
+        "window_start": [t1, t0, t0, t0, t1, t0],
+        "workload": ["llm", "llm", "asr", "llm", "llm", None],
+        "zone": ["a", "a", "a", "b", None, "a"],
+        "model_version": ["v1", "v2", "v1", "v1", "v1", "v1"],
+        "requests": [10, 7, 5, 3, 4, 9], "ok": [8, 7, 5, 1, 4, 9], "cancelled": [1, 0, 0, 0, 1, 0],
+        "first_output_ms_hist": [hist(10.0, 900.0), hist(5.0), hist(2000.0), hist(100.0, 100.0), None, hist(1.0)],
+    })
+    body = """
+slos:
+  - {name: lat, selector: {workload: llm}, sli: {latency: {field: first_output_ms, threshold: 500ms}}, objective: 99%, slice_by: [zone]}
+  - {name: gp, selector: {workload: llm}, sli: {goodput: {field: first_output_ms, threshold: 500ms}}, objective: 99%, slice_by: [zone, model_version]}
+  - {name: av, selector: {workload: llm, zone: a}, sli: {availability: {}}, objective: 99%}
+  - {name: asr, selector: {workload: asr}, sli: {availability: {}}, objective: 99%, slice_by: [zone]}
+"""
+    specs = load_slos(spec_file(tmp_path, body))
+    together = good_valid_rows(specs, frame)
+    for spec in specs:
+        alone = good_valid(spec, frame).with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("m"))
+        expected = sorted((r["m"], tuple(str(r[k]) for k in spec.slice_by), r["good"], r["valid"])
+                          for r in alone.iter_rows(named=True))
+        assert [r[0] for r in together[spec.name]] == sorted(r[0] for r in together[spec.name])  # in minute order
+        assert sorted(together[spec.name]) == expected, spec.name
+    assert together["asr"] == [(29892960, ("a",), 5, 5)]  # a selector picks only its rows; null labels match none
+    assert [r[1] for r in together["lat"]] == [("a",), ("b",), ("a",), ("None",)]  # slices in order, a null last
+
+
 def test_slo_check_command_exit_codes(tmp_path):
     import subprocess
     import sys
