@@ -111,6 +111,10 @@ def make_producer(settings: KafkaSettings) -> Producer:
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
         "enable.idempotence": False,
+        # Every caller wants to hear of failures only (`send`'s on_error): without this each
+        # delivered record calls back into Python at the next poll (measured: produce 2.4 →
+        # 1.45 µs a record, before the callbacks, on the worker's tw.sli copies).
+        "delivery.report.only.error": True,
         **settings.base_config(),
     })
 
