@@ -111,6 +111,9 @@ REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "suc
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
 LatencyP95 = Literal[LATENCY_P95]
+# The sli_minute columns MinuteBatch reads: labels, sums and p95s. Not the histograms,
+# which are most of a row's bytes (rows held for the detectors are cut to these).
+REQUEST_COLUMNS_READ = frozenset(("window_start", *SLICE_LABELS, *REQUEST_SUMS, *LATENCY_P95))
 # The labels a detector slices by: at least one, each an event label.
 SliceBy = Annotated[tuple[Literal[SLICE_LABELS], ...], Meta(min_length=1)]
 

@@ -580,13 +580,17 @@ def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
 def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog):
     from streams.detector_stage import PendingMinutes
 
-    pending = PendingMinutes("sli_minute")
-    frame = lambda minutes: pl.DataFrame([req_rows(T0 + m, requests=m + 1) for m in minutes], schema_overrides=REQ_SCHEMA)  # noqa: E731
+    from detectors.core import REQUEST_COLUMNS_READ
+
+    pending = PendingMinutes("sli_minute", REQUEST_COLUMNS_READ)
+    frame = lambda minutes: pl.DataFrame([req_rows(T0 + m, requests=m + 1, e2e_ms_hist=[{"bin": 3, "n": m + 1}])  # noqa: E731
+                                          for m in minutes], schema_overrides=REQ_SCHEMA)
     assert pending.add(frame([0, 1, 2])) == T0 + 2
     assert pending.add(frame([3, 4])) == T0 + 4
     assert pending.add(None) is None and pending.first_minute() == T0
     taken = pending.take_until(T0 + 3)  # a frame cut in two: minute 4 waits
     assert sorted(taken["requests"].to_list()) == [1, 2, 3, 4]
+    assert "e2e_ms_hist" not in taken.columns and "e2e_ms_p95" in taken.columns  # held: what the detectors read
     assert pending.first_minute() == T0 + 4
     with caplog.at_level("WARNING"):
         assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
