@@ -7,6 +7,7 @@ replay of the store (`tailwatch slo status --at`) and, minute by minute, a live 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -51,7 +52,14 @@ def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
 
 
-def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, list[tuple]]:
+# Past this many grouped rows (a restart replaying a month of buckets), each SLO walks its
+# own rows instead of all of them being made Python tuples at once.
+MATERIALISE_ROWS = 100_000
+
+SloRow = tuple[int, tuple[str, ...], int, int]  # minute, slice values, good, valid
+
+
+def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, Iterable[SloRow]]:
     """Per SLO, (minute, slice values, good, valid) of the buckets it selects, in minute and
     slice order: every SLO in one select and one group-by per distinct `slice_by`, not a
     filter, select and group-by per SLO (a polars call costs the same for the 20 rows of a
@@ -67,18 +75,27 @@ def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, li
     by_slicing: dict[tuple[str, ...], list[int]] = {}
     for i, spec in enumerate(specs):
         by_slicing.setdefault(spec.slice_by, []).append(i)
-    out: dict[str, list[tuple]] = {}
+    out: dict[str, Iterable[SloRow]] = {}
     for slice_by, members in by_slicing.items():
         g = counted.group_by("_minute", *slice_by).agg(
             *[agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum(), pl.col(f"_v{i}").sum())]
         ).sort("_minute", *slice_by, nulls_last=True)
-        rows = g.rows()
         width = len(slice_by)
-        for k, i in enumerate(members):
-            at = 1 + width + 3 * k
-            out[specs[i].name] = [(r[0], tuple(str(v) for v in r[1:1 + width]), int(r[at + 1]), int(r[at + 2]))
-                                  for r in rows if r[at]]
+        if g.height <= MATERIALISE_ROWS:
+            rows = g.rows()
+            for k, i in enumerate(members):
+                at = 1 + width + 3 * k
+                out[specs[i].name] = [(r[0], tuple(str(v) for v in r[1:1 + width]), int(r[at + 1]), int(r[at + 2]))
+                                      for r in rows if r[at]]
+        else:
+            for i in members:
+                out[specs[i].name] = _walk(g.filter(pl.col(f"_p{i}")).select("_minute", *slice_by, f"_g{i}", f"_v{i}"), width)
     return out
+
+
+def _walk(rows: pl.DataFrame, width: int) -> Iterator[SloRow]:
+    for r in rows.iter_rows():
+        yield r[0], tuple(str(v) for v in r[1:1 + width]), int(r[-2]), int(r[-1])
 
 
 @dataclass
@@ -103,11 +120,12 @@ class SloEvaluator:
             return out
         rows_by_slo = good_valid_rows(self.specs, buckets)
         for spec in self.specs:
-            rows = rows_by_slo[spec.name]
-            if until_minute is not None:
-                rows = [r for r in rows if r[0] <= until_minute]
             spends = _stage_spends(spec, buckets) if spec.stage_budgets_ms else {}
-            for minute, values, good, valid in rows:
+            newest = None
+            for minute, values, good, valid in rows_by_slo[spec.name]:
+                if until_minute is not None and minute > until_minute:
+                    break  # rows come in minute order
+                newest = minute
                 key = (spec.name, values)
                 state = self.states.get(key)
                 if state is None:
@@ -120,8 +138,7 @@ class SloEvaluator:
                 totals = out.events.setdefault(key, [0, 0])
                 totals[0] += good
                 totals[1] += valid
-            if rows:
-                newest = max(r[0] for r in rows)
+            if newest is not None:
                 for (name, _), state in self.states.items():
                     if name == spec.name:
                         out.changes.extend(state.check_silence(newest))
