@@ -246,7 +246,7 @@ class SliceState:
 
     def status(self) -> SliceStatus:
         good, valid = self._compliance_counts()
-        remaining = error_budget_remaining(valid - good, valid, self.spec.objective)
+        remaining = self.budget_remaining()
         burns = self.burn_rates()
         return SliceStatus(
             slo=self.spec.name, labels=self.labels, minute=self.last_minute or 0,
@@ -255,6 +255,6 @@ class SliceState:
             burn_rates=dict(burns),
             minutes_to_exhaustion=minutes_to_exhaustion(remaining, burns[self._fastest_long_minutes],
                                                         self.spec.window_minutes),
-            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()) if self.firing else [],
+            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
             overspent_stage=self.overspent() if self.spec.stage_budgets_ms else None,
         )

@@ -7,6 +7,7 @@ replay of the store (`tailwatch slo status --at`) and, minute by minute, a live 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -166,11 +167,12 @@ def _status_row(state: SliceState) -> dict:
         "slice": ",".join(f"{k}={v}" for k, v in st.labels.items()),
         "sli": st.sli, "error_budget_remaining": st.error_budget_remaining,
         "minutes_to_exhaustion": st.minutes_to_exhaustion,
-        "burn_rates": {_SPANS.get(m) or span(m): b for m, b in st.burn_rates.items() if b is not None},
+        "burn_rates": {span(m): b for m, b in st.burn_rates.items() if b is not None},
         "firing": len(st.firing),
     }
 
 
+@functools.cache  # a few window lengths, named for every status row
 def span(minutes: int) -> str:
     """A window length as people write it: 5m, 1h, 30d."""
     if minutes % 1440 == 0:
@@ -178,9 +180,6 @@ def span(minutes: int) -> str:
     if minutes % 60 == 0:
         return f"{minutes // 60}h"
     return f"{minutes}m"
-
-
-_SPANS = {m: span(m) for m in (5, 30, 60, 360, 1440, 4320, 10080, 40320, 43200, 44640)}  # the usual windows, named once
 
 
 @dataclass

@@ -209,7 +209,7 @@ class DetectorStage:
             # Detectors switched on for a store with history: learn from it, raise nothing for the past.
             processed_before = max(newest_minutes) + 1
         start = processed_before - self.cfg.history_minutes()
-        requests = store.query_frame(con, "SELECT * EXCLUDE (queue_ms_hist, first_output_ms_hist, e2e_ms_hist) "
+        requests = store.query_frame(con, f"SELECT {', '.join(sorted(REQUEST_COLUMNS_READ))} "
                                      "FROM sli_minute WHERE window_start >= $1", [minute_start_utc(start)])
         gpu = store.query_frame(con, "SELECT * FROM gpu_minute WHERE window_start >= $1", [minute_start_utc(start)])
         requests, gpu = with_minute(requests), with_minute(gpu)
@@ -318,7 +318,8 @@ class DetectorStage:
             until = (r if r is not None else g) - ABSENT_SOURCE_MINUTES
         if self.processed_before is not None and until < self.processed_before:
             return None
-        if self.processed_before is None and until < (_first_pending(self.pending_requests, self.pending_gpu) or until):
+        first = _first_pending(self.pending_requests, self.pending_gpu)
+        if self.processed_before is None and first is not None and until < first:
             return None
         return until
 
