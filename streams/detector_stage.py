@@ -41,6 +41,7 @@ from detectors.anomaly import AnomalyModel
 from detectors.core import MINUTE_COL, REQUEST_COLUMNS_READ, Detection, DetectionEvent, Minute, MinuteBatch, slice_key, with_minute
 from slo.windows import minute_start_utc
 from streams import store
+from streams.frames import compact_strings
 
 log = logging.getLogger("tailwatch.detectors")
 
@@ -98,6 +99,7 @@ class PendingMinutes:
             return None
         if self.columns is not None:
             f = f.select([c for c in f.columns if c in self.columns or c == MINUTE_COL])
+        f = compact_strings(f)  # held up to an hour: not pinning the buffers of every batch that fed it
         first, last = f[MINUTE_COL].min(), f[MINUTE_COL].max()
         if not_before is not None and first < not_before:
             # Only when the table was taken as absent: the detectors have moved on.

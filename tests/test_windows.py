@@ -229,3 +229,16 @@ def test_gpu_partials_merged_and_unmerged_close_together():
                          {**gpu, "gpu_index": 1, "ts_ms": T0 + MINUTE_MS + batch, "replica_state": "warm"}][: 1 + (batch == 0)]))
     closed, minutes = w.close(None)
     assert closed.height == 2 and sorted(closed["samples"].to_list()) == [1, 6]
+
+
+def test_compacted_strings_keep_their_values_and_nulls():
+    # compact_strings copies string columns (rows the detectors hold must not pin their
+    # batches' buffers); a copy that lost a value or turned a null into "" would change every label.
+    from streams.frames import compact_strings
+
+    long_name = "a-model-name-longer-than-twelve-bytes"
+    source = pl.DataFrame({"model": [long_name, None, "m", long_name * 3], "n": [1, 2, 3, 4]})
+    cut = source.filter(pl.col("n") != 3)
+    copied = compact_strings(cut)
+    assert copied.schema == cut.schema
+    assert copied.to_dict(as_series=False) == {"model": [long_name, None, long_name * 3], "n": [1, 2, 4]}
