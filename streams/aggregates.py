@@ -103,7 +103,10 @@ REQUESTS = AggregateSpec(
 )
 
 def _mean(total: str, count: str, scale: int) -> pl.Expr:
-    return pl.when(pl.col(count) > 0).then(pl.col(total) / pl.col(count) / scale)
+    # One division of two exact integers: `total / count / scale` rounded twice, and polars
+    # rounded it differently depending on how the column was laid out (a minute closed in
+    # one process and the same minute merged from partials differed in the last bit).
+    return pl.when(pl.col(count) > 0).then(pl.col(total) / (pl.col(count) * scale))
 
 
 GPU_KEYS = ("node", "gpu_index")

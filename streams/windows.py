@@ -34,6 +34,7 @@ import polars as pl
 from slo import histogram
 
 MINUTE_MS = 60_000
+PARTITION_COL = "_partition"
 _EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
 _EMPTY_KEYED_HIST = pl.lit([], dtype=pl.List(pl.Struct({"stage": pl.String, "bin": pl.Int16, "n": pl.Int64})))
 # Histogram partials number their field: latency fields from 0, keyed ones (stages) from here.
@@ -95,8 +96,14 @@ class MinuteWindows:
     HIST_AT = 32
     SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
 
-    def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int, idle_timeout_ms: int = 60_000):
+    def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int, idle_timeout_ms: int = 60_000,
+                 per_partition: bool = False):
+        """`per_partition`: buckets are kept apart per source partition (`_partition` is part
+        of the slice), so each closes into a partial that merges exactly downstream
+        (streams/partials.py): how tier-1 workers that own part of a topic publish."""
         self.spec = spec
+        self.per_partition = per_partition
+        self.labels = (*spec.keys, PARTITION_COL) if per_partition else spec.keys
         self.allowed_lateness_ms = allowed_lateness_ms
         self.idle_timeout_ms = idle_timeout_ms
         self.watermark_ms: dict[int, int] = {}  # per partition
@@ -169,7 +176,7 @@ class MinuteWindows:
         return state
 
     def _aggregate(self, frame: pl.DataFrame) -> None:
-        keys = list(self.spec.keys)
+        keys = list(self.labels)
         frame = frame.with_columns(pl.struct(keys).hash().alias("_slice"))
         counts = frame.group_by("_minute", "_slice").agg(
             *[pl.col(k).first() for k in keys], *self.spec.partial
@@ -220,7 +227,7 @@ class MinuteWindows:
         """One row per (minute, slice). `grouped`: each frame already has unique keys."""
         if len(frames) == 1 and grouped:
             return frames[0]
-        keys = list(self.spec.keys)
+        keys = list(self.labels)
         # By name: partials from a batch and merged ones list their columns in different
         # orders, and blobs from an older checkpoint may lack newer columns.
         merged = pl.concat(frames, how="diagonal_relaxed")
@@ -286,6 +293,14 @@ class MinuteWindows:
 
     def close(self, before_minute: int | None) -> tuple[pl.DataFrame, list[int]]:
         """Close every open minute < before_minute (None: all). Returns rows and the minutes closed."""
+        counts, hist, closing = self.close_partials(before_minute)
+        if counts is None:
+            return pl.DataFrame(), []
+        return self.finish(counts, hist), closing
+
+    def close_partials(self, before_minute: int | None) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[int]]:
+        """Like `close`, but the minutes' merged partial state (counts, histogram bins), not
+        finished rows: what `finish` (here or downstream, after more partials) turns into rows."""
         closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
         if before_minute is None:
             cut = closing[-1] + 1 if closing else self.closed_before_minute
@@ -294,15 +309,15 @@ class MinuteWindows:
         if cut is not None:
             self._advance_frontier(cut)
         if not closing:
-            return pl.DataFrame(), []
+            return None, None, []
         states = [self._open.pop(m) for m in closing]
         if not any(s.counts for s in states):
-            return pl.DataFrame(), []
+            return None, None, []
         # Every closing minute in one group-by (keys include the minute), not one per minute:
         # on thin traffic a checkpoint closes many minutes of a few rows each.
         counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
         hist = self._merge_all([s.hist for s in states], self._merge_hist) if any(s.hist for s in states) else None
-        return self._finish(counts, hist if self.spec.histogram_fields else None), closing
+        return counts, hist, closing
 
     @staticmethod
     def _merge_all(per_minute: list[list[pl.DataFrame]], merge, diagonal: bool = False) -> pl.DataFrame:
@@ -314,6 +329,16 @@ class MinuteWindows:
     def _advance_frontier(self, cut: int) -> None:
         if self.closed_before_minute is None or cut > self.closed_before_minute:
             self.closed_before_minute = cut
+
+    def finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
+        """Merged partial state of closed minutes → the store's rows."""
+        return self._finish(counts, hist if self.spec.histogram_fields else None)
+
+    def merge_partials(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
+        """Partial state whose keys repeat (the same slice-minute from several partitions) →
+        the store's rows: the same merge and finish as closing in one process."""
+        merged_hist = self._merge_hist([hist], grouped=False) if hist is not None and hist.height else None
+        return self.finish(self._merge_counts([counts], grouped=False), merged_hist)
 
     def _finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
         out = counts
