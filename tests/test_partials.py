@@ -5,6 +5,7 @@ the real H100 run (GPU samples from two sources per GPU), never on simulator tra
 
 from __future__ import annotations
 
+import itertools
 import msgspec
 import polars as pl
 import pytest
@@ -94,16 +95,26 @@ def same_rows(a: pl.DataFrame, b: pl.DataFrame, keys: list[str]) -> None:
     assert a.equals(b), "partials merged downstream differ from one worker's buckets"
 
 
+def two_workers_assembled(spec, columns, event_type, logs, topic, owners, checkpoints):
+    """Two tier-1 workers (partitions `owners[i]`, closing in `checkpoints[i]` steps), their
+    records interleaved as the assembler reads them, assembled: (rows, minutes)."""
+    records = [tier1_records(spec, columns, event_type, logs, owned, topic, n) for owned, n in zip(owners, checkpoints)]
+    assembler = MinuteAssembler(spec, columns, topic, set(logs), set(SLI_PARTITIONS))
+    frames, minutes = [], []
+    for pair in itertools.zip_longest(*records):
+        for q, value in filter(None, pair):
+            assembler.add(q, value)
+        rows, taken = assembler.take_complete()  # as a store writer would: whatever is whole, at once
+        frames += [rows] if rows.height else []
+        minutes += taken
+    return pl.concat(frames), minutes
+
+
 @pytest.mark.parametrize("keyed", [True, False], ids=["keyed-by-tenant", "unkeyed"])
 def test_two_tier1_workers_partials_assemble_into_one_workers_sli_minute(keyed):
     logs = partitioned(azure_values(minutes=40), 4, keyed)
-    topic = "tw.requests"
-    records = (tier1_records(REQUESTS, REQUEST_COLUMNS, RequestV1, logs, [0, 1], topic, checkpoints=3)
-               + tier1_records(REQUESTS, REQUEST_COLUMNS, RequestV1, logs, [2, 3], topic, checkpoints=5))
-    assembler = MinuteAssembler(REQUESTS, REQUEST_COLUMNS, topic, {0, 1, 2, 3}, set(SLI_PARTITIONS))
-    for q, value in records:
-        assembler.add(q, value)
-    rows, minutes = assembler.take_complete()
+    rows, minutes = two_workers_assembled(REQUESTS, REQUEST_COLUMNS, RequestV1, logs, "tw.requests",
+                                          ([0, 1], [2, 3]), (3, 5))
     one = single_worker(REQUESTS, REQUEST_COLUMNS, RequestV1, logs)
     assert minutes == sorted({t // 60 for t in one["window_start"].dt.epoch("s").to_list()})
     same_rows(rows, one, list(REQUESTS.keys))
@@ -113,13 +124,7 @@ def test_gpu_partials_of_two_sources_per_gpu_spread_over_partitions_assemble_exa
     # Round robin: the NVML collector's and the runtime's samples of one GPU land in
     # different partitions owned by different workers, and merge field by field downstream.
     logs = partitioned(gpu_values(), 4, keyed=False)
-    topic = "tw.gpu"
-    records = (tier1_records(GPU, GPU_COLUMNS, GpuV1, logs, [0, 2], topic, checkpoints=2)
-               + tier1_records(GPU, GPU_COLUMNS, GpuV1, logs, [1, 3], topic, checkpoints=4))
-    assembler = MinuteAssembler(GPU, GPU_COLUMNS, topic, {0, 1, 2, 3}, set(SLI_PARTITIONS))
-    for q, value in records:
-        assembler.add(q, value)
-    rows, _ = assembler.take_complete()
+    rows, _ = two_workers_assembled(GPU, GPU_COLUMNS, GpuV1, logs, "tw.gpu", ([0, 2], [1, 3]), (2, 4))
     same_rows(rows, single_worker(GPU, GPU_COLUMNS, GpuV1, logs), list(GPU.keys))
 
 
