@@ -1679,8 +1679,8 @@ _HIST_CONSTANTS = {
     "inv_milli": _double(1 / 1_000),
     **{f"newest_{c}": f"(max({{'t': ts_ms, 'v': {c}}}) FILTER (WHERE {c} IS NOT NULL AND {c} <> '')).v"
        for c in ("zone", "pool", "gpu_sku", "model", "model_version", "replica_state")},
-    **{f"mean_{c}": f"CASE WHEN count({c}) > 0 THEN sum(round({c} * 1000)::BIGINT)::DOUBLE / count({c})::DOUBLE * "
-                    f"{_double(1 / 1_000)} END"
+    # streams/aggregates.py `_mean`: one division of the fixed-point total by count × 1000.
+    **{f"mean_{c}": f"CASE WHEN count({c}) > 0 THEN sum(round({c} * 1000)::BIGINT)::DOUBLE / (count({c}) * 1000)::DOUBLE END"
        for c in ("util_pct", "power_w", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")},
     "any_nvml": "(" + " OR ".join(f"{c} IS NOT NULL" for c in (
         "util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c", "xid_errors", "ecc_errors")) + ")",
