@@ -46,6 +46,13 @@ def partial_schema(spec: AggregateSpec) -> str:
     return f"{spec.name}_partial.v1"
 
 
+def sli_keys(rows: pl.DataFrame, labels: list[str]) -> list[bytes]:
+    """The tw.sli key of each row, closed bucket or partial: its slice labels joined by "|",
+    so that every record of a slice lands in one tw.sli partition."""
+    joined = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in labels], separator="|"))
+    return [k.encode() for k in joined.to_series()]
+
+
 class Frontier(msgspec.Struct, frozen=True):
     source_topic: str
     source_partition: int
@@ -97,8 +104,7 @@ def encode_partials(spec: AggregateSpec, source_topic: str, counts: pl.DataFrame
     rows = rows.drop("_slice").rename({c: w for c, w in _WIRE_NAMES.items() if c in rows.columns}).with_columns(
         pl.lit(partial_schema(spec)).alias("schema"), pl.lit(source_topic).alias("source_topic"))
     lines = rows.write_ndjson().splitlines()
-    keys = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in spec.keys], separator="|")).to_series()
-    return [(k.encode(), line.encode()) for k, line in zip(keys, lines)]
+    return [(key, line.encode()) for key, line in zip(sli_keys(rows, list(spec.keys)), lines)]
 
 
 class MinuteAssembler:
@@ -112,6 +118,7 @@ class MinuteAssembler:
         self.source_partitions = set(source_partitions)
         self.sli_partitions = set(sli_partitions)
         self.schema = wire_schema(spec, columns)
+        self.partial_schema = partial_schema(spec)
         self.frontiers: dict[tuple[int, int], int] = {}  # (tw.sli partition, source partition) → closed before
         self.held: dict[int, list[bytes]] = {}  # minute → partial records
         self.done_before: int | None = None  # minutes before this were handed out
@@ -126,7 +133,7 @@ class MinuteAssembler:
             key = (sli_partition, head.source_partition)
             if head.closed_before_minute is not None and head.closed_before_minute > self.frontiers.get(key, -(2**62)):
                 self.frontiers[key] = head.closed_before_minute
-        elif head.schema == partial_schema(self.spec) and head.minute is not None:
+        elif head.schema == self.partial_schema and head.minute is not None:
             if self.done_before is not None and head.minute < self.done_before:
                 self.redelivered += 1
             else:

@@ -39,6 +39,7 @@ from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.http import HttpState, WorkerHttp
 from streams.metrics import WorkerMetrics
+from streams.partials import sli_keys
 from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
@@ -599,10 +600,9 @@ class Worker:
             pl.lit(f"{p.windows.spec.name}_minute.v1").alias("schema"),
             pl.col("window_start").dt.epoch("ms").alias("window_start"),
         ).write_ndjson().splitlines()
-        key_rows = rows.select(pl.concat_str([pl.col(k).cast(pl.String).fill_null("") for k in keys], separator="|")).to_series()
         failed = self._publish_failed(sli)
-        for key, line in zip(key_rows, lines):
-            send(self.producer, sli, line.encode(), key.encode(), on_error=failed)
+        for key, line in zip(sli_keys(rows, keys), lines):
+            send(self.producer, sli, line.encode(), key, on_error=failed)
 
     def _update_gauges(self, consumer) -> None:
         m = self.metrics
