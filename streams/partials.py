@@ -27,7 +27,18 @@ Wire (JSON lines, as every tw.sli record):
 - `<spec>_partial.v1`: `source_topic`, `source_partition`, `minute` (epoch minute), the
   slice labels, the partial state columns of the spec (names as in the open-minute
   state), and `hist`: [{field, bin, n}], the latency histogram bins by field number.
-- `frontier.v1`: `source_topic`, `source_partition`, `closed_before_minute`.
+- `frontier.v1`: `source_topic`, `source_partition`, `closed_before_minute` (null: the
+  partition has closed nothing yet), `watermark_ms` (its newest valid event; null: none),
+  `read_to_end` (its owner has consumed it to the log end) and `drained` (its owner closed
+  every minute it held on the way out).
+
+Idleness is judged by each tier-1 worker over the partitions it owns, as one worker does
+over all (streams/partition_windows.py): an idle partition's frontier moves on, and events
+that arrive later for minutes it passed are late, dead-lettered there. Here a source
+partition stops holding minutes back only when it never had a valid event and its owner
+read it to the end (a partition no producer writes to, or one of poison records only), or
+when its owner drained it on the way out. A partial that arrives for a minute already
+handed out is a copy (a re-publish after a crash or a move) and is dropped (`redelivered`).
 """
 
 from __future__ import annotations
@@ -56,26 +67,34 @@ def sli_keys(rows: pl.DataFrame, labels: list[str]) -> list[bytes]:
 class Frontier(msgspec.Struct, frozen=True):
     source_topic: str
     source_partition: int
-    closed_before_minute: int
+    closed_before_minute: int | None
+    watermark_ms: int | None = None
+    read_to_end: bool = False
+    drained: bool = False
     schema: str = FRONTIER_SCHEMA
 
 
 class _Head(msgspec.Struct):
-    """What the assembler reads of every record before it decodes a minute's partials in one go."""
+    """What the assembler reads of every record before it decodes a minute's partials in one
+    go (closed-bucket copies from a single-process worker share the topic: no source fields)."""
 
     schema: str
-    source_topic: str
-    source_partition: int
+    source_topic: str | None = None
+    source_partition: int | None = None
     minute: int | None = None
     closed_before_minute: int | None = None
+    watermark_ms: int | None = None
+    read_to_end: bool = False
+    drained: bool = False
 
 
 _decode_head = msgspec.json.Decoder(_Head).decode
 _encode = msgspec.json.Encoder().encode
 
 
-def encode_frontier(source_topic: str, source_partition: int, closed_before_minute: int) -> bytes:
-    return _encode(Frontier(source_topic, source_partition, closed_before_minute))
+def encode_frontier(source_topic: str, source_partition: int, closed_before_minute: int | None,
+                    watermark_ms: int | None = None, read_to_end: bool = False, drained: bool = False) -> bytes:
+    return _encode(Frontier(source_topic, source_partition, closed_before_minute, watermark_ms, read_to_end, drained))
 
 
 def _state_schema(spec: AggregateSpec, columns: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
@@ -119,32 +138,46 @@ class MinuteAssembler:
         self.sli_partitions = set(sli_partitions)
         self.schema = wire_schema(spec, columns)
         self.partial_schema = partial_schema(spec)
-        self.frontiers: dict[tuple[int, int], int] = {}  # (tw.sli partition, source partition) → closed before
-        self.held: dict[int, list[bytes]] = {}  # minute → partial records
+        self.frontiers: dict[tuple[int, int], Frontier] = {}  # (tw.sli partition, source partition) → newest marker
+        self.held: dict[int, list[tuple[int, int, bytes]]] = {}  # minute → (tw.sli partition, offset, record)
         self.done_before: int | None = None  # minutes before this were handed out
         self.redelivered = 0  # partials of minutes already handed out, dropped
         self._windows = MinuteWindows(spec, 0)  # its merge and finish, nothing else
 
-    def add(self, sli_partition: int, value: bytes) -> None:
+    def add(self, sli_partition: int, value: bytes, offset: int = -1) -> None:
+        """One tw.sli record (raises msgspec.DecodeError / ValidationError on a malformed one)."""
         head = _decode_head(value)
-        if head.source_topic != self.source_topic:
+        if head.source_topic != self.source_topic or head.source_partition is None:
             return
         if head.schema == FRONTIER_SCHEMA:
             key = (sli_partition, head.source_partition)
-            if head.closed_before_minute is not None and head.closed_before_minute > self.frontiers.get(key, -(2**62)):
-                self.frontiers[key] = head.closed_before_minute
+            old = self.frontiers.get(key)
+            if old is None or (head.closed_before_minute or -(2**62)) >= (old.closed_before_minute or -(2**62)):
+                self.frontiers[key] = Frontier(head.source_topic, head.source_partition, head.closed_before_minute,
+                                               head.watermark_ms, head.read_to_end, head.drained)
         elif head.schema == self.partial_schema and head.minute is not None:
             if self.done_before is not None and head.minute < self.done_before:
                 self.redelivered += 1
             else:
-                self.held.setdefault(head.minute, []).append(value)
+                self.held.setdefault(head.minute, []).append((sli_partition, offset, value))
 
     def complete_before(self) -> int | None:
-        """The first minute not yet whole: every source partition's frontier in every tw.sli partition passed it."""
-        marks = [self.frontiers.get((q, p)) for q in self.sli_partitions for p in self.source_partitions]
-        if not marks or any(m is None for m in marks):
-            return None
-        return min(marks)
+        """The first minute not yet whole: every source partition that holds minutes back
+        has closed it, in every tw.sli partition (None: not known yet)."""
+        cuts = []
+        for p in self.source_partitions:
+            marks = [self.frontiers.get((q, p)) for q in self.sli_partitions]
+            if not marks or any(m is None for m in marks):
+                return None
+            if all(m.drained or (m.read_to_end and m.watermark_ms is None) for m in marks):
+                continue  # drained, or never had a valid event: it holds nothing back
+            if any(m.closed_before_minute is None for m in marks):
+                return None
+            cuts.append(min(m.closed_before_minute for m in marks))
+        if cuts:
+            return min(cuts)
+        # Nothing holds minutes back: every minute held is whole.
+        return max(self.held, default=self.done_before if self.done_before is not None else -1) + 1
 
     def take_complete(self) -> tuple[pl.DataFrame, list[int]]:
         """The rows of every whole minute held, and those minutes (handed out once)."""
@@ -156,8 +189,21 @@ class MinuteAssembler:
             self.done_before = before
         if not minutes:
             return pl.DataFrame(), []
-        lines = [line for m in minutes for line in self.held.pop(m)]
+        lines = [line for m in minutes for _q, _o, line in self.held.pop(m)]
         return self.merge(lines), minutes
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Per tw.sli partition, the lowest offset of a record still held (a restart re-reads from there)."""
+        out: dict[int, int] = {}
+        for records in self.held.values():
+            for q, offset, _line in records:
+                if offset >= 0 and (q not in out or offset < out[q]):
+                    out[q] = offset
+        return out
+
+    def restore(self, done_before: int | None, frontiers: list[Frontier], sli_partition_of: list[int]) -> None:
+        self.done_before = done_before
+        self.frontiers = {(q, f.source_partition): f for q, f in zip(sli_partition_of, frontiers)}
 
     def merge(self, lines: list[bytes]) -> pl.DataFrame:
         f = pl.read_ndjson(b"\n".join(lines), schema=self.schema)

@@ -89,6 +89,10 @@ CREATE TABLE IF NOT EXISTS _tw_alert_outbox (stage VARCHAR, seq BIGINT, payload 
 CREATE TABLE IF NOT EXISTS _tw_alert_delivered (stage VARCHAR, seq BIGINT);
 ALTER TABLE _tw_alert_delivered ADD COLUMN IF NOT EXISTS target VARCHAR;
 CREATE TABLE IF NOT EXISTS _tw_frontier (topic VARCHAR PRIMARY KEY, closed_before_minute BIGINT);
+CREATE TABLE IF NOT EXISTS _tw_assembly (
+    source_topic VARCHAR, sli_partition INTEGER, source_partition INTEGER, closed_before_minute BIGINT,
+    watermark_ms BIGINT, read_to_end BOOLEAN, drained BOOLEAN, PRIMARY KEY (source_topic, sli_partition, source_partition)
+);
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);
@@ -182,6 +186,10 @@ class Checkpoint:
     slo_status: pl.DataFrame | None = None
     alert_changes: list = field(default_factory=list)  # slo.engine.AlertChange
     stage_rows: list[tuple[str, pl.DataFrame]] = field(default_factory=list)  # (table, rows) from streams.stages
+    # A tier-2 store: dead letters may arrive twice (tier 1 re-publishes after a crash),
+    # and the assemblers' frontiers (source_topic, sli_partition, streams.partials.Frontier).
+    dedupe_dead_letters: bool = False
+    assembly_frontiers: list[tuple[str, int, object]] = field(default_factory=list)
 
 
 def _frame_blob(frame: pl.DataFrame) -> bytes:
@@ -217,9 +225,22 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
                     [t.topic, t.closed_before_minute],
                 )
         if cp.dead_letters is not None and cp.dead_letters.height:
-            con.register("_dl", cp.dead_letters.to_arrow())
-            con.execute("INSERT INTO dead_letter BY NAME SELECT * FROM _dl")
+            letters = cp.dead_letters
+            if cp.dedupe_dead_letters:
+                letters = letters.unique(["source_topic", "source_partition", "source_offset"], keep="first",
+                                         maintain_order=True)
+            con.register("_dl", letters.to_arrow())
+            if cp.dedupe_dead_letters:
+                con.execute("INSERT INTO dead_letter BY NAME SELECT * FROM _dl WHERE NOT EXISTS (SELECT 1 FROM "
+                            "dead_letter d WHERE d.source_topic = _dl.source_topic AND d.source_partition = "
+                            "_dl.source_partition AND d.source_offset = _dl.source_offset)")
+            else:
+                con.execute("INSERT INTO dead_letter BY NAME SELECT * FROM _dl")
             con.unregister("_dl")
+        for source_topic, q, f in cp.assembly_frontiers:
+            con.execute("INSERT OR REPLACE INTO _tw_assembly VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [source_topic, q, f.source_partition, f.closed_before_minute, f.watermark_ms, f.read_to_end,
+                         f.drained])
         if cp.slo_status is not None and cp.slo_status.height:
             con.register("_st", cp.slo_status.to_arrow())
             con.execute("INSERT INTO slo_status BY NAME SELECT * FROM _st")
@@ -313,6 +334,16 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
         watermarks=wms,
         closed_before_minute=int(row[0]) if row else None,
     )
+
+
+def load_assembly(con: duckdb.DuckDBPyConnection, source_topic: str) -> tuple[int | None, list[tuple]]:
+    """A tier-2 store's assembly state of one source topic: the first minute not landed
+    yet, and the frontier rows (sli_partition, source_partition, closed_before_minute,
+    watermark_ms, read_to_end, drained)."""
+    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [source_topic]).fetchone()
+    marks = con.execute("SELECT sli_partition, source_partition, closed_before_minute, watermark_ms, read_to_end, "
+                        "drained FROM _tw_assembly WHERE source_topic = ?", [source_topic]).fetchall()
+    return (int(row[0]) if row and row[0] is not None else None), marks
 
 
 def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute") -> pl.DataFrame:

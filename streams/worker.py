@@ -173,13 +173,7 @@ class Worker:
     def run(self) -> int:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
-        self.store = store.StoreSession(s.store_path, s.store_release_s)
-        with self.store as con:
-            self._restore(con)
-            if self.slo:
-                self.slo.rebuild(con)
-            for stage in self.stages:
-                stage.rebuild(con)
+        self._open_store()
         http = None
         if s.http_port is not None:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config)
@@ -187,7 +181,7 @@ class Worker:
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka)
         consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
-        consumer.subscribe(list(self.pipelines), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
         self._unassigned_since = time.monotonic()
         self._refresh_partitions(consumer)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,7 +216,7 @@ class Worker:
                 # the API is not ready then anyway, and each rebuild costs as much as
                 # tens of thousands of events.
                 backlogged = self.lag_messages > s.batch_size and now - last_refresh < self.MAX_VIEW_AGE_S
-                if http and now - last_refresh >= refresh_every_s and not backlogged and self._view_dirty:
+                if http and self.live and now - last_refresh >= refresh_every_s and not backlogged and self._view_dirty:
                     began = time.monotonic()
                     self.refresh_signals()
                     self._view_dirty = False
@@ -275,6 +269,21 @@ class Worker:
             raise NotDrained(f"not drained after {s.until_idle_s + s.drain_timeout_s:.0f} s: " + "; ".join(undrained))
         return 0
 
+    @property
+    def inputs(self) -> dict[str, TopicPipeline]:
+        """The topics this worker consumes (a tier-2 worker reads other topics than it windows)."""
+        return self.pipelines
+
+    def _open_store(self) -> None:
+        """Open the store, restore open minutes and offsets, and rebuild every stage's state."""
+        self.store = store.StoreSession(self.settings.store_path, self.settings.store_release_s)
+        with self.store as con:
+            self._restore(con)
+            if self.slo:
+                self.slo.rebuild(con)
+            for stage in self.stages:
+                stage.rebuild(con)
+
     def refresh_signals(self) -> None:
         """Rebuild the signal API's view from kept buckets plus a peek at open minutes."""
         started = time.process_time()
@@ -291,12 +300,12 @@ class Worker:
         bound = self.settings.api_config.stale_after_s
         if self._assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
-        requests_topic = self.settings.kafka.topic("requests")
-        owned = len(self.pipelines[requests_topic].assigned)
-        total = len(self._topic_partitions.get(requests_topic, ()))
+        whole_topic = self._whole_topic()
+        owned = len(self.inputs[whole_topic].assigned)
+        total = len(self._topic_partitions.get(whole_topic, ()))
         if owned < total:
-            return False, (f"this worker owns {owned} of {total} partitions of the requests "
-                           "topic: its answers would count part of each pool's traffic")
+            return False, (f"this worker owns {owned} of {total} partitions of {whole_topic}: "
+                           "its answers would count part of each pool's traffic")
         if self.signal_snapshot is None:
             return False, "building the first view of the data"
         if self._caught_up_wall is None:
@@ -305,6 +314,10 @@ class Worker:
         if behind > bound:
             return False, f"{self.lag_messages:,} messages behind; last caught up {behind:.0f} s ago (bound {bound:.0f} s)"
         return True, "caught up"
+
+    def _whole_topic(self) -> str:
+        """The topic the signal API must own every partition of to answer for a whole pool."""
+        return self.settings.kafka.topic("requests")
 
     def _write_stats(self, path: str) -> None:
         import json
@@ -342,16 +355,16 @@ class Worker:
         self._refresh_partitions(consumer)
         for tp in partitions:
             tp.offset = self._stored_offsets.get((tp.topic, tp.partition), OFFSET_BEGINNING)
-            if tp.topic in self.pipelines:
-                self.pipelines[tp.topic].assigned.add(tp.partition)
+            if tp.topic in self.inputs:
+                self.inputs[tp.topic].assigned.add(tp.partition)
         consumer.assign(partitions)
 
     def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            if tp.topic in self.pipelines:
-                self.pipelines[tp.topic].assigned.discard(tp.partition)
-                self.pipelines[tp.topic].eof.discard(tp.partition)
-        if not any(p.assigned for p in self.pipelines.values()):
+            if tp.topic in self.inputs:
+                self.inputs[tp.topic].assigned.discard(tp.partition)
+                self.inputs[tp.topic].eof.discard(tp.partition)
+        if not any(p.assigned for p in self.inputs.values()):
             self._unassigned_since = time.monotonic()
 
     GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
@@ -372,7 +385,7 @@ class Worker:
     def _refresh_partitions(self, consumer) -> None:
         """Every partition of each input topic, from the cluster's metadata."""
         self._partitions_checked = time.monotonic()
-        for topic in self.pipelines:
+        for topic in self._watched_topics():
             try:
                 meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
             except Exception as exc:  # metadata is retried on the next tick; the last known set stays
@@ -380,6 +393,10 @@ class Worker:
                 continue
             if meta is not None and meta.error is None and meta.partitions:
                 self._topic_partitions[topic] = set(meta.partitions)
+
+    def _watched_topics(self) -> list[str]:
+        """Topics whose partition sets the worker keeps track of."""
+        return list(self.inputs)
 
     def _partitions_of(self, p: TopicPipeline) -> set[int]:
         """Every partition whose minutes this worker's buckets must wait for: the topic's
@@ -430,7 +447,7 @@ class Worker:
                 if err is None:
                     continue
                 if err.code() == KafkaError._PARTITION_EOF:
-                    p = self.pipelines.get(m.topic())
+                    p = self.inputs.get(m.topic())
                     if p is not None:
                         p.eof.add(m.partition())
                 elif err.fatal():  # e.g. fenced: another process took this worker's static membership
@@ -442,10 +459,10 @@ class Worker:
         first = topics[0] if topics else None
         if all(t == first for t in topics):
             if msgs:
-                self._process_topic(self.pipelines[first], msgs)
+                self._process_topic(self.inputs[first], msgs)
         else:
             for topic in set(topics):
-                self._process_topic(self.pipelines[topic], [m for m, t in zip(msgs, topics) if t == topic])
+                self._process_topic(self.inputs[topic], [m for m, t in zip(msgs, topics) if t == topic])
         self.events_seen += len(msgs)
         return len(msgs)
 
@@ -537,7 +554,12 @@ class Worker:
             topics=topics, next_offsets=dict(self.next_offsets),
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
-        closed = {t.table: t.closed for t in topics}
+        self._commit(consumer, cp, started)
+
+    def _commit(self, consumer, cp: store.Checkpoint, started: float) -> None:
+        """Run the SLOs and stages on the checkpoint's closed minutes and write it all in one
+        transaction; then hand out what the stages raised."""
+        closed = {t.table: t.closed for t in cp.topics}
         # Minutes close over every partition, so each closed minute is whole: SLOs and
         # detectors run on it whichever partitions this worker owns right now.
         if self.slo:
@@ -559,8 +581,8 @@ class Worker:
             self.slo.committed(cp.alert_changes)
         for stage in self.stages:
             stage.committed()
-        self._stored_offsets = dict(self.next_offsets)
-        self._stored_frontiers = frontiers
+        self._stored_offsets = dict(cp.next_offsets)
+        self._stored_frontiers = {t.topic: t.closed_before_minute for t in cp.topics}
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
 
@@ -607,12 +629,13 @@ class Worker:
     def _update_gauges(self, consumer) -> None:
         m = self.metrics
         lag_total, lag_known = 0, True
-        for p in self.pipelines.values():
+        for p in self.inputs.values():
             w = p.windows
-            if w.watermark_ms:
-                m.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
-            m.open_minutes.labels(p.topic).set(len(w.open_minutes()))
-            m.dedupe_ids.labels(p.topic).set(w.dedupe_ids)
+            if w is not None:
+                if w.watermark_ms:
+                    m.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
+                m.open_minutes.labels(p.topic).set(len(w.open_minutes()))
+                m.dedupe_ids.labels(p.topic).set(w.dedupe_ids)
             for part in sorted(p.assigned):
                 try:
                     # Cached: the high offset arrives with every fetch response, no extra request.

@@ -111,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=8000, help="port for /metrics and /healthz (0: any free port)")
     p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="drain, close all buckets and exit 0 after this long without new events")
-    p.add_argument("--group", default="tailwatch-worker", help="consumer group id")
+    p.add_argument("--tier", choices=("all", "1", "2"), default="all",
+                   help="all: one process does everything (default); 1: a firehose worker of N, publishing "
+                        "partial buckets to tw.sli, no store; 2: the store writer and every SLO, detector and the "
+                        "signal API over what tier 1 publishes (see README, Scaling out)")
+    p.add_argument("--group", default=None,
+                   help="consumer group id (default tailwatch-worker; tier 1: tailwatch-tier1; tier 2: tailwatch-tier2)")
     p.add_argument("--instance-id", default=None, metavar="ID",
                    help="static group membership (KIP-345): a restart with the same id takes its partitions back "
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")

@@ -197,7 +197,8 @@ def _worker_settings(args: argparse.Namespace, **overrides):
     links = AlertLinks(runbook_base_url=args.runbook_url, grafana_url=args.grafana_url)
     if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
         raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
-    return WorkerSettings(
+    settings = dict(
+        group_id=getattr(args, "group", None) or "tailwatch-worker",
         api_config=api_config,
         http_host=args.http_host,
         prices=prices,
@@ -205,7 +206,6 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         alertmanager_urls=tuple(args.alertmanager_url or ()),
         kafka=kafka_settings(args),
         store_path=args.store or DEFAULT_STORE,
-        group_id=args.group,
         http_port=args.http_port,
         until_idle_s=args.until_idle,
         allowed_lateness_s=args.allowed_lateness,
@@ -222,19 +222,39 @@ def _worker_settings(args: argparse.Namespace, **overrides):
                                                  max_label_sets=args.metrics_max_label_sets,
                                                  prices=prices)),
         alert_links=links,
-        **overrides,
     )
+    settings.update(overrides)
+    return WorkerSettings(**settings)
+
+
+WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwatch-tier2"}
+
+
+def worker_class(tier: str):
+    """The worker of a tier: `all` (one process does everything), `1` (the firehose, N of
+    them, no store) or `2` (the one store writer and every stage over tw.sli)."""
+    if tier == "1":
+        from streams.tier1 import Tier1Worker
+        return Tier1Worker
+    if tier == "2":
+        from streams.store_writer import StoreWriter
+        return StoreWriter
+    from streams.worker import Worker
+    return Worker
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.worker import Worker
-
-    settings = _worker_settings(args)
+    overrides = {}
+    if args.group is None:
+        overrides["group_id"] = WORKER_GROUPS[args.tier]
+    if args.tier == "1":
+        overrides.update(slos=None, stages=[])
+    settings = _worker_settings(args, **overrides)
     ensure_reachable(settings.kafka)
     from streams.worker import NotDrained
 
     try:
-        code = Worker(settings).run()
+        code = worker_class(args.tier)(settings).run()
     except OSError as exc:
         raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
     except NotDrained as exc:

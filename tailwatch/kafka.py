@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -144,7 +145,7 @@ def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | Non
 
 
 def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
-         on_error: Callable[[str], None] | None = None) -> None:
+         on_error: Callable[[str], None] | None = None, partition: int | None = None) -> None:
     """Produce, waiting for room in librdkafka's queue instead of failing when it is full.
 
     Without `on_error` a refused record raises. With it, a record refused at once
@@ -156,12 +157,13 @@ def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
         if err is not None and on_error is not None:
             on_error(err.name() if hasattr(err, "name") else str(err))
 
+    where = {} if partition is None else {"partition": partition}
     while True:
         try:
             if on_error is None:
-                producer.produce(topic, value, key=key)
+                producer.produce(topic, value, key=key, **where)
             else:
-                producer.produce(topic, value, key=key, on_delivery=delivered)
+                producer.produce(topic, value, key=key, on_delivery=delivered, **where)
             return
         except BufferError:
             producer.poll(0.05)
@@ -240,3 +242,42 @@ def rescue_wedged_group(settings: KafkaSettings, group_id: str, topics: list[str
     except Exception as exc:  # best effort: the watchdog tries again later
         logging.getLogger(__name__).warning("could not inspect consumer group %s: %s", group_id, exc)
         return None
+
+
+def read_latest(settings: KafkaSettings, topic: str, partitions: list[int], tail: int = 64,
+                timeout_s: float = 10.0) -> dict[int, bytes]:
+    """The newest record of each partition (absent: an empty partition), read without a group.
+
+    It reads the last `tail` records up to the end rather than the one before the high
+    watermark: the embedded broker reports the end of a multi-record batch as its first
+    offset + 1, so the record at high - 1 is not always the newest."""
+    if not partitions:
+        return {}
+    consumer = Consumer({**settings.base_config(), "group.id": "tailwatch-read-latest", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    try:
+        starts = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            if high > low:
+                starts.append(TopicPartition(topic, p, max(low, high - tail)))
+        out: dict[int, bytes] = {}
+        pending = {tp.partition for tp in starts}
+        if not starts:
+            return out
+        consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaException(f"reading {topic} partitions {sorted(pending)} to their end timed out")
+            for m in consumer.consume(num_messages=1000, timeout=0.5):
+                err = m.error()
+                if err is None:
+                    out[m.partition()] = m.value()
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(m.partition())
+                else:
+                    raise KafkaException(err)
+        return out
+    finally:
+        consumer.close()

@@ -1,0 +1,210 @@
+"""`worker --tier 1`: the firehose without a store, one of N in a consumer group.
+
+Each tier-1 worker windows the partitions of `tw.requests` and `tw.gpu` it owns, each
+partition on its own watermark (streams/partition_windows.py), and at every checkpoint
+publishes to `tw.sli`, in this order, each step flushed before the next:
+1. the partials of the minutes it closed and the dead letters of what it refused;
+2. a frontier marker per owned partition into every `tw.sli` partition (after the
+   partials they cover, in each partition's order);
+3. a `resume.v1` record per owned partition on `<topic>.progress` (same partition number),
+   which is how a restarted worker, or whichever worker the partition moves to, resumes.
+
+Nothing is committed until it is published, and everything published may be published
+again after a crash: the store writer (streams/store_writer.py) drops copies of partials
+and dead letters by their identity. No SLOs, detectors or signal view run here: they run
+on whole minutes, downstream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from ingest import deadletter
+from streams.partials import encode_frontier, encode_partials
+from streams.partition_windows import PartitionWindows, Resume
+from streams.worker import TopicPipeline, Worker
+from tailwatch.kafka import ensure_topics, read_latest, send
+
+log = logging.getLogger("tailwatch.tier1")
+
+_decode_resume = __import__("msgspec").json.Decoder(Resume).decode
+_encode = __import__("msgspec").json.Encoder().encode
+
+
+class _NoStore:
+    """Tier 1 keeps no store; the loop's calls to let go of one do nothing."""
+
+    def release_if_due(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_topic(topic: str) -> str:
+    return f"{topic}.progress"
+
+
+class Tier1Worker(Worker):
+    MARKER_EVERY_S = 10.0  # frontier markers repeat this often even when unchanged (a new tw.sli reader needs them)
+
+    def __init__(self, settings, metrics=None):
+        super().__init__(settings, metrics)
+        self.live = None
+        self.stages = []
+        self.slo = None
+        lateness_ms = int(settings.allowed_lateness_s * 1000)
+        for p in self.pipelines.values():
+            p.windows = PartitionWindows(p.windows.spec, lateness_ms, int(settings.idle_timeout_s * 1000))
+        self._markers: dict[tuple[str, int], bytes] = {}
+        self._resumes: dict[tuple[str, int], Resume] = {}
+        self._markers_sent_at = 0.0
+        self.partials_published = 0
+
+    # ---- start and ownership ----------------------------------------------------------
+    def _open_store(self) -> None:
+        self.store = _NoStore()
+        from confluent_kafka.admin import AdminClient
+
+        topics = AdminClient(self.settings.kafka.base_config()).list_topics(timeout=10).topics
+        for topic in self.pipelines:
+            n = len(topics[topic].partitions) if topic in topics else self.settings.partitions
+            ensure_topics(self.settings.kafka, n, others=(progress_topic(topic),))
+
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned_at = time.monotonic()
+        if partitions:
+            self._unassigned_since = None
+        self._refresh_partitions(consumer)
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        resumes = {topic: read_latest(self.settings.kafka, progress_topic(topic), parts)
+                   for topic, parts in by_topic.items()}
+        for tp in partitions:
+            p = self.pipelines[tp.topic]
+            raw = resumes[tp.topic].get(tp.partition)
+            resume = _decode_resume(raw) if raw else None
+            start = p.windows.take(tp.partition, resume)
+            tp.offset = start if start is not None else OFFSET_BEGINNING
+            self.next_offsets[(tp.topic, tp.partition)] = start if start is not None else 0
+            self._stored_offsets[(tp.topic, tp.partition)] = self.next_offsets[(tp.topic, tp.partition)]
+            if resume is not None:
+                self._resumes[(tp.topic, tp.partition)] = resume
+            p.assigned.add(tp.partition)
+            log.info("took %s[%d] from offset %s", tp.topic, tp.partition, tp.offset)
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic in self.pipelines:
+                self.pipelines[tp.topic].windows.drop(tp.partition)
+                self.next_offsets.pop((tp.topic, tp.partition), None)
+                self._markers.pop((tp.topic, tp.partition), None)
+        super()._on_revoke(consumer, partitions)
+
+    def _dead_letter(self, topic: str, msg, reason: str, detail: str) -> None:
+        if self.pipelines[topic].windows.replaying(msg.partition(), msg.offset()):
+            return  # its earlier owner sent this one
+        super()._dead_letter(topic, msg, reason, detail)
+
+    # ---- checkpoint: publish, never store ------------------------------------------------
+    def _has_unsaved(self) -> bool:
+        return bool(self.dead_letters) or any(p.windows.has_unsaved() for p in self.pipelines.values()) \
+            or self.next_offsets != self._stored_offsets
+
+    def checkpoint(self, consumer, close_all: bool) -> None:
+        started = time.monotonic()
+        sli = self.settings.kafka.topic("sli")
+        failed = self._publish_failed(sli)
+        read_to_end: dict[str, set[int]] = {}
+        for p in self.pipelines.values():
+            w: PartitionWindows = p.windows
+            read_to_end[p.topic] = self._read_to_end(consumer, p)
+            if close_all:
+                cuts = {part: None for part in w.parts}
+            else:
+                cuts = {part: cut for part, cut in w.closable_before(read_to_end[p.topic]).items()
+                        if cut is not None and (w.parts[part].closed_before_minute is None
+                                                or cut > w.parts[part].closed_before_minute)}
+            if not cuts:
+                continue
+            began = time.process_time()
+            counts, hist = w.close(cuts)
+            if counts is not None:
+                records = encode_partials(w.spec, p.topic, counts, hist)
+                for key, value in records:
+                    send(self.producer, sli, value, key, on_error=failed)
+                self.partials_published += len(records)
+                self.buckets_closed += len(records)
+                self.metrics.buckets_closed.labels(p.topic).inc(len(records))
+            self._stage_cpu("close_buckets", began)
+        letters, self.dead_letters = self.dead_letters, []
+        dlq = self.settings.kafka.topic("deadletter")
+        for d in letters:
+            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
+        self._flush_copies()
+        self._send_markers(consumer, read_to_end, drained=close_all)
+        self._flush_copies()
+        progress_sent = False
+        for p in self.pipelines.values():
+            for part in sorted(p.windows.parts):
+                key = (p.topic, part)
+                resume = p.windows.resume_point(p.topic, part, self.next_offsets.get(key, 0))
+                if self._resumes.get(key) != resume:
+                    send(self.producer, progress_topic(p.topic), _encode(resume), str(part).encode(),
+                         partition=part, on_error=self._publish_failed(progress_topic(p.topic)))
+                    self._resumes[key] = resume
+                    progress_sent = True
+            p.windows.forget_unsaved()
+        if progress_sent:
+            self._flush_copies()
+        self._stored_offsets = dict(self.next_offsets)
+        self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
+        self._update_gauges(consumer)
+
+    def _send_markers(self, consumer, read_to_end: dict[str, set[int]], drained: bool) -> None:
+        """A frontier per owned partition into every tw.sli partition, when it changed (or,
+        unchanged, every MARKER_EVERY_S, so a reader that starts late hears of every partition)."""
+        sli = self.settings.kafka.topic("sli")
+        sli_parts = sorted(self._topic_partitions.get(sli, ()))
+        if not sli_parts:
+            return
+        repeat = time.monotonic() - self._markers_sent_at >= self.MARKER_EVERY_S
+        failed = self._publish_failed(sli)
+        for p in self.pipelines.values():
+            for part, w in sorted(p.windows.parts.items()):
+                marker = encode_frontier(p.topic, part, w.closed_before_minute, p.windows.watermark(part),
+                                         part in read_to_end[p.topic], drained)
+                if not repeat and self._markers.get((p.topic, part)) == marker:
+                    continue
+                self._markers[(p.topic, part)] = marker
+                for q in sli_parts:
+                    send(self.producer, sli, marker, None, on_error=failed, partition=q)
+        if repeat:
+            self._markers_sent_at = time.monotonic()
+
+    def _watched_topics(self) -> list[str]:
+        return [*self.pipelines, self.settings.kafka.topic("sli")]
+
+    # ---- draining and readiness -------------------------------------------------------
+    def _undrained(self, consumer) -> list[str]:
+        """Drained: every partition this worker owns read to its end (the others are other workers')."""
+        out = []
+        for p in self.pipelines.values():
+            behind = sorted(p.assigned - self._read_to_end(consumer, p))
+            if behind:
+                out.append(f"{p.topic} partitions {behind} are not read to their end")
+        if not any(p.assigned for p in self.pipelines.values()):
+            out.append("this worker owns no partition")
+        return out
+
+    def readiness(self) -> tuple[bool, str]:
+        return False, "a tier-1 worker serves no signal API: ask a tier-2 worker"
+
+    def _progress_line(self, elapsed_s: float) -> str:
+        rate = self.events_seen / elapsed_s if elapsed_s > 0 else 0.0
+        return f"tier 1: {self.events_seen:,} events ({rate:,.0f}/s), {self.partials_published:,} partials published"

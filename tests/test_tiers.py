@@ -1,0 +1,130 @@
+"""Two tiers (issue 17): two `worker --tier 1` processes and the `--tier 2` store writer,
+each SIGKILLed mid-stream and restarted, give the store one `--tier all` process gives on
+the same log: buckets, dead letters, SLO statuses, alerts, detections. Real processes on
+the embedded broker; the stream is the public Azure code trace (requests keyed by tenant
+over 4 partitions, or unkeyed) and the real H100 run's GPU samples, with a poison record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+from confluent_kafka import Producer
+
+from streams import store
+from tailwatch.kafka import KafkaSettings, ensure_topics
+from tests.test_partials import azure_values, gpu_values
+
+PARTITIONS = 4
+CHUNKS = 10
+# The log is published 240 times faster than the trace ran (4 trace-minutes a second): with
+# the default one minute of event-time idleness a partition whose owner has read it to the
+# end between two chunks would count as idle, and events after the gap would turn late,
+# in one process or in tiers alike. Idleness is not what this test is about.
+IDLE = "10m"
+COMPARED = {
+    "sli_minute": "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool",
+    "gpu_minute": "window_start, node, gpu_index",
+    "dead_letter": "source_topic, source_partition, source_offset",
+    "slo_status": "window_start, slo, slice",
+    "alerts": "fingerprint, fired_at",
+    "detection_events": "detection_id, state, changed_at",
+}
+
+
+def _worker(kafka, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "tailwatch", "--verbose", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
+            "--topic-prefix", kafka.topic_prefix, "--http-port", "0", "--checkpoint-interval", "0.3",
+            "--batch-size", "700", "--drain-timeout", "120", *args]
+    log = open(tmp_path / f"{name}.log", "ab")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _publish(kafka, keyed: bool, done: threading.Event) -> None:
+    """The log, in CHUNKS pieces a second apart, so the kills land mid-stream."""
+    requests = azure_values(40)
+    gpu = gpu_values()
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
+    for topic in (kafka.topic("requests"), kafka.topic("gpu")):  # explicit partitions need their metadata first
+        deadline = time.monotonic() + 20
+        while len(p.list_topics(topic, timeout=10).topics[topic].partitions) < PARTITIONS:
+            assert time.monotonic() < deadline, f"{topic} has no {PARTITIONS} partitions"
+            time.sleep(0.2)
+    for c in range(CHUNKS):
+        for i in range(c * len(requests) // CHUNKS, (c + 1) * len(requests) // CHUNKS):
+            key, value = requests[i]
+            p.produce(kafka.topic("requests"), value, key=key if keyed else None,
+                      partition=sum(key) % PARTITIONS if keyed else i % PARTITIONS)
+        for i in range(c * len(gpu) // CHUNKS, (c + 1) * len(gpu) // CHUNKS):
+            p.produce(kafka.topic("gpu"), gpu[i][1], partition=i % PARTITIONS)
+        if c == 3:
+            p.produce(kafka.topic("requests"), b'{"schema": "request.v1", "tenant": 7', partition=2)
+        p.flush()
+        time.sleep(1.0)
+    done.set()
+
+
+def logs_of(tmp_path: Path, *names: str) -> str:
+    return "\n".join(line for n in names for line in (tmp_path / f"{n}.log").read_text(errors="replace").splitlines()
+                     if "rdkafka" not in line)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _tables(path: Path) -> dict[str, pl.DataFrame]:
+    con = store.connect(path, read_only=True)
+    try:
+        return {t: store.query_frame(con, f"SELECT * FROM {t} ORDER BY {keys}") for t, keys in COMPARED.items()}
+    finally:
+        con.close()
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed-by-tenant", "unkeyed"])
+def test_tier1_and_store_writer_killed_mid_stream_equal_one_process(broker, tmp_path, keyed):
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, PARTITIONS)
+    tiered, single = tmp_path / "tiered.duckdb", tmp_path / "single.duckdb"
+    done = threading.Event()
+    producer = threading.Thread(target=_publish, args=(kafka, keyed, done))
+    producer.start()
+    tier1 = {n: _worker(kafka, tmp_path, f"tier1-{n}", "--tier", "1", "--until-idle", "6", "--idle-timeout", IDLE) for n in "ab"}
+    writer = _worker(kafka, tmp_path, "tier2", "--tier", "2", "--store", str(tiered), "--until-idle", "8", "--idle-timeout", IDLE)
+    time.sleep(4.0)
+    _kill(tier1["a"])  # its partitions go to b, then come back when it returns
+    time.sleep(4.0)
+    tier1["a"] = _worker(kafka, tmp_path, "tier1-a", "--tier", "1", "--until-idle", "6", "--idle-timeout", IDLE)
+    _kill(writer)
+    writer = _worker(kafka, tmp_path, "tier2", "--tier", "2", "--store", str(tiered), "--until-idle", "8", "--idle-timeout", IDLE)
+    producer.join()
+    logs = logs_of(tmp_path, "tier1-a", "tier1-b", "tier2")[-6000:]
+    assert all(p.wait(timeout=240) == 0 for p in (*tier1.values(), writer)), logs
+
+    # The same log through one process.
+    assert _worker(kafka, tmp_path, "single", "--store", str(single), "--until-idle", "4",
+                   "--idle-timeout", IDLE).wait(timeout=240) == 0
+
+    # The kill really moved work: some partition was taken up from a resume point, not from the start.
+    took = re.findall(r"took \S+\[(\d+)\] from offset (\d+)", logs_of(tmp_path, "tier1-a", "tier1-b"))
+    assert any(int(offset) > 0 for _p, offset in took), took
+
+    got, want = _tables(tiered), _tables(single)
+    assert want["sli_minute"].height > 200 and want["gpu_minute"].height > 0 and want["slo_status"].height > 0
+    assert want["dead_letter"].height == 1
+    for table in COMPARED:
+        assert got[table].equals(want[table]), (table, got[table].height, want[table].height, logs)
