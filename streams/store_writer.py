@@ -155,17 +155,7 @@ class StoreWriter(Worker):
         self._stage_cpu("signals_view", started)
 
     def _undrained(self, consumer) -> list[str]:
-        out = []
-        for p in self.inputs.values():
-            if p.topic not in self._topic_partitions:
-                out.append(f"{p.topic}: the cluster has not said which partitions it has")
-                continue
-            missing = sorted(self._topic_partitions[p.topic] - p.assigned)
-            behind = sorted(p.assigned - self._read_to_end(consumer, p))
-            if missing:
-                out.append(f"{p.topic} partitions {missing} are not assigned to this worker")
-            if behind:
-                out.append(f"{p.topic} partitions {behind} are not read to their end")
+        out = super()._undrained(consumer)
         for topic, a in self.assemblers.items():
             if a.held:
                 out.append(f"{len(a.held)} minutes of {topic} wait for frontiers of tier-1 partitions")

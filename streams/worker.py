@@ -401,7 +401,8 @@ class Worker:
     def _partitions_of(self, p: TopicPipeline) -> set[int]:
         """Every partition whose minutes this worker's buckets must wait for: the topic's
         partitions per metadata, plus any it owns or holds a watermark of."""
-        return self._topic_partitions.get(p.topic, set()) | p.assigned | set(p.windows.watermark_ms)
+        held = set(p.windows.watermark_ms) if p.windows is not None else set()
+        return self._topic_partitions.get(p.topic, set()) | p.assigned | held
 
     def _read_to_end(self, consumer, p: TopicPipeline) -> set[int]:
         """Owned partitions consumed up to the log end (EOF seen, or position ≥ high watermark)."""
@@ -422,7 +423,7 @@ class Worker:
     def _undrained(self, consumer) -> list[str]:
         """Why the worker is not drained: partitions not owned or not read to their end."""
         out = []
-        for p in self.pipelines.values():
+        for p in self.inputs.values():
             if p.topic not in self._topic_partitions:
                 out.append(f"{p.topic}: the cluster has not said which partitions it has")
                 continue
