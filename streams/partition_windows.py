@@ -86,21 +86,25 @@ class PartitionWindows:
     # ---- ingest ---------------------------------------------------------------------
     def add(self, frame: pl.DataFrame) -> BatchOutcome:
         outcomes = []
+        minute = pl.col("ts_ms") // MINUTE_MS
         for (part,), rows in frame.partition_by("_partition", as_dict=True, maintain_order=True).items():
             w = self.parts.get(part)
             if w is None:  # revoked while the batch was in flight
                 continue
-            minute = pl.col("ts_ms") // MINUTE_MS
             until = self.replay_until.get(part)
             if until is not None and w.closed_before_minute is not None:
                 # Re-read events of minutes already published: handled by the earlier owner.
                 rows = rows.filter(~((pl.col("_offset") < until) & (minute < w.closed_before_minute)))
-            firsts = rows.group_by(minute.alias("m")).agg(pl.col("_offset").min())
-            seen = self._first_offset[part]
-            for m, off in firsts.iter_rows():
-                if m not in seen or off < seen[m]:
-                    seen[m] = off
             outcomes.append(w.add(rows))
+        # The lowest offset seen in each minute, in one group-by for every partition.
+        firsts = frame.group_by("_partition", minute.alias("m")).agg(pl.col("_offset").min())
+        for part, m, off in firsts.iter_rows():
+            seen = self._first_offset.get(part)
+            if seen is None:
+                continue
+            closed = self.parts[part].closed_before_minute
+            if (closed is None or m >= closed) and (m not in seen or off < seen[m]):
+                seen[m] = off
         return BatchOutcome(
             accepted=sum(o.accepted for o in outcomes), duplicates=sum(o.duplicates for o in outcomes),
             late_index=[i for o in outcomes for i in o.late_index], late_ts_ms=[t for o in outcomes for t in o.late_ts_ms])

@@ -43,6 +43,7 @@ class StoreWriter(Worker):
         self.landing: list[deadletter.DeadLetter] = []
         self.malformed = 0
         self._read_offsets: dict[tuple[str, int], int] = {}  # next offsets at the last checkpoint
+        self._saved_frontiers: dict[tuple[str, int, int], Frontier] = {}  # as the store holds them
 
     @property
     def inputs(self) -> dict[str, TopicPipeline]:
@@ -72,6 +73,7 @@ class StoreWriter(Worker):
             done_before, marks = store.load_assembly(con, topic)
             a.restore(done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr)) for _q, p, cb, wm, rte, dr in marks],
                       [int(q) for q, *_ in marks])
+            self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
 
     def _refresh_partitions(self, consumer) -> None:
         super()._refresh_partitions(consumer)
@@ -142,8 +144,10 @@ class StoreWriter(Worker):
         cp = store.Checkpoint(
             topics=topics, next_offsets=offsets,
             dead_letters=deadletter.to_frame(letters + own) if letters or own else None, dedupe_dead_letters=True,
-            assembly_frontiers=[(topic, q, f) for topic, a in self.assemblers.items() for (q, _p), f in a.frontiers.items()],
+            assembly_frontiers=[(topic, q, f) for topic, a in self.assemblers.items() for (q, _p), f in a.frontiers.items()
+                                if self._saved_frontiers.get((topic, q, f.source_partition)) != f],
         )
+        self._saved_frontiers.update({(topic, q, f.source_partition): f for topic, q, f in cp.assembly_frontiers})
         self._read_offsets = dict(self.next_offsets)
         self._commit(consumer, cp, started)
 

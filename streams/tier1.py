@@ -20,18 +20,19 @@ from __future__ import annotations
 import logging
 import time
 
+import msgspec
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from ingest import deadletter
 from streams.partials import encode_frontier, encode_partials
 from streams.partition_windows import PartitionWindows, Resume
-from streams.worker import TopicPipeline, Worker
+from streams.worker import Worker
 from tailwatch.kafka import ensure_topics, read_latest, send
 
 log = logging.getLogger("tailwatch.tier1")
 
-_decode_resume = __import__("msgspec").json.Decoder(Resume).decode
-_encode = __import__("msgspec").json.Encoder().encode
+_decode_resume = msgspec.json.Decoder(Resume).decode
+_encode = msgspec.json.Encoder().encode
 
 
 class _NoStore:
