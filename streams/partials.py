@@ -32,8 +32,9 @@ Wire (JSON lines, as every tw.sli record):
   `read_to_end` (its owner has consumed it to the log end) and `drained` (its owner closed
   every minute it held on the way out).
 
-Idleness is judged by each tier-1 worker over the partitions it owns, as one worker does
-over all (streams/partition_windows.py): an idle partition's frontier moves on, and events
+Idleness is judged by each tier-1 worker over the whole topic, as one worker does (streams/
+partition_windows.py; the watermarks of partitions other workers own come from their resume
+records): an idle partition's frontier moves on, and events
 that arrive later for minutes it passed are late, dead-lettered there. Here a source
 partition stops holding minutes back only when it never had a valid event and its owner
 read it to the end (a partition no producer writes to, or one of poison records only), or
@@ -178,6 +179,13 @@ class MinuteAssembler:
             return min(cuts)
         # Nothing holds minutes back: every minute held is whole.
         return max(self.held, default=self.done_before if self.done_before is not None else -1) + 1
+
+    def undrained(self) -> list[int]:
+        """Source partitions whose minutes may still come: some owner has neither drained
+        them nor found them empty (a writer told to stop when idle waits for these)."""
+        return sorted(p for p in self.source_partitions
+                      if not all((m := self.frontiers.get((q, p))) is not None and (m.drained or (m.read_to_end and m.watermark_ms is None))
+                                 for q in self.sli_partitions))
 
     def take_complete(self) -> tuple[pl.DataFrame, list[int]]:
         """The rows of every whole minute held, and those minutes (handed out once)."""

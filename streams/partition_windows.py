@@ -110,20 +110,31 @@ class PartitionWindows:
             late_index=[i for o in outcomes for i in o.late_index], late_ts_ms=[t for o in outcomes for t in o.late_ts_ms])
 
     # ---- closing --------------------------------------------------------------------
-    def closable_before(self, read_to_end: set[int]) -> dict[int, int | None]:
+    def closable_before(self, read_to_end: set[int], newest_elsewhere_ms: int | None = None) -> dict[int, int | None]:
         """Per owned partition, the first minute that must stay open (None: not known yet).
 
         A partition closes on its own watermark. One read to its end and idle (no valid
-        event, or more than the idle timeout behind the newest partition this worker owns)
-        closes up to the newest watermark minus the lateness, as one worker does."""
-        marks = {p: self.watermark(p) for p in self.parts}
-        newest = max((m for m in marks.values() if m is not None), default=None)
+        event, or more than the idle timeout behind the newest partition of the topic)
+        closes up to the newest watermark minus the lateness, as one worker does.
+        `newest_elsewhere_ms` is the newest watermark of the partitions other workers own
+        (as their resume records last said): without it, a worker whose partitions all
+        went quiet would never find them idle and would hold every minute downstream."""
+        newest = self._newest(newest_elsewhere_ms)
+        idle = self.idle(read_to_end, newest_elsewhere_ms)
         out: dict[int, int | None] = {}
-        for p, wm in marks.items():
-            idle = p in read_to_end and (wm is None or (newest is not None and wm < newest - self.idle_timeout_ms))
-            mark = newest if idle else wm
+        for p in self.parts:
+            mark = newest if p in idle else self.watermark(p)
             out[p] = None if mark is None else (mark - self.allowed_lateness_ms) // MINUTE_MS
         return out
+
+    def idle(self, read_to_end: set[int], newest_elsewhere_ms: int | None = None) -> set[int]:
+        """The owned partitions `closable_before` moves on with the topic's front."""
+        newest = self._newest(newest_elsewhere_ms)
+        return {p for p in self.parts if p in read_to_end and (
+            (wm := self.watermark(p)) is None or (newest is not None and wm < newest - self.idle_timeout_ms))}
+
+    def _newest(self, newest_elsewhere_ms: int | None) -> int | None:
+        return max((m for m in [*map(self.watermark, self.parts), newest_elsewhere_ms] if m is not None), default=None)
 
     def close(self, before: dict[int, int | None]) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
         """Close each partition's minutes before its cut (a None cut: all of them).

@@ -163,6 +163,8 @@ class StoreWriter(Worker):
         for topic, a in self.assemblers.items():
             if a.held:
                 out.append(f"{len(a.held)} minutes of {topic} wait for frontiers of tier-1 partitions")
+            elif undrained := a.undrained():
+                out.append(f"{topic} partitions {undrained} are not drained by their tier-1 worker")
         return out
 
     def _progress_line(self, elapsed_s: float) -> str:

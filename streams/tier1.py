@@ -9,6 +9,11 @@ publishes to `tw.sli`, in this order, each step flushed before the next:
 3. a `resume.v1` record per owned partition on `<topic>.progress` (same partition number),
    which is how a restarted worker, or whichever worker the partition moves to, resumes.
 
+A partition read to its end is idle once its newest event is more than the idle timeout
+behind the newest of the topic, its own partitions or, as their resume records say, other
+workers' (Flink's `withIdleness`, judged in event time as the single worker does): a worker
+whose partitions all went quiet still moves their frontiers on.
+
 Nothing is committed until it is published, and everything published may be published
 again after a crash: the store writer (streams/store_writer.py) drops copies of partials
 and dead letters by their identity. No SLOs, detectors or signal view run here: they run
@@ -21,7 +26,7 @@ import logging
 import time
 
 import msgspec
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from ingest import deadletter
 from streams.partials import encode_frontier, encode_partials
@@ -49,6 +54,18 @@ def progress_topic(topic: str) -> str:
     return f"{topic}.progress"
 
 
+def _resume_or_none(raw: bytes | None) -> Resume | None:
+    """A resume record, or None for none or one that does not decode (the partition is then
+    re-read from its start: slower, never wrong, since the store writer drops copies)."""
+    if not raw:
+        return None
+    try:
+        return _decode_resume(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("ignoring a resume record that does not decode: %s", exc)
+        return None
+
+
 class Tier1Worker(Worker):
     MARKER_EVERY_S = 10.0  # frontier markers repeat this often even when unchanged (a new tw.sli reader needs them)
 
@@ -63,6 +80,9 @@ class Tier1Worker(Worker):
         self._markers: dict[tuple[str, int], bytes] = {}
         self._resumes: dict[tuple[str, int], Resume] = {}
         self._markers_sent_at = 0.0
+        self._elsewhere_ms: dict[str, int | None] = {}  # topic → newest watermark of partitions other workers own
+        self._elsewhere_read_at: dict[str, float] = {}
+        self._idle: dict[str, set[int]] = {}
         self.partials_published = 0
 
     # ---- start and ownership ----------------------------------------------------------
@@ -87,8 +107,7 @@ class Tier1Worker(Worker):
                    for topic, parts in by_topic.items()}
         for tp in partitions:
             p = self.pipelines[tp.topic]
-            raw = resumes[tp.topic].get(tp.partition)
-            resume = _decode_resume(raw) if raw else None
+            resume = _resume_or_none(resumes[tp.topic].get(tp.partition))
             start = p.windows.take(tp.partition, resume)
             tp.offset = start if start is not None else OFFSET_BEGINNING
             self.next_offsets[(tp.topic, tp.partition)] = start if start is not None else 0
@@ -128,7 +147,9 @@ class Tier1Worker(Worker):
             if close_all:
                 cuts = {part: None for part in w.parts}
             else:
-                cuts = {part: cut for part, cut in w.closable_before(read_to_end[p.topic]).items()
+                elsewhere = self._newest_elsewhere(p.topic, w) if read_to_end[p.topic] else None
+                self._note_idle(p.topic, w.idle(read_to_end[p.topic], elsewhere))
+                cuts = {part: cut for part, cut in w.closable_before(read_to_end[p.topic], elsewhere).items()
                         if cut is not None and (w.parts[part].closed_before_minute is None
                                                 or cut > w.parts[part].closed_before_minute)}
             if not cuts:
@@ -166,6 +187,32 @@ class Tier1Worker(Worker):
         self._stored_offsets = dict(self.next_offsets)
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
+
+    def _note_idle(self, topic: str, idle: set[int]) -> None:
+        """Log partitions as they turn idle or come back (their minutes close on the topic's front meanwhile)."""
+        was = self._idle.get(topic, set())
+        if idle - was:
+            log.info("%s partitions %s idle: minutes close on the topic's newest event", topic, sorted(idle - was))
+        if was - idle:
+            log.info("%s partitions %s active again", topic, sorted(was - idle))
+        self._idle[topic] = idle
+
+    def _newest_elsewhere(self, topic: str, windows: PartitionWindows) -> int | None:
+        """The newest watermark of the topic's partitions other workers own, from their
+        resume records; read at most every MARKER_EVERY_S, and only once some owned
+        partition is read to its end (the only time idleness is judged)."""
+        now = time.monotonic()
+        if now - self._elsewhere_read_at.get(topic, -1e9) >= self.MARKER_EVERY_S:
+            self._elsewhere_read_at[topic] = now
+            others = sorted(self._topic_partitions.get(topic, set()) - set(windows.parts))
+            try:
+                latest = read_latest(self.settings.kafka, progress_topic(topic), others, timeout_s=5.0)
+            except KafkaException as exc:  # the last answer stands until the broker answers again
+                log.warning("reading %s for idleness: %s", progress_topic(topic), exc)
+            else:
+                marks = [r.watermark_ms for r in map(_resume_or_none, latest.values()) if r and r.watermark_ms is not None]
+                self._elsewhere_ms[topic] = max(marks, default=None)
+        return self._elsewhere_ms.get(topic)
 
     def _send_markers(self, consumer, read_to_end: dict[str, set[int]], drained: bool) -> None:
         """A frontier per owned partition into every tw.sli partition, when it changed (or,

@@ -157,3 +157,33 @@ def test_a_minute_waits_for_every_source_partition_in_every_sli_partition_and_co
     for q, value in first:
         assembler.add(q, value)
     assert assembler.take_complete()[0].height == 0 and assembler.redelivered > 0
+
+
+def test_a_worker_whose_partitions_all_went_quiet_moves_them_on_with_the_topics_newest_watermark():
+    # Keyed by tenant over 4 partitions, and partitions 2 and 3 go quiet after 8 minutes of
+    # the trace: their owner, alone, sees only its own stale watermarks (the partition at
+    # the front is never idle to itself) and would hold every later minute downstream.
+    from streams.partition_windows import PartitionWindows
+
+    logs = partitioned(azure_values(minutes=40), 4, keyed=True)
+    quiet_from_ms = min(msgspec.json.decode(v)["ts"] for v in logs[0]) + 8 * 60_000
+    logs = {p: [v for v in log if p < 2 or msgspec.json.decode(v)["ts"] < quiet_from_ms] for p, log in logs.items()}
+    idle_ms = 60_000
+    quiet = PartitionWindows(REQUESTS, LATENESS_MS, idle_ms)
+    for p in (2, 3):
+        quiet.take(p, None)
+    feed(quiet, logs, [2, 3], RequestV1, REQUEST_COLUMNS)
+    one = MinuteWindows(REQUESTS, LATENESS_MS, idle_ms)
+    feed(one, logs, [0, 1, 2, 3], RequestV1, REQUEST_COLUMNS)
+    busy_newest_ms = max(one.watermark_ms[0], one.watermark_ms[1])
+    one_worker_cut = one.closable_before({0, 1, 2, 3}, read_to_end={0, 1, 2, 3})
+
+    alone = quiet.closable_before(read_to_end={2, 3})
+    assert max(alone.values()) < quiet_from_ms // 60_000  # stuck at its own last events
+    told = quiet.closable_before(read_to_end={2, 3}, newest_elsewhere_ms=busy_newest_ms)
+    assert set(told.values()) == {(busy_newest_ms - LATENESS_MS) // 60_000}
+    assert min(told.values()) >= one_worker_cut > quiet_from_ms // 60_000 + 20  # as far as one worker goes
+    # Not read to the end (a backlog), or within the idle timeout of the front: no move.
+    assert quiet.closable_before(read_to_end={2}, newest_elsewhere_ms=busy_newest_ms)[3] == alone[3]
+    near = quiet.closable_before(read_to_end={2, 3}, newest_elsewhere_ms=max(quiet.watermark(2), quiet.watermark(3)) + idle_ms // 2)
+    assert near == alone

@@ -51,7 +51,17 @@ def _worker(kafka, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _publish(kafka, keyed: bool, done: threading.Event) -> None:
+def _partition_of(mode: str, key: bytes, i: int, chunk: int) -> int:
+    """keyed: by tenant; unkeyed: round robin; quiet: round robin over 0-2 for two chunks
+    (eight trace minutes), then everything into partition 0 (3 gets poison only)."""
+    if mode == "keyed":
+        return sum(key) % PARTITIONS
+    if mode == "quiet":
+        return i % 3 if chunk < 2 else 0
+    return i % PARTITIONS
+
+
+def _publish(kafka, mode: str, done: threading.Event) -> None:
     """The log, in CHUNKS pieces a second apart, so the kills land mid-stream."""
     requests = azure_values(40)
     gpu = gpu_values()
@@ -64,12 +74,14 @@ def _publish(kafka, keyed: bool, done: threading.Event) -> None:
     for c in range(CHUNKS):
         for i in range(c * len(requests) // CHUNKS, (c + 1) * len(requests) // CHUNKS):
             key, value = requests[i]
-            p.produce(kafka.topic("requests"), value, key=key if keyed else None,
-                      partition=sum(key) % PARTITIONS if keyed else i % PARTITIONS)
+            p.produce(kafka.topic("requests"), value, key=key if mode == "keyed" else None,
+                      partition=_partition_of(mode, key, i, c))
         for i in range(c * len(gpu) // CHUNKS, (c + 1) * len(gpu) // CHUNKS):
             p.produce(kafka.topic("gpu"), gpu[i][1], partition=i % PARTITIONS)
         if c == 3:
-            p.produce(kafka.topic("requests"), b'{"schema": "request.v1", "tenant": 7', partition=2)
+            p.produce(kafka.topic("requests"), b'{"schema": "request.v1", "tenant": 7', partition=3 if mode == "quiet" else 2)
+        if mode == "quiet" and c == 6:
+            p.produce(kafka.topic("requests"), b'{"schema": "request.v1", "pad": "' + b"x" * 300_000, partition=3)
         p.flush()
         time.sleep(1.0)
     done.set()
@@ -101,7 +113,7 @@ def test_tier1_and_store_writer_killed_mid_stream_equal_one_process(broker, tmp_
     ensure_topics(kafka, PARTITIONS)
     tiered, single = tmp_path / "tiered.duckdb", tmp_path / "single.duckdb"
     done = threading.Event()
-    producer = threading.Thread(target=_publish, args=(kafka, keyed, done))
+    producer = threading.Thread(target=_publish, args=(kafka, "keyed" if keyed else "unkeyed", done))
     producer.start()
     tier1 = {n: _worker(kafka, tmp_path, f"tier1-{n}", "--tier", "1", "--until-idle", "6", "--idle-timeout", IDLE) for n in "ab"}
     writer = _worker(kafka, tmp_path, "tier2", "--tier", "2", "--store", str(tiered), "--until-idle", "8", "--idle-timeout", IDLE)
@@ -126,5 +138,47 @@ def test_tier1_and_store_writer_killed_mid_stream_equal_one_process(broker, tmp_
     got, want = _tables(tiered), _tables(single)
     assert want["sli_minute"].height > 200 and want["gpu_minute"].height > 0 and want["slo_status"].height > 0
     assert want["dead_letter"].height == 1
+    for table in COMPARED:
+        assert got[table].equals(want[table]), (table, got[table].height, want[table].height, logs)
+
+
+def _held(log_text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"tier 2: .* (\d+) minutes held", log_text)]
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(400)
+def test_a_tier1_worker_whose_partitions_went_quiet_or_hold_only_poison_holds_no_minute_back(broker, tmp_path):
+    # Requests go to partitions 0-2 for eight trace minutes, then to partition 0 only;
+    # partition 3 holds poison records only. Whichever worker does not own partition 0
+    # owns only quiet and poison partitions: it must learn the topic's newest watermark
+    # from the other's resume records, or the writer would hold every minute after the
+    # eighth until the tier-1 workers drained on their way out.
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, PARTITIONS)
+    tiered, single = tmp_path / "tiered.duckdb", tmp_path / "single.duckdb"
+    done = threading.Event()
+    producer = threading.Thread(target=_publish, args=(kafka, "quiet", done))
+    producer.start()
+    tier1 = [_worker(kafka, tmp_path, f"tier1-{n}", "--tier", "1", "--until-idle", "15", "--idle-timeout", IDLE) for n in "ab"]
+    writer = _worker(kafka, tmp_path, "tier2", "--tier", "2", "--store", str(tiered), "--until-idle", "5", "--idle-timeout", IDLE)
+    producer.join()
+    # Tier 1 is still running (it drains 15 s after its last event): minutes land on the
+    # frontiers alone, up to the allowed lateness (5 minutes) behind the newest event.
+    deadline = time.monotonic() + 30
+    while not (_held(logs_of(tmp_path, "tier2")) and _held(logs_of(tmp_path, "tier2"))[-1] <= 7):
+        assert time.monotonic() < deadline, ("minutes stay held while tier 1 runs", _held(logs_of(tmp_path, "tier2"))[-5:],
+                                             logs_of(tmp_path, "tier1-a", "tier1-b")[-3000:])
+        time.sleep(0.5)
+    assert all(p.poll() is None for p in tier1), "tier 1 drained before the check: it proves nothing"
+    # The quiet worker found its partitions idle (partition 3 has no valid event at all).
+    idle = re.findall(r"requests partitions \[([\d, ]+)\] idle", logs_of(tmp_path, "tier1-a", "tier1-b"))
+    assert {int(p) for found in idle for p in found.split(",")} >= {1, 2, 3}, idle
+    logs = logs_of(tmp_path, "tier1-a", "tier1-b", "tier2")[-6000:]
+    assert all(p.wait(timeout=240) == 0 for p in (*tier1, writer)), logs
+    assert _worker(kafka, tmp_path, "single", "--store", str(single), "--until-idle", "4",
+                   "--idle-timeout", IDLE).wait(timeout=240) == 0
+    got, want = _tables(tiered), _tables(single)
+    assert want["dead_letter"].height == 2 and want["sli_minute"].height > 100
     for table in COMPARED:
         assert got[table].equals(want[table]), (table, got[table].height, want[table].height, logs)
