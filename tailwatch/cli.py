@@ -312,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--otlp", action="store_true",
                    help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
                         "on Kafka) and run `ingest otlp` before the worker")
+    p.add_argument("--workers", type=_positive_int, default=1,
+                   help="N > 1: N tier-1 worker processes and the tier-2 store writer instead of one worker")
 
     p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
     p.add_argument("--events", type=_positive_int, default=1_000_000)

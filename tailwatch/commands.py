@@ -423,7 +423,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tailwatch.demo import run_demo
 
-    return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port, otlp=args.otlp)
+    return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port, otlp=args.otlp,
+                    workers=args.workers)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ topic (bypassing `produce`), to show the worker refusing and counting them.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,9 +34,11 @@ BAD_RECORDS = [
 
 
 def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None,
-             otlp: bool = False) -> int:
+             otlp: bool = False, workers: int = 1) -> int:
     """`otlp`: the fleet as an OpenTelemetry Collector ships it (spans and DCGM/vLLM metrics
-    on otlp_spans / otlp_metrics), through `ingest otlp` into the worker's topics."""
+    on otlp_spans / otlp_metrics), through `ingest otlp` into the worker's topics.
+    `workers` > 1: that many `worker --tier 1` processes and the `--tier 2` store writer
+    (README "Scaling out") instead of one worker doing everything."""
     started = time.monotonic()
     store_path = store_path or store.DEFAULT_STORE
     if Path(store_path).exists():
@@ -69,12 +72,16 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         progress_done()
         if not otlp:
             say(f"      {len(events) - dupes:,} events, {dupes} duplicate deliveries, {len(BAD_RECORDS)} malformed records")
-        say("[3/4] running the worker until the topics are drained")
-        worker = Worker(WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
-                                       slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
-                                       progress=lambda line: progress("      " + line)))
-        worker.run()
-        progress_done()
+        worker_settings = WorkerSettings(kafka=settings, store_path=store_path, http_port=0, until_idle_s=3.0,
+                                         slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
+                                         progress=lambda line: progress("      " + line))
+        if workers > 1:
+            worker = _run_tiers(settings, worker_settings, workers, Path(store_path).parent, say)
+        else:
+            say("[3/4] running the worker until the topics are drained")
+            worker = Worker(worker_settings)
+            worker.run()
+            progress_done()
         worker.refresh_signals()
     finally:
         broker.stop()
@@ -84,6 +91,39 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
     print(f"\nstore: {Path(store_path).resolve()}   (query it: tailwatch sql \"SELECT * FROM sli_minute LIMIT 5\")")
     print(f"demo finished in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers: int, log_dir: Path, say) -> Worker:
+    """`workers` tier-1 processes (the firehose) and the store writer here, until the tier-1
+    workers have drained every partition and the writer has landed every minute."""
+    from dataclasses import replace
+
+    from streams.store_writer import StoreWriter
+    from tailwatch.commands import WORKER_GROUPS
+
+    say(f"[3/4] running {workers} tier-1 workers (processes, one consumer group) and the tier-2 store writer")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    logs = [log_dir / f"demo-tier1-{i + 1}.log" for i in range(workers)]
+    procs = []
+    for log_path in logs:
+        with open(log_path, "wb") as log_file:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tailwatch", "worker", "--tier", "1", "--bootstrap-servers", settings.bootstrap_servers,
+                 "--topic-prefix", settings.topic_prefix, "--http-port", "0", "--until-idle", "3"],
+                stdout=log_file, stderr=subprocess.STDOUT))
+    writer = StoreWriter(replace(worker_settings, group_id=WORKER_GROUPS["2"]))
+    try:
+        writer.run()
+    finally:
+        progress_done()
+        codes = [p.wait(timeout=120) for p in procs]
+    for i, (code, log_path) in enumerate(zip(codes, logs)):
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("tier 1:")]
+        say(f"      tier-1 worker {i + 1}: {lines[-1][len('tier 1: '):] if lines else 'no progress line'}"
+            f"{'' if code == 0 else f'  (exit {code}, see {log_path})'}")
+    if any(codes):
+        raise RuntimeError(f"a tier-1 worker failed: see {', '.join(map(str, logs))}")
+    return writer
 
 
 def _publish_otlp(settings: KafkaSettings, pub: EventPublisher, events: list, say) -> None:
@@ -122,7 +162,7 @@ def summary(store_path: str) -> str:
                 FROM (SELECT workload, zone, unnest({field}_hist) AS h FROM sli_minute) GROUP BY ALL""").fetchall()
             for w, z, b, n in rows:
                 hists.setdefault((field, w, z), {})[b] = n
-        dead = con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL ORDER BY 2 DESC").fetchall()
+        dead = con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL ORDER BY 2 DESC, 1").fetchall()
         gpus = con.execute("SELECT count(DISTINCT node || gpu_index), round(avg(util_pct_mean), 1) FROM gpu_minute").fetchone()
         pages = con.execute("""
             SELECT slo, labels, alert_window, strftime(fired_at, '%H:%M') AS fired, strftime(resolved_at, '%H:%M') AS resolved,

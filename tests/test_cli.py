@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -143,6 +144,23 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     row = next((line for line in shed.splitlines() if line.startswith("llm-us-east-1a-realtime")), "")
     assert "delay_batch" in row, shed
     check_readiness_on_the_demo_store(store, tmp_path)
+
+
+def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_worker_prints(tmp_path):
+    """`demo --workers 2` (issue 17): two tier-1 processes share the firehose, the tier-2
+    writer lands their partials; every SLI, page, detection and signal equals one worker's."""
+    runs = {}
+    for workers in (1, 2):
+        out = subprocess.run([sys.executable, "-m", "tailwatch", "demo", "--minutes", "30", "--workers", str(workers),
+                              "--store", str(tmp_path / f"w{workers}" / "demo.duckdb"), "--port", str(free_port())],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[workers] = out
+    summary = [out.stdout.split("SLIs per workload", 1)[1].split("\nstore:", 1)[0] for out in runs.values()]
+    assert "Pages raised" in summary[0] and summary[0] == summary[1]
+    split = [int(n.replace(",", "")) for n in re.findall(r"tier-1 worker \d: ([\d,]+) events", runs[2].stderr)]
+    seen = int(re.findall(r"worker: ([\d,]+) events", runs[1].stderr)[-1].replace(",", ""))
+    assert len(split) == 2 and min(split) > 0 and sum(split) == seen, runs[2].stderr[-2000:]
 
 
 def check_readiness_on_the_demo_store(store, tmp_path):
