@@ -82,7 +82,10 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
 
 
 def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False,
-                     all_stages: bool = False) -> dict:
+                     all_stages: bool = False, extra: tuple[str, ...] = ()) -> dict:
+    """`count` worker processes in one fresh group, run until idle; `extra`: more flags
+    (`--tier 1`: tier-1 workers, which drain their share, so exit 0 is required)."""
+    tiered = "--tier" in extra
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
     for i in range(count):
@@ -93,7 +96,8 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
                "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats)]
         if not all_stages:
             cmd += ["--slos", "none"]  # the firehose alone: SLO evaluation is measured by `bench --slo`
-        if count > 1:
+        cmd += list(extra)
+        if count > 1 and not tiered:
             # Each worker owns part of the log and its own store, so none is ever drained
             # (exit 3): the scaling figure is about consuming, not closing (issue 17).
             cmd += ["--drain-timeout", "1s"]
@@ -115,7 +119,7 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
     if sample_memory:
         progress_done()
     results = [json.loads(f.read_text()) for f in stats_files]
-    if any(p.returncode not in ((0, 3) if count > 1 else (0,)) for p in procs):
+    if any(p.returncode not in ((0, 3) if count > 1 and not tiered else (0,)) for p in procs):
         raise RuntimeError(f"a worker exited with {[p.returncode for p in procs]}")
     events = sum(r["events"] for r in results)
     first = min(r["first_event_monotonic"] for r in results if r["first_event_monotonic"])

@@ -343,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--otlp", action="store_true",
                    help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
     p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")
+    p.add_argument("--tiers", action="store_true",
+                   help="tier 1's scale-out (1 vs 2 `worker --tier 1`) and the tier-2 store writer's CPU per event-minute "
+                        "with --slo-count SLOs over --slices slices")
     p.add_argument("--chaos", action="store_true",
                    help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "
                         "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")

@@ -440,6 +440,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         print(report.table())
         return 0 if report.ok else 1
+    if args.tiers:
+        from tailwatch.bench_tiers import run as run_tiers
+
+        print("\n".join(run_tiers(args.events, args.slices, args.events_per_minute, args.slo_count, args.port)))
+        return 0
     if args.api:
         from tailwatch.bench_api import BenchError, run as run_api
 

@@ -1,0 +1,86 @@
+"""`tailwatch bench --tiers`: how tier 1 scales out and what tier 2 costs (issue 17).
+
+One embedded broker, the synthetic firehose of `tailwatch bench` (20,000 live slices by
+default, keyed by tenant over 4 partitions), published once per measurement:
+
+1. one `worker --tier 1` process drains it; then two, in one consumer group, drain the
+   same events again (a fresh topic prefix). Scale-out is events per CPU-second of the
+   busiest tier-1 worker with two, over that of the one: the throughput two workers
+   sustain when each has a core of its own, which a shared laptop or CI box cannot show
+   in wall-clock time (the broker and both workers share its cores). Wall-clock is
+   reported beside it, with the machine's core count.
+2. the `--tier 2` store writer then lands what the two published, with `--slo-count`
+   SLOs over the same slices and every default stage: CPU per minute of event time.
+
+CPU is each process's own (all its threads), from its first event (`--stats-file`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from tailwatch.bench import fresh, publish, worker_processes
+from tailwatch.broker import EmbeddedBroker, free_port
+
+
+def slo_file(path: Path, count: int) -> Path:
+    """`count` SLOs over the synthetic traffic's 13 models: availability and first-output
+    latency in turn, sliced by tenant and zone (together every live slice)."""
+    slos = []
+    for i in range(count):
+        sli = {"availability": {}} if i % 2 == 0 else {"latency": {"field": "first_output_ms", "threshold": f"{1000 + i}ms"}}
+        slos.append({"name": f"bench-{i:03d}", "description": "bench", "selector": {"model": f"model-{i % 13}"},
+                     "sli": sli, "objective": "99%", "window": "30d", "slice_by": ["tenant", "zone"], "min_events": 10})
+    path.write_text(yaml.safe_dump({"slos": slos}))
+    return path
+
+
+def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: int | None = None,
+        say=lambda m: print(m, file=sys.stderr, flush=True)) -> list[str]:
+    workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-tiers-"))
+    broker = EmbeddedBroker(port=port or free_port())
+    broker.start()
+    event_minutes = -(-events * 1 // events_per_minute)
+    lines = [f"{events:,} events over {slices:,} slices, {events_per_minute:,} per event-minute "
+             f"({event_minutes} event-minutes), {os.cpu_count()} cores"]
+    try:
+        runs = {}
+        for n in (1, 2):
+            say(f"tier 1, {n} worker{'s' if n > 1 else ''}: publishing {events:,} events")
+            s = fresh(broker)
+            publish(s, events, slices, seed=5, events_per_minute=events_per_minute)
+            runs[n] = (s, worker_processes(s, n, workdir, events, extra=("--tier", "1")))
+        one, two = runs[1][1], runs[2][1]
+        cpu_one = one["per_worker"][0]["cpu_seconds_processing"]
+        cpus = [w["cpu_seconds_processing"] for w in two["per_worker"]]
+        split = [w["events"] for w in two["per_worker"]]
+        lines.append(f"tier 1, one worker: {one['events']:,} events, {cpu_one:.1f} CPU-s → {one['events'] / cpu_one:,.0f} "
+                     f"events/CPU-s, {one['wall_s']:.1f} s wall")
+        lines.append(f"tier 1, two workers: {' + '.join(f'{e:,}' for e in split)} events, "
+                     f"{' + '.join(f'{c:.1f}' for c in cpus)} CPU-s, {two['wall_s']:.1f} s wall")
+        lines.append(f"  scale-out (events per CPU-second of the busiest worker, two over one): {cpu_one / max(cpus):.2f}×; "
+                     f"CPU in all {sum(cpus) / cpu_one:.2f}× one worker's; wall-clock {one['wall_s'] / two['wall_s']:.2f}× "
+                     f"on {os.cpu_count()} cores shared with the broker")
+        say(f"tier 2: the store writer over what the two published, {slo_count} SLOs and every default stage")
+        s = runs[2][0]
+        slos = slo_file(workdir / "slos.yaml", slo_count)
+        writer = worker_processes(s, 1, workdir, 0, all_stages=True, extra=("--tier", "2", "--slos", str(slos)))
+        w = writer["per_worker"][0]
+        cpu = w["cpu_seconds_processing"]
+        minutes = max(1, w.get("minutes_closed") or event_minutes)
+        lines.append(f"tier 2: {w['events']:,} tw.sli records, {minutes} minutes landed, {cpu:.1f} CPU-s "
+                     f"→ {cpu / minutes:.2f} CPU-s per minute of event time ({slices:,} slices, {slo_count} SLOs)")
+        stages = w.get("stage_cpu_seconds") or {}
+        if stages:
+            lines.append("  per minute: " + ", ".join(f"{k} {1000 * v / minutes:.0f} ms"
+                                                       for k, v in sorted(stages.items(), key=lambda kv: -kv[1])))
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return lines
