@@ -167,6 +167,7 @@ class Worker:
         return {
             "status": "ok",
             "events_seen": self.events_seen,
+            "partitions_owned": sum(len(p.assigned) for p in self.inputs.values()),
             "seconds_since_last_batch": round(time.monotonic() - self.last_batch_wall, 3),
         }
 

@@ -82,9 +82,11 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
 
 
 def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False,
-                     all_stages: bool = False, extra: tuple[str, ...] = ()) -> dict:
+                     all_stages: bool = False, extra: tuple[str, ...] = (), publish_after_join=None) -> dict:
     """`count` worker processes in one fresh group, run until idle; `extra`: more flags
-    (`--tier 1`: tier-1 workers, which drain their share, so exit 0 is required)."""
+    (`--tier 1`: tier-1 workers, which drain their share, so exit 0 is required).
+    `publish_after_join`: called once every worker holds partitions (so that no start-up
+    rebalance moves partitions mid-stream, whose re-reads are not what is measured)."""
     tiered = "--tier" in extra
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
@@ -104,6 +106,9 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         stats_files.append(stats)
         ports.append(port)
+    if publish_after_join is not None:
+        _wait_for_group(ports)
+        publish_after_join()
     rss_samples: list[tuple[float, int]] = []
     accepted = {port: 0.0 for port in ports}
     while any(p.poll() is None for p in procs):
@@ -128,14 +133,32 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
     return {"events": events, "wall_s": last - first, "cpu_s": cpu, "per_worker": results, "rss": rss_samples}
 
 
+def _wait_for_group(ports: list[int], timeout_s: float = 90.0) -> None:
+    """Until every worker says it owns partitions (/healthz), then as long again for the
+    group to settle. (The embedded broker describes a group without its members.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        owned = [_health(port).get("partitions_owned", 0) for port in ports]
+        if all(owned):
+            time.sleep(2.0)
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the {len(ports)} workers did not all get partitions within {timeout_s:.0f} s")
+
+
+def _health(port: int) -> dict:
+    try:
+        return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+    except (OSError, ValueError):
+        return {}
+
+
 def _accepted(port: int) -> float | None:
     """Events the worker has seen, from /healthz: /metrics would make the busy worker render
     its whole exposition every second (with 20,000 slices, hundreds of thousands of series),
     which is the measurement disturbing what it measures."""
-    try:
-        return float(json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())["events_seen"])
-    except (OSError, ValueError, KeyError):
-        return None
+    seen = _health(port).get("events_seen")
+    return float(seen) if seen is not None else None
 
 
 def _rss_bytes(pid: int) -> int:

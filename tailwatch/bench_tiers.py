@@ -52,10 +52,10 @@ def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: 
     try:
         runs = {}
         for n in (1, 2):
-            say(f"tier 1, {n} worker{'s' if n > 1 else ''}: publishing {events:,} events")
+            say(f"tier 1, {n} worker{'s' if n > 1 else ''}: publishing {events:,} events once they hold partitions")
             s = fresh(broker)
-            publish(s, events, slices, seed=5, events_per_minute=events_per_minute)
-            runs[n] = (s, worker_processes(s, n, workdir, events, extra=("--tier", "1")))
+            runs[n] = (s, worker_processes(s, n, workdir, events, extra=("--tier", "1", "--until-idle", "5"), publish_after_join=(
+                lambda s=s: publish(s, events, slices, seed=5, events_per_minute=events_per_minute))))
         one, two = runs[1][1], runs[2][1]
         cpu_one = one["per_worker"][0]["cpu_seconds_processing"]
         cpus = [w["cpu_seconds_processing"] for w in two["per_worker"]]
