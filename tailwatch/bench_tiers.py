@@ -46,7 +46,7 @@ def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: 
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-tiers-"))
     broker = EmbeddedBroker(port=port or free_port())
     broker.start()
-    event_minutes = -(-events * 1 // events_per_minute)
+    event_minutes = -(-events // events_per_minute)
     lines = [f"{events:,} events over {slices:,} slices, {events_per_minute:,} per event-minute "
              f"({event_minutes} event-minutes), {os.cpu_count()} cores"]
     try:
