@@ -14,7 +14,8 @@ behind the newest of the topic, its own partitions or, as their resume records s
 workers' (Flink's `withIdleness`, judged in event time as the single worker does): a worker
 whose partitions all went quiet still moves their frontiers on.
 
-Nothing is committed until it is published, and everything published may be published
+Nothing is committed until it is published (a record Kafka refuses for good stops the
+worker: `PublishRefused`), and everything published may be published
 again after a crash: the store writer (streams/store_writer.py) drops copies of partials
 and dead letters by their identity. No SLOs, detectors or signal view run here: they run
 on whole minutes, downstream.
@@ -50,6 +51,11 @@ class _NoStore:
         pass
 
 
+class PublishRefused(RuntimeError):
+    """Kafka refused partials, frontiers or dead letters for good: the worker stops before
+    its resume records move past them (a restart publishes them again)."""
+
+
 def progress_topic(topic: str) -> str:
     return f"{topic}.progress"
 
@@ -83,6 +89,7 @@ class Tier1Worker(Worker):
         self._elsewhere_ms: dict[str, int | None] = {}  # topic → newest watermark of partitions other workers own
         self._elsewhere_read_at: dict[str, float] = {}
         self._idle: dict[str, set[int]] = {}
+        self._refused: dict[tuple[str, str], int] = {}  # (topic, reason) → records Kafka refused
         self.partials_published = 0
 
     # ---- start and ownership ----------------------------------------------------------
@@ -139,7 +146,7 @@ class Tier1Worker(Worker):
     def checkpoint(self, consumer, close_all: bool) -> None:
         started = time.monotonic()
         sli = self.settings.kafka.topic("sli")
-        failed = self._publish_failed(sli)
+        failed = self._truth_failed(sli)
         read_to_end: dict[str, set[int]] = {}
         for p in self.pipelines.values():
             w: PartitionWindows = p.windows
@@ -167,10 +174,15 @@ class Tier1Worker(Worker):
         letters, self.dead_letters = self.dead_letters, []
         dlq = self.settings.kafka.topic("deadletter")
         for d in letters:
-            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
+            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._truth_failed(dlq))
         self._flush_copies()
         self._send_markers(consumer, read_to_end, drained=close_all)
         self._flush_copies()
+        if self._refused:
+            raise PublishRefused(
+                f"Kafka refused {sum(self._refused.values()):,} records tier 2 needs ("
+                + ", ".join(f"{topic}: {reason}" for topic, reason in sorted(self._refused))
+                + "); stopping before the resume points move past them")
         progress_sent = False
         for p in self.pipelines.values():
             for part in sorted(p.windows.parts):
@@ -187,6 +199,15 @@ class Tier1Worker(Worker):
         self._stored_offsets = dict(self.next_offsets)
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
+
+    def _truth_failed(self, topic: str):
+        """For tier 1, tw.sli and the dead letters are not copies but what the store will
+        hold: a refusal is counted as for any record, and remembered so that the checkpoint
+        stops (see PublishRefused) instead of losing a minute's share."""
+        def failed(reason: str) -> None:
+            self.metrics.publish_failures.labels(topic, reason).inc()
+            self._refused[(topic, reason)] = self._refused.get((topic, reason), 0) + 1
+        return failed
 
     def _note_idle(self, topic: str, idle: set[int]) -> None:
         """Log partitions as they turn idle or come back (their minutes close on the topic's front meanwhile)."""
@@ -222,7 +243,7 @@ class Tier1Worker(Worker):
         if not sli_parts:
             return
         repeat = time.monotonic() - self._markers_sent_at >= self.MARKER_EVERY_S
-        failed = self._publish_failed(sli)
+        failed = self._truth_failed(sli)
         for p in self.pipelines.values():
             for part, w in sorted(p.windows.parts.items()):
                 marker = encode_frontier(p.topic, part, w.closed_before_minute, p.windows.watermark(part),

@@ -251,12 +251,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
     ensure_reachable(settings.kafka)
+    from streams.tier1 import PublishRefused
     from streams.worker import NotDrained
 
     try:
         code = worker_class(args.tier)(settings).run()
     except OSError as exc:
         raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
+    except PublishRefused as exc:
+        progress_done()
+        print(f"tailwatch worker: {exc}", file=sys.stderr)
+        return 1
     except NotDrained as exc:
         progress_done()
         print(f"tailwatch worker: {exc}", file=sys.stderr)

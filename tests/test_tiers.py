@@ -17,12 +17,14 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import polars as pl
 import pytest
 from confluent_kafka import Producer
 
 from streams import store
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from streams.tier1 import progress_topic
+from tailwatch.kafka import KafkaSettings, ensure_topics, read_latest
 from tests.test_partials import azure_values, gpu_values
 
 PARTITIONS = 4
@@ -182,3 +184,28 @@ def test_a_tier1_worker_whose_partitions_went_quiet_or_hold_only_poison_holds_no
     assert want["dead_letter"].height == 2 and want["sli_minute"].height > 100
     for table in COMPARED:
         assert got[table].equals(want[table]), (table, got[table].height, want[table].height, logs)
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(200)
+def test_a_tier1_worker_whose_partials_kafka_refuses_stops_before_its_resume_point_moves(broker, tmp_path):
+    # A producer limit (librdkafka's least, 1,000 bytes) below most partials (markers and resume records
+    # are smaller): partials are refused. Tier 1 must not carry on as the single worker
+    # does with its tw.sli copies, or that share of every minute would be gone for good.
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, PARTITIONS)
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for key, value in azure_values(3):
+        p.produce(kafka.topic("requests"), value, key=key)
+    p.flush()
+    config = tmp_path / "small.properties"
+    config.write_text("message.max.bytes=1000\n")
+    proc = _worker(kafka, tmp_path, "tier1", "--tier", "1", "--until-idle", "3", "--kafka-config", str(config))
+    assert proc.wait(timeout=120) == 1
+    said = logs_of(tmp_path, "tier1")
+    assert re.search(r"tailwatch worker: Kafka refused [\d,]+ records tier 2 needs \(\S+sli: MSG_SIZE_TOO_LARGE\)", said), said[-3000:]
+    assert "Traceback" not in said
+    # No resume point moved past a refused partial: whoever takes these partitions next
+    # reads them from the start (every minute was still open before the refusals).
+    latest = read_latest(kafka, progress_topic(kafka.topic("requests")), list(range(PARTITIONS)))
+    assert latest and all(msgspec.json.decode(r)["resume_offset"] == 0 for r in latest.values()), latest
