@@ -146,7 +146,7 @@ class Tier1Worker(Worker):
     def checkpoint(self, consumer, close_all: bool) -> None:
         started = time.monotonic()
         sli = self.settings.kafka.topic("sli")
-        failed = self._truth_failed(sli)
+        failed = self._publish_failed(sli)
         read_to_end: dict[str, set[int]] = {}
         for p in self.pipelines.values():
             w: PartitionWindows = p.windows
@@ -174,7 +174,7 @@ class Tier1Worker(Worker):
         letters, self.dead_letters = self.dead_letters, []
         dlq = self.settings.kafka.topic("deadletter")
         for d in letters:
-            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._truth_failed(dlq))
+            send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
         self._flush_copies()
         self._send_markers(consumer, read_to_end, drained=close_all)
         self._flush_copies()
@@ -200,10 +200,14 @@ class Tier1Worker(Worker):
         self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self._update_gauges(consumer)
 
-    def _truth_failed(self, topic: str):
+    def _publish_failed(self, topic: str):
         """For tier 1, tw.sli and the dead letters are not copies but what the store will
         hold: a refusal is counted as for any record, and remembered so that the checkpoint
-        stops (see PublishRefused) instead of losing a minute's share."""
+        stops (see PublishRefused) instead of losing a minute's share. A refused resume
+        record only makes the next owner re-read more: the worker's usual handling."""
+        if topic in {progress_topic(t) for t in self.pipelines}:
+            return super()._publish_failed(topic)
+
         def failed(reason: str) -> None:
             self.metrics.publish_failures.labels(topic, reason).inc()
             self._refused[(topic, reason)] = self._refused.get((topic, reason), 0) + 1
@@ -243,7 +247,7 @@ class Tier1Worker(Worker):
         if not sli_parts:
             return
         repeat = time.monotonic() - self._markers_sent_at >= self.MARKER_EVERY_S
-        failed = self._truth_failed(sli)
+        failed = self._publish_failed(sli)
         for p in self.pipelines.values():
             for part, w in sorted(p.windows.parts.items()):
                 marker = encode_frontier(p.topic, part, w.closed_before_minute, p.windows.watermark(part),

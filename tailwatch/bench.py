@@ -134,7 +134,7 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
 
 
 def _wait_for_group(ports: list[int], timeout_s: float = 90.0) -> None:
-    """Until every worker says it owns partitions (/healthz), then as long again for the
+    """Until every worker says it owns partitions (/healthz), then two seconds more for the
     group to settle. (The embedded broker describes a group without its members.)"""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

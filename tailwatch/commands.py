@@ -258,14 +258,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         code = worker_class(args.tier)(settings).run()
     except OSError as exc:
         raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
-    except PublishRefused as exc:
+    except (NotDrained, PublishRefused) as exc:  # one line each; 3: not drained, 1: Kafka refused tier 1's output
         progress_done()
         print(f"tailwatch worker: {exc}", file=sys.stderr)
-        return 1
-    except NotDrained as exc:
-        progress_done()
-        print(f"tailwatch worker: {exc}", file=sys.stderr)
-        return 3
+        return 3 if isinstance(exc, NotDrained) else 1
     progress_done()
     return code
 
