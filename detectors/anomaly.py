@@ -188,6 +188,9 @@ class AnomalyDetector:
     def load(self, model: AnomalyModel) -> None:
         self.model = model
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.cfg.slice_by),)
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
         if self._fit is not None and m.minute > self._fit[0]:

@@ -44,6 +44,9 @@ class ColdStartDetector:
         self.loading_since: dict[str, int] = {}  # gpu id → first minute seen loading
         self.last_load_minutes: dict[str, int] = {}  # pool → minutes its last finished load took
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return ()  # pools only
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.history
         longest: dict[str, int] = {}

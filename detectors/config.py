@@ -118,5 +118,10 @@ class DetectorSet:
             events.extend(d.observe(minute))
         return events
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        """Every label set an enabled detector reads requests by: closed rows are held as
+        their summaries by these (`detectors.core.summaries`)."""
+        return tuple(sorted({by for d in self.detectors for by in d.label_sets()}))
+
     def get(self, name: str):
         return next((d for d in self.detectors if d.name == name), None)

@@ -187,6 +187,9 @@ class CostRegressionDetector:
         self.history = History(cfg.window_minutes + cfg.baseline_minutes)
         self.tracker = Tracker(NAME, cfg.clear_minutes)
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.cfg.slice_by),)
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.history
         for key, s in m.slices(tuple(cfg.slice_by)).items():

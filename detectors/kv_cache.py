@@ -50,6 +50,9 @@ class KvCachePressureDetector:
         self.history = History(cfg.window_minutes + cfg.baseline_minutes)
         self.tracker = Tracker(KV, cfg.clear_minutes)
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return ()  # pools only
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.history
         for pool, p in m.pools().items():
@@ -83,6 +86,9 @@ class PromptGrowthDetector:
         self.cfg = cfg
         self.history = History(cfg.window_minutes + cfg.baseline_minutes)
         self.tracker = Tracker(PROMPT, cfg.clear_minutes)
+
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.cfg.slice_by),)
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.history

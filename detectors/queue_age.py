@@ -74,6 +74,9 @@ class QueueAgeDetector:
         self.history = History(cfg.window_minutes)
         self.tracker = Tracker(NAME, cfg.clear_minutes)
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return ()  # pools only
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
         for pool, p in m.pools().items():

@@ -80,6 +80,9 @@ class RetryStormDetector:
         self.history = History(cfg.window_minutes)
         self.tracker = Tracker(NAME, cfg.clear_minutes)
 
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.cfg.slice_by),)
+
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
         for key, s in m.slices(tuple(cfg.slice_by)).items():

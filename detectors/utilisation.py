@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, LatencyP95
+from detectors.core import POOL_CLASSES, DetectionEvent, Finding, History, LatencyP95, Minute, Tracker
 from slo.config_file import ConfigStruct, Count, Factor, Minutes, NonNegative, Percent
 
 BUSY = "busy_but_slow"
@@ -102,6 +102,9 @@ def _gpm_evidence(window: list[_PoolSample]) -> dict[str, float]:
     return out
 
 
+POOL_LABEL_SETS = (("pool",), POOL_CLASSES)  # what _PoolHistory.add reads
+
+
 class _PoolHistory:
     """GPU and request readings per pool and minute, shared by both detectors."""
 
@@ -131,6 +134,9 @@ class BusyButSlowDetector:
         self.cfg = cfg
         self.pools = _PoolHistory(cfg.window_minutes + cfg.baseline_minutes, "queue_ms_p95")
         self.tracker = Tracker(BUSY, cfg.clear_minutes)
+
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return POOL_LABEL_SETS
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.pools.history
@@ -183,6 +189,9 @@ class IdleButSlowDetector:
         self.cfg = cfg
         self.pools = _PoolHistory(cfg.window_minutes + cfg.baseline_minutes, cfg.latency_field)
         self.tracker = Tracker(IDLE, cfg.clear_minutes)
+
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return POOL_LABEL_SETS
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg, h = self.cfg, self.pools.history

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 import duckdb
@@ -38,7 +39,17 @@ from alerts.alertmanager import (
 from detectors import config as detector_config
 from detectors.anomaly import NAME as ANOMALY
 from detectors.anomaly import AnomalyModel
-from detectors.core import MINUTE_COL, REQUEST_COLUMNS_READ, Detection, DetectionEvent, Minute, MinuteBatch, slice_key, with_minute
+from detectors.core import (
+    MINUTE_COL,
+    REQUEST_COLUMNS_READ,
+    Detection,
+    DetectionEvent,
+    Minute,
+    MinuteBatch,
+    slice_key,
+    summaries,
+    with_minute,
+)
 from slo.windows import minute_start_utc
 from streams import store
 from streams.frames import compact_strings
@@ -87,31 +98,29 @@ class PendingMinutes:
     hundred minutes, and splitting them only to concatenate them again when they are
     ready cost a fifth of the detector stage."""
 
-    def __init__(self, table: str, columns: frozenset[str] | None = None):
+    def __init__(self, table: str, hold: Callable[[pl.DataFrame], pl.DataFrame | None] | None = None):
         self.table = table
-        self.columns = columns  # the columns worth holding (None: all)
+        self.hold = hold  # what of the rows is worth holding (None: the rows)
         self.frames: list[tuple[int, int, pl.DataFrame]] = []  # (first minute, last minute, rows)
 
     def add(self, frame: pl.DataFrame | None, not_before: int | None = None) -> int | None:
         """Hold the rows of minutes from `not_before` on; the newest minute among them (None: no rows)."""
-        f = with_minute(frame) if frame is not None and "window_start" in frame.columns else None
+        f = with_minute(frame) if frame is not None and {"window_start", MINUTE_COL} & set(frame.columns) else None
         if f is None:
             return None
-        if self.columns is not None:
-            f = f.select([c for c in f.columns if c in self.columns or c == MINUTE_COL])
-        f = compact_strings(f)  # held up to an hour: not pinning the buffers of every batch that fed it
-        first, last = f[MINUTE_COL].min(), f[MINUTE_COL].max()
-        if not_before is not None and first < not_before:
+        newest = f[MINUTE_COL].max()
+        if not_before is not None and f[MINUTE_COL].min() < not_before:
             # Only when the table was taken as absent: the detectors have moved on.
             late = f.filter(pl.col(MINUTE_COL) < not_before)[MINUTE_COL].unique().sort().to_list()
             log.warning("%s rows of minutes %s closed after the detectors passed them: not seen by detectors",
                         self.table, ", ".join(map(str, late)))
             f = f.filter(pl.col(MINUTE_COL) >= not_before)
-            if f.height == 0:
-                return last
-            first = f[MINUTE_COL].min()
-        self.frames.append((first, last, f))
-        return last
+        if self.hold is not None and f.height:
+            f = self.hold(f)
+        if f is not None and f.height:
+            f = compact_strings(f)  # held up to an hour: not pinning the buffers of every batch that fed it
+            self.frames.append((f[MINUTE_COL].min(), f[MINUTE_COL].max(), f))
+        return newest
 
     def first_minute(self) -> int | None:
         return min((first for first, _, _ in self.frames), default=None)
@@ -174,9 +183,11 @@ class DetectorStage:
         self.links = links or AlertLinks()
         self.alerts = FiringAlerts(alertmanager_urls, stage="detectors")
         self.collector = DetectorCollector([d.name for d in self.set.detectors])
-        # Held up to ABSENT_SOURCE_MINUTES while GPU telemetry has not shown up: only the
-        # columns the detectors read (with 20,000 slices, whole rows grew RSS by 11 MiB a minute).
-        self.pending_requests = PendingMinutes("sli_minute", REQUEST_COLUMNS_READ)
+        # Held up to ABSENT_SOURCE_MINUTES while GPU telemetry has not shown up: only their
+        # summaries by the label sets the detectors read (with 20,000 slices, whole rows
+        # grew RSS by 11 MiB a minute; the columns the detectors read, by 5).
+        self.label_sets = self.set.label_sets()
+        self.pending_requests = PendingMinutes("sli_minute", lambda rows: summaries(rows, self.label_sets))
         self.pending_gpu = PendingMinutes("gpu_minute")
         self.max_request_minute: int | None = None
         self.max_gpu_minute: int | None = None
@@ -215,6 +226,9 @@ class DetectorStage:
                                      "FROM sli_minute WHERE window_start >= $1", [minute_start_utc(start)])
         gpu = store.query_frame(con, "SELECT * FROM gpu_minute WHERE window_start >= $1", [minute_start_utc(start)])
         requests, gpu = with_minute(requests), with_minute(gpu)
+        self.max_request_minute = None if requests is None else requests[MINUTE_COL].max()
+        self.max_gpu_minute = None if gpu is None else gpu[MINUTE_COL].max()
+        requests = summaries(requests, self.label_sets)
         anomaly = self.set.get(ANOMALY)
         models: list[AnomalyModel] = []
         if anomaly is not None:
@@ -245,8 +259,6 @@ class DetectorStage:
         for pending, rows in ((self.pending_requests, requests), (self.pending_gpu, gpu)):
             if rows is not None:
                 pending.add(rows.filter(pl.col(MINUTE_COL) >= processed_before))
-        self.max_request_minute = None if requests is None else requests[MINUTE_COL].max()
-        self.max_gpu_minute = None if gpu is None else gpu[MINUTE_COL].max()
 
     def _adopt_open(self, con: duckdb.DuckDBPyConnection) -> None:
         """The store's open detections continue as themselves; any the replay opened that

@@ -239,6 +239,14 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
     samples = mem["rss"]
     lines.append(f"worker: {mem['events']:,} events, {mem['events'] / mem['cpu_s']:,.0f} events/CPU-s")
     if samples:
-        marks = [samples[min(len(samples) - 1, int(f * len(samples)))] for f in (0.1, 0.25, 0.5, 0.75, 0.99)]
-        lines.append("worker RSS at 10/25/50/75/99% of the run: " + ", ".join(
-            f"{rss / 2**20:,.0f} MiB ({done:,.0f} events)" for done, rss in marks))
+        # Medians of the samples near each mark: a close's transient frames spike RSS for a
+        # second or two, and a single sample at a mark measured the spike, not the level.
+        marks = []
+        for events in (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0))):
+            near = sorted(rss for done, rss in samples if abs(done - events) <= 0.05 * args.events)
+            if near:
+                marks.append(f"{near[len(near) // 2] / 2**20:,.0f} MiB at {events / 1e6:,.2f} M")
+        lines.append("worker RSS (median of the samples within 5% of the run around each mark): " + ", ".join(marks)
+                     + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
+        lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "
+                     f"+ the newest) fill after about {6 * args.events_per_minute / 1e6:,.1f} M events")

@@ -13,11 +13,19 @@ Backtests: a store written from a trace day (the same windowing), replayed read-
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from detectors.evaluation import DAY_MINUTES, merge
 from tailwatch.backtest import backtest_autoscale, backtest_rollout, read_buckets
-from tailwatch.eval_detectors import TRACE_KINDS, TraceCanary, build_trace_day, trace_runs, write_trace_store
+from tailwatch.eval_detectors import (
+    TRACE_KINDS,
+    TraceCanary,
+    build_trace_day,
+    trace_day_buckets,
+    trace_runs,
+    write_trace_store,
+)
 
 from .conftest import AZURE_TRACE, SHARED_DATA, need
 
@@ -114,3 +122,56 @@ def test_backtest_cli_reads_the_store_read_only(trace_store, capsys):
     assert "code-llm-b-us-east-1b" in out and "users waited in 0 minute(s): none" in out
     assert main(["backtest", "rollout", "nope", "v1", "--store", str(path)]) == 2
     assert main(["backtest", "autoscale", "--store", str(path / "missing.duckdb")]) == 2
+
+
+def test_detectors_fed_summaries_by_their_label_sets_find_what_they_find_in_the_rows():
+    """The detector stage holds closed rows as summaries by the label sets the detectors read
+    (memory: rows grow with slices, summaries with label values). On a public trace day with
+    incidents, detectors fed the summaries raise and end the same detections at the same
+    minutes, with the same evidence, as detectors fed the rows."""
+    from detectors import config as detector_config
+    from detectors.core import BY_COL, Minute, summaries, with_minute
+
+    day = build_trace_day(_need(AZURE_TRACE), minutes=240, seed=SEED + 1, incidents=True, repeats=1)
+    rows_fed, summaries_fed = detector_config.DetectorSet(), detector_config.DetectorSet()
+    label_sets = summaries_fed.label_sets()
+    assert ("pool", "traffic_class") in label_sets and ("workload", "model", "zone") in label_sets
+    events = {"rows": [], "summaries": []}
+    for m, req, gpu in trace_day_buckets(day):
+        # As if the minute's rows closed in two checkpoints (two partitions): summaries of summaries.
+        summary = None if req is None else pl.concat([summaries(with_minute(half, m), label_sets)
+                                                      for half in (req[::2], req[1::2]) if half.height])
+        if req is not None:
+            assert set(summary[BY_COL].unique()) == {",".join(by) for by in label_sets}
+            assert "tenant" not in summary.columns  # no detector reads it: never held
+        for name, dset, r in (("rows", rows_fed, req), ("summaries", summaries_fed, summary)):
+            events[name] += [(e.detection.detector, sorted(e.detection.labels.items()), e.state, e.at_minute,
+                              {k: pytest.approx(v, rel=1e-9) if isinstance(v, float) else v for k, v in e.evidence.items()})
+                             for e in dset.observe(Minute(m, r, gpu))]
+    assert len(events["rows"]) >= 4  # the injected incidents were found
+    assert events["summaries"] == events["rows"]
+
+
+def test_the_signal_view_answers_the_same_from_the_columns_it_holds():
+    """The signal stage holds an hour of closed request rows cut to the columns the live view
+    reads (`signals.live.REQUEST_COLUMNS_READ`). On a public trace day with a canary and
+    incidents, every pool, shed and rollout answer equals the one built from whole rows."""
+    from signals.live import LiveSignals, SignalPolicy
+    from slo.prices import GpuPrices
+    from slo.spec import DEFAULT_SLOS, load_slos
+    from streams.signal_stage import _held
+
+    day = build_trace_day(_need(AZURE_TRACE), minutes=90, seed=SEED, incidents=True, repeats=1,
+                          canary=TraceCanary("code-llm-a", "v2-rc1", share=0.2, start_minute=20, error_rate=0.05))
+    whole, held = (LiveSignals(SignalPolicy(), load_slos(DEFAULT_SLOS), GpuPrices()) for _ in range(2))
+    empty, compared = pl.DataFrame(), 0
+    for m, req, gpu in trace_day_buckets(day):
+        req, gpu = req if req is not None else empty, gpu if gpu is not None else empty
+        assert whole.add_closed(req, gpu) == held.add_closed(_held(req) if req.height else req, gpu)
+        if m % 10 == 0:
+            a, b = (live.snapshot(empty, empty, [], wall_s=60.0 * m) for live in (whole, held))
+            for answers in ("pools", "shed", "rollouts"):
+                assert getattr(b, answers) == getattr(a, answers), (m, answers)
+            compared += len(a.pools) + len(a.rollouts)
+    assert held.recent.requests.width < whole.recent.requests.width
+    assert compared > 50 and any(k[1] != "" for k in a.rollouts)

@@ -580,23 +580,49 @@ def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
 def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog):
     from streams.detector_stage import PendingMinutes
 
-    from detectors.core import REQUEST_COLUMNS_READ
+    from detectors.core import summaries
 
-    pending = PendingMinutes("sli_minute", REQUEST_COLUMNS_READ)
+    pending = PendingMinutes("sli_minute", lambda rows: summaries(rows, (("model",), ("pool", "zone"))))
     frame = lambda minutes: pl.DataFrame([req_rows(T0 + m, requests=m + 1, e2e_ms_hist=[{"bin": 3, "n": m + 1}])  # noqa: E731
                                           for m in minutes], schema_overrides=REQ_SCHEMA)
     assert pending.add(frame([0, 1, 2])) == T0 + 2
     assert pending.add(frame([3, 4])) == T0 + 4
     assert pending.add(None) is None and pending.first_minute() == T0
     taken = pending.take_until(T0 + 3)  # a frame cut in two: minute 4 waits
-    assert sorted(taken["requests"].to_list()) == [1, 2, 3, 4]
-    assert "e2e_ms_hist" not in taken.columns and "e2e_ms_p95" in taken.columns  # held: what the detectors read
+    assert sorted(taken.filter(pl.col("_by") == "model")["requests"].to_list()) == [1, 2, 3, 4]
+    # held: their summaries by the detectors' label sets, not the rows
+    assert "e2e_ms_hist" not in taken.columns and "tenant" not in taken.columns and "_w_e2e_ms_p95" in taken.columns
     assert pending.first_minute() == T0 + 4
     with caplog.at_level("WARNING"):
         assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
     assert f"minutes {T0 + 2} closed after the detectors passed them" in caplog.text
-    assert sorted(pending.take_until(T0 + 9)["requests"].to_list()) == [5, 6]
+    assert sorted(pending.take_until(T0 + 9).filter(pl.col("_by") == "pool,zone")["requests"].to_list()) == [5, 6]
     assert pending.take_until(T0 + 9) is None
+
+
+def test_summaries_of_summaries_give_the_slices_of_the_rows():
+    """Rows of one minute may close in several checkpoints (partitions): their summaries,
+    summed again, must give the same slices as the rows (the p95s a requests-weighted mean)."""
+    from detectors.core import MinuteBatch, summaries, with_minute
+
+    rows = pl.DataFrame([req_rows(T0, tenant=f"t{i}", pool=f"p{i % 2}", traffic_class=("batch", "realtime")[i % 3 == 0],
+                                  requests=10 * (i + 1), retries=i, e2e_ms_p95=None if i == 4 else 100.0 * (i + 1))
+                         for i in range(7)], schema_overrides=REQ_SCHEMA)
+    label_sets = (("pool",), ("pool", "traffic_class"))
+    parts = pl.concat([summaries(with_minute(rows[i::3]), label_sets) for i in range(3)])
+    from_rows, from_parts = MinuteBatch(rows, None), MinuteBatch(parts, None)
+    for by in label_sets:
+        want, got = from_rows.slices(by)[T0], from_parts.slices(by)[T0]
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].requests == want[k].requests and got[k].retries == want[k].retries
+            assert got[k].e2e_ms_p95 == pytest.approx(want[k].e2e_ms_p95, rel=1e-12)
+    # p1: tenants 1, 3, 5 → (20·200 + 40·400 + 60·600) / 120; p0 without tenant 4's missing p95
+    assert from_parts.slices(("pool",))[T0][(("pool", "p1"),)].e2e_ms_p95 == pytest.approx(56000 / 120)
+    assert from_parts.slices(("pool",))[T0][(("pool", "p0"),)].e2e_ms_p95 == pytest.approx((10 * 100 + 30 * 300 + 70 * 700) / 110)
+    assert from_parts.traffic_classes() == from_rows.traffic_classes()
+    with pytest.raises(ValueError, match="label set"):
+        from_parts.slices(("model",))
 
 
 def test_detection_alert_payload_has_links_and_numbers():
