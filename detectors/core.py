@@ -112,7 +112,7 @@ REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "suc
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
 LatencyP95 = Literal[LATENCY_P95]
 # The sli_minute columns MinuteBatch reads: labels, sums and p95s. Not the histograms,
-# which are most of a row's bytes (rows held for the detectors are cut to these).
+# which are most of a row's bytes (the detector stage's rebuild reads only these).
 REQUEST_COLUMNS_READ = frozenset(("window_start", *SLICE_LABELS, *REQUEST_SUMS, *LATENCY_P95))
 POOL_CLASSES = ("pool", "traffic_class")  # the label set behind MinuteBatch.traffic_classes
 # The labels a detector slices by: at least one, each an event label.
@@ -190,6 +190,10 @@ def with_minute(frame: pl.DataFrame | None, minute: int | None = None) -> pl.Dat
 BY_COL = "_by"  # which label set a summary row is of ("workload,model,zone")
 
 
+def _by_value(by: tuple[str, ...]) -> str:
+    return ",".join(by)
+
+
 def _weighted_p95s(f: pl.DataFrame) -> list[pl.Expr]:
     """The sums a requests-weighted mean of p95s needs, from raw rows or from summaries."""
     if f"_w_{LATENCY_P95[0]}" in f.columns:
@@ -212,10 +216,11 @@ def summaries(requests: pl.DataFrame | None, label_sets: tuple[tuple[str, ...], 
     """Closed `sli_minute` rows (with MINUTE_COL) → one summary per label set the detectors
     read, in one frame (BY_COL says which). Held instead of the rows: the detectors never
     need a slice finer than their label sets, and with 20,000 slices an hour of rows held
-    while GPU telemetry is absent grew the worker by hundreds of MiB."""
+    while GPU telemetry is absent grew the worker by hundreds of MiB. Summaries already
+    (BY_COL present) are returned as they are."""
     if _empty(requests) or BY_COL in requests.columns:
         return requests
-    parts = [summarise(requests, by).with_columns(pl.lit(",".join(by)).alias(BY_COL)) for by in label_sets]
+    parts = [summarise(requests, by).with_columns(pl.lit(_by_value(by)).alias(BY_COL)) for by in label_sets]
     return pl.concat(parts, how="diagonal_relaxed") if parts else None
 
 
@@ -248,10 +253,11 @@ class MinuteBatch:
         out: dict[int, dict[SliceKey, SliceMinute]] = {}
         f = self.requests
         if f is not None and BY_COL in f.columns:
-            if ",".join(by) not in f[BY_COL].unique().to_list():
+            # Summaries have rows for every label set they were made by whenever there were rows.
+            f = f.filter(pl.col(BY_COL) == _by_value(by))
+            if f.height == 0:
                 raise ValueError(f"requests were summarised without the label set {by}: "
                                  "a detector must name every label set it reads (label_sets)")
-            f = f.filter(pl.col(BY_COL) == ",".join(by))
         if f is not None and f.height:
             for row in summarise(f, by).sort(MINUTE_COL, *by).iter_rows(named=True):
                 labels = {b: row[b] for b in by}
