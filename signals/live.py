@@ -44,7 +44,9 @@ class SignalWindows(ConfigStruct):
 
     pool_window_minutes: WindowMinutes = 5  # demand and latency are read over this many complete minutes
     rollout_window_minutes: WindowMinutes = 30
-    history_minutes: WindowMinutes = 60  # buckets kept for the pool and rollout windows
+    # Buckets kept for the pool and rollout windows, per slice and minute (4.5 MiB a minute at 20,000
+    # slices): as long as the longest window, not longer.
+    history_minutes: WindowMinutes = 30
     sustained_minutes: WindowMinutes = 3  # capacity counts only work sustained this long with the SLO held
     capacity_history_days: Days = 7  # measured capacity: the best day of the last week
 

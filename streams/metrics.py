@@ -46,6 +46,9 @@ class WorkerMetrics:
             "tailwatch_watermark_timestamp_seconds", "Lowest partition watermark (event time).", ["topic"], registry=r)
         self.open_minutes = Gauge(
             "tailwatch_open_buckets", "One-minute buckets of event time still open.", ["topic"], registry=r)
+        self.partitions_paused = Gauge(
+            "tailwatch_partitions_paused", "Partitions paused for reading too far ahead of the topic's slowest "
+            "(watermark alignment, --max-watermark-drift).", ["topic"], registry=r)
         self.dedupe_ids = Gauge(
             "tailwatch_dedupe_ids", "Event ids held for duplicate detection (open minutes only).", ["topic"], registry=r)
         self.stage_cpu_seconds = Counter(

@@ -83,6 +83,7 @@ class Tier1Worker(Worker):
         lateness_ms = int(settings.allowed_lateness_s * 1000)
         for p in self.pipelines.values():
             p.windows = PartitionWindows(p.windows.spec, lateness_ms, int(settings.idle_timeout_s * 1000))
+            p.alignment = None  # each partition closes on its own watermark: a fast one holds nothing open
         self._markers: dict[tuple[str, int], bytes] = {}
         self._resumes: dict[tuple[str, int], Resume] = {}
         self._markers_sent_at = 0.0

@@ -36,6 +36,7 @@ from ingest.schema import GpuV1, RequestV1
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
 from streams import store
 from streams.aggregates import GPU, REQUESTS
+from streams.alignment import WatermarkAlignment
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.http import HttpState, WorkerHttp
 from streams.metrics import WorkerMetrics
@@ -80,6 +81,8 @@ class WorkerSettings:
     # Static group membership (KIP-345) on a cluster that expires static members; None: dynamic.
     instance_id: str | None = None
     drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
+    # Pause a partition whose watermark is this far ahead of the topic's slowest (None: the allowed lateness; 0: never).
+    max_watermark_drift_s: float | None = None
 
 
 class NotDrained(Exception):
@@ -97,6 +100,7 @@ class TopicPipeline:
     windows: MinuteWindows
     assigned: set[int] = field(default_factory=set)
     eof: set[int] = field(default_factory=set)
+    alignment: WatermarkAlignment | None = None  # None: partitions are never paused
 
 
 class Worker:
@@ -104,6 +108,7 @@ class Worker:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
         lateness_ms = int(settings.allowed_lateness_s * 1000)
+        drift_s = settings.allowed_lateness_s if settings.max_watermark_drift_s is None else settings.max_watermark_drift_s
         k = settings.kafka
         self.pipelines: dict[str, TopicPipeline] = {}
         for suffix, event_type, columns, spec, table in (
@@ -115,6 +120,7 @@ class Worker:
                 topic=topic, table=table,
                 decoder=BatchDecoder(event_type, settings.max_record_bytes),
                 columns=columns, windows=MinuteWindows(spec, lateness_ms, int(settings.idle_timeout_s * 1000)),
+                alignment=WatermarkAlignment(int(drift_s * 1000)) if drift_s > 0 else None,
             )
         self.dead_letters: list[deadletter.DeadLetter] = []
         self.next_offsets: dict[tuple[str, int], int] = {}
@@ -202,6 +208,7 @@ class Worker:
                 msgs = consumer.consume(num_messages=s.batch_size, timeout=0.5)
                 got = self._process(msgs)
                 now = time.monotonic()
+                self._align_partitions(consumer, now)
                 if got:
                     self._view_dirty = True
                     idle_since = now
@@ -421,6 +428,33 @@ class Worker:
                 out.add(part)
         return out
 
+    def _align_partitions(self, consumer, now: float) -> None:
+        """Pause partitions read too far ahead of their topic's slowest, resume them as it
+        catches up (streams/alignment.py): a backlog drains without holding tens of minutes open."""
+        for p in self.inputs.values():
+            a = p.alignment
+            if a is None:
+                continue
+            pause, resume = a.decide(p.windows.watermark_ms, self._records_to_read(consumer, p), now)
+            if pause:
+                consumer.pause([TopicPartition(p.topic, part) for part in sorted(pause)])
+            if resume & p.assigned:
+                consumer.resume([TopicPartition(p.topic, part) for part in sorted(resume & p.assigned)])
+            self.metrics.partitions_paused.labels(p.topic).set(len(a.paused))
+
+    def _records_to_read(self, consumer, p: TopicPipeline) -> dict[int, int]:
+        """Owned partitions whose log end is known and not reached: partition → read position."""
+        out = {}
+        for part in p.assigned - p.eof:
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
+            except Exception:  # unknown yet
+                continue
+            position = self.next_offsets.get((p.topic, part), low)
+            if high >= 0 and position < high:
+                out[part] = position
+        return out
+
     def _undrained(self, consumer) -> list[str]:
         """Why the worker is not drained: partitions not owned or not read to their end."""
         out = []
@@ -557,6 +591,7 @@ class Worker:
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
         self._commit(consumer, cp, started)
+
 
     def _commit(self, consumer, cp: store.Checkpoint, started: float) -> None:
         """Run the SLOs and stages on the checkpoint's closed minutes and write it all in one

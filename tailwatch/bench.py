@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from signals.live import SignalWindows
 from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
@@ -248,5 +249,8 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
                 marks.append(f"{near[len(near) // 2] / 2**20:,.0f} MiB at {events / 1e6:,.2f} M")
         lines.append("worker RSS (median of the samples within 5% of the run around each mark): " + ", ".join(marks)
                      + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
+        history = SignalWindows().history_minutes
         lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "
-                     f"+ the newest) fill after about {6 * args.events_per_minute / 1e6:,.1f} M events")
+                     f"+ the newest, + up to 5 of watermark drift) fill after about {6 * args.events_per_minute / 1e6:,.1f} M "
+                     f"events, the signal view's {history} minutes of closed rows after about "
+                     f"{(6 + history) * args.events_per_minute / 1e6:,.1f} M: RSS is level only after both")

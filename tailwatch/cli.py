@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static group membership (KIP-345): a restart with the same id takes its partitions back "
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
+    p.add_argument("--max-watermark-drift", type=_duration_s, default=None, metavar="DURATION",
+                   help="pause a partition read this far (event time) ahead of its topic's slowest until it "
+                        "catches up, so a backlog drains without holding minutes open (default: the allowed "
+                        "lateness; 0: never)")
     p.add_argument("--idle-timeout", type=_duration_s, default=60.0, metavar="DURATION",
                    help="event time: a partition read to its end and this far behind the newest stops holding "
                         "minutes open (default 1m)")

@@ -210,6 +210,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         until_idle_s=args.until_idle,
         allowed_lateness_s=args.allowed_lateness,
         idle_timeout_s=args.idle_timeout,
+        max_watermark_drift_s=args.max_watermark_drift,
         drain_timeout_s=args.drain_timeout,
         instance_id=args.instance_id,
         partitions=args.partitions,
