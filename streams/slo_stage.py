@@ -44,11 +44,10 @@ def status_frame(rows: list[dict]) -> pl.DataFrame:
         pa.array(offsets, pa.int32()),
         pa.StructArray.from_arrays([pa.array(windows, pa.string()), pa.array(burn_rates, pa.float64())],
                                    fields=list(_BURN_RATE)))
-    columns = {c: [r[c] for r in rows] for c in STATUS_SCHEMA if c not in ("window_start", "burn_rates")}
-    return pl.DataFrame({
-        "window_start": pl.Series([r["window_start"] for r in rows], dtype=pl.Int64) * 60_000_000,
-        **columns, "burn_rates": pl.from_arrow(burns),
-    }).select(list(STATUS_SCHEMA)).cast(STATUS_SCHEMA)  # type: ignore[arg-type]
+    built = {"window_start": pl.Series([r["window_start"] for r in rows], dtype=pl.Int64) * 60_000_000,
+             "burn_rates": pl.from_arrow(burns)}
+    return pl.DataFrame({c: built[c] if c in built else [r[c] for r in rows] for c in STATUS_SCHEMA}
+                        ).cast(STATUS_SCHEMA)  # type: ignore[arg-type]
 
 
 class SloCollector:

@@ -414,18 +414,20 @@ class Worker:
 
     def _read_to_end(self, consumer, p: TopicPipeline) -> set[int]:
         """Owned partitions consumed up to the log end (EOF seen, or position ≥ high watermark)."""
-        out = set()
-        for part in p.assigned:
-            if part in p.eof:
-                out.add(part)
-                continue
+        return (p.eof & p.assigned) | {part for part, (position, end) in self._positions(consumer, p).items()
+                                       if position >= end}
+
+    def _positions(self, consumer, p: TopicPipeline) -> dict[int, tuple[int, int]]:
+        """Owned partitions without an EOF seen whose log end is known: partition → (read position, log end)."""
+        out = {}
+        for part in p.assigned - p.eof:
             try:
                 # Cached: the high offset arrives with every fetch response, no extra request.
                 low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
             except Exception:  # unknown yet: not read to its end
                 continue
-            if high >= 0 and self.next_offsets.get((p.topic, part), low) >= high:
-                out.add(part)
+            if high >= 0:
+                out[part] = (self.next_offsets.get((p.topic, part), low), high)
         return out
 
     def _align_partitions(self, consumer, now: float) -> None:
@@ -435,25 +437,13 @@ class Worker:
             a = p.alignment
             if a is None:
                 continue
-            pause, resume = a.decide(p.windows.watermark_ms, self._records_to_read(consumer, p), now)
+            to_read = {part: position for part, (position, end) in self._positions(consumer, p).items() if position < end}
+            pause, resume = a.decide(p.windows.watermark_ms, to_read, now)
             if pause:
                 consumer.pause([TopicPartition(p.topic, part) for part in sorted(pause)])
             if resume & p.assigned:
                 consumer.resume([TopicPartition(p.topic, part) for part in sorted(resume & p.assigned)])
             self.metrics.partitions_paused.labels(p.topic).set(len(a.paused))
-
-    def _records_to_read(self, consumer, p: TopicPipeline) -> dict[int, int]:
-        """Owned partitions whose log end is known and not reached: partition → read position."""
-        out = {}
-        for part in p.assigned - p.eof:
-            try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(p.topic, part), cached=True)
-            except Exception:  # unknown yet
-                continue
-            position = self.next_offsets.get((p.topic, part), low)
-            if high >= 0 and position < high:
-                out[part] = position
-        return out
 
     def _undrained(self, consumer) -> list[str]:
         """Why the worker is not drained: partitions not owned or not read to their end."""
@@ -591,7 +581,6 @@ class Worker:
             dead_letters=deadletter.to_frame(letters) if letters else None,
         )
         self._commit(consumer, cp, started)
-
 
     def _commit(self, consumer, cp: store.Checkpoint, started: float) -> None:
         """Run the SLOs and stages on the checkpoint's closed minutes and write it all in one
