@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
+from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, rollup, summed_bins
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from slo.config_file import ConfigStruct, Days, WindowMinutes
@@ -44,8 +45,8 @@ class SignalWindows(ConfigStruct):
 
     pool_window_minutes: WindowMinutes = 5  # demand and latency are read over this many complete minutes
     rollout_window_minutes: WindowMinutes = 30
-    # Buckets kept for the pool and rollout windows, per slice and minute (4.5 MiB a minute at 20,000
-    # slices): as long as the longest window, not longer.
+    # Minutes kept for the pool and rollout windows (rolled up: signals/held.py): as long as the
+    # longest window, not longer.
     history_minutes: WindowMinutes = 30
     sustained_minutes: WindowMinutes = 3  # capacity counts only work sustained this long with the SLO held
     capacity_history_days: Days = 7  # measured capacity: the best day of the last week
@@ -86,24 +87,40 @@ class SignalSnapshot:
     shed: dict[str, Scoped] = field(default_factory=dict)  # per pool: the degradation ladder and admission plan
 
 
-# The `sli_minute` columns this view reads. Held rows are cut to them: with 20,000 slices
-# whole rows (four histograms, twelve quantiles) held for an hour were about 9 MiB a minute.
-REQUEST_COLUMNS_READ = ("window_start", "tenant", "model", "model_version", "zone", "workload", "traffic_class",
-                        "deployment", "pool", "requests", "errors", "timeouts", "gpu_seconds", "prompt_tokens",
-                        "output_tokens", "audio_seconds", "first_output_ms_hist", "e2e_ms_hist", "inter_token_ms_hist")
-
-
 class RecentBuckets:
-    """Closed `sli_minute` / `gpu_minute` rows of the newest `keep_minutes` minutes."""
+    """The newest `keep_minutes` closed minutes: `sli_minute` rolled up (signals/held.py, the
+    per-tenant traffic only for `traffic_minutes`), `gpu_minute` rows as they are (one per
+    GPU and minute)."""
 
-    def __init__(self, keep_minutes: int):
+    # Closed request rows wait to be rolled up until read (a snapshot, the capacity
+    # measurement) or until this many have gathered: a rollup costs about 7 ms however few
+    # its rows, and a replay closes a batch every checkpoint between two snapshots.
+    PENDING_ROWS_AT = 50_000
+
+    def __init__(self, keep_minutes: int, traffic_minutes: int):
         self.keep_minutes = keep_minutes
-        self.requests = pl.DataFrame()
+        self.traffic_minutes = traffic_minutes
+        self._requests: RequestRollup = EMPTY
+        self._pending: list[pl.DataFrame] = []
         self.gpu = pl.DataFrame()
 
     def add(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> None:
-        self.requests = self._trim(_concat(self.requests, requests))
-        self.gpu = self._trim(_concat(self.gpu, gpu))
+        if requests.height:
+            self._pending.append(requests)
+            if sum(f.height for f in self._pending) >= self.PENDING_ROWS_AT:
+                self._roll_up()
+        self.gpu = self._trim(concat_frames(self.gpu, gpu))
+
+    @property
+    def requests(self) -> RequestRollup:
+        self._roll_up()
+        return self._requests
+
+    def _roll_up(self) -> None:
+        if self._pending:
+            rows = pl.concat(self._pending, how="diagonal_relaxed") if len(self._pending) > 1 else self._pending[0]
+            self._pending = []
+            self._requests = self._requests.added(rows, self.keep_minutes, self.traffic_minutes)
 
     def _trim(self, frame: pl.DataFrame) -> pl.DataFrame:
         if frame.height == 0:
@@ -112,20 +129,9 @@ class RecentBuckets:
         return frame.filter(pl.col("window_start") > newest - pl.duration(minutes=self.keep_minutes))
 
 
-def _concat(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
-    frames = [f for f in (a, b) if f.height]
-    if not frames:
-        return pl.DataFrame()
-    return pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-
-
-def _minute_col() -> pl.Expr:
-    return (pl.col("window_start").dt.epoch("s") // 60).alias("_m")
-
-
-def _merged_quantiles(rows: pl.DataFrame, keys: list[str], hist_col: str, qs: dict[str, float]) -> pl.DataFrame:
-    """Quantiles of the histograms of `rows` merged per `keys` (histograms add bin by bin)."""
-    return histogram.quantiles_frame(_hist_long(rows, keys, hist_col), keys, qs, presorted=True)
+def _bin_quantiles(bins: pl.DataFrame, keys: list[str], qs: dict[str, float]) -> pl.DataFrame:
+    """Quantiles of long histogram rows added up per `keys` (histograms add bin by bin)."""
+    return histogram.quantiles_frame(summed_bins(bins, keys), keys, qs, presorted=True)
 
 
 class LiveSignals:
@@ -136,7 +142,7 @@ class LiveSignals:
         self.policy = policy
         self.specs = list(specs or [])
         self.prices = prices
-        self.recent = RecentBuckets(policy.history_minutes)
+        self.recent = RecentBuckets(policy.history_minutes, policy.pool_window_minutes + 1)
         self.autoscaler = Autoscaler(policy.autoscale)
         self.capacity = SustainedCapacity(policy.sustained_minutes, policy.capacity_history_days)
         self.capacity_observed_through: int | None = None  # pool-minutes up to here fed to `capacity`
@@ -148,10 +154,13 @@ class LiveSignals:
         """Keep closed rows; feed minutes now closed on both topics to the capacity
         measurement. Returns (pool, day, best) for each pool whose best of the day rose."""
         self.recent.add(requests, gpu)
-        req, gpu_rows = self.recent.requests, self.recent.gpu
-        if not req.height or not gpu_rows.height:
+        gpu_rows = self.recent.gpu
+        if not gpu_rows.height:  # checked first: reading the requests rolls them up
             return []
-        through = min(int(f["window_start"].dt.epoch("s").max()) // 60 for f in (req, gpu_rows))
+        req = self.recent.requests
+        if not req.height:
+            return []
+        through = min(req.newest_minute(), int(gpu_rows["window_start"].dt.epoch("s").max()) // 60)
         since = self.capacity_observed_through
         if since is not None and through <= since:
             return []
@@ -166,13 +175,11 @@ class LiveSignals:
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceState],
                  wall_s: float) -> SignalSnapshot:
-        req = _concat(self.recent.requests, open_requests)
-        gpu = _concat(self.recent.gpu, open_gpu)
-        if req.height:
-            req = req.with_columns(_minute_col())
+        req = self.recent.requests.merge(rollup(open_requests))
+        gpu = concat_frames(self.recent.gpu, open_gpu)
         if gpu.height:
-            gpu = gpu.with_columns(_minute_col())
-        newest = [int(f["_m"].max()) for f in (req, gpu) if f.height]
+            gpu = gpu.with_columns(minute_col())
+        newest = [m for m in (req.newest_minute(), int(gpu["_m"].max()) if gpu.height else None) if m is not None]
         pools, shed = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else ({}, {})
         rollouts, models = self._rollouts(req, gpu) if req.height else ({}, {})
         return SignalSnapshot(
@@ -182,7 +189,7 @@ class LiveSignals:
         )
 
     # ---- autoscale ------------------------------------------------------------------
-    def _pools(self, req: pl.DataFrame, gpu: pl.DataFrame, slo_states: list[SliceState],
+    def _pools(self, req: RequestRollup, gpu: pl.DataFrame, slo_states: list[SliceState],
                wall_s: float) -> tuple[dict[str, Scoped], dict[str, Scoped]]:
         """One group-by per signal over all pools at once; the loop only decides. Returns the
         autoscale answers and the shedding advice, per pool."""
@@ -244,24 +251,29 @@ class LiveSignals:
         return estimate_capacity(physical, held, broke, p.sustained_minutes)
 
     # ---- rollout --------------------------------------------------------------------
-    def _rollouts(self, req: pl.DataFrame, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
+    def _rollouts(self, req: RequestRollup, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
         """Each version's canary traffic (deployment other than stable) against the model's
         stable traffic, over the model's newest `rollout_window_minutes`; one group-by per side."""
         window = self.policy.rollout_window_minutes
-        rows = req.filter(pl.col("model") != "").with_columns(self._usd_per_gpu_s(gpu)).filter(
-            pl.col("_m") > pl.col("_m").max().over("model") - window)
-        if not rows.height:
+        versions = req.versions.filter(pl.col("model") != "")
+        if not versions.height:
             return {}, {}
-        newest = dict(rows.group_by("model").agg(pl.col("_m").max()).iter_rows())
-        stable_rows = pl.col("deployment") == "stable"
-        per_version = _version_table(rows.filter((pl.col("model_version") != "") & ~stable_rows), ["model", "model_version"])
+        newest = dict(versions.group_by("model").agg(pl.col(MINUTE).max()).iter_rows())
+        newest_of = pl.DataFrame({"model": list(newest), "_newest": list(newest.values())},
+                                 schema={"model": versions.schema["model"], "_newest": pl.Int64})
+
+        def in_window(frame: pl.DataFrame, side: pl.Expr) -> pl.DataFrame:
+            return frame.join(newest_of, on="model").filter(side & (pl.col(MINUTE) > pl.col("_newest") - window))
+
+        stable, canary = pl.col("stable"), ~pl.col("stable") & (pl.col("model_version") != "")
+        frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels)
+        per_version = _version_table(*(in_window(f, canary) for f in frames), ["model", "model_version"])
         canary_models = sorted({m for m, _, _, _ in per_version})
-        stable_all = _version_table(rows.filter(stable_rows), ["model"], detail_for=canary_models)
-        stable_versions = rows.filter(stable_rows & (pl.col("model_version") != "")).group_by("model", "model_version").agg(
-            pl.col("tenant").unique())
+        stable_all = _version_table(*(in_window(f, stable) for f in frames), ["model"], detail_for=canary_models)
+        stable_versions = in_window(versions, stable & (pl.col("model_version") != "")).select("model", "model_version").unique()
         out: dict[tuple[str, str], Scoped] = {}
         models: dict[str, frozenset[str]] = {}
-        for model, version, _tenants in stable_versions.iter_rows():
+        for model, version in stable_versions.iter_rows():
             base = stable_all[(model,)]
             models[model] = models.get(model, frozenset()) | {version}
             body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
@@ -307,11 +319,11 @@ def traffic_slices(rows: pl.DataFrame, capped: pl.DataFrame) -> dict[str, list[t
     scale = capped.join(reported, on=["pool", "_m"]).select(
         "pool", "_m", pl.when(pl.col("_reported") > 0).then(pl.col("gpu_seconds") / pl.col("_reported"))
         .otherwise(1.0).alias("_scale"))
-    def total(column: str) -> pl.Expr:  # a caller's rows may lack token columns: none counted
-        return (pl.col(column).fill_null(0).sum() if column in rows.columns else pl.lit(0)).cast(pl.Float64)
+    def total(column: str) -> pl.Expr:
+        return pl.col(column).sum().cast(pl.Float64)
 
     sums = rows.join(scale, on=["pool", "_m"], how="left").group_by("pool", "tenant", "traffic_class").agg(
-        total("requests"), (pl.col("gpu_seconds").fill_null(0) * pl.col("_scale").fill_null(1.0)).sum(),
+        total("requests"), (pl.col("gpu_seconds") * pl.col("_scale").fill_null(1.0)).sum(),
         total("prompt_tokens"), total("output_tokens"),
     ).sort("pool", "traffic_class", "tenant")
     out: dict[str, list[tuple]] = {}
@@ -336,10 +348,10 @@ def shed_body(advice) -> dict:
     }
 
 
-def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dict[str, dict]:
+def pool_stats(req: RequestRollup, gpu: pl.DataFrame, window_minutes: int) -> dict[str, dict]:
     """Per pool: the window (its newest complete minutes, or the newest minute when none is
     complete), demand sums, latency and GPU signals, tenants and attributes."""
-    frames = [f.select("pool", "_m") for f in (req, gpu) if f.height]
+    frames = [f.select("pool", "_m") for f in (req.pools, gpu) if f.height]
     if not frames:
         return {}
     bounds = pl.concat(frames).filter(pl.col("pool") != "").group_by("pool").agg(
@@ -361,16 +373,15 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
     if req.height:
-        for pool, tenants in req.group_by("pool").agg(pl.col("tenant").unique()).iter_rows():
+        for pool, tenants in req.labels.group_by("pool").agg(pl.col("tenant").unique()).iter_rows():
             if pool in stats:
                 stats[pool]["tenants"] = frozenset(tenants)
-        newest_rows = req.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
+        newest_rows = req.pools.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
         for pool, seen in newest_rows.group_by("pool").agg(pl.col("requests").sum()).iter_rows():
             stats[pool]["seen_in_newest"] += int(seen)
-        rw = req.join(bounds, on="pool").filter(in_window)
-        sums = rw.group_by("pool").agg(*[pl.col(c).fill_null(0).sum().cast(pl.Float64)
-                                         for c in ("requests", "output_tokens", "audio_seconds",
-                                                   "prompt_tokens") if c in rw.columns])
+        rw = req.pools.join(bounds, on="pool").filter(in_window)
+        sums = rw.group_by("pool").agg(*[pl.col(c).sum().cast(pl.Float64)
+                                         for c in ("requests", "output_tokens", "audio_seconds", "prompt_tokens")])
         for row in sums.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
         gw_all = gpu.join(bounds, on="pool").filter(in_window) if gpu.height else gpu
@@ -379,10 +390,11 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
         for pool, gpu_s in work.iter_rows():
             if pool in stats:
                 stats[pool]["gpu_seconds"] = float(gpu_s)
-        for pool, slices in traffic_slices(rw, capped).items():
+        for pool, slices in traffic_slices(req.traffic.join(bounds, on="pool").filter(in_window), capped).items():
             stats[pool]["traffic"] = [TrafficSlice(*row[:2], *(v / (60 * stats[pool]["minutes"]) for v in row[2:]))
                                       for row in slices]
-        for pool, q in _merged_quantiles(rw, ["pool"], "first_output_ms_hist", {"q": 0.95}).iter_rows():
+        bins = req.pool_bins.join(bounds, on="pool").filter(in_window)
+        for pool, q in _bin_quantiles(bins, ["pool"], {"q": 0.95}).iter_rows():
             stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
     if gpu.height:
         newest_rows = gpu.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
@@ -401,17 +413,17 @@ def pool_stats(req: pl.DataFrame, gpu: pl.DataFrame, window_minutes: int) -> dic
             stats[pool]["active_streams"] = int(streams)
         for pool, state, n in last.group_by("pool", pl.col("replica_state").fill_null("unknown")).len().sort("pool", "replica_state").iter_rows():
             stats[pool]["replicas_by_state"][state] = int(n)
-    for pool, attrs in pool_attributes(req, gpu).items():
+    for pool, attrs in pool_attributes(req.labels, gpu).items():
         if pool in stats:
             stats[pool]["attrs"] = attrs
     return stats
 
 
-def pool_attributes(req: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[str, str]]:
+def pool_attributes(labels: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[str, str]]:
     """Per pool, the attributes (model, zone, workload, traffic class) its rows agree on:
-    one non-empty value, taken from the GPU samples first, then from the requests."""
+    one non-empty value, taken from the GPU samples first, then from the requests' label sets."""
     out: dict[str, dict[str, str]] = {}
-    for f in (gpu, req):
+    for f in (gpu, labels):
         if not f.height:
             continue
         keys = [k for k in POOL_ATTRIBUTES if k != "pool" and k in f.columns]
@@ -427,17 +439,11 @@ def pool_attributes(req: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[str,
     return out
 
 
-def _hist_long(rows: pl.DataFrame, keys: list[str], hist_col: str, ordered: bool = True) -> pl.DataFrame:
-    """The histograms of `rows` merged per `keys`, long: (keys…, bin, n), sorted if `ordered`."""
-    long = (rows.select(*keys, pl.col(hist_col).alias("_h")).explode("_h")
-            .filter(pl.col("_h").is_not_null()).unnest("_h")
-            .group_by(*keys, "bin").agg(pl.col("n").sum()))
-    return long.sort(*keys, "bin") if ordered else long
-
-
-def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | None = None) -> dict | list:
-    """VersionStats per group of `keys`, with the group's tenants; for (model, model_version)
-    a list of (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants).
+def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame, keys: list[str],
+                   detail_for: list[str] | None = None) -> dict | list:
+    """VersionStats per group of `keys`, with the group's tenants, from the held version
+    sums, histograms and label sets (signals/held.py); for (model, model_version) a list of
+    (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants).
 
     Each carries its per-minute counts and latency histograms, for the rollout tests
     (signals/rollout.py); one group-by per table, not one per version. `detail_for`: only
@@ -446,30 +452,25 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
         return [] if len(keys) == 2 else {}
     cost = (pl.col("gpu_seconds") * pl.col("_usd_per_gpu_s"))
     sums = rows.group_by(keys).agg(
-        pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"), pl.col("timeouts").sum(),
-        cost.sum().alias("gpu_cost"),
-        pl.col("output_tokens").fill_null(0).sum(), pl.col("audio_seconds").fill_null(0).sum(),
-        pl.col("tenant").unique().alias("tenants"), pl.col("model_version").unique().alias("versions"),
-    )
-    hist_fields = [(col, name) for col, name in (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e"),
-                                                 ("inter_token_ms_hist", "itl"))]
-    # Rows from before a field existed (or a caller's own frame) lack its histogram: none.
-    rows = rows.with_columns(pl.lit(None, dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))).alias(col)
-                             for col, _ in hist_fields if col not in rows.columns)
-    detailed = rows if detail_for is None else rows.filter(pl.col("model").is_in(detail_for))
-    minutes = detailed.group_by(*keys, "_m").agg(
-        pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"),
-        cost.sum().alias("gpu_cost"), pl.col("output_tokens").fill_null(0).sum(),
-        pl.col("audio_seconds").fill_null(0).sum(),
-    ).sort(*keys, "_m")
+        pl.col("requests").sum(), pl.col("bad").sum(), pl.col("timeouts").sum(), cost.sum().alias("gpu_cost"),
+        pl.col("output_tokens").sum(), pl.col("audio_seconds").sum(), pl.col("model_version").unique().alias("versions"),
+    ).join(labels.group_by(keys).agg(pl.col("tenant").unique().alias("tenants")), on=keys, how="left")
+    if detail_for is not None:
+        rows, detailed_hists = (f.filter(pl.col("model").is_in(detail_for)) for f in (rows, hists))
+    else:
+        detailed_hists = hists
+    minutes = rows.group_by(*keys, MINUTE).agg(
+        pl.col("requests").sum(), pl.col("bad").sum(), cost.sum().alias("gpu_cost"), pl.col("output_tokens").sum(),
+        pl.col("audio_seconds").sum(),
+    ).sort(*keys, MINUTE)
     # Histograms per group and minute (the rollout's rank tests compare within minutes), and
-    # their sums per group (the p99s shown), from one explode per field.
+    # their sums per group (the p99s shown), from the held bins.
     minute_hists: dict[str, dict[tuple, dict[int, int]]] = {}
     quantile_frames = []
-    by = [*keys, "_m"]
-    for col, name in hist_fields:
-        long_m = _hist_long(detailed, by, col, ordered=False)  # per-minute bins need no order
-        quantile_frames.append(histogram.quantiles_frame(_hist_long(rows, keys, col), keys, {name: 0.99}, presorted=True))
+    by = [*keys, MINUTE]
+    for col, name in VERSION_HISTOGRAMS:
+        long_m = detailed_hists.filter(pl.col("field") == col).group_by(*by, "bin").agg(pl.col("n").sum())
+        quantile_frames.append(_bin_quantiles(hists.filter(pl.col("field") == col), keys, {name: 0.99}))
         per_minute_bins = minute_hists.setdefault(name, {})
         for group, bins, ns in long_m.group_by(by).agg("bin", "n").select(
                 pl.struct(by).alias("_k"), "bin", "n").iter_rows():
@@ -503,21 +504,25 @@ def _version_table(rows: pl.DataFrame, keys: list[str], detail_for: list[str] | 
     return out_list if len(keys) == 2 else out_dict
 
 
-def pool_minutes(requests: pl.DataFrame, gpu: pl.DataFrame, lo: int, hi: int, first_output_slo_ms,
+def pool_minutes(requests: RequestRollup, gpu: pl.DataFrame, lo: int, hi: int, first_output_slo_ms,
                  queue_age_slo_ms: float) -> list[PoolMinute]:
     """Per pool and closed minute in [lo, hi]: work, warm replicas, and whether queue-age
-    p95 and first-output p95 held (`first_output_slo_ms(attributes)` gives the threshold)."""
-    req = requests.with_columns(_minute_col()).filter(pl.col("_m").is_between(lo, hi))
-    gpu = gpu.with_columns(_minute_col()).filter(pl.col("_m").is_between(lo, hi))
+    p95 and first-output p95 held (`first_output_slo_ms(attributes)` gives the threshold).
+    Attributes come from the label sets seen since `lo`."""
+    if not requests.height:
+        return []
+    req = requests.pools.filter(pl.col("_m").is_between(lo, hi))
+    gpu = gpu.with_columns(minute_col()).filter(pl.col("_m").is_between(lo, hi))
     if not req.height or not gpu.height:
         return []
     work = capped_work(req, gpu).select("pool", "_m", (pl.col("gpu_seconds") / 60).alias("work"))
-    fo = _merged_quantiles(req, ["pool", "_m"], "first_output_ms_hist", {"fo_p95": 0.95})
+    fo = _bin_quantiles(requests.pool_bins.filter(pl.col("_m").is_between(lo, hi)), ["pool", "_m"], {"fo_p95": 0.95})
     per = gpu.group_by("pool", "_m").agg(
         (pl.col("replica_state") == "warm").sum().alias("warm"),
         pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_p95"),
     ).join(work, on=["pool", "_m"]).join(fo, on=["pool", "_m"], how="left").sort("pool", "_m")
-    thresholds = {pool: first_output_slo_ms(attrs) for pool, attrs in pool_attributes(req, gpu).items()}
+    thresholds = {pool: first_output_slo_ms(attrs)
+                  for pool, attrs in pool_attributes(requests.labels.filter(pl.col("_m") >= lo), gpu).items()}
     out = []
     for pool, minute, warm, queue_p95, w, fo_p95 in per.select("pool", "_m", "warm", "queue_p95", "work", "fo_p95").iter_rows():
         if not pool:

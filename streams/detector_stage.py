@@ -52,7 +52,7 @@ from detectors.core import (
 )
 from slo.windows import minute_start_utc
 from streams import store
-from streams.frames import compact_strings
+from slo.columns import compact_strings
 
 log = logging.getLogger("tailwatch.detectors")
 

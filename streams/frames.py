@@ -95,22 +95,6 @@ def records_to_frame(
     return frame, rejected
 
 
-def compact_strings(frame: pl.DataFrame) -> pl.DataFrame:
-    """The frame with its string columns copied into buffers of their own.
-
-    A polars string column cut from another (a group-by's keys, a filter, a gather) points
-    into the source's buffers and keeps all of them alive: a closed minute's few thousand
-    label values held the label columns of every batch that fed it (tens of MB a minute
-    with 20,000 slices), and the detectors hold closed minutes for up to an hour. Copying
-    costs about 75 ns a value; do it where rows start to outlive their batch.
-    """
-    strings = [c for c, t in frame.schema.items() if t == pl.String]
-    if not strings or frame.height == 0:
-        return frame
-    # concat_str writes fresh values; cast/rechunk/clone would keep the shared buffers.
-    return frame.with_columns(pl.concat_str([pl.col(c), pl.lit("")]).alias(c) for c in strings)
-
-
 def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:
     """The `stages` column of request records (null where a record has none)."""
     other = STAGE_INDEX["other"]

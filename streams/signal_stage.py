@@ -13,9 +13,8 @@ from datetime import date, timedelta
 import duckdb
 import polars as pl
 
-from signals.live import REQUEST_COLUMNS_READ, LiveSignals
+from signals.live import LiveSignals
 from streams import store
-from streams.frames import compact_strings
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS pool_capacity (
@@ -37,12 +36,12 @@ class SignalStage:
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(SCHEMA_SQL)
         history = self.live.policy.history_minutes
-        self.live.add_closed(_held(store.recent_buckets(con, history)), store.recent_buckets(con, history, "gpu_minute"))
+        self.live.add_closed(store.recent_buckets(con, history), store.recent_buckets(con, history, "gpu_minute"))
         for pool, day, best in load_pool_capacity(con, self.live.policy.capacity_history_days).iter_rows():
             self.live.capacity.restore(pool, (day - _EPOCH_DAY).days, best)
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
-        raised = self.live.add_closed(_held(requests), gpu)
+        raised = self.live.add_closed(requests, gpu)
         if not raised:
             return {}
         return {"pool_capacity": pl.DataFrame(
@@ -57,12 +56,6 @@ class SignalStage:
 
     def deliver(self, wait_s: float = 0.0) -> None:
         pass
-
-
-def _held(requests: pl.DataFrame) -> pl.DataFrame:
-    """Closed request rows as the live view holds them for an hour: the columns it reads,
-    in buffers of their own (not pinning the batch they were cut from)."""
-    return compact_strings(requests.select([c for c in REQUEST_COLUMNS_READ if c in requests.columns]))
 
 
 def load_pool_capacity(con: duckdb.DuckDBPyConnection, days: int) -> pl.DataFrame:

@@ -152,26 +152,54 @@ def test_detectors_fed_summaries_by_their_label_sets_find_what_they_find_in_the_
     assert events["summaries"] == events["rows"]
 
 
-def test_the_signal_view_answers_the_same_from_the_columns_it_holds():
-    """The signal stage holds an hour of closed request rows cut to the columns the live view
-    reads (`signals.live.REQUEST_COLUMNS_READ`). On a public trace day with a canary and
-    incidents, every pool, shed and rollout answer equals the one built from whole rows."""
+def test_the_signal_view_answers_from_its_rollups_what_the_rows_say():
+    """The live view holds closed request minutes rolled up per pool, tenant and version
+    (signals/held.py), not the rows. On a public trace day with a canary and incidents (its
+    rows spread over three tenants), every pool's request rate and tenants over its window,
+    and every canary's and stable side's requests, errors and first-output p99 over the
+    rollout window equal what the rows fed say, computed here straight from them; and the
+    view holds 30 minutes and one row per label set seen in them."""
     from signals.live import LiveSignals, SignalPolicy
+    from slo import histogram
     from slo.prices import GpuPrices
     from slo.spec import DEFAULT_SLOS, load_slos
-    from streams.signal_stage import _held
 
     day = build_trace_day(_need(AZURE_TRACE), minutes=90, seed=SEED, incidents=True, repeats=1,
                           canary=TraceCanary("code-llm-a", "v2-rc1", share=0.2, start_minute=20, error_rate=0.05))
-    whole, held = (LiveSignals(SignalPolicy(), load_slos(DEFAULT_SLOS), GpuPrices()) for _ in range(2))
-    empty, compared = pl.DataFrame(), 0
+    live = LiveSignals(SignalPolicy(), load_slos(DEFAULT_SLOS), GpuPrices())
+    empty, fed, checked = pl.DataFrame(), [], {"pools": 0, "canaries": 0}
     for m, req, gpu in trace_day_buckets(day):
-        req, gpu = req if req is not None else empty, gpu if gpu is not None else empty
-        assert whole.add_closed(req, gpu) == held.add_closed(_held(req) if req.height else req, gpu)
-        if m % 10 == 0:
-            a, b = (live.snapshot(empty, empty, [], wall_s=60.0 * m) for live in (whole, held))
-            for answers in ("pools", "shed", "rollouts"):
-                assert getattr(b, answers) == getattr(a, answers), (m, answers)
-            compared += len(a.pools) + len(a.rollouts)
-    assert held.recent.requests.width < whole.recent.requests.width
-    assert compared > 50 and any(k[1] != "" for k in a.rollouts)
+        if req is not None:
+            req = req.with_columns(tenant=pl.format("tenant-{}", pl.int_range(pl.len()) % 3))
+            fed.append(req.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m")))
+        live.add_closed(req if req is not None else empty, gpu if gpu is not None else empty)
+        if m % 10 or m < 40:
+            continue
+        rows = pl.concat(fed, how="diagonal_relaxed")
+        snap = live.snapshot(empty, empty, [], wall_s=60.0 * m)
+        for pool, answer in snap.pools.items():
+            window = answer.body["signals"]["window_minutes"]
+            hi = answer.as_of_minute - 1 if window > 1 else answer.as_of_minute
+            in_window = rows.filter((pl.col("pool") == pool) & pl.col("_m").is_between(hi - window + 1, hi))
+            assert answer.body["signals"]["requests_per_s"] == pytest.approx(in_window["requests"].sum() / (60 * window))
+            assert answer.tenants == set(rows.filter(pl.col("pool") == pool)["tenant"].unique())
+            checked["pools"] += 1
+        for (model, version), answer in snap.rollouts.items():
+            if "canary" not in answer.body:
+                continue
+            model_rows = rows.filter((pl.col("model") == model) & (pl.col("_m") > answer.as_of_minute - 30))
+            for side, chosen in (("canary", model_rows.filter((pl.col("model_version") == version)
+                                                             & (pl.col("deployment") != "stable"))),
+                                 ("stable", model_rows.filter(pl.col("deployment") == "stable"))):
+                said = answer.body[side]
+                assert said["requests"] == chosen["requests"].sum()
+                assert said["bad"] == (chosen["errors"] + chosen["timeouts"]).sum()
+                bins = histogram.merge({b["bin"]: b["n"] for b in h} for h in chosen["first_output_ms_hist"].to_list() if h)
+                assert said["first_output_p99_ms"] == pytest.approx(histogram.quantile_ms(bins, 0.99))
+            assert answer.tenants == set(model_rows["tenant"].unique())
+            checked["canaries"] += 1
+    assert checked["pools"] > 20 and checked["canaries"] >= 4
+    held, recent = live.recent.requests, rows.filter(pl.col("_m") > rows["_m"].max() - 30)
+    assert held.pools["_m"].n_unique() == 30  # the history kept, and nothing older
+    assert held.labels.height == recent.select("pool", "tenant", "model", "model_version", "deployment", "zone",
+                                               "workload", "traffic_class").unique().height

@@ -234,7 +234,7 @@ def test_gpu_partials_merged_and_unmerged_close_together():
 def test_compacted_strings_keep_their_values_and_nulls():
     # compact_strings copies string columns (rows the detectors hold must not pin their
     # batches' buffers); a copy that lost a value or turned a null into "" would change every label.
-    from streams.frames import compact_strings
+    from slo.columns import compact_strings
 
     long_name = "a-model-name-longer-than-twelve-bytes"
     source = pl.DataFrame({"model": [long_name, None, "m", long_name * 3], "n": [1, 2, 3, 4]})
