@@ -56,33 +56,26 @@ class RequestRollup:
     def _frames(self) -> tuple[pl.DataFrame, ...]:
         return self.pools, self.pool_bins, self.traffic, self.versions, self.version_bins, self.labels
 
-    def merge(self, other: RequestRollup) -> RequestRollup:
-        """Both, as one rollup (closed minutes and a peek at open ones: disjoint minutes)."""
-        if not other.height:
-            return self
-        if not self.height:
-            return other
-        frames = [concat_frames(a, b) for a, b in zip(self._frames()[:-1], other._frames()[:-1])]
-        labels = concat_frames(self.labels, other.labels).group_by(LABELS).agg(pl.col(MINUTE).max())
-        return RequestRollup(*frames, labels)
-
-    def added(self, requests: pl.DataFrame, keep_minutes: int, traffic_minutes: int) -> RequestRollup:
-        """These rows rolled up and added, keeping the newest `keep_minutes` minutes and the
-        traffic rows of each pool's newest `traffic_minutes` only (the shedding plan reads the
-        pool window, nothing older). One lazy plan: rolling up, merging and trimming as eager
+    def added(self, requests: pl.DataFrame, keep_minutes: int | None = None,
+              traffic_minutes: int | None = None) -> RequestRollup:
+        """These rows rolled up and added (closed minutes, or a peek at open ones). With
+        `keep_minutes`, only the newest that many minutes are kept, the traffic rows of each
+        pool's newest `traffic_minutes` only (the shedding plan reads the pool window, nothing
+        older), and the label sets' strings are copied (each would pin the buffers of the
+        minute it first appeared in). One lazy plan: rolling up, merging and trimming as eager
         steps was about 60 engine calls, 9 ms a closed batch however few its rows."""
         if not requests.height:
             return self
-        rows = _rows(requests)
-        newest = max(m for m in (self.newest_minute(), int(requests["window_start"].dt.epoch("s").max()) // 60)
-                     if m is not None)
-        recent = pl.col(MINUTE) > newest - keep_minutes
-        plans = [(pl.concat([held.lazy(), new], how="diagonal_relaxed") if held.height else new).filter(recent)
-                 for held, new in zip(self._frames(), _plans(rows))]
-        plans[2] = plans[2].filter(pl.col(MINUTE) > pl.col(MINUTE).max().over("pool") - traffic_minutes)
-        # A label set's strings come from the minute it first appeared in: copied, or each would
-        # pin that minute's buffers.
-        plans[-1] = plans[-1].group_by(LABELS).agg(pl.col(MINUTE).max()).with_columns(fresh_strings(_LABEL_STRINGS))
+        plans = [pl.concat([held.lazy(), new], how="diagonal_relaxed") if held.height else new
+                 for held, new in zip(self._frames(), _plans(_rows(requests)))]
+        plans[-1] = plans[-1].group_by(LABELS).agg(pl.col(MINUTE).max())
+        if keep_minutes is not None:
+            newest = max(m for m in (self.newest_minute(), int(requests["window_start"].dt.epoch("s").max()) // 60)
+                         if m is not None)
+            plans = [p.filter(pl.col(MINUTE) > newest - keep_minutes) for p in plans]
+            plans[-1] = plans[-1].with_columns(fresh_strings(_LABEL_STRINGS))
+        if traffic_minutes is not None:
+            plans[2] = plans[2].filter(pl.col(MINUTE) > pl.col(MINUTE).max().over("pool") - traffic_minutes)
         return RequestRollup(*pl.collect_all(plans))
 
 
@@ -92,9 +85,7 @@ _LABEL_STRINGS = [c for c in LABELS if c != "stable"]
 
 def rollup(requests: pl.DataFrame) -> RequestRollup:
     """`sli_minute` rows rolled up, in buffers of their own (nothing held pins the rows')."""
-    if not requests.height:
-        return EMPTY
-    return RequestRollup(*pl.collect_all(_plans(_rows(requests))))
+    return EMPTY.added(requests)
 
 
 def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
@@ -122,7 +113,7 @@ def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
             .explode("_h").filter(pl.col("_h").is_not_null()).unnest("_h"))
     version_bins = bins.group_by(*VERSION_KEYS, MINUTE, "field", "bin").agg(pl.col("n").sum())
     pool_bins = bins.filter(pl.col("field") == "first_output_ms_hist").group_by("pool", MINUTE, "bin").agg(pl.col("n").sum())
-    labels = rows.group_by(LABELS).agg(pl.col(MINUTE).max())
+    labels = rows.select(*LABELS, MINUTE)  # one row per label set once `added` groups them
     return [pools.with_columns(fresh_strings(["pool"])), pool_bins.with_columns(fresh_strings(["pool"])),
             traffic.with_columns(fresh_strings(["pool", "tenant", "traffic_class"])),
             versions.with_columns(fresh_strings(["model", "model_version", "pool"])),

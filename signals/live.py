@@ -17,7 +17,7 @@ from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
-from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, rollup, summed_bins
+from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, summed_bins
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from slo.config_file import ConfigStruct, Days, WindowMinutes
@@ -175,7 +175,7 @@ class LiveSignals:
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceState],
                  wall_s: float) -> SignalSnapshot:
-        req = self.recent.requests.merge(rollup(open_requests))
+        req = self.recent.requests.added(open_requests)
         gpu = concat_frames(self.recent.gpu, open_gpu)
         if gpu.height:
             gpu = gpu.with_columns(minute_col())
