@@ -9,8 +9,10 @@ cover every slice: an ASR slice without output tokens and an LLM slice with hund
 a busy stable version and a small noisy canary, all sit near zero when normal. "HTTP 200
 with output tokens collapsing for one model version" is a point far out on one axis.
 
-The model is scikit-learn's LocalOutlierFactor (novelty mode) by default, IsolationForest
-on request (`model`); see `fit_model` for why the default is not the forest.
+The model is a local outlier factor in novelty mode by default (`detectors.outlier_factor`:
+scikit-learn's model, scored without scikit-learn's per-call and import costs),
+scikit-learn's IsolationForest on request (`model`); see `fit_model` for why the default
+is not the forest.
 
 The model is fitted on the trailing `fit_window_minutes` of slice-minutes, at most every
 `refit_every_minutes` of event time (at minutes aligned to that period, so a replay fits
@@ -46,6 +48,7 @@ from detectors.core import (
     ratio,
     SliceBy,
 )
+from detectors.outlier_factor import LocalOutlierFactor
 from slo.config_file import ConfigStruct, Count, Minutes, PositiveCount
 
 NAME = "anomaly"
@@ -93,7 +96,7 @@ class AnomalyModel:
     fit_from_minute: int
     fit_to_minute: int  # exclusive
     rows: int
-    forest: object  # the fitted scikit-learn estimator (see fit_model)
+    forest: object  # the fitted estimator, anything with `score_samples` (see fit_model)
 
     def to_blob(self) -> bytes:
         buf = io.BytesIO()
@@ -150,7 +153,7 @@ def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):
     """Both are scikit-learn novelty detectors whose `score_samples` is lower for odder
-    rows. Local outlier factor (the default) measures how much sparser a row's
+    rows (the first is ours, see `detectors.outlier_factor`). Local outlier factor (the default) measures how much sparser a row's
     neighbourhood is than its neighbours' own: it grows without bound with the distance
     from the training rows. An isolation forest only ranks along each feature, so a row
     beyond the training range scores like the most extreme training row: measured here,
@@ -163,9 +166,7 @@ def fit_model(rows: np.ndarray, cfg: AnomalyConfig):
 
         return IsolationForest(n_estimators=cfg.n_estimators, random_state=cfg.random_state).fit(rows)
     if cfg.model == "local_outlier_factor":
-        from sklearn.neighbors import LocalOutlierFactor
-
-        return LocalOutlierFactor(n_neighbors=min(cfg.n_neighbors, len(rows) - 1), novelty=True).fit(rows)
+        return LocalOutlierFactor(cfg.n_neighbors).fit(rows)
     raise ValueError(f"anomaly.model: unknown model {cfg.model!r} (known: {', '.join(MODELS)})")
 
 
@@ -246,7 +247,7 @@ class AnomalyDetector:
 
     def _start_fit(self, minute: int) -> None:
         """Fit on the rows before `minute` in a thread, off the worker's loop (importing
-        scikit-learn and fitting take a second or more); the model is put in place when
+        the model's library and fitting take up to a second); the model is put in place when
         the next minute is observed, waiting for it if need be, so the minutes it scores
         depend on event time only and a replay scores the same minutes with it."""
         rows = [f for mm, f in self.training if minute - self.cfg.fit_window_minutes <= mm < minute]

@@ -484,6 +484,25 @@ def test_anomaly_model_round_trips_and_fits_deterministically():
     assert (back.version, back.fit_to_minute) == (a.version, a.fit_to_minute)
 
 
+@pytest.mark.parametrize("n_rows", [2, 5, 21, 22, 240, 3000])
+def test_our_local_outlier_factor_scores_what_scikit_learns_does(n_rows):
+    """The default model is scored by our own LOF (no scikit-learn per call or import); it
+    must give scikit-learn's scores: on few rows (fewer than the neighbours asked for), and
+    with more duplicate rows than neighbours (quiet slices give all-zero features)."""
+    from sklearn.neighbors import LocalOutlierFactor as ScikitLearnLof
+
+    from detectors.outlier_factor import LocalOutlierFactor
+
+    rng = np.random.default_rng(n_rows)
+    rows = rng.normal(size=(n_rows, 6))
+    rows[: max(1, n_rows // 4)] = 0.0
+    probe = np.vstack([rng.normal(size=(40, 6)) * 4, rows[:5], np.zeros((1, 6)), [[0, 0, -30, 0, 0, 0]]])
+    theirs = ScikitLearnLof(n_neighbors=min(20, n_rows - 1), novelty=True).fit(rows).score_samples(probe)
+    ours = LocalOutlierFactor(20).fit(rows).score_samples(probe)
+    assert np.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert ours[-1] < -3.0 < ours[-2]  # a collapse far out scores anomalous; a normal row does not
+
+
 def test_anomaly_isolation_forest_is_available_too():
     from detectors.anomaly import fit_model
 
