@@ -77,9 +77,10 @@ class SloCollector:
         for state in self.snapshot:
             values = [state.spec.name, *(state.labels.get(k, "") for k in self.labels)]
             objective.add_metric(values, state.spec.objective)
-            for minutes, w in state.windows.items():
-                if w.valid:
-                    sli.add_metric([*values, span(minutes)], w.good / w.valid)
+            for minutes in state.windows.lengths:
+                good, valid = state.windows.sums(minutes)
+                if valid:
+                    sli.add_metric([*values, span(minutes)], good / valid)
                     burn.add_metric([*values, span(minutes)], state.burn(minutes) or 0.0)
             budget.add_metric(values, state.budget_remaining())
             for severity in ("page", "ticket"):
