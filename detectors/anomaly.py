@@ -152,8 +152,9 @@ def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
 
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):
-    """Both are scikit-learn novelty detectors whose `score_samples` is lower for odder
-    rows (the first is ours, see `detectors.outlier_factor`). Local outlier factor (the default) measures how much sparser a row's
+    """Both are novelty detectors whose `score_samples` is lower for odder rows (the local
+    outlier factor is scikit-learn's model, scored by `detectors.outlier_factor`; the forest is
+    scikit-learn's). Local outlier factor (the default) measures how much sparser a row's
     neighbourhood is than its neighbours' own: it grows without bound with the distance
     from the training rows. An isolation forest only ranks along each feature, so a row
     beyond the training range scores like the most extreme training row: measured here,

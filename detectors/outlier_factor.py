@@ -8,7 +8,7 @@ distances as scikit-learn's KD-tree (`tests/test_detectors.py` checks the scores
 scikit-learn's). It is a few lines of our own because of what the library costs where
 this runs, measured on a day of the Mooncake trace: scikit-learn's `score_samples` spends
 about 0.5 ms a call in input validation and parallel dispatch for the handful of slices
-scored each minute (a third of the detector stage), and importing scikit-learn (scipy.stats
+scored each minute (half of the detector stage), and importing scikit-learn (scipy.stats
 underneath) costs about 0.75 CPU-seconds more than scipy.spatial alone, 10% of that day's
 replay. scikit-learn remains the `isolation_forest` model and the test's oracle.
 """

@@ -155,8 +155,8 @@ class SliceState:
             for aw, name in ((aw, f"SLOBurn{aw.severity.capitalize()}") for aw in spec.alert_windows)
         ]
         self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
-        self._burns: dict[int, float | None] | None = None  # per window, until the windows next move
-        self._valid: dict[int, int] = {}  # per window, its valid events, beside _burns
+        # Per window length, (burn rate, valid events), until the windows next move.
+        self._moved: tuple[dict[int, float | None], dict[int, int]] | None = None
 
     def observe_stages(self, minute: int, spends: list[tuple[str, int, int]]) -> None:
         """(stage, samples over budget, samples) of one minute, before `advance` for that minute."""
@@ -175,7 +175,7 @@ class SliceState:
             raise ValueError(f"bad counts for {self.spec.name}: good={good} valid={valid}")
         if self.last_minute is not None and minute <= self.last_minute:
             raise ValueError(f"minute {minute} is not after {self.last_minute}: buckets arrive in order")
-        self._burns = None
+        self._moved = None
         self.windows.retire_until(minute)
         if valid:
             self.windows.add(minute, good, valid)
@@ -214,19 +214,23 @@ class SliceState:
 
     def retire_until(self, minute: int) -> None:
         """Move the windows to `minute` without new data (for reads between buckets)."""
-        self._burns = None
+        self._moved = None
         self.windows.retire_until(minute)
 
     def burn_rates(self) -> dict[int, float | None]:
-        """Per window length, its burn rate now (computed once per move of the windows:
-        the alert windows, the status row and /metrics all read them)."""
-        if self._burns is None:
-            objective = self.spec.objective
-            self._burns, self._valid = {}, {}
+        """Per window length, its burn rate now."""
+        return self._window_rates()[0]
+
+    def _window_rates(self) -> tuple[dict[int, float | None], dict[int, int]]:
+        """Per window length, its burn rate and valid events, computed once per move of the
+        windows (the alert windows, the status row and /metrics all read them)."""
+        if self._moved is None:
+            burns, valids = {}, {}
             for m in self.windows.lengths:
                 good, valid = self.windows.sums(m)
-                self._burns[m], self._valid[m] = burn_rate(valid - good, valid, objective), valid
-        return self._burns
+                burns[m], valids[m] = burn_rate(valid - good, valid, self.spec.objective), valid
+            self._moved = burns, valids
+        return self._moved
 
     def burn(self, minutes: int) -> float | None:
         return self.burn_rates()[minutes]
@@ -234,12 +238,12 @@ class SliceState:
     def _evaluate(self, minute: int) -> list[AlertChange]:
         changes = []
         remaining = self.budget_remaining()
-        burns = self.burn_rates()
+        burns, valids = self._window_rates()
         for aw, name, fp, factor in self._alerts:
             long_b, short_b = burns[aw.long_minutes], burns[aw.short_minutes]
             hot = (
                 long_b is not None and short_b is not None and long_b > factor and short_b > factor
-                and min(self._valid[aw.long_minutes], self._valid[aw.short_minutes]) >= self.spec.min_events
+                and min(valids[aw.long_minutes], valids[aw.short_minutes]) >= self.spec.min_events
             )
             if fp not in self.firing and hot:
                 self.firing[fp] = (aw, minute)
