@@ -33,7 +33,7 @@ import statistics
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -78,14 +78,21 @@ class AnomalyConfig(ConfigStruct):
     clear_minutes: Minutes = 3
 
 
-@dataclass(frozen=True)
-class RawFeatures:
+class RawFeatures(NamedTuple):
+    """One slice-minute's measures, each on the scale its robust z-score is taken on:
+    ratios of counts as they are, sizes and latencies as logs (taken once, when the minute is
+    measured, not again each minute it spends in a baseline)."""
+
     error_ratio: float
-    e2e_ms_p95: float | None
-    output_tokens_per_ok: float
+    log_e2e_ms_p95: float | None
+    log_output_tokens_per_ok: float
     task_success: float | None
-    prompt_tokens_per_request: float
-    gpu_seconds_per_request: float
+    log_prompt_tokens_per_request: float
+    log_gpu_seconds_per_request: float
+
+
+# The smallest spread each feature's z-score divides by, in RawFeatures order.
+_SPREAD_FLOORS = (0.02, 0.05, 0.05, 0.02, 0.05, 0.05)
 
 
 @dataclass
@@ -113,11 +120,11 @@ class AnomalyModel:
 def raw_features(s: SliceMinute) -> RawFeatures:
     return RawFeatures(
         error_ratio=ratio(s.errors + s.timeouts, s.requests) or 0.0,
-        e2e_ms_p95=s.e2e_ms_p95,
-        output_tokens_per_ok=ratio(s.output_tokens, s.ok) or 0.0,
+        log_e2e_ms_p95=_log(s.e2e_ms_p95, 1.0),
+        log_output_tokens_per_ok=_log(ratio(s.output_tokens, s.ok) or 0.0, 1.0),
         task_success=ratio(s.successful_turns, s.turns),
-        prompt_tokens_per_request=ratio(s.prompt_tokens, s.requests) or 0.0,
-        gpu_seconds_per_request=ratio(s.gpu_seconds, s.requests) or 0.0,
+        log_prompt_tokens_per_request=_log(ratio(s.prompt_tokens, s.requests) or 0.0, 1.0),
+        log_gpu_seconds_per_request=_log(ratio(s.gpu_seconds, s.requests) or 0.0, 1e-3),
     )
 
 
@@ -141,14 +148,8 @@ def _log(x: float | None, eps: float) -> float | None:
 def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
     """The slice's distance from its own trailing baseline, one robust z-score per FEATURES
     entry (ratios of counts on their own scale, sizes and latencies on a log scale)."""
-    return [
-        _robust_z(now.error_ratio, [b.error_ratio for b in base], 0.02),
-        _robust_z(_log(now.e2e_ms_p95, 1.0), [_log(b.e2e_ms_p95, 1.0) for b in base], 0.05),
-        _robust_z(_log(now.output_tokens_per_ok, 1.0), [_log(b.output_tokens_per_ok, 1.0) for b in base], 0.05),
-        _robust_z(now.task_success, [b.task_success for b in base], 0.02),
-        _robust_z(_log(now.prompt_tokens_per_request, 1.0), [_log(b.prompt_tokens_per_request, 1.0) for b in base], 0.05),
-        _robust_z(_log(now.gpu_seconds_per_request, 1e-3), [_log(b.gpu_seconds_per_request, 1e-3) for b in base], 0.05),
-    ]
+    columns = zip(*base) if base else ([] for _ in now)
+    return [_robust_z(x, list(column), floor) for x, column, floor in zip(now, columns, _SPREAD_FLOORS)]
 
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):

@@ -114,6 +114,9 @@ class _PoolHistory:
 
     def add(self, m: Minute) -> None:
         pools = m.pools()
+        if not pools:  # no GPU telemetry this minute: nothing to read the requests against
+            self.history.trim(m.minute)
+            return
         lat = {s.labels["pool"]: s for s in m.slices(("pool",)).values()}
         classes = m.traffic_classes()
         for pool, p in pools.items():

@@ -484,7 +484,7 @@ def test_anomaly_model_round_trips_and_fits_deterministically():
     assert (back.version, back.fit_to_minute) == (a.version, a.fit_to_minute)
 
 
-@pytest.mark.parametrize("n_rows", [2, 5, 21, 22, 240, 3000])
+@pytest.mark.parametrize("n_rows", [2, 5, 21, 22, 240, 512, 513, 3000])
 def test_our_local_outlier_factor_scores_what_scikit_learns_does(n_rows):
     """The default model is scored by our own LOF (no scikit-learn per call or import); it
     must give scikit-learn's scores: on few rows (fewer than the neighbours asked for), and
