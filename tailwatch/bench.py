@@ -242,13 +242,17 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
     if samples:
         # Medians of the samples near each mark: a close's transient frames spike RSS for a
         # second or two, and a single sample at a mark measured the spike, not the level.
-        marks = []
-        for events in (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0))):
+        def median_near(events: int) -> float | None:
             near = sorted(rss for done, rss in samples if abs(done - events) <= 0.05 * args.events)
-            if near:
-                marks.append(f"{near[len(near) // 2] / 2**20:,.0f} MiB at {events / 1e6:,.2f} M")
-        lines.append("worker RSS (median of the samples within 5% of the run around each mark): " + ", ".join(marks)
+            return near[len(near) // 2] / 2**20 if near else None
+
+        marks = {events: median_near(events) for events in (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0)))}
+        lines.append("worker RSS (median of the samples within 5% of the run around each mark): "
+                     + ", ".join(f"{mib:,.0f} MiB at {events / 1e6:,.2f} M" for events, mib in marks.items() if mib)
                      + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
+        if marks[1_000_000] and marks[args.events]:
+            # Issue 13's target: RSS at the end within 10% of RSS at 1 M events.
+            lines.append(f"RSS at the end against RSS at 1 M events: {marks[args.events] / marks[1_000_000] - 1:+.1%}")
         history = SignalWindows().history_minutes
         lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "
                      f"+ the newest, + up to 5 of watermark drift) fill after about {6 * args.events_per_minute / 1e6:,.1f} M "
