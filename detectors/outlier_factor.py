@@ -79,13 +79,9 @@ class LocalOutlierFactor:
             if k == 1:  # cKDTree drops the neighbour axis for k=1
                 dist, ind = dist[:, None], ind[:, None]
             return dist, ind
-        dist, ind = [], []
         step = max(1, _BRUTE_FORCE_CELLS // len(self.rows_))
-        for start in range(0, len(queries), step):
-            d, near = _brute_force_nearest(queries[start:start + step], self.rows_, k)
-            dist.append(d)
-            ind.append(near)
-        return (dist[0], ind[0]) if len(dist) == 1 else (np.concatenate(dist), np.concatenate(ind))
+        chunks = [_brute_force_nearest(queries[i:i + step], self.rows_, k) for i in range(0, len(queries), step)]
+        return np.concatenate([d for d, _ in chunks]), np.concatenate([n for _, n in chunks])
 
     def _reachability_density(self, dist: np.ndarray, ind: np.ndarray) -> np.ndarray:
         reach = np.maximum(dist, self.k_distance_[ind])
