@@ -37,9 +37,22 @@ MINUTE_MS = 60_000
 PARTITION_COL = "_partition"
 _EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
 _EMPTY_KEYED_HIST = pl.lit([], dtype=pl.List(pl.Struct({"stage": pl.String, "bin": pl.Int16, "n": pl.Int64})))
+
 # Histogram partials number their field: latency fields from 0, keyed ones (stages) from here.
 KEYED_FIELD_BASE = 64
 Merge = Literal["sum", "max", "last"]
+
+
+def _by_minute(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:
+    """The frame's rows by `_minute`. Most batches of thin traffic hold one minute, and
+    polars' `partition_by` costs about 100 µs even then: the single-minute case is free."""
+    if frame.is_empty():
+        return []
+    column = frame["_minute"]
+    first, last = column.min(), column.max()
+    if first == last:
+        return [(first, frame)]
+    return [(minute, part) for (minute,), part in frame.partition_by("_minute", as_dict=True).items()]
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ class MinuteWindows:
             *[pl.col(k).first() for k in keys], *self.spec.partial
         )
         self.unsaved.counts.append(counts)
-        for (minute,), part in counts.partition_by("_minute", as_dict=True).items():
+        for minute, part in _by_minute(counts):
             state = self._minute(minute)
             state.counts.append(part)
             if len(state.counts) > self.COUNTS_AT:
@@ -202,7 +215,7 @@ class MinuteWindows:
         )
         hist = pl.concat([flat, *self._keyed_hist(frame)])
         self.unsaved.hist.append(hist)
-        for (minute,), part in hist.partition_by("_minute", as_dict=True).items():
+        for minute, part in _by_minute(hist):
             state = self._minute(minute)
             state.hist.append(part)
             if len(state.hist) > self.HIST_AT:
@@ -409,7 +422,7 @@ class MinuteWindows:
         for frames, attr in ((counts, "counts"), (hist, "hist")):
             for f in frames:
                 # A delta spans the minutes open at its checkpoint; some have closed since.
-                for (minute,), part in f.filter(pl.col("_minute") >= closed).partition_by("_minute", as_dict=True).items():
+                for minute, part in _by_minute(f.filter(pl.col("_minute") >= closed)):
                     getattr(self._minute(minute), attr).append(part)
         for minute, hashes in seen:
             if minute >= closed:

@@ -21,6 +21,7 @@ partitions back at once, on clusters that expire static members that leave.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import time
@@ -186,7 +187,7 @@ class Worker:
             http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config)
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
-        self.producer = make_producer(s.kafka)
+        self.producer = make_producer(s.kafka, on_refused=lambda topic, reason: self._publish_failed(topic)(reason))
         consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
         consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
         self._unassigned_since = time.monotonic()
@@ -203,6 +204,12 @@ class Worker:
         idle_since = time.monotonic()
         started = time.monotonic()
         undrained: list[str] = []
+        # Modules, the restored state and the clients live as long as the run: out of the
+        # collector's sight, a full collection costs milliseconds rather than 40 (measured on
+        # the Mooncake sparse bench: 11 full collections took 0.47 of 5.8 CPU-s, then 0.06).
+        # Collected first, so that no garbage is frozen with them.
+        gc.collect()
+        gc.freeze()
         try:
             while not self._stop:
                 msgs = consumer.consume(num_messages=s.batch_size, timeout=0.5)
@@ -265,6 +272,7 @@ class Worker:
             if s.progress:
                 s.progress(self._progress_line(time.monotonic() - started))
         finally:
+            gc.unfreeze()  # a run inside a longer process (tests, the demo) hands them back
             consumer.close()
             self.producer.flush(10)
             self.producer = None  # its threads would keep dialling a broker that may be gone
@@ -647,10 +655,10 @@ class Worker:
         lines = rows.with_columns(
             pl.lit(f"{p.windows.spec.name}_minute.v1").alias("schema"),
             pl.col("window_start").dt.epoch("ms").alias("window_start"),
-        ).write_ndjson().splitlines()
+        ).write_ndjson().encode().splitlines()
         failed = self._publish_failed(sli)
         for key, line in zip(sli_keys(rows, keys), lines):
-            send(self.producer, sli, line.encode(), key, on_error=failed)
+            send(self.producer, sli, line, key, on_error=failed)
 
     def _update_gauges(self, consumer) -> None:
         m = self.metrics

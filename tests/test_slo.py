@@ -329,3 +329,30 @@ def test_goodput_good_never_exceeds_valid_when_cancelled_streams_had_a_first_tok
                            "first_output_ms_hist": [{"bin": histogram.bin_of(50.0), "n": 7}]}])
     got = good_valid(spec, frame)
     assert got["good"].to_list() == [6] and got["valid"].to_list() == [6]
+
+
+def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or_together(tmp_path):
+    # One change takes a statement with parameters, several an Arrow table: same rows, and a
+    # fire, resolve and fire again of one fingerprint land in that order either way.
+    from slo.engine import AlertChange
+    from streams import store
+
+    window = default_catalog()[0]
+
+    def change(state: str, fingerprint: str, minute: int, long_burn_rate: float | None = 14.5) -> AlertChange:
+        return AlertChange(state, fingerprint, "SLOBurnPage", "page", "availability",
+                           {"tenant": "acme", "slo": "availability"}, minute, minute, window,
+                           long_burn_rate, None, 0.25)
+
+    changes = [change("firing", "a", 10), change("firing", "b", 10), change("resolved", "a", 12),
+               change("firing", "a", 13, None), change("resolved", "b", 14)]
+
+    def history(batches: list[list[AlertChange]], name: str) -> list[tuple]:
+        con = store.connect(tmp_path / name)
+        for batch in batches:
+            store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, alert_changes=batch))
+        return con.execute("SELECT * FROM alerts ORDER BY fingerprint, fired_at").fetchall()
+
+    one_by_one = history([[c] for c in changes], "one.duckdb")
+    assert one_by_one == history([changes], "together.duckdb")
+    assert [(r[0], r[6].minute, r[7] and r[7].minute) for r in one_by_one] == [("a", 10, 12), ("a", 13, None), ("b", 10, 14)]
