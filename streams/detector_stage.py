@@ -4,8 +4,9 @@ Requests and GPU samples close in separate checkpoints (each topic has its own
 watermark, and one may run far ahead of the other), so the stage holds closed rows until
 both tables have closed a minute, then feeds the detectors minute by minute in event-time
 order: every detector sees a minute whole, and a replay cuts the same minutes. A table
-that has never had a row while the other has closed `ABSENT_SOURCE_MINUTES` is taken
-as absent (a fleet without GPU telemetry) and no longer holds the detectors back.
+that has had no row while the other has closed `ABSENT_SOURCE_MINUTES` more is taken
+as absent (a fleet without GPU telemetry, a collector that died) and no longer holds the
+detectors back.
 
 Store (written in the checkpoint transaction):
 - `detection_events`: one row per change (raised, ended) with the slice labels and the
@@ -324,12 +325,14 @@ class DetectorStage:
         r, g = self.max_request_minute, self.max_gpu_minute
         if r is None and g is None:
             return None
+        # A source that has sent nothing for an hour of the other's buckets (a fleet without
+        # GPU telemetry, or a collector that died) is taken as absent rather than late: the
+        # detectors go on an hour behind instead of waiting for it, and holding the other
+        # table's minutes, for ever.
+        newest = max(m for m in (r, g) if m is not None)
+        until = newest - ABSENT_SOURCE_MINUTES
         if r is not None and g is not None:
-            until = min(r, g)
-        else:
-            # One source has never sent anything (a fleet without GPU telemetry, say): after
-            # an hour of the other's buckets it is taken as absent rather than late.
-            until = (r if r is not None else g) - ABSENT_SOURCE_MINUTES
+            until = max(until, min(r, g))
         if self.processed_before is not None and until < self.processed_before:
             return None
         first = _first_pending(self.pending_requests, self.pending_gpu)

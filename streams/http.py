@@ -231,20 +231,41 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
     make_server(sock, served).run(sockets=[sock])
 
 
+class _Closed:
+    """Stands for the pipe to a child that could not be started: every send fails, so the
+    next publish tries again."""
+
+    def send(self, _state) -> None:
+        raise BrokenPipeError("no HTTP process")
+
+    def close(self) -> None:
+        pass
+
+
 class WorkerHttp:
-    """The worker's side: starts the HTTP process, publishes state to it, stops it."""
+    """The worker's side: starts the HTTP process, publishes state to it, stops it.
+
+    A child that dies (OOM-killed, a crash in the server) is started again on the same port
+    at the next publish, with the last full view: the port is down for a heartbeat, the
+    worker never stops consuming for it. `restarts` counts them."""
 
     def __init__(self, port: int, registry: CollectorRegistry, health: Callable[[], dict], host: str = "127.0.0.1",
-                 api_config: ApiConfig | None = None):
+                 api_config: ApiConfig | None = None, on_restart: Callable[[], None] | None = None):
+        self._registry, self._health = registry, health
+        self._host, self._api_config = host, api_config or ApiConfig()
+        self._on_restart = on_restart or (lambda: None)
+        self._last_view: HttpState | None = None  # the last state that carried a snapshot
+        self._start(port)
+
+    def _start(self, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork: the worker holds Kafka threads and a DuckDB file
         self._conn, child_conn = ctx.Pipe()
         self._scrape_conn, child_scrape = ctx.Pipe()
-        self._process = ctx.Process(target=_child, args=(child_conn, child_scrape, host, port, api_config or ApiConfig()),
+        self._process = ctx.Process(target=_child, args=(child_conn, child_scrape, self._host, port, self._api_config),
                                     name="tailwatch-http", daemon=True)
         self._process.start()
         child_conn.close()
         child_scrape.close()
-        self._registry, self._health = registry, health
         if not self._conn.poll(60):
             self._process.kill()
             raise OSError(0, "the HTTP process did not start within 60 s")
@@ -253,12 +274,12 @@ class WorkerHttp:
             self._process.join(5)
             raise OSError(value, message)
         self.port = value
-        threading.Thread(target=self._answer_scrapes, name="http-scrapes", daemon=True).start()
+        threading.Thread(target=self._answer_scrapes, args=(self._scrape_conn,), name="http-scrapes", daemon=True).start()
 
-    def _answer_scrapes(self) -> None:
+    def _answer_scrapes(self, scrape_conn) -> None:
         while True:
             try:
-                number, what = self._scrape_conn.recv()
+                number, what = scrape_conn.recv()
             except (EOFError, OSError):
                 return
             try:
@@ -270,12 +291,33 @@ class WorkerHttp:
                 log.exception("answering /%s failed", what)
                 answer = json_response(500, {"error": f"/{what} failed: {type(exc).__name__}"})
             try:
-                self._scrape_conn.send((number, answer))
+                scrape_conn.send((number, answer))
             except OSError:
                 return
 
     def publish(self, state: HttpState) -> None:
         state.published_wall_s = time.time()
+        if not state.view_unchanged:
+            self._last_view = state
+        try:
+            self._conn.send(state)
+            return
+        except OSError:  # BrokenPipeError: the child is gone
+            pass
+        self._process.join(1)
+        log.warning("the HTTP process exited (code %s); serving port %d from a new one",
+                    self._process.exitcode, self.port)
+        for conn in (self._conn, self._scrape_conn):
+            conn.close()
+        try:
+            self._start(self.port)
+        except OSError as exc:  # the port taken meanwhile, say: try again at the next publish
+            log.error("could not start the HTTP process again on port %d: %s", self.port, exc)
+            self._conn = _Closed()
+            return
+        self._on_restart()
+        if self._last_view is not None and self._last_view is not state:
+            self._conn.send(self._last_view)  # a heartbeat alone would leave the new child without a view
         self._conn.send(state)
 
     def stop(self) -> None:

@@ -28,6 +28,9 @@ class WorkerMetrics:
         self.group_rescues = Counter(
             "tailwatch_consumer_group_rescues_total", "Times the worker, holding no partition, found its consumer "
             "group wedged on a departed leader and freed it (tailwatch/kafka.py rescue_wedged_group).", registry=r)
+        self.http_restarts = Counter(
+            "tailwatch_http_restarts_total", "Times the process serving /metrics and the signal API died and "
+            "was started again on the same port (streams/http.py).", registry=r)
         self.late_events = Counter(
             "tailwatch_late_events_total", "Events older than the allowed lateness (dead-lettered).",
             ["topic"], registry=r)

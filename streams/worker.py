@@ -184,7 +184,8 @@ class Worker:
         self._open_store()
         http = None
         if s.http_port is not None:
-            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config)
+            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config,
+                              on_restart=self.metrics.http_restarts.inc)
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
         self.producer = make_producer(s.kafka, on_refused=lambda topic, reason: self._publish_failed(topic)(reason))

@@ -737,3 +737,28 @@ def test_cost_baseline_level_ignores_a_past_incident_in_the_window():
     b = baseline(calm[:45] + spike + calm[45:], block_minutes=10)
     assert b.per_successful_turn == pytest.approx(1.0) and b.per_1k_tokens == pytest.approx(10.0)
     assert b.per_successful_turn_var > 0  # ... but its noise is counted: judgements get more cautious
+
+
+def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(tmp_path):
+    # GPU telemetry for the first 5 minutes, then the collector dies while requests go on:
+    # after ABSENT_SOURCE_MINUTES of requests without GPU rows the detectors go on, an hour
+    # behind, and the retry storm after the silence is raised.
+    from streams.detector_stage import ABSENT_SOURCE_MINUTES
+    from streams.store import SCHEMA_SQL
+
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    con.execute(SCHEMA_SQL)
+    stage = DetectorStage()
+    stage.rebuild(con)
+    stage.on_closed(pl.DataFrame(), pl.DataFrame([gpu_row(T0 + i) for i in range(5)], schema_overrides=GPU_SCHEMA))
+    last = T0 + ABSENT_SOURCE_MINUTES + 40
+    raised = []
+    for i in range(0, last - T0 + 1):
+        storm = 20 <= i < 30
+        reqs = pl.DataFrame([req_rows(T0 + i, requests=100, retries=50 if storm else 0)], schema_overrides=REQ_SCHEMA)
+        out = stage.on_closed(reqs, pl.DataFrame())
+        raised += out["detection_events"].filter(pl.col("state") == "raised")["detector"].to_list()
+    assert stage.processed_before == last - ABSENT_SOURCE_MINUTES + 1
+    assert "retry_storm" in raised
+    # pending request minutes are bounded by the hour, not by how long the collector is gone
+    assert stage.pending_requests.first_minute() == last - ABSENT_SOURCE_MINUTES + 1

@@ -112,7 +112,12 @@ def get(port: int, path: str, token: str | None = None, method: str = "GET", bod
 
 
 @pytest.fixture(scope="module")
-def api_worker(broker, tmp_path_factory):
+def api_worker(api_worker_process) -> int:
+    return api_worker_process[0]
+
+
+@pytest.fixture(scope="module")
+def api_worker_process(broker, tmp_path_factory):
     from tailwatch.kafka import KafkaSettings, ensure_topics
 
     tmp = tmp_path_factory.mktemp("signal-api")
@@ -146,7 +151,7 @@ def api_worker(broker, tmp_path_factory):
     else:
         proc.kill()
         pytest.fail(f"the worker did not become ready: {ready}; stderr: {proc.stderr.read().decode()[-2000:]}")
-    yield port
+    yield port, proc
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -449,3 +454,37 @@ def test_slow_clients_and_idle_connections_do_not_hold_the_port(api_worker):
     finally:
         for s in idle:
             s.close()
+
+
+def test_an_http_process_that_dies_is_started_again_on_its_port_and_the_worker_goes_on(api_worker_process):
+    # The worker serves HTTP from a child process (streams/http.py). Killed (an OOM kill, a
+    # crash), it must come back on the same port with the same view, even from an idle worker
+    # that only sends heartbeats, and the worker must keep running.
+    port, worker = api_worker_process
+    before, deadline = None, time.monotonic() + 30
+    while time.monotonic() < deadline:  # the worker has drained the log: two reads agree
+        status, answer = get(port, "/v1/autoscale/llm-a-realtime", TOKENS["ops"])
+        assert status == 200
+        if answer == before:
+            break
+        before = answer
+        time.sleep(2)
+    children = open(f"/proc/{worker.pid}/task/{worker.pid}/children").read().split()
+    served_by = [int(c) for c in children if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()]
+    assert len(served_by) == 1, children
+    os.kill(served_by[0], 9)
+    deadline, after = time.monotonic() + 40, None
+    while time.monotonic() < deadline:
+        try:
+            status, after = get(port, "/v1/autoscale/llm-a-realtime", TOKENS["ops"])
+            if status == 200:
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.5)
+    assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
+    assert status == 200, after
+    assert after == before
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKENS['ops']}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert b"tailwatch_http_restarts_total 1.0" in r.read()
