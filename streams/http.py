@@ -231,23 +231,12 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
     make_server(sock, served).run(sockets=[sock])
 
 
-class _Closed:
-    """Stands for the pipe to a child that could not be started: every send fails, so the
-    next publish tries again."""
-
-    def send(self, _state) -> None:
-        raise BrokenPipeError("no HTTP process")
-
-    def close(self) -> None:
-        pass
-
-
 class WorkerHttp:
     """The worker's side: starts the HTTP process, publishes state to it, stops it.
 
     A child that dies (OOM-killed, a crash in the server) is started again on the same port
     at the next publish, with the last full view: the port is down for a heartbeat, the
-    worker never stops consuming for it. `restarts` counts them."""
+    worker never stops consuming for it. `on_restart` hears of each restart."""
 
     def __init__(self, port: int, registry: CollectorRegistry, health: Callable[[], dict], host: str = "127.0.0.1",
                  api_config: ApiConfig | None = None, on_restart: Callable[[], None] | None = None):
@@ -258,22 +247,25 @@ class WorkerHttp:
         self._start(port)
 
     def _start(self, port: int) -> None:
+        self._conn = None  # until the child is up: a publish meanwhile starts it again
         ctx = multiprocessing.get_context("spawn")  # no fork: the worker holds Kafka threads and a DuckDB file
-        self._conn, child_conn = ctx.Pipe()
+        conn, child_conn = ctx.Pipe()
         self._scrape_conn, child_scrape = ctx.Pipe()
         self._process = ctx.Process(target=_child, args=(child_conn, child_scrape, self._host, port, self._api_config),
                                     name="tailwatch-http", daemon=True)
         self._process.start()
         child_conn.close()
         child_scrape.close()
-        if not self._conn.poll(60):
+        if not conn.poll(60):
             self._process.kill()
+            conn.close()
             raise OSError(0, "the HTTP process did not start within 60 s")
-        kind, value, message = self._conn.recv()
+        kind, value, message = conn.recv()
         if kind == "error":
             self._process.join(5)
+            conn.close()
             raise OSError(value, message)
-        self.port = value
+        self._conn, self.port = conn, value
         threading.Thread(target=self._answer_scrapes, args=(self._scrape_conn,), name="http-scrapes", daemon=True).start()
 
     def _answer_scrapes(self, scrape_conn) -> None:
@@ -299,29 +291,29 @@ class WorkerHttp:
         state.published_wall_s = time.time()
         if not state.view_unchanged:
             self._last_view = state
-        try:
-            self._conn.send(state)
-            return
-        except OSError:  # BrokenPipeError: the child is gone
-            pass
-        self._process.join(1)
-        log.warning("the HTTP process exited (code %s); serving port %d from a new one",
-                    self._process.exitcode, self.port)
-        for conn in (self._conn, self._scrape_conn):
-            conn.close()
+        if self._conn is not None:
+            try:
+                self._conn.send(state)
+                return
+            except OSError:  # BrokenPipeError: the child is gone
+                self._process.join(1)
+                log.warning("the HTTP process exited (code %s); serving port %d from a new one",
+                            self._process.exitcode, self.port)
+                self._conn.close()
+        self._scrape_conn.close()
         try:
             self._start(self.port)
         except OSError as exc:  # the port taken meanwhile, say: try again at the next publish
             log.error("could not start the HTTP process again on port %d: %s", self.port, exc)
-            self._conn = _Closed()
             return
         self._on_restart()
-        if self._last_view is not None and self._last_view is not state:
+        if state.view_unchanged and self._last_view is not None:
             self._conn.send(self._last_view)  # a heartbeat alone would leave the new child without a view
         self._conn.send(state)
 
     def stop(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
         self._scrape_conn.close()
         self._process.join(5)
         if self._process.is_alive():

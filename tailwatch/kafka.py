@@ -109,14 +109,14 @@ def ensure_topics(settings: KafkaSettings, partitions: int = 4, others: tuple[st
 def make_producer(settings: KafkaSettings, on_refused: Callable[[str, str], None] | None = None) -> Producer:
     """A producer for batches of records. `on_refused(topic, reason)` hears of each record
     that failed on delivery: one callback for the producer, because a callback per record
-    doubles what producing costs (measured on the worker's tw.sli copies: 3.2 against 1.6
-    µs a record)."""
+    costs librdkafka's binding a state object each (measured on the embedded broker,
+    producing and delivering tw.sli-sized records: 3.5 against 2.1 µs a record)."""
     def delivered(err, msg) -> None:
-        if err is not None and on_refused is not None:
+        if err is not None:
             on_refused(msg.topic(), _reason(err))
 
     return Producer({
-        "on_delivery": delivered,
+        **({"on_delivery": delivered} if on_refused is not None else {}),
         "linger.ms": 20,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
