@@ -70,6 +70,17 @@ def _apply(previous: HttpState, received: HttpState) -> HttpState:
     return HttpState(snapshot, received.ready, received.published_wall_s)
 
 
+def metrics_refusal(config: ApiConfig, authorization: str | None) -> Response | None:
+    """The exposition carries every tenant's series: with tokens configured, only a token
+    for all tenants may read it (Prometheus: `authorization` in the scrape config)."""
+    if not config.auth_required:
+        return None
+    who = config.authenticate(authorization)
+    if who is None or who.tenants is not None:
+        return json_response(401 if who is None else 403, {"error": "/metrics needs a bearer token scoped to all tenants"})
+    return None
+
+
 class _Served:
     """The child's view: the last state, swapped whole by the pipe reader thread."""
 
@@ -78,9 +89,13 @@ class _Served:
         self._scrape_conn = scrape_conn
         self._scrape_lock = threading.Lock()
         self._asked = 0
-        self._metrics_need_token = api_config.auth_required
         self.stale_after_s = api_config.stale_after_s
         self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness)
+
+    @staticmethod
+    def answers_in_thread(path: str) -> bool:
+        """A scrape waits on the worker (up to 10 s): off the event loop, so polls are not held."""
+        return path in ("/metrics", "/healthz")
 
     def readiness(self) -> tuple[bool, str]:
         age = time.time() - self.state.published_wall_s
@@ -103,13 +118,8 @@ class _Served:
 
     def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> Response:
         bare = path.split("?", 1)[0]
-        if method == "GET" and bare == "/metrics" and self._metrics_need_token:
-            # The exposition carries every tenant's series: with tokens configured, only a
-            # token for all tenants may read it (Prometheus: `authorization` in the scrape config).
-            who = self.api.config.authenticate(authorization)
-            if who is None or who.tenants is not None:
-                return json_response(401 if who is None else 403,
-                                     {"error": "/metrics needs a bearer token scoped to all tenants"})
+        if method == "GET" and bare == "/metrics" and (refused := metrics_refusal(self.api.config, authorization)):
+            return refused
         if method == "GET" and bare in ("/metrics", "/healthz"):
             return self.scrape(bare[1:])
         answer = self.api.handle(Request(method, path, authorization, body))
@@ -175,7 +185,10 @@ async def _body(request: HttpRequest) -> bytes:
     return b"".join(chunks)
 
 
-def make_app(served: _Served) -> Starlette:
+def make_app(served) -> Starlette:
+    """`served` answers (method, path, authorization, body) with a Response and says which
+    paths it answers slowly (`answers_in_thread`): `_Served` here, the standby's forwarder."""
+
     async def endpoint(request: HttpRequest) -> HttpResponse:
         try:
             body = await _body(request) if request.method == "POST" else b""
@@ -184,8 +197,7 @@ def make_app(served: _Served) -> Starlette:
             return _response(answer, close=True)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         args = (request.method, path, request.headers.get("authorization"), body)
-        if request.url.path in ("/metrics", "/healthz"):
-            # A scrape waits on the worker (up to 10 s): off the event loop, so polls are not held.
+        if served.answers_in_thread(request.url.path):
             return _response(await run_in_threadpool(served.answer, *args))
         return _response(served.answer(*args))  # a lookup in the last snapshot: no thread hop
 
@@ -200,21 +212,33 @@ def _response(answer: Response, close: bool = False) -> HttpResponse:
     return HttpResponse(body, status_code=status, media_type=ctype, headers=headers)
 
 
-def make_server(sock: socket.socket, served: _Served) -> uvicorn.Server:
+def make_server(sock: socket.socket, served) -> uvicorn.Server:
     config = uvicorn.Config(make_app(served), http=_HeadDeadline, loop="asyncio", lifespan="off",
                             timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=16 * 1024,
                             backlog=2048, access_log=False, server_header=False, log_level="warning")
     return uvicorn.Server(config)
 
 
+def http_url(host: str, port: int) -> str:
+    """Where others reach a port bound on `host` (a wildcard address: this machine's name)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    # Accepted connections inherit it: uvicorn writes a response's head and body apart,
+    # and with Nagle on the body waits for the client's delayed ACK (44 ms a request).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> None:
     served = _Served(api_config, scrape_conn)
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=2048)
-        # Accepted connections inherit it: uvicorn writes a response's head and body apart,
-        # and with Nagle on the body waits for the client's delayed ACK (44 ms a request).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = listen(host, port)
     except OSError as exc:
         conn.send(("error", exc.errno, exc.strerror or str(exc)))
         return

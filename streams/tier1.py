@@ -73,6 +73,7 @@ def _resume_or_none(raw: bytes | None) -> Resume | None:
 
 
 class Tier1Worker(Worker):
+    writes_store = False
     MARKER_EVERY_S = 10.0  # frontier markers repeat this often even when unchanged (a new tw.sli reader needs them)
 
     def __init__(self, settings, metrics=None):

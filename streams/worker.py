@@ -39,12 +39,14 @@ from streams import store
 from streams.aggregates import GPU, REQUESTS
 from streams.alignment import WatermarkAlignment
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.http import HttpState, WorkerHttp
+from streams.http import HttpState, WorkerHttp, http_url
 from streams.metrics import WorkerMetrics
 from streams.partials import sli_keys
 from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
+from streams.standby import ForwardToWriter, stand_by
 from streams.windows import MinuteWindows
+from streams.writer_lock import StoreWriterLock
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
 from slo.prices import GpuPrices
@@ -178,28 +180,57 @@ class Worker:
             "seconds_since_last_batch": round(time.monotonic() - self.last_batch_wall, 3),
         }
 
+    writes_store = True  # tier 1 writes none: it needs no writer lock
+
     def run(self) -> int:
-        s = self.settings
-        ensure_topics(s.kafka, s.partitions)
-        self._open_store()
-        http = None
-        if s.http_port is not None:
-            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config,
-                              on_restart=self.metrics.http_restarts.inc)
-            self.http_port = http.port
-            log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
-        self.producer = make_producer(s.kafka, on_refused=lambda topic, reason: self._publish_failed(topic)(reason))
-        consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
-        consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
-        self._unassigned_since = time.monotonic()
-        self._refresh_partitions(consumer)
+        """Run as the store's writer; while another process is, stand by for it."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 signal.signal(sig, self.stop)
             except ValueError:  # not the main thread (tests run the worker in one)
                 pass
+        lock = StoreWriterLock(self.settings.store_path) if self.writes_store else None
+        port = self.settings.http_port
+        try:
+            if lock is not None and not lock.try_acquire():
+                self.metrics.store_writer.set(0)
+                served = ForwardToWriter(lock, self.metrics.registry, self.health, self.settings.api_config)
+                port = stand_by(lock, self.settings.http_host, port, served, lambda: self._stop)
+                if not lock.held:
+                    return 0  # stopped while standing by
+            self.metrics.store_writer.set(1)
+            return self._run_as_writer(port, lock)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run_as_writer(self, http_port: int | None, lock: StoreWriterLock | None) -> int:
+        s = self.settings
+        ensure_topics(s.kafka, s.partitions)
+        http = None
+        if http_port is not None:
+            # Before the store: restoring it takes seconds on a big fleet (5 s at 20,000 slices,
+            # bench --tiers), and a poller is better told "starting" (503) than refused.
+            http = WorkerHttp(http_port, self.metrics.registry, self.health, host=s.http_host, api_config=s.api_config,
+                              on_restart=self.metrics.http_restarts.inc)
+            self.http_port = http.port
+            log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
+            if lock is not None:
+                lock.advertise(http_url(s.http_host, http.port))
+        try:
+            self._open_store()
+        except BaseException:
+            if http:
+                http.stop()
+            raise
+        self.producer = make_producer(s.kafka, on_refused=lambda topic, reason: self._publish_failed(topic)(reason))
+        consumer = make_consumer(s.kafka, s.group_id, s.instance_id)
+        self._unassigned_since = time.monotonic()
+        self._join(consumer)
+        self._refresh_partitions(consumer)
         last_checkpoint = time.monotonic()
         last_refresh = last_publish = 0.0
+        published_ready = False
         refresh_every_s = s.signals_refresh_s
         last_progress = time.monotonic()
         idle_since = time.monotonic()
@@ -236,13 +267,20 @@ class Worker:
                     began = time.monotonic()
                     self.refresh_signals()
                     self._view_dirty = False
-                    http.publish(HttpState(self.signal_snapshot, self.readiness()))
+                    ready = self.readiness()
+                    http.publish(HttpState(self.signal_snapshot, ready))
+                    published_ready = ready[0]
                     last_refresh = last_publish = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
-                elif http and now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4):
-                    # Nothing changed: say the view still holds instead of rebuilding it.
-                    http.publish(HttpState(None, self.readiness(), view_unchanged=True))
+                elif http and (now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4)
+                               or (ready := self.readiness())[0] != published_ready):
+                    # Nothing changed but time, or readiness (a worker that just caught up, a
+                    # standby that took over: ready now, not at the next heartbeat): say the view
+                    # still holds instead of rebuilding it.
+                    ready = self.readiness()
+                    http.publish(HttpState(None, ready, view_unchanged=True))
+                    published_ready = ready[0]
                     last_publish = now
                 if self.slo:
                     self.slo.deliver()
@@ -364,6 +402,10 @@ class Worker:
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
         self._stored_offsets = store.load_offsets(con)
         self.next_offsets = dict(self._stored_offsets)
+
+    def _join(self, consumer) -> None:
+        """Consume the inputs as a member of the group: partitions may be shared, and move."""
+        consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
         self._assigned_at = time.monotonic()

@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
                    help="all: one process does everything (default); 1: a firehose worker of N, publishing "
                         "partial buckets to tw.sli, no store; 2: the store writer and every SLO, detector and the "
-                        "signal API over what tier 1 publishes (see README, Scaling out)")
+                        "signal API over what tier 1 publishes. Any number on one --store: one writes, the "
+                        "others stand by, forward the signal API to it and take over when it dies (see README, "
+                        "Scaling out)")
     p.add_argument("--group", default=None,
                    help="consumer group id (default tailwatch-worker; tier 1: tailwatch-tier1; tier 2: tailwatch-tier2)")
     p.add_argument("--instance-id", default=None, metavar="ID",
