@@ -49,7 +49,6 @@ class StoreWriter(Worker):
         self.malformed = 0
         self._read_offsets: dict[tuple[str, int], int] = {}  # next offsets at the last checkpoint
         self._saved_frontiers: dict[tuple[str, int, int], Frontier] = {}  # as the store holds them
-        self._joined = None  # the consumer, once the run has one
 
     @property
     def inputs(self) -> dict[str, TopicPipeline]:
@@ -82,24 +81,22 @@ class StoreWriter(Worker):
             self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
 
     def _join(self, consumer) -> None:
-        """No group: every partition of the inputs is assigned directly. The writer lock
-        already makes this the only reader, and a group would hold a takeover until the dead
-        writer's membership expired (10 s of 11.5 on the embedded broker, measured)."""
-        self._joined = consumer
+        """No group: `_refresh_partitions` assigns every partition of the inputs directly. The
+        writer lock already makes this the only reader, and a group would hold a takeover until
+        the dead writer's membership expired (10 s of 11.5 on the embedded broker, measured)."""
 
     def _refresh_partitions(self, consumer) -> None:
         super()._refresh_partitions(consumer)
         for topic, a in self.assemblers.items():  # topics may gain partitions
             a.source_partitions |= self._topic_partitions.get(topic, set())
             a.sli_partitions |= self._topic_partitions.get(self.sli_topic, set())
-        if self._joined is consumer:
-            new = [TopicPartition(t, q, self._stored_offsets.get((t, q), OFFSET_BEGINNING))
-                   for t, p in self.inputs.items() for q in sorted(self._topic_partitions.get(t, ())) if q not in p.assigned]
-            if new:
-                consumer.incremental_assign(new)
-                for tp in new:
-                    self.inputs[tp.topic].assigned.add(tp.partition)
-                self._assigned_at, self._unassigned_since = time.monotonic(), None
+        new = [TopicPartition(t, q, self._stored_offsets.get((t, q), OFFSET_BEGINNING))
+               for t, p in self.inputs.items() for q in sorted(self._topic_partitions.get(t, ())) if q not in p.assigned]
+        if new:
+            consumer.incremental_assign(new)
+            for tp in new:
+                self.inputs[tp.topic].assigned.add(tp.partition)
+            self._assigned_at, self._unassigned_since = time.monotonic(), None
 
     # ---- the hot path: a few hundred records a minute -----------------------------------
     def _process_topic(self, p: TopicPipeline, batch: list) -> None:

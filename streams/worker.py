@@ -273,15 +273,15 @@ class Worker:
                     last_refresh = last_publish = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
-                elif http and (now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4)
-                               or (ready := self.readiness())[0] != published_ready):
+                elif http:
                     # Nothing changed but time, or readiness (a worker that just caught up, a
                     # standby that took over: ready now, not at the next heartbeat): say the view
                     # still holds instead of rebuilding it.
                     ready = self.readiness()
-                    http.publish(HttpState(None, ready, view_unchanged=True))
-                    published_ready = ready[0]
-                    last_publish = now
+                    if ready[0] != published_ready or now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4):
+                        http.publish(HttpState(None, ready, view_unchanged=True))
+                        published_ready = ready[0]
+                        last_publish = now
                 if self.slo:
                     self.slo.deliver()
                 for stage in self.stages:

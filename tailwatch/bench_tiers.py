@@ -112,10 +112,6 @@ def _readiness(port: int) -> tuple[int, str]:
         conn.close()
 
 
-def _ready(port: int) -> bool:
-    return _readiness(port)[0] == 200
-
-
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -137,7 +133,7 @@ def takeover(settings, workdir: Path, slos: Path, rounds: int = 3) -> list[str]:
     lock = StoreWriterLock(store)
     try:
         began = time.monotonic()
-        while (named := lock.writer()) is None or named.pid != procs[0].pid or not _ready(ports[0]):
+        while (named := lock.writer()) is None or named.pid != procs[0].pid or _readiness(ports[0])[0] != 200:
             if time.monotonic() - began > 600 or procs[0].poll() is not None:
                 return ["tier 2 takeover: the first writer never became ready"]
             time.sleep(0.2)

@@ -6,36 +6,24 @@ The two-tier SIGKILL test (tests/test_tiers.py) shows a takeover mid-stream on a
 
 from __future__ import annotations
 
-import http.client
 import os
 import threading
 import time
 import uuid
 
-import msgspec
 import pytest
 
 from streams.worker import Worker, WorkerSettings
 from streams.writer_lock import StoreWriterLock
 from tests.conftest import free_port
-
-
-def _get(port: int, path: str) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        conn.request("GET", path)
-        got = conn.getresponse()
-        body = got.read()
-        return got.status, msgspec.json.decode(body) if got.getheader("Content-Type", "").startswith("application/json") else {}
-    finally:
-        conn.close()
+from tests.test_signal_api import get
 
 
 def _standing_by(port: int, thread: threading.Thread) -> dict:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and thread.is_alive():
         try:
-            return _get(port, "/healthz")[1]
+            return get(port, "/healthz")[1]
         except OSError:
             time.sleep(0.1)
     pytest.fail("the second worker serves no /healthz")
@@ -55,10 +43,10 @@ def test_a_second_worker_on_a_store_stands_by_answers_503_without_a_writer_and_t
     t.start()
     health = _standing_by(port, t)
     assert health["role"] == "standby" and health["writer_pid"] == os.getpid() and health["partitions_owned"] == 0
-    status, answer = _get(port, "/v1/slos")
+    status, answer = get(port, "/v1/slos")
     assert status == 503 and "does not answer" in answer["error"]
     held.advertise(None)
-    assert _get(port, "/readyz")[0] == 503
+    assert get(port, "/readyz")[0] == 503
     assert w.metrics.store_writer._value.get() == 0
     time.sleep(1.0)
     assert not path.exists() and t.is_alive()  # a standby never opens the store
