@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 import msgspec
 import polars as pl
 
+from ingest.schema import MAX_EVENT_TS_MS
+
 SCHEMA = "deadletter.v2"
 RAW_PREFIX_BYTES = 64 * 1024  # base64 makes it 87,384 bytes: far below librdkafka's 1,000,000 default
 
@@ -50,11 +52,19 @@ def encode(letter: DeadLetter) -> bytes:
     return _encoder.encode(letter)
 
 
+def _record_time(ms: int) -> datetime | None:
+    """The source record's timestamp as a time; None when it has none or it is absurd (a
+    producer sets its own, and year 292 million does not fit a TIMESTAMP)."""
+    if not 0 <= ms < MAX_EVENT_TS_MS:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).replace(tzinfo=None)
+
+
 def to_frame(letters: list[DeadLetter]) -> pl.DataFrame:
     """Rows for the store's `dead_letter` table (no raw bytes: those stay in the topic)."""
     return pl.DataFrame(
         {
-            "ts": [datetime.fromtimestamp(d.kafka_ts_ms / 1000, tz=timezone.utc).replace(tzinfo=None) for d in letters],
+            "ts": [_record_time(d.kafka_ts_ms) for d in letters],
             "source_topic": [d.source_topic for d in letters],
             "source_partition": [d.source_partition for d in letters],
             "source_offset": [d.source_offset for d in letters],

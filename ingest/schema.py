@@ -24,8 +24,14 @@ Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Label = Annotated[str, msgspec.Meta(max_length=128)]
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-# RFC 3339 string or epoch milliseconds.
-Timestamp = Union[Annotated[int, msgspec.Meta(ge=0, le=4102444800000)], Annotated[str, msgspec.Meta(max_length=40)]]
+# Event time a record may carry, as epoch milliseconds: from 2000-01-01 up to (not
+# including) 2100-01-01 UTC. Outside it a record is refused at decode (`bad_timestamp`):
+# no fleet reports from before 2000, and a year past 9999 cannot even be printed.
+MIN_EVENT_TS_MS = 946_684_800_000
+MAX_EVENT_TS_MS = 4_102_444_800_000
+# RFC 3339 string or epoch milliseconds (the range is checked after parsing, for both).
+Timestamp = Union[Annotated[int, msgspec.Meta(ge=MIN_EVENT_TS_MS, lt=MAX_EVENT_TS_MS)],
+                  Annotated[str, msgspec.Meta(max_length=40)]]
 
 Workload = Literal["asr", "tts", "llm", "s2s", "embed"]
 TrafficClass = Literal["realtime", "batch", "eval", "replay", "shadow"]
@@ -160,17 +166,23 @@ LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
 
 
 def parse_ts_ms(ts: int | str) -> int:
-    """Epoch milliseconds of a `Timestamp`: an epoch-ms integer or an RFC 3339 string (naive = UTC)."""
+    """Epoch milliseconds of a `Timestamp`: an epoch-ms integer or an RFC 3339 string (naive = UTC).
+    Raises ValueError for a string that is not one, or whose time is outside the range above."""
     if isinstance(ts, int):
-        return ts
-    dt = datetime.fromisoformat(ts.replace("Z", "+00:00").replace("z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
-
-
-def field_names(event_type: type[msgspec.Struct]) -> tuple[str, ...]:
-    return event_type.__struct_fields__
+        ms = ts
+    else:
+        if not (ts.isascii() and ts.isprintable()):  # fromisoformat lets a trailing NUL through
+            raise ValueError("ts is neither epoch milliseconds nor RFC 3339 (a character outside printable ASCII)")
+        try:
+            dt = datetime.fromisoformat(ts.replace("Z", "+00:00").replace("z", "+00:00"))
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            ms = int(dt.timestamp() * 1000)
+        except (ValueError, OverflowError, OSError) as exc:  # year 0, 9999 with an offset, NUL, ...
+            raise ValueError(f"ts is neither epoch milliseconds nor RFC 3339 ({type(exc).__name__})") from None
+    if not MIN_EVENT_TS_MS <= ms < MAX_EVENT_TS_MS:
+        raise ValueError("ts is outside 2000-01-01 .. 2100-01-01 UTC")
+    return ms
 
 
 def partition_key(event: msgspec.Struct) -> bytes:

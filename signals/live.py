@@ -74,6 +74,24 @@ class Scoped:
     as_of_minute: int
     changed_wall_s: float = 0.0  # when this pool's data last moved (for staleness)
 
+    def __post_init__(self):
+        object.__setattr__(self, "body", significant(self.body))
+
+
+def significant(value, digits: int = 12):
+    """Floats in an answer to `digits` significant digits. Sums over the same rows in another
+    order (a replica restored from its store, one that was not) differ in the last bits;
+    replicas must answer alike, and no decision reads past the twelfth digit."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: significant(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [significant(v, digits) for v in value]
+    if hasattr(value, "dtype") and hasattr(value, "item"):  # a NumPy scalar
+        return significant(value.item(), digits)
+    return value
+
 
 @dataclass(frozen=True)
 class SignalSnapshot:

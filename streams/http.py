@@ -219,13 +219,6 @@ def make_server(sock: socket.socket, served) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def http_url(host: str, port: int) -> str:
-    """Where others reach a port bound on `host` (a wildcard address: this machine's name)."""
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.getfqdn()
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=2048)

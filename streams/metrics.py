@@ -31,9 +31,6 @@ class WorkerMetrics:
         self.http_restarts = Counter(
             "tailwatch_http_restarts_total", "Times the process serving /metrics and the signal API died and "
             "was started again on the same port (streams/http.py).", registry=r)
-        self.store_writer = Gauge(
-            "tailwatch_store_writer", "1 while this process writes its store, 0 while it stands by for the "
-            "writer (streams/standby.py).", registry=r)
         self.late_events = Counter(
             "tailwatch_late_events_total", "Events older than the allowed lateness (dead-lettered).",
             ["topic"], registry=r)

@@ -389,6 +389,14 @@ def load_assembly(con: duckdb.DuckDBPyConnection, source_topic: str) -> tuple[in
     return (int(row[0]) if row and row[0] is not None else None), marks
 
 
+def newest_minute(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
+    """The newest minute (epoch minutes) a bucket table holds rows of."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
+    row = con.execute(f"SELECT epoch(max(window_start)) FROM {table}").fetchone()
+    return int(row[0]) // 60 if row and row[0] is not None else None
+
+
 def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute") -> pl.DataFrame:
     """Rows of the newest `minutes` minutes of `sli_minute` or `gpu_minute` (what SLO
     state and the signal API's view are rebuilt from)."""

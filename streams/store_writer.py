@@ -1,5 +1,5 @@
-"""`worker --tier 2`: the one store writer over what tier-1 workers publish, and every
-stage that needs whole minutes (SLOs, detectors, fleet metrics, the signal API).
+"""`worker --tier 2`: a store writer over what tier-1 workers publish, and every stage that
+needs whole minutes (SLOs, detectors, fleet metrics, the signal API).
 
 It consumes `tw.sli` (partials and frontier markers, streams/partials.py) and
 `tw.deadletter`, assembles each minute once every source partition has closed it, and
@@ -10,12 +10,11 @@ partition is that of the oldest record still held (a minute not yet whole), so a
 re-reads what it held and nothing it landed counts twice: partials of landed minutes are
 dropped as copies, dead letters are deduplicated by their source offset.
 
-M of them may run on one store: the writer lock (streams/writer_lock.py) makes one the
-writer and the others standbys that forward the signal API to it and take over when it
-dies (streams/standby.py). Departure from DESIGN.md's card: tier 2 is this one writer and
-its standbys, not a faust app partitioned by key; the README's "Scaling out" says why
-(measured: faust's cost per tw.sli row, no exactly-once on the broker, and tier 2's whole
-cost at 20,000 slices being 6% of a core).
+High availability is by identical replicas, as Prometheus pairs do it: each tier-2
+process keeps a store of its own (on any machine), reads all of `tw.sli`, serves the
+whole signal API and sends every alert to every Alertmanager, whose cluster deduplicates
+them. Replicas share nothing, so there is no election and no takeover: a replica that dies
+restarts from its own store while the others answer (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -81,9 +80,9 @@ class StoreWriter(Worker):
             self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
 
     def _join(self, consumer) -> None:
-        """No group: `_refresh_partitions` assigns every partition of the inputs directly. The
-        writer lock already makes this the only reader, and a group would hold a takeover until
-        the dead writer's membership expired (10 s of 11.5 on the embedded broker, measured)."""
+        """No group: `_refresh_partitions` assigns every partition of the inputs directly.
+        Every replica reads all of `tw.sli`; a group would split it between them, and hold a
+        restart until the dead member's session expired."""
 
     def _refresh_partitions(self, consumer) -> None:
         super()._refresh_partitions(consumer)

@@ -43,6 +43,11 @@ KEYED_FIELD_BASE = 64
 Merge = Literal["sum", "max", "last"]
 
 
+def utc_text(ms: int) -> str:
+    """Epoch milliseconds as UTC text, for any int64 (datetime stops at year 9999)."""
+    return f"{np.datetime64(ms, 'ms')}Z"
+
+
 def _by_minute(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:
     """The frame's rows by `_minute`. Most batches of thin traffic hold one minute, and
     polars' `partition_by` costs about 100 µs even then: the single-minute case is free."""
@@ -433,6 +438,29 @@ class MinuteWindows:
             state.hist = [self._merge_hist(state.hist, grouped=False)] if state.hist else []
             if len(state.seen) > 1:
                 state.seen = [np.sort(np.concatenate(state.seen))]
+
+    def repair_event_time(self, bound_ms: int, newest_closed_minute: int | None) -> list[str]:
+        """Undo what a record stamped far in the future did before `future` was refused:
+        state past `bound_ms` that no event accepted now could have made. Watermarks past it
+        are forgotten (the partition's next event sets it again), open minutes past it are
+        dropped, and a frontier past it goes back to the minute after the newest one closed
+        with rows (`newest_closed_minute`), so no minute is closed twice. Returns one line
+        per repair."""
+        done = []
+        for part, wm in sorted(self.watermark_ms.items()):
+            if wm > bound_ms:
+                del self.watermark_ms[part]
+                done.append(f"partition {part}: forgot a watermark at {utc_text(wm)}")
+        bound_minute = bound_ms // MINUTE_MS
+        for minute in sorted(m for m in self._open if m > bound_minute):
+            del self._open[minute]
+            done.append(f"dropped the open minute {utc_text(minute * MINUTE_MS)}")
+        if self.closed_before_minute is not None and self.closed_before_minute > bound_minute:
+            back = newest_closed_minute + 1 if newest_closed_minute is not None else None
+            done.append(f"moved the closed frontier back from {utc_text(self.closed_before_minute * MINUTE_MS)} to "
+                        + (utc_text(back * MINUTE_MS) if back is not None else "none"))
+            self.closed_before_minute = back
+        return done
 
     @property
     def dedupe_ids(self) -> int:

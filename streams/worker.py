@@ -38,15 +38,14 @@ from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
 from streams import store
 from streams.aggregates import GPU, REQUESTS
 from streams.alignment import WatermarkAlignment
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.http import HttpState, WorkerHttp, http_url
+from streams.frames import DEFAULT_MAX_AHEAD_MS, GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from streams.http import HttpState, WorkerHttp
 from streams.metrics import WorkerMetrics
 from streams.partials import sli_keys
 from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
-from streams.standby import ForwardToWriter, stand_by
-from streams.windows import MinuteWindows
-from streams.writer_lock import StoreWriterLock
+from streams.windows import MinuteWindows, utc_text
+from streams.store_lock import StoreLock
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
 from slo.prices import GpuPrices
@@ -63,6 +62,7 @@ class WorkerSettings:
     http_port: int | None = 8000
     until_idle_s: float | None = None
     allowed_lateness_s: float = 300.0
+    max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
     batch_size: int = 20_000
     checkpoint_interval_s: float = 2.0
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
@@ -111,6 +111,7 @@ class Worker:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
         lateness_ms = int(settings.allowed_lateness_s * 1000)
+        self._max_ahead_ms = int(settings.max_event_ahead_s * 1000)
         drift_s = settings.allowed_lateness_s if settings.max_watermark_drift_s is None else settings.max_watermark_drift_s
         k = settings.kafka
         self.pipelines: dict[str, TopicPipeline] = {}
@@ -180,31 +181,26 @@ class Worker:
             "seconds_since_last_batch": round(time.monotonic() - self.last_batch_wall, 3),
         }
 
-    writes_store = True  # tier 1 writes none: it needs no writer lock
+    writes_store = True  # tier 1 writes none: it needs no store lock
 
     def run(self) -> int:
-        """Run as the store's writer; while another process is, stand by for it."""
+        """Run until stopped (or drained, with `until_idle_s`); the store file is this
+        process's alone meanwhile (streams/store_lock.py)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 signal.signal(sig, self.stop)
             except ValueError:  # not the main thread (tests run the worker in one)
                 pass
-        lock = StoreWriterLock(self.settings.store_path) if self.writes_store else None
-        port = self.settings.http_port
+        lock = StoreLock(self.settings.store_path) if self.writes_store else None
         try:
-            if lock is not None and not lock.try_acquire():
-                self.metrics.store_writer.set(0)
-                served = ForwardToWriter(lock, self.metrics.registry, self.health, self.settings.api_config)
-                port = stand_by(lock, self.settings.http_host, port, served, lambda: self._stop)
-                if not lock.held:
-                    return 0  # stopped while standing by
-            self.metrics.store_writer.set(1)
-            return self._run_as_writer(port, lock)
+            if lock is not None:
+                lock.acquire()
+            return self._run(self.settings.http_port)
         finally:
             if lock is not None:
                 lock.release()
 
-    def _run_as_writer(self, http_port: int | None, lock: StoreWriterLock | None) -> int:
+    def _run(self, http_port: int | None) -> int:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
         http = None
@@ -215,8 +211,6 @@ class Worker:
                               on_restart=self.metrics.http_restarts.inc)
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
-            if lock is not None:
-                lock.advertise(http_url(s.http_host, http.port))
         try:
             self._open_store()
         except BaseException:
@@ -274,9 +268,9 @@ class Worker:
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
                 elif http:
-                    # Nothing changed but time, or readiness (a worker that just caught up, a
-                    # standby that took over: ready now, not at the next heartbeat): say the view
-                    # still holds instead of rebuilding it.
+                    # Nothing changed but time, or readiness (a worker that just caught up is
+                    # ready now, not at the next heartbeat): say the view still holds instead
+                    # of rebuilding it.
                     ready = self.readiness()
                     if ready[0] != published_ready or now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4):
                         http.publish(HttpState(None, ready, view_unchanged=True))
@@ -397,9 +391,16 @@ class Worker:
         return f"worker: {self.events_seen:,} events ({rate:,.0f}/s), {self.buckets_closed:,} buckets closed"
 
     def _restore(self, con) -> None:
+        # Event time accepted is at most its record's time plus the bound; a record's time is
+        # at most about now. State past that came from a record refused today (`future`),
+        # accepted by an older release: repaired here, once, before anything is read.
+        bound_ms = int(time.time() * 1000) + self._max_ahead_ms
         for p in self.pipelines.values():
             r = store.load_topic_state(con, p.topic)
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
+            for line in p.windows.repair_event_time(bound_ms, store.newest_minute(con, p.table)):
+                log.warning("%s: %s (event time past %s cannot come from an accepted event)", p.topic, line,
+                            utc_text(bound_ms))
         self._stored_offsets = store.load_offsets(con)
         self.next_offsets = dict(self._stored_offsets)
 
@@ -547,6 +548,7 @@ class Worker:
         values = [m.value() for m in batch]
         partitions = [m.partition() for m in batch]
         offsets = [m.offset() for m in batch]
+        record_ts = [m.timestamp()[1] for m in batch]  # -1 where the record has none
         # Offsets rise within a partition, so the last one seen per partition is its highest.
         for part, last in dict(zip(partitions, offsets)).items():
             key = (p.topic, part)
@@ -554,7 +556,8 @@ class Worker:
                 self.next_offsets[key] = last + 1
         p.eof.difference_update(partitions)
         decoded = p.decoder.decode(values)
-        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices)
+        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices,
+                                         record_ts, self._max_ahead_ms)
         rejected = decoded.rejected + bad_ts
         outcome = p.windows.add(frame)
         m = self.metrics
@@ -572,7 +575,7 @@ class Worker:
 
     def _dead_letter(self, topic: str, msg, reason: str, detail: str) -> None:
         _kind, ts_ms = msg.timestamp()
-        letter = deadletter.make(topic, msg.partition(), msg.offset(), reason, detail, msg.value(), max(ts_ms, 0))
+        letter = deadletter.make(topic, msg.partition(), msg.offset(), reason, detail, msg.value(), ts_ms)
         self.dead_letters.append(letter)
         self.metrics.dead_letters.labels(topic, reason).inc()
 

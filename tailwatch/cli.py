@@ -113,10 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
                    help="all: one process does everything (default); 1: a firehose worker of N, publishing "
-                        "partial buckets to tw.sli, no store; 2: the store writer and every SLO, detector and the "
-                        "signal API over what tier 1 publishes. Any number on one --store: one writes, the "
-                        "others stand by, forward the signal API to it and take over when it dies (see README, "
-                        "Scaling out)")
+                        "partial buckets to tw.sli, no store; 2: a store writer and every SLO, detector and the "
+                        "signal API over what tier 1 publishes; run N replicas, each with its own --store, for "
+                        "high availability (docs/operating.md). A store file is written by one process at a time")
     p.add_argument("--group", default=None,
                    help="consumer group id (default tailwatch-worker; tier 1: tailwatch-tier1; tier 2: tailwatch-tier2)")
     p.add_argument("--instance-id", default=None, metavar="ID",

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ingest.schema import GpuV1, RequestV1
-from ingest.validate import CHUNK_RECORDS, BatchDecoder
+from ingest.validate import MAX_DEPTH, BatchDecoder, json_depth
 
 GOOD = {"schema": "request.v1", "event_id": "e1", "ts": 1_700_000_000_000, "tenant": "acme", "model": "m",
         "workload": "llm", "status": "ok", "e2e_ms": 12.5}
@@ -28,13 +28,26 @@ CORPUS = [
     (rec(prompt_tokens=-3), "negative_number"),
     (rec(e2e_ms=float("inf")), "non_finite_number"),   # json.dumps writes Infinity
     (rec(e2e_ms=float("nan")), "non_finite_number"),   # json.dumps writes NaN
-    (b'{"schema": "request.v1", "event_id": "e", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 1e999}',
+    (b'{"schema": "request.v1", "event_id": "e", "ts": 1700000000000, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 1e999}',
      "non_finite_number"),
     (rec(status="great"), "invalid_value"),
     (rec(tenant="x" * 500), "out_of_range"),
-    (b'{"schema": "request.v1", "event_id": "\xff", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+    (b'{"schema": "request.v1", "event_id": "\xff", "ts": 1700000000000, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
      "invalid_utf8"),
     (b"[1, 2, 3]", "wrong_type"),
+    (rec(ts=1), "bad_timestamp"),
+    (rec(ts=4_102_444_800_000), "bad_timestamp"),
+    (rec(ts=10**40), "bad_timestamp"),
+    (rec(ts=1.7e12), "bad_timestamp"),
+    (rec(tenant="a\u001b[2J"), "invalid_value"),  # an ANSI escape for whoever prints it
+    (rec(zone="a\u0000b"), "invalid_value"),
+    (rec(extra=json.loads("[" * 70 + "]" * 70)), "too_deep"),
+    (b"[" * 100_000 + b"]" * 100_000, "oversized"),
+    (b"[" * 50_000 + b"]" * 10_000, "too_deep"),
+    (b"{" * 3000, "too_deep"),
+    (rec(ts="9999-12-31T23:59:59Z"), "bad_timestamp"),
+    (rec(ts="0001-01-01T00:00:00Z"), "bad_timestamp"),
+    (rec(ts="2024-01-01T00:00:00\u0000"), "bad_timestamp"),
 ]
 
 
@@ -71,28 +84,50 @@ def test_rejection_detail_never_carries_the_offending_value():
     assert "secret" not in out.rejected[0].detail
 
 
-def test_fast_path_decodes_a_clean_batch_in_one_call():
+def test_a_clean_batch_keeps_every_record_in_order():
     out = BatchDecoder(RequestV1).decode([rec(event_id=f"e{i}") for i in range(1000)])
     assert len(out.records) == 1000 and out.indices == list(range(1000))
 
 
-def test_a_batch_longer_than_a_chunk_keeps_every_position():
-    """Batches are decoded in chunks: records, indices, rejections and dropped-field counts
-    must come out as if the batch were decoded whole."""
-    n = 2 * CHUNK_RECORDS + 7
+def test_bad_records_anywhere_in_a_batch_keep_every_position():
+    """Records, indices, rejections and dropped-field counts come out as if each record
+    were decoded alone, wherever the bad ones sit (first, last, next to each other)."""
+    n = 2_007
     values = [rec(event_id=f"e{i}") for i in range(n)]
-    values[CHUNK_RECORDS + 3] = b"not json"
+    for i in (0, 1003, 1004):
+        values[i] = b"not json"
     values[n - 1] = rec(event_id="extra", prompt="dropped")
     values[5] = None
+    values[6] = rec(event_id="pad") + b" " * 70_000  # valid JSON, too big
     out = BatchDecoder(RequestV1).decode(values)
-    assert [(r.index, r.reason) for r in out.rejected] == [(5, "malformed_json"), (CHUNK_RECORDS + 3, "malformed_json")]
-    assert out.indices == [i for i in range(n) if i not in (5, CHUNK_RECORDS + 3)]
+    bad = {0: "malformed_json", 5: "malformed_json", 6: "oversized", 1003: "malformed_json", 1004: "malformed_json"}
+    assert [(r.index, r.reason) for r in out.rejected] == sorted(bad.items())
+    assert out.indices == [i for i in range(n) if i not in bad]
     assert [r.event_id for r in out.records[-2:]] == [f"e{n - 2}", "extra"]
     assert out.unknown_fields_dropped == 1
 
 
+def test_records_that_only_parse_together_forge_nothing():
+    """A record missing its closing brace, then one that closes it: joined as `[r1,r2]` they
+    parse as two events (one with a tenant of the producer's choosing). Each is refused."""
+    first = rec(event_id="a")[:-1] + b"}, " + rec(event_id="forged", tenant="someone-else", zone="made-up")[:-1]
+    second = b', "extra": 1}'
+    out = BatchDecoder(RequestV1).decode([first, second, rec(event_id="c")])
+    assert [r.event_id for r in out.records] == ["c"]
+    assert [(r.index, r.reason) for r in out.rejected] == [(0, "malformed_json"), (1, "malformed_json")]
+    # and two records that are each invalid JSON
+    out = BatchDecoder(RequestV1).decode([rec(event_id="x")[:-1], b"}"])
+    assert not out.records and len(out.rejected) == 2
+
+
+def test_json_depth_ignores_brackets_in_strings():
+    assert json_depth(b'{"a": "[[[[{{{{", "b": [[1]]}') == 3
+    assert json_depth(b'{"a": "\\"[[[["}') == 1  # an escaped quote does not end the string
+    assert json_depth(b"") == 0 and json_depth(b"[" * (MAX_DEPTH + 1)) == MAX_DEPTH + 1
+
+
 def test_gpu_sample_bounds():
-    base = {"schema": "gpu.v1", "ts": 1, "node": "n1", "gpu_index": 0}
+    base = {"schema": "gpu.v1", "ts": 1_700_000_000_000, "node": "n1", "gpu_index": 0}
     out = BatchDecoder(GpuV1).decode([
         json.dumps({**base, "util_pct": 50}).encode(),
         json.dumps({**base, "util_pct": 150}).encode(),

@@ -167,13 +167,20 @@ class OtlpRepublisher:
         not map is dead-lettered here."""
         self.report.batches += 1
         raw = raw or b""
-        out = MappedRecord(topic, partition)
         spans = topic == self.spans_topic
         try:
             data = decode(raw, TracesData if spans else MetricsData)
+            return self._map(data, spans, topic, partition, offset, raw, kafka_ts_ms)
         except OtlpDecodeError as exc:
             self._dead_letter(topic, partition, offset, "otlp_undecodable", str(exc), raw, kafka_ts_ms)
-            return out
+        except Exception as exc:  # noqa: BLE001: nothing in a record may stop the adapter
+            self._dead_letter(topic, partition, offset, "otlp_undecodable",
+                              f"mapping the batch failed ({type(exc).__name__})", raw, kafka_ts_ms)
+        return MappedRecord(topic, partition)
+
+    def _map(self, data, spans: bool, topic: str, partition: int, offset: int, raw: bytes,
+             kafka_ts_ms: int) -> MappedRecord:
+        out = MappedRecord(topic, partition)
         if spans:
             mapped = requests_from_traces(data, self.mapping.requests)
             self.report.spans += len(mapped.events) + len(mapped.refused) + mapped.skipped
