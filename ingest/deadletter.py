@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import msgspec
 import polars as pl
 
-from ingest.schema import MAX_EVENT_TS_MS
+from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS
 
 SCHEMA = "deadletter.v2"
 RAW_PREFIX_BYTES = 64 * 1024  # base64 makes it 87,384 bytes: far below librdkafka's 1,000,000 default
@@ -55,7 +55,7 @@ def encode(letter: DeadLetter) -> bytes:
 def _record_time(ms: int) -> datetime | None:
     """The source record's timestamp as a time; None when it has none or it is absurd (a
     producer sets its own, and year 292 million does not fit a TIMESTAMP)."""
-    if not 0 <= ms < MAX_EVENT_TS_MS:
+    if not MIN_EVENT_TS_MS <= ms < MAX_EVENT_TS_MS:
         return None
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).replace(tzinfo=None)
 

@@ -107,9 +107,10 @@ class BatchDecoder(Generic[T]):
             if stop < len(values):
                 self._decode_slowly(stop, values[stop], out)
             start = stop + 1
-        # A control character can only reach a string through a JSON escape, so records
-        # without a backslash (nearly all) are not looked at: one scan of the joined bytes.
-        if out.records and b"\\" in b"".join(v for v in values if v is not None):
+        # A control character reaches a string only escaped (a backslash), as a raw DEL, or as
+        # UTF-8 starting 0xC2 (the C1 controls), so records without those bytes (nearly all)
+        # are not looked at: three scans of the joined bytes.
+        if out.records and _may_hold_control(b"".join(v for v in values if v is not None)):
             self._refuse_control_characters(values, out)
         if out.records and not set(map(type, map(_TS, out.records))) <= {int}:
             self._parse_timestamps(out)
@@ -139,7 +140,7 @@ class BatchDecoder(Generic[T]):
         for record, i in zip(out.records, out.indices):
             raw = values[i]
             bad = None
-            if raw is not None and b"\\" in raw:
+            if raw is not None and _may_hold_control(raw):
                 bad = next((f for f in self._string_fields
                             if isinstance(v := getattr(record, f), str) and _CONTROL.search(v)), None)
             if bad is None:
@@ -200,6 +201,8 @@ class BatchDecoder(Generic[T]):
                 out.records.append(self._lenient_one.decode(raw))
                 out.unknown_fields_dropped += 1
                 return None
+            except UnicodeDecodeError:  # in the dropped field's text, which the strict decoder stopped before
+                return INVALID_UTF8, "a string is not valid UTF-8"
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 first_error = exc
         return self._classify(raw, first_error), redact(str(first_error))
@@ -274,7 +277,11 @@ def _field_from_path(msg: str) -> str | None:
 
 
 _TS = operator.attrgetter("ts")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: what terminals act on
+
+
+def _may_hold_control(raw: bytes) -> bool:
+    return b"\\" in raw or b"\x7f" in raw or b"\xc2" in raw
 
 
 def _leaf_types(hint) -> set:

@@ -29,6 +29,8 @@ CapacityBasis = Literal["physical", "breach", "measured-above-physical", "config
 VerdictName = Literal["promote", "continue", "pause", "rollback"]
 MetricVerdictName = Literal["pass", "continue", "pause", "rollback"]
 Number = Union[float, None]
+DataAge = Annotated[float, Meta(description="seconds since this side's data last moved, on the serving replica's "
+                                            "clock; past the staleness bound the answer is stale")]
 
 
 class ApiError(Struct, omit_defaults=True):
@@ -38,6 +40,7 @@ class ApiError(Struct, omit_defaults=True):
     reason: Reason | None = None
     as_of: Timestamp | None = None
     hint: str | None = None
+    data_age_s: DataAge | None = None  # a stale rollout answer: the age of its older side
 
 
 class Capacity(Struct):
@@ -217,6 +220,10 @@ class Verdict(Struct, omit_defaults=True):
     metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost
     decided_by: list[str] | UnsetType = UNSET
     confidence: Annotated[Number, Meta(description="1 − the p-value a pause or rollback acted on")] | UnsetType = UNSET
+    # How fresh the verdict is: the older side's age (what the staleness bound judges), and each side's.
+    data_age_s: DataAge | UnsetType = UNSET
+    canary_data_age_s: DataAge | UnsetType = UNSET  # absent for the stable version itself
+    stable_data_age_s: DataAge | UnsetType = UNSET
 
 
 class Inconclusive(Struct):
@@ -227,6 +234,7 @@ class Inconclusive(Struct):
     error: str
     model: str
     version: str
+    data_age_s: DataAge | None = None  # stale: the age of the verdict's older side
 
 
 class SloSlice(Struct):

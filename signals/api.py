@@ -174,6 +174,26 @@ class SignalApi:
                     return error(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})")
         return error(405, f"{req.method} is not allowed here; use {matched[0][0].method}")
 
+    def refuse_before_body(self, method: str, path: str, authorization: str | None) -> Response | None:
+        """For a request that carries a body: its answer now, before a byte of the body is
+        read, when the body cannot change it (no route here takes one, or the bearer token
+        sent is wrong); None: read the body."""
+        bare = path.split("?", 1)[0]
+        if len(bare) > MAX_PATH_CHARS:
+            return error(414, f"path longer than {MAX_PATH_CHARS} characters")
+        matched = [route for route in self.routes if route.pattern.match(bare)]
+        route = next((r for r in matched if r.method == method and r.payload is not None), None)
+        if route is None:
+            if not matched:
+                return error(404, f"no route {bare[:100]}", hint="GET /openapi.json lists them")
+            return error(405, f"{method} is not allowed here; use {matched[0].method}")
+        if self.config.auth_required and (authorization or route.secured):
+            try:
+                self._principal(authorization)
+            except ApiFailure as failure:
+                return json_response(failure.status, failure.answer)
+        return None
+
     def _call(self, route: ApiRoute, values: list[str], req: Request) -> Response:
         kwargs = {}
         for (name, hint), value in zip(route.params, values):
@@ -245,7 +265,26 @@ class SignalApi:
                 raise ApiFailure(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})",
                                  reason="no_data")
             raise ApiFailure(404, f"no model {model!r} version {version!r} is visible to this token", reason="no_data")
-        return typed(entry.body, Verdict)
+        return typed({**entry.body, **self._fresh_sides(entry, model, version)}, Verdict)
+
+    def _fresh_sides(self, entry, model: str, version: str) -> dict[str, float]:
+        """The age of each side of a rollout answer; a stale side makes it 503 stale (and an
+        inconclusive verdict for a controller): a canary never promotes on frozen data."""
+        now = self.wall_clock()
+        if entry.baseline_changed_wall_s is None:  # the stable version itself, or no stable traffic
+            ages = {"data_age_s": round(now - entry.changed_wall_s, 1)}
+            if "canary" in entry.body:
+                ages["canary_data_age_s"] = ages["data_age_s"]
+        else:
+            canary, stable = round(now - entry.changed_wall_s, 1), round(now - entry.baseline_changed_wall_s, 1)
+            ages = {"data_age_s": max(canary, stable), "canary_data_age_s": canary, "stable_data_age_s": stable}
+        if ages["data_age_s"] > self.config.stale_after_s:
+            sides = ", ".join(f"{k.split('_')[0]} {v:.0f} s" for k, v in ages.items() if k != "data_age_s")
+            raise ApiFailure(503, f"no new data behind {model} {version} for {ages['data_age_s']:.0f} s "
+                                  f"({sides or 'its traffic'}; bound {self.config.stale_after_s:.0f} s); newest data is "
+                                  f"from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"],
+                             data_age_s=ages["data_age_s"])
+        return ages
 
     def controller_verdict(self, who: Principal, model: str, version: str) -> Verdict | Inconclusive:
         """The verdict a rollout controller acts on. Stale data, or none yet for this version
@@ -255,7 +294,8 @@ class SignalApi:
         try:
             return self.rollout(who, model, version)
         except ApiFailure as failure:
-            return Inconclusive("inconclusive", failure.answer.reason or "no_data", failure.answer.error, model, version)
+            return Inconclusive("inconclusive", failure.answer.reason or "no_data", failure.answer.error, model, version,
+                                failure.answer.data_age_s)
 
     def argo(self, who: Principal, model: Name, version: Name) -> Verdict | Inconclusive:
         """Argo Rollouts' `web` metric provider: always 200 with a verdict, `inconclusive`
@@ -309,6 +349,8 @@ def _decode_payload(body: bytes, kind: type):
         raise ApiFailure(400, f"the body does not fit {kind.__name__}: {exc}") from None
     except msgspec.DecodeError:
         raise ApiFailure(400, f"the body is not JSON (expected {kind.__name__})") from None
+    except RecursionError:
+        raise ApiFailure(400, "the body nests deeper than the decoder follows") from None
 
 
 def _scoped_slo(slo: dict, who: Principal) -> dict | None:

@@ -67,11 +67,18 @@ class Principal:
         return self.tenants is None or labels.get("tenant") in self.tenants
 
 
+DEFAULT_MAX_CONNECTIONS = 2000
+MaxConnections = Annotated[int, Meta(ge=16, le=1_000_000)]
+
+
 @dataclass(frozen=True)
 class ApiConfig:
     stale_after_s: float = 120.0
     tokens: dict[str, Principal] = field(default_factory=dict)  # sha256 hex → principal; empty: no auth
     policy: SignalPolicy = field(default_factory=SignalPolicy)
+    # Connections open at once on the HTTP port (at most the file-descriptor limit allows);
+    # one more evicts the oldest that has not finished a request (streams/http.py).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def auth_required(self) -> bool:
@@ -104,6 +111,7 @@ class ApiFile(ConfigStruct):
     """The API config file, as written (see the module doc)."""
 
     stale_after: str | float = "2m"
+    max_connections: MaxConnections = DEFAULT_MAX_CONNECTIONS
     tokens: list[TokenEntry] = []
     autoscale: AutoscalePolicy = AutoscalePolicy()
     rollout: RolloutPolicy = RolloutPolicy()
@@ -123,7 +131,8 @@ def load_api_config(path: str | Path | None) -> ApiConfig:
         raise ApiConfigError(f"{where}: stale_after must be a duration like 90s, 2m or 90 (seconds), got {f.stale_after!r}")
     policy = SignalPolicy(**msgspec.structs.asdict(f.signals), autoscale=f.autoscale, rollout=f.rollout, shed=f.shed,
                           capacity_gpu_s_per_s=f.capacity_gpu_s_per_s, replica_shape=f.replica_shape)
-    return ApiConfig(stale_after_s=stale, tokens=_tokens(f.tokens, where), policy=policy)
+    return ApiConfig(stale_after_s=stale, tokens=_tokens(f.tokens, where), policy=policy,
+                     max_connections=f.max_connections)
 
 
 def _tokens(entries: list[TokenEntry], where: str) -> dict[str, Principal]:

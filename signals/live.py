@@ -72,7 +72,8 @@ class Scoped:
     body: dict
     tenants: frozenset[str]
     as_of_minute: int
-    changed_wall_s: float = 0.0  # when this pool's data last moved (for staleness)
+    changed_wall_s: float = 0.0  # when the data behind it last moved (for staleness); a canary's own
+    baseline_changed_wall_s: float | None = None  # a canary verdict's: when its stable baseline's did
 
     def __post_init__(self):
         object.__setattr__(self, "body", significant(self.body))
@@ -164,9 +165,17 @@ class LiveSignals:
         self.autoscaler = Autoscaler(policy.autoscale)
         self.capacity = SustainedCapacity(policy.sustained_minutes, policy.capacity_history_days)
         self.capacity_observed_through: int | None = None  # pool-minutes up to here fed to `capacity`
-        # pool → ((newest minute, events in it), wall time when that last grew): trimming old
-        # minutes out of the kept history must not look like fresh data.
-        self._pool_marks: dict[str, tuple[tuple[int, int], float]] = {}
+        # (kind, name...) → ((newest minute, events in it), wall time when that last grew), for
+        # pools, canary versions and stable baselines: trimming old minutes out of the kept
+        # history must not look like fresh data.
+        self._marks: dict[tuple, tuple[tuple[int, int], float]] = {}
+
+    def _changed(self, key: tuple, mark: tuple[int, int], wall_s: float) -> float:
+        """When the data under `key` last moved, given its mark now."""
+        previous = self._marks.get(key)
+        changed = wall_s if previous is None or mark > previous[0] else previous[1]
+        self._marks[key] = (max(mark, previous[0]) if previous else mark, changed)
+        return changed
 
     def add_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> list[tuple[str, int, float]]:
         """Keep closed rows; feed minutes now closed on both topics to the capacity
@@ -199,7 +208,7 @@ class LiveSignals:
             gpu = gpu.with_columns(minute_col())
         newest = [m for m in (req.newest_minute(), int(gpu["_m"].max()) if gpu.height else None) if m is not None]
         pools, shed = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else ({}, {})
-        rollouts, models = self._rollouts(req, gpu) if req.height else ({}, {})
+        rollouts, models = self._rollouts(req, gpu, wall_s) if req.height else ({}, {})
         return SignalSnapshot(
             built_wall_s=wall_s, as_of_minute=max(newest) if newest else None, pools=pools, rollouts=rollouts,
             shed=shed,
@@ -214,10 +223,7 @@ class LiveSignals:
         out: dict[str, Scoped] = {}
         shed: dict[str, Scoped] = {}
         for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
-            mark = (st["newest"], st["seen_in_newest"])
-            previous = self._pool_marks.get(pool)
-            changed = wall_s if previous is None or mark > previous[0] else previous[1]
-            self._pool_marks[pool] = (max(mark, previous[0]) if previous else mark, changed)
+            changed = self._changed(("pool", pool), (st["newest"], st["seen_in_newest"]), wall_s)
             attrs, per_s = st["attrs"], 60 * st["minutes"]
             fo_slo = self._first_output_slo_ms(attrs)
             signals = PoolSignals(
@@ -269,9 +275,13 @@ class LiveSignals:
         return estimate_capacity(physical, held, broke, p.sustained_minutes)
 
     # ---- rollout --------------------------------------------------------------------
-    def _rollouts(self, req: RequestRollup, gpu: pl.DataFrame) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
+    def _rollouts(self, req: RequestRollup, gpu: pl.DataFrame,
+                  wall_s: float) -> tuple[dict[tuple[str, str], Scoped], dict[str, frozenset[str]]]:
         """Each version's canary traffic (deployment other than stable) against the model's
-        stable traffic, over the model's newest `rollout_window_minutes`; one group-by per side."""
+        stable traffic, over the model's newest `rollout_window_minutes`; one group-by per side.
+        Each side's data is marked with when it last moved: a verdict is as fresh as the
+        older of its two sides (a canary whose producers stopped is stale, however fresh
+        stable is)."""
         window = self.policy.rollout_window_minutes
         versions = req.versions.filter(pl.col("model") != "")
         if not versions.height:
@@ -289,6 +299,7 @@ class LiveSignals:
         canary_models = sorted({m for m, _, _, _ in per_version})
         stable_all = _version_table(*(in_window(f, stable) for f in frames), ["model"], detail_for=canary_models)
         stable_versions = in_window(versions, stable & (pl.col("model_version") != "")).select("model", "model_version").unique()
+        changed = self._side_marks(versions, wall_s)
         out: dict[tuple[str, str], Scoped] = {}
         models: dict[str, frozenset[str]] = {}
         for model, version in stable_versions.iter_rows():
@@ -296,7 +307,7 @@ class LiveSignals:
             models[model] = models.get(model, frozenset()) | {version}
             body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
                     "model": model, "version": version, "window_minutes": window, "as_of": rfc3339(newest[model] + 1)}
-            out[(model, version)] = Scoped(body, base[2], newest[model])
+            out[(model, version)] = Scoped(body, base[2], newest[model], changed.get(("stable", model), wall_s))
         for model, version, stats, tenants in per_version:
             models[model] = models.get(model, frozenset()) | {version}
             as_of = rfc3339(newest[model] + 1)
@@ -305,8 +316,21 @@ class LiveSignals:
             stable = base[1] if base else VersionStats("", 0, 0, 0, None, None, 0.0, 0, 0.0)
             v = verdict(stats, stable, window, self.policy.rollout, as_of=as_of)
             out[(model, version)] = Scoped({**v.to_json(), "model": model, "version": version},
-                                           tenants | base_tenants, newest[model])
+                                           tenants | base_tenants, newest[model],
+                                           changed.get(("canary", model, version), wall_s),
+                                           changed.get(("stable", model)))
         return out, models
+
+    def _side_marks(self, versions: pl.DataFrame, wall_s: float) -> dict[tuple, float]:
+        """When each canary version's and each model's stable traffic last moved."""
+        side = pl.when(pl.col("stable")).then(pl.lit("")).otherwise(pl.col("model_version")).alias("_side")
+        per_side = versions.group_by("model", side, "stable", MINUTE).agg(pl.col("requests").sum())
+        newest = per_side.filter(pl.col(MINUTE) == pl.col(MINUTE).max().over("model", "_side"))
+        out = {}
+        for model, version, stable, minute, requests in newest.select("model", "_side", "stable", MINUTE, "requests").iter_rows():
+            key = ("stable", model) if stable else ("canary", model, version)
+            out[key] = self._changed(key, (int(minute), int(requests)), wall_s)
+        return out
 
     def _usd_per_gpu_s(self, gpu: pl.DataFrame) -> pl.Expr:
         """Price of a request row's GPU-second: its pool's SKU as the GPU samples last said."""

@@ -60,3 +60,22 @@ class WorkerMetrics:
             ["stage"], registry=r)
         self.checkpoint_seconds = Histogram(
             "tailwatch_checkpoint_duration_seconds", "Time to write one checkpoint transaction.", registry=r)
+
+
+# Why the HTTP process refused or cut a connection or request (streams/http.py): a closed set.
+HTTP_REFUSALS = ("head_timeout", "idle_head_timeout", "body_timeout", "body_too_large", "client_disconnected",
+                 "refused_before_body", "malformed_request", "evicted_slow_connection", "connection_limit",
+                 "accept_failed")
+
+
+class HttpMetrics:
+    """The HTTP process's own counters, appended to the worker's /metrics."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.refused = Counter(
+            "tailwatch_http_refused_total", "Connections and requests the HTTP port refused or cut, by reason "
+            "(slow heads and bodies, oversized or malformed requests, bodies refused before reading, the "
+            "connection cap).", ["reason"], registry=self.registry)
+        for reason in HTTP_REFUSALS:  # known label sets start at 0
+            self.refused.labels(reason)

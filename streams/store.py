@@ -106,11 +106,16 @@ class StoreError(Exception):
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> duckdb.DuckDBPyConnection:
     """Open the store. DuckDB lets one process write a file and nobody read it meanwhile;
     the worker holds it only while it writes a checkpoint, so a lock conflict is retried
-    for up to `wait_s` seconds."""
+    for up to `wait_s` seconds. Any other failure is a StoreError of one line."""
     path = Path(path)
     if read_only and not path.exists():
         raise StoreError(f"no store at {path}: run `tailwatch worker --store {path}` (or `tailwatch demo`) first")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory: --store names the store's file, e.g. {path / 'tailwatch.duckdb'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the folder of store {path}: {exc.strerror or exc}") from None
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -118,14 +123,33 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> d
             break
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
-                raise StoreError(f"cannot open store {path}: {str(exc).splitlines()[0]}") from None
+                raise store_failure(path, exc) from None
             time.sleep(0.05)
+        except duckdb.Error as exc:
+            raise store_failure(path, exc) from None
     if not read_only:
-        # The worker's store is written in small transactions; DuckDB's default buffer pool
-        # (80% of RAM) would let its cache dwarf the worker's own state.
-        con.execute("SET memory_limit = '256MB'")
-        con.execute(SCHEMA_SQL)
+        try:
+            # The worker's store is written in small transactions; DuckDB's default buffer pool
+            # (80% of RAM) would let its cache dwarf the worker's own state.
+            con.execute("SET memory_limit = '256MB'")
+            con.execute(SCHEMA_SQL)
+        except duckdb.Error as exc:
+            con.close()
+            raise store_failure(path, exc) from None
     return con
+
+
+def store_failure(path: str | Path, exc: BaseException) -> StoreError:
+    """What went wrong with a store file, in one line that names the file and the way out."""
+    text = str(exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text:
+        return StoreError(f"{path} is not a DuckDB store, or is corrupt ({first[:120]}): move it away and start the "
+                          "worker again, which rebuilds the store from Kafka as far back as the topics' retention reaches")
+    if "No space left on device" in text or getattr(exc, "errno", None) == 28:
+        return StoreError(f"no space left on device for store {path}: free space there (or move --store) and start the "
+                          "worker again; it resumes from its last checkpoint")
+    return StoreError(f"store {path}: {first[:300]}")
 
 
 class StoreSession:
@@ -259,7 +283,10 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             )
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:  # a failed write (a full disk) may have ended the transaction already
+            pass
         raise
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import duckdb
 import polars as pl
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -654,8 +655,11 @@ class Worker:
                     cp.stage_rows.append((table, rows))
                 self._stage_cpu(stage.name, began)
         began = time.process_time()
-        with self.store as con:
-            store.write_checkpoint(con, cp)
+        try:
+            with self.store as con:
+                store.write_checkpoint(con, cp)
+        except duckdb.Error as exc:  # the disk filled, the file broke: one line, not a traceback
+            raise store.store_failure(self.settings.store_path, exc) from None
         self._stage_cpu("checkpoint_write", began)
         if self.slo:
             self.slo.committed(cp.alert_changes)

@@ -1,5 +1,7 @@
 """`tailwatch bench --api`: signal API latency under `wrk` at a paced request rate, with the
-worker idle (the baseline) and while it processes a stream of events, in one session.
+worker idle (the baseline), under a slow-body attack (20,000 connections dripping POST bodies
+a byte every 2 s, opened at 500 a second, tools/slow_clients.py, in a process of its own), and
+while it processes a stream of events, in one session.
 
 wrk (Debian package `wrk`) drives a fixed number of keep-alive connections; a Lua script
 paces each one so the total is about the asked rate, rotates over autoscale, rollout and
@@ -9,6 +11,7 @@ SLO paths, and sends a bearer token. Results are wrk's latency percentiles and r
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -78,14 +81,13 @@ def _wait_ready(port: int, timeout_s: float = 90) -> None:
 
 
 def _events_seen(port: int) -> int:
-    import json
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
         return int(json.loads(r.read())["events_seen"])
 
 
-def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: int = 240, say=print) -> list[str]:
-    """Baseline (worker idle) then load (simulator publishing while the worker consumes)."""
+def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: int = 240, say=print,
+        attackers: int = 20_000) -> list[str]:
+    """Baseline (worker idle), attack (slow bodies), then load (simulator publishing while the worker consumes)."""
     if shutil.which("wrk") is None:
         raise BenchError("wrk is not installed (Debian: apt-get install wrk)")
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-api-"))
@@ -95,7 +97,7 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
     try:
         kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:6]}.")
         ensure_topics(kafka, partitions=4)
-        say("[1/4] publishing 30 minutes of the mixed fleet so every pool has data")
+        say("[1/5] publishing 30 minutes of the mixed fleet so every pool has data")
         pub = EventPublisher(kafka)
         pub.publish_events(FleetSimulator("mixed-fleet", 30, seed=11).events())
         pub.close()
@@ -116,9 +118,17 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
             tail = (workdir / "worker.log").read_text()[-1500:]
             raise BenchError(f"the worker's signal API did not answer within 90 s; worker log ends: {tail}") from None
         time.sleep(3)  # let the first 30 minutes drain: the baseline is an idle worker
-        say(f"[2/4] baseline: wrk at about {rate} requests/s for {seconds} s, worker idle")
+        say(f"[2/5] baseline: wrk at about {rate} requests/s for {seconds} s, worker idle")
         baseline = _wrk(port, rate, connections, seconds, workdir)
-        say(f"[3/4] load: publishing {load_minutes} simulated minutes while wrk runs again")
+        say(f"[3/5] attack: {attackers:,} connections dripping POST bodies a byte every 2 s while wrk runs again")
+        attack = subprocess.Popen([sys.executable, "-m", "tools.slow_clients", "--port", str(port), "--connections",
+                                   str(attackers), "--rate", "500", "--seconds", str(seconds + 6)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=env, cwd=Path(__file__).resolve().parents[1])
+        time.sleep(3)  # the attackers are connected and dripping before wrk measures
+        attacked = _wrk(port, rate, connections, seconds, workdir)
+        out, _ = attack.communicate(timeout=60)
+        attack_counts = json.loads(out or b"{}")
+        say(f"[4/5] load: publishing {load_minutes} simulated minutes while wrk runs again")
         publisher = subprocess.Popen(
             [sys.executable, "-m", "tailwatch", "simulate", *common, "--minutes", str(load_minutes), "--seed", "12",
              "--start", "2026-11-02T00:30:00Z"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -126,7 +136,7 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
         before, t0 = _events_seen(port), time.monotonic()
         loaded = _wrk(port, rate, connections, seconds, workdir)
         processed = (_events_seen(port) - before) / (time.monotonic() - t0)
-        say("[4/4] done")
+        say("[5/5] done")
     finally:
         for proc in (publisher, worker):
             if proc is not None and proc.poll() is None:
@@ -140,6 +150,11 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
         f"paths rotating over autoscale, rollout, SLO and alert reads):",
         f"  worker idle:        {baseline['rps']:,.0f} req/s   p50 {baseline['p50_ms']:.2f} ms   "
         f"p90 {baseline['p90_ms']:.2f} ms   p99 {baseline['p99_ms']:.2f} ms   non-2xx {baseline['non_2xx']}",
+        f"  under slow bodies:  {attacked['rps']:,.0f} req/s   p50 {attacked['p50_ms']:.2f} ms   "
+        f"p90 {attacked['p90_ms']:.2f} ms   p99 {attacked['p99_ms']:.2f} ms   non-2xx {attacked['non_2xx']}   "
+        f"(attackers opened {attack_counts.get('opened', 0):,} connections, the server cut "
+        f"{attack_counts.get('cut', 0):,}, refused {attack_counts.get('refused', 0):,})",
+        f"  p99 under attack ÷ p99 idle: {attacked['p99_ms'] / baseline['p99_ms'] if baseline['p99_ms'] else float('nan'):.2f}x",
         f"  worker under load:  {loaded['rps']:,.0f} req/s   p50 {loaded['p50_ms']:.2f} ms   "
         f"p90 {loaded['p90_ms']:.2f} ms   p99 {loaded['p99_ms']:.2f} ms   non-2xx {loaded['non_2xx']}   "
         f"(the worker processed {processed:,.0f} events/s meanwhile)",

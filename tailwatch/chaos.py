@@ -106,7 +106,18 @@ POISON_REASONS = {
     "empty_value": "malformed_json",
     "tombstone": "malformed_json",
     "oversized": "oversized",
+    # A hostile producer: what used to stop, blind or fool the worker.
+    "deep_field": "too_deep",  # nested past the recursion limit as an unknown field's value
+    "deep_record": "too_deep",  # ... or as the whole record
+    "future_ts": "future",  # stamped 2099: it would have moved its partition's frontier there
+    "year_9999": "bad_timestamp",  # it crash-looped the worker
+    "absurd_record_time": "future",  # the Kafka record's own timestamp is 1970: nothing bounds event time
+    "control_char": "invalid_value",  # an ANSI escape in a tenant name
+    "joined_first": "malformed_json",  # `{…},{…` of another tenant: with the next, two forged events
+    "joined_rest": "malformed_json",
 }
+# Kinds published as a pair, next to each other in one partition.
+POISON_PAIRS = {"joined_first": "joined_rest"}
 SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
 LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
 GPU_KEYS = ("node", "gpu_index")
@@ -462,6 +473,7 @@ class Outgoing:
     kind: str  # "request", "gpu", or a poison kind
     partition: int | None = None  # explicit for poison; None: the producer's partitioner
     duplicate: bool = False
+    record_ts_ms: int | None = None  # the Kafka record's timestamp; None: the producer's clock
     # filled by the delivery report
     delivered_partition: int | None = None
     delivered_offset: int | None = None
@@ -764,6 +776,24 @@ def poison_value(kind: str, topic: str, n: int, ts_ms: int, key: str | None) -> 
         return None
     if kind == "empty_value":
         return b""
+    if kind == "deep_field":
+        return _dumps(doc)[:-1] + b', "trace": ' + b"[" * 1500 + b"]" * 1500 + b"}"
+    if kind == "deep_record":
+        return b'{"a":' * 2000
+    if kind == "future_ts":
+        doc["ts"] = 4_070_908_800_000  # 2099-01-01: inside the contract's range, far ahead of its record
+    elif kind == "year_9999":
+        doc["ts"] = "9999-12-31T23:59:59Z"
+    elif kind == "control_char":
+        doc[required] = "acme\x1b[2J"  # JSON writes it escaped: \u001b
+    elif kind == "joined_first":  # this record, then half of one for another tenant
+        forged = {**doc, "event_id": f"forged-{n:04x}", required: "forged", "zone": "made-up"}
+        text = _dumps(forged)
+        return _dumps(doc) + b"," + text[:text.index(b',"zone"')]
+    elif kind == "joined_rest":  # the rest of that half: `[first,rest]` parses as two events
+        forged = {**doc, "event_id": f"forged-{n - 1:04x}", required: "forged", "zone": "made-up"}
+        text = _dumps(forged)
+        return text[text.index(b',"zone"') + 1:]
     if kind == "malformed_json":
         text = _dumps(doc)
         return text[: len(text) // 2]
@@ -799,21 +829,28 @@ def add_poison(stream: Stream, rng: random.Random, per_kind: int,
     n_chunks = len(stream.chunks)
     n = 0
 
-    def put(chunk: int, kind: str, topic: str, partition: int) -> None:
+    def put(chunk: int, kind: str, topic: str, partition: int, at: int | None = None) -> int:
         nonlocal n
         ts = START_MS + chunk * CHUNK_MS
         keys = TENANTS if topic == "requests" else tuple(NODES)
         key = rng.choice(keys) if rng.random() < 0.5 else None  # half without a key, as in the issue
         o = Outgoing(ts, topic, key.encode() if key else None, poison_value(kind, topic, n, ts, key), kind,
-                     partition=partition)
+                     partition=partition, record_ts_ms=1 if kind == "absurd_record_time" else None)
         n += 1
-        stream.chunks[chunk].insert(rng.randint(0, len(stream.chunks[chunk])), o)
+        at = rng.randint(0, len(stream.chunks[chunk])) if at is None else at
+        stream.chunks[chunk].insert(at, o)
         added.append(o)
+        return at
 
     for kind in kinds:
+        if kind in POISON_PAIRS.values():
+            continue  # published right after its first half
         for _ in range(per_kind):
             topic = "requests" if rng.random() < 0.75 else "gpu"
-            put(rng.randint(1, max(1, n_chunks - 3)), kind, topic, rng.randrange(PARTITIONS))
+            chunk, partition = rng.randint(1, max(1, n_chunks - 3)), rng.randrange(PARTITIONS)
+            at = put(chunk, kind, topic, partition)
+            if kind in POISON_PAIRS:  # one producer, one partition: the two land next to each other
+                put(chunk, POISON_PAIRS[kind], topic, partition, at + 1)
     for s in stream.silences:
         if s.topic != "requests":
             continue
@@ -1247,6 +1284,8 @@ class _Chaos:
         kwargs = {"key": o.key, "on_delivery": partial(self._delivered, o)}
         if o.partition is not None:
             kwargs["partition"] = o.partition
+        if o.record_ts_ms is not None:
+            kwargs["timestamp"] = o.record_ts_ms
         while True:
             try:
                 self.producer.produce(self.kafka.topic(o.topic), o.value, **kwargs)

@@ -291,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "JSONL; a quiet day built from it, then the same day with every incident kind injected")
     c.add_argument("--repeats", type=_positive_int, default=3, help="with --trace: incidents of each kind (default 3)")
 
+    p = sub.add_parser("fuzz", help="fuzz the record decode path with invariants (a developer's check)")
+    fsub = p.add_subparsers(dest="fuzz_command", required=True, metavar="WHAT")
+    c = fsub.add_parser("decode", help="generated and mutated records through the decoder as the worker calls it: "
+                                       "nothing raises, every record is its events or one dead letter")
+    c.add_argument("--records", type=_positive_int, default=1_000_000)
+    c.add_argument("--seed", type=int, default=1)
+    c.add_argument("--batch-size", type=_positive_int, default=500)
+
     p = sub.add_parser("backtest", help="replay the store through the autoscaler or the rollout verdict")
     bsub = p.add_subparsers(dest="backtest_command", required=True, metavar="WHAT")
     c = bsub.add_parser("autoscale", help="per pool: desired vs running replicas, minutes users waited, replica-hours")

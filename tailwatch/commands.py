@@ -429,6 +429,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     workers=args.workers)
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from tools.fuzz_decode import run as fuzz_decode
+
+    report = fuzz_decode(args.records, args.seed, args.batch_size, progress=progress)
+    progress_done()
+    print("\n".join(report.lines()))
+    return 1 if report.violations else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.chaos:
         import tempfile

@@ -55,8 +55,8 @@ def read_client_config(path: str | None) -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if "=" not in line:
-            raise ConfigError(f"{path}:{lineno}: expected key=value, got {line!r}")
+        if "=" not in line:  # never echoed: the line may hold a password
+            raise ConfigError(f"{path}:{lineno}: expected key=value (the line is not shown: it may hold a secret)")
         k, v = line.split("=", 1)
         out[k.strip()] = v.strip()
     return out

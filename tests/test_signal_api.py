@@ -228,13 +228,16 @@ def test_argo_web_metric_answers_200_with_the_verdict_or_inconclusive(api_worker
     assert get(api_worker, "/v1/argo/chat-70b/v2-slow")[0] == 401
 
 
-def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float):
+def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float, canary_moved_s: float | None = None,
+                    stable_moved_s: float | None = None):
     from signals.api import SignalApi
     from signals.config import ApiConfig, Principal
     from signals.live import Scoped, SignalSnapshot
 
     rollouts = {("m", v): Scoped({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
-                                  "as_of": "2026-11-02T00:30:00Z"}, frozenset({"t"}), 0)
+                                  "as_of": "2026-11-02T00:30:00Z"}, frozenset({"t"}), 0,
+                                 built_wall_s if canary_moved_s is None else canary_moved_s,
+                                 built_wall_s if stable_moved_s is None else stable_moved_s)
                 for v, verdict in verdicts.items()}
     snap = SignalSnapshot(built_wall_s, 0, {}, rollouts, {"m": frozenset(verdicts)}, [], [])
     token = "tok"
@@ -271,6 +274,31 @@ def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
     # Ten-minute-old data says rollback: a rollout controller neither rolls back nor advances on it.
     assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
             for c in ("rollout", "traffic-increase", "promotion", "rollback")] == [200, 412, 412, 412]
+
+
+@pytest.mark.parametrize("stale_side", ["canary", "stable"])
+def test_a_verdict_on_a_side_that_stopped_moving_is_stale_though_the_view_is_fresh(stale_side):
+    """The view is rebuilt every few seconds, but the canary's own traffic (or the stable
+    baseline's) stopped ten minutes ago: its `promote` is frozen data, never a promotion."""
+    from signals.api import Request
+
+    moved = {f"{stale_side}_moved_s": 1000.0 - 600}
+    api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0, **moved)
+    auth = f"Bearer {token}"
+    status, _ct, body = api.handle(Request("GET", "/v1/rollout/m/v2", auth, b""))
+    answer = json.loads(body)
+    assert status == 503 and answer["reason"] == "stale" and answer["data_age_s"] == 601.0, answer
+    assert stale_side in answer["error"]
+    argo = json.loads(api.handle(Request("GET", "/v1/argo/m/v2", auth, b""))[2])
+    assert argo["verdict"] == "inconclusive" and argo["reason"] == "stale" and argo["data_age_s"] == 601.0, argo
+    hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
+    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
+            for c in ("rollout", "traffic-increase", "promotion", "rollback")] == [200, 412, 412, 412]
+    # Both sides fresh: the verdict, with each side's age.
+    api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0, canary_moved_s=990.0)
+    fresh = json.loads(api.handle(Request("GET", "/v1/rollout/m/v2", f"Bearer {token}", b""))[2])
+    assert fresh["verdict"] == "promote" and (fresh["canary_data_age_s"], fresh["stable_data_age_s"], fresh["data_age_s"]) \
+        == (11.0, 1.0, 11.0), fresh
 
 
 def test_tokens_and_tenant_scopes(api_worker):
@@ -361,6 +389,17 @@ def test_stale_data_answers_503_so_keda_falls_back(api_worker):
     status, body = get(api_worker, "/v1/shed/llm-b-realtime", TOKENS["ops"])
     assert status == 503 and body["reason"] == "stale", body
     assert get(api_worker, "/healthz")[0] == 200
+    # Nor does a canary promote on it. v3-cheap was promotable (test_flagger_webhook: promotion
+    # 200); its producers stopped with the rest. The worker's view stays fresh (it still
+    # answers the SLO list), but the verdict stands on data older than the bound.
+    assert get(api_worker, "/v1/slos", TOKENS["ops"])[0] == 200
+    status, body = get(api_worker, "/v1/rollout/chat-70b/v3-cheap", TOKENS["ops"])
+    assert status == 503 and body["reason"] == "stale" and body["data_age_s"] > 8, body
+    status, argo = get(api_worker, "/v1/argo/chat-70b/v3-cheap", TOKENS["ops"])
+    assert status == 200 and argo["verdict"] == "inconclusive" and argo["reason"] == "stale", argo
+    hook = json.dumps({"metadata": {"model": "chat-70b", "version": "v3-cheap", "token": TOKENS["ops"]}}).encode()
+    assert [get(api_worker, f"/v1/flagger/{c}", method="POST", body=hook)[0]
+            for c in ("traffic-increase", "promotion")] == [412, 412]
 
 
 def _http_head(port: int, raw: bytes, timeout_s: float = 10.0) -> bytes:

@@ -1,0 +1,83 @@
+"""Slow HTTP clients for `tailwatch bench --api`: each connection sends a POST head, then
+drips its body one byte every `drip_s` seconds; when the server cuts it, another takes its
+place, so the attack keeps `connections` open (or trying) for its whole length, opening at
+most `rate` new connections a second in all (as slowloris tools pace themselves).
+
+Loopback only, bounded in count and time; it ends by itself. Run as a process of its own so
+the attack and the measured client never share an interpreter:
+`python -m tools.slow_clients --port P --connections N --seconds S`; it prints one JSON line
+(connections opened, cut by the server, refused) when done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+HEAD = b"POST /v1/flagger/promotion HTTP/1.1\r\nHost: bench\r\nContent-Length: 60000\r\n\r\n{"
+
+
+class _Pace:
+    """At most `rate` connection attempts a second, shared by every client."""
+
+    def __init__(self, rate: float):
+        self.gap, self.next = 1.0 / rate, time.monotonic()
+
+    async def wait(self) -> None:
+        now = time.monotonic()
+        self.next = max(self.next + self.gap, now)
+        if self.next > now:
+            await asyncio.sleep(self.next - now)
+
+
+async def _one(port: int, drip_s: float, until: float, counts: dict[str, int], pace: _Pace) -> None:
+    while time.monotonic() < until:
+        await pace.wait()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            counts["refused"] += 1
+            await asyncio.sleep(0.1)
+            continue
+        counts["opened"] += 1
+        try:
+            writer.write(HEAD)
+            await writer.drain()
+            while time.monotonic() < until:
+                try:
+                    if await asyncio.wait_for(reader.read(4096), drip_s) == b"":
+                        break  # answered and closed, or cut
+                except asyncio.TimeoutError:
+                    writer.write(b" ")
+                    await writer.drain()
+            else:
+                continue
+            counts["cut"] += 1
+        except OSError:
+            counts["cut"] += 1
+        finally:
+            writer.close()
+
+
+async def attack(port: int, connections: int, seconds: float, drip_s: float, rate: float) -> dict[str, int]:
+    counts = {"opened": 0, "cut": 0, "refused": 0}
+    until, pace = time.monotonic() + seconds, _Pace(rate)
+    await asyncio.gather(*(_one(port, drip_s, until, counts, pace) for _ in range(connections)))
+    return counts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--connections", type=int, default=2000)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--drip", type=float, default=2.0, help="seconds between body bytes")
+    p.add_argument("--rate", type=float, default=500.0, help="new connections a second, in all")
+    args = p.parse_args()
+    print(json.dumps(asyncio.run(attack(args.port, args.connections, args.seconds, args.drip, args.rate))))
+
+
+if __name__ == "__main__":
+    main()
