@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from dataclasses import dataclass
 
 import polars as pl
@@ -32,12 +33,20 @@ OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
 DELIVERED_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "target": pl.String}
 
 
+# The runbooks of this installation, until `--runbook-url` says where the team publishes them.
+LOCAL_RUNBOOK_BASE_URL = Path(__file__).resolve().parents[1].as_uri() + "/"
+
+
 @dataclass(frozen=True)
 class AlertLinks:
-    """Where a page points a person: the runbook and the dashboard, with the slice preset."""
+    """Where a page or a report points a person: the runbook and the dashboard, with the slice preset."""
 
-    runbook_base_url: str = "https://github.com/tailwatch/tailwatch/blob/main/"
+    runbook_base_url: str = LOCAL_RUNBOOK_BASE_URL
     grafana_url: str = "http://grafana.local"
+
+    def runbook(self, path: str) -> str:
+        """`runbooks/slo-burn.md` under the runbook base."""
+        return self.runbook_base_url.rstrip("/") + "/" + path.lstrip("/")
 
     @property
     def dashboard_base_url(self) -> str:
@@ -68,7 +77,7 @@ def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dic
             "summary": (f"{change.slo} ({slice_text}) burns its error budget at {long_b} over "
                         f"{span(w.long_minutes)} and {short_b} over {span(w.short_minutes)}; "
                         f"{100 * change.error_budget_remaining:.1f}% of the budget left"),
-            "runbook_url": links.runbook_base_url + runbook,
+            "runbook_url": links.runbook(runbook),
             "dashboard_url": f"{links.dashboard_base_url}?{query}",
         },
         "startsAt": rfc3339(change.started_minute),
@@ -87,7 +96,7 @@ def _no_data_alert(change: AlertChange, links: AlertLinks) -> dict:
         "labels": {"alertname": change.alertname, "severity": change.severity, "slo": change.slo, **change.labels},
         "annotations": {
             "summary": f"{change.slo} ({slice_text}) has had no events for {span(change.window.long_minutes)}",
-            "runbook_url": links.runbook_base_url + "runbooks/slo-no-data.md",
+            "runbook_url": links.runbook("runbooks/slo-no-data.md"),
             "dashboard_url": links.dashboard_base_url,
         },
         "startsAt": rfc3339(change.started_minute),
@@ -209,7 +218,7 @@ def detection_to_alertmanager(detection, evidence: dict[str, float | str], links
                    "detector": detection.detector, **labels},
         "annotations": {
             "summary": f"{detection.detector.replace('_', ' ')} on {slice_text}: {numbers}",
-            "runbook_url": links.runbook_base_url + detector_runbook(detection.detector),
+            "runbook_url": links.runbook(detector_runbook(detection.detector)),
             "dashboard_url": url,
         },
         "startsAt": rfc3339(detection.started_at),

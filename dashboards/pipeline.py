@@ -1,6 +1,6 @@
 """Pipeline health: consumer lag, events per second by topic, dead letters by reason,
 late events, bucket close delay, checkpoints (the worker's own metrics, streams/metrics.py),
-and the fleet metrics' label sets against their budget."""
+HTTP refusals, and the fleet metrics' label sets against their budget."""
 
 from __future__ import annotations
 
@@ -50,9 +50,14 @@ def build(specs=None):
         timeseries("Fields dropped at ingest by topic", "cps",
                    [Q(f"sum by (topic) (rate(tailwatch_unknown_fields_dropped_total[{RATE}]))", "{{topic}}")], w=12,
                    description="Records that carried fields outside the schema (dropped before storage)."),
+        timeseries("HTTP connections and requests refused, by reason", "cps",
+                   [Q(f"sum by (reason) (rate(tailwatch_http_refused_total[{RATE}]))", "{{reason}}")], w=12,
+                   description="Slow heads and bodies cut, bodies refused before reading, malformed requests, and the "
+                               "connection cap's evictions and refusals: a climb here is a client or an attacker "
+                               "misbehaving, never the API slowing down."),
         timeseries("Fleet metric label sets against their limit", "short",
                    [Q("max by (family) (tailwatch_fleet_label_sets)", "{{family}}"),
-                    Q("max by (family) (tailwatch_fleet_label_sets_limit)", "{{family}} limit")], w=24,
+                    Q("max by (family) (tailwatch_fleet_label_sets_limit)", "{{family}} limit")], w=12,
                    description="Past the limit, new label sets fold their tenant, model, version and pool into "
                                "other (--metrics-max-label-sets): totals stay exact, named breakdowns stop growing."),
     ]

@@ -10,7 +10,7 @@ upper bound rejects `1e999` (infinity) and absurd values with the same check.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union, get_args
 
 import msgspec
 
@@ -160,6 +160,9 @@ SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
 
 # The slice of a request: the labels an SLI bucket is cut by.
 SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
+# The slice labels whose values are a closed set, and the values.
+CLOSED_LABELS = {"workload": get_args(Workload), "traffic_class": get_args(TrafficClass),
+                 "deployment": get_args(Deployment)}
 
 # Appended only: checkpoints number histogram fields by their place here.
 LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")

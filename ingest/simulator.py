@@ -533,7 +533,7 @@ class FleetSimulator:
         queued on the GPU, because more concurrent requests make bigger batches (continuous
         batching). At the diurnal peak an LLM pool reads ~55% utilisation with SMs ~26%
         active, tensor pipes ~5% and DRAM bandwidth ~15%, close to batch-64 decode on a real
-        H100 (../shared/data/h100-lab); a pool flooded with work (utilisation 90%+) has SMs
+        H100 (tests/data/h100-lab); a pool flooded with work (utilisation 90%+) has SMs
         over 60% active: saturated, not merely "utilised"."""
         util = sample.util_pct or 0.0
         z = self.gpm_rng.normal(0, 1, 4)

@@ -10,6 +10,7 @@ are drawn from the seed. Only the token counts and times come from the trace.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from datetime import datetime, timezone
@@ -35,7 +36,7 @@ def read_trace(path: str | Path) -> list[tuple[int, int, int]]:
     if not p.is_file():
         raise TraceError(f"--trace: no such file {path}")
     rows = []
-    with p.open(newline="") as fh:
+    with _open_text(p) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None or [h.strip().lstrip("\ufeff") for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
@@ -62,7 +63,7 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
         raise TraceError(f"--trace: no such file {path}")
     seen: set[int] = set()
     rows = []
-    with p.open() as fh:
+    with _open_text(p) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -86,10 +87,17 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
     return [(t - t0, c, g, k) for t, c, g, k in rows]
 
 
+def _open_text(path: Path):
+    """A trace file as text, gzip-compressed (`.gz`) or not."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return path.open(newline="")
+
+
 def read_any_trace(path: str | Path) -> list[tuple[int, int, int]]:
     """(arrival ms from the first request, prompt tokens, output tokens) of an Azure LLM
-    inference trace CSV or a Mooncake JSONL trace, in arrival order."""
-    if Path(path).suffix == ".csv":
+    inference trace CSV or a Mooncake JSONL trace (either gzip-compressed or not), in arrival order."""
+    if Path(path).name.removesuffix(".gz").endswith(".csv"):
         return read_trace(path)
     return [(t, c, g) for t, c, g, _cached in read_mooncake(path)]
 

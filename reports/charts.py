@@ -121,7 +121,7 @@ def cost_per_turn_trend(times: list[dt.datetime], fully_loaded: list[float | Non
         ax.axvspan(start, start + dt.timedelta(days=1), color=FLAG, alpha=0.10, lw=0,
                    label="flagged: spend up, success flat" if i == 0 else None)
     _time_axis(ax, times, step)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"${v:.3f}" if v < 1 else f"${v:,.2f}"))
+    ax.yaxis.set_major_formatter(_Usd())  # as many decimals as the ticks' step: never two ticks alike
     ax.set_ylabel("USD per successful turn")
     ax.set_ylim(bottom=0)
     ax.set_title("Cost per successful turn")

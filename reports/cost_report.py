@@ -121,7 +121,7 @@ def _period(unit: str) -> str:
     return "CAST(date_trunc('day', window_start) AS DATE)" if unit == "day" else f"date_trunc('{unit}', window_start)"
 
 
-def _scales(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+def minute_scales(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per pool and minute, the factor that fits the requests' GPU-seconds into the GPUs' (slo.cost)."""
     reported = con.sql("""
         SELECT window_start AS minute, coalesce(pool, '') AS pool, coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds
@@ -205,7 +205,7 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
     base_end = dt.datetime.combine(start.date(), dt.time())
     base_start = base_end - dt.timedelta(days=BASELINE_DAYS)
     # One set of per-minute scales serves the range, its baseline and the trend alike.
-    scales = _scales(con, base_start, end)
+    scales = minute_scales(con, base_start, end)
     usage = _usage(con, "day", start, end, scales)
     fleet = _fleet(con, "day", start, end)
     if usage.height == 0 and fleet.height == 0:
@@ -233,6 +233,26 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
     return CostReport(store_path=store_path, range=rng, data_range=data, prices=prices, prices_source=prices_source,
                       daily=daily, per_day=per_day, trend=trend, trend_unit=unit, flags=flags, scaling=scaling,
                       timings=timings)
+
+
+def model_costs(con: duckdb.DuckDBPyConnection, model: str, start: dt.datetime | None, end: dt.datetime | None,
+                prices: GpuPrices) -> dict | None:
+    """One model's GPU cost over a range, by this report's rules (so the readiness report and
+    this one never disagree): attributed (the GPU time its requests used, scaled to the GPU time
+    that existed) and fully loaded (its pools' idle time shared in), in all and per successful
+    turn; None without data."""
+    data = _data_range(con)
+    if data is None:
+        return None
+    start, end = start or data[0], end or data[1]
+    scales = minute_scales(con, start, end)
+    tables = cost.allocate_costs(_usage(con, "day", start, end, scales), _fleet(con, "day", start, end), prices)
+    mine = tables.detail.filter(pl.col("model") == model)
+    if mine.height == 0:
+        return None
+    return cost.rollup(mine, []).select(
+        "attributed_cost_usd", "fully_loaded_cost_usd", "successful_turns",
+        "attributed_cost_per_successful_turn_usd", "cost_per_successful_turn_usd").to_dicts()[0]
 
 
 def trend_unit(span: dt.timedelta) -> str:
@@ -298,7 +318,7 @@ def run_cost_report(store_path: str, start: dt.datetime | None, end: dt.datetime
 # ---- HTML ---------------------------------------------------------------------------------
 
 CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#212121;max-width:1100px;margin:24px auto;padding:0 16px;font-size:14px;line-height:1.45}
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#212121;max-width:1180px;margin:24px auto;padding:0 16px;font-size:14px;line-height:1.45}
 h1{font-size:22px;margin-bottom:2px}h2{font-size:17px;margin-top:30px;border-bottom:1px solid #e0e0e0;padding-bottom:4px}
 .sub{color:#616161;margin-top:0}
 .callout{border-left:6px solid #c62828;background:#fdecea;padding:12px 16px;margin:16px 0;border-radius:3px}
@@ -307,9 +327,10 @@ h1{font-size:22px;margin-bottom:2px}h2{font-size:17px;margin-top:30px;border-bot
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
 .card{background:#f5f7fa;border-radius:4px;padding:8px 12px;min-width:150px}
 .card .v{font-size:19px;font-weight:600}.card .k{color:#616161;font-size:12px}
-table{border-collapse:collapse;margin:8px 0 4px 0;font-size:13px}
-th,td{padding:4px 9px;border-bottom:1px solid #eceff1;text-align:right;white-space:nowrap}
-th{background:#f5f7fa;font-weight:600;vertical-align:bottom}
+table{border-collapse:collapse;margin:8px 0 4px 0;font-size:13px;width:100%}
+th,td{padding:4px 8px;border-bottom:1px solid #eceff1;text-align:right;white-space:nowrap}
+th{background:#f5f7fa;font-weight:600;vertical-align:bottom;white-space:normal;min-width:4.5em}
+.wide{overflow-x:auto}
 td.l,th.l{text-align:left}
 tr.flag td{background:#fdecea;font-weight:600}
 tr.total td{border-top:2px solid #9e9e9e;font-weight:600}
@@ -357,7 +378,7 @@ def _table(headers: list[tuple[str, bool]], rows: list[list[str]], row_classes: 
         cls = (row_classes or [""] * len(rows))[i]
         cells = "".join(f'<td class="l">{c}</td>' if headers[j][1] else f"<td>{c}</td>" for j, c in enumerate(row))
         body.append(f'<tr class="{cls}">{cells}</tr>' if cls else f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
 
 
 def _e(x) -> str:
@@ -432,7 +453,7 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
         html_cards.append(f"<div class='card'><div class='v'{attrs}>{_e(value)}</div><div class='k'>{_e(label)}</div></div>")
     add("<div class='cards'>" + "".join(html_cards) + "</div>")
     # Say it where the numbers are: attributed figures below are scaled, not the runtimes' own.
-    scaled_cls = "scaled" if report.scaling.scaled else "note"
+    scaled_cls = "scaled" if report.scaling.material else "note"
     add(f"<p class='{scaled_cls}' id=\"attribution-scaling\" data-scale=\"{report.scaling.overall_scale or 1.0:.6f}\">"
         f"{_e(report.scaling.sentence())}</p>")
 

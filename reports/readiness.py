@@ -8,10 +8,11 @@ tenant, zone and version); operations (its SLOs and budgets, alerts, runbooks, d
 rollback path, canary verdicts, saturated pools, cost per successful turn); and above all
 what was measured, what was not, what blocks launch, and how to roll back or degrade.
 
-Verdict: `blocked` when an SLO's budget is spent, a canary's latest verdict is rollback or
-pause, no stable version exists to roll back to, or nothing was measured; `ready with risks`
-when a canary regressed and recovered, a pool saturated (users waited minutes on end), a
-budget is more than half spent, a page fired, or cost is over its budget; otherwise `ready`.
+Verdict: `blocked` when an SLO's budget is spent, a canary was rolled back at any minute of
+the range or is paused now, no stable version exists to roll back to, or nothing was measured;
+`ready with risks` when a canary paused and recovered, a pool saturated (users waited minutes
+on end), a budget is more than half spent, a page fired, or cost is over its budget; otherwise
+`ready`.
 What the store could not tell (no cold start seen, no quality labels) is listed beside the
 verdict, not folded into it.
 
@@ -23,14 +24,18 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field
+from urllib.parse import quote
 
 import polars as pl
 
+from alerts.alertmanager import AlertLinks
+from signals.rollout import CanaryStory
 from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
 from slo import histogram
 from slo.prices import GpuPrices
 from slo.sli import replay as replay_slos
 from slo.spec import SloSpec
+from slo.windows import minute_text
 
 FIRST_OUTPUT_NAME = {"llm": "time to first token", "asr": "first partial", "tts": "first audio byte",
                      "s2s": "first audio byte", "embed": "first output"}
@@ -45,10 +50,10 @@ class Finding:
 
 @dataclass(frozen=True)
 class CanaryHistory:
-    """The rollout verdict minute by minute for one canary version (from the backtest)."""
+    """What the rollout verdict said of one canary version over the range (from the backtest)."""
 
     version: str
-    steps: list[tuple[int, str, str]]  # (minute, verdict, first reason)
+    story: CanaryStory
 
 
 @dataclass
@@ -109,13 +114,13 @@ def _runs(minutes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _at(minute: int) -> str:
-    return dt.datetime.fromtimestamp(minute * 60, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
-
-
 def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs: list[SloSpec], prices: GpuPrices,
                     canaries: list[CanaryHistory], queue_age_slo_ms: float, start: dt.datetime | None = None,
-                    end: dt.datetime | None = None, cost_budget_per_turn_usd: float | None = None) -> ReadinessReport:
+                    end: dt.datetime | None = None, cost_budget_per_turn_usd: float | None = None,
+                    scales: pl.DataFrame | None = None, model_cost: dict | None = None) -> ReadinessReport:
+    """`scales`: per pool and minute, the factor that fits requests' GPU-seconds into the GPU
+    time that existed (reports/cost_report.py `minute_scales`); `model_cost`: the model's cost by
+    the cost report's rules (`model_costs`). With both, every cost here equals the cost report's."""
     findings: list[Finding] = []
     missing: list[str] = []
     if requests.height == 0:
@@ -234,17 +239,19 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
     # ---- canaries and the rollback path ---------------------------------------------------
     canary_rows = []
     for c in canaries:
-        bad = [(m, v, why) for m, v, why in c.steps if v in ("rollback", "pause")]
-        last = c.steps[-1] if c.steps else None
-        row = {"version": c.version, "latest_verdict": last[1] if last else None,
-               "first_halt": _at(bad[0][0]) if bad else None, "halt_minutes": len(bad),
-               "reason": bad[0][2] if bad else (last[2] if last else "")}
-        canary_rows.append(row)
-        if last and last[1] in ("rollback", "pause"):
-            findings.append(Finding("blocker", f"canary {c.version}: the rollout verdict is {last[1]} ({last[2]})"))
-        elif bad:
-            findings.append(Finding("risk", f"canary {c.version} regressed: {bad[0][1]} from {_at(bad[0][0])} for "
-                                            f"{len(bad)} minutes ({bad[0][2]}); healthy since"))
+        st = c.story
+        canary_rows.append({
+            "version": c.version, "worst verdict": st.worst,
+            "from": minute_text(st.worst_from) if st.halted else None,
+            "to": minute_text(st.worst_to) if st.halted else None, "minutes": st.worst_minutes if st.halted else 0,
+            "decided by": ", ".join(st.worst_decided_by) or None, "why": st.worst_reason if st.halted else st.latest_reason,
+            "verdict now": st.latest, "since": minute_text(st.latest_since)})
+        # The worst verdict in the range decides: a canary rolled back for an hour and
+        # healthy since is not launch-ready on this evidence, whatever it says now.
+        if st.worst == "rollback" or st.latest in ("rollback", "pause"):
+            findings.append(Finding("blocker", f"canary {c.version}: {st.sentence(minute_text)}"))
+        elif st.halted:
+            findings.append(Finding("risk", f"canary {c.version}: {st.sentence(minute_text)}"))
     stable = [v["model_version"] for v in contract["versions"] if v["deployment"] == "stable" and v["model_version"]]
     if stable:
         rollback_path = (f"shift traffic back to the stable version {', '.join(stable)} (rollout controller: the "
@@ -267,7 +274,7 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
             if runs:
                 saturated.append({"pool": pool, "minutes_saturated": sum(b - a + 1 for a, b in runs),
                                   "worst_queue_age_ms": round(float(rows["q"].max()), 1),
-                                  "when": ", ".join(f"{_at(a)}–{_at(b + 1)[11:]}" for a, b in runs)})
+                                  "when": ", ".join(f"{minute_text(a)}–{minute_text(b + 1)[11:]}" for a, b in runs)})
                 findings.append(Finding("risk", f"pool {pool} saturated: queue age p95 over {queue_age_slo_ms:,.0f} ms "
                                                 f"for {saturated[-1]['minutes_saturated']} minutes ({saturated[-1]['when']}),"
                                                 f" worst {saturated[-1]['worst_queue_age_ms']:,.0f} ms"))
@@ -275,29 +282,43 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
         missing.append("saturation: no GPU samples for this model's pools, so queue age is unknown")
 
     # ---- cost ----------------------------------------------------------------------------
+    # By the cost report's rules: requests' GPU-seconds scaled to the GPU time that existed
+    # (time-shared GPUs report more), priced by their pool's SKU. Attributed is what the
+    # model's requests used; fully loaded adds its pools' idle time (the cost report's headline).
     sku_of_pool = dict(gpu.sort("window_start").group_by("pool").agg(pl.col("gpu_sku").drop_nulls().last())
                        .iter_rows()) if gpu.height else {}
     priced = req.with_columns(pl.col("pool").replace_strict(
         {p: prices.usd_per_gpu_second(s) for p, s in sku_of_pool.items()}, default=prices.usd_per_gpu_second(None),
         return_dtype=pl.Float64).alias("_usd"))
+    if scales is not None and scales.height:
+        priced = priced.join(scales.select(pl.col("minute").alias("window_start"), "pool", "attribution_scale"),
+                             on=["window_start", "pool"], how="left")
+    else:
+        priced = priced.with_columns(pl.lit(1.0).alias("attribution_scale"))
     cost = priced.group_by("model_version").agg(
-        (pl.col("gpu_seconds").fill_null(0) * pl.col("_usd")).sum().alias("gpu_cost_usd"),
-        pl.col("successful_turns").sum()).with_columns(
-        (pl.col("gpu_cost_usd") / pl.col("successful_turns")).alias("cost_per_successful_turn_usd")).sort("model_version")
+        (pl.col("gpu_seconds").fill_null(0) * pl.col("attribution_scale").fill_null(1.0) * pl.col("_usd")).sum()
+        .alias("attributed cost USD"),
+        pl.col("successful_turns").sum().alias("successful turns")).with_columns(
+        (pl.col("attributed cost USD") / pl.col("successful turns")).alias("attributed cost per successful turn USD"),
+    ).sort("model_version").rename({"model_version": "version"})
     cost_rows = cost.to_dicts()
+    if model_cost:
+        cost_rows.append({"version": "all (as in the cost report)", "attributed cost USD": model_cost["attributed_cost_usd"],
+                          "successful turns": model_cost["successful_turns"],
+                          "attributed cost per successful turn USD": model_cost["attributed_cost_per_successful_turn_usd"],
+                          "fully loaded cost per successful turn USD": model_cost["cost_per_successful_turn_usd"]})
     if not sku_of_pool:
         missing.append("GPU prices: no SKU seen for this model's pools; the default price was used")
     if cost_budget_per_turn_usd is not None:
-        for r in cost_rows:
-            if r["cost_per_successful_turn_usd"] is not None and r["cost_per_successful_turn_usd"] > cost_budget_per_turn_usd:
-                findings.append(Finding("risk", f"version {r['model_version']} costs "
-                                                f"${r['cost_per_successful_turn_usd']:.5f} per successful turn, over the "
-                                                f"${cost_budget_per_turn_usd:.5f} budget"))
+        judged = model_cost["cost_per_successful_turn_usd"] if model_cost else None
+        if judged is not None and judged > cost_budget_per_turn_usd:
+            findings.append(Finding("risk", f"{model} costs ${judged:.5f} per successful turn fully loaded (idle GPU "
+                                            f"time of its pools included), over the ${cost_budget_per_turn_usd:.5f} budget"))
     else:
         missing.append("cost budget: none given (--cost-budget-per-turn), so cost was shown, not judged")
     for c in pages:
         if c.labels and not any(f.what.startswith(f"SLO {c.slo}") for f in findings):
-            findings.append(Finding("risk", f"SLO {c.slo} paged at {_at(c.at_minute)} "
+            findings.append(Finding("risk", f"SLO {c.slo} paged at {minute_text(c.at_minute)} "
                                             f"({','.join(f'{k}={v}' for k, v in c.labels.items())})"))
     blocked = any(f.severity == "blocker" for f in findings)
     # What the store could not tell is listed, not judged: some of it no store of buckets can know.
@@ -306,8 +327,9 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
                            slos, canary_rows, saturated, cost_rows, rollback_path)
 
 
-def dashboards_for(model: str) -> list[tuple[str, str]]:
-    return [(title, f"/d/{uid}?var-model={model}") for title, uid in
+def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
+    """Absolute links (`--grafana-url`): the page is a file opened anywhere, not a Grafana page."""
+    return [(title, f"{links.dashboard(uid)}?var-model={quote(model)}") for title, uid in
             (("SLO detail", UID_SLO), ("Latency", UID_LATENCY), ("Model version and canary", UID_CANARY),
              ("GPUs", UID_GPU))]
 
@@ -336,14 +358,32 @@ def _charts(report: ReadinessReport, requests: pl.DataFrame) -> dict[str, str]:
     }
 
 
-def _fmt(v) -> str:
+def _fmt(key: str, v) -> str:
+    """A value as a reader wants it: bytes in GiB, ratios in percent, dollars with enough decimals."""
     if v is None:
         return "–"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if "bytes" in key:
+            return f"{v / 2**30:,.1f} GiB"
+        if key.endswith("ratio") or key in ("stream_completion", "budget_left", "error_budget_remaining"):
+            return f"{100 * v:,.2f}%"
+        if "usd" in key.lower():
+            return f"${v:,.5f}" if abs(v) < 1 else f"${v:,.2f}"
     if isinstance(v, float):
         return f"{v:,.4g}" if abs(v) < 1 else f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
     if isinstance(v, list):
         return ", ".join(map(str, v)) or "–"
     return str(v)
+
+
+def _header(key: str) -> str:
+    """`gpu_memory_peak_bytes` → `GPU memory peak`: words, units said by the values."""
+    words = key.replace("_bytes", "").replace("_ratio", "").replace("_usd", " USD").replace("_", " ")
+    for short, long in (("gpu", "GPU"), ("kv", "KV"), (" ms", " (ms)"), ("p95", "p95"), ("slo", "SLO")):
+        words = words.replace(short, long)
+    return words[:1].upper() + words[1:]
 
 
 def _rows_table(rows: list[dict]) -> str:
@@ -352,10 +392,11 @@ def _rows_table(rows: list[dict]) -> str:
     if not rows:
         return "<p class='note'>none</p>"
     keys = list(rows[0])
-    return _table([(_e(k), i == 0) for i, k in enumerate(keys)], [[_e(_fmt(r[k])) for k in keys] for r in rows])
+    return _table([(_e(_header(k)), i == 0) for i, k in enumerate(keys)], [[_e(_fmt(k, r[k])) for k in keys] for r in rows])
 
 
-def render_html(report: ReadinessReport) -> str:
+def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str:
+    links = links or AlertLinks()
     from reports.cost_report import CSS, _e
 
     box = {"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict]
@@ -390,19 +431,26 @@ def render_html(report: ReadinessReport) -> str:
         "<h3 id='saturated'>Saturated pools</h3>", _rows_table(report.saturated_pools),
         "<h3>Cost per successful turn</h3>", _rows_table(report.cost),
         f"<h3>Rollback and degradation</h3><p>{_e(report.rollback_path)}</p>",
-        "<h3>Dashboards</h3><ul>" + "".join(f"<li><a href='{_e(u)}'>{_e(t)}</a></li>" for t, u in dashboards_for(report.model))
-        + "</ul></body></html>",
+        "<h3>Dashboards</h3><ul>" + "".join(f"<li><a href='{_e(u)}'>{_e(t)}</a></li>"
+                                           for t, u in dashboards_for(report.model, links)) + "</ul>",
+        "<h3>Runbooks</h3><ul>" + "".join(f"<li><a href='{_e(links.runbook(path))}'>{_e(title)}</a></li>"
+                                         for title, path in RUNBOOKS) + "</ul></body></html>",
     ]
     return "".join(parts)
 
 
-def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir) -> list:
+RUNBOOKS = (("An SLO burns its budget", "runbooks/slo-burn.md"), ("A queue grows", "runbooks/detector-queue-age.md"),
+            ("GPUs busy, users waiting", "runbooks/detector-busy-but-slow.md"),
+            ("A version behaves unlike itself", "runbooks/detector-anomaly.md"))
+
+
+def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir, links: AlertLinks | None = None) -> list:
     import json
     from pathlib import Path
 
     out = Path(out_dir)
     report.charts = _charts(report, requests)
-    page = render_html(report)
+    page = render_html(report, links)
     out.mkdir(parents=True, exist_ok=True)
     (out / "readiness.html").write_text(page, encoding="utf-8")
     (out / "readiness.json").write_text(json.dumps(report.to_json(), indent=2, default=str), encoding="utf-8")

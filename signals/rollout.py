@@ -583,3 +583,79 @@ def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, pol
     confidence = round(1 - min(p_values), 6) if result in ("rollback", "pause") and p_values else None
     return Verdict(result, reasons, _side(canary), _side(stable), window_minutes, as_of,
                    metrics={k: m.to_json() for k, m in metrics.items()}, decided_by=decided_by, confidence=confidence)
+
+
+# ---- a canary's story over a window ------------------------------------------------------------
+
+SEVERITY = {"promote": 0, "continue": 1, "pause": 2, "rollback": 3}
+
+
+@dataclass(frozen=True)
+class VerdictStep:
+    """The verdict a poller read during one minute (a backtest's replay)."""
+
+    minute: int
+    verdict: str
+    reason: str
+    decided_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CanaryStory:
+    """What a canary's verdicts said over a window, told one way wherever it is told (the
+    demo, `backtest rollout`, the readiness report): the worst verdict in the window with its
+    first run of minutes and the metric that decided it, and the verdict now."""
+
+    worst: str
+    worst_from: int | None  # first minute of the first run of the worst verdict (None: never halted)
+    worst_to: int | None  # first minute after that run
+    worst_minutes: int  # minutes with the worst verdict in all
+    worst_reason: str
+    worst_decided_by: tuple[str, ...]
+    latest: str
+    latest_since: int
+    latest_reason: str
+
+    @property
+    def halted(self) -> bool:
+        return self.worst in ("pause", "rollback")
+
+    def sentence(self, at) -> str:
+        """One finished sentence; `at(minute)` writes a minute (event time, with its date)."""
+        now = f"{self.latest} since {at(self.latest_since)}"
+        if not self.halted:
+            return f"never halted; {now} ({self.latest_reason})"
+        by = f" by {', '.join(self.worst_decided_by)}" if self.worst_decided_by else ""
+        run = f"from {at(self.worst_from)} to {at(self.worst_to)}"
+        more = f", {self.worst_minutes} minutes in all" if self.worst_minutes > self.worst_to - self.worst_from else ""
+        if self.latest == self.worst and self.latest_since == self.worst_from:
+            return f"{self.worst}{by} since {at(self.worst_from)} ({self.worst_reason})"
+        return f"{self.worst}{by} {run}{more} ({self.worst_reason}); now {now}"
+
+
+def canary_story(steps: list[VerdictStep]) -> CanaryStory | None:
+    """The story of a run of verdicts, oldest first (None for none)."""
+    if not steps:
+        return None
+    worst = max(steps, key=lambda s: SEVERITY.get(s.verdict, 0)).verdict
+    runs, start = [], None  # runs of the worst verdict: (first minute, first minute after)
+    for i, s in enumerate(steps):
+        if s.verdict == worst and start is None:
+            start = i
+        if start is not None and (s.verdict != worst or i == len(steps) - 1):
+            end = i + 1 if s.verdict == worst else i
+            runs.append((start, end))
+            start = None
+    first_run = runs[0]
+    first = steps[first_run[0]]
+    after = steps[first_run[1]].minute if first_run[1] < len(steps) else steps[-1].minute + 1
+    latest = steps[-1]
+    since = len(steps) - 1
+    while since > 0 and steps[since - 1].verdict == latest.verdict:
+        since -= 1
+    return CanaryStory(
+        worst=worst, worst_from=first.minute if SEVERITY.get(worst, 0) >= 2 else None,
+        worst_to=after if SEVERITY.get(worst, 0) >= 2 else None,
+        worst_minutes=sum(1 for s in steps if s.verdict == worst), worst_reason=first.reason,
+        worst_decided_by=first.decided_by, latest=latest.verdict, latest_since=steps[since].minute,
+        latest_reason=latest.reason)

@@ -114,15 +114,36 @@ def _name_key(place: str, raw: Any, kind: Any) -> str:
     return place
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: the line and column, and what the parser found there."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}not valid YAML ({problem})"
+
+
+def read_text(path: str | Path, error: type[Exception]) -> str:
+    """A config file's text, or `error` with one line saying why not (missing, a directory,
+    unreadable), the file's name not included: the caller says which file."""
+    p = Path(path)
+    if p.is_dir():
+        raise error("a directory, not a file")
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise error("no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def read_yaml(path: str | Path, error: type[Exception]) -> Any:
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise error(f"cannot read {path}: {exc.strerror}") from None
+        text = read_text(path, ValueError)
+        return yaml.safe_load(text)
+    except ValueError as exc:
+        raise error(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise error(f"{path}: not valid YAML{where}") from None
+        raise error(f"{path}: {yaml_problem(exc)}") from None
 
 
 def load_struct(path: str | Path, kind: type[T], error: type[Exception]) -> T:

@@ -136,22 +136,28 @@ class AttributionScaling:
     def overall_scale(self) -> float | None:
         return self.attributed_gpu_seconds / self.reported_gpu_seconds if self.reported_gpu_seconds > 0 else None
 
+    @property
+    def material(self) -> bool:
+        """Scaled by more than 1% in all: worth a reader's attention, not a footnote."""
+        return self.scaled and (self.overall_scale or 0.0) < 0.99
+
     def sentence(self) -> str:
+        """What a finance reader needs to know about how "attributed" was measured, in plain words."""
         if not self.scaled:
-            return ("Attributed GPU-seconds are the requests' own: in no minute did a pool's requests report more"
-                    " GPU-seconds than its GPUs had.")
-        text = (f"Requests reported {self.reported_gpu_seconds:,.1f} GPU-seconds, more than their pools' GPUs had in"
-                f" the minutes they completed: runtimes that time-share a GPU report each request's wall time. So"
-                f" attributed GPU-seconds were scaled to fit, at most 60 per GPU-minute: {self.attributed_gpu_seconds:,.1f}"
-                f" in all, a scale of {self.overall_scale or 0.0:.3f}")
+            return ("Attributed cost is the GPU time each request's server reported using, priced by its GPU model.")
+        more = self.reported_gpu_seconds / self.attributed_gpu_seconds - 1 if self.attributed_gpu_seconds > 0 else 0.0
+        text = (f"Servers reported {self.reported_gpu_seconds / 3600:,.1f} GPU-hours for these requests, "
+                f"{more:.1%} more than the GPUs that served them existed for: servers that share one GPU between "
+                f"several requests each count the whole time. Attributed cost counts only GPU time that existed "
+                f"({self.attributed_gpu_seconds / 3600:,.1f} GPU-hours), shared between those requests in proportion "
+                f"to what they reported.")
         if self.pool_minutes_scaled and self.first_scaled_minute is not None and self.last_scaled_minute is not None:
             pools = ", ".join(self.pools_scaled[:6]) + ("…" if len(self.pools_scaled) > 6 else "")
-            first = self.first_scaled_minute.strftime("%Y-%m-%dT%H:%MZ")
-            last = (self.last_scaled_minute + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%MZ")
-            text += (f". Scaled: {self.pool_minutes_scaled:,} of {self.pool_minutes:,} pool-minutes with traffic"
-                     f" ({'pools' if len(self.pools_scaled) > 1 else 'pool'} {pools}, {first} to {last}), the tightest"
-                     f" minute by {self.min_scale:.3f}")
-        return text + "."
+            first = self.first_scaled_minute.strftime("%Y-%m-%d %H:%M")
+            last = (self.last_scaled_minute + dt.timedelta(minutes=1)).strftime("%Y-%m-%d %H:%M")
+            text += (f" This applied in {self.pool_minutes_scaled:,} of {self.pool_minutes:,} server-pool minutes"
+                     f" ({pools}, {first} to {last} UTC).")
+        return text
 
 
 def summarize_scaling(scales: pl.DataFrame, pools: pl.DataFrame) -> AttributionScaling:

@@ -46,8 +46,8 @@ import polars as pl
 import yaml
 from msgspec import UNSET, Meta, UnsetType
 
-from ingest.schema import LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
-from slo.config_file import ConfigStruct, PositiveCount, every_problem
+from ingest.schema import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from slo.config_file import ConfigStruct, PositiveCount, every_problem, read_text, yaml_problem
 from slo.windows import AlertWindow, default_catalog
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget")
@@ -121,12 +121,14 @@ def _objective(value: Any) -> float | None:
 
 def load_slos(path: str | Path) -> list[SloSpec]:
     p = Path(path)
-    if not p.is_file():
-        raise SpecErrors([f"{path}: no such file"])
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        docs = [d for d in yaml.safe_load_all(read_text(p, ValueError)) if d is not None]
+    except ValueError as exc:
+        raise SpecErrors([str(exc)]) from None
     except yaml.YAMLError as exc:
-        raise SpecErrors([f"{path}: not valid YAML ({str(exc).splitlines()[0]})"]) from None
+        raise SpecErrors([yaml_problem(exc)]) from None
+    if not docs:
+        raise SpecErrors(["no SLOs (the file is empty)"])
     errors: list[str] = []
     specs: list[SloSpec] = []
     for di, doc in enumerate(docs):
@@ -211,9 +213,12 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
         return None
     e = msgspec.convert(raw, SloEntry)
     before = len(errors)
-    for label in e.selector:
+    for label, value in e.selector.items():
         if label not in SLICE_LABELS:
             errors.append(f"{where}.selector.{label}: unknown label (known: {', '.join(SLICE_LABELS)})")
+        elif label in CLOSED_LABELS and value not in CLOSED_LABELS[label]:
+            errors.append(f"{where}.selector.{label}: unknown value {value!r} (known: {', '.join(CLOSED_LABELS[label])}); "
+                          "it would select nothing")
     for label in e.slice_by:
         if label not in SLICE_LABELS:
             errors.append(f"{where}.slice_by: unknown label {label!r} (known: {', '.join(SLICE_LABELS)})")

@@ -20,6 +20,12 @@ def minute_start_utc(minute: int) -> datetime:
     return datetime.fromtimestamp(minute * MINUTE_S, tz=timezone.utc).replace(tzinfo=None)
 
 
+def minute_text(minute: int) -> str:
+    """An event-time minute as a person reads it, its date included: `2026-11-02 00:55`
+    (UTC, as every time tailwatch prints)."""
+    return minute_start_utc(minute).strftime("%Y-%m-%d %H:%M")
+
+
 @dataclass(frozen=True)
 class AlertWindow:
     name: str

@@ -22,8 +22,10 @@ from alerts.alertmanager import rfc3339
 from reports import cost_report
 from signals.held import rollup
 from signals.live import LiveSignals, SignalPolicy, SignalSnapshot, pool_minutes
+from signals.rollout import CanaryStory, VerdictStep, canary_story
 from slo.prices import GpuPrices
 from slo.spec import SloSpec
+from slo.windows import minute_text
 from streams import store
 
 _EPOCH = datetime(1970, 1, 1)
@@ -217,6 +219,10 @@ class RolloutBacktest:
     def first(self, verdict: str) -> RolloutStep | None:
         return next((s for s in self.steps if s.verdict == verdict), None)
 
+    def story(self) -> CanaryStory | None:
+        """The worst verdict of the window, with its metric, and the verdict now."""
+        return canary_story([VerdictStep(s.minute, s.verdict, s.reason, s.decided_by) for s in self.steps])
+
     @property
     def canary_start(self) -> int | None:
         return self.steps[0].minute if self.steps else None
@@ -299,6 +305,7 @@ def cmd_backtest_rollout(store_path: str, model: str, version: str, start: str |
     print(f"rollout backtest of {model} {version}, {rfc3339(bt.steps[0].minute)} to {rfc3339(bt.steps[-1].minute + 1)}")
     print(render(["minute", "verdict", "canary_requests", "decided_by", "confidence", "reason"], rows, fmt))
     if fmt == "table":
+        print(f"{model} {version}: {bt.story().sentence(minute_text)}")
         for word in ("rollback", "promote", "pause"):
             s = bt.first(word)
             print(f"first {word}: " + ("never" if s is None else

@@ -3,7 +3,7 @@
 The synthetic firehose of `tailwatch bench` floods about one event-minute; a real fleet is
 thinner, and there the cost of closing a minute (SLOs, detectors, fleet metrics, the
 signal view, the checkpoint) dominates. This bench replays a public trace (the Azure code
-trace or the Mooncake conversation trace in `../shared/data`) through a librdkafka
+trace or the Mooncake conversation trace in `tests/data`) through a librdkafka
 producer keyed by tenant into the embedded broker, and drains it with a worker running
 every default stage, in two shapes:
 
@@ -30,7 +30,7 @@ import msgspec
 from ingest.trace import TraceReplay, read_any_trace
 from tailwatch.bench import run_baseline, worker_processes
 from tailwatch.broker import EmbeddedBroker, free_port
-from tailwatch.chaos import AZURE_CODE_TRACE as DEFAULT_TRACE
+from tools.traces import AZURE_CODE_TRACE as DEFAULT_TRACE
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
 HOUR_MS = 3_600_000

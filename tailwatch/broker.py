@@ -6,9 +6,12 @@ it, waits until it accepts Kafka requests, and stops it cleanly.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +28,24 @@ def free_port(preferred: int | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the owner's own stop() is all there is
+        return None
+
+
+_PRCTL = _prctl()  # resolved here, not between fork and exec (nothing may be imported there)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the broker's child, before exec: the kernel sends it SIGTERM when the process that
+    started it dies, however it died (SIGKILL included), so no broker outlives its owner."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class BrokerError(Exception):
@@ -65,7 +86,11 @@ class EmbeddedBroker:
             out = open(self.log_path, "ab")
         else:
             out = subprocess.DEVNULL
-        self.proc = subprocess.Popen([binary, "broker"], env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        # Linux ties the death signal to the thread that forks: only the main thread lives as
+        # long as the process.
+        in_main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen([binary, "broker"], env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                     preexec_fn=_die_with_parent if in_main else None)
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -1,7 +1,7 @@
 """Randomised fault ("chaos") runs of the real pipeline, checked against the log itself.
 
 This module owns the chaos harness of issue 10. `run_chaos` builds a request and GPU
-stream from the public traces in `../shared/data` (the Azure LLM code trace and the
+stream from the public traces in `tests/data` (the Azure LLM code trace and the
 Mooncake conversation trace: arrival times and token counts, nothing else), publishes it
 live, in event-time chunks, with a librdkafka producer of its own (not
 `ingest/producer.py`) into an embedded broker of its own, and runs real `tailwatch
@@ -56,10 +56,8 @@ from ingest.trace import read_mooncake, read_trace
 from slo import histogram  # constants only: the bin and quantile formulas are rewritten in SQL below
 from tailwatch.broker import BrokerError, EmbeddedBroker, free_port
 from tailwatch.kafka import KafkaSettings, ensure_topics
+from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-AZURE_CODE_TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
-MOONCAKE_TRACE = SHARED_DATA / "mooncake-fast25" / "conversation_trace.jsonl"
 
 START_MS = int(datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp() * 1000)  # fixed: runs are replayable
 MINUTE_MS = 60_000

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+from typing import Callable
 
 from tailwatch.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
 
@@ -31,14 +33,38 @@ def _otlp_topic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-topic", default="otlp_metrics", help="the Collector's metric topic (default otlp_metrics)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text}")
-    return v
+def _number(kind: type, low: float | None = None, high: float | None = None, low_open: bool = False,
+            what: str = "") -> "Callable[[str], float]":
+    """An argparse type: a number of `kind` in [low, high] (`low_open`: above low), refused
+    in one line naming the range, never with a traceback."""
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {name}: {text!r}") from None
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+        too_low = low is not None and (v <= low if low_open else v < low)
+        if too_low or (high is not None and v > high):
+            if low is not None and high is not None and not low_open:
+                allowed = f"{low:g} to {high:g}"
+            else:
+                lo = "" if low is None else (f"over {low:g}" if low_open else f"at least {low:g}")
+                allowed = " and ".join(x for x in (lo, "" if high is None else f"at most {high:g}") if x)
+            raise argparse.ArgumentTypeError(f"{text} is out of range ({what + ': ' if what else ''}{allowed})")
+        return v
+
+    return parse
+
+
+_positive_int = _number(int, 0, low_open=True, what="a count")
+_count = _number(int, 0, what="a count")
+_port = _number(int, 0, 65535, what="a TCP port, 0 for any free one")
+_positive = _number(float, 0, low_open=True)
+_non_negative = _number(float, 0)
+_utilization = _number(float, 0, 1, low_open=True, what="a utilisation")
 
 
 def _kafka_args(p: argparse.ArgumentParser) -> None:
@@ -50,6 +76,14 @@ def _kafka_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--topic-prefix", default="tw.", help="topic name prefix (default: tw.)")
 
 
+def _link_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grafana-url", default="http://grafana.local", metavar="URL",
+                   help="Grafana base URL that pages and reports link to (dashboards from `tailwatch dashboards generate`)")
+    p.add_argument("--runbook-url", default=None, metavar="URL",
+                   help="base URL that runbook paths (runbooks/slo-burn.md, …) are appended to, where your team "
+                        "publishes them (default: this installation's files, as file:// URLs)")
+
+
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     return KafkaSettings(
         bootstrap_servers=args.bootstrap_servers or DEFAULT_BOOTSTRAP,
@@ -58,20 +92,28 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag said in one line (the usage is a `--help` away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tailwatch", description="Streaming SLO analytics for GPU inference fleets.")
+    parser = _Parser(prog="tailwatch", description="Streaming SLO analytics for GPU inference fleets.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"tailwatch {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground")
-    p.add_argument("--port", type=_positive_int, default=9092)
+    p.add_argument("--port", type=_port, default=9092)
 
     p = sub.add_parser("simulate", help="simulate a GPU inference fleet with scripted incidents")
     p.add_argument("--scenario", default="mixed-fleet")
     p.add_argument("--minutes", type=_positive_int, default=120)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every request rate")
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every request rate")
     p.add_argument("--gpu-samples-per-minute", type=_positive_int, default=6,
                    help="GPU samples per GPU per minute (default 6; 1 keeps multi-day runs light)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
@@ -108,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="the stream processor: events → 1-minute SLI buckets → store")
     p.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
-    p.add_argument("--http-port", type=int, default=8000, help="port for /metrics and /healthz (0: any free port)")
+    p.add_argument("--http-port", type=_port, default=8000, help="port for /metrics and /healthz (0: any free port)")
     p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
@@ -122,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static group membership (KIP-345): a restart with the same id takes its partitions back "
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
+    p.add_argument("--max-event-ahead", type=_duration_s, default=300.0, metavar="DURATION",
+                   help="event time an event may lead the timestamp of the Kafka record carrying it; later events "
+                        "are dead letters (`future`) and never move a watermark (default 5m)")
+    p.add_argument("--max-record-bytes", type=_number(int, 1024, 64 * 1024 * 1024, what="a record size"), default=65536,
+                   metavar="N", help="larger records are dead letters (`oversized`) (default 65536)")
     p.add_argument("--max-watermark-drift", type=_duration_s, default=None, metavar="DURATION",
                    help="pause a partition read this far (event time) ahead of its topic's slowest until it "
                         "catches up, so a backlog drains without holding minutes open (default: the allowed "
@@ -144,14 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "every instance of an HA cluster (each gets every alert)")
     p.add_argument("--detectors", default="default", metavar="FILE",
                    help="detector settings: a YAML file, `default` (detectors/defaults.yaml) or `none`")
-    p.add_argument("--grafana-url", default="http://grafana.local", metavar="URL",
-                   help="Grafana base URL that pages link to (dashboards from `tailwatch dashboards generate`)")
-    p.add_argument("--runbook-url", default="https://github.com/tailwatch/tailwatch/blob/main/", metavar="URL",
-                   help="base URL that runbook paths in pages are appended to")
+    _link_args(p)
     p.add_argument("--http-host", default="127.0.0.1",
                    help="address of the HTTP port (default loopback; any other needs tokens in --api-config)")
     p.add_argument("--api-config", default=None, metavar="FILE",
-                   help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signals.md)")
+                   help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signal-api.md)")
     p.add_argument("--prices", default=None, metavar="FILE",
                    help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see slo/prices.py)")
     p.add_argument("--metrics-max-tenants", type=_positive_int, default=50, metavar="N",
@@ -210,29 +254,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slos", default="default", help="SLO file, `default` or `none` (default: the built-in set)")
     c.add_argument("--api-config", default=None, metavar="FILE", help="the signal API's policies (rollout, autoscale)")
     c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
-    c.add_argument("--cost-budget-per-turn", type=float, default=None, metavar="USD",
-                   help="flag versions whose GPU cost per successful turn is over this")
+    c.add_argument("--cost-budget-per-turn", type=_positive, default=None, metavar="USD",
+                   help="flag the model when its fully loaded GPU cost per successful turn is over this")
+    _link_args(c)
 
     p = sub.add_parser("capacity", help="capacity planning: replicas with zone headroom, KV-cache memory")
     capsub = p.add_subparsers(dest="capacity_command", required=True, metavar="QUESTION")
     c = capsub.add_parser("replicas", help="replicas for a demand, with headroom to lose one zone")
     demand = c.add_mutually_exclusive_group(required=True)
-    demand.add_argument("--concurrent-streams", type=float, help="concurrent real-time streams (units of work per second)")
-    demand.add_argument("--tokens-per-second", type=float, help="tokens per second")
-    c.add_argument("--gpu-seconds-per-unit", type=float, required=True,
+    demand.add_argument("--concurrent-streams", type=_non_negative, help="concurrent real-time streams (units of work per second)")
+    demand.add_argument("--tokens-per-second", type=_non_negative, help="tokens per second")
+    c.add_argument("--gpu-seconds-per-unit", type=_positive, required=True,
                    help="GPU-seconds per unit of work (per audio-second of a stream, or per token)")
-    c.add_argument("--target-utilization", type=float, default=0.7)
+    c.add_argument("--target-utilization", type=_utilization, default=0.7)
     c.add_argument("--zones", type=_positive_int, default=1)
-    c.add_argument("--gpus-per-replica", type=float, default=1.0)
+    c.add_argument("--gpus-per-replica", type=_positive, default=1.0)
     c = capsub.add_parser("kv-cache", help="KV-cache bytes per request, and how many fit beside the weights")
     c.add_argument("--layers", type=_positive_int, required=True)
     c.add_argument("--kv-heads", type=_positive_int, required=True)
     c.add_argument("--head-dim", type=_positive_int, required=True)
     c.add_argument("--tokens", type=_positive_int, required=True, help="context tokens per request")
-    c.add_argument("--bytes-per-value", type=float, default=2.0, help="2 for fp16/bf16, 1 for fp8")
-    c.add_argument("--gpu-memory-gib", type=float, default=None)
-    c.add_argument("--weights-gib", type=float, default=None)
-    c.add_argument("--overhead-gib", type=float, default=0.0, help="activations, CUDA context, fragmentation")
+    c.add_argument("--bytes-per-value", type=_positive, default=2.0, help="2 for fp16/bf16, 1 for fp8")
+    c.add_argument("--gpu-memory-gib", type=_positive, default=None)
+    c.add_argument("--weights-gib", type=_non_negative, default=None)
+    c.add_argument("--overhead-gib", type=_non_negative, default=0.0, help="activations, CUDA context, fragmentation")
 
     c = capsub.add_parser("measured", help="per-replica capacity each pool sustained with its latency SLOs held (from the store)")
     c.add_argument("--store", default=None)
@@ -247,12 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
     c.add_argument("--from", dest="start", default=None, metavar="T1", help="start, RFC 3339 or a date (UTC); default: all")
     c.add_argument("--to", dest="end", default=None, metavar="T2", help="end, exclusive RFC 3339 time, or a date")
-    c.add_argument("--target-rps", type=float, default=None,
+    c.add_argument("--target-rps", type=_positive, default=None,
                    help="turns per second to plan for (default: the measured rate over the range)")
-    c.add_argument("--max-latency-ms", type=float, default=None, help="bound on the sum of stage latencies")
-    c.add_argument("--budget-per-hour", type=float, default=None, help="USD per hour the plan may spend")
+    c.add_argument("--max-latency-ms", type=_positive, default=None, help="bound on the sum of stage latencies")
+    c.add_argument("--budget-per-hour", type=_positive, default=None, help="USD per hour the plan may spend")
     c.add_argument("--gpu-types", default=None, help="GPU SKUs GPU stages may run on, e.g. H100,L4 (cheapest per request)")
-    c.add_argument("--target-utilization", type=float, default=0.8, help="plan each stage at most this busy (default 0.8)")
+    c.add_argument("--target-utilization", type=_utilization, default=0.8, help="plan each stage at most this busy (default 0.8)")
     c.add_argument("--stage-setup", default=None, metavar="FILE",
                    help="YAML: per stage device (cpu, gpu, none), batch_size, workers, gpu_sku (see README)")
     c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
@@ -262,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")
     g.add_argument("--interval", type=_duration_s, default=10.0)
-    g.add_argument("--count", type=int, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--node", default=None)
     g.add_argument("--zone", default="")
     g.add_argument("--pool", default="")
@@ -271,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, Triton /metrics → tw.gpu")
     g.add_argument("--url", action="append", required=True, metavar="URL", help="a /metrics URL (repeatable)")
     g.add_argument("--interval", type=_duration_s, default=10.0)
-    g.add_argument("--count", type=int, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--mapping", default=None, metavar="FILE", help="OTLP mapping file (its gpu: section)")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
     _kafka_args(g)
@@ -284,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=7)
     c.add_argument("--minutes", type=_positive_int, default=None,
                    help="simulated minutes (default: 200, and 1440 for quiet-day)")
-    c.add_argument("--rate-scale", type=float, default=0.3, help="multiply every request rate (default 0.3)")
+    c.add_argument("--rate-scale", type=_positive, default=0.3, help="multiply every request rate (default 0.3)")
     c.add_argument("--detectors", default="default", metavar="FILE", help="detector settings (default: built-in)")
     c.add_argument("--trace", action="append", default=None, metavar="FILE",
                    help="a public trace instead of the simulator (repeatable): Azure LLM inference CSV or Mooncake "
@@ -321,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=_positive_int, default=120)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--store", default=None)
-    p.add_argument("--port", type=_positive_int, default=None, help="broker port (default: 9092, or a free one)")
+    p.add_argument("--port", type=_port, default=None, help="broker port (default: 9092, or a free one)")
     p.add_argument("--otlp", action="store_true",
                    help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
                         "on Kafka) and run `ingest otlp` before the worker")
@@ -335,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event-time density of the synthetic traffic (default 600,000: 10,000 requests/s)")
     p.add_argument("--baseline-events", type=_positive_int, default=60_000)
     p.add_argument("--workers", type=_positive_int, default=1, help="also measure with this many worker processes")
-    p.add_argument("--port", type=_positive_int, default=None)
+    p.add_argument("--port", type=_port, default=None)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
     p.add_argument("--slo", action="store_true",
@@ -350,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay a public trace through a worker with every default stage: each trace-hour in one "
                         "event-minute (dense), at its own pace (sparse), or both")
     p.add_argument("--trace", default=None, metavar="FILE",
-                   help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in ../shared/data)")
+                   help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
     p.add_argument("--hours", type=_positive_int, default=None,
                    help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse)")
     p.add_argument("--otlp", action="store_true",
@@ -366,6 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=_positive_int, default=120, help="chaos: event-minutes of traffic (default 120)")
     p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir)")
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tailwatch")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,11 @@ from tailwatch.kafka import ensure_reachable
 def cmd_broker(args: argparse.Namespace) -> int:
     from tailwatch.broker import EmbeddedBroker
 
+    import signal
+
     broker = EmbeddedBroker(port=args.port)
+    # SIGTERM (a service manager, `kill`) stops the broker as Ctrl-C does, child included.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     broker.start(foreground_output=True)
     print(f"embedded broker ready on {broker.bootstrap} (in memory; Ctrl-C stops it)", file=sys.stderr)
     try:
@@ -194,7 +199,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
-    links = AlertLinks(runbook_base_url=args.runbook_url, grafana_url=args.grafana_url)
+    links = alert_links(args)
     if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
         raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
     settings = dict(
@@ -676,6 +681,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def alert_links(args: argparse.Namespace):
+    from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, AlertLinks
+
+    return AlertLinks(runbook_base_url=args.runbook_url or LOCAL_RUNBOOK_BASE_URL, grafana_url=args.grafana_url)
+
+
+def known_models(store_path: str) -> list[str]:
+    from streams import store as tw_store
+
+    con = tw_store.connect(store_path, read_only=True, wait_s=30.0)
+    try:
+        return [m for (m,) in con.execute("SELECT DISTINCT model FROM sli_minute WHERE model != '' ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+
+
 def _report_readiness(args: argparse.Namespace) -> int:
     """`report readiness`: the store's buckets of one model, its canaries and pools replayed
     through the signal API's decisions, into reports/readiness.py."""
@@ -688,18 +709,31 @@ def _report_readiness(args: argparse.Namespace) -> int:
     prices = load_prices_option(args.prices)
     policy = load_api_config_option(args.api_config).policy
     naive = lambda t: t.replace(tzinfo=None) if t is not None else None  # noqa: E731
+    known = known_models(args.store or DEFAULT_STORE)
+    if args.model not in known:
+        raise CliError(f"no model {args.model!r} in the store; known: {', '.join(known) or 'none (run the worker first)'}")
     requests, gpu = read_buckets(args.store or DEFAULT_STORE, naive(start), naive(end), models=[args.model])
     canaries = []
     if requests.height:
         progress(f"report readiness: replaying {args.model}'s canaries through the rollout verdict")
         versions = requests.filter(requests["deployment"] != "stable")["model_version"].unique().sort().to_list()
         for version in (v for v in versions if v):
-            bt = backtest_rollout(requests, gpu, args.model, version, policy, prices)
-            canaries.append(CanaryHistory(version, [(s.minute, s.verdict, s.reason) for s in bt.steps]))
+            story = backtest_rollout(requests, gpu, args.model, version, policy, prices).story()
+            if story is not None:
+                canaries.append(CanaryHistory(version, story))
         progress_done()
+    from reports.cost_report import minute_scales, model_costs
+    from streams import store as tw_store
+
+    con = tw_store.connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
+    try:
+        scales = minute_scales(con, naive(start) or dt.datetime(1970, 1, 1), naive(end) or dt.datetime(2100, 1, 1))
+        model_cost = model_costs(con, args.model, naive(start), naive(end), prices)
+    finally:
+        con.close()
     report = build_readiness(args.model, requests, gpu, specs, prices, canaries, policy.autoscale.queue_age_slo_ms,
-                             start, end, args.cost_budget_per_turn)
-    files = write_readiness(report, requests, args.out)
+                             start, end, args.cost_budget_per_turn, scales, model_cost)
+    files = write_readiness(report, requests, args.out, alert_links(args))
     print(f"{args.model}: {report.verdict}; wrote {', '.join(str(f) for f in files)}")
     for f in report.findings:
         print(f"  {f.severity}: {f.what}")

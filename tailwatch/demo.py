@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.producer import EventPublisher
@@ -22,14 +23,21 @@ from tailwatch.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from tailwatch.kafka import KafkaSettings, ensure_topics, send
 from tailwatch.table import render
+from tailwatch.backtest import read_buckets, replay
+from signals.rollout import CanaryStory, VerdictStep, canary_story
+from slo.windows import minute_text
 
+_TS = b'"ts": 1793577600000'  # 2026-11-02T00:00:00Z, the demo's first minute
 BAD_RECORDS = [
     b'{"schema": "request.v1", "event_id": "bad-1", ',  # truncated JSON
-    b'{"schema": "request.v9", "event_id": "bad-2", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
-    b'{"schema": "request.v1", "event_id": "bad-3", "ts": 1, "tenant": "a", "model": "m", "workload": "llm"}',
-    b'{"schema": "request.v1", "event_id": "bad-4", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": -5}',
-    b'{"schema": "request.v1", "event_id": "bad-5", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 1e999}',
-    b'{"schema": "request.v1", "event_id": "\xff\xfe", "ts": 1, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+    b'{"schema": "request.v9", "event_id": "bad-2", ' + _TS + b', "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+    b'{"schema": "request.v1", "event_id": "bad-3", ' + _TS + b', "tenant": "a", "model": "m", "workload": "llm"}',
+    b'{"schema": "request.v1", "event_id": "bad-4", ' + _TS + b', "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": -5}',
+    b'{"schema": "request.v1", "event_id": "bad-5", ' + _TS + b', "tenant": "a", "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 1e999}',
+    b'{"schema": "request.v1", "event_id": "\xff\xfe", ' + _TS + b', "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
+    # A hostile producer: nested past any parser's recursion limit, and stamped 2099.
+    b'{"schema": "request.v1", "event_id": "bad-7", "x": ' + b"[" * 5000 + b"]" * 5000 + b'}',
+    b'{"schema": "request.v1", "event_id": "bad-8", "ts": 4070908800000, "tenant": "a", "model": "m", "workload": "llm", "status": "ok"}',
 ]
 
 
@@ -45,13 +53,13 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         Path(store_path).unlink()  # the demo's broker is new and in memory: start the store afresh too
     port = port or free_port(preferred=9092)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    say(f"[1/4] starting the embedded broker on 127.0.0.1:{port}")
+    say(f"[1/5] starting the embedded broker on 127.0.0.1:{port}")
     broker = EmbeddedBroker(port=port, log_path="data/broker.log")
     broker.start()
     try:
         settings = KafkaSettings(bootstrap_servers=broker.bootstrap)
         ensure_topics(settings, partitions=4)
-        say(f"[2/4] simulating {minutes} minutes of a mixed GPU fleet (scenario mixed-fleet, seed {seed})")
+        say(f"[2/5] simulating {minutes} minutes of a mixed GPU fleet (scenario mixed-fleet, seed {seed})")
         sim = FleetSimulator("mixed-fleet", minutes, seed)
         pub = EventPublisher(settings)
         # Every 5,000th event is delivered twice, right after itself, as a retrying producer would.
@@ -78,19 +86,64 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         if workers > 1:
             worker = _run_tiers(settings, worker_settings, workers, Path(store_path).parent, say)
         else:
-            say("[3/4] running the worker until the topics are drained")
+            say("[3/5] running the worker until the topics are drained")
             worker = Worker(worker_settings)
             worker.run()
             progress_done()
         worker.refresh_signals()
     finally:
         broker.stop()
-    say("[4/4] summary")
+    say("[4/5] replaying the store minute by minute through the signal API's decisions (as `tailwatch backtest`)")
+    history = SignalHistory.of(store_path)
+    say("[5/5] summary")
     print(summary(store_path))
-    print("\n" + signal_summary(worker.signal_snapshot))
-    print(f"\nstore: {Path(store_path).resolve()}   (query it: tailwatch sql \"SELECT * FROM sli_minute LIMIT 5\")")
+    print("\n" + signal_summary(worker.signal_snapshot, history))
+    tw = command_name()
+    print(f"\nstore: {Path(store_path).resolve()}\nnext: {tw} sql \"SELECT * FROM alerts\"   {tw} slo status   "
+          f"{tw} report readiness --model llama-3.1-70b   {tw} report cost   (README: the tour)")
     print(f"demo finished in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def command_name() -> str:
+    """How to run tailwatch from here: `tailwatch` when it is on PATH, else the path of the
+    one running (`.venv/bin/tailwatch` after `make demo`)."""
+    import os
+    import shutil
+
+    me = Path(sys.argv[0]).resolve()
+    found = shutil.which("tailwatch")
+    if found and Path(found).resolve() == me:
+        return "tailwatch"
+    if me.name == "tailwatch":
+        relative = os.path.relpath(me)
+        return str(me) if relative.startswith("..") else relative
+    return f"{sys.executable} -m tailwatch"
+
+
+@dataclass
+class SignalHistory:
+    """What the signal API answered, minute by minute, over the whole store: each canary's
+    story and each pool's answer at its worst minute of pressure (a backtest's replay)."""
+
+    canaries: dict[tuple[str, str], CanaryStory]
+    pressure: dict[str, tuple[int, dict]]  # pool → (minute, its shed answer then)
+
+    @classmethod
+    def of(cls, store_path: str) -> "SignalHistory":
+        requests, gpu = read_buckets(store_path)
+        steps: dict[tuple[str, str], list[VerdictStep]] = {}
+        pressure: dict[str, tuple[int, dict, float]] = {}
+        for minute, snap in replay(requests, gpu):
+            for key, e in snap.rollouts.items():
+                if e.body.get("canary"):
+                    steps.setdefault(key, []).append(VerdictStep(minute, e.body["verdict"], (e.body["reasons"] or [""])[0],
+                                                                 tuple(e.body.get("decided_by") or ())))
+            for pool, e in snap.shed.items():
+                over = e.body["demand_gpu_s_per_s"] - e.body["capacity_gpu_s_per_s"]
+                if e.body["under_pressure"] and (pool not in pressure or over > pressure[pool][2]):
+                    pressure[pool] = (minute, e.body, over)
+        return cls({k: canary_story(v) for k, v in steps.items()}, {p: (m, b) for p, (m, b, _) in pressure.items()})
 
 
 def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers: int, log_dir: Path, say) -> Worker:
@@ -101,7 +154,7 @@ def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers
     from streams.store_writer import StoreWriter
     from tailwatch.commands import WORKER_GROUPS
 
-    say(f"[3/4] running {workers} tier-1 workers (processes, one consumer group) and the tier-2 store writer")
+    say(f"[3/5] running {workers} tier-1 workers (processes, one consumer group) and the tier-2 store writer")
     log_dir.mkdir(parents=True, exist_ok=True)
     logs = [log_dir / f"demo-tier1-{i + 1}.log" for i in range(workers)]
     procs = []
@@ -165,11 +218,13 @@ def summary(store_path: str) -> str:
         dead = con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL ORDER BY 2 DESC, 1").fetchall()
         gpus = con.execute("SELECT count(DISTINCT node || gpu_index), round(avg(util_pct_mean), 1) FROM gpu_minute").fetchone()
         pages = con.execute("""
-            SELECT slo, labels, alert_window, strftime(fired_at, '%H:%M') AS fired, strftime(resolved_at, '%H:%M') AS resolved,
+            SELECT slo, labels, alert_window, strftime(fired_at, '%Y-%m-%d %H:%M') AS fired,
+                   strftime(resolved_at, '%Y-%m-%d %H:%M') AS resolved,
                    round(long_burn_rate, 1) AS burn_long, round(short_burn_rate, 1) AS burn_short
             FROM alerts WHERE severity = 'page' ORDER BY fired_at""").fetchall()
         detections = con.execute("""
-            SELECT detector, slice, strftime(started_at, '%H:%M') AS started, strftime(ended_at, '%H:%M') AS ended
+            SELECT detector, slice, strftime(started_at, '%Y-%m-%d %H:%M') AS started,
+                   strftime(ended_at, '%Y-%m-%d %H:%M') AS ended
             FROM detections ORDER BY started_at, detector""").fetchall()
     finally:
         con.close()
@@ -194,28 +249,39 @@ def summary(store_path: str) -> str:
     return out
 
 
-def signal_summary(snapshot) -> str:
-    """What an autoscaler and a rollout controller would read from the signal API now."""
+def signal_summary(snapshot, history: SignalHistory | None = None) -> str:
+    """What an autoscaler and a rollout controller would read from the signal API at the end,
+    and, from the replay, what it said along the way."""
     if snapshot is None or not snapshot.pools:
         return "signal API: no data"
+    pools = [(name, e) for name, e in sorted(snapshot.pools.items()) if name.endswith("-realtime")]
+    end = minute_text(snapshot.as_of_minute + 1) if snapshot.as_of_minute is not None else "the end"
     rows = [[name, e.body["current_replicas"], e.body["desired_replicas"], e.body["signals"]["queue_age_p95_ms"],
-             e.body["signals"]["first_output_p95_ms"], e.body["reasons"][0][:70]]
-            for name, e in sorted(snapshot.pools.items()) if name.endswith("-realtime")]
-    out = "GET /v1/autoscale/{pool} for the realtime pools (last 5 minutes of event time)\n"
-    out += render(["pool", "current", "desired", "queue_age_p95_ms", "first_output_p95_ms", "first reason"], rows)
-    verdicts = [[m, v, e.body["verdict"], (e.body["reasons"] or [""])[0][:90]]
-                for (m, v), e in sorted(snapshot.rollouts.items()) if e.body.get("canary")]
-    out += "\n\nGET /v1/rollout/{model}/{version} for the canaries (last 30 minutes)\n"
-    out += render(["model", "version", "verdict", "first reason"], verdicts)
-    pressed = [[name, e.body["pressure"][0][:60] if e.body["pressure"] else "",
-                *next(([s["step"], f"{s['load_removed_gpu_s_per_s']:.2f}"] for s in e.body["steps"] if s["enough"]),
-                      ["-", "-"]),
-                sum(g["rejected"] for g in e.body["admission"]["groups"])]
-               for name, e in sorted(snapshot.shed.items()) if e.body["under_pressure"]]
-    out += "\n\nGET /v1/shed/{pool} for the pools under pressure (the ladder's first sufficient step)\n"
-    out += render(["pool", "pressure", "step", "frees_gpu_s_per_s", "rejected_next_minute"], pressed) if pressed \
-        else "no pool under pressure"
-    return out
+             e.body["signals"]["first_output_p95_ms"]] for name, e in pools]
+    out = f"GET /v1/autoscale/{{pool}} for the realtime pools at {end} (over the last 5 minutes of event time)\n"
+    out += render(["pool", "current", "desired", "queue_age_p95_ms", "first_output_p95_ms"], rows)
+    out += "\n" + "\n".join(f"  {name}: {e.body['reasons'][0]}" for name, e in pools if e.body["reasons"])
+    out += f"\n\nGET /v1/rollout/{{model}}/{{version}} for the canaries: the worst verdict over the run, and the verdict at {end}\n"
+    lines = []
+    for (model, version), e in sorted(snapshot.rollouts.items()):
+        if not e.body.get("canary"):
+            continue
+        story = history.canaries.get((model, version)) if history else None
+        told = story.sentence(minute_text) if story else f"{e.body['verdict']} ({(e.body['reasons'] or [''])[0]})"
+        lines.append(f"  {model} {version}: {told}")
+    out += "\n".join(lines) if lines else "  no canary"
+    out += "\n\nGET /v1/shed/{pool} for each pool that was under pressure, as it answered at its worst minute\n"
+    if history and history.pressure:
+        for pool, (minute, body) in sorted(history.pressure.items()):
+            enough = next((s for s in body["steps"] if s["enough"]), None)
+            rejected = sum(g["rejected"] for g in body["admission"]["groups"])
+            out += (f"  {pool} at {minute_text(minute)}: {'; '.join(body['pressure'])}\n    "
+                    + (f"first sufficient step: {enough['step']} ({enough['action']}), freeing "
+                       f"{enough['load_removed_gpu_s_per_s']:.2f} GPU-s/s" if enough else "no step of the ladder is enough")
+                    + f"; the admission plan would reject {rejected:,} requests in the next minute\n")
+    else:
+        out += "  no pool was under pressure\n"
+    return out.rstrip("\n")
 
 
 def _q(hist: dict | None, q: float) -> float | None:

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 TOPIC_SUFFIXES = ("requests", "gpu", "deploys", "sli", "alerts", "deadletter")
+INPUT_SUFFIXES = ("requests", "gpu")  # what producers outside tailwatch write
 
 
 class KafkaUnavailable(Exception):
@@ -96,8 +97,14 @@ def ensure_topics(settings: KafkaSettings, partitions: int = 4, others: tuple[st
     if not wanted:
         return
     # replication_factor=-1: the cluster's default.replication.factor (KIP-464), not 1, which
-    # would leave a real cluster's topics on one broker.
-    futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in wanted])
+    # would leave a real cluster's topics on one broker. The input topics' record timestamps
+    # are the broker's (LogAppendTime): event time is bounded by them (streams/frames.py), and
+    # a producer's own clock could be forged.
+    inputs = {settings.topic(s) for s in INPUT_SUFFIXES}
+    futures = admin.create_topics([
+        NewTopic(t, num_partitions=partitions, replication_factor=-1,
+                 config={"message.timestamp.type": "LogAppendTime"} if t in inputs else {})
+        for t in wanted])
     for topic, fut in futures.items():
         try:
             fut.result()

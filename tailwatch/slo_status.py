@@ -3,36 +3,46 @@ each SLO and slice with its SLI, budget left, burn rates per window and firing a
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
-
-
-
 
 from slo.sli import replay, span
 from slo.spec import SloSpec
+from slo.windows import minute_start_utc, minute_text
 from streams import store
 from tailwatch.cli import CliError
 from tailwatch.table import render
 
 
+def parse_at(text: str, newest_minute: int) -> int:
+    """`--at`: an event time as tailwatch prints them (`2026-11-02 01:20`), RFC 3339, or a
+    time of day (`01:20`) on the store's newest day. Returns an epoch minute (UTC)."""
+    text = text.strip()
+    if re.fullmatch(r"\d{1,2}:\d{2}", text):
+        day = minute_start_utc(newest_minute).date().isoformat()
+        text = f"{day} {int(text.split(':')[0]):02d}:{text.split(':')[1]}"
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise CliError(f"--at: {text!r} is not a time (use 2026-11-02 01:20, 2026-11-02T01:20:00Z or 01:20)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp()) // 60
+
+
 def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -> int:
     con = store.connect(store_path or store.DEFAULT_STORE, read_only=True)
     try:
-        until = None
-        if at:
-            try:
-                dt = datetime.fromisoformat(at.replace("Z", "+00:00"))
-            except ValueError:
-                raise CliError(f"--at: {at!r} is not an RFC 3339 time") from None
-            if dt.tzinfo is None:
-                dt = dt.replace(tzinfo=timezone.utc)
-            until = int(dt.timestamp()) // 60
         longest = max(s.window_minutes for s in specs)
         buckets = store.recent_buckets(con, longest)
     finally:
         con.close()
     if buckets.height == 0:
         raise CliError("the store has no buckets yet: run the worker first")
+    newest = int(buckets["window_start"].max().replace(tzinfo=timezone.utc).timestamp()) // 60
+    until = parse_at(at, newest) if at else None
+    print(f"as of {minute_text((until if until is not None else newest) + 1)} (event time, UTC; the store's newest "
+          f"minute is {minute_text(newest)})")
     result = replay(specs, buckets, until)
     rows = []
     for (_name, _key), state in sorted(result.evaluator.states.items(), key=lambda kv: kv[0]):

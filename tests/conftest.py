@@ -14,9 +14,7 @@ import pytest
 
 from tailwatch.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
 from tailwatch.kafka import KafkaSettings, ensure_topics
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-AZURE_TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
+from tools.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 
 def need(condition: bool, what: str) -> None:

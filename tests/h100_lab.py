@@ -1,4 +1,4 @@
-"""The H100 lab run (`../shared/data/h100-lab/`, read in place, never copied) cut into the
+"""The H100 lab run (`tests/data/h100-lab/`) cut into the
 store's buckets by the worker's own pieces, without Kafka: decode and validate a batch
 (`BatchDecoder`), take its columns (`records_to_frame`), window it (`MinuteWindows` with the
 `streams.aggregates` specs), close every minute. The same sequence as the worker's
@@ -12,7 +12,7 @@ import msgspec
 import polars as pl
 import pytest
 
-from tests.conftest import need
+from tests.conftest import H100_LAB, need
 
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import BatchDecoder
@@ -21,7 +21,6 @@ from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.windows import AggregateSpec, MinuteWindows
 
-H100_LAB = Path(__file__).resolve().parents[2] / "shared" / "data" / "h100-lab"
 
 
 def lab_dir() -> Path:

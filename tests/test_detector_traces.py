@@ -27,16 +27,15 @@ from tailwatch.eval_detectors import (
     write_trace_store,
 )
 
-from .conftest import AZURE_TRACE, SHARED_DATA, need
+from .conftest import AZURE_TRACE, MOONCAKE_TRACE, need
 
-MOONCAKE_TRACE = SHARED_DATA / "mooncake-fast25" / "conversation_trace.jsonl"
 SEED = 7
 MINUTES = 720  # half a day per run: a quiet half day and one with incidents (1-2 of each kind)
 FAST = ("retry_storm", "queue_age")
 
 
 def _need(path):
-    need(path.is_file(), f"the public trace {path.name} in ../shared/data")
+    need(path.is_file(), f"the public trace {path.name} in tests/data")
     return path
 
 

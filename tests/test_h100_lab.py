@@ -1,4 +1,4 @@
-"""The real H100 run (../shared/data/h100-lab) through the real broker and a `tailwatch
+"""The real H100 run (tests/data/h100-lab) through the real broker and a `tailwatch
 worker` process, as a new user would replay it (issue 19): two sources for one GPU make
 one truthful GPU minute, the autoscaler counts the replica that served, no cold start is
 invented, detections do not split into a model-less slice, costs add up to the bill, turns
@@ -18,9 +18,9 @@ import duckdb
 import polars as pl
 from confluent_kafka import Producer
 
-from tests.conftest import SHARED_DATA, free_port, need
+from tests.conftest import H100_LAB, free_port, need
 
-LAB = SHARED_DATA / "h100-lab"
+LAB = H100_LAB
 POOL = "h100-lab"
 
 

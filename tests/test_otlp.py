@@ -36,7 +36,7 @@ from ingest.otlp.spans import OTLP_FINISH_NAME, requests_from_traces
 from ingest.schema import RequestV1
 from ingest.simulator import FleetSimulator
 from ingest.trace import TraceReplay, read_any_trace
-from tailwatch.chaos import AZURE_CODE_TRACE
+from tools.traces import AZURE_CODE_TRACE
 from tailwatch.cli import main
 from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
 from tests.test_pipeline import publish, read_topic, run_worker

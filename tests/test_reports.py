@@ -168,10 +168,10 @@ def test_attributed_gpu_seconds_are_scaled_per_pool_and_minute():
     assert (summary.pool_minutes, summary.pool_minutes_scaled, summary.pools_scaled) == (3, 2, ("p1", "p2"))
     assert summary.first_scaled_minute == m0 and summary.last_scaled_minute == m1
     assert summary.min_scale == pytest.approx(0.3) and summary.overall_scale == pytest.approx(710 / 880)
-    assert "2 of 3 pool-minutes" in summary.sentence() and "0.807" in summary.sentence()
+    assert "2 of 3 server-pool minutes" in summary.sentence() and f"{880 / 710 - 1:.1%} more" in summary.sentence()
     unscaled = cost.summarize_scaling(scales.with_columns(pl.lit(1.0).alias("attribution_scale")),
                                       pl.DataFrame({"reported_gpu_seconds": [5.0], "attributed_gpu_seconds": [5.0]}))
-    assert not unscaled.scaled and "the requests' own" in unscaled.sentence()
+    assert not unscaled.scaled and "each request's server reported using" in unscaled.sentence()
 
 
 def test_charts_say_no_data_and_keep_a_short_run_on_a_minute_axis():
@@ -381,7 +381,7 @@ def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     scaling = re.search(r'<p class=\'scaled\' id="attribution-scaling" data-scale="([0-9.]+)">([^<]+)</p>', page)
     assert scaling and float(scaling.group(1)) == pytest.approx(0.3229, abs=1e-4)
-    assert "4 of 5 pool-minutes" in scaling.group(2) and "Attribution scale" in page
+    assert "4 of 5 server-pool minutes" in scaling.group(2) and "Attribution scale" in page
     # The two charts that were empty frames now have a value for every minute with traffic.
     with_turns = report.trend.filter(pl.col("turns") > 0)
     assert with_turns.height == 5 and with_turns["cost_per_successful_turn_usd"].null_count() == 0

@@ -99,7 +99,8 @@ def _publish_trace_stream(kafka, seed: int, minutes: int) -> tuple[int, set[str]
     import json
     import random
 
-    from tailwatch.chaos import AZURE_CODE_TRACE, MOONCAKE_TRACE, build_stream
+    from tailwatch.chaos import build_stream
+    from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
     from tailwatch.kafka import make_producer
 
     stream = build_stream(seed, minutes, AZURE_CODE_TRACE, MOONCAKE_TRACE, random.Random(seed))
@@ -133,10 +134,16 @@ def _answers(port: int, pools: set[str], canaries: set[tuple[str, str]]) -> dict
     for path in paths:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-                out[path] = (r.status, json.loads(r.read()))
+                out[path] = (r.status, _without_ages(json.loads(r.read())))
         except urllib.error.HTTPError as e:
-            out[path] = (e.code, json.loads(e.read()))
+            out[path] = (e.code, _without_ages(json.loads(e.read())))
     return out
+
+
+def _without_ages(answer: dict) -> dict:
+    """An answer without the seconds since its data last moved: wall-clock readings of the
+    serving process, not data (they differ between any two reads)."""
+    return {k: v for k, v in answer.items() if not k.endswith("data_age_s")}
 
 
 def _settled_answers(proc, port: int, pools, canaries, timeout_s: float = 240.0) -> dict[str, object]:
