@@ -541,7 +541,7 @@ def test_config_layers_and_errors(tmp_path):
         with pytest.raises(C.DetectorConfigError, match=needle) as exc:
             C.load(f)
         assert "\n" not in str(exc.value)
-    with pytest.raises(C.DetectorConfigError, match="cannot read"):
+    with pytest.raises(C.DetectorConfigError, match="missing.yaml: no such file"):
         C.load(tmp_path / "missing.yaml")
 
 
