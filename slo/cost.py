@@ -147,7 +147,8 @@ class AttributionScaling:
             return ("Attributed cost is the GPU time each request's server reported using, priced by its GPU model.")
         more = self.reported_gpu_seconds / self.attributed_gpu_seconds - 1 if self.attributed_gpu_seconds > 0 else 0.0
         text = (f"Servers reported {self.reported_gpu_seconds / 3600:,.1f} GPU-hours for these requests, "
-                f"{more:.1%} more than the GPUs that served them existed for: servers that share one GPU between "
+                f"{'under 0.1%' if more < 0.001 else f'{more:.1%}'} more than the GPUs that served them existed for: "
+                f"servers that share one GPU between "
                 f"several requests each count the whole time. Attributed cost counts only GPU time that existed "
                 f"({self.attributed_gpu_seconds / 3600:,.1f} GPU-hours), shared between those requests in proportion "
                 f"to what they reported.")

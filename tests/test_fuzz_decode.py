@@ -38,6 +38,8 @@ def outcome(batch_result, index: int):
 def test_the_mutation_fuzzer_keeps_every_invariant():
     report = run(6_000, seed=11)
     assert report.violations == [], report.lines()
+    # Every record made is tallied once: accepted, or rejected with a reason.
+    assert sum(report.by_expect.values()) == report.accepted + sum(report.by_reason.values()) == 6_000
     # It went down every path: valid records accepted, invalid ones of many kinds refused.
     assert report.by_expect["valid"] > 1_500 and report.by_expect["joined"] > 100 and report.accepted > 1_500
     assert {"too_deep", "future", "bad_timestamp", "oversized", "invalid_value", "malformed_json"} <= set(report.by_reason)

@@ -172,6 +172,9 @@ def test_attributed_gpu_seconds_are_scaled_per_pool_and_minute():
     unscaled = cost.summarize_scaling(scales.with_columns(pl.lit(1.0).alias("attribution_scale")),
                                       pl.DataFrame({"reported_gpu_seconds": [5.0], "attributed_gpu_seconds": [5.0]}))
     assert not unscaled.scaled and "each request's server reported using" in unscaled.sentence()
+    import dataclasses
+    barely = dataclasses.replace(summary, reported_gpu_seconds=100_000.0, attributed_gpu_seconds=99_990.0)
+    assert barely.scaled and "under 0.1% more" in barely.sentence() and "0.0%" not in barely.sentence()
 
 
 def test_charts_say_no_data_and_keep_a_short_run_on_a_minute_axis():
