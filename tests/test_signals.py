@@ -206,7 +206,7 @@ from signals.config import ApiConfigError, load_api_config  # noqa: E402
     ("replica_shape: {ok: {gpus_per_replica: 2}, pool-z: {gpus_per_replica: 5000}}",
      "replica_shape.pool-z.gpus_per_replica: expected `float` <= 4096.0"),
     ("replica_shape: [1]", "replica_shape: expected `object`, got `array`"),
-    ("[1, 2", "not valid YAML at line"),
+    ("[1, 2", "line 1, column 6: not valid YAML"),
     ("- 1", "expected a mapping"),
 ])
 def test_api_config_errors_are_one_line(tmp_path, text, words):
