@@ -207,7 +207,7 @@ def fleet_cost_usd_per_second_by_pool() -> str:
 
 
 def allocated_cost_usd_per_second(by: str) -> str:
-    """GPU cost per second by `by`, idle time allocated (DESIGN.md, "cost per successful
+    """GPU cost per second by `by`, idle time allocated (docs/reports.md, "cost per successful
     turn"): each pool's whole cost is shared out in proportion to the GPU-seconds its
     requests used, so idle GPUs are paid for by the traffic that keeps them provisioned.
     The share's denominator is the whole pool, not the filtered traffic."""

@@ -1,7 +1,7 @@
 """Cost and goodput: GPU cost per successful turn, per 1,000 output tokens and per
 audio-second, idle GPU cost, by tenant, model and workload. All PromQL over GPU-seconds
 and the price per SKU (`tailwatch_gpu_price_usd_per_gpu_second`), idle time allocated as
-DESIGN.md says (see `dashboards.common.allocated_cost_usd_per_second`)."""
+the cost report does (see `dashboards.common.allocated_cost_usd_per_second`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The wire contract: typed event schemas (`request.v1`, `gpu.v1`, `deploy.v1`).
 
-Every field that DESIGN.md names is declared here with its type and bounds; anything
+Every field of the data contract (docs/data-contract.md) is declared here with its type and bounds; anything
 else a producer sends is dropped at decode time (msgspec ignores unknown fields in the
 lenient decoder), so prompts, transcripts and user identifiers cannot get past ingest.
 Numbers carry an upper bound as well as a lower one: JSON has no NaN literal, and the
@@ -44,7 +44,7 @@ GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
 FinishReason = Literal["stop", "length", "content_filter", "client_cancel", "server_cut", "timeout"]
 COMPLETED_FINISH = ("stop", "length", "content_filter")
 
-# Stages of a cascaded turn (seed 000's speech-to-speech budget, seed 002's ASR pipeline).
+# Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
 # Names are bounded: a stage outside this list is kept under `other`, so a producer's new
 # stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
 # their place here.

@@ -115,7 +115,7 @@ SCENARIOS: dict[str, list[Incident]] = {
     "cost-spike": [
         Incident("fleet-gpu-spend-up-38pct", "cost_regression", 1440, 7 * 1440, {}, cost_factor=1.38),
     ],
-    # Latency as users feel it (issue 15): tokens come slowly after a fast first token, streams
+    # Latency as users feel it: tokens come slowly after a fast first token, streams
     # cut mid-answer behind HTTP 200, and one stage of the speech-to-speech cascade (TTS first
     # audio) slowing until it is the bottleneck of the turn.
     "streaming": [

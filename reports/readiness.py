@@ -1,4 +1,4 @@
-"""The inference readiness report for one model (seed 001's lab): one page, from the store
+"""The inference readiness report for one model: one page, from the store
 alone, that connects the model's quality to its operational constraints and ends in a verdict.
 
 Sections: the model contract (versions, SKUs, pools seen); latency (cold starts, warm

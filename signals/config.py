@@ -44,7 +44,7 @@ from signals.rollout import RolloutPolicy
 from signals.shed import ShedPolicy
 from slo.capacity import ReplicaShape
 from slo.config_file import ConfigStruct, load_struct
-from slo.spec import parse_duration_s
+from slo.config_file import parse_duration_s
 
 ALL_TENANTS = "*"
 

@@ -4,7 +4,7 @@ admission of the next interval's requests under a fixed capacity budget.
 Pure: a pool's recent traffic by tenant and traffic class, its demand and measured capacity
 in, a `ShedAdvice` out.
 
-Degradation (seed 000, seed 004 part 6): when a pool cannot keep its SLO, degrade in a stated
+Degradation: when a pool cannot keep its SLO, degrade in a stated
 order, cheapest for users first, and reject last. The default ladder sheds batch and
 over-quota traffic first and protects paid realtime streams last:
 
@@ -20,7 +20,7 @@ Each step's load is estimated from the buckets (GPU-seconds per second of demand
 the buckets cannot tell (retrieval depth, premium effects), the policy's share is used and the
 step says it is configured, not measured, or that it frees nothing known.
 
-Admission (seed 000's rule, exactly): requests are considered highest priority first, within a
+Admission: requests are considered highest priority first, within a
 priority the cheaper first, ties broken by a stable id; each is admitted if its cost fits what
 capacity is left, else rejected, and the walk goes on, so a request larger than what is left
 never blocks cheaper ones behind it. Zero capacity admits nothing. A request's priority is its

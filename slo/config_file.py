@@ -114,6 +114,24 @@ def _name_key(place: str, raw: Any, kind: Any) -> str:
     return place
 
 
+def parse_duration_s(text: Any, bare_unit: str | None = None) -> float | None:
+    """Seconds in a duration such as 500ms, 90s, 2m, 1h, 7d or 2w; None if it is not one.
+    The one parser for flags and files. A bare number is read in `bare_unit` where one is
+    natural (a flag documented in seconds, `stale_after`), refused where it is ambiguous
+    (a latency threshold: 300 could be ms or s)."""
+    if isinstance(text, bool):
+        return None
+    m = _DURATION.match(str(text))
+    if not m or (m.group(2) is None and bare_unit is None):
+        return None
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2) or bare_unit]
+
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error as one line: the line and column, and what the parser found there."""
     mark = getattr(exc, "problem_mark", None)

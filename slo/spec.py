@@ -47,12 +47,10 @@ import yaml
 from msgspec import UNSET, Meta, UnsetType
 
 from ingest.schema import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
-from slo.config_file import ConfigStruct, PositiveCount, every_problem, read_text, yaml_problem
-from slo.windows import AlertWindow, default_catalog
+from slo.config_file import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
+from slo.windows import AlertWindow, catalog_for, catalog_periods
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @dataclass(frozen=True)
@@ -73,10 +71,6 @@ class SloSpec:
     runbook: str = "runbooks/slo-burn.md"
     stage_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (stage, budget) in pipeline order
 
-    @property
-    def error_budget(self) -> float:
-        return 1.0 - self.objective
-
     def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
         """The buckets that the selector picks."""
         for label, value in self.selector.items():
@@ -93,19 +87,6 @@ class SpecErrors(Exception):
 
 
 DEFAULT_SLOS = Path(__file__).with_name("defaults.yaml")
-
-
-def parse_duration_s(text: Any, bare_unit: str | None = None) -> float | None:
-    """Seconds in a duration such as 500ms, 90s, 2m, 1h, 7d or 2w; None if it is not one.
-    The one parser for flags and files. A bare number is read in `bare_unit` where one is
-    natural (a flag documented in seconds, `stale_after`), refused where it is ambiguous
-    (a latency threshold: 300 could be ms or s)."""
-    if isinstance(text, bool):
-        return None
-    m = _DURATION.match(str(text))
-    if not m or (m.group(2) is None and bare_unit is None):
-        return None
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2) or bare_unit]
 
 
 def _objective(value: Any) -> float | None:
@@ -250,8 +231,8 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
     if window_s is None:
         errors.append(f"{where}.window: {e.window!r} is not a duration (28d, 30d) or calendar-month")
         window_s = 30 * 86400
-    windows = _alert_windows(e.alert_windows, f"{where}.alert_windows", errors)
     window_minutes = int(window_s // 60)
+    windows = _alert_windows(e.alert_windows, window_minutes, f"{where}.alert_windows", errors)
     for w in windows:
         if w.long_minutes > window_minutes:
             errors.append(f"{where}.window: {e.window} is shorter than alert window {w.name} ({w.long_minutes} min)")
@@ -289,9 +270,16 @@ def _stage_budgets(body: StageBudgetSli, threshold_ms: float | None, where: str,
     return tuple(out)
 
 
-def _alert_windows(entries: str | list[AlertWindowEntry], where: str, errors: list[str]) -> tuple[AlertWindow, ...]:
+def _alert_windows(entries: str | list[AlertWindowEntry], period_minutes: int, where: str,
+                   errors: list[str]) -> tuple[AlertWindow, ...]:
     if entries == "default" or not entries:
-        return default_catalog()
+        catalog = catalog_for(period_minutes)
+        if catalog is None:
+            errors.append(f"{where}: no alert window catalog for a {period_minutes // 1440 or period_minutes}"
+                          f"{'d' if period_minutes >= 1440 else ' min'} SLO period (catalogs: "
+                          f"{', '.join(catalog_periods())}, in slo/catalogs/); list alert_windows for it")
+            return ()
+        return catalog
     out = []
     for i, w in enumerate(entries):
         at = f"{where}[{i}]"
@@ -308,7 +296,7 @@ def _alert_windows(entries: str | list[AlertWindowEntry], where: str, errors: li
             errors.append(f"{at}.short: {w.short} is longer than its long window {w.long}")
         out.append(AlertWindow(w.name or f"window-{i}", w.severity, float(w.budget_share),
                                max(1, int(long_s // 60)), max(1, int(short_s // 60))))
-    return tuple(out) or default_catalog()
+    return tuple(out) or (catalog_for(period_minutes) or ())
 
 
 def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:

@@ -1,4 +1,5 @@
-"""The alert window catalog: multi-window, multi-burn-rate pairs and their factors.
+"""Alert window catalogs (multi-window, multi-burn-rate pairs and their factors), one per SLO
+period in `slo/catalogs/`, and minutes as people read them.
 
 A window pair alerts when a share of the error budget of the SLO period would be spent
 within its long window. The burn-rate factor follows from that share, not from a
@@ -9,8 +10,12 @@ and 1 (10% in 3 d). Short windows are 1/12 of their long window unless set.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
 
 MINUTE_S = 60
 
@@ -38,11 +43,34 @@ class AlertWindow:
         return self.budget_share * period_minutes / self.long_minutes
 
 
+CATALOGS = Path(__file__).parent / "catalogs"
+
+
+def catalog_for(period_minutes: int) -> tuple[AlertWindow, ...] | None:
+    """The alert windows for an SLO period (a file of `slo/catalogs/`, as sloth keeps one per
+    period); None when there is none for it."""
+    return _catalogs().get(period_minutes)
+
+
+def catalog_periods() -> list[str]:
+    return [f"{m // 1440}d" for m in sorted(_catalogs())]
+
+
 def default_catalog() -> tuple[AlertWindow, ...]:
-    """The SRE Workbook's catalog ("Alerting on SLOs", table 5-8)."""
-    return (
-        AlertWindow("page-fast", "page", 0.02, 60, 5),
-        AlertWindow("page-slow", "page", 0.05, 360, 30),
-        AlertWindow("ticket-fast", "ticket", 0.10, 1440, 120),
-        AlertWindow("ticket-slow", "ticket", 0.10, 4320, 360),
-    )
+    """The 30-day catalog: the SRE Workbook's ("Alerting on SLOs")."""
+    return _catalogs()[30 * 1440]
+
+
+@functools.cache
+def _catalogs() -> dict[int, tuple[AlertWindow, ...]]:
+    from slo.config_file import parse_duration_s  # the one duration parser
+
+    out = {}
+    for path in sorted(CATALOGS.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        windows = tuple(
+            AlertWindow(w["name"], w["severity"], float(w["budget_share"]),
+                        int(parse_duration_s(w["long"]) // 60), int(parse_duration_s(w["short"]) // 60))
+            for w in doc["windows"])
+        out[int(parse_duration_s(doc["period"]) // 60)] = windows
+    return out

@@ -27,7 +27,7 @@ class WorkerMetrics:
             "closed buckets), by topic and Kafka error; the store still holds them.", ["topic", "error"], registry=r)
         self.group_rescues = Counter(
             "tailwatch_consumer_group_rescues_total", "Times the worker, holding no partition, found its consumer "
-            "group wedged on a departed leader and freed it (tailwatch/kafka.py rescue_wedged_group).", registry=r)
+            "group wedged on a departed leader and freed it (the embedded broker only: tailwatch/broker.py).", registry=r)
         self.http_restarts = Counter(
             "tailwatch_http_restarts_total", "Times the process serving /metrics and the signal API died and "
             "was started again on the same port (streams/http.py).", registry=r)

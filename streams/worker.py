@@ -50,7 +50,8 @@ from streams.store_lock import StoreLock
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
 from slo.prices import GpuPrices
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, rescue_wedged_group, send
+from tailwatch.broker import is_embedded, rescue_wedged_group
+from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
 
 log = logging.getLogger("tailwatch.worker")
 
@@ -138,6 +139,7 @@ class Worker:
         self._assigned_at: float | None = None
         self._unassigned_since: float | None = None  # holding no partition since (monotonic)
         self._last_group_rescue = 0.0
+        self._embedded_broker: bool | None = None  # whether the cluster is the embedded broker, once asked
         self._stored_frontiers: dict[str, int | None] = {}
         self._topic_partitions: dict[str, set[int]] = {}  # every partition of each input topic (metadata)
         self._partitions_checked = 0.0
@@ -438,7 +440,11 @@ class Worker:
             return
         self._last_group_rescue = now
         s = self.settings
-        done = rescue_wedged_group(s.kafka, s.group_id, list(self.pipelines), consumer.memberid())
+        if self._embedded_broker is None:  # asked once: only the embedded broker wedges groups so
+            self._embedded_broker = is_embedded(s.kafka.bootstrap_servers, s.kafka.base_config())
+        if not self._embedded_broker:
+            return
+        done = rescue_wedged_group(s.kafka.bootstrap_servers, s.group_id, list(self.pipelines), consumer.memberid())
         if done:
             self.metrics.group_rescues.inc()
             log.warning("%s", done)

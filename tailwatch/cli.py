@@ -20,7 +20,7 @@ class CliError(Exception):
 
 
 def _duration_s(text: str) -> float:
-    from slo.spec import parse_duration_s
+    from slo.config_file import parse_duration_s
 
     value = parse_duration_s(text, bare_unit="s")
     if value is None:
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan compute from what the store measured")
     plsub = p.add_subparsers(dest="plan_command", required=True, metavar="WHAT")
     c = plsub.add_parser("stages", help="per stage of a cascaded turn: latency, throughput, the bottleneck, and a "
-                                        "greedy plan of workers per stage (seed 002)")
+                                        "greedy plan of workers per stage")
     c.add_argument("--workload", default="s2s", help="the workload whose turns report stages (default s2s)")
     c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
     c.add_argument("--from", dest="start", default=None, metavar="T1", help="start, RFC 3339 or a date (UTC); default: all")

@@ -402,7 +402,7 @@ def _collect_prometheus(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tailwatch.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors, cmd_eval_traces
+    from tools.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors, cmd_eval_traces
 
     if args.trace:
         if args.scenario:
@@ -447,7 +447,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.chaos:
         import tempfile
 
-        from tailwatch.chaos import ChaosSetupError, run_chaos
+        from tools.chaos import ChaosSetupError, run_chaos
 
         out = args.out or tempfile.mkdtemp(prefix="tailwatch-chaos-")
         try:
@@ -457,12 +457,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(report.table())
         return 0 if report.ok else 1
     if args.tiers:
-        from tailwatch.bench_tiers import run as run_tiers
+        from tools.bench_tiers import run as run_tiers
 
         print("\n".join(run_tiers(args.events, args.slices, args.events_per_minute, args.slo_count, args.port)))
         return 0
     if args.api:
-        from tailwatch.bench_api import BenchError, run as run_api
+        from tools.bench_api import BenchError, run as run_api
 
         try:
             print("\n".join(run_api(args.rate, args.seconds, say=lambda m: print(m, file=sys.stderr, flush=True))))
@@ -470,15 +470,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         return 0
     if args.otlp:
-        from tailwatch.bench_otlp import run as run_otlp
-        from tailwatch.bench_trace import DEFAULT_TRACE
+        from tools.bench_otlp import run as run_otlp
+        from tools.bench_trace import DEFAULT_TRACE
 
         print("\n".join(run_otlp(Path(args.trace) if args.trace else DEFAULT_TRACE, args.spans,
                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
     if args.shape or args.trace:
         from ingest.trace import TraceError
-        from tailwatch.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
+        from tools.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
 
         shapes = SHAPES if args.shape in (None, "both") else (args.shape,)
         try:
@@ -488,11 +488,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         return 0
     if args.slo:
-        from tailwatch.bench_slo import run
+        from tools.bench_slo import run
 
         print("\n".join(run(args.slo_count, args.slices, args.history_minutes)))
         return 0
-    from tailwatch.bench import run_bench
+    from tools.bench import run_bench
 
     return run_bench(args)
 

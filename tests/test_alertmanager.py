@@ -18,14 +18,14 @@ from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
 from streams.worker import Worker, WorkerSettings
-from tailwatch.chaos import Webhook as ChaosWebhook, alertmanager_config
+from tools.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 class Webhook(ChaosWebhook):
-    """Collects what Alertmanager posts to its webhook receiver (tailwatch/chaos.py's)."""
+    """Collects what Alertmanager posts to its webhook receiver (tools/chaos.py's)."""
 
     def alerts(self):
         return [a for n in self.notifications for a in n["alerts"]]

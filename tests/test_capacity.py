@@ -1,4 +1,4 @@
-"""Capacity math: the worked examples of DESIGN.md and issue 4, printed with their working."""
+"""Capacity math: worked examples, printed with their working."""
 
 import subprocess
 import sys

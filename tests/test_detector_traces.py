@@ -1,10 +1,10 @@
-"""Detectors, autoscale and rollout backtests on the public traces (issue 11).
+"""Detectors, autoscale and rollout backtests on the public traces.
 
 Detectors: `tailwatch eval detectors --trace FILE` builds a quiet day from a one-hour public
 trace (Azure code trace, Mooncake conversation trace) and the same day with every incident
 kind injected; here at half a day each, on one fixed seed, so both traces fit in CI. The
 detectors are fed the buckets the worker's own windowing (`MinuteWindows` with the
-`streams.aggregates` specs) makes of the events (see `tailwatch/eval_detectors.py` for why
+`streams.aggregates` specs) makes of the events (see `tools/eval_detectors.py` for why
 not the broker). Targets: recall >= 0.95, at most one false alert per detector per quiet
 day, retry storms and queue saturation within 3 minutes.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from detectors.evaluation import DAY_MINUTES, merge
+from tools.detector_scoring import DAY_MINUTES, merge
 from tailwatch.backtest import backtest_autoscale, backtest_rollout, read_buckets
-from tailwatch.eval_detectors import (
+from tools.eval_detectors import (
     TRACE_KINDS,
     TraceCanary,
     build_trace_day,

@@ -26,7 +26,7 @@ from detectors.cost import (
     CostSums,
     regression,
 )
-from detectors.evaluation import ObservedDetection, TruthIncident, agrees, score
+from tools.detector_scoring import ObservedDetection, TruthIncident, agrees, score
 from detectors.kv_cache import (
     KvCachePressureConfig,
     KvCachePressureDetector,
@@ -666,7 +666,7 @@ def test_every_detector_has_a_runbook():
         assert (root / detector_runbook(name)).is_file(), name
 
 
-# ---- calibrated on real traffic shapes (issue 11) -------------------------------------------
+# ---- calibrated on real traffic shapes -------------------------------------------------------
 
 def test_retry_storm_is_judged_on_significance_not_a_fixed_count():
     from detectors.retry_storm import wilson_lower

@@ -1,4 +1,4 @@
-"""Faults that used to stop or falsify the worker (issue 10), each pinned by a test on the
+"""Faults that used to stop or falsify the worker, each pinned by a test on the
 real broker: an oversized record, an output topic that refuses a record, a partition of
 nothing but poison, a partition that goes silent, and a partition the group has handed to
 someone else. The randomised mix of all of them is tests/test_chaos.py.
@@ -135,7 +135,7 @@ def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(k
     assert w.run() == 0
     # Both members left within a second, the leader while the group was rebalancing: the
     # embedded broker then names a departed leader for good, and only the worker's rescue
-    # (tailwatch/kafka.py rescue_wedged_group) gets it a partition again.
+    # (tailwatch/broker.py rescue_wedged_group) gets it a partition again.
     assert w.metrics.group_rescues._value.get() >= 1
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 240

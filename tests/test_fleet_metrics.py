@@ -31,7 +31,7 @@ from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows
 from alerts.alertmanager import DeliveryCollector, FiringAlerts
 from streams.detector_stage import DetectorStage
-from tailwatch.bench import synthetic_events
+from tools.bench import synthetic_events
 from tests.conftest import need
 
 

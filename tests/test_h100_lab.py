@@ -1,5 +1,5 @@
 """The real H100 run (tests/data/h100-lab) through the real broker and a `tailwatch
-worker` process, as a new user would replay it (issue 19): two sources for one GPU make
+worker` process, as a new user would replay it: two sources for one GPU make
 one truthful GPU minute, the autoscaler counts the replica that served, no cold start is
 invented, detections do not split into a model-less slice, costs add up to the bill, turns
 exist without `task_success`, and a caught-up worker does not rebuild its view while idle.

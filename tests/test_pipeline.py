@@ -60,7 +60,7 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     mismatch = con.execute("""SELECT count(*) FROM sli_minute
                               WHERE list_sum([h.n for h in e2e_ms_hist]) != requests - cancelled""").fetchone()[0]
     assert mismatch == 0
-    # Inter-token latency, stream endings and stage timings (issue 15) reach the store whole.
+    # Inter-token latency, stream endings and stage timings reach the store whole.
     streams = con.execute("""SELECT sum(streams), sum(streams_completed), sum(streams_cut), sum(streams_timed_out),
                                     sum(streams_cancelled), sum(list_sum([h.n for h in inter_token_ms_hist])),
                                     sum(list_sum([h.n for h in stages_hist])) FROM sli_minute""").fetchone()

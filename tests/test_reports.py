@@ -394,7 +394,7 @@ def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
 
 
 def test_readiness_of_the_real_h100_run_names_its_saturated_pool_and_what_it_could_not_tell(tmp_path):
-    """Issue 16 on real telemetry: one H100 serving an LLM, overloaded (most requests shed,
+    """Overload advice on real telemetry: one H100 serving an LLM, overloaded (most requests shed,
     queue age up to 11 s), with two sources per GPU and no KV-cache or stream-ending fields."""
     import json
 

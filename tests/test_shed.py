@@ -1,4 +1,4 @@
-"""Overload advice (issue 16): seed 000's admission rule on its edge cases, and the
+"""Overload advice: the admission rule on its edge cases, and the
 degradation ladder on a simulated pool that batch traffic saturates."""
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _publish_trace_stream(kafka, seed: int, minutes: int) -> tuple[int, set[str]
     import json
     import random
 
-    from tailwatch.chaos import build_stream
+    from tools.chaos import build_stream
     from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
     from tailwatch.kafka import make_producer
 

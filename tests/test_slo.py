@@ -136,7 +136,7 @@ slos:
     assert any(p.startswith("slos[0].selector.colour: unknown label") for p in problems)
     assert any(p.startswith("slos[0].sli.latency.threshold") and "needs a unit" in p for p in problems)
     assert any(p.startswith("slos[0].objective") and "below 100%" in p for p in problems)
-    assert any(p.startswith("slos[1].window") and "shorter than alert window" in p for p in problems)
+    assert any(p.startswith("slos[1].alert_windows: no alert window catalog for a 120 min SLO period") for p in problems)
     assert any(p.startswith("slos[2].alert_windows[0].short") and "longer than its long window" in p for p in problems)
     # A typo is refused, not ignored; each field's problem is listed, not only the first.
     assert any(p.startswith("slos[3]: unknown field `no_data_afer`") for p in problems), problems
@@ -356,3 +356,14 @@ def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or
     one_by_one = history([[c] for c in changes], "one.duckdb")
     assert one_by_one == history([changes], "together.duckdb")
     assert [(r[0], r[6].minute, r[7] and r[7].minute) for r in one_by_one] == [("a", 10, 12), ("a", 13, None), ("b", 10, 14)]
+
+
+def test_the_alert_windows_come_from_the_catalog_of_the_slo_period(tmp_path):
+    """As sloth keeps a window catalog per period (google-28d, google-30d): the same budget shares,
+    so a 28-day SLO pages on the same share of its budget at factors of its own."""
+    (thirty,) = load_slos(spec_file(tmp_path, AVAIL))
+    (four_weeks,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: 28d")))
+    assert [round(w.factor(thirty.window_minutes), 2) for w in thirty.alert_windows] == [14.4, 6.0, 3.0, 1.0]
+    assert [round(w.factor(four_weeks.window_minutes), 2) for w in four_weeks.alert_windows] == [13.44, 5.6, 2.8, 0.93]
+    (week,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: 7d")))
+    assert [w.long_minutes for w in week.alert_windows] == [14, 84, 336, 1008]

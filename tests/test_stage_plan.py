@@ -1,4 +1,4 @@
-"""Staged-pipeline bottleneck and greedy compute plan: seed 002's worked speech pipeline."""
+"""Staged-pipeline bottleneck and greedy compute plan: a worked speech pipeline."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Latency as users feel it (issue 15): inter-token latency, stream completion, stage budgets
+"""Latency as users feel it: inter-token latency, stream completion, stage budgets
 and the stage plan, on the simulator's `streaming` scenario (a decode slowdown in one zone,
 streams cut behind HTTP 200 in another, TTS first audio slowing in every s2s pool)."""
 

@@ -24,17 +24,6 @@ SPANS_PER_BATCH = 512  # the SDK's and the Collector's default batch size
 _STATUS_ERROR_TYPE = {"error": "internal_error", "timeout": "timeout", "shed": "overloaded"}
 
 
-def trace_batches(events: Iterable[RequestV1], spans_per_batch: int = SPANS_PER_BATCH) -> Iterator[TracesData]:
-    batch: list[RequestV1] = []
-    for e in events:
-        batch.append(e)
-        if len(batch) == spans_per_batch:
-            yield traces(batch)
-            batch = []
-    if batch:
-        yield traces(batch)
-
-
 def traces(events: list[RequestV1]) -> TracesData:
     by_resource: dict[tuple, list[RequestV1]] = {}
     for e in events:

@@ -12,7 +12,7 @@
 - Running totals become deltas against the previous reading of the same series (a reset,
   a smaller value, starts again from zero); the first reading of a series sets the base.
 
-The worker merges the sources of one GPU and minute field by field (DESIGN.md).
+The worker merges the sources of one GPU and minute field by field (docs/data-contract.md).
 """
 
 from __future__ import annotations

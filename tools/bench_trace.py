@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 
 from ingest.trace import TraceReplay, read_any_trace
-from tailwatch.bench import run_baseline, worker_processes
+from tools.bench import run_baseline, worker_processes
 from tailwatch.broker import EmbeddedBroker, free_port
 from tools.traces import AZURE_CODE_TRACE as DEFAULT_TRACE
 from tailwatch.cli import progress, progress_done

@@ -3,7 +3,7 @@
 One run, one embedded broker: synthetic `request.v1` traffic over many live slices is
 published once per measurement, then drained by (a) the batch worker (consume, decode,
 validate, dedupe, window, store sink), (b) the naive faust agent of
-`tailwatch.bench_faust`, (c) optionally two worker processes in one consumer group, and
+`tools.bench_faust`, (c) optionally two worker processes in one consumer group, and
 (d) optionally a long run that samples the worker's memory. Ratios, not absolute times,
 are the result: they are measured in the same session on the same machine.
 """
@@ -102,7 +102,7 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
         cmd += list(extra)
         if count > 1 and not tiered:
             # Each worker owns part of the log and its own store, so none is ever drained
-            # (exit 3): the scaling figure is about consuming, not closing (issue 17).
+            # (exit 3): the scaling figure is about consuming, not closing.
             cmd += ["--drain-timeout", "1s"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         stats_files.append(stats)
@@ -179,7 +179,7 @@ def run_baseline(settings: KafkaSettings, n: int, workdir: Path, variant: str) -
     result = workdir / f"baseline-{variant}.txt"
     env = {**os.environ, "BENCH_BOOTSTRAP": settings.bootstrap_servers, "BENCH_TOPIC": settings.topic("requests"),
            "BENCH_EVENTS": str(n), "BENCH_RESULT": str(result), "BENCH_APP_ID": f"baseline-{uuid.uuid4().hex[:6]}", "BENCH_VARIANT": variant}
-    proc = subprocess.run([faust_bin, "-A", "tailwatch.bench_faust", "--datadir", str(workdir / "faust"), "worker", "-l", "error"],
+    proc = subprocess.run([faust_bin, "-A", "tools.bench_faust", "--datadir", str(workdir / "faust"), "worker", "-l", "error"],
                           env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     if not result.exists():
         raise RuntimeError(f"the faust baseline exited with {proc.returncode} before reporting")
@@ -251,7 +251,7 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
                      + ", ".join(f"{mib:,.0f} MiB at {events / 1e6:,.2f} M" for events, mib in marks.items() if mib)
                      + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
         if marks[1_000_000] and marks[args.events]:
-            # Issue 13's target: RSS at the end within 10% of RSS at 1 M events.
+            # The bound held to: RSS at the end within 10% of RSS at 1 M events.
             lines.append(f"RSS at the end against RSS at 1 M events: {marks[args.events] / marks[1_000_000] - 1:+.1%}")
         history = SignalWindows().history_minutes
         lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "

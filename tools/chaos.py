@@ -1,6 +1,6 @@
 """Randomised fault ("chaos") runs of the real pipeline, checked against the log itself.
 
-This module owns the chaos harness of issue 10. `run_chaos` builds a request and GPU
+This module owns the chaos harness. `run_chaos` builds a request and GPU
 stream from the public traces in `tests/data` (the Azure LLM code trace and the
 Mooncake conversation trace: arrival times and token counts, nothing else), publishes it
 live, in event-time chunks, with a librdkafka producer of its own (not
@@ -696,7 +696,7 @@ def _finish(doc: dict, ts_ms: int, u: float) -> None:
 def _gpu_samples(rng: np.random.Generator, minutes: int, requests: list[dict]) -> list[dict]:
     """gpu.v1 samples every 10 s per GPU; utilisation follows the pool's request GPU time.
 
-    Two sources per Hopper GPU, as DESIGN.md has them: the NVML collector and the serving
+    Two sources per Hopper GPU, as the data contract has them: the NVML collector and the serving
     runtime in one sample that does not name its source (inferred from its fields), and
     DCGM's profiling fields in a sample of its own, 5 s later, with no pool or model labels
     (those must come from the other source's newest sample)."""
@@ -1740,7 +1740,7 @@ _HIST_CONSTANTS = {
 # - latency bins: values ≤ MIN_VALUE_MS in ZERO_BIN, others ceil(ln(v) / ln γ), as [{bin, n}]
 #   ordered by bin ([] when the slice-minute has no value); quantile q is the bin holding rank
 #   floor(q · (n − 1)), read as 2 γ^bin / (γ + 1) (0 for the zero bin), NULL without values;
-# - GPU samples (DESIGN.md: several sources per GPU, merged field by field): labels and replica
+# - GPU samples (docs/data-contract.md: several sources per GPU, merged field by field): labels and replica
 #   state from the newest sample that has them (ties by value), each gauge over the samples
 #   that carry it, `sources` the sources seen (a sample without `source` is NVML's if it
 #   carries NVML readings and the runtime's if it carries runtime gauges), in name order.

@@ -1,4 +1,4 @@
-"""`tailwatch bench --tiers`: how tier 1 scales out and what tier 2 costs (issue 17).
+"""`tailwatch bench --tiers`: how tier 1 scales out and what tier 2 costs.
 
 One embedded broker, the synthetic firehose of `tailwatch bench` (20,000 live slices by
 default, keyed by tenant over 4 partitions), published once per measurement:
@@ -34,7 +34,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from tailwatch.bench import fresh, publish, worker_processes
+from tools.bench import fresh, publish, worker_processes
 from tailwatch.broker import EmbeddedBroker, free_port
 
 

@@ -4,7 +4,7 @@ and the same day with every incident kind injected (see "public traces" below).
 
 Embedded broker (a fresh one on a free port) → simulator events published to Kafka → the
 real worker with the detector stage, until the topics are drained → the store's
-`detections` → `detectors.evaluation.score` → a table per detector: recall over the
+`detections` → `tools.detector_scoring.score` → a table per detector: recall over the
 labelled incidents, false alerts per simulated day, median delay from incident start to
 first detection (event-time minutes).
 """
@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from detectors import config as detector_config
-from detectors.evaluation import (
+from tools.detector_scoring import (
     DetectorScore,
     ObservedDetection,
     merge,
