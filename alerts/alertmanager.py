@@ -27,6 +27,7 @@ from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SL
 from slo.engine import AlertChange
 from slo.sli import span
 from slo.windows import minute_start_utc
+from conventions import ALERTS_DELIVERED_TOTAL, ALERTS_REFUSED_TOTAL
 
 log = logging.getLogger("tailwatch.alerts")
 OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
@@ -349,9 +350,9 @@ class DeliveryCollector:
         return []
 
     def collect(self):
-        delivered = CounterMetricFamily("tailwatch_alerts_delivered", "Alert changes Alertmanager took, per instance.",
+        delivered = CounterMetricFamily(ALERTS_DELIVERED_TOTAL, "Alert changes Alertmanager took, per instance.",
                                         labels=["stage", "alertmanager"])
-        refused = CounterMetricFamily("tailwatch_alerts_refused", "Alert changes an Alertmanager refused with a 4xx "
+        refused = CounterMetricFamily(ALERTS_REFUSED_TOTAL, "Alert changes an Alertmanager refused with a 4xx "
                                       "(dropped with a log line, never retried).", labels=["stage", "alertmanager"])
         for alerts in self.alerts:
             for target, (ok, bad) in alerts.counts().items():

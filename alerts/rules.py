@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from slo.engine import SliceState
 from slo.sli import span
 from slo.spec import SloSpec
+from conventions import SLO_ERROR_RATIO_RATE_RULE, SLO_EVENTS_INCREASE_RULE, SLO_EVENTS_TOTAL
 
-COUNTER = "tailwatch_slo_events_total"
+COUNTER = SLO_EVENTS_TOTAL
 
 
 def _sel(spec: SloSpec) -> str:
@@ -48,12 +49,12 @@ def rule_groups(spec: SloSpec) -> dict:
     for m in windows:
         r = span(m)
         recording.append({
-            "record": f"tailwatch_slo:error_ratio:rate{r}",
+            "record": f"{SLO_ERROR_RATIO_RATE_RULE}{r}",
             "expr": (f'sum by ({_by(spec)}) (rate({COUNTER}{{{_sel(spec)}, outcome="bad"}}[{r}]))\n'
                      f'/ sum by ({_by(spec)}) (rate({COUNTER}{{{_sel(spec)}}}[{r}]))'),
         })
         recording.append({
-            "record": f"tailwatch_slo:events:increase{r}",
+            "record": f"{SLO_EVENTS_INCREASE_RULE}{r}",
             "expr": f"sum by ({_by(spec)}) (increase({COUNTER}{{{_sel(spec)}}}[{r}]))",
         })
     alerting = []
@@ -63,8 +64,8 @@ def rule_groups(spec: SloSpec) -> dict:
         long_r, short_r = span(w.long_minutes), span(w.short_minutes)
         threshold = factor * budget
         cond = lambda r: (  # noqa: E731
-            f'(tailwatch_slo:error_ratio:rate{r}{{{_sel(spec)}}} > {threshold:.12g}'
-            f' and tailwatch_slo:events:increase{r}{{{_sel(spec)}}} >= {spec.min_events})'
+            f'({SLO_ERROR_RATIO_RATE_RULE}{r}{{{_sel(spec)}}} > {threshold:.12g}'
+            f' and {SLO_EVENTS_INCREASE_RULE}{r}{{{_sel(spec)}}} >= {spec.min_events})'
         )
         alerting.append({
             "alert": f"SLOBurn{w.severity.capitalize()}",

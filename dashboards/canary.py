@@ -16,6 +16,10 @@ from dashboards.common import (
     rate,
     timeseries,
 )
+from conventions import (
+    OUTPUT_TOKENS_TOTAL, REQUESTS_TOTAL, REQUEST_GPU_SECONDS_TOTAL, STREAMS_CANCELLED_TOTAL,
+    STREAMS_COMPLETED_TOTAL, STREAMS_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+)
 
 BY = "model, deployment"
 LEGEND = "{{model}} {{deployment}}"
@@ -24,11 +28,11 @@ LEGEND = "{{model}} {{deployment}}"
 def build(specs=None):
     panels = [
         timeseries("Requests by model version", "reqps",
-                   [Q(rate("tailwatch_requests_total", "model, model_version, deployment"),
+                   [Q(rate(REQUESTS_TOTAL, "model, model_version, deployment"),
                       "{{model}} {{model_version}} ({{deployment}})")], w=12, stacked=True),
         timeseries("Error ratio, canary vs stable", "percentunit", [Q(
-            f"{rate('tailwatch_requests_total', BY, outcome=ERRORS)}\n"
-            f"/ ({rate('tailwatch_requests_total', BY, outcome=NOT_CANCELLED)} > 0)", LEGEND)], w=12),
+            f"{rate(REQUESTS_TOTAL, BY, outcome=ERRORS)}\n"
+            f"/ ({rate(REQUESTS_TOTAL, BY, outcome=NOT_CANCELLED)} > 0)", LEGEND)], w=12),
         timeseries("First output p95, canary vs stable", "s", [Q(
             latency_quantile("first_output", "0.95", "model, model_version, deployment"),
             "{{model}} {{model_version}} ({{deployment}})")], w=12),
@@ -40,15 +44,15 @@ def build(specs=None):
             "{{model}} {{model_version}} ({{deployment}})")], w=12,
             description="A canary that decodes slowly keeps a healthy first token; the gap between tokens shows it."),
         timeseries("Stream completion ratio, canary vs stable", "percentunit", [Q(
-            f"{rate('tailwatch_streams_completed_total', BY)}\n"
-            f"/ (({rate('tailwatch_streams_total', BY)} - {rate('tailwatch_streams_cancelled_total', BY)}) > 0)", LEGEND)],
+            f"{rate(STREAMS_COMPLETED_TOTAL, BY)}\n"
+            f"/ (({rate(STREAMS_TOTAL, BY)} - {rate(STREAMS_CANCELLED_TOTAL, BY)}) > 0)", LEGEND)],
             w=12),
         timeseries("Turn success ratio, canary vs stable", "percentunit", [Q(
-            f"{rate('tailwatch_successful_turns_total', BY)}\n/ ({rate('tailwatch_turns_total', BY)} > 0)", LEGEND)]),
+            f"{rate(SUCCESSFUL_TURNS_TOTAL, BY)}\n/ ({rate(TURNS_TOTAL, BY)} > 0)", LEGEND)]),
         timeseries("GPU cost per 1,000 output tokens, canary vs stable", "currencyUSD", [Q(
-            per_unit(allocated_cost_usd_per_second(BY), "tailwatch_output_tokens_total", BY, 1000), LEGEND)]),
+            per_unit(allocated_cost_usd_per_second(BY), OUTPUT_TOKENS_TOTAL, BY, 1000), LEGEND)]),
         timeseries("GPU-seconds per attempt, canary vs stable", "s", [Q(
-            f"{rate('tailwatch_request_gpu_seconds_total', BY)}\n/ ({rate('tailwatch_requests_total', BY)} > 0)",
+            f"{rate(REQUEST_GPU_SECONDS_TOTAL, BY)}\n/ ({rate(REQUESTS_TOTAL, BY)} > 0)",
             LEGEND)]),
     ]
     return dashboard(UID_CANARY, "tailwatch / Model version and canary",

@@ -28,21 +28,30 @@ RATE = "$__rate_interval"  # Grafana: at least 4 scrape intervals, so rate() alw
 from dashboards.uids import (  # noqa: E402,F401
     FILTER_LABELS, UID_CANARY, UID_COST, UID_FLEET, UID_GPU, UID_LATENCY, UID_PIPELINE, UID_SLO,
 )
+from conventions import (
+    AUDIO_SECONDS_TOTAL, GPUS, GPUS_PROFILED, GPU_DRAM_BANDWIDTH_RATIO, GPU_ECC_ERRORS_TOTAL,
+    GPU_KV_CACHE_USAGE_RATIO, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS,
+    GPU_PRICE_USD_PER_GPU_SECOND, GPU_REPLICAS, GPU_SECONDS_TOTAL, GPU_SM_ACTIVE_RATIO,
+    GPU_SM_OCCUPANCY_RATIO, GPU_TEMPERATURE_CELSIUS, GPU_TENSOR_ACTIVE_RATIO, GPU_UTILIZATION_RATIO,
+    GPU_XID_ERRORS_TOTAL, OUTPUT_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, QUEUE_DEPTH_REQUESTS,
+    QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL, REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS,
+    REQUEST_RETRIES_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+)
 
-_TRAFFIC_METRICS = ("tailwatch_requests_total", "tailwatch_request_retries_total", "tailwatch_turns_total",
-                    "tailwatch_successful_turns_total", "tailwatch_prompt_tokens_total",
-                    "tailwatch_output_tokens_total", "tailwatch_audio_seconds_total")
-_POOL_METRICS = ("tailwatch_gpu_seconds_total", "tailwatch_gpu_xid_errors_total", "tailwatch_gpu_ecc_errors_total",
-                 "tailwatch_gpus", "tailwatch_gpu_utilization_ratio", "tailwatch_gpu_memory_used_bytes",
-                 "tailwatch_gpu_memory_total_bytes", "tailwatch_gpu_power_watts", "tailwatch_gpu_temperature_celsius",
-                 "tailwatch_gpu_kv_cache_usage_ratio", "tailwatch_queue_oldest_age_seconds",
-                 "tailwatch_queue_depth_requests", "tailwatch_gpu_replicas", "tailwatch_gpu_sm_active_ratio",
-                 "tailwatch_gpu_sm_occupancy_ratio", "tailwatch_gpu_tensor_active_ratio",
-                 "tailwatch_gpu_dram_bandwidth_ratio", "tailwatch_gpus_profiled")
+_TRAFFIC_METRICS = (REQUESTS_TOTAL, REQUEST_RETRIES_TOTAL, TURNS_TOTAL,
+                    SUCCESSFUL_TURNS_TOTAL, PROMPT_TOKENS_TOTAL,
+                    OUTPUT_TOKENS_TOTAL, AUDIO_SECONDS_TOTAL)
+_POOL_METRICS = (GPU_SECONDS_TOTAL, GPU_XID_ERRORS_TOTAL, GPU_ECC_ERRORS_TOTAL,
+                 GPUS, GPU_UTILIZATION_RATIO, GPU_MEMORY_USED_BYTES,
+                 GPU_MEMORY_TOTAL_BYTES, GPU_POWER_WATTS, GPU_TEMPERATURE_CELSIUS,
+                 GPU_KV_CACHE_USAGE_RATIO, QUEUE_OLDEST_AGE_SECONDS,
+                 QUEUE_DEPTH_REQUESTS, GPU_REPLICAS, GPU_SM_ACTIVE_RATIO,
+                 GPU_SM_OCCUPANCY_RATIO, GPU_TENSOR_ACTIVE_RATIO,
+                 GPU_DRAM_BANDWIDTH_RATIO, GPUS_PROFILED)
 METRIC_LABELS: dict[str, tuple[str, ...]] = {
     **{m: TRAFFIC_LABELS for m in _TRAFFIC_METRICS},
-    "tailwatch_request_gpu_seconds_total": GPU_TIME_LABELS,
-    "tailwatch_request_latency_seconds_bucket": LATENCY_LABELS,
+    REQUEST_GPU_SECONDS_TOTAL: GPU_TIME_LABELS,
+    f"{REQUEST_LATENCY_SECONDS}_bucket": LATENCY_LABELS,
     **{m: POOL_LABELS for m in _POOL_METRICS},
 }
 
@@ -67,7 +76,7 @@ def rate(metric: str, by: str, **matchers: str) -> str:
     return f"sum by ({by}) (rate({sel(metric, **matchers)}[{RATE}]))"
 
 
-LATENCY_BUCKETS = "tailwatch_request_latency_seconds_bucket"
+LATENCY_BUCKETS = f"{REQUEST_LATENCY_SECONDS}_bucket"
 
 
 def latency_quantile(field: str, quantile: str, by: str) -> str:
@@ -93,7 +102,7 @@ def label_variable(label: str, metric: str, label_text: str | None = None, selec
 
 
 def fleet_variables() -> list[g.Template]:
-    return [datasource_variable(), *(label_variable(k, "tailwatch_requests_total") for k in FILTER_LABELS)]
+    return [datasource_variable(), *(label_variable(k, REQUESTS_TOTAL) for k in FILTER_LABELS)]
 
 
 # ---- panels ------------------------------------------------------------------------------
@@ -197,12 +206,12 @@ def promql_annotation(name: str, expr: str, color: str, title: str, tag_keys: st
 
 
 # ---- cost, in PromQL ----------------------------------------------------------------------
-PRICE = "max by (gpu_sku) (tailwatch_gpu_price_usd_per_gpu_second)"  # one per SKU, however many workers
+PRICE = f"max by (gpu_sku) ({GPU_PRICE_USD_PER_GPU_SECOND})"  # one per SKU, however many workers
 
 
 def fleet_cost_usd_per_second_by_pool() -> str:
     """What each pool's GPUs cost per second, idle time included."""
-    return (f"sum by (pool) (rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]) "
+    return (f"sum by (pool) (rate({sel(GPU_SECONDS_TOTAL)}[{RATE}]) "
             f"* on (gpu_sku) group_left() {PRICE})")
 
 
@@ -211,7 +220,7 @@ def allocated_cost_usd_per_second(by: str) -> str:
     turn"): each pool's whole cost is shared out in proportion to the GPU-seconds its
     requests used, so idle GPUs are paid for by the traffic that keeps them provisioned.
     The share's denominator is the whole pool, not the filtered traffic."""
-    used = "tailwatch_request_gpu_seconds_total"
+    used = REQUEST_GPU_SECONDS_TOTAL
     return (f"sum by ({by}) (\n"
             f"  sum by ({by}, pool) (rate({sel(used)}[{RATE}]))\n"
             f"  / on (pool) group_left() (sum by (pool) (rate({used}[{RATE}])) > 0)\n"

@@ -20,13 +20,17 @@ from dashboards.common import (
     table,
     timeseries,
 )
+from conventions import (
+    AUDIO_SECONDS_TOTAL, GPU_SECONDS_TOTAL, OUTPUT_TOKENS_TOTAL, REQUEST_GPU_SECONDS_TOTAL,
+    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+)
 
 
 def idle_cost_usd_per_hour() -> str:
     """Per pool: (fleet GPU-seconds − request GPU-seconds) × price, never below zero
     (batched requests can use more GPU-seconds than the wall clock gives a GPU)."""
-    fleet = f"sum by (zone, pool, gpu_sku) (rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]))"
-    used = f"sum by (pool) (rate(tailwatch_request_gpu_seconds_total[{RATE}]))"
+    fleet = f"sum by (zone, pool, gpu_sku) (rate({sel(GPU_SECONDS_TOTAL)}[{RATE}]))"
+    used = f"sum by (pool) (rate({REQUEST_GPU_SECONDS_TOTAL}[{RATE}]))"
     return (f"sum by (zone, pool) (\n"
             f"  clamp_min(({fleet} - on (pool) group_left() {used}) or {fleet}, 0)\n"
             f"  * on (gpu_sku) group_left() {PRICE}\n"
@@ -34,7 +38,7 @@ def idle_cost_usd_per_hour() -> str:
 
 
 def build(specs=None):
-    turns = "tailwatch_successful_turns_total"
+    turns = SUCCESSFUL_TURNS_TOTAL
     panels = [
         stat("GPU spend per hour", "currencyUSD",
              [Q(f"sum({allocated_cost_usd_per_second('workload')}) * 3600", instant=True)], w=6,
@@ -44,7 +48,7 @@ def build(specs=None):
              [Q(f"sum({allocated_cost_usd_per_second('workload')}) / (sum({rate(turns, 'workload')}) > 0)",
                 instant=True)], w=6),
         stat("Goodput: turn success ratio", "percentunit",
-             [Q(f"sum({rate(turns, 'workload')}) / (sum({rate('tailwatch_turns_total', 'workload')}) > 0)",
+             [Q(f"sum({rate(turns, 'workload')}) / (sum({rate(TURNS_TOTAL, 'workload')}) > 0)",
                 instant=True)], w=6),
         timeseries("GPU cost per successful turn by workload", "currencyUSD",
                    [Q(per_unit(allocated_cost_usd_per_second("workload"), turns, "workload"), "{{workload}}")], w=12),
@@ -53,10 +57,10 @@ def build(specs=None):
         table("GPU cost per successful turn by tenant", "currencyUSD",
               [Q(per_unit(allocated_cost_usd_per_second("tenant"), turns, "tenant"), instant=True)], w=8, h=9),
         timeseries("GPU cost per 1,000 output tokens by model", "currencyUSD",
-                   [Q(per_unit(allocated_cost_usd_per_second("model"), "tailwatch_output_tokens_total", "model", 1000),
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), OUTPUT_TOKENS_TOTAL, "model", 1000),
                       "{{model}}")], h=9),
         timeseries("GPU cost per audio-second by model", "currencyUSD",
-                   [Q(per_unit(allocated_cost_usd_per_second("model"), "tailwatch_audio_seconds_total", "model"),
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), AUDIO_SECONDS_TOTAL, "model"),
                       "{{model}}")], h=9),
         timeseries("GPU spend per hour by tenant", "currencyUSD",
                    [Q(f"{allocated_cost_usd_per_second('tenant')} * 3600", "{{tenant}}")], w=12, stacked=True),
@@ -64,8 +68,8 @@ def build(specs=None):
                    w=12, stacked=True),
         timeseries("Goodput: successful turns by tenant", "cps", [Q(rate(turns, "tenant"), "{{tenant}}")], w=12),
         timeseries("GPU-seconds: fleet against used by requests", "s", [
-            Q(f"sum(rate({sel('tailwatch_gpu_seconds_total')}[{RATE}]))", "fleet (paid)"),
-            Q(f"sum({rate('tailwatch_request_gpu_seconds_total', 'workload')})", "used by requests"),
+            Q(f"sum(rate({sel(GPU_SECONDS_TOTAL)}[{RATE}]))", "fleet (paid)"),
+            Q(f"sum({rate(REQUEST_GPU_SECONDS_TOTAL, 'workload')})", "used by requests"),
         ], w=12, description="GPU-seconds per second: the gap is idle time."),
     ]
     return dashboard(UID_COST, "tailwatch / Cost and goodput", "GPU cost per unit of useful work, and idle cost.",

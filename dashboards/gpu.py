@@ -16,6 +16,12 @@ from dashboards.common import (
     thresholds,
     timeseries,
 )
+from conventions import (
+    GPUS, GPUS_PROFILED, GPU_DRAM_BANDWIDTH_RATIO, GPU_ECC_ERRORS_TOTAL, GPU_KV_CACHE_USAGE_RATIO,
+    GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS, GPU_REPLICAS, GPU_SM_ACTIVE_RATIO,
+    GPU_SM_OCCUPANCY_RATIO, GPU_TEMPERATURE_CELSIUS, GPU_TENSOR_ACTIVE_RATIO, GPU_UTILIZATION_RATIO,
+    GPU_XID_ERRORS_TOTAL, QUEUE_DEPTH_REQUESTS,
+)
 
 
 SM_ACTIVE = ("Share of time the SMs were active (NVML GPM on Hopper and later, or DCGM_FI_PROF_SM_ACTIVE), over the "
@@ -25,64 +31,64 @@ SM_ACTIVE = ("Share of time the SMs were active (NVML GPM on Hopper and later, o
 
 def build(specs=None):
     panels = [
-        stat("GPUs", "short", [Q(f"sum({sel('tailwatch_gpus')})", instant=True)]),
+        stat("GPUs", "short", [Q(f"sum({sel(GPUS)})", instant=True)]),
         stat("Mean utilisation", "percentunit", [Q(
-            f"sum({sel('tailwatch_gpu_utilization_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus)"
-            f" / sum({sel('tailwatch_gpus')})", instant=True)],
+            f"sum({sel(GPU_UTILIZATION_RATIO)} * on (zone, pool, gpu_sku) {GPUS})"
+            f" / sum({sel(GPUS)})", instant=True)],
              description="NVML utilisation: the share of time some kernel ran. It reads high while most SMs idle."),
         stat("Mean SM active", "percentunit", [Q(
-            f"sum({sel('tailwatch_gpu_sm_active_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus_profiled)"
-            f" / sum({sel('tailwatch_gpus_profiled')})", instant=True)],
+            f"sum({sel(GPU_SM_ACTIVE_RATIO)} * on (zone, pool, gpu_sku) {GPUS_PROFILED})"
+            f" / sum({sel(GPUS_PROFILED)})", instant=True)],
              description=SM_ACTIVE),
-        stat("GPUs reporting SM activity", "short", [Q(f"sum({sel('tailwatch_gpus_profiled')})", instant=True)],
+        stat("GPUs reporting SM activity", "short", [Q(f"sum({sel(GPUS_PROFILED)})", instant=True)],
              description="GPUs with GPM (Hopper and later, not in MIG mode) or DCGM profiling; the others "
                          "report utilisation only."),
         stat("XID errors (range)", "short",
-             [Q(f"sum(increase({sel('tailwatch_gpu_xid_errors_total')}[$__range]))", instant=True)],
+             [Q(f"sum(increase({sel(GPU_XID_ERRORS_TOTAL)}[$__range]))", instant=True)],
              threshold_steps=thresholds((1, "red"))),
         stat("ECC errors (range)", "short",
-             [Q(f"sum(increase({sel('tailwatch_gpu_ecc_errors_total')}[$__range]))", instant=True)],
+             [Q(f"sum(increase({sel(GPU_ECC_ERRORS_TOTAL)}[$__range]))", instant=True)],
              threshold_steps=thresholds((1, "red"))),
         timeseries("Utilisation by pool", "percentunit",
-                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_utilization_ratio')})", "{{pool}}")], w=12),
+                   [Q(f"max by (zone, pool) ({sel(GPU_UTILIZATION_RATIO)})", "{{pool}}")], w=12),
         timeseries("SM active by pool", "percentunit",
-                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_sm_active_ratio')})", "{{pool}}")], w=12,
+                   [Q(f"max by (zone, pool) ({sel(GPU_SM_ACTIVE_RATIO)})", "{{pool}}")], w=12,
                    description=SM_ACTIVE),
         timeseries("Busy but idle SMs: utilisation − SM active", "percentunit", [Q(
-            f"max by (zone, pool) ({sel('tailwatch_gpu_utilization_ratio')})"
-            f" - max by (zone, pool) ({sel('tailwatch_gpu_sm_active_ratio')})", "{{pool}}")], w=6,
+            f"max by (zone, pool) ({sel(GPU_UTILIZATION_RATIO)})"
+            f" - max by (zone, pool) ({sel(GPU_SM_ACTIVE_RATIO)})", "{{pool}}")], w=6,
                    description="Time a kernel ran without keeping the SMs busy. Large: the GPUs are held by small "
                                "kernels (small batches, per-token synchronisation); batch more before adding GPUs."),
         timeseries("Tensor pipes active by pool", "percentunit",
-                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_tensor_active_ratio')})", "{{pool}}")], w=6),
+                   [Q(f"max by (zone, pool) ({sel(GPU_TENSOR_ACTIVE_RATIO)})", "{{pool}}")], w=6),
         timeseries("SM occupancy by pool", "percentunit",
-                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_sm_occupancy_ratio')})", "{{pool}}")], w=6,
+                   [Q(f"max by (zone, pool) ({sel(GPU_SM_OCCUPANCY_RATIO)})", "{{pool}}")], w=6,
                    description="Resident warps over the maximum the SMs can hold."),
         timeseries("DRAM bandwidth by pool", "percentunit",
-                   [Q(f"max by (zone, pool) ({sel('tailwatch_gpu_dram_bandwidth_ratio')})", "{{pool}}")], w=6,
+                   [Q(f"max by (zone, pool) ({sel(GPU_DRAM_BANDWIDTH_RATIO)})", "{{pool}}")], w=6,
                    description="Memory bandwidth used over the GPU's peak: high with SMs idle is memory-bound decode."),
         timeseries("Memory used by pool", "percentunit", [Q(
-            f"sum by (pool) ({sel('tailwatch_gpu_memory_used_bytes')})"
-            f" / sum by (pool) ({sel('tailwatch_gpu_memory_total_bytes')})", "{{pool}}")], w=12),
+            f"sum by (pool) ({sel(GPU_MEMORY_USED_BYTES)})"
+            f" / sum by (pool) ({sel(GPU_MEMORY_TOTAL_BYTES)})", "{{pool}}")], w=12),
         timeseries("Memory used by zone", "bytes",
-                   [Q(f"sum by (zone) ({sel('tailwatch_gpu_memory_used_bytes')})", "{{zone}}")]),
-        timeseries("Power by zone", "watt", [Q(f"sum by (zone) ({sel('tailwatch_gpu_power_watts')})", "{{zone}}")]),
+                   [Q(f"sum by (zone) ({sel(GPU_MEMORY_USED_BYTES)})", "{{zone}}")]),
+        timeseries("Power by zone", "watt", [Q(f"sum by (zone) ({sel(GPU_POWER_WATTS)})", "{{zone}}")]),
         timeseries("Hottest GPU by zone", "celsius",
-                   [Q(f"max by (zone) ({sel('tailwatch_gpu_temperature_celsius')})", "{{zone}}")],
+                   [Q(f"max by (zone) ({sel(GPU_TEMPERATURE_CELSIUS)})", "{{zone}}")],
                    threshold_steps=thresholds((83, "red"))),
         timeseries("XID and ECC errors by pool", "short", [
-            Q(f"sum by (pool) (increase({sel('tailwatch_gpu_xid_errors_total')}[{RATE}]))", "XID {{pool}}"),
-            Q(f"sum by (pool) (increase({sel('tailwatch_gpu_ecc_errors_total')}[{RATE}]))", "ECC {{pool}}"),
+            Q(f"sum by (pool) (increase({sel(GPU_XID_ERRORS_TOTAL)}[{RATE}]))", "XID {{pool}}"),
+            Q(f"sum by (pool) (increase({sel(GPU_ECC_ERRORS_TOTAL)}[{RATE}]))", "ECC {{pool}}"),
         ]),
         timeseries("Replicas by state", "short",
-                   [Q(f"sum by (state) ({sel('tailwatch_gpu_replicas')})", "{{state}}")], stacked=True),
+                   [Q(f"sum by (state) ({sel(GPU_REPLICAS)})", "{{state}}")], stacked=True),
         timeseries("KV-cache usage by pool (fullest replica)", "percentunit",
-                   [Q(f"max by (pool) ({sel('tailwatch_gpu_kv_cache_usage_ratio')})", "{{pool}}")],
+                   [Q(f"max by (pool) ({sel(GPU_KV_CACHE_USAGE_RATIO)})", "{{pool}}")],
                    threshold_steps=thresholds((0.9, "red"))),
         timeseries("GPUs by zone and SKU", "short",
-                   [Q(f"sum by (zone, gpu_sku) ({sel('tailwatch_gpus')})", "{{zone}} {{gpu_sku}}")], w=12),
+                   [Q(f"sum by (zone, gpu_sku) ({sel(GPUS)})", "{{zone}} {{gpu_sku}}")], w=12),
         timeseries("Queued requests by zone", "short",
-                   [Q(f"sum by (zone) ({sel('tailwatch_queue_depth_requests')})", "{{zone}}")], w=12),
+                   [Q(f"sum by (zone) ({sel(QUEUE_DEPTH_REQUESTS)})", "{{zone}}")], w=12),
     ]
     return dashboard(UID_GPU, "tailwatch / GPU fleet", "GPU health and capacity by zone and pool.", panels,
                      fleet_variables())

@@ -14,6 +14,10 @@ from dashboards.common import (
     sel,
     timeseries,
 )
+from conventions import (
+    GPUS, GPU_UTILIZATION_RATIO, QUEUE_OLDEST_AGE_SECONDS, REQUEST_GPU_SECONDS_TOTAL,
+    REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_TOTAL,
+)
 
 
 
@@ -26,11 +30,11 @@ def pct(field: str, quantile: str, by: str) -> str:
 def busy_gpus_by_traffic_class() -> str:
     """Each pool's busy GPUs (utilisation × GPUs) shared out by the GPU-seconds each
     traffic class used in it: batch work in a realtime pool shows up as batch."""
-    used = "tailwatch_request_gpu_seconds_total"
+    used = REQUEST_GPU_SECONDS_TOTAL
     return (f"sum by (traffic_class) (\n"
             f"  {rate(used, 'pool, traffic_class')}\n"
             f"  / on (pool) group_left() (sum by (pool) (rate({used}[$__rate_interval])) > 0)\n"
-            f"  * on (pool) group_left() sum by (pool) ({sel('tailwatch_gpu_utilization_ratio')} * on (zone, pool, gpu_sku) tailwatch_gpus)\n"
+            f"  * on (pool) group_left() sum by (pool) ({sel(GPU_UTILIZATION_RATIO)} * on (zone, pool, gpu_sku) {GPUS})\n"
             f")")
 
 
@@ -53,8 +57,8 @@ def build(specs=None):
                    description="The mean gap between tokens of each answer, after the first token: slow decode "
                                "shows here while first output stays healthy."),
         timeseries("Stream completion ratio by model and zone", "percentunit", [Q(
-            f"{rate('tailwatch_streams_completed_total', 'model, zone')}\n"
-            f"/ (({rate('tailwatch_streams_total', 'model, zone')} - {rate('tailwatch_streams_cancelled_total', 'model, zone')}) > 0)",
+            f"{rate(STREAMS_COMPLETED_TOTAL, 'model, zone')}\n"
+            f"/ (({rate(STREAMS_TOTAL, 'model, zone')} - {rate(STREAMS_CANCELLED_TOTAL, 'model, zone')}) > 0)",
             "{{model}} {{zone}}")], w=12,
             description="Streams that ended normally, of those the client did not cancel; a stream cut mid-answer "
                         "behind an HTTP 200 counts against it."),
@@ -62,15 +66,15 @@ def build(specs=None):
             Q(pct("first_output", q, ""), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
         ], w=12),
         timeseries("Retried attempts by workload and zone", "reqps",
-                   [Q(rate("tailwatch_request_retries_total", "workload, zone"), "{{workload}} {{zone}}")], w=12,
+                   [Q(rate(REQUEST_RETRIES_TOTAL, "workload, zone"), "{{workload}} {{zone}}")], w=12,
                    description="A retry storm multiplies load while users wait: compare with queue age below."),
         timeseries("Busy GPUs by traffic class", "short", [
             Q(busy_gpus_by_traffic_class(), "{{traffic_class}}"),
-            Q(f"sum({sel('tailwatch_gpus')})", "GPUs"),
+            Q(f"sum({sel(GPUS)})", "GPUs"),
         ], w=12, stacked=False,
             description="Utilisation × GPUs of each pool, shared by the GPU-seconds each traffic class used there."),
         timeseries("Oldest queued request by pool", "s",
-                   [Q(f"max by (pool) ({sel('tailwatch_queue_oldest_age_seconds')})", "{{pool}}")], w=12,
+                   [Q(f"max by (pool) ({sel(QUEUE_OLDEST_AGE_SECONDS)})", "{{pool}}")], w=12,
                    description="High while utilisation is high: GPUs are busy and users are waiting."),
     ]
     return dashboard(UID_LATENCY, "tailwatch / Latency",

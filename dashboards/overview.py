@@ -19,6 +19,10 @@ from dashboards.common import (
 )
 from slo.sli import span
 from slo.spec import SloSpec
+from conventions import (
+    ALERTS_FIRING, REQUESTS_TOTAL, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO,
+    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+)
 
 
 def build(specs: list[SloSpec]):
@@ -26,52 +30,52 @@ def build(specs: list[SloSpec]):
     page_windows = sorted({w.long_minutes for s in specs for w in s.alert_windows if w.severity == "page"})
     page_factor = min((w.factor(s.window_minutes) for s in specs for w in s.alert_windows if w.severity == "page"),
                       default=14.4)
-    burn_columns = [Q(f'max by (slo) (tailwatch_slo_burn_rate{{window="{span(m)}"}})', instant=True) for m in page_windows]
+    burn_columns = [Q(f'max by (slo) ({SLO_BURN_RATE}{{window="{span(m)}"}})', instant=True) for m in page_windows]
     slo_link = [{"title": "SLO detail", "url": f"/d/{UID_SLO}?var-slo=${{__data.fields.slo}}&${{__url_time_range}}"}]
     by_slice = ", ".join(["slo", *slice_labels])
     panels = [
         table("SLOs: budget left, burn rate, alerts firing", "percentunit", [
-            Q("min by (slo) (tailwatch_slo_error_budget_remaining_ratio)", instant=True),
+            Q(f"min by (slo) ({SLO_ERROR_BUDGET_REMAINING_RATIO})", instant=True),
             *burn_columns,
-            Q('sum by (slo) (tailwatch_alerts_firing{severity="page"})', instant=True),
-            Q('sum by (slo) (tailwatch_alerts_firing{severity="ticket"})', instant=True),
+            Q(f'sum by (slo) ({ALERTS_FIRING}{{severity="page"}})', instant=True),
+            Q(f'sum by (slo) ({ALERTS_FIRING}{{severity="ticket"}})', instant=True),
         ], w=16, h=9, links=slo_link,
             description="Per SLO: the worst slice's budget left, its burn rate over each page window, and alerts firing. "
                         "Columns: budget left, burn rates (" + ", ".join(span(m) for m in page_windows) + "), pages, tickets.",
             column_units={**{f"Value #{chr(ord('B') + i)}": "suffix:×" for i in range(len(burn_columns))},
                           f"Value #{chr(ord('B') + len(burn_columns))}": "short",
                           f"Value #{chr(ord('C') + len(burn_columns))}": "short"}),
-        stat("Pages firing", "short", [Q('sum(tailwatch_alerts_firing{severity="page"})', instant=True)], w=4, h=9,
+        stat("Pages firing", "short", [Q(f'sum({ALERTS_FIRING}{{severity="page"}})', instant=True)], w=4, h=9,
              threshold_steps=thresholds((1, "red"))),
-        stat("Tickets firing", "short", [Q('sum(tailwatch_alerts_firing{severity="ticket"})', instant=True)], w=4, h=9,
+        stat("Tickets firing", "short", [Q(f'sum({ALERTS_FIRING}{{severity="ticket"}})', instant=True)], w=4, h=9,
              threshold_steps=thresholds((1, "orange"))),
         table("Slice burning fastest (1h)", "suffix:×", [
-            Q(f'topk(1, max by ({by_slice}) (tailwatch_slo_burn_rate{{window="1h"}}))', instant=True),
+            Q(f'topk(1, max by ({by_slice}) ({SLO_BURN_RATE}{{window="1h"}}))', instant=True),
         ], w=12, h=5, links=slo_link, description="The SLO slice with the highest 1-hour burn rate right now."),
         table("Request slice with the highest error ratio", "percentunit", [
-            Q(f"topk(1, {rate('tailwatch_requests_total', 'tenant, model, model_version, zone, workload, traffic_class', outcome=ERRORS)}"
-              f" / ({rate('tailwatch_requests_total', 'tenant, model, model_version, zone, workload, traffic_class', outcome=NOT_CANCELLED)} > 0))",
+            Q(f"topk(1, {rate(REQUESTS_TOTAL, 'tenant, model, model_version, zone, workload, traffic_class', outcome=ERRORS)}"
+              f" / ({rate(REQUESTS_TOTAL, 'tenant, model, model_version, zone, workload, traffic_class', outcome=NOT_CANCELLED)} > 0))",
               instant=True),
         ], w=12, h=5, description="Across all traffic (SLO or not): the slice whose attempts fail most, over the rate window."),
         timeseries("Error budget remaining (worst slice per SLO)", "percentunit",
-                   [Q("min by (slo) (tailwatch_slo_error_budget_remaining_ratio)", "{{slo}}")], w=12),
+                   [Q(f"min by (slo) ({SLO_ERROR_BUDGET_REMAINING_RATIO})", "{{slo}}")], w=12),
         timeseries("Burn rate over 1h (worst slice per SLO)", "suffix:×",
-                   [Q('max by (slo) (tailwatch_slo_burn_rate{window="1h"})', "{{slo}}")], w=12,
+                   [Q(f'max by (slo) ({SLO_BURN_RATE}{{window="1h"}})', "{{slo}}")], w=12,
                    threshold_steps=thresholds((page_factor, "red")),
                    description=f"The line is the fastest page threshold ({page_factor:g}×)."),
         timeseries("Requests by workload and zone", "reqps",
-                   [Q(rate("tailwatch_requests_total", "workload, zone"), "{{workload}} {{zone}}")]),
+                   [Q(rate(REQUESTS_TOTAL, "workload, zone"), "{{workload}} {{zone}}")]),
         timeseries("Goodput: successful turns by workload and zone", "cps",
-                   [Q(rate("tailwatch_successful_turns_total", "workload, zone"), "{{workload}} {{zone}}")]),
+                   [Q(rate(SUCCESSFUL_TURNS_TOTAL, "workload, zone"), "{{workload}} {{zone}}")]),
         timeseries("Errors by workload and zone", "reqps",
-                   [Q(rate("tailwatch_requests_total", "workload, zone", outcome=ERRORS), "{{workload}} {{zone}}")],
+                   [Q(rate(REQUESTS_TOTAL, "workload, zone", outcome=ERRORS), "{{workload}} {{zone}}")],
                    description="Attempts that ended in error, timeout or shed."),
         timeseries("Error ratio by workload and zone", "percentunit", [Q(
-            f"{rate('tailwatch_requests_total', 'workload, zone', outcome=ERRORS)}\n"
-            f"/ ({rate('tailwatch_requests_total', 'workload, zone', outcome=NOT_CANCELLED)} > 0)",
+            f"{rate(REQUESTS_TOTAL, 'workload, zone', outcome=ERRORS)}\n"
+            f"/ ({rate(REQUESTS_TOTAL, 'workload, zone', outcome=NOT_CANCELLED)} > 0)",
             "{{workload}} {{zone}}")], w=12),
         timeseries("Turn success ratio by workload", "percentunit", [Q(
-            f"{rate('tailwatch_successful_turns_total', 'workload')}\n/ ({rate('tailwatch_turns_total', 'workload')} > 0)",
+            f"{rate(SUCCESSFUL_TURNS_TOTAL, 'workload')}\n/ ({rate(TURNS_TOTAL, 'workload')} > 0)",
             "{{workload}}")], w=12),
     ]
     return dashboard(UID_FLEET, "tailwatch / Fleet overview",

@@ -14,6 +14,11 @@ from dashboards.common import (
     table,
     timeseries,
 )
+from conventions import (
+    BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS, CONSUMER_LAG_MESSAGES,
+    DEAD_LETTERS_TOTAL, EVENTS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, HTTP_REFUSED_TOTAL,
+    LATE_EVENTS_TOTAL, OPEN_BUCKETS, UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
+)
 
 
 def quantile(q: float, histogram: str, by: str) -> str:
@@ -22,42 +27,42 @@ def quantile(q: float, histogram: str, by: str) -> str:
 
 def build(specs=None):
     panels = [
-        stat("Consumer lag", "short", [Q("sum(tailwatch_consumer_lag_messages)", instant=True)], w=6),
-        stat("Events per second", "cps", [Q(f"sum(rate(tailwatch_events_total[{RATE}]))", instant=True)], w=6),
+        stat("Consumer lag", "short", [Q(f"sum({CONSUMER_LAG_MESSAGES})", instant=True)], w=6),
+        stat("Events per second", "cps", [Q(f"sum(rate({EVENTS_TOTAL}[{RATE}]))", instant=True)], w=6),
         stat("Dead letters (range)", "short",
-             [Q("sum(increase(tailwatch_dead_letters_total[$__range]))", instant=True)], w=6),
-        stat("Open minutes", "short", [Q("max(tailwatch_open_buckets)", instant=True)], w=6),
+             [Q(f"sum(increase({DEAD_LETTERS_TOTAL}[$__range]))", instant=True)], w=6),
+        stat("Open minutes", "short", [Q(f"max({OPEN_BUCKETS})", instant=True)], w=6),
         timeseries("Consumer lag by topic and partition", "short",
-                   [Q("sum by (topic, partition) (tailwatch_consumer_lag_messages)", "{{topic}}[{{partition}}]")], w=12),
+                   [Q(f"sum by (topic, partition) ({CONSUMER_LAG_MESSAGES})", "{{topic}}[{{partition}}]")], w=12),
         timeseries("Events per second by topic and outcome", "cps",
-                   [Q(f"sum by (topic, outcome) (rate(tailwatch_events_total[{RATE}]))", "{{topic}} {{outcome}}")], w=12),
+                   [Q(f"sum by (topic, outcome) (rate({EVENTS_TOTAL}[{RATE}]))", "{{topic}} {{outcome}}")], w=12),
         timeseries("Dead letters by reason", "cps",
-                   [Q(f"sum by (reason) (rate(tailwatch_dead_letters_total[{RATE}]))", "{{reason}}")]),
+                   [Q(f"sum by (reason) (rate({DEAD_LETTERS_TOTAL}[{RATE}]))", "{{reason}}")]),
         table("Dead letters since start by reason", "short",
-              [Q("sum by (topic, reason) (tailwatch_dead_letters_total)", instant=True)], w=8),
+              [Q(f"sum by (topic, reason) ({DEAD_LETTERS_TOTAL})", instant=True)], w=8),
         timeseries("Late events by topic", "cps",
-                   [Q(f"sum by (topic) (rate(tailwatch_late_events_total[{RATE}]))", "{{topic}}")]),
+                   [Q(f"sum by (topic) (rate({LATE_EVENTS_TOTAL}[{RATE}]))", "{{topic}}")]),
         timeseries("Bucket close delay p95", "s",
-                   [Q(quantile(0.95, "tailwatch_bucket_close_delay_seconds", "topic, "), "{{topic}}")],
+                   [Q(quantile(0.95, BUCKET_CLOSE_DELAY_SECONDS, "topic, "), "{{topic}}")],
                    description="Wall-clock time from a minute's end to its bucket landing in the store."),
         timeseries("Event-time lag (now − watermark)", "s",
-                   [Q("time() - tailwatch_watermark_timestamp_seconds", "{{topic}}")],
+                   [Q(f"time() - {WATERMARK_TIMESTAMP_SECONDS}", "{{topic}}")],
                    description="Large on a replay of old traffic; on live traffic about the allowed lateness."),
         timeseries("Checkpoint duration p95", "s",
-                   [Q(quantile(0.95, "tailwatch_checkpoint_duration_seconds", ""), "p95")]),
+                   [Q(quantile(0.95, CHECKPOINT_DURATION_SECONDS, ""), "p95")]),
         timeseries("Buckets closed per second by topic", "cps",
-                   [Q(f"sum by (topic) (rate(tailwatch_buckets_closed_total[{RATE}]))", "{{topic}}")], w=12),
+                   [Q(f"sum by (topic) (rate({BUCKETS_CLOSED_TOTAL}[{RATE}]))", "{{topic}}")], w=12),
         timeseries("Fields dropped at ingest by topic", "cps",
-                   [Q(f"sum by (topic) (rate(tailwatch_unknown_fields_dropped_total[{RATE}]))", "{{topic}}")], w=12,
+                   [Q(f"sum by (topic) (rate({UNKNOWN_FIELDS_DROPPED_TOTAL}[{RATE}]))", "{{topic}}")], w=12,
                    description="Records that carried fields outside the schema (dropped before storage)."),
         timeseries("HTTP connections and requests refused, by reason", "cps",
-                   [Q(f"sum by (reason) (rate(tailwatch_http_refused_total[{RATE}]))", "{{reason}}")], w=12,
+                   [Q(f"sum by (reason) (rate({HTTP_REFUSED_TOTAL}[{RATE}]))", "{{reason}}")], w=12,
                    description="Slow heads and bodies cut, bodies refused before reading, malformed requests, and the "
                                "connection cap's evictions and refusals: a climb here is a client or an attacker "
                                "misbehaving, never the API slowing down."),
         timeseries("Fleet metric label sets against their limit", "short",
-                   [Q("max by (family) (tailwatch_fleet_label_sets)", "{{family}}"),
-                    Q("max by (family) (tailwatch_fleet_label_sets_limit)", "{{family}} limit")], w=12,
+                   [Q(f"max by (family) ({FLEET_LABEL_SETS})", "{{family}}"),
+                    Q(f"max by (family) ({FLEET_LABEL_SETS_LIMIT})", "{{family}} limit")], w=12,
                    description="Past the limit, new label sets fold their tenant, model, version and pool into "
                                "other (--metrics-max-label-sets): totals stay exact, named breakdowns stop growing."),
     ]

@@ -22,6 +22,10 @@ from dashboards.common import (
 )
 from slo.sli import span
 from slo.spec import SloSpec
+from conventions import (
+    ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
+    SLO_SLI_RATIO,
+)
 
 SEVERITY_COLOR = {"page": "red", "ticket": "orange"}
 
@@ -38,17 +42,17 @@ def build(specs: list[SloSpec]):
     compliance_re = "|".join(span(m) for m in compliance)
     panels = [
         timeseries("SLI over the compliance window against the objective", "percentunit", [
-            Q(f'tailwatch_slo_sli_ratio{{{match}, window=~"{compliance_re}"}}', f"SLI {legend}"),
-            Q(f"max by (slo) (tailwatch_slo_objective_ratio{{{match}}})", "objective"),
+            Q(f'{SLO_SLI_RATIO}{{{match}, window=~"{compliance_re}"}}', f"SLI {legend}"),
+            Q(f"max by (slo) ({SLO_OBJECTIVE_RATIO}{{{match}}})", "objective"),
         ], w=12, description="Good ÷ valid events over the SLO's compliance window, per slice; the objective as a line."),
         stat("Error budget left (worst slice)", "percentunit",
-             [Q(f"min(tailwatch_slo_error_budget_remaining_ratio{{{match}}})", instant=True)], w=6, h=8,
+             [Q(f"min({SLO_ERROR_BUDGET_REMAINING_RATIO}{{{match}}})", instant=True)], w=6, h=8,
              threshold_steps=thresholds((0.25, "orange"), (0.5, "green"), base="red")),
         stat("Alerts firing", "short",
-             [Q(f"sum(tailwatch_alerts_firing{{{match}}})", instant=True)], w=6, h=8,
+             [Q(f"sum({ALERTS_FIRING}{{{match}}})", instant=True)], w=6, h=8,
              threshold_steps=thresholds((1, "red"))),
         timeseries("Error budget burn-down", "percentunit",
-                   [Q(f"tailwatch_slo_error_budget_remaining_ratio{{{match}}}", legend or "{{slo}}")], w=24,
+                   [Q(f"{SLO_ERROR_BUDGET_REMAINING_RATIO}{{{match}}}", legend or "{{slo}}")], w=24,
                    timeFrom=span(max(compliance)),
                    description="Share of the compliance window's error budget left, over that window."),
     ]
@@ -61,7 +65,7 @@ def build(specs: list[SloSpec]):
         steps = thresholds(*((f, SEVERITY_COLOR[severity]) for f in sorted(factors)))
         panels.append(timeseries(
             f"Burn rate, {name}: {span(long_m)} and {span(short_m)} ({severity})", "suffix:×",
-            [Q(f'tailwatch_slo_burn_rate{{{match}, window=~"{span(long_m)}|{span(short_m)}"}}',
+            [Q(f'{SLO_BURN_RATE}{{{match}, window=~"{span(long_m)}|{span(short_m)}"}}',
                f"{{{{window}}}} {legend}")],
             w=12, threshold_steps=steps,
             description=(f"Fires a {severity} while both windows burn above "
@@ -70,20 +74,20 @@ def build(specs: list[SloSpec]):
         ))
     panels += [
         timeseries("Alerts firing by severity", "short",
-                   [Q(f"sum by (severity) (tailwatch_alerts_firing{{{match}}})", "{{severity}}")], w=12),
+                   [Q(f"sum by (severity) ({ALERTS_FIRING}{{{match}}})", "{{severity}}")], w=12),
         timeseries("SLI events by outcome", "cps",
-                   [Q(f"sum by (outcome) (rate(tailwatch_slo_events_total{{{match}}}[{RATE}]))", "{{outcome}}")], w=12),
+                   [Q(f"sum by (outcome) (rate({SLO_EVENTS_TOTAL}{{{match}}}[{RATE}]))", "{{outcome}}")], w=12),
     ]
     variables = [datasource_variable(),
-                 label_variable("slo", "tailwatch_slo_objective_ratio", "SLO", include_all=False),
-                 *(label_variable(k, "tailwatch_slo_objective_ratio", selector='{slo=~"$slo"}') for k in labels)]
+                 label_variable("slo", SLO_OBJECTIVE_RATIO, "SLO", include_all=False),
+                 *(label_variable(k, SLO_OBJECTIVE_RATIO, selector='{slo=~"$slo"}') for k in labels)]
     tags = ",".join(["severity", *labels])
     annotations = [
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
-        promql_annotation("Pages", f'tailwatch_alerts_firing{{{match}, severity="page"}} > 0', "red",
+        promql_annotation("Pages", f'{ALERTS_FIRING}{{{match}, severity="page"}} > 0', "red",
                           "page: {{slo}}", tags),
-        promql_annotation("Tickets", f'tailwatch_alerts_firing{{{match}, severity="ticket"}} > 0', "orange",
+        promql_annotation("Tickets", f'{ALERTS_FIRING}{{{match}, severity="ticket"}} > 0', "orange",
                           "ticket: {{slo}}", tags),
     ]
     return dashboard(UID_SLO, "tailwatch / SLO detail", "One SLO and its slices: SLI, budget, burn rates, alerts.",

@@ -17,7 +17,8 @@ import msgspec
 from ingest import deadletter
 from ingest.schema import EVENT_TYPES, TOPIC_OF_SCHEMA, partition_key
 from ingest.validate import UNKNOWN_SCHEMA, BatchDecoder
-from tailwatch.kafka import KafkaSettings, make_producer, send
+from ingest.kafka import KafkaSettings, make_producer, send
+from conventions import TOPIC_DEADLETTER
 
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"\\]{1,40})"')
 _encoder = msgspec.json.Encoder()
@@ -92,7 +93,7 @@ class EventPublisher:
 
     def _reject(self, raw: bytes, source: str, line_index: int, reason: str, detail: str) -> None:
         letter = deadletter.make(f"file:{source}", -1, line_index, reason, detail, raw, 0)
-        send(self.producer, self.settings.topic("deadletter"), deadletter.encode(letter), b"produce")
+        send(self.producer, self.settings.topic(TOPIC_DEADLETTER), deadletter.encode(letter), b"produce")
         self.report.rejected[reason] += 1
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Literal, Optional, Union, get_args
 
 import msgspec
+from conventions import TOPIC_DEPLOYS, TOPIC_GPU, TOPIC_REQUESTS
 
 MAX_MS = 1e9  # about 11.6 days: beyond any request latency
 MAX_COUNT = 10**12
@@ -155,7 +156,7 @@ EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
 }
 
 # The topic (after the prefix) that each schema is published to.
-TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: "requests", GPU_SCHEMA: "gpu", DEPLOY_SCHEMA: "deploys"}
+TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: TOPIC_REQUESTS, GPU_SCHEMA: TOPIC_GPU, DEPLOY_SCHEMA: TOPIC_DEPLOYS}
 SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
 
 # The slice of a request: the labels an SLI bucket is cut by.

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import duckdb
 import polars as pl
 
-from slo import cost
-from slo.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
-from streams import store
+from planning import cost
+from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
+import store
 
 BASELINE_DAYS = 7
 RISE_THRESHOLD = 0.20

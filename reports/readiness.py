@@ -32,7 +32,7 @@ from alerts.alertmanager import AlertLinks
 from signals.rollout import CanaryStory
 from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
 from slo import histogram
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 from slo.sli import replay as replay_slos
 from slo.spec import SloSpec
 from slo.windows import minute_text

@@ -2,7 +2,7 @@
 user pain, with zone-loss headroom, fast out and slow in. Pure: `now_minute` is event time.
 
 Demand is work in GPU-seconds per second. Capacity per replica is a `CapacityEstimate`
-(slo/capacity.py): the physical bound narrowed by measurement, with the bound that decided
+(planning/capacity.py): the physical bound narrowed by measurement, with the bound that decided
 named in the answer. GPU utilisation is reported but never drives the answer: a busy GPU
 serving batch traffic in a realtime pool is a reason to look at traffic classes, not to
 add replicas.
@@ -21,7 +21,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from slo.capacity import CapacityEstimate, GpusPerReplica, configured_capacity, replicas
+from planning.capacity import CapacityEstimate, GpusPerReplica, configured_capacity, replicas
 from slo.config_file import ConfigStruct, NonNegative, Percent, Positive, Ratio
 
 

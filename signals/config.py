@@ -42,7 +42,7 @@ from signals.autoscale import AutoscalePolicy
 from signals.live import CapacityGpuSPerS, SignalPolicy, SignalWindows
 from signals.rollout import RolloutPolicy
 from signals.shed import ShedPolicy
-from slo.capacity import ReplicaShape
+from planning.capacity import ReplicaShape
 from slo.config_file import ConfigStruct, load_struct
 from slo.config_file import parse_duration_s
 

@@ -21,11 +21,11 @@ from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, conca
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from slo.config_file import ConfigStruct, Days, WindowMinutes
-from slo.cost import attribution_scales
-from slo.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
+from planning.cost import attribution_scales
+from planning.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)
 from slo.engine import SliceState
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 from slo.sli import span
 from slo.spec import SloSpec
 from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict

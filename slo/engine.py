@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from slo.spec import SloSpec
-from slo.stages import StageSpend, most_overspent
+from slo.turn_stages import StageSpend, most_overspent
 from slo.windows import AlertWindow, minute_start_utc
 
 

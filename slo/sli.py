@@ -16,7 +16,7 @@ import polars as pl
 from slo import histogram
 from slo.engine import AlertChange, SliceState
 from slo.spec import SloSpec
-from slo.stages import overspend_counts
+from slo.turn_stages import overspend_counts
 
 
 def _good_valid_exprs(spec: SloSpec) -> tuple[pl.Expr, pl.Expr]:

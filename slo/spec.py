@@ -31,7 +31,7 @@ SLIs, over the buckets of `sli_minute`:
 - stage_budget: a latency SLI on the turn (`field`, `threshold`) whose target is split into
   per-stage budgets (`budgets: {asr_final: 300ms, ...}`, adding up to at most the
   threshold); when it burns, the alert names the stage that overspent its share most
-  (slo/stages.py).
+  (slo/turn_stages.py).
 """
 
 from __future__ import annotations

@@ -52,8 +52,11 @@ from detectors.core import (
     with_minute,
 )
 from slo.windows import minute_start_utc
-from streams import store
+import store
 from slo.columns import compact_strings
+from conventions import (
+    ANOMALY_MODEL_VERSION, DETECTIONS_ACTIVE, DETECTIONS_TOTAL, DETECTOR_PROCESSED_TIMESTAMP_SECONDS,
+)
 
 log = logging.getLogger("tailwatch.detectors")
 
@@ -158,19 +161,19 @@ class DetectorCollector:
         return []
 
     def collect(self):
-        total = CounterMetricFamily("tailwatch_detections", "Detections raised since the worker started.",
+        total = CounterMetricFamily(DETECTIONS_TOTAL, "Detections raised since the worker started.",
                                     labels=["detector"])
-        active = GaugeMetricFamily("tailwatch_detections_active", "Detections open now.", labels=["detector"])
+        active = GaugeMetricFamily(DETECTIONS_ACTIVE, "Detections open now.", labels=["detector"])
         for n in self.names:
             total.add_metric([n], self.raised[n])
             active.add_metric([n], self.active[n])
         yield total
         yield active
         if self.processed_before_minute is not None:
-            yield GaugeMetricFamily("tailwatch_detector_processed_timestamp_seconds",
+            yield GaugeMetricFamily(DETECTOR_PROCESSED_TIMESTAMP_SECONDS,
                                     "Event time up to which the detectors have processed closed minutes.",
                                     value=self.processed_before_minute * 60)
-        yield GaugeMetricFamily("tailwatch_anomaly_model_version", "Version of the anomaly model in use (0: none yet).",
+        yield GaugeMetricFamily(ANOMALY_MODEL_VERSION, "Version of the anomaly model in use (0: none yet).",
                                 value=self.model_version)
 
 

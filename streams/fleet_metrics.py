@@ -37,7 +37,7 @@ What it exports, and at which aggregation level (only the labels some panel need
   `tailwatch_gpu_dram_bandwidth_ratio`, and `tailwatch_gpus_profiled` (how many GPUs of
   the pool reported SM activity: the weight for fleet-wide means). A pool without them
   has no such series, not a zero;
-- `tailwatch_gpu_price_usd_per_gpu_second{gpu_sku}` from `slo/prices.py`, so that cost is
+- `tailwatch_gpu_price_usd_per_gpu_second{gpu_sku}` from `planning/prices.py`, so that cost is
   PromQL: GPU-seconds × price, joined `on (gpu_sku)`.
 
 Cardinality. Each label is from a closed set (`workload`, `traffic_class`, `deployment`:
@@ -76,7 +76,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from slo import histogram
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
+from conventions import (
+    AUDIO_SECONDS_TOTAL, FLEET_FOLDED_BUCKETS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, GPUS,
+    GPUS_PROFILED, GPU_DRAM_BANDWIDTH_RATIO, GPU_ECC_ERRORS_TOTAL, GPU_KV_CACHE_USAGE_RATIO,
+    GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS, GPU_PRICE_USD_PER_GPU_SECOND,
+    GPU_REPLICAS, GPU_SECONDS_TOTAL, GPU_SM_ACTIVE_RATIO, GPU_SM_OCCUPANCY_RATIO, GPU_TEMPERATURE_CELSIUS,
+    GPU_TENSOR_ACTIVE_RATIO, GPU_UTILIZATION_RATIO, GPU_XID_ERRORS_TOTAL, OUTPUT_TOKENS_TOTAL,
+    PROMPT_TOKENS_TOTAL, QUEUE_DEPTH_REQUESTS, QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL,
+    REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS, REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL,
+    STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL,
+    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+)
 
 TRAFFIC_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment")
 GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku")
@@ -85,20 +96,20 @@ POOL_LABELS = ("zone", "pool", "gpu_sku")
 
 # outcome label → sli_minute column
 OUTCOME_COLUMNS = {"ok": "ok", "error": "errors", "timeout": "timeouts", "shed": "shed", "cancelled": "cancelled"}
-# metric (without _total) → sli_minute column, summed over TRAFFIC_LABELS
+# metric → sli_minute column, summed over TRAFFIC_LABELS
 TRAFFIC_COUNTERS = {
-    "tailwatch_request_retries": ("retries", "Request attempts after the first (attempt > 1 or retry_of set)."),
-    "tailwatch_turns": ("turns", "User turns: attempt chains, counted at their first attempt (cancellations left out)."),
-    "tailwatch_successful_turns": ("successful_turns",
+    REQUEST_RETRIES_TOTAL: ("retries", "Request attempts after the first (attempt > 1 or retry_of set)."),
+    TURNS_TOTAL: ("turns", "User turns: attempt chains, counted at their first attempt (cancellations left out)."),
+    SUCCESSFUL_TURNS_TOTAL: ("successful_turns",
                                    "User turns that ended ok, or with task_success where the runtime reports it (goodput)."),
-    "tailwatch_prompt_tokens": ("prompt_tokens", "Prompt tokens of every attempt."),
-    "tailwatch_output_tokens": ("output_tokens", "Output tokens of successful attempts."),
-    "tailwatch_audio_seconds": ("audio_seconds", "Seconds of audio processed or produced."),
-    "tailwatch_streams": ("streams", "Attempts that said how their answer stream ended (finish_reason)."),
-    "tailwatch_streams_completed": ("streams_completed", "Streams that ended normally: stop, length or content filter."),
-    "tailwatch_streams_cut": ("streams_cut", "Streams the server cut mid-answer (an HTTP 200 can hide one)."),
-    "tailwatch_streams_timed_out": ("streams_timed_out", "Streams that timed out."),
-    "tailwatch_streams_cancelled": ("streams_cancelled", "Streams the client cancelled (not the service's failure)."),
+    PROMPT_TOKENS_TOTAL: ("prompt_tokens", "Prompt tokens of every attempt."),
+    OUTPUT_TOKENS_TOTAL: ("output_tokens", "Output tokens of successful attempts."),
+    AUDIO_SECONDS_TOTAL: ("audio_seconds", "Seconds of audio processed or produced."),
+    STREAMS_TOTAL: ("streams", "Attempts that said how their answer stream ended (finish_reason)."),
+    STREAMS_COMPLETED_TOTAL: ("streams_completed", "Streams that ended normally: stop, length or content filter."),
+    STREAMS_CUT_TOTAL: ("streams_cut", "Streams the server cut mid-answer (an HTTP 200 can hide one)."),
+    STREAMS_TIMED_OUT_TOTAL: ("streams_timed_out", "Streams that timed out."),
+    STREAMS_CANCELLED_TOTAL: ("streams_cancelled", "Streams the client cancelled (not the service's failure)."),
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist",
                   "inter_token": "inter_token_ms_hist"}
@@ -192,7 +203,7 @@ class FleetCollector:
             yield from self._families()
 
     def _families(self):
-        req = CounterMetricFamily("tailwatch_requests", "Request attempts in closed minutes, by outcome.",
+        req = CounterMetricFamily(REQUESTS_TOTAL, "Request attempts in closed minutes, by outcome.",
                                   labels=[*TRAFFIC_LABELS, "outcome"])
         for key, outcomes in self.requests.items():
             for outcome, n in outcomes.items():
@@ -203,21 +214,21 @@ class FleetCollector:
             for key, v in self.traffic[name].items():
                 fam.add_metric(list(key), v)
             yield fam
-        fam = CounterMetricFamily("tailwatch_request_gpu_seconds", "GPU-seconds used by requests.",
+        fam = CounterMetricFamily(REQUEST_GPU_SECONDS_TOTAL, "GPU-seconds used by requests.",
                                   labels=list(GPU_TIME_LABELS))
         for key, v in self.request_gpu_seconds.items():
             fam.add_metric(list(key), v)
         yield fam
         for name, store, doc in (
-            ("tailwatch_gpu_seconds", self.gpu_seconds, "Fleet GPU-seconds (60 per GPU per minute present, idle included)."),
-            ("tailwatch_gpu_xid_errors", self.xid_errors, "NVIDIA XID errors reported."),
-            ("tailwatch_gpu_ecc_errors", self.ecc_errors, "Uncorrected ECC errors reported."),
+            (GPU_SECONDS_TOTAL, self.gpu_seconds, "Fleet GPU-seconds (60 per GPU per minute present, idle included)."),
+            (GPU_XID_ERRORS_TOTAL, self.xid_errors, "NVIDIA XID errors reported."),
+            (GPU_ECC_ERRORS_TOTAL, self.ecc_errors, "Uncorrected ECC errors reported."),
         ):
             fam = CounterMetricFamily(name, doc, labels=list(POOL_LABELS))
             for key, v in store.items():
                 fam.add_metric(list(key), v)
             yield fam
-        lat = HistogramMetricFamily("tailwatch_request_latency_seconds",
+        lat = HistogramMetricFamily(REQUEST_LATENCY_SECONDS,
                                     "Latency of requests in closed minutes (field: queue, first_output, e2e).",
                                     labels=[*LATENCY_LABELS, "field"])
         les = [_le(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
@@ -230,17 +241,17 @@ class FleetCollector:
             for key, g in self.pool_gauges.get(name, {}).items():
                 fam.add_metric(list(key), g.value)
             yield fam
-        price = GaugeMetricFamily("tailwatch_gpu_price_usd_per_gpu_second",
-                                  "GPU price per SKU in USD per GPU-second (slo/prices.py).", labels=["gpu_sku"])
+        price = GaugeMetricFamily(GPU_PRICE_USD_PER_GPU_SECOND,
+                                  "GPU price per SKU in USD per GPU-second (planning/prices.py).", labels=["gpu_sku"])
         p = self.config.prices
         for sku in sorted(set(p.usd_per_gpu_hour) | self.skus):
             price.add_metric([sku], p.usd_per_gpu_second(sku))
         yield price
-        sets = GaugeMetricFamily("tailwatch_fleet_label_sets", "Label sets a fleet metric family exports "
+        sets = GaugeMetricFamily(FLEET_LABEL_SETS, "Label sets a fleet metric family exports "
                                  "(named and folded into other).", labels=["family"])
-        limit = GaugeMetricFamily("tailwatch_fleet_label_sets_limit", "Named label sets a family may export "
+        limit = GaugeMetricFamily(FLEET_LABEL_SETS_LIMIT, "Named label sets a family may export "
                                   "before new ones fold into other (--metrics-max-label-sets).", labels=["family"])
-        folded = CounterMetricFamily("tailwatch_fleet_folded_buckets", "Closed label-set minutes counted under "
+        folded = CounterMetricFamily(FLEET_FOLDED_BUCKETS_TOTAL, "Closed label-set minutes counted under "
                                      "a label set folded into other.", labels=["family"])
         for family, budget in self.budgets.items():
             sets.add_metric([family], budget.label_sets())
@@ -260,35 +271,35 @@ def _le(bound_s: float) -> str:
 
 # metric → (help, extra labels beyond POOL_LABELS)
 POOL_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tailwatch_gpus": ("GPUs reporting in the newest closed minute.", ()),
-    "tailwatch_gpu_utilization_ratio": ("Mean GPU utilisation (0-1).", ()),
-    "tailwatch_gpu_memory_used_bytes": ("GPU memory used (sum of per-GPU maxima).", ()),
-    "tailwatch_gpu_memory_total_bytes": ("GPU memory installed.", ()),
-    "tailwatch_gpu_power_watts": ("GPU power draw (sum of per-GPU means).", ()),
-    "tailwatch_gpu_temperature_celsius": ("Hottest GPU.", ()),
-    "tailwatch_gpu_kv_cache_usage_ratio": ("Highest KV-cache usage of a replica (0-1).", ()),
-    "tailwatch_queue_oldest_age_seconds": ("Age of the oldest queued request of any replica.", ()),
-    "tailwatch_queue_depth_requests": ("Queued requests (sum of per-replica maxima).", ()),
-    "tailwatch_gpu_replicas": ("Replicas (one per GPU) by state.", ("state",)),
-    "tailwatch_gpu_sm_active_ratio": ("Mean share of time SMs were active (GPM SM_UTIL, DCGM_FI_PROF_SM_ACTIVE; 0-1), "
+    GPUS: ("GPUs reporting in the newest closed minute.", ()),
+    GPU_UTILIZATION_RATIO: ("Mean GPU utilisation (0-1).", ()),
+    GPU_MEMORY_USED_BYTES: ("GPU memory used (sum of per-GPU maxima).", ()),
+    GPU_MEMORY_TOTAL_BYTES: ("GPU memory installed.", ()),
+    GPU_POWER_WATTS: ("GPU power draw (sum of per-GPU means).", ()),
+    GPU_TEMPERATURE_CELSIUS: ("Hottest GPU.", ()),
+    GPU_KV_CACHE_USAGE_RATIO: ("Highest KV-cache usage of a replica (0-1).", ()),
+    QUEUE_OLDEST_AGE_SECONDS: ("Age of the oldest queued request of any replica.", ()),
+    QUEUE_DEPTH_REQUESTS: ("Queued requests (sum of per-replica maxima).", ()),
+    GPU_REPLICAS: ("Replicas (one per GPU) by state.", ("state",)),
+    GPU_SM_ACTIVE_RATIO: ("Mean share of time SMs were active (GPM SM_UTIL, DCGM_FI_PROF_SM_ACTIVE; 0-1), "
                                       "over the GPUs that report it: how much of the GPU works, where utilisation "
                                       "only says a kernel ran.", ()),
-    "tailwatch_gpu_sm_occupancy_ratio": ("Mean SM occupancy: resident warps over the maximum (GPM SM_OCCUPANCY, "
+    GPU_SM_OCCUPANCY_RATIO: ("Mean SM occupancy: resident warps over the maximum (GPM SM_OCCUPANCY, "
                                          "DCGM_FI_PROF_SM_OCCUPANCY; 0-1).", ()),
-    "tailwatch_gpu_tensor_active_ratio": ("Mean share of time tensor pipes were active (GPM ANY_TENSOR_UTIL, "
+    GPU_TENSOR_ACTIVE_RATIO: ("Mean share of time tensor pipes were active (GPM ANY_TENSOR_UTIL, "
                                           "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE; 0-1).", ()),
-    "tailwatch_gpu_dram_bandwidth_ratio": ("Mean DRAM bandwidth used over the peak (GPM DRAM_BW_UTIL, "
+    GPU_DRAM_BANDWIDTH_RATIO: ("Mean DRAM bandwidth used over the peak (GPM DRAM_BW_UTIL, "
                                            "DCGM_FI_PROF_DRAM_ACTIVE; 0-1).", ()),
-    "tailwatch_gpus_profiled": ("GPUs reporting SM activity (GPM or DCGM profiling) in the newest closed minute.", ()),
+    GPUS_PROFILED: ("GPUs reporting SM activity (GPM or DCGM profiling) in the newest closed minute.", ()),
 }
 # gpu_minute column (percent) → gauge (ratio): useful utilisation, where the GPUs report it
 GPM_GAUGES = {
-    "sm_active_pct_mean": "tailwatch_gpu_sm_active_ratio",
-    "sm_occupancy_pct_mean": "tailwatch_gpu_sm_occupancy_ratio",
-    "tensor_active_pct_mean": "tailwatch_gpu_tensor_active_ratio",
-    "dram_bw_pct_mean": "tailwatch_gpu_dram_bandwidth_ratio",
+    "sm_active_pct_mean": GPU_SM_ACTIVE_RATIO,
+    "sm_occupancy_pct_mean": GPU_SM_OCCUPANCY_RATIO,
+    "tensor_active_pct_mean": GPU_TENSOR_ACTIVE_RATIO,
+    "dram_bw_pct_mean": GPU_DRAM_BANDWIDTH_RATIO,
 }
-PROFILED_GAUGES = {*GPM_GAUGES.values(), "tailwatch_gpus_profiled"}
+PROFILED_GAUGES = {*GPM_GAUGES.values(), GPUS_PROFILED}
 
 
 class FleetMetrics:
@@ -422,19 +433,19 @@ class FleetMetrics:
         newest = rows.filter(pl.col("_minute") == pl.col("_minute").max().over(POOL_LABELS))
         self._advance(int(newest["_minute"].max()))
         pools = newest.group_by([*POOL_LABELS, "_minute"]).agg(
-            pl.len().alias("tailwatch_gpus"),
-            (pl.col("util_pct_mean").mean() / 100).alias("tailwatch_gpu_utilization_ratio"),
-            pl.col("mem_used_bytes_max").sum().alias("tailwatch_gpu_memory_used_bytes"),
-            pl.col("mem_total_bytes").sum().alias("tailwatch_gpu_memory_total_bytes"),
-            pl.col("power_w_mean").sum().alias("tailwatch_gpu_power_watts"),
-            pl.col("temp_c_max").max().alias("tailwatch_gpu_temperature_celsius"),
-            pl.col("kv_cache_usage_max").max().alias("tailwatch_gpu_kv_cache_usage_ratio"),
-            (pl.col("oldest_queue_age_ms_max").max() / 1000).alias("tailwatch_queue_oldest_age_seconds"),
-            pl.col("queue_depth_max").sum().alias("tailwatch_queue_depth_requests"),
+            pl.len().alias(GPUS),
+            (pl.col("util_pct_mean").mean() / 100).alias(GPU_UTILIZATION_RATIO),
+            pl.col("mem_used_bytes_max").sum().alias(GPU_MEMORY_USED_BYTES),
+            pl.col("mem_total_bytes").sum().alias(GPU_MEMORY_TOTAL_BYTES),
+            pl.col("power_w_mean").sum().alias(GPU_POWER_WATTS),
+            pl.col("temp_c_max").max().alias(GPU_TEMPERATURE_CELSIUS),
+            pl.col("kv_cache_usage_max").max().alias(GPU_KV_CACHE_USAGE_RATIO),
+            (pl.col("oldest_queue_age_ms_max").max() / 1000).alias(QUEUE_OLDEST_AGE_SECONDS),
+            pl.col("queue_depth_max").sum().alias(QUEUE_DEPTH_REQUESTS),
             *[(pl.col("replica_state").fill_null("unknown") == s).sum().alias(f"_state_{s}") for s in REPLICA_STATES],
             *[(pl.col(col).cast(pl.Float64).mean() / 100).alias(name) for col, name in GPM_GAUGES.items()
               if col in newest.columns],
-            *([pl.col("sm_active_pct_mean").is_not_null().sum().alias("tailwatch_gpus_profiled")]
+            *([pl.col("sm_active_pct_mean").is_not_null().sum().alias(GPUS_PROFILED)]
               if "sm_active_pct_mean" in newest.columns else []),
         )
         for r in pools.iter_rows(named=True):
@@ -444,7 +455,7 @@ class FleetMetrics:
                 if extra:
                     for s in REPLICA_STATES:
                         gauges[(*key, s)] = _Gauge(float(r[f"_state_{s}"]), minute)
-                elif r.get(name) is not None and (r[name] or name != "tailwatch_gpus_profiled"):
+                elif r.get(name) is not None and (r[name] or name != GPUS_PROFILED):
                     gauges[key] = _Gauge(float(r[name]), minute)
                 elif name in PROFILED_GAUGES:  # the pool's GPUs stopped reporting GPM (e.g. MIG mode): not its last value
                     gauges.pop(key, None)

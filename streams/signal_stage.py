@@ -14,7 +14,7 @@ import duckdb
 import polars as pl
 
 from signals.live import LiveSignals
-from streams import store
+import store
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS pool_capacity (

@@ -21,7 +21,11 @@ from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
 from slo.engine import AlertChange
 from slo.sli import SloEvaluator, span
 from slo.spec import SloSpec
-from streams import store
+import store
+from conventions import (
+    ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
+    SLO_SLI_RATIO,
+)
 
 _BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
 STATUS_SCHEMA = {
@@ -66,13 +70,13 @@ class SloCollector:
 
     def collect(self):
         names = ["slo", *self.labels]
-        objective = GaugeMetricFamily("tailwatch_slo_objective_ratio", "SLO objective (0-1).", labels=names)
-        sli = GaugeMetricFamily("tailwatch_slo_sli_ratio", "Good ÷ valid events over a window.", labels=[*names, "window"])
-        burn = GaugeMetricFamily("tailwatch_slo_burn_rate", "Error ratio over a window ÷ error budget.", labels=[*names, "window"])
-        budget = GaugeMetricFamily("tailwatch_slo_error_budget_remaining_ratio",
+        objective = GaugeMetricFamily(SLO_OBJECTIVE_RATIO, "SLO objective (0-1).", labels=names)
+        sli = GaugeMetricFamily(SLO_SLI_RATIO, "Good ÷ valid events over a window.", labels=[*names, "window"])
+        burn = GaugeMetricFamily(SLO_BURN_RATE, "Error ratio over a window ÷ error budget.", labels=[*names, "window"])
+        budget = GaugeMetricFamily(SLO_ERROR_BUDGET_REMAINING_RATIO,
                                    "Share of the compliance window's error budget left.", labels=names)
-        firing = GaugeMetricFamily("tailwatch_alerts_firing", "SLO alerts firing, by severity.", labels=[*names, "severity"])
-        events = CounterMetricFamily("tailwatch_slo_events", "SLI events by outcome (good, bad), for Prometheus-side rules.",
+        firing = GaugeMetricFamily(ALERTS_FIRING, "SLO alerts firing, by severity.", labels=[*names, "severity"])
+        events = CounterMetricFamily(SLO_EVENTS_TOTAL, "SLI events by outcome (good, bad), for Prometheus-side rules.",
                                      labels=[*names, "outcome"])
         for state in self.snapshot:
             values = [state.spec.name, *(state.labels.get(k, "") for k in self.labels)]

@@ -27,10 +27,11 @@ import polars as pl
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from ingest import deadletter
-from streams import store
+import store
 from streams.partials import Frontier, MinuteAssembler
 from streams.worker import TopicPipeline, Worker
-from tailwatch.kafka import send
+from ingest.kafka import send
+from conventions import TOPIC_DEADLETTER, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.tier2")
 _decode_letter = msgspec.json.Decoder(deadletter.DeadLetter).decode
@@ -40,7 +41,7 @@ class StoreWriter(Worker):
     def __init__(self, settings, metrics=None):
         super().__init__(settings, metrics)
         k = settings.kafka
-        self.sli_topic, self.dlq_topic = k.topic("sli"), k.topic("deadletter")
+        self.sli_topic, self.dlq_topic = k.topic(TOPIC_SLI), k.topic(TOPIC_DEADLETTER)
         self._inputs = {t: TopicPipeline(topic=t, table="", decoder=None, columns={}, windows=None)
                         for t in (self.sli_topic, self.dlq_topic)}
         self.assemblers: dict[str, MinuteAssembler] = {}

@@ -33,7 +33,8 @@ from ingest import deadletter
 from streams.partials import encode_frontier, encode_partials
 from streams.partition_windows import PartitionWindows, Resume
 from streams.worker import Worker
-from tailwatch.kafka import ensure_topics, read_latest, send
+from ingest.kafka import ensure_topics, read_latest, send
+from conventions import TOPIC_DEADLETTER, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.tier1")
 
@@ -147,7 +148,7 @@ class Tier1Worker(Worker):
 
     def checkpoint(self, consumer, close_all: bool) -> None:
         started = time.monotonic()
-        sli = self.settings.kafka.topic("sli")
+        sli = self.settings.kafka.topic(TOPIC_SLI)
         failed = self._publish_failed(sli)
         read_to_end: dict[str, set[int]] = {}
         for p in self.pipelines.values():
@@ -174,7 +175,7 @@ class Tier1Worker(Worker):
                 self.metrics.buckets_closed.labels(p.topic).inc(len(records))
             self._stage_cpu("close_buckets", began)
         letters, self.dead_letters = self.dead_letters, []
-        dlq = self.settings.kafka.topic("deadletter")
+        dlq = self.settings.kafka.topic(TOPIC_DEADLETTER)
         for d in letters:
             send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
         self._flush_copies()
@@ -244,7 +245,7 @@ class Tier1Worker(Worker):
     def _send_markers(self, consumer, read_to_end: dict[str, set[int]], drained: bool) -> None:
         """A frontier per owned partition into every tw.sli partition, when it changed (or,
         unchanged, every MARKER_EVERY_S, so a reader that starts late hears of every partition)."""
-        sli = self.settings.kafka.topic("sli")
+        sli = self.settings.kafka.topic(TOPIC_SLI)
         sli_parts = sorted(self._topic_partitions.get(sli, ()))
         if not sli_parts:
             return
@@ -263,7 +264,7 @@ class Tier1Worker(Worker):
             self._markers_sent_at = time.monotonic()
 
     def _watched_topics(self) -> list[str]:
-        return [*self.pipelines, self.settings.kafka.topic("sli")]
+        return [*self.pipelines, self.settings.kafka.topic(TOPIC_SLI)]
 
     # ---- draining and readiness -------------------------------------------------------
     def _undrained(self, consumer) -> list[str]:

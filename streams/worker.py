@@ -36,7 +36,7 @@ from alerts.alertmanager import AlertLinks, DeliveryCollector, FiringAlerts
 from ingest import deadletter
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, LATE, BatchDecoder
-from streams import store
+import store
 from streams.aggregates import GPU, REQUESTS
 from streams.alignment import WatermarkAlignment
 from streams.frames import DEFAULT_MAX_AHEAD_MS, GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
@@ -46,12 +46,13 @@ from streams.partials import sli_keys
 from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
 from streams.windows import MinuteWindows, utc_text
-from streams.store_lock import StoreLock
+from store.lock import StoreLock
 from signals.config import ApiConfig
 from signals.live import LiveSignals, SignalSnapshot
-from slo.prices import GpuPrices
-from tailwatch.broker import is_embedded, rescue_wedged_group
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
+from planning.prices import GpuPrices
+from ingest.broker import is_embedded, rescue_wedged_group
+from ingest.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, send
+from conventions import TOPIC_DEADLETTER, TOPIC_GPU, TOPIC_REQUESTS, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.worker")
 
@@ -118,8 +119,8 @@ class Worker:
         k = settings.kafka
         self.pipelines: dict[str, TopicPipeline] = {}
         for suffix, event_type, columns, spec, table in (
-            ("requests", RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
-            ("gpu", GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
+            (TOPIC_REQUESTS, RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
+            (TOPIC_GPU, GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
         ):
             topic = k.topic(suffix)
             self.pipelines[topic] = TopicPipeline(
@@ -188,7 +189,7 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped (or drained, with `until_idle_s`); the store file is this
-        process's alone meanwhile (streams/store_lock.py)."""
+        process's alone meanwhile (store/lock.py)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 signal.signal(sig, self.stop)
@@ -369,7 +370,7 @@ class Worker:
 
     def _whole_topic(self) -> str:
         """The topic the signal API must own every partition of to answer for a whole pool."""
-        return self.settings.kafka.topic("requests")
+        return self.settings.kafka.topic(TOPIC_REQUESTS)
 
     def _write_stats(self, path: str) -> None:
         import json
@@ -633,7 +634,7 @@ class Worker:
             self._update_gauges(consumer)  # idle: leave the store file to its readers
             return
         self.dead_letters = []
-        dlq = self.settings.kafka.topic("deadletter")
+        dlq = self.settings.kafka.topic(TOPIC_DEADLETTER)
         for d in letters:
             send(self.producer, dlq, deadletter.encode(d), d.source_topic.encode(), on_error=self._publish_failed(dlq))
         self._flush_copies()
@@ -706,7 +707,7 @@ class Worker:
     def _publish_closed(self, p: TopicPipeline, rows: pl.DataFrame) -> None:
         if not self.settings.publish_sli:
             return
-        sli = self.settings.kafka.topic("sli")
+        sli = self.settings.kafka.topic(TOPIC_SLI)
         keys = [k for k in p.windows.spec.keys if k in rows.columns]
         lines = rows.with_columns(
             pl.lit(f"{p.windows.spec.name}_minute.v1").alias("schema"),

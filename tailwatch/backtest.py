@@ -23,10 +23,10 @@ from reports import cost_report
 from signals.held import rollup
 from signals.live import LiveSignals, SignalPolicy, SignalSnapshot, pool_minutes
 from signals.rollout import CanaryStory, VerdictStep, canary_story
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 from slo.spec import SloSpec
 from slo.windows import minute_text
-from streams import store
+import store
 
 _EPOCH = datetime(1970, 1, 1)
 

@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Callable
 
-from tailwatch.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
+from ingest.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
 
 
 class CliError(Exception):
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-config", default=None, metavar="FILE",
                    help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signal-api.md)")
     p.add_argument("--prices", default=None, metavar="FILE",
-                   help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see slo/prices.py)")
+                   help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see planning/prices.py)")
     p.add_argument("--metrics-max-tenants", type=_positive_int, default=50, metavar="N",
                    help="tenants named in /metrics; later ones count as tenant=other (default 50)")
     p.add_argument("--metrics-max-label-sets", type=_positive_int, default=1000, metavar="N",
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end, exclusive RFC 3339 time, or a date (that whole day included)")
     c.add_argument("--out", default="data/reports/cost", metavar="DIR", help="output folder (default data/reports/cost)")
     c.add_argument("--prices", default=None, metavar="FILE",
-                   help="GPU prices per SKU in USD per GPU-hour (YAML; default: built-in list prices, see slo/prices.py)")
+                   help="GPU prices per SKU in USD per GPU-hour (YAML; default: built-in list prices, see planning/prices.py)")
     c = repsub.add_parser("readiness", help="one model's launch readiness: contract, latency, memory, quality by "
                                             "slice, operations, a verdict: readiness.html, readiness.json")
     c.add_argument("--model", required=True, help="the model, as in request.v1's `model`")
@@ -436,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # known one-line errors from the rooms
         from ingest.nvml import NvmlUnavailable
         from ingest.trace import TraceError
-        from streams.store import StoreError
-        from tailwatch.broker import BrokerError
+        from store import StoreError
+        from ingest.broker import BrokerError
 
         if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError)):
             print(f"tailwatch {args.command}: {exc}", file=sys.stderr)

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 
 from tailwatch.cli import CliError, kafka_settings, progress, progress_done
-from tailwatch.kafka import ensure_reachable
+from ingest.kafka import ensure_reachable
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from tailwatch.broker import EmbeddedBroker
+    from ingest.broker import EmbeddedBroker
 
     import signal
 
@@ -64,7 +64,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     settings = kafka_settings(args)
     ensure_reachable(settings)
-    from tailwatch.kafka import ensure_topics
+    from ingest.kafka import ensure_topics
 
     otlp = args.format == "otlp"
     ensure_topics(settings, others=(args.spans_topic, args.metrics_topic) if otlp else ())
@@ -106,7 +106,7 @@ def load_mapping_option(path: str | None):
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.otlp.republish import OtlpRepublisher
-    from tailwatch.kafka import ensure_topics
+    from ingest.kafka import ensure_topics
 
     mapping = load_mapping_option(args.mapping)
     settings = kafka_settings(args)
@@ -138,7 +138,7 @@ def cmd_otlp(args: argparse.Namespace) -> int:
 
 def cmd_produce(args: argparse.Namespace) -> int:
     from ingest.producer import EventPublisher
-    from tailwatch.kafka import ensure_topics
+    from ingest.kafka import ensure_topics
 
     for f in args.files:
         if f != "-" and not Path(f).is_file():
@@ -182,7 +182,7 @@ def load_api_config_option(path: str | None):
 
 
 def load_prices_option(path: str | None):
-    from slo.prices import PriceError, load_prices
+    from planning.prices import PriceError, load_prices
 
     try:
         return load_prices(path)
@@ -194,7 +194,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
     from alerts.alertmanager import AlertLinks
     from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
-    from streams.store import DEFAULT_STORE
+    from store import DEFAULT_STORE
     from streams.worker import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
@@ -275,7 +275,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import duckdb
 
-    from streams import store
+    import store
     from tailwatch.table import render
 
     # A running worker lets go of the store every 20 s: wait for that moment.
@@ -292,7 +292,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _capacity_measured(args: argparse.Namespace) -> int:
-    from streams import store
+    import store
     from streams.signal_stage import load_pool_capacity
     from tailwatch.table import render
 
@@ -417,7 +417,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from streams.store import DEFAULT_STORE
+    from store import DEFAULT_STORE
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
@@ -545,7 +545,7 @@ def time_range_option(args: argparse.Namespace):
 
 def cmd_report(args: argparse.Namespace) -> int:
     from reports.cost_report import ReportError, run_cost_report
-    from streams.store import DEFAULT_STORE
+    from store import DEFAULT_STORE
 
     if args.report_command == "readiness":
         return _report_readiness(args)
@@ -583,7 +583,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from slo import capacity
+    from planning import capacity
 
     if args.capacity_command == "replicas":
         units = args.concurrent_streams if args.concurrent_streams is not None else args.tokens_per_second
@@ -603,13 +603,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`plan stages`: measured stage profiles → bottleneck → greedy plan (slo/stages.py, slo/stage_plan.py)."""
+    """`plan stages`: measured stage profiles → bottleneck → greedy plan (slo/turn_stages.py, planning/stage_plan.py)."""
     import dataclasses
     import json
 
-    from slo.stage_plan import PlanConstraints, bottleneck, plan_stages
-    from slo.stages import StageSetupError, load_stage_setup, measured_profiles
-    from streams import store
+    from planning.stage_plan import PlanConstraints, bottleneck, plan_stages
+    from planning.stage_setup import StageSetupError, load_stage_setup, measured_profiles
+    import store
     from tailwatch.table import render
 
     start, end = time_range_option(args)
@@ -688,7 +688,7 @@ def alert_links(args: argparse.Namespace):
 
 
 def known_models(store_path: str) -> list[str]:
-    from streams import store as tw_store
+    import store as tw_store
 
     con = tw_store.connect(store_path, read_only=True, wait_s=30.0)
     try:
@@ -701,7 +701,7 @@ def _report_readiness(args: argparse.Namespace) -> int:
     """`report readiness`: the store's buckets of one model, its canaries and pools replayed
     through the signal API's decisions, into reports/readiness.py."""
     from reports.readiness import CanaryHistory, build_readiness, write_readiness
-    from streams.store import DEFAULT_STORE
+    from store import DEFAULT_STORE
     from tailwatch.backtest import backtest_rollout, read_buckets
 
     start, end = time_range_option(args)
@@ -723,7 +723,7 @@ def _report_readiness(args: argparse.Namespace) -> int:
                 canaries.append(CanaryHistory(version, story))
         progress_done()
     from reports.cost_report import minute_scales, model_costs
-    from streams import store as tw_store
+    import store as tw_store
 
     con = tw_store.connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:

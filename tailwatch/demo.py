@@ -16,16 +16,17 @@ from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from slo import histogram
 from slo.spec import DEFAULT_SLOS, load_slos
-from streams import store
+import store
 from streams.stages import default_stages
 from streams.worker import Worker, WorkerSettings
-from tailwatch.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
-from tailwatch.kafka import KafkaSettings, ensure_topics, send
+from ingest.kafka import KafkaSettings, ensure_topics, send
 from tailwatch.table import render
 from tailwatch.backtest import read_buckets, replay
 from signals.rollout import CanaryStory, VerdictStep, canary_story
 from slo.windows import minute_text
+from conventions import TOPIC_REQUESTS
 
 _TS = b'"ts": 1793577600000'  # 2026-11-02T00:00:00Z, the demo's first minute
 BAD_RECORDS = [
@@ -74,7 +75,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
         else:
             pub.publish_events(events, progress=lambda n: progress(f"      published {n:,} events"))
             for raw in BAD_RECORDS:
-                send(pub.producer, settings.topic("requests"), raw, b"demo")
+                send(pub.producer, settings.topic(TOPIC_REQUESTS), raw, b"demo")
         pub.close()
         del pub
         progress_done()

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from slo.sli import replay, span
 from slo.spec import SloSpec
 from slo.windows import minute_start_utc, minute_text
-from streams import store
+import store
 from tailwatch.cli import CliError
 from tailwatch.table import render
 

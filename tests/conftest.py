@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tailwatch.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
+from ingest.kafka import KafkaSettings, ensure_topics
 from tools.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 

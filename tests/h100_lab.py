@@ -16,7 +16,7 @@ from tests.conftest import H100_LAB, need
 
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import BatchDecoder
-from streams import store
+import store
 from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.windows import AggregateSpec, MinuteWindows

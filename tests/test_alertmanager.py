@@ -223,7 +223,7 @@ def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever
 
 def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
     from alerts.alertmanager import FiringAlerts
-    from streams import store
+    import store
 
     con = store.connect(str(tmp_path / "tw.duckdb"))
     for seq in range(3):

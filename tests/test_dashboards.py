@@ -39,7 +39,7 @@ from slo.spec import DEFAULT_SLOS, load_slos
 from streams.fleet_metrics import FleetMetrics
 from streams.worker import Worker, WorkerSettings
 from tailwatch.demo import BAD_RECORDS
-from tailwatch.kafka import KafkaSettings, ensure_topics, send
+from ingest.kafka import KafkaSettings, ensure_topics, send
 from tests.conftest import free_port, need, start_until_ready
 
 PROMETHEUS = shutil.which("prometheus")

@@ -26,7 +26,7 @@ from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_trace
 from signals.live import LiveSignals, SignalPolicy
 from signals.rollout import RolloutPolicy
 from slo import histogram
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 
 from .conftest import AZURE_TRACE, need
 

@@ -65,7 +65,7 @@ def test_suite_on_another_seed_reports_every_detector(kafka, tmp_path):
 def test_anomaly_model_and_detections_survive_a_worker_restart(kafka, tmp_path):
     reference = _suite(kafka, tmp_path, FIXED_SEED)
     # The reference ran on topics of its own prefix; this run gets fresh topics.
-    from tailwatch.kafka import KafkaSettings, ensure_topics
+    from ingest.kafka import KafkaSettings, ensure_topics
 
     restarted = KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix + "r.")
     ensure_topics(restarted, partitions=2)
@@ -115,7 +115,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
         now_min = int(time.time()) // 60
         stage = DetectorStage(alertmanager_urls=(url,))
         con = duckdb.connect(str(tmp_path / "am.duckdb"))
-        from streams.store import SCHEMA_SQL
+        from store import SCHEMA_SQL
 
         con.execute(SCHEMA_SQL)
         stage.rebuild(con)

@@ -160,7 +160,7 @@ def test_the_signal_view_answers_from_its_rollups_what_the_rows_say():
     view holds 30 minutes and one row per label set seen in them."""
     from signals.live import LiveSignals, SignalPolicy
     from slo import histogram
-    from slo.prices import GpuPrices
+    from planning.prices import GpuPrices
     from slo.spec import DEFAULT_SLOS, load_slos
 
     day = build_trace_day(_need(AZURE_TRACE), minutes=90, seed=SEED, incidents=True, repeats=1,

@@ -135,7 +135,7 @@ def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(k
     assert w.run() == 0
     # Both members left within a second, the leader while the group was rebalancing: the
     # embedded broker then names a departed leader for good, and only the worker's rescue
-    # (tailwatch/broker.py rescue_wedged_group) gets it a partition again.
+    # (ingest/broker.py rescue_wedged_group) gets it a partition again.
     assert w.metrics.group_rescues._value.get() >= 1
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 240

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.schema import GpuV1, RequestV1
 from ingest.simulator import FleetSimulator
 from ingest.validate import BatchDecoder
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.aggregates import GPU, REQUESTS
 from streams.fleet_metrics import LATENCY_LABELS, OTHER_TENANT, FleetMetrics, FleetMetricsConfig

@@ -30,7 +30,7 @@ import yaml
 from confluent_kafka import Producer
 
 from ingest.schema import RequestV1
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.kafka import KafkaSettings, ensure_topics
 from tests.conftest import free_port
 
 TOKEN = "ops-secret-token"
@@ -359,7 +359,7 @@ def test_a_deeply_nested_body_and_odd_paths_are_400_not_500(api_port):
 # ---- errors a person reads ---------------------------------------------------------------------
 
 def test_a_kafka_config_line_that_cannot_be_parsed_is_named_by_line_never_by_value(tmp_path):
-    from tailwatch.kafka import ConfigError, read_client_config
+    from ingest.kafka import ConfigError, read_client_config
 
     config = tmp_path / "client.properties"
     config.write_text("security.protocol=SASL_SSL\n# a comment\nsasl.password hunter2-secret\n")

@@ -8,7 +8,8 @@ import uuid
 
 from confluent_kafka.admin import AdminClient
 
-from tailwatch.kafka import TOPIC_SUFFIXES, KafkaSettings, ensure_topics
+from conventions import TOPIC_SUFFIXES
+from ingest.kafka import KafkaSettings, ensure_topics
 
 
 def test_two_processes_creating_the_topics_at_once_both_succeed(broker):

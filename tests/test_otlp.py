@@ -38,7 +38,7 @@ from ingest.simulator import FleetSimulator
 from ingest.trace import TraceReplay, read_any_trace
 from tools.traces import AZURE_CODE_TRACE
 from tailwatch.cli import main
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
+from ingest.kafka import KafkaSettings, ensure_topics, make_producer
 from tests.test_pipeline import publish, read_topic, run_worker
 
 # Fields no OpenTelemetry convention carries: the request.v1 twin of a span leaves them out.

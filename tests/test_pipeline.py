@@ -12,7 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from streams.worker import Worker, WorkerSettings
-from tailwatch.kafka import make_producer
+from ingest.kafka import make_producer
 
 from tests.test_validate import CORPUS
 

@@ -16,11 +16,11 @@ from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from reports import charts
 from reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
-from slo import cost
-from slo.prices import GpuPrices
+from planning import cost
+from planning.prices import GpuPrices
 from streams.worker import Worker, WorkerSettings
 from tailwatch.cli import main
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store
 
 D1, D2 = dt.date(2026, 11, 2), dt.date(2026, 11, 3)

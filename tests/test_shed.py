@@ -16,7 +16,7 @@ from ingest.simulator import FleetSimulator, parse_start
 from signals.answers import Shed, typed
 from signals.live import LiveSignals, SignalPolicy
 from signals.shed import (AdmissionRequest, RequestGroup, ShedPolicy, TrafficSlice, admit, admit_groups, shed_advice)
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS

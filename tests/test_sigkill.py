@@ -101,7 +101,7 @@ def _publish_trace_stream(kafka, seed: int, minutes: int) -> tuple[int, set[str]
 
     from tools.chaos import build_stream
     from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
-    from tailwatch.kafka import make_producer
+    from ingest.kafka import make_producer
 
     stream = build_stream(seed, minutes, AZURE_CODE_TRACE, MOONCAKE_TRACE, random.Random(seed))
     producer = make_producer(kafka)

@@ -118,7 +118,7 @@ def api_worker(api_worker_process) -> int:
 
 @pytest.fixture(scope="module")
 def api_worker_process(broker, tmp_path_factory):
-    from tailwatch.kafka import KafkaSettings, ensure_topics
+    from ingest.kafka import KafkaSettings, ensure_topics
 
     tmp = tmp_path_factory.mktemp("signal-api")
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")

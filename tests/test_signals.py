@@ -275,7 +275,7 @@ def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     import polars as pl
 
     from signals.live import LiveSignals, SignalPolicy
-    from slo.prices import GpuPrices
+    from planning.prices import GpuPrices
 
     live = LiveSignals(SignalPolicy(history_minutes=6, pool_window_minutes=2, rollout_window_minutes=5), [], GpuPrices())
     live.add_closed(_bucket_rows("p", range(0, 6)), pl.DataFrame())
@@ -328,7 +328,7 @@ def test_one_duration_parser_for_flags_and_files(tmp_path):
     ("default_usd_per_gpu_hour: cheap", "default_usd_per_gpu_hour: expected `float`, got `str`"),
 ])
 def test_price_file_errors_name_their_place(tmp_path, text, words):
-    from slo.prices import PriceError, load_prices
+    from planning.prices import PriceError, load_prices
 
     _one_line_error(tmp_path, load_prices, PriceError, text, words)
     path = tmp_path / "prices.yaml"

@@ -335,7 +335,7 @@ def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or
     # One change takes a statement with parameters, several an Arrow table: same rows, and a
     # fire, resolve and fire again of one fingerprint land in that order either way.
     from slo.engine import AlertChange
-    from streams import store
+    import store
 
     window = default_catalog()[0]
 

@@ -21,8 +21,8 @@ from signals.rollout import MinuteCounts, VersionStats, verdict
 from slo import histogram
 from slo.sli import SloEvaluator
 from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
-from slo.stages import stage_latency
-from streams import store
+from slo.turn_stages import stage_latency
+import store
 from streams.aggregates import REQUESTS
 from streams.frames import REQUEST_COLUMNS
 from tests.h100_lab import buckets

@@ -24,9 +24,9 @@ import polars as pl
 import pytest
 from confluent_kafka import Producer
 
-from streams import store
+import store
 from streams.tier1 import progress_topic
-from tailwatch.kafka import KafkaSettings, ensure_topics, read_latest
+from ingest.kafka import KafkaSettings, ensure_topics, read_latest
 from tests.conftest import free_port
 from tests.test_partials import azure_values, gpu_values
 

@@ -146,7 +146,7 @@ def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
 def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     """The open state written by a checkpoint (deltas, dedupe runs of many minutes in one
     insert) and read back by a restarted worker closes the same buckets, and dedupes."""
-    from streams import store
+    import store
 
     rows = RESTORE_ROWS
     first = windows()

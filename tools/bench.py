@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from signals.live import SignalWindows
-from tailwatch.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
+from ingest.kafka import KafkaSettings, ensure_topics, make_producer, send
+from conventions import TOPIC_REQUESTS
 
 T0_MS = 1_793_577_600_000
 WORKLOADS = ("asr", "tts", "llm", "s2s")
@@ -66,7 +67,7 @@ def synthetic_events(n: int, slices: int, seed: int = 1, events_per_minute: int 
 
 def publish(settings: KafkaSettings, n: int, slices: int, seed: int, events_per_minute: int = 100_000) -> None:
     p = make_producer(settings)
-    topic = settings.topic("requests")
+    topic = settings.topic(TOPIC_REQUESTS)
     for i, (k, v) in enumerate(synthetic_events(n, slices, seed, events_per_minute), 1):
         send(p, topic, v, k)
         if i % 100_000 == 0:
@@ -177,7 +178,7 @@ def run_baseline(settings: KafkaSettings, n: int, workdir: Path, variant: str) -
     if faust_bin is None:
         raise RuntimeError("faust-streaming is not installed: pip install -e '.[bench]'")
     result = workdir / f"baseline-{variant}.txt"
-    env = {**os.environ, "BENCH_BOOTSTRAP": settings.bootstrap_servers, "BENCH_TOPIC": settings.topic("requests"),
+    env = {**os.environ, "BENCH_BOOTSTRAP": settings.bootstrap_servers, "BENCH_TOPIC": settings.topic(TOPIC_REQUESTS),
            "BENCH_EVENTS": str(n), "BENCH_RESULT": str(result), "BENCH_APP_ID": f"baseline-{uuid.uuid4().hex[:6]}", "BENCH_VARIANT": variant}
     proc = subprocess.run([faust_bin, "-A", "tools.bench_faust", "--datadir", str(workdir / "faust"), "worker", "-l", "error"],
                           env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)

@@ -27,8 +27,8 @@ import yaml
 
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from tailwatch.broker import EmbeddedBroker, free_port
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, ensure_topics
 
 TOKEN = "bench-token"
 PATHS = ("/v1/autoscale/llm-us-east-1a-realtime", "/v1/autoscale/asr-us-east-1b-realtime",

@@ -25,8 +25,8 @@ from ingest.otlp.wire import ENCODINGS, decode, encode
 from ingest.schema import RequestV1
 from ingest.trace import TraceReplay, read_any_trace
 from ingest.validate import BatchDecoder
-from tailwatch.broker import EmbeddedBroker, free_port
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, ensure_topics, make_producer
 
 SPANS_PER_BATCH = {"otlp_proto": 512, "otlp_json": 200}  # under the exporter's 1,000,000-byte record
 

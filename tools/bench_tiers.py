@@ -35,7 +35,7 @@ import msgspec
 import yaml
 
 from tools.bench import fresh, publish, worker_processes
-from tailwatch.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker, free_port
 
 
 def slo_file(path: Path, count: int) -> Path:

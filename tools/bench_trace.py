@@ -29,10 +29,11 @@ import msgspec
 
 from ingest.trace import TraceReplay, read_any_trace
 from tools.bench import run_baseline, worker_processes
-from tailwatch.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker, free_port
 from tools.traces import AZURE_CODE_TRACE as DEFAULT_TRACE
 from tailwatch.cli import progress, progress_done
-from tailwatch.kafka import KafkaSettings, ensure_topics, make_producer, send
+from ingest.kafka import KafkaSettings, ensure_topics, make_producer, send
+from conventions import TOPIC_REQUESTS
 HOUR_MS = 3_600_000
 SHAPES = ("dense", "sparse")
 DEFAULT_HOURS = {"dense": 60, "sparse": 24}  # about 550k and 220k events of the Azure code trace
@@ -82,7 +83,7 @@ def shaped(rows: list[tuple[int, int, int]], shape: str, hours: int) -> list[tup
 def publish_trace(settings: KafkaSettings, rows: list[tuple[int, int, int]], seed: int) -> int:
     replay = TraceReplay(rows=rows, seed=seed)
     producer = make_producer(settings)
-    topic = settings.topic("requests")
+    topic = settings.topic(TOPIC_REQUESTS)
     encode = msgspec.json.Encoder().encode
     n = 0
     for n, event in enumerate(replay.events(), 1):

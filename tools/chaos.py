@@ -54,9 +54,10 @@ import numpy as np
 
 from ingest.trace import read_mooncake, read_trace
 from slo import histogram  # constants only: the bin and quantile formulas are rewritten in SQL below
-from tailwatch.broker import BrokerError, EmbeddedBroker, free_port
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.broker import BrokerError, EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, ensure_topics
 from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
+from conventions import CHECKPOINT_DURATION_SECONDS, EVENTS_TOTAL
 
 
 START_MS = int(datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp() * 1000)  # fixed: runs are replayable
@@ -906,9 +907,9 @@ class WorkerProc:
             return None, None
         checkpoints, accepted = 0, 0
         for line in body.decode(errors="replace").splitlines():
-            if line.startswith("tailwatch_checkpoint_duration_seconds_count"):
+            if line.startswith(f"{CHECKPOINT_DURATION_SECONDS}_count"):
                 checkpoints = int(float(line.rsplit(" ", 1)[1]))
-            elif line.startswith("tailwatch_events_total{") and 'outcome="accepted"' in line:
+            elif line.startswith(f"{EVENTS_TOTAL}{{") and 'outcome="accepted"' in line:
                 accepted += int(float(line.rsplit(" ", 1)[1]))
         if accepted and self.first_event is None:
             self.first_event = time.monotonic()

@@ -31,10 +31,10 @@ from tools.detector_scoring import (
 )
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from streams import store
+import store
 from streams.detector_stage import DetectorStage
-from tailwatch.broker import EmbeddedBroker, free_port
-from tailwatch.kafka import KafkaSettings, ensure_topics
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, ensure_topics
 
 # Incident scenarios start at 08:00 (diurnal load rising toward its peak) and run 200
 # minutes; the quiet day runs a whole day from midnight. Rates are scaled down (the

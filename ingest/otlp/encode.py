@@ -192,7 +192,7 @@ def publish_batches(producer, events: Iterable, encoding: str, spans_topic: str,
     1,000,000-byte default record limit); returns the batches sent per kind and the
     events OTLP has no form for, for the caller to publish natively."""
     from ingest.otlp.wire import encode
-    from tailwatch.kafka import send
+    from ingest.kafka import send
 
     topics = {"spans": spans_topic, "metrics": metrics_topic}
     sent = {"spans": 0, "metrics": 0}

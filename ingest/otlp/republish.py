@@ -39,7 +39,8 @@ from ingest.otlp.samples import samples_from_otlp
 from ingest.otlp.spans import requests_from_traces
 from ingest.otlp.wire import OtlpDecodeError, decode
 from ingest.schema import partition_key
-from tailwatch.kafka import KafkaSettings, make_consumer, make_producer, send
+from ingest.kafka import KafkaSettings, make_consumer, make_producer, send
+from conventions import TOPIC_DEADLETTER, TOPIC_GPU, TOPIC_REQUESTS
 
 log = logging.getLogger("tailwatch.otlp")
 IDLENESS_S = 10.0
@@ -187,7 +188,7 @@ class OtlpRepublisher:
             self.report.skipped += mapped.skipped
             for reason, detail, span_bytes in mapped.refused:
                 self._dead_letter(topic, partition, offset, reason, detail, span_bytes, kafka_ts_ms)
-            out.out_topic, out.events = self.settings.topic("requests"), mapped.events
+            out.out_topic, out.events = self.settings.topic(TOPIC_REQUESTS), mapped.events
             self.report.requests += len(out.events)
         else:
             gpu = self.gpu.map(samples_from_otlp(data))
@@ -200,7 +201,7 @@ class OtlpRepublisher:
                 more = f" (and {len(details) - 1} more samples)" if len(details) > 1 else ""
                 self._dead_letter(topic, partition, offset, reason, details[0] + more, raw, kafka_ts_ms)
                 self.report.dead_letters[reason] += len(details) - 1
-            out.out_topic, out.events = self.settings.topic("gpu"), gpu.samples
+            out.out_topic, out.events = self.settings.topic(TOPIC_GPU), gpu.samples
             self.report.gpu_samples += len(out.events)
         return out
 
@@ -211,7 +212,7 @@ class OtlpRepublisher:
     def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str, raw: bytes,
                      kafka_ts_ms: int) -> None:
         letter = deadletter.make(topic, partition, offset, reason, detail, raw, kafka_ts_ms)
-        send(self.producer, self.settings.topic("deadletter"), deadletter.encode(letter), topic.encode())
+        send(self.producer, self.settings.topic(TOPIC_DEADLETTER), deadletter.encode(letter), topic.encode())
         self.report.dead_letters[reason] += 1
 
     def _commit(self) -> None:

@@ -17,9 +17,10 @@ from typing import Callable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from conventions import TOPIC_GPU, TOPIC_REQUESTS, TOPIC_SUFFIXES
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-TOPIC_SUFFIXES = ("requests", "gpu", "deploys", "sli", "alerts", "deadletter")
-INPUT_SUFFIXES = ("requests", "gpu")  # what producers outside tailwatch write
+INPUT_SUFFIXES = (TOPIC_REQUESTS, TOPIC_GPU)  # what producers outside tailwatch write
 
 
 class KafkaUnavailable(Exception):

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 
 UNALLOCATED_TENANT = "(unallocated)"
 GROUP_KEYS = ("period", "tenant", "model", "workload")

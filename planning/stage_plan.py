@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from slo.prices import GpuPrices
+from planning.prices import GpuPrices
 
 # Rough relative inference throughput per GPU (H100 = 1); measured figures should override.
 DEFAULT_GPU_SPEED = {"H200": 1.3, "H100": 1.0, "A100": 0.45, "L40S": 0.4, "A10G": 0.15, "L4": 0.12, "T4": 0.06}

@@ -174,10 +174,11 @@ def rescue_wedged_group(bootstrap_servers: str, group_id: str, topics: list[str]
     from confluent_kafka import ConsumerGroupState, KafkaException
     from confluent_kafka.admin import AdminClient
 
+    # The client must outlive the future: a collected AdminClient never completes its futures.
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     try:
-        desc = AdminClient({"bootstrap.servers": bootstrap_servers}).describe_consumer_groups(
-            [group_id], request_timeout=5)[group_id].result()
-    except KafkaException:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result(timeout=15)
+    except (KafkaException, TimeoutError):
         return None
     members = {m.member_id for m in desc.members}
     if desc.state == ConsumerGroupState.STABLE and own_member_id in members:

@@ -1,0 +1,98 @@
+"""Every name tailwatch shows the outside world, defined once: Kafka topics, Prometheus
+metric families and recording rules.
+
+Exporters, dashboards, alert rules and the tools import these constants; no other module
+spells a `tailwatch_*` name or a topic in code (tests/test_conventions.py holds that).
+Names follow Prometheus conventions: base units in the name (`_seconds`, `_bytes`,
+`_ratio` for 0-1), counters end in `_total` (prometheus-client drops the suffix from a
+family's name and adds it back to the sample), histograms are named by their family
+(`_bucket`, `_count`, `_sum` are added by the exposition).
+
+Label names are the schema's field names (`ingest/schema.py`: SLICE_LABELS, CLOSED_LABELS)
+plus the closed sets each family documents beside its definition.
+"""
+
+# ---- Kafka topics: the suffix after --topic-prefix ("tw." by default) -----------------------
+TOPIC_REQUESTS = "requests"      # request.v1 events from serving runtimes and the OTLP adapter
+TOPIC_GPU = "gpu"                # gpu.v1 samples from collectors
+TOPIC_DEPLOYS = "deploys"        # deploy.v1 markers from rollout controllers
+TOPIC_SLI = "sli"                # partial and closed minute buckets, tier 1 to tier 2
+TOPIC_ALERTS = "alerts"          # reserved for alert changes (created; nothing writes it yet)
+TOPIC_DEADLETTER = "deadletter"  # records refused, each with its reason
+TOPIC_SUFFIXES = (TOPIC_REQUESTS, TOPIC_GPU, TOPIC_DEPLOYS, TOPIC_SLI, TOPIC_ALERTS, TOPIC_DEADLETTER)
+
+# ---- the worker's own health (streams/metrics.py) ------------------------------------------
+EVENTS_TOTAL = "tailwatch_events_total"
+DEAD_LETTERS_TOTAL = "tailwatch_dead_letters_total"
+PUBLISH_FAILURES_TOTAL = "tailwatch_publish_failures_total"
+CONSUMER_GROUP_RESCUES_TOTAL = "tailwatch_consumer_group_rescues_total"
+HTTP_RESTARTS_TOTAL = "tailwatch_http_restarts_total"
+HTTP_REFUSED_TOTAL = "tailwatch_http_refused_total"
+LATE_EVENTS_TOTAL = "tailwatch_late_events_total"
+UNKNOWN_FIELDS_DROPPED_TOTAL = "tailwatch_unknown_fields_dropped_total"
+BUCKETS_CLOSED_TOTAL = "tailwatch_buckets_closed_total"
+BUCKET_CLOSE_DELAY_SECONDS = "tailwatch_bucket_close_delay_seconds"  # histogram
+CONSUMER_LAG_MESSAGES = "tailwatch_consumer_lag_messages"
+WATERMARK_TIMESTAMP_SECONDS = "tailwatch_watermark_timestamp_seconds"
+OPEN_BUCKETS = "tailwatch_open_buckets"
+PARTITIONS_PAUSED = "tailwatch_partitions_paused"
+DEDUPE_IDS = "tailwatch_dedupe_ids"
+STAGE_CPU_SECONDS_TOTAL = "tailwatch_stage_cpu_seconds_total"
+CHECKPOINT_DURATION_SECONDS = "tailwatch_checkpoint_duration_seconds"  # histogram
+
+# ---- the fleet: traffic, latency, GPUs, cost (streams/fleet_metrics.py) ----------------------
+REQUESTS_TOTAL = "tailwatch_requests_total"
+REQUEST_RETRIES_TOTAL = "tailwatch_request_retries_total"
+TURNS_TOTAL = "tailwatch_turns_total"
+SUCCESSFUL_TURNS_TOTAL = "tailwatch_successful_turns_total"
+PROMPT_TOKENS_TOTAL = "tailwatch_prompt_tokens_total"
+OUTPUT_TOKENS_TOTAL = "tailwatch_output_tokens_total"
+AUDIO_SECONDS_TOTAL = "tailwatch_audio_seconds_total"
+STREAMS_TOTAL = "tailwatch_streams_total"
+STREAMS_COMPLETED_TOTAL = "tailwatch_streams_completed_total"
+STREAMS_CUT_TOTAL = "tailwatch_streams_cut_total"
+STREAMS_TIMED_OUT_TOTAL = "tailwatch_streams_timed_out_total"
+STREAMS_CANCELLED_TOTAL = "tailwatch_streams_cancelled_total"
+REQUEST_GPU_SECONDS_TOTAL = "tailwatch_request_gpu_seconds_total"
+REQUEST_LATENCY_SECONDS = "tailwatch_request_latency_seconds"  # histogram
+GPU_SECONDS_TOTAL = "tailwatch_gpu_seconds_total"
+GPU_XID_ERRORS_TOTAL = "tailwatch_gpu_xid_errors_total"
+GPU_ECC_ERRORS_TOTAL = "tailwatch_gpu_ecc_errors_total"
+GPUS = "tailwatch_gpus"
+GPUS_PROFILED = "tailwatch_gpus_profiled"
+GPU_UTILIZATION_RATIO = "tailwatch_gpu_utilization_ratio"
+GPU_SM_ACTIVE_RATIO = "tailwatch_gpu_sm_active_ratio"
+GPU_SM_OCCUPANCY_RATIO = "tailwatch_gpu_sm_occupancy_ratio"
+GPU_TENSOR_ACTIVE_RATIO = "tailwatch_gpu_tensor_active_ratio"
+GPU_DRAM_BANDWIDTH_RATIO = "tailwatch_gpu_dram_bandwidth_ratio"
+GPU_MEMORY_USED_BYTES = "tailwatch_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL_BYTES = "tailwatch_gpu_memory_total_bytes"
+GPU_POWER_WATTS = "tailwatch_gpu_power_watts"
+GPU_TEMPERATURE_CELSIUS = "tailwatch_gpu_temperature_celsius"
+GPU_KV_CACHE_USAGE_RATIO = "tailwatch_gpu_kv_cache_usage_ratio"
+GPU_REPLICAS = "tailwatch_gpu_replicas"
+QUEUE_OLDEST_AGE_SECONDS = "tailwatch_queue_oldest_age_seconds"
+QUEUE_DEPTH_REQUESTS = "tailwatch_queue_depth_requests"
+GPU_PRICE_USD_PER_GPU_SECOND = "tailwatch_gpu_price_usd_per_gpu_second"
+FLEET_LABEL_SETS = "tailwatch_fleet_label_sets"
+FLEET_LABEL_SETS_LIMIT = "tailwatch_fleet_label_sets_limit"
+FLEET_FOLDED_BUCKETS_TOTAL = "tailwatch_fleet_folded_buckets_total"
+
+# ---- SLOs and alerts (streams/slo_stage.py, alerts/) ---------------------------------------
+SLO_OBJECTIVE_RATIO = "tailwatch_slo_objective_ratio"
+SLO_SLI_RATIO = "tailwatch_slo_sli_ratio"
+SLO_BURN_RATE = "tailwatch_slo_burn_rate"
+SLO_ERROR_BUDGET_REMAINING_RATIO = "tailwatch_slo_error_budget_remaining_ratio"
+SLO_EVENTS_TOTAL = "tailwatch_slo_events_total"
+ALERTS_FIRING = "tailwatch_alerts_firing"
+ALERTS_DELIVERED_TOTAL = "tailwatch_alerts_delivered_total"
+ALERTS_REFUSED_TOTAL = "tailwatch_alerts_refused_total"
+# Prometheus-side recording rules over SLO_EVENTS_TOTAL; the window ("5m", "1h") is appended.
+SLO_ERROR_RATIO_RATE_RULE = "tailwatch_slo:error_ratio:rate"
+SLO_EVENTS_INCREASE_RULE = "tailwatch_slo:events:increase"
+
+# ---- anomaly and fleet detectors (streams/detector_stage.py) -------------------------------
+DETECTIONS_TOTAL = "tailwatch_detections_total"
+DETECTIONS_ACTIVE = "tailwatch_detections_active"
+DETECTOR_PROCESSED_TIMESTAMP_SECONDS = "tailwatch_detector_processed_timestamp_seconds"
+ANOMALY_MODEL_VERSION = "tailwatch_anomaly_model_version"
