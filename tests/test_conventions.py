@@ -9,7 +9,8 @@ import conventions
 from streams.metrics import HttpMetrics, WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("tailwatch", "ingest", "streams", "slo", "alerts", "signals", "detectors", "dashboards", "reports", "tools")
+ROOMS = ("tailwatch", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
+         "tools")
 METRIC_NAME = re.compile(r"tailwatch_[a-z_]+")
 
 
