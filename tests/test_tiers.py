@@ -157,7 +157,14 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
     producer.start()
     tier1 = {n: _worker(kafka, tmp_path, f"tier1-{n}", "--tier", "1", "--until-idle", "6", "--idle-timeout", IDLE) for n in "ab"}
     replicas = {n: replica(n) for n in names}
-    time.sleep(6.0)  # tier 1 owns its partitions and has checkpointed: a kill now moves work
+    # A kill moves work only once tier 1 owns its partitions and has published: six seconds,
+    # and longer where a loaded machine has not got there yet.
+    time.sleep(6.0)
+    deadline = time.monotonic() + 90
+    while not (re.search(r"took \S+\[\d+\] from offset", log := logs_of(tmp_path, "tier1-a"))
+               and re.search(r"[1-9][\d,]* partials published", log)):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(0.3)
     _kill(tier1["a"])  # its partitions go to b, then come back when it returns
     _kill(replicas["x"])
     time.sleep(3.0)
