@@ -1,11 +1,10 @@
 """What the signal API answers and accepts, as typed msgspec Structs.
 
-The handlers in `signals/api.py` return these and the OpenAPI document is generated from
-them (`signals/openapi.py`), so the document cannot drift from the answers. The live view
-builds its answers as plain mappings (the demo and the backtests read them too); the API
-converts each to its Struct on the way out, and `tests/test_signal_api.py` checks that the
-conversion keeps every key of real answers, so a field added to the view and not here fails
-a test rather than vanishing from the API.
+The live view (signals/live.py) builds each answer once as one of these; it crosses to the
+HTTP process as msgpack bytes, the handlers in `signals/api.py` return it, and the OpenAPI
+document is generated from these types (`signals/openapi.py`), so the document cannot drift
+from the answers. The answers forbid unknown fields: a field the view adds and this module
+does not know raises where the view is built, rather than vanishing from the API.
 
 Optional details that are absent from an answer (not null: absent) are `UNSET` and left out
 of the JSON.
@@ -43,7 +42,7 @@ class ApiError(Struct, omit_defaults=True):
     data_age_s: DataAge | None = None  # a stale rollout answer: the age of its older side
 
 
-class Capacity(Struct):
+class Capacity(Struct, forbid_unknown_fields=True):
     """Per-replica capacity at SLO and the bounds it was chosen from."""
 
     per_replica_gpu_s_per_s: float
@@ -55,7 +54,7 @@ class Capacity(Struct):
     reason: str
 
 
-class PoolSignalsAnswer(Struct):
+class PoolSignalsAnswer(Struct, forbid_unknown_fields=True):
     """The signals one autoscale decision read, over `window_minutes` complete minutes."""
 
     requests_per_s: float
@@ -83,7 +82,7 @@ class PoolSignalsAnswer(Struct):
     traffic_class: str | UnsetType = UNSET
 
 
-class Autoscale(Struct):
+class Autoscale(Struct, forbid_unknown_fields=True):
     """Desired replicas for a pool. Point KEDA's metrics-api `valueLocation` at
     `desired_replicas` with `targetValue: 1`."""
 
@@ -97,7 +96,7 @@ class Autoscale(Struct):
     as_of: Timestamp
 
 
-class ShedStep(Struct):
+class ShedStep(Struct, forbid_unknown_fields=True):
     """One rung of the degradation ladder, in the policy's order."""
 
     step: Literal["delay_batch", "shed_over_quota", "shorten_context", "reduce_retrieval_depth",
@@ -110,7 +109,7 @@ class ShedStep(Struct):
     basis: Annotated[str, Meta(description="measured, estimated or configured, and from what")]
 
 
-class AdmittedGroup(Struct):
+class AdmittedGroup(Struct, forbid_unknown_fields=True):
     """One tenant and traffic class in the next interval's admission plan."""
 
     tenant: str
@@ -122,7 +121,7 @@ class AdmittedGroup(Struct):
     rejected: int
 
 
-class AdmissionPlan(Struct):
+class AdmissionPlan(Struct, forbid_unknown_fields=True):
     """Seed 000's admission: higher priority first, within a priority the cheaper request
     first, ties by a stable id; a request that does not fit is rejected and the rest go on."""
 
@@ -132,7 +131,7 @@ class AdmissionPlan(Struct):
     groups: list[AdmittedGroup]
 
 
-class Shed(Struct):
+class Shed(Struct, forbid_unknown_fields=True):
     """How a pool should degrade, in order, with the load each step frees; and who is admitted."""
 
     pool: str
@@ -145,7 +144,7 @@ class Shed(Struct):
     as_of: Timestamp
 
 
-class Side(Struct):
+class Side(Struct, forbid_unknown_fields=True):
     """One side of a canary comparison over the rollout window."""
 
     version: str
@@ -164,7 +163,7 @@ class Side(Struct):
     inter_token_p99_ms: Annotated[Number, Meta(description="LLM streams: p99 of the mean gap between tokens per answer")] = None
 
 
-class MetricAnswer(Struct, omit_defaults=True):
+class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     """One metric's verdict (Kayenta-style): the method and the numbers it acted on."""
 
     verdict: MetricVerdictName
@@ -206,7 +205,7 @@ class MetricAnswer(Struct, omit_defaults=True):
     confidence: Number | UnsetType = UNSET
 
 
-class Verdict(Struct, omit_defaults=True):
+class Verdict(Struct, omit_defaults=True, forbid_unknown_fields=True):
     """A canary version against its model's stable version."""
 
     verdict: VerdictName
@@ -237,7 +236,7 @@ class Inconclusive(Struct):
     data_age_s: DataAge | None = None  # stale: the age of the verdict's older side
 
 
-class SloSlice(Struct):
+class SloSlice(Struct, forbid_unknown_fields=True):
     labels: dict[str, str]
     sli: Number
     error_budget_remaining: float
@@ -247,7 +246,7 @@ class SloSlice(Struct):
     as_of: Timestamp | None
 
 
-class Slo(Struct):
+class Slo(Struct, forbid_unknown_fields=True):
     name: str
     description: str
     objective: float
@@ -261,7 +260,7 @@ class SloList(Struct):
     slos: list[Slo]
 
 
-class Alert(Struct):
+class Alert(Struct, forbid_unknown_fields=True):
     fingerprint: str | None
     alertname: str
     severity: str

@@ -22,7 +22,6 @@ from typing import Callable
 import msgspec
 
 from signals.answers import (
-    Alert,
     AlertList,
     ApiError,
     Autoscale,
@@ -35,7 +34,6 @@ from signals.answers import (
     Slo,
     SloList,
     Verdict,
-    typed,
 )
 from signals.config import ApiConfig, Principal
 from signals.live import SignalSnapshot
@@ -236,7 +234,7 @@ class SignalApi:
         return snap
 
     # ---- handlers -------------------------------------------------------------------
-    def _pool_answer(self, who: Principal, pool: str, answers: str) -> dict:
+    def _pool_answer(self, who: Principal, pool: str, answers: str) -> Autoscale | Shed:
         """A pool's answer from the snapshot's `answers` table, if visible and fresh."""
         entry = getattr(self._fresh_snapshot(), answers).get(pool)
         if entry is None or not who.sees(entry.tenants):
@@ -247,14 +245,14 @@ class SignalApi:
             # KEDA treats an error as a failed scaler and applies its fallback replicas,
             # rather than scaling in (or shedding) on data that stopped arriving.
             raise ApiFailure(503, f"no new data for pool {pool!r} for {age:.0f} s (bound {self.config.stale_after_s:.0f} s); "
-                                  f"newest data is from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"])
+                                  f"newest data is from {entry.body.as_of}", reason="stale", as_of=entry.body.as_of)
         return entry.body
 
     def autoscale(self, who: Principal, pool: Name) -> Autoscale:
-        return typed(self._pool_answer(who, pool, "pools"), Autoscale)
+        return self._pool_answer(who, pool, "pools")
 
     def shed(self, who: Principal, pool: Name) -> Shed:
-        return typed(self._pool_answer(who, pool, "shed"), Shed)
+        return self._pool_answer(who, pool, "shed")
 
     def rollout(self, who: Principal, model: Name, version: Name) -> Verdict:
         snap = self._fresh_snapshot()
@@ -265,7 +263,7 @@ class SignalApi:
                 raise ApiFailure(404, f"model {model!r} has no version {version!r} in the rollout window (known: {known})",
                                  reason="no_data")
             raise ApiFailure(404, f"no model {model!r} version {version!r} is visible to this token", reason="no_data")
-        return typed({**entry.body, **self._fresh_sides(entry, model, version)}, Verdict)
+        return msgspec.structs.replace(entry.body, **self._fresh_sides(entry, model, version))
 
     def _fresh_sides(self, entry, model: str, version: str) -> dict[str, float]:
         """The age of each side of a rollout answer; a stale side makes it 503 stale (and an
@@ -273,7 +271,7 @@ class SignalApi:
         now = self.wall_clock()
         if entry.baseline_changed_wall_s is None:  # the stable version itself, or no stable traffic
             ages = {"data_age_s": round(now - entry.changed_wall_s, 1)}
-            if "canary" in entry.body:
+            if entry.body.canary is not msgspec.UNSET:
                 ages["canary_data_age_s"] = ages["data_age_s"]
         else:
             canary, stable = round(now - entry.changed_wall_s, 1), round(now - entry.baseline_changed_wall_s, 1)
@@ -282,7 +280,7 @@ class SignalApi:
             sides = ", ".join(f"{k.split('_')[0]} {v:.0f} s" for k, v in ages.items() if k != "data_age_s")
             raise ApiFailure(503, f"no new data behind {model} {version} for {ages['data_age_s']:.0f} s "
                                   f"({sides or 'its traffic'}; bound {self.config.stale_after_s:.0f} s); newest data is "
-                                  f"from {entry.body['as_of']}", reason="stale", as_of=entry.body["as_of"],
+                                  f"from {entry.body.as_of}", reason="stale", as_of=entry.body.as_of,
                              data_age_s=ages["data_age_s"])
         return ages
 
@@ -315,20 +313,20 @@ class SignalApi:
 
     def slos(self, who: Principal) -> SloList:
         snap = self._fresh_snapshot()
-        return SloList([typed(s, Slo) for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None])
+        return SloList([s for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None])
 
     def slo(self, who: Principal, name: Name) -> Slo:
         snap = self._fresh_snapshot()
         for s in snap.slos:
-            if s["name"] == name:
+            if s.name == name:
                 scoped = _scoped_slo(s, who)
                 if scoped is not None:
-                    return typed(scoped, Slo)
+                    return scoped
         raise ApiFailure(404, f"no SLO named {name!r} is visible to this token", hint="GET /v1/slos lists them")
 
     def alerts(self, who: Principal) -> AlertList:
         snap = self._fresh_snapshot()
-        return AlertList([typed(a, Alert) for a in snap.alerts if who.sees_labels(a["labels"])])
+        return AlertList([a for a in snap.alerts if who.sees_labels(a.labels)])
 
     def openapi(self, _who: None) -> msgspec.Raw:
         if self._openapi is None:
@@ -353,14 +351,14 @@ def _decode_payload(body: bytes, kind: type):
         raise ApiFailure(400, "the body nests deeper than the decoder follows") from None
 
 
-def _scoped_slo(slo: dict, who: Principal) -> dict | None:
+def _scoped_slo(slo: Slo, who: Principal) -> Slo | None:
     """A scoped token sees only slices cut by tenant, and only its own tenants'."""
     if who.tenants is None:
         return slo
-    slices = [s for s in slo["slices"] if who.sees_labels(s["labels"])]
+    slices = [s for s in slo.slices if who.sees_labels(s.labels)]
     if not slices:
         return None
     # The selector may name a tenant the token is not scoped to.
-    selector = {k: v for k, v in slo["selector"].items() if k != "tenant"}
-    return {**slo, "selector": selector, "slices": slices}
+    selector = {k: v for k, v in slo.selector.items() if k != "tenant"}
+    return msgspec.structs.replace(slo, selector=selector, slices=slices)
 

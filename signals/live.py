@@ -9,13 +9,14 @@ HTTP threads read a finished, consistent answer and never touch live state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Generic, TypeVar
 
+import msgspec
 import polars as pl
 from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
+from signals.answers import Alert, Autoscale, Shed, Slo, Verdict, typed
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
 from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, summed_bins
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
@@ -35,6 +36,8 @@ from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
 # sliced by tenant covers the pool through each of its tenants.
 POOL_ATTRIBUTES = ("pool", "model", "zone", "workload", "traffic_class")
 
+
+Answer = TypeVar("Answer", Autoscale, Shed, Verdict)
 
 # Per-replica capacity a person configures for a pool (a load test's knee), GPU-s/s.
 CapacityGpuSPerS = Annotated[float, Meta(gt=0.0, lt=1e9)]
@@ -65,18 +68,20 @@ class SignalPolicy(SignalWindows):
     replica_shape: dict[str, ReplicaShape] = {}
 
 
-@dataclass(frozen=True)
-class Scoped:
-    """One answer and the tenants whose traffic it is made of."""
+class Scoped(msgspec.Struct, Generic[Answer], frozen=True):
+    """One answer, typed, and the tenants whose traffic it is made of."""
 
-    body: dict
+    body: Answer
     tenants: frozenset[str]
     as_of_minute: int
     changed_wall_s: float = 0.0  # when the data behind it last moved (for staleness); a canary's own
     baseline_changed_wall_s: float | None = None  # a canary verdict's: when its stable baseline's did
 
-    def __post_init__(self):
-        object.__setattr__(self, "body", significant(self.body))
+
+def answer(body: dict, kind: type[Answer]) -> Answer:
+    """A view's mapping as its typed answer, built once here: what the HTTP process serves,
+    the demo prints and the backtests replay."""
+    return typed(significant(body), kind)
 
 
 def significant(value, digits: int = 12):
@@ -94,16 +99,18 @@ def significant(value, digits: int = 12):
     return value
 
 
-@dataclass(frozen=True)
-class SignalSnapshot:
+class SignalSnapshot(msgspec.Struct, frozen=True):
+    """Everything the signal API answers from, as of one build; crosses to the HTTP process
+    as msgpack bytes (streams/http.py)."""
+
     built_wall_s: float
     as_of_minute: int | None
-    pools: dict[str, Scoped]
-    rollouts: dict[tuple[str, str], Scoped]
+    pools: dict[str, Scoped[Autoscale]]
+    rollouts: dict[tuple[str, str], Scoped[Verdict]]
     models: dict[str, frozenset[str]]  # model → its versions (for 404 messages)
-    slos: list[dict]  # one per SLO, slices carry their labels
-    alerts: list[dict]
-    shed: dict[str, Scoped] = field(default_factory=dict)  # per pool: the degradation ladder and admission plan
+    slos: list[Slo]  # one per SLO, slices carry their labels
+    alerts: list[Alert]
+    shed: dict[str, Scoped[Shed]] = {}  # per pool: the degradation ladder and admission plan
 
 
 class RecentBuckets:
@@ -212,7 +219,8 @@ class LiveSignals:
         return SignalSnapshot(
             built_wall_s=wall_s, as_of_minute=max(newest) if newest else None, pools=pools, rollouts=rollouts,
             shed=shed,
-            models=models, slos=slo_reads(slo_states), alerts=firing_alerts(slo_states),
+            models=models, slos=[answer(s, Slo) for s in slo_reads(slo_states)],
+            alerts=[answer(a, Alert) for a in firing_alerts(slo_states)],
         )
 
     # ---- autoscale ------------------------------------------------------------------
@@ -246,9 +254,10 @@ class LiveSignals:
                 "capacity_basis": decision.capacity_basis, "capacity": decision.capacity,
                 "as_of": rfc3339(st["newest"] + 1),
             }
-            out[pool] = Scoped(body, st["tenants"], st["newest"], changed)
+            out[pool] = Scoped(answer(body, Autoscale), st["tenants"], st["newest"], changed)
             advice = self._shed(st, signals, decision)
-            shed[pool] = Scoped({**shed_body(advice), "as_of": body["as_of"]}, st["tenants"], st["newest"], changed)
+            shed[pool] = Scoped(answer({**shed_body(advice), "as_of": body["as_of"]}, Shed), st["tenants"], st["newest"],
+                                changed)
         return out, shed
 
     def _shed(self, st: dict, s: PoolSignals, decision: Decision) -> ShedAdvice:
@@ -307,7 +316,8 @@ class LiveSignals:
             models[model] = models.get(model, frozenset()) | {version}
             body = {"verdict": "continue", "reasons": [f"{model} {version} is the stable version: nothing to compare"],
                     "model": model, "version": version, "window_minutes": window, "as_of": rfc3339(newest[model] + 1)}
-            out[(model, version)] = Scoped(body, base[2], newest[model], changed.get(("stable", model), wall_s))
+            out[(model, version)] = Scoped(answer(body, Verdict), base[2], newest[model],
+                                           changed.get(("stable", model), wall_s))
         for model, version, stats, tenants in per_version:
             models[model] = models.get(model, frozenset()) | {version}
             as_of = rfc3339(newest[model] + 1)
@@ -315,7 +325,7 @@ class LiveSignals:
             base_tenants = base[2] if base else frozenset()
             stable = base[1] if base else VersionStats("", 0, 0, 0, None, None, 0.0, 0, 0.0)
             v = verdict(stats, stable, window, self.policy.rollout, as_of=as_of)
-            out[(model, version)] = Scoped({**v.to_json(), "model": model, "version": version},
+            out[(model, version)] = Scoped(answer({**v.to_json(), "model": model, "version": version}, Verdict),
                                            tenants | base_tenants, newest[model],
                                            changed.get(("canary", model, version), wall_s),
                                            changed.get(("stable", model)))

@@ -7,8 +7,9 @@ in every checkpoint's open state: draining synthetic traffic at 100,000 events a
 over four partitions held 53 open minutes (437 MiB) where the allowed lateness asks for 6.
 Flink's answer is watermark alignment (`WatermarkStrategy.withWatermarkAlignment`): a
 split more than `maxAllowedWatermarkDrift` ahead of the group's lowest watermark is
-paused until the others catch up. The same here, per topic and within one worker's
-partitions.
+paused until the others catch up. The same here, over the partitions one worker reads of
+both input topics (keys are (topic, partition)): a backlog drained one topic first would
+otherwise close its minutes an hour ahead of the other's.
 
 Pausing changes when a partition's records are read, never which or in what order within
 it, and a paused partition holds the frontier at its own watermark like any other; so the
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class WatermarkAlignment:
-    """Per topic: the paused partitions, and when each partition's read position last moved."""
+    """One group: the paused partitions, and when each one's read position last moved."""
 
     max_drift_ms: int
     stalled_after_s: float = 10.0

@@ -193,6 +193,7 @@ class DetectorStage:
         self.label_sets = self.set.label_sets()
         self.pending_requests = PendingMinutes("sli_minute", lambda rows: summaries(rows, self.label_sets))
         self.pending_gpu = PendingMinutes("gpu_minute")
+        self.backlogged: frozenset[str] = frozenset()  # as of the last on_closed (see there)
         self.max_request_minute: int | None = None
         self.max_gpu_minute: int | None = None
         self.processed_before: int | None = None  # the next minute to feed the detectors
@@ -279,7 +280,9 @@ class DetectorStage:
                 self.alerts.change(d.detection_id, True, detection_to_alertmanager(d, d.evidence, self.links))
             self.collector.active[det.name] = len(det.tracker.open)
 
-    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
+                  backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
+        self.backlogged = backlogged
         self.max_request_minute = _newest(self.max_request_minute, self.pending_requests.add(requests, self.processed_before))
         self.max_gpu_minute = _newest(self.max_gpu_minute, self.pending_gpu.add(gpu, self.processed_before))
         until = self._ready_until()
@@ -318,9 +321,7 @@ class DetectorStage:
             if e.state == "raised":
                 self.collector.raised[e.detection.detector] += 1
         changes, self._uncommitted = self._uncommitted, []
-        for table, rows in self.alerts.stage_changes([(i, state == "raised", p) for i, state, p in changes]) \
-                + self.alerts.delivery_rows():
-            out[table] = rows
+        out.update(self.alerts.stage_changes([(i, state == "raised", p) for i, state, p in changes]))
         return out
 
     def _ready_until(self) -> int | None:
@@ -332,10 +333,16 @@ class DetectorStage:
         # GPU telemetry, or a collector that died) is taken as absent rather than late: the
         # detectors go on an hour behind instead of waiting for it, and holding the other
         # table's minutes, for ever.
+        # Only a source read to its end can be absent: one with records still to read (a
+        # backlog drained one topic first) is behind, and the other's minutes wait for it.
         newest = max(m for m in (r, g) if m is not None)
-        until = newest - ABSENT_SOURCE_MINUTES
+        lagging = "sli_minute" if r is None or (g is not None and r < g) else "gpu_minute"
         if r is not None and g is not None:
-            until = max(until, min(r, g))
+            until = min(r, g) if lagging in self.backlogged else max(newest - ABSENT_SOURCE_MINUTES, min(r, g))
+        elif lagging in self.backlogged:
+            return None
+        else:
+            until = newest - ABSENT_SOURCE_MINUTES
         if self.processed_before is not None and until < self.processed_before:
             return None
         first = _first_pending(self.pending_requests, self.pending_gpu)
@@ -361,9 +368,6 @@ class DetectorStage:
 
     def committed(self) -> None:
         self.alerts.committed()
-
-    def deliver(self, wait_s: float = 0.0) -> None:
-        self.alerts.deliver(wait_s)
 
 
 def detector_stages(value: str | None, alertmanager_urls: tuple[str, ...] = (),

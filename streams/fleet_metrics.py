@@ -306,6 +306,7 @@ class FleetMetrics:
     """The stage: closed buckets → FleetCollector. Writes no store rows."""
 
     name = "fleet_metrics"
+    alerts = None  # pages nothing
 
     def __init__(self, config: FleetMetricsConfig | None = None):
         self.config = config or FleetMetricsConfig()
@@ -329,7 +330,8 @@ class FleetMetrics:
         self.sku_of_pool.update({pool or "": sku for pool, sku in rows if sku})
         self.collector.skus.update(self.sku_of_pool.values())
 
-    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
+                  backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
         # GPU rows first: they teach the pool → SKU map the request GPU-seconds need.
         with self.collector.lock:
             if gpu.height:
@@ -342,8 +344,6 @@ class FleetMetrics:
     def committed(self) -> None:
         pass
 
-    def deliver(self, wait_s: float = 0.0) -> None:
-        pass
 
     # ---- requests ---------------------------------------------------------------------
     def _cap_tenants(self, requests: pl.DataFrame) -> pl.DataFrame:

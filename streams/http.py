@@ -34,7 +34,6 @@ its own limits here (docs/signal-api.md lists them):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import logging
 import multiprocessing
@@ -42,13 +41,13 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import collections
 import random
 import resource
 
+import msgspec
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -56,16 +55,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from signals.api import MAX_BODY_BYTES, Request, Response, SignalApi, json_response
 from signals.config import ApiConfig
+from signals.live import SignalSnapshot
 from streams.metrics import HttpMetrics
 
 log = logging.getLogger("tailwatch.http")
 
 
-@dataclass
-class HttpState:
-    """What the worker publishes to its HTTP process."""
+class HttpState(msgspec.Struct):
+    """What the worker publishes to its HTTP process, as msgpack bytes: the typed answers
+    cross the pipe as they were built, and are decoded into the same types on the other side."""
 
-    snapshot: object = None  # signals.live.SignalSnapshot
+    snapshot: SignalSnapshot | None = None
     ready: tuple[bool, str] = (False, "starting")
     published_wall_s: float = 0.0
     # A heartbeat from a caught-up worker with nothing new: the last snapshot still holds as
@@ -73,12 +73,16 @@ class HttpState:
     view_unchanged: bool = False
 
 
+_encode_state = msgspec.msgpack.Encoder().encode
+_decode_state = msgspec.msgpack.Decoder(HttpState).decode
+
+
 def _apply(previous: HttpState, received: HttpState) -> HttpState:
     if not received.view_unchanged:
         return received
     snapshot = previous.snapshot
     if snapshot is not None:
-        snapshot = dataclasses.replace(snapshot, built_wall_s=received.published_wall_s)
+        snapshot = msgspec.structs.replace(snapshot, built_wall_s=received.published_wall_s)
     return HttpState(snapshot, received.ready, received.published_wall_s)
 
 
@@ -415,7 +419,7 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
     def read() -> None:
         while True:
             try:
-                served.state = _apply(served.state, conn.recv())
+                served.state = _apply(served.state, _decode_state(conn.recv_bytes()))
             except (EOFError, OSError):
                 os._exit(0)  # the worker is gone: so is its port
 
@@ -485,7 +489,7 @@ class WorkerHttp:
             self._last_view = state
         if self._conn is not None:
             try:
-                self._conn.send(state)
+                self._conn.send_bytes(_encode_state(state))
                 return
             except OSError:  # BrokenPipeError: the child is gone
                 self._process.join(1)
@@ -500,8 +504,8 @@ class WorkerHttp:
             return
         self._on_restart()
         if state.view_unchanged and self._last_view is not None:
-            self._conn.send(self._last_view)  # a heartbeat alone would leave the new child without a view
-        self._conn.send(state)
+            self._conn.send_bytes(_encode_state(self._last_view))  # a heartbeat alone would leave the new child without a view
+        self._conn.send_bytes(_encode_state(state))
 
     def stop(self) -> None:
         if self._conn is not None:

@@ -6,6 +6,8 @@ by the topic's partition count).
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
@@ -86,3 +88,20 @@ class HttpMetrics:
             "connection cap).", ["reason"], registry=self.registry)
         for reason in HTTP_REFUSALS:  # known label sets start at 0
             self.refused.labels(reason)
+
+
+class CpuAccount:
+    """CPU time per part of the worker (the `stage_cpu_seconds` family, and the run's stats)."""
+
+    def __init__(self, metrics: WorkerMetrics):
+        self.metrics = metrics
+        self.seconds: dict[str, float] = {}
+
+    @staticmethod
+    def began() -> float:
+        return time.process_time()
+
+    def spent(self, part: str, began: float) -> None:
+        spent = time.process_time() - began
+        self.seconds[part] = self.seconds.get(part, 0.0) + spent
+        self.metrics.stage_cpu_seconds.labels(part).inc(spent)

@@ -9,11 +9,12 @@ back on start, and is what `tailwatch capacity measured` prints.
 from __future__ import annotations
 
 from datetime import date, timedelta
+from typing import Callable
 
 import duckdb
 import polars as pl
 
-from signals.live import LiveSignals
+from signals.live import LiveSignals, SignalSnapshot
 import store
 
 SCHEMA_SQL = """
@@ -25,10 +26,19 @@ _EPOCH_DAY = date(1970, 1, 1)
 
 
 class SignalStage:
-    name = "signals"
+    """Closed minutes into the live view; `snapshot` is the view the HTTP process answers from."""
 
-    def __init__(self, live: LiveSignals):
+    name = "signals"
+    alerts = None  # pages nothing
+
+    def __init__(self, live: LiveSignals, slo_states: Callable[[], list] = list):
         self.live = live
+        self.slo_states = slo_states  # the SLO stage's states, if the worker runs one
+
+    def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, wall_s: float) -> SignalSnapshot:
+        """The view from kept buckets, the SLO states and a peek at the open minutes;
+        `wall_s` only ages the answers (no decision reads it)."""
+        return self.live.snapshot(open_requests, open_gpu, self.slo_states(), wall_s=wall_s)
 
     def collectors(self) -> list:
         return []
@@ -40,7 +50,8 @@ class SignalStage:
         for pool, day, best in load_pool_capacity(con, self.live.policy.capacity_history_days).iter_rows():
             self.live.capacity.restore(pool, (day - _EPOCH_DAY).days, best)
 
-    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
+                  backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
         raised = self.live.add_closed(requests, gpu)
         if not raised:
             return {}
@@ -54,8 +65,6 @@ class SignalStage:
     def committed(self) -> None:
         pass
 
-    def deliver(self, wait_s: float = 0.0) -> None:
-        pass
 
 
 def load_pool_capacity(con: duckdb.DuckDBPyConnection, days: int) -> pl.DataFrame:

@@ -95,14 +95,38 @@ class SloCollector:
         yield from (objective, sli, burn, budget, firing, events)
 
 
+def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
+    """The engine's alert changes as the store's `alerts` change rows (store.ALERT_CHANGE_SCHEMA)."""
+    return pl.DataFrame({
+        "state": [c.state for c in changes], "fingerprint": [c.fingerprint for c in changes],
+        "alertname": [c.alertname for c in changes], "severity": [c.severity for c in changes],
+        "slo": [c.slo for c in changes], "alert_window": [c.window.name for c in changes],
+        "labels": [json.dumps(c.labels, sort_keys=True) for c in changes],
+        "at": pl.Series([c.at_minute * 60_000_000 for c in changes], dtype=pl.Int64),
+        "long_burn_rate": [c.long_burn_rate for c in changes], "short_burn_rate": [c.short_burn_rate for c in changes],
+        "error_budget_remaining": [c.error_budget_remaining for c in changes],
+    }).cast(store.ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
+
+
 class SloStage:
+    """The SLO engine as a stage: `slo_status` and `alerts` rows per closed minute, pages
+    through its Alertmanager outbox."""
+
+    name = "slo"
+
     def __init__(self, specs: list[SloSpec], alertmanager_urls: tuple[str, ...] = (), links: AlertLinks | None = None):
         self.specs = {s.name: s for s in specs}
         self.evaluator = SloEvaluator(specs)
         self.links = links or AlertLinks()
         self.alerts = FiringAlerts(alertmanager_urls, stage="slo")
-        self._outbox_rows: list[tuple[str, pl.DataFrame]] = []
         self.collector = SloCollector(specs)
+
+    def collectors(self) -> list:
+        return [self.collector]
+
+    def states(self) -> list:
+        """Every slice's SLO state as of the newest closed minute (the signal view reads them)."""
+        return self.collector.snapshot
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
@@ -124,16 +148,18 @@ class SloStage:
             self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
         self.alerts.restore(con)
 
-    def evaluate(self, closed: pl.DataFrame) -> tuple[pl.DataFrame | None, list[AlertChange]]:
-        if closed.height == 0:
-            return None, []
-        result = self.evaluator.feed(closed)
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
+                  backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
+        if requests.height == 0:
+            return {}
+        result = self.evaluator.feed(requests)
         self._count_events(result.events)
         self.collector.snapshot = list(self.evaluator.states.values())
-        self._outbox_rows = self.alerts.stage_changes(
+        out = {"slo_status": status_frame(result.status), "alerts": alert_change_rows(result.changes)}
+        out.update(self.alerts.stage_changes(
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
-             for c in result.changes])
-        return status_frame(result.status), result.changes
+             for c in result.changes]))
+        return out
 
     def _count_events(self, by_slice: dict[tuple[str, tuple[str, ...]], list[int]]) -> None:
         events = dict(self.collector.events)
@@ -144,17 +170,8 @@ class SloStage:
             events[key] = (before_good + good, before_bad + valid - good)
         self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
-    def outbox_rows(self) -> list[tuple[str, pl.DataFrame]]:
-        """The last evaluation's page payloads and what Alertmanager has taken since the last
-        mark, for this checkpoint."""
-        rows, self._outbox_rows = self._outbox_rows, []
-        return rows + self.alerts.delivery_rows()
-
-    def committed(self, changes: list[AlertChange]) -> None:
+    def committed(self) -> None:
         self.alerts.committed()
-
-    def deliver(self, wait_s: float = 0.0) -> None:
-        self.alerts.deliver(wait_s)
 
 
 _EPOCH = datetime(1970, 1, 1)

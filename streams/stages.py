@@ -1,10 +1,11 @@
-"""The interface between the worker and what it feeds with closed minutes.
+"""The interface between the runtime's store sink and what it feeds with closed minutes.
 
-The SLO stage came first; detectors, fleet metrics and the signal state are stages too.
+The SLO engine, the detectors, the fleet metrics and the signal view are stages.
 A stage is handed the rows of each checkpoint's newly closed minutes and returns rows for
 store tables, which the worker writes in the same checkpoint transaction (so a crash
 never leaves a detection without its buckets or the reverse). A stage rebuilds its state
-from the store on start, and delivers anything outbound (Alertmanager) from the loop.
+from the store on start; what it pages goes through its outbox (`alerts`), which the store
+sink delivers from the runtime's loop.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import duckdb
 import polars as pl
 from prometheus_client.registry import Collector
 
+from alerts.alertmanager import FiringAlerts
+
 
 class Stage(Protocol):
     name: str
+    alerts: FiringAlerts | None  # its Alertmanager outbox (the store sink delivers it and marks deliveries), or None
 
     def collectors(self) -> list[Collector]:
         """Prometheus collectors to register on the worker's registry."""
@@ -27,18 +31,17 @@ class Stage(Protocol):
         """On start: create the stage's tables if missing and rebuild its state from the store."""
         ...
 
-    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
+                  backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
         """Newly closed `sli_minute` / `gpu_minute` rows (either may be empty: zero rows and
-        possibly no columns) → rows per
-        store table, inserted BY NAME in this checkpoint's transaction."""
+        possibly no columns) → rows per store table, inserted BY NAME in this checkpoint's
+        transaction (`alerts` rows are alert changes: store.ALERT_CHANGE_SCHEMA).
+        `backlogged`: the tables whose source still has records to read, whose silence is
+        therefore a backlog, not an absence."""
         ...
 
     def committed(self) -> None:
         """The checkpoint holding the last `on_closed` output is durable: hand out what it raised."""
-        ...
-
-    def deliver(self, wait_s: float = 0.0) -> None:
-        """Called from the worker loop: retry outbound delivery, waiting up to wait_s."""
         ...
 
 

@@ -167,8 +167,8 @@ def backtest_autoscale(requests: pl.DataFrame, gpu: pl.DataFrame, policy: Signal
                 continue  # the pool sent nothing this minute: no new answer
             bt = out.setdefault(pool, PoolBacktest(pool))
             bt.minutes.append(m)
-            bt.running.append(int(body["current_replicas"]))
-            bt.desired.append(int(body["desired_replicas"]))
+            bt.running.append(body.current_replicas)
+            bt.desired.append(body.desired_replicas)
     # Waiting: per closed minute, queue-age p95 over the pool's GPUs or first-output p95 over
     # its SLO (the same test the capacity measurement uses).
     if requests.height and gpu.height and out:
@@ -239,9 +239,8 @@ def backtest_rollout(requests: pl.DataFrame, gpu: pl.DataFrame, model: str, vers
         if answer is None:
             continue
         b = answer.body
-        canary = b.get("canary") or {}
-        steps.append(RolloutStep(m, b["verdict"], int(canary.get("requests", 0) or 0), tuple(b.get("decided_by") or ()),
-                                 b.get("confidence"), (b.get("reasons") or [""])[0]))
+        steps.append(RolloutStep(m, b.verdict, b.canary.requests if b.canary else 0, tuple(b.decided_by or ()),
+                                 b.confidence or None, (b.reasons or [""])[0]))
     return RolloutBacktest(model, version, steps)
 
 

@@ -191,11 +191,10 @@ def load_prices_option(path: str | None):
 
 
 def _worker_settings(args: argparse.Namespace, **overrides):
-    from alerts.alertmanager import AlertLinks
     from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
     from store import DEFAULT_STORE
-    from streams.worker import WorkerSettings
+    from streams.runtime import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
@@ -236,19 +235,6 @@ def _worker_settings(args: argparse.Namespace, **overrides):
 WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwatch-tier2"}
 
 
-def worker_class(tier: str):
-    """The worker of a tier: `all` (one process does everything), `1` (the firehose, N of
-    them, no store) or `2` (the one store writer and every stage over tw.sli)."""
-    if tier == "1":
-        from streams.tier1 import Tier1Worker
-        return Tier1Worker
-    if tier == "2":
-        from streams.store_writer import StoreWriter
-        return StoreWriter
-    from streams.worker import Worker
-    return Worker
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     overrides = {}
     if args.group is None:
@@ -257,11 +243,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
     ensure_reachable(settings.kafka)
-    from streams.tier1 import PublishRefused
-    from streams.worker import NotDrained
+    from streams.partial_publisher import PublishRefused
+    from streams.runtime import NotDrained
+    from streams.tiers import build
 
     try:
-        code = worker_class(args.tier)(settings).run()
+        code = build(settings, args.tier).run()
     except OSError as exc:
         raise CliError(f"cannot serve HTTP on port {args.http_port}: {exc.strerror}") from None
     except (NotDrained, PublishRefused) as exc:  # one line each; 3: not drained, 1: Kafka refused tier 1's output

@@ -18,12 +18,14 @@ from slo import histogram
 from slo.spec import DEFAULT_SLOS, load_slos
 import store
 from streams.stages import default_stages
-from streams.worker import Worker, WorkerSettings
+from streams.runtime import Runtime, WorkerSettings
+from streams.tiers import build
 from ingest.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from ingest.kafka import KafkaSettings, ensure_topics, send
 from tailwatch.table import render
 from tailwatch.backtest import read_buckets, replay
+from signals.answers import Shed
 from signals.rollout import CanaryStory, VerdictStep, canary_story
 from slo.windows import minute_text
 from conventions import TOPIC_REQUESTS
@@ -88,7 +90,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
             worker = _run_tiers(settings, worker_settings, workers, Path(store_path).parent, say)
         else:
             say("[3/5] running the worker until the topics are drained")
-            worker = Worker(worker_settings)
+            worker = build(worker_settings)
             worker.run()
             progress_done()
         worker.refresh_signals()
@@ -128,31 +130,30 @@ class SignalHistory:
     story and each pool's answer at its worst minute of pressure (a backtest's replay)."""
 
     canaries: dict[tuple[str, str], CanaryStory]
-    pressure: dict[str, tuple[int, dict]]  # pool → (minute, its shed answer then)
+    pressure: dict[str, tuple[int, Shed]]  # pool → (minute, its shed answer then)
 
     @classmethod
     def of(cls, store_path: str) -> "SignalHistory":
         requests, gpu = read_buckets(store_path)
         steps: dict[tuple[str, str], list[VerdictStep]] = {}
-        pressure: dict[str, tuple[int, dict, float]] = {}
+        pressure: dict[str, tuple[int, Shed, float]] = {}
         for minute, snap in replay(requests, gpu):
             for key, e in snap.rollouts.items():
-                if e.body.get("canary"):
-                    steps.setdefault(key, []).append(VerdictStep(minute, e.body["verdict"], (e.body["reasons"] or [""])[0],
-                                                                 tuple(e.body.get("decided_by") or ())))
+                if e.body.canary:
+                    steps.setdefault(key, []).append(VerdictStep(minute, e.body.verdict, (e.body.reasons or [""])[0],
+                                                                 tuple(e.body.decided_by or ())))
             for pool, e in snap.shed.items():
-                over = e.body["demand_gpu_s_per_s"] - e.body["capacity_gpu_s_per_s"]
-                if e.body["under_pressure"] and (pool not in pressure or over > pressure[pool][2]):
+                over = e.body.demand_gpu_s_per_s - e.body.capacity_gpu_s_per_s
+                if e.body.under_pressure and (pool not in pressure or over > pressure[pool][2]):
                     pressure[pool] = (minute, e.body, over)
         return cls({k: canary_story(v) for k, v in steps.items()}, {p: (m, b) for p, (m, b, _) in pressure.items()})
 
 
-def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers: int, log_dir: Path, say) -> Worker:
+def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers: int, log_dir: Path, say) -> Runtime:
     """`workers` tier-1 processes (the firehose) and the store writer here, until the tier-1
     workers have drained every partition and the writer has landed every minute."""
     from dataclasses import replace
 
-    from streams.store_writer import StoreWriter
     from tailwatch.commands import WORKER_GROUPS
 
     say(f"[3/5] running {workers} tier-1 workers (processes, one consumer group) and the tier-2 store writer")
@@ -165,7 +166,7 @@ def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers
                 [sys.executable, "-m", "tailwatch", "worker", "--tier", "1", "--bootstrap-servers", settings.bootstrap_servers,
                  "--topic-prefix", settings.topic_prefix, "--http-port", "0", "--until-idle", "3"],
                 stdout=log_file, stderr=subprocess.STDOUT))
-    writer = StoreWriter(replace(worker_settings, group_id=WORKER_GROUPS["2"]))
+    writer = build(replace(worker_settings, group_id=WORKER_GROUPS["2"]), tier="2")
     try:
         writer.run()
     finally:
@@ -257,28 +258,28 @@ def signal_summary(snapshot, history: SignalHistory | None = None) -> str:
         return "signal API: no data"
     pools = [(name, e) for name, e in sorted(snapshot.pools.items()) if name.endswith("-realtime")]
     end = minute_text(snapshot.as_of_minute + 1) if snapshot.as_of_minute is not None else "the end"
-    rows = [[name, e.body["current_replicas"], e.body["desired_replicas"], e.body["signals"]["queue_age_p95_ms"],
-             e.body["signals"]["first_output_p95_ms"]] for name, e in pools]
+    rows = [[name, e.body.current_replicas, e.body.desired_replicas, e.body.signals.queue_age_p95_ms,
+             e.body.signals.first_output_p95_ms] for name, e in pools]
     out = f"GET /v1/autoscale/{{pool}} for the realtime pools at {end} (over the last 5 minutes of event time)\n"
     out += render(["pool", "current", "desired", "queue_age_p95_ms", "first_output_p95_ms"], rows)
-    out += "\n" + "\n".join(f"  {name}: {e.body['reasons'][0]}" for name, e in pools if e.body["reasons"])
+    out += "\n" + "\n".join(f"  {name}: {e.body.reasons[0]}" for name, e in pools if e.body.reasons)
     out += f"\n\nGET /v1/rollout/{{model}}/{{version}} for the canaries: the worst verdict over the run, and the verdict at {end}\n"
     lines = []
     for (model, version), e in sorted(snapshot.rollouts.items()):
-        if not e.body.get("canary"):
+        if not e.body.canary:
             continue
         story = history.canaries.get((model, version)) if history else None
-        told = story.sentence(minute_text) if story else f"{e.body['verdict']} ({(e.body['reasons'] or [''])[0]})"
+        told = story.sentence(minute_text) if story else f"{e.body.verdict} ({(e.body.reasons or [''])[0]})"
         lines.append(f"  {model} {version}: {told}")
     out += "\n".join(lines) if lines else "  no canary"
     out += "\n\nGET /v1/shed/{pool} for each pool that was under pressure, as it answered at its worst minute\n"
     if history and history.pressure:
         for pool, (minute, body) in sorted(history.pressure.items()):
-            enough = next((s for s in body["steps"] if s["enough"]), None)
-            rejected = sum(g["rejected"] for g in body["admission"]["groups"])
-            out += (f"  {pool} at {minute_text(minute)}: {'; '.join(body['pressure'])}\n    "
-                    + (f"first sufficient step: {enough['step']} ({enough['action']}), freeing "
-                       f"{enough['load_removed_gpu_s_per_s']:.2f} GPU-s/s" if enough else "no step of the ladder is enough")
+            enough = next((s for s in body.steps if s.enough), None)
+            rejected = sum(g.rejected for g in body.admission.groups)
+            out += (f"  {pool} at {minute_text(minute)}: {'; '.join(body.pressure)}\n    "
+                    + (f"first sufficient step: {enough.step} ({enough.action}), freeing "
+                       f"{enough.load_removed_gpu_s_per_s:.2f} GPU-s/s" if enough else "no step of the ladder is enough")
                     + f"; the admission plan would reject {rejected:,} requests in the next minute\n")
     else:
         out += "  no pool was under pressure\n"

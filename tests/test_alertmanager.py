@@ -17,7 +17,8 @@ from ingest.simulator import FleetSimulator
 from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
-from streams.worker import Worker, WorkerSettings
+from streams.runtime import WorkerSettings
+from streams.tiers import build
 from tools.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
@@ -49,6 +50,38 @@ def start_alertmanager(tmp_path, webhook_port, port=None, log_level="info"):
                                               f"--storage.path={tmp_path / f'am-data-{port}'}", "--cluster.listen-address=",
                                               f"--log.level={log_level}"],
                              port, tmp_path / f"am-{port}.log", timeout_s=20)
+
+
+def start_alertmanager_cluster(tmp_path, webhook_port, size=2):
+    """`size` Alertmanagers gossiping as one cluster (each the peer of the first), every one
+    notifying the webhook: [(process, URL)], once every instance sees all the others.
+
+    The n-th instance waits n × peer timeout before it notifies, and notifies only what the
+    gossiped notification log does not hold yet; that deduplicates only while the peer
+    timeout (plus gossip) is shorter than the group interval, as in production (15 s against
+    5 m). Scaled down here: 0.5 s against 2 s, gossip every 50 ms."""
+    import json
+    import urllib.request
+
+    need(AM_BIN is not None, "prometheus-alertmanager (Debian package)")
+    cfg = tmp_path / "am-cluster.yml"
+    cfg.write_text(alertmanager_config(webhook_port, "['...']", group_interval="2s"))
+    members, first_peer = [], None
+    for i in range(size):
+        port, gossip = free_port(), free_port()
+        argv = [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
+                f"--storage.path={tmp_path / f'am-data-{port}'}", f"--cluster.listen-address=127.0.0.1:{gossip}",
+                "--cluster.peer-timeout=500ms", "--cluster.gossip-interval=50ms", "--log.level=debug"]
+        if first_peer:
+            argv.append(f"--cluster.peer={first_peer}")
+        members.append(start_until_ready("Alertmanager", argv, port, tmp_path / f"am-{port}.log", timeout_s=20))
+        first_peer = first_peer or f"127.0.0.1:{gossip}"
+    deadline = time.time() + 30
+    for _proc, url in members:
+        while len(json.load(urllib.request.urlopen(url + "/api/v2/status", timeout=2))["cluster"]["peers"]) < size:
+            assert time.time() < deadline, f"{url} did not see {size} peers"
+            time.sleep(0.3)
+    return members
 
 
 def change(state, minute, started):
@@ -112,7 +145,7 @@ def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, 
         pub.publish_events(sim.events())
         pub.close()
         store = tmp_path / "tw.duckdb"
-        w = Worker(WorkerSettings(kafka=kafka, store_path=str(store), group_id=f"g-{uuid.uuid4().hex[:6]}",
+        w = build(WorkerSettings(kafka=kafka, store_path=str(store), group_id=f"g-{uuid.uuid4().hex[:6]}",
                                   http_port=None, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS), alertmanager_urls=(url,)))
         assert w.run() == 0
         # The zone-b LLM error spike (minutes 30-42) pages on the fast window for zone us-east-1b.
@@ -155,7 +188,7 @@ def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_l
     url = f"http://127.0.0.1:{am_port}"  # nothing listens there yet
     settings = dict(kafka=kafka, store_path=str(store), group_id=group, http_port=None, until_idle_s=2.0,
                     slos=load_slos(DEFAULT_SLOS), alertmanager_urls=(url,))
-    assert Worker(WorkerSettings(**settings)).run() == 0
+    assert build(WorkerSettings(**settings)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     fired = con.execute("SELECT count(*) FROM alerts WHERE alertname = 'SLOBurnPage'").fetchone()[0]
     undelivered = con.execute("SELECT count(*) FROM _tw_alert_outbox WHERE stage = 'slo'").fetchone()[0]
@@ -164,7 +197,7 @@ def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_l
 
     proc, _ = start_alertmanager(tmp_path, Webhook().port, port=am_port, log_level="debug")
     try:
-        assert Worker(WorkerSettings(**settings)).run() == 0  # nothing new to read: it only delivers
+        assert build(WorkerSettings(**settings)).run() == 0  # nothing new to read: it only delivers
         log = (tmp_path / f"am-{am_port}.log").read_text()
         received = [line for line in log.splitlines() if "Received alert" in line and "SLOBurnPage" in line]
         assert len(received) >= fired, log[-2000:]

@@ -74,29 +74,37 @@ def test_a_revoked_partition_is_no_longer_paused():
 import duckdb  # noqa: E402
 import pytest  # noqa: E402
 
-from streams.worker import Worker  # noqa: E402
+from streams.tiers import build  # noqa: E402
 from tests.test_faults import produce, settings  # noqa: E402
 from tests.test_partials import azure_values  # noqa: E402
 
 
-class _Watched(Worker):
-    """Records, at every checkpoint, how many request minutes are open and partitions paused."""
+class _Watched:
+    """The window operator, recording at every checkpoint how many request minutes are open
+    and partitions paused."""
 
-    most_open = 0
-    most_paused = 0
+    def __init__(self, operator):
+        self.operator = operator
+        self.most_open = 0
+        self.most_paused = 0
 
-    def checkpoint(self, consumer, close_all: bool) -> None:
-        p = self.pipelines[self.settings.kafka.topic("requests")]
+    def __getattr__(self, name):
+        return getattr(self.operator, name)
+
+    def checkpoint(self, source, close_all: bool):
+        p = next(p for p in self.operator.inputs.values() if p.table == "sli_minute")
         self.most_open = max(self.most_open, len(p.windows.open_minutes()))
-        self.most_paused = max(self.most_paused, len(p.alignment.paused) if p.alignment else 0)
-        super().checkpoint(consumer, close_all)
+        a = self.operator.alignment
+        self.most_paused = max(self.most_paused, len(a.paused) if a else 0)
+        return self.operator.checkpoint(source, close_all)
 
 
 def _drain(kafka, store, drift_s: float) -> _Watched:
-    w = _Watched(settings(kafka, store, until_idle_s=2.0, allowed_lateness_s=60.0, max_watermark_drift_s=drift_s,
-                          batch_size=200, publish_sli=False))
+    w = build(settings(kafka, store, until_idle_s=2.0, allowed_lateness_s=60.0, max_watermark_drift_s=drift_s,
+                       batch_size=200, publish_sli=False))
+    w.operator = watched = _Watched(w.operator)
     assert w.run() == 0
-    return w
+    return watched
 
 
 @pytest.mark.broker

@@ -37,7 +37,8 @@ from ingest.simulator import FleetSimulator
 from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.fleet_metrics import FleetMetrics
-from streams.worker import Worker, WorkerSettings
+from streams.runtime import WorkerSettings
+from streams.tiers import build
 from tailwatch.demo import BAD_RECORDS
 from ingest.kafka import KafkaSettings, ensure_topics, send
 from tests.conftest import free_port, need, start_until_ready
@@ -136,7 +137,7 @@ def live(broker, tmp_path_factory):
     ensure_topics(kafka, partitions=1)
     http_port = free_port()
     specs = load_slos(DEFAULT_SLOS)
-    worker = Worker(WorkerSettings(
+    worker = build(WorkerSettings(
         kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,
         allowed_lateness_s=60.0, checkpoint_interval_s=0.5, slos=specs, stages=[FleetMetrics()],
     ))

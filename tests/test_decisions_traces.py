@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import msgspec
 import numpy as np
 import polars as pl
 import pytest
@@ -198,11 +199,11 @@ def test_shedding_on_the_trace_leaves_the_calm_pool_alone_and_degrades_the_satur
     for m, snap in trace_snapshots.items():
         if m < 6:
             continue
-        calm, sat = snap.shed[CALM].body, snap.shed[SATURATED].body
+        calm, sat = msgspec.to_builtins(snap.shed[CALM].body), msgspec.to_builtins(snap.shed[SATURATED].body)
         assert not calm["under_pressure"] and not any(s["enough"] for s in calm["steps"]), (m, calm)
         assert all(g["rejected"] == 0 for g in calm["admission"]["groups"]), (m, calm)
         assert _same_json(typed(sat, Shed), sat)
-        if snap.pools[SATURATED].body["signals"]["queue_age_p95_ms"] > 2000:
+        if msgspec.to_builtins(snap.pools[SATURATED].body)["signals"]["queue_age_p95_ms"] > 2000:
             pressed += 1
             assert sat["under_pressure"], (m, sat)
             steps = {s["step"]: s for s in sat["steps"]}
@@ -217,14 +218,14 @@ def test_a_calm_pool_on_the_trace_is_never_scaled_out(autoscale_run):
         calm = pools.get(CALM)
         if calm is None or m < 6:
             continue
-        body = calm.body
+        body = msgspec.to_builtins(calm.body)
         assert body["signals"]["queue_age_p95_ms"] < 1000, body  # calm: no user waits
         assert body["desired_replicas"] <= body["current_replicas"] == REPLICAS, (m, body)
         assert body["capacity_basis"] == "physical", body
         seen += 1
     assert seen > 40
     # The issue's numbers: ~0.6 GPU-s/s on 4 replicas, ~16% utilisation (the old answer was 9).
-    work = np.mean([p[CALM].body["signals"]["work_gpu_s_per_s"] for m, p in autoscale_run.items() if m >= 6])
+    work = np.mean([msgspec.to_builtins(p[CALM].body)["signals"]["work_gpu_s_per_s"] for m, p in autoscale_run.items() if m >= 6])
     assert 0.4 < work < 0.9
 
 
@@ -233,13 +234,13 @@ def test_the_saturated_pool_gets_more_replicas_than_the_calm_one(autoscale_run):
     for m, pools in autoscale_run.items():
         if m < 6 or SATURATED not in pools or CALM not in pools:
             continue
-        sat, calm = pools[SATURATED].body, pools[CALM].body
+        sat, calm = msgspec.to_builtins(pools[SATURATED].body), msgspec.to_builtins(pools[CALM].body)
         if sat["signals"]["queue_age_p95_ms"] > 2000:
             breached += 1
             assert sat["desired_replicas"] > sat["current_replicas"], sat
             assert sat["desired_replicas"] > calm["desired_replicas"], (m, sat, calm)
     assert breached > 20
-    last = autoscale_run[max(autoscale_run)][SATURATED].body
+    last = msgspec.to_builtins(autoscale_run[max(autoscale_run)][SATURATED].body)
     # Latency broke for minutes on end: that load is now the measured upper bound.
     assert last["capacity_basis"] == "breach" and last["capacity"]["broke_gpu_s_per_s"] is not None
     cap = last["capacity"]
@@ -252,7 +253,7 @@ def test_the_saturated_pool_gets_more_replicas_than_the_calm_one(autoscale_run):
 def test_every_pool_answer_says_which_bound_decided(autoscale_run):
     for pools in autoscale_run.values():
         for scoped in pools.values():
-            body = scoped.body
+            body = msgspec.to_builtins(scoped.body)
             assert body["capacity_basis"] in ("physical", "breach", "measured-above-physical")
             assert any("decided" in r or "above the physical bound" in r for r in body["reasons"]), body["reasons"]
             if body["signals"]["queue_age_p95_ms"] <= 1000 and \
@@ -275,7 +276,7 @@ def verdicts(canary: Canary, seed: int) -> dict[int, dict]:
     for m, snap in replay(fleet, ROLLOUT_POLICY):
         answer = snap.rollouts.get((MODEL, CANARY))
         if answer is not None:
-            out[m] = answer.body
+            out[m] = msgspec.to_builtins(answer.body)
     return out
 
 
@@ -329,7 +330,7 @@ def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(au
     answer is missing from the document, and no documented required key is missing from it."""
     from signals.answers import Autoscale, Verdict, typed
 
-    pools = [scoped.body for pools in autoscale_run.values() for scoped in pools.values()]
+    pools = [msgspec.to_builtins(scoped.body) for pools in autoscale_run.values() for scoped in pools.values()]
     assert len(pools) > 100 and all(_same_json(typed(b, Autoscale), b) for b in pools)
     seq = [*verdicts(Canary(error_rate=0.08, start_minute=5), seed=21).values(),
            *verdicts(Canary(gpu_seconds_factor=2.2), seed=22).values()]

@@ -125,7 +125,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
         out = stage.on_closed(reqs, gpu)
         assert out["detection_events"]["detector"].to_list() == ["retry_storm"]
         stage.committed()
-        stage.deliver(wait_s=10)
+        stage.alerts.deliver(wait_s=10)
         pages = hook.wait_for(lambda a: a["labels"]["alertname"] == "DetectorRetryStorm")
         assert pages, "the detection never reached the receiver"
         a = pages[0]

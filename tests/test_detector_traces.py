@@ -13,6 +13,7 @@ Backtests: a store written from a trace day (the same windowing), replayed read-
 
 from __future__ import annotations
 
+import msgspec
 import polars as pl
 import pytest
 
@@ -177,22 +178,22 @@ def test_the_signal_view_answers_from_its_rollups_what_the_rows_say():
         rows = pl.concat(fed, how="diagonal_relaxed")
         snap = live.snapshot(empty, empty, [], wall_s=60.0 * m)
         for pool, answer in snap.pools.items():
-            window = answer.body["signals"]["window_minutes"]
+            window = msgspec.to_builtins(answer.body)["signals"]["window_minutes"]
             hi = answer.as_of_minute - 1 if window > 1 else answer.as_of_minute
             in_window = rows.filter((pl.col("pool") == pool) & pl.col("_m").is_between(hi - window + 1, hi))
-            assert answer.body["signals"]["requests_per_s"] == pytest.approx(in_window["requests"].sum() / (60 * window))
+            assert msgspec.to_builtins(answer.body)["signals"]["requests_per_s"] == pytest.approx(in_window["requests"].sum() / (60 * window))
             # The tenants of the label sets the view holds: those seen in its newest history_minutes.
             held = rows.filter((pl.col("pool") == pool) & (pl.col("_m") > rows["_m"].max() - SignalPolicy().history_minutes))
             assert answer.tenants == set(held["tenant"].unique())
             checked["pools"] += 1
         for (model, version), answer in snap.rollouts.items():
-            if "canary" not in answer.body:
+            if "canary" not in msgspec.to_builtins(answer.body):
                 continue
             model_rows = rows.filter((pl.col("model") == model) & (pl.col("_m") > answer.as_of_minute - 30))
             for side, chosen in (("canary", model_rows.filter((pl.col("model_version") == version)
                                                              & (pl.col("deployment") != "stable"))),
                                  ("stable", model_rows.filter(pl.col("deployment") == "stable"))):
-                said = answer.body[side]
+                said = msgspec.to_builtins(answer.body)[side]
                 assert said["requests"] == chosen["requests"].sum()
                 assert said["bad"] == (chosen["errors"] + chosen["timeouts"]).sum()
                 bins = histogram.merge({b["bin"]: b["n"] for b in h} for h in chosen["first_output_ms_hist"].to_list() if h)

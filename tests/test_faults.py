@@ -14,7 +14,8 @@ import duckdb
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from streams.worker import NotDrained, Worker, WorkerSettings
+from streams.runtime import NotDrained, Runtime, WorkerSettings
+from streams.tiers import build
 from tests.test_pipeline import read_topic
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a minute boundary
@@ -39,9 +40,9 @@ def settings(kafka, store, **kw) -> WorkerSettings:
     return WorkerSettings(kafka=kafka, store_path=str(store), http_port=None, checkpoint_interval_s=0.2, **kw)
 
 
-def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Worker:
+def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Runtime:
     """A live worker (no --until-idle) in a thread, stopped once `until(worker)` holds."""
-    w = Worker(settings(kafka, store, **kw))
+    w = build(settings(kafka, store, **kw))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     deadline = time.time() + timeout_s
@@ -58,7 +59,7 @@ def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(kaf
     produce(kafka, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
     store = tmp_path / "tw.duckdb"
     for _ in range(2):  # and a restart reads past it again, no crash loop
-        w = Worker(settings(kafka, store, until_idle_s=2.0))
+        w = build(settings(kafka, store, until_idle_s=2.0))
         assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason, size_bytes, sha256 FROM dead_letter").fetchall() == [
@@ -75,7 +76,7 @@ def test_a_copy_kafka_refuses_is_counted_and_the_store_keeps_it(kafka, tmp_path)
     refusing = type(kafka)(kafka.bootstrap_servers, kafka.topic_prefix, {"message.max.bytes": "1000"})
     produce(kafka, [(0, request(1, T0_MS)), (0, b"{" + b"x" * 5000)])
     store = tmp_path / "tw.duckdb"
-    w = Worker(settings(refusing, store, until_idle_s=2.0, publish_sli=False))
+    w = build(settings(refusing, store, until_idle_s=2.0, publish_sli=False))
     assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason FROM dead_letter").fetchall() == [("malformed_json",)]
@@ -122,7 +123,7 @@ def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(k
     events = [(i % 2, request(i, T0_MS + i * 5_000, "ab"[i % 2])) for i in range(240)]  # 20 minutes, both partitions
     produce(kafka, events)
     store = tmp_path / "tw.duckdb"
-    w = Worker(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=3.0))
+    w = build(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=3.0))
     with pytest.raises(NotDrained, match=r"requests partitions \[\d\] are not assigned"):
         w.run()
     con = duckdb.connect(str(store), read_only=True)
@@ -131,7 +132,7 @@ def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(k
     stop.set()
     holder.join(5)
     other.close()  # leaves the group: partition 1 comes to our worker
-    w = Worker(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=30.0))
+    w = build(settings(kafka, store, group_id=group, until_idle_s=2.0, drain_timeout_s=30.0))
     assert w.run() == 0
     # Both members left within a second, the leader while the group was rebalancing: the
     # embedded broker then names a departed leader for good, and only the worker's rescue

@@ -271,7 +271,7 @@ def test_exported_metric_names_follow_prometheus_conventions(fleet):
     stage = FleetMetrics()
     stage.on_closed(requests, gpu)
     slo = SloStage(load_slos(DEFAULT_SLOS))
-    slo.evaluate(requests)
+    slo.on_closed(requests, gpu)
     metrics = WorkerMetrics()
     metrics.registry.register(slo.collector)
     metrics.registry.register(stage.collector)

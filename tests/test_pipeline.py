@@ -11,16 +11,17 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from streams.worker import Worker, WorkerSettings
+from streams.runtime import Runtime, WorkerSettings
+from streams.tiers import build
 from ingest.kafka import make_producer
 
 from tests.test_validate import CORPUS
 
 
-def run_worker(kafka, store_path, **kw) -> Worker:
+def run_worker(kafka, store_path, **kw) -> Runtime:
     settings = WorkerSettings(kafka=kafka, store_path=str(store_path), group_id=f"g-{uuid.uuid4().hex[:6]}",
                               http_port=None, until_idle_s=2.0, **kw)
-    w = Worker(settings)
+    w = build(settings)
     assert w.run() == 0
     return w
 
@@ -169,7 +170,7 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
     port = free_port()
     settings = WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id="g-http",
                               http_port=port, until_idle_s=6.0, store_release_s=0.5)
-    w = Worker(settings)
+    w = build(settings)
     t = threading.Thread(target=w.run)
     t.start()
     try:

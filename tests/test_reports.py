@@ -18,7 +18,8 @@ from reports import charts
 from reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
 from planning import cost
 from planning.prices import GpuPrices
-from streams.worker import Worker, WorkerSettings
+from streams.runtime import WorkerSettings
+from streams.tiers import build
 from tailwatch.cli import main
 from ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store
@@ -245,7 +246,7 @@ def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: st
     pub.publish_events(sim.events())
     pub.close()
     path = tmp_path_factory.mktemp(scenario) / "tw.duckdb"
-    w = Worker(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
+    w = build(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
                               http_port=None, until_idle_s=2.0, publish_sli=False,
                               # Two days replayed at once: big batches and rare checkpoints keep it quick.
                               batch_size=100_000, checkpoint_interval_s=30.0))

@@ -117,7 +117,7 @@ def busy_snapshot():
 
 
 def test_shedding_advice_delays_the_batch_jobs_first_with_the_load_they_free(busy_snapshot):
-    body = busy_snapshot.shed[POOL].body
+    body = msgspec.to_builtins(busy_snapshot.shed[POOL].body)
     assert body["under_pressure"] and any("queue age" in p for p in body["pressure"]), body["pressure"]
     first = body["steps"][0]
     assert first["step"] == "delay_batch" and first["enough"]
@@ -134,7 +134,7 @@ def test_shedding_advice_delays_the_batch_jobs_first_with_the_load_they_free(bus
 
 
 def test_a_calm_pool_gets_no_shedding(busy_snapshot):
-    body = busy_snapshot.shed[CALM_POOL].body
+    body = msgspec.to_builtins(busy_snapshot.shed[CALM_POOL].body)
     assert not body["under_pressure"] and body["pressure"] == []
     assert not any(s["enough"] for s in body["steps"])
     assert all(g["rejected"] == 0 for g in body["admission"]["groups"])
@@ -151,7 +151,7 @@ def test_the_real_h100_run_that_shed_most_of_its_requests_is_under_pressure():
     live.add_closed(req.filter(pl.col("window_start") < newest), gpu.filter(pl.col("window_start") < newest))
     snap = live.snapshot(req.filter(pl.col("window_start") == newest), gpu.filter(pl.col("window_start") == newest),
                          [], wall_s=0.0)
-    body = snap.shed["h100-lab"].body
+    body = msgspec.to_builtins(snap.shed["h100-lab"].body)
     assert body["under_pressure"] and any("queue age" in p for p in body["pressure"]), body["pressure"]
     first = body["steps"][0]
     assert first["step"] == "delay_batch" and first["load_removed_gpu_s_per_s"] == 0 and not first["enough"]

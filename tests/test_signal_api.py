@@ -232,10 +232,11 @@ def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float,
                     stable_moved_s: float | None = None):
     from signals.api import SignalApi
     from signals.config import ApiConfig, Principal
-    from signals.live import Scoped, SignalSnapshot
+    from signals.answers import Verdict
+    from signals.live import Scoped, SignalSnapshot, answer
 
-    rollouts = {("m", v): Scoped({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
-                                  "as_of": "2026-11-02T00:30:00Z"}, frozenset({"t"}), 0,
+    rollouts = {("m", v): Scoped(answer({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
+                                         "as_of": "2026-11-02T00:30:00Z"}, Verdict), frozenset({"t"}), 0,
                                  built_wall_s if canary_moved_s is None else canary_moved_s,
                                  built_wall_s if stable_moved_s is None else stable_moved_s)
                 for v, verdict in verdicts.items()}

@@ -84,6 +84,7 @@ def test_faster_but_twice_as_expensive_is_not_promoted():
 
 
 # ---- the statistics behind the rollout verdict ---------------------------------------
+import msgspec
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -281,7 +282,7 @@ def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     live.add_closed(_bucket_rows("p", range(0, 6)), pl.DataFrame())
     first = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=100.0)
     assert first.pools["p"].changed_wall_s == 100.0
-    assert first.pools["p"].body["signals"]["requests_per_s"] == pytest.approx(100 / 60)
+    assert msgspec.to_builtins(first.pools["p"].body)["signals"]["requests_per_s"] == pytest.approx(100 / 60)
     # Another pool moves on; p's oldest minutes fall out of the kept history, p sends nothing new.
     live.add_closed(_bucket_rows("q", range(6, 9)), pl.DataFrame())
     later = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=200.0)

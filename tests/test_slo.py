@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from slo.engine import RollingWindows, SliceState, burn_rate, error_budget_remaining, minutes_to_exhaustion
 from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
 from slo.windows import default_catalog
+from streams.slo_stage import alert_change_rows
 
 THIRTY_DAYS = 30 * 1440
 
@@ -350,7 +351,7 @@ def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or
     def history(batches: list[list[AlertChange]], name: str) -> list[tuple]:
         con = store.connect(tmp_path / name)
         for batch in batches:
-            store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, alert_changes=batch))
+            store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", alert_change_rows(batch))]))
         return con.execute("SELECT * FROM alerts ORDER BY fingerprint, fired_at").fetchall()
 
     one_by_one = history([[c] for c in changes], "one.duckdb")

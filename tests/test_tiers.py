@@ -25,9 +25,10 @@ import pytest
 from confluent_kafka import Producer
 
 import store
-from streams.tier1 import progress_topic
+from streams.partial_publisher import progress_topic
 from ingest.kafka import KafkaSettings, ensure_topics, read_latest
 from tests.conftest import free_port
+from tests.test_alertmanager import Webhook, start_alertmanager_cluster
 from tests.test_partials import azure_values, gpu_values
 
 PARTITIONS = 4
@@ -147,10 +148,14 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
     stores = {n: tmp_path / n / "replica.duckdb" for n in names}  # a directory each, as on separate machines
     single = tmp_path / "single.duckdb"
     ports = {n: free_port() for n in names}
+    # Every replica pages every instance of a real two-instance Alertmanager cluster.
+    hook = Webhook()
+    cluster = start_alertmanager_cluster(tmp_path, hook.port, size=2)
+    am_urls = [arg for _proc, url in cluster for arg in ("--alertmanager-url", url)]
 
     def replica(name: str) -> subprocess.Popen:
         return _worker(kafka, tmp_path, f"tier2-{name}", "--tier", "2", "--store", str(stores[name]), "--until-idle", "30",
-                       "--idle-timeout", IDLE, "--http-port", str(ports[name]))
+                       "--idle-timeout", IDLE, "--http-port", str(ports[name]), *am_urls)
 
     done = threading.Event()
     producer = threading.Thread(target=_publish, args=(kafka, "keyed" if keyed else "unkeyed", done))
@@ -204,6 +209,39 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
         got = _tables(stores[name])
         for table in COMPARED:
             assert got[table].equals(want[table]), (name, table, got[table].height, want[table].height, logs)
+    try:
+        _assert_paged_once(want["alerts"], hook, [url for _proc, url in cluster])
+    finally:
+        for proc, _url in cluster:
+            proc.kill()
+
+
+def _assert_paged_once(fired: pl.DataFrame, hook, am_urls: list[str]) -> None:
+    """Six senders (three replicas × two instances) and one receiver: every alert still
+    firing is active on both instances and reached the receiver, and no alert change
+    reached it twice (the cluster's notification log deduplicates)."""
+    import json
+    import urllib.request
+
+    def stored(name: str, slo: str, window: str, labels: str) -> str:
+        extra = {} if name == "SLONoData" else {"window": window}
+        return json.dumps({**json.loads(labels), "alertname": name, "slo": slo, **extra}, sort_keys=True)
+
+    def sent(alert: dict) -> str:
+        return json.dumps({k: v for k, v in alert["labels"].items() if k != "severity"}, sort_keys=True)
+
+    firing = {stored(*row[:4]) for row in fired.select("alertname", "slo", "alert_window", "labels", "resolved_at").iter_rows()
+              if row[4] is None}
+    assert fired.height and firing, "the trace fires alerts, some still firing at its end"
+    for url in am_urls:  # each instance heard of every alert from the replicas themselves
+        active = {sent(a) for a in json.load(urllib.request.urlopen(url + "/api/v2/alerts?active=true", timeout=5))}
+        assert firing <= active, (url, sorted(firing - active)[:3])
+    deadline = time.monotonic() + 30
+    while not firing <= {sent(a) for a in hook.alerts() if a["status"] == "firing"}:
+        assert time.monotonic() < deadline, (sorted(firing)[:3], [a["labels"] for a in hook.alerts()][:3])
+        time.sleep(0.5)
+    changes = [(a["fingerprint"], a["status"], a["startsAt"]) for a in hook.alerts()]
+    assert len(changes) == len(set(changes)), sorted({c for c in changes if changes.count(c) > 1})
 
 
 def _held(log_text: str) -> list[int]:

@@ -969,13 +969,13 @@ class Webhook:
         self.server.server_close()
 
 
-def alertmanager_config(webhook_port: int, group_by: str) -> str:
+def alertmanager_config(webhook_port: int, group_by: str, group_interval: str = "1s") -> str:
     """An Alertmanager config that notifies a local webhook within a second or two."""
     return f"""route:
   receiver: hook
   group_by: {group_by}
   group_wait: 1s
-  group_interval: 1s
+  group_interval: {group_interval}
   repeat_interval: 1h
 receivers:
   - name: hook

@@ -115,12 +115,13 @@ def publish(kafka: KafkaSettings, events, progress=None) -> None:
 def run_worker(kafka: KafkaSettings, store_path: str, cfg: detector_config.DetectorsConfig | None, group: str,
                progress=None) -> DetectorStage:
     """The real worker with the detector stage (no SLOs, no HTTP), until the topics are drained."""
-    from streams.worker import Worker, WorkerSettings
+    from streams.runtime import WorkerSettings
+    from streams.tiers import build
 
     stage = DetectorStage(cfg)
-    worker = Worker(WorkerSettings(kafka=kafka, store_path=store_path, http_port=None, until_idle_s=2.0,
-                                   slos=None, publish_sli=False, partitions=2, stages=[stage],
-                                   group_id=group, progress=progress))
+    worker = build(WorkerSettings(kafka=kafka, store_path=store_path, http_port=None, until_idle_s=2.0,
+                                  slos=None, publish_sli=False, partitions=2, stages=[stage],
+                                  group_id=group, progress=progress))
     worker.run()
     del worker
     gc.collect()

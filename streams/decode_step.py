@@ -1,0 +1,103 @@
+"""The decode operator: raw records of an input topic → typed events in its minute windows,
+or dead letters.
+
+One per worker that reads the producers' topics (tier `all` and tier 1). Each record is
+decoded and validated on its own (ingest/validate.py), its event time bounded by its
+Kafka record's timestamp (streams/frames.py), and the frame goes into the topic's windows,
+which are the tier's: minute windows over the whole topic, or one set per partition.
+Whatever a record holds, it becomes its events or one dead letter with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import polars as pl
+
+from ingest import deadletter
+from ingest.kafka import KafkaSettings
+from ingest.schema import GpuV1, RequestV1
+from ingest.validate import LATE, BatchDecoder
+from streams.aggregates import GPU, REQUESTS
+from streams.windows import AggregateSpec
+from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from streams.metrics import WorkerMetrics
+from conventions import TOPIC_GPU, TOPIC_REQUESTS
+
+
+@dataclass
+class InputTopic:
+    """One producers' topic: how its records decode and the windows they land in."""
+
+    topic: str
+    table: str  # the store table its closed minutes go to
+    decoder: BatchDecoder
+    columns: dict[str, pl.DataType]
+    windows: object  # streams.windows.MinuteWindows or streams.partition_windows.PartitionWindows
+
+
+def input_topics(kafka: KafkaSettings, max_record_bytes: int,
+                 windows: Callable[[AggregateSpec], object]) -> dict[str, InputTopic]:
+    """`tw.requests` and `tw.gpu`, each with windows from `windows(spec)`."""
+    out = {}
+    for suffix, event_type, columns, spec, table in (
+        (TOPIC_REQUESTS, RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
+        (TOPIC_GPU, GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
+    ):
+        topic = kafka.topic(suffix)
+        out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes), columns, windows(spec))
+    return out
+
+
+class DecodeStep:
+    def __init__(self, metrics: WorkerMetrics, max_ahead_ms: int,
+                 replaying: Callable[[InputTopic, int, int], bool] = lambda p, part, offset: False):
+        self.metrics = metrics
+        self.max_ahead_ms = max_ahead_ms
+        self.replaying = replaying  # a record whose dead letter an earlier owner already sent
+        self.dead_letters: list[deadletter.DeadLetter] = []
+
+    def process(self, p: InputTopic, batch: list) -> None:
+        values = [m.value() for m in batch]
+        partitions = [m.partition() for m in batch]
+        offsets = [m.offset() for m in batch]
+        record_ts = [m.timestamp()[1] for m in batch]  # -1 where the record has none
+        decoded = p.decoder.decode(values)
+        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices,
+                                         record_ts, self.max_ahead_ms)
+        rejected = decoded.rejected + bad_ts
+        outcome = p.windows.add(frame)
+        m = self.metrics
+        for r in rejected:
+            self.dead_letter(p, batch[r.index], r.reason, r.detail)
+        for i in outcome.late_index:
+            self.dead_letter(p, batch[i], LATE, "older than the allowed lateness")
+        m.events.labels(p.topic, "accepted").inc(outcome.accepted)
+        m.events.labels(p.topic, "rejected").inc(len(rejected))
+        m.events.labels(p.topic, "late").inc(len(outcome.late_index))
+        m.events.labels(p.topic, "duplicate").inc(outcome.duplicates)
+        m.late_events.labels(p.topic).inc(len(outcome.late_index))
+        if decoded.unknown_fields_dropped:
+            m.unknown_fields_dropped.labels(p.topic).inc(decoded.unknown_fields_dropped)
+
+    def dead_letter(self, p: InputTopic, msg, reason: str, detail: str) -> None:
+        if self.replaying(p, msg.partition(), msg.offset()):
+            return
+        _kind, ts_ms = msg.timestamp()
+        self.dead_letters.append(deadletter.make(p.topic, msg.partition(), msg.offset(), reason, detail, msg.value(), ts_ms))
+        self.metrics.dead_letters.labels(p.topic, reason).inc()
+
+    def take(self) -> list[deadletter.DeadLetter]:
+        letters, self.dead_letters = self.dead_letters, []
+        return letters
+
+
+def window_gauges(metrics: WorkerMetrics, inputs) -> None:
+    """Each input topic's lowest watermark, open minutes and event ids held for dedupe."""
+    for p in inputs:
+        w = p.windows
+        if w.watermark_ms:
+            metrics.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
+        metrics.open_minutes.labels(p.topic).set(len(w.open_minutes()))
+        metrics.dedupe_ids.labels(p.topic).set(w.dedupe_ids)

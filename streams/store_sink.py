@@ -1,0 +1,83 @@
+"""The runtime's store sink: the DuckDB store, the stages fed from it, and their pages.
+
+It owns the store file (one process at a time, store/lock.py), rebuilds the operator's
+state and every stage's from it on start, and commits each checkpoint in one transaction:
+the operator's closed minutes, open state, dead letters and offsets, every stage's rows
+for the same minutes, and what each Alertmanager has taken since the last mark. Only then
+is what the stages raised handed to their outboxes, which it delivers from the loop.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+import store
+from streams.metrics import CpuAccount
+from streams.stages import Stage
+from store.lock import StoreLock
+
+
+class StoreSink:
+    def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount):
+        self.path = path
+        self.release_s = release_s
+        self.stages = stages
+        self.outboxes = [s.alerts for s in stages if s.alerts is not None]
+        self.cpu = cpu
+        self._lock = StoreLock(path)
+        self.session: store.StoreSession | None = None
+
+    def open(self, restore) -> None:
+        """Take the file, let `restore(con)` put the operator back, rebuild every stage."""
+        self._lock.acquire()
+        try:
+            self.session = store.StoreSession(self.path, self.release_s)
+            with self.session as con:
+                restore(con)
+                for stage in self.stages:
+                    stage.rebuild(con)
+        except BaseException:
+            self.close()
+            raise
+
+    def commit(self, cp: store.Checkpoint) -> None:
+        """Run the stages on the checkpoint's closed minutes and write it all in one
+        transaction; then hand out what the stages raised."""
+        closed = {t.table: t.closed for t in cp.topics}
+        # Minutes close over every partition, so each closed minute is whole: SLOs and
+        # detectors run on it whichever partitions this worker owns right now.
+        backlogged = frozenset(t.table for t in cp.topics if t.backlogged)
+        if any(f.height for f in closed.values()):
+            for stage in self.stages:
+                began = self.cpu.began()
+                for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"], backlogged).items():
+                    cp.stage_rows.append((table, rows))
+                self.cpu.spent(stage.name, began)
+        for outbox in self.outboxes:
+            cp.stage_rows.extend(outbox.delivery_rows())
+        began = self.cpu.began()
+        try:
+            with self.session as con:
+                store.write_checkpoint(con, cp)
+        except duckdb.Error as exc:  # the disk filled, the file broke: one line, not a traceback
+            raise store.store_failure(self.path, exc) from None
+        self.cpu.spent("checkpoint_write", began)
+        for stage in self.stages:
+            stage.committed()
+
+    def tick(self, deliver: bool) -> None:
+        """From the loop: deliver pages (when `deliver`), let go of the file for readers when due."""
+        if deliver:
+            for outbox in self.outboxes:
+                outbox.deliver()
+        self.session.release_if_due()
+
+    def drain(self, wait_s: float) -> None:
+        for outbox in self.outboxes:
+            outbox.deliver(wait_s)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        self._lock.release()
