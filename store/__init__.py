@@ -98,8 +98,54 @@ CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes B
 """
 
 
+# The store's schema version. Version 1 is every store written before the store carried one
+# (its tables are SCHEMA_SQL's, which only ever adds). A store is migrated up at the writer's
+# start, one step at a time, in one transaction; a store from a newer release is refused.
+SCHEMA_VERSION = 2
+MIGRATIONS: dict[int, str] = {  # version → the SQL that brings version - 1 to it (after SCHEMA_SQL)
+    2: "CREATE TABLE IF NOT EXISTS _tw_schema (version INTEGER NOT NULL)",
+}
+
+
 class StoreError(Exception):
     """The store cannot be opened or written (a one-line message for the user)."""
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The version a store was written at (1: before stores carried one; 0: an empty file)."""
+    tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "_tw_schema" in tables:
+        row = con.execute("SELECT max(version) FROM _tw_schema").fetchall()[0]
+        if row[0] is not None:
+            return int(row[0])
+    return 1 if "sli_minute" in tables else 0
+
+
+def _check_not_newer(path: str | Path, version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"store {path} was written by a newer tailwatch (schema {version}; this release reads up to "
+                         f"{SCHEMA_VERSION}): upgrade tailwatch, or give this one a --store of its own")
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: str | Path) -> int:
+    """Bring the store to SCHEMA_VERSION (creating it if empty); returns the version it had."""
+    found = schema_version(con)
+    _check_not_newer(path, found)
+    if found == SCHEMA_VERSION:
+        con.execute(SCHEMA_SQL)  # idempotent: tables a stage adds to a current store
+        return found
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(SCHEMA_SQL)
+        for version in range(max(found, 1) + 1, SCHEMA_VERSION + 1):
+            con.execute(MIGRATIONS[version])
+        con.execute("DELETE FROM _tw_schema")
+        con.execute("INSERT INTO _tw_schema VALUES (?)", [SCHEMA_VERSION])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return found
 
 
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> duckdb.DuckDBPyConnection:
@@ -126,15 +172,20 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> d
             time.sleep(0.05)
         except duckdb.Error as exc:
             raise store_failure(path, exc) from None
-    if not read_only:
-        try:
+    try:
+        if read_only:
+            _check_not_newer(path, schema_version(con))
+        else:
             # The worker's store is written in small transactions; DuckDB's default buffer pool
             # (80% of RAM) would let its cache dwarf the worker's own state.
             con.execute("SET memory_limit = '256MB'")
-            con.execute(SCHEMA_SQL)
-        except duckdb.Error as exc:
-            con.close()
-            raise store_failure(path, exc) from None
+            migrate(con, path)
+    except duckdb.Error as exc:
+        con.close()
+        raise store_failure(path, exc) from None
+    except StoreError:
+        con.close()
+        raise
     return con
 
 

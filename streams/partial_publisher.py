@@ -57,7 +57,7 @@ def progress_topic(topic: str) -> str:
 
 def _resume_or_none(raw: bytes | None) -> Resume | None:
     """A resume record, or None for none or one that does not decode (the partition is then
-    re-read from its start: slower, never wrong, since the store writer drops copies)."""
+    re-read from its start: slower, never wrong, since tier 2 drops copies)."""
     if not raw:
         return None
     try:

@@ -9,7 +9,7 @@ the partial state that merges exactly (counts and fixed-point sums added, maxima
 "newest" labels by the time kept beside them, histogram bins added), and after those a
 frontier per source partition it owns: "partition p has closed every minute before m".
 
-Downstream (the store writer, tier 2), `MinuteAssembler` holds the partials of a minute
+Downstream (tier 2), `MinuteAssembler` holds the partials of a minute
 until every source partition's frontier has passed it in every `tw.sli` partition
 (records of one producer keep their order within a partition, and the frontiers follow
 the partials they cover), merges them and finishes them with the same code that closes a

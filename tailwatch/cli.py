@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
                    help="all: one process does everything (default); 1: a firehose worker of N, publishing "
-                        "partial buckets to tw.sli, no store; 2: a store writer and every SLO, detector and the "
+                        "partial buckets to tw.sli, no store; 2: a replica with a store of its own, every SLO, detector and the "
                         "signal API over what tier 1 publishes; run N replicas, each with its own --store, for "
                         "high availability (docs/operating.md). A store file is written by one process at a time")
     p.add_argument("--group", default=None,
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
                         "on Kafka) and run `ingest otlp` before the worker")
     p.add_argument("--workers", type=_positive_int, default=1,
-                   help="N > 1: N tier-1 worker processes and the tier-2 store writer instead of one worker")
+                   help="N > 1: N tier-1 worker processes and a tier-2 replica instead of one worker")
 
     p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
     p.add_argument("--events", type=_positive_int, default=1_000_000)
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
     p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")
     p.add_argument("--tiers", action="store_true",
-                   help="tier 1's scale-out (1 vs 2 `worker --tier 1`) and the tier-2 store writer's CPU per event-minute "
+                   help="tier 1's scale-out (1 vs 2 `worker --tier 1`) and a tier-2 replica's CPU per event-minute "
                         "with --slo-count SLOs over --slices slices")
     p.add_argument("--chaos", action="store_true",
                    help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "

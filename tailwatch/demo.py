@@ -48,7 +48,7 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
              otlp: bool = False, workers: int = 1) -> int:
     """`otlp`: the fleet as an OpenTelemetry Collector ships it (spans and DCGM/vLLM metrics
     on otlp_spans / otlp_metrics), through `ingest otlp` into the worker's topics.
-    `workers` > 1: that many `worker --tier 1` processes and the `--tier 2` store writer
+    `workers` > 1: that many `worker --tier 1` processes and a `--tier 2` replica
     (README "Scaling out") instead of one worker doing everything."""
     started = time.monotonic()
     store_path = store_path or store.DEFAULT_STORE
@@ -150,13 +150,13 @@ class SignalHistory:
 
 
 def _run_tiers(settings: KafkaSettings, worker_settings: WorkerSettings, workers: int, log_dir: Path, say) -> Runtime:
-    """`workers` tier-1 processes (the firehose) and the store writer here, until the tier-1
+    """`workers` tier-1 processes (the firehose) and a tier-2 replica here, until the tier-1
     workers have drained every partition and the writer has landed every minute."""
     from dataclasses import replace
 
     from tailwatch.commands import WORKER_GROUPS
 
-    say(f"[3/5] running {workers} tier-1 workers (processes, one consumer group) and the tier-2 store writer")
+    say(f"[3/5] running {workers} tier-1 workers (processes, one consumer group) and a tier-2 replica")
     log_dir.mkdir(parents=True, exist_ok=True)
     logs = [log_dir / f"demo-tier1-{i + 1}.log" for i in range(workers)]
     procs = []

@@ -104,7 +104,7 @@ def two_workers_assembled(spec, columns, event_type, logs, topic, owners, checkp
     for pair in itertools.zip_longest(*records):
         for q, value in filter(None, pair):
             assembler.add(q, value)
-        rows, taken = assembler.take_complete()  # as a store writer would: whatever is whole, at once
+        rows, taken = assembler.take_complete()  # as tier 2 does: whatever is whole, at once
         frames += [rows] if rows.height else []
         minutes += taken
     return pl.concat(frames), minutes

@@ -9,7 +9,7 @@ default, keyed by tenant over 4 partitions), published once per measurement:
    sustain when each has a core of its own, which a shared laptop or CI box cannot show
    in wall-clock time (the broker and both workers share its cores). Wall-clock is
    reported beside it, with the machine's core count.
-2. the `--tier 2` store writer then lands what the two published, with `--slo-count`
+2. a `--tier 2` replica then lands what the two published, with `--slo-count`
    SLOs over the same slices and every default stage: CPU per minute of event time.
 3. replicas: two `--tier 2` replicas, each with a store of its own, over the same
    `tw.sli`; once both are ready, one is SIGKILLed and restarted three times: the time from
@@ -76,7 +76,7 @@ def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: 
         lines.append(f"  scale-out (events per CPU-second of the busiest worker, two over one): {cpu_one / max(cpus):.2f}×; "
                      f"CPU in all {sum(cpus) / cpu_one:.2f}× one worker's; wall-clock {one['wall_s'] / two['wall_s']:.2f}× "
                      f"on {os.cpu_count()} cores shared with the broker")
-        say(f"tier 2: the store writer over what the two published, {slo_count} SLOs and every default stage")
+        say(f"tier 2: a replica over what the two published, {slo_count} SLOs and every default stage")
         s = runs[2][0]
         slos = slo_file(workdir / "slos.yaml", slo_count)
         writer = worker_processes(s, 1, workdir, 0, all_stages=True, extra=("--tier", "2", "--slos", str(slos)))

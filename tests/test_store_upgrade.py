@@ -1,0 +1,88 @@
+"""Upgrades keep the store: a store written by an earlier release opens with this one, is
+migrated to the current schema version in one transaction, keeps every row, and restores the
+worker and its stages; a store from a newer release is refused in one line."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import store
+from ingest.kafka import KafkaSettings
+from slo.spec import DEFAULT_SLOS, load_slos
+from streams.runtime import WorkerSettings
+from streams.stages import default_stages
+from streams.tiers import build
+
+FIXTURES = Path(__file__).parent / "data" / "stores"
+TABLES = ("sli_minute", "gpu_minute", "slo_status", "alerts", "_tw_offsets", "_tw_alert_outbox")
+
+
+def _unpack(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / name.removesuffix(".gz")
+    with gzip.open(FIXTURES / name, "rb") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
+
+
+def _counts(path: Path) -> dict[str, int]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+    finally:
+        con.close()
+
+
+def test_a_store_of_the_release_before_versions_is_migrated_and_restores_the_worker(tmp_path):
+    path = _unpack("schema-1.duckdb.gz", tmp_path)
+    before = _counts(path)
+    assert before["sli_minute"] > 1000 and before["slo_status"] > 0 and before["alerts"] > 0
+    con = duckdb.connect(str(path), read_only=True)
+    assert store.schema_version(con) == 1
+    con.close()
+
+    con = store.connect(path)  # a writer: migrates
+    assert store.schema_version(con) == store.SCHEMA_VERSION
+    con.close()
+    assert _counts(path) == before
+
+    # Everything a worker rebuilds at start reads the migrated store: the open minutes and
+    # offsets, the SLO windows and firing alerts, the detectors, the signal view.
+    worker = build(WorkerSettings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="fx."),
+                                  store_path=str(path), slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
+                                  http_port=0))
+    worker.store.open(lambda con: worker.operator.start(worker.source, con))
+    try:
+        slo = next(s for s in worker.store.stages if s.name == "slo")
+        assert slo.states() and any(st.windows.sums(60)[1] for st in slo.states())
+        assert worker.source.next_offsets and sum(worker.source.next_offsets.values()) > 0
+        view = worker.signals.snapshot(*worker.operator.open_minutes(), wall_s=0.0)
+        assert view.pools and view.slos
+    finally:
+        worker.store.close()
+
+
+def test_a_store_from_a_newer_release_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "newer.duckdb"
+    store.connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE _tw_schema SET version = ?", [store.SCHEMA_VERSION + 1])
+    con.close()
+    for read_only in (False, True):
+        with pytest.raises(store.StoreError) as err:
+            store.connect(path, read_only=read_only)
+        message = str(err.value)
+        assert "\n" not in message and "newer tailwatch" in message and str(path) in message
+    assert _counts_schema(path) == store.SCHEMA_VERSION + 1  # refused, not rewritten
+
+
+def _counts_schema(path: Path) -> int:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return store.schema_version(con)
+    finally:
+        con.close()
