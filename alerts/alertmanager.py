@@ -9,9 +9,11 @@ in the telemetry and `endsAt` when it cooled, so a replay pages with the same ti
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,13 +23,13 @@ from pathlib import Path
 from dataclasses import dataclass
 
 import polars as pl
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from slo.engine import AlertChange
 from slo.sli import span
 from slo.windows import minute_start_utc
-from conventions import ALERTS_DELIVERED_TOTAL, ALERTS_REFUSED_TOTAL
+from conventions import ALERTS_DELIVERED_TOTAL, ALERTS_PENDING, ALERTS_REFUSED_TOTAL
 
 log = logging.getLogger("tailwatch.alerts")
 OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
@@ -113,7 +115,12 @@ class AlertmanagerOutbox:
     A refusal that retrying cannot fix (a 4xx other than 408 and 429: Alertmanager says the
     payload is wrong) drops that batch with a log line and a count, so it cannot block every
     change queued behind it; anything else (unreachable, 5xx, 408, 429) is retried with
-    exponential backoff and full jitter, so instances that come back are not hit in step."""
+    exponential backoff and full jitter, so instances that come back are not hit in step, or
+    after the `Retry-After` the answer asks for.
+
+    Delivery runs in a thread of its own once `start` is called: the worker's loop only
+    queues (`put`), so an Alertmanager that hangs for its whole timeout never slows
+    consumption. `flush` is one delivery attempt (the thread's, or a caller's without a thread)."""
 
     def __init__(self, url: str, timeout_s: float = 5.0, max_backoff_s: float = 30.0, max_pending: int = 100_000,
                  rng: random.Random | None = None):
@@ -131,16 +138,49 @@ class AlertmanagerOutbox:
         self._rng = rng or random.Random()
         self._backoff_s = 0.0
         self._next_try = 0.0  # monotonic clock: when to try again after a failure
+        self._lock = threading.Lock()  # the queue's ends: the loop appends, the sender pops
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
 
     def put(self, alert: dict, seq: int | None = None) -> None:
-        if len(self.pending) >= self.max_pending:
-            # Never drop silently: the oldest change goes, and the log says so.
-            dropped = self.pending.popleft()
-            self.pending_seqs.popleft()
-            log.error("alert outbox for %s full (%d): dropping the oldest change for %s", self.target,
-                      self.max_pending, dropped["labels"])
-        self.pending.append(alert)
-        self.pending_seqs.append(seq)
+        with self._wake:
+            if len(self.pending) >= self.max_pending:
+                # Never drop silently: the oldest change goes, and the log says so.
+                dropped = self.pending.popleft()
+                self.pending_seqs.popleft()
+                log.error("alert outbox for %s full (%d): dropping the oldest change for %s", self.target,
+                          self.max_pending, dropped["labels"])
+            self.pending.append(alert)
+            self.pending_seqs.append(seq)
+            self._wake.notify()
+
+    def start(self) -> None:
+        """Deliver from a thread of its own from now on (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._send_forever, name=f"alertmanager {self.target}", daemon=True)
+            self._thread.start()
+
+    def _send_forever(self) -> None:
+        while True:
+            with self._wake:
+                while not self.pending:
+                    self._wake.wait()
+                wait_s = self._next_try - time.monotonic()
+            if wait_s > 0:
+                time.sleep(min(wait_s, 1.0))
+                continue
+            try:
+                self.flush()
+            except Exception:  # the sender must outlive any one bad batch
+                log.exception("delivering to Alertmanager at %s failed", self.target)
+                time.sleep(1.0)
+
+    def wait_empty(self, wait_s: float) -> bool:
+        """Wait up to `wait_s` for the sender to empty the outbox; True when it is."""
+        deadline = time.monotonic() + wait_s
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.pending
 
     def flush(self, batch: int = 500) -> bool:
         """Try to deliver what is pending; True when the outbox is empty afterwards."""
@@ -149,18 +189,23 @@ class AlertmanagerOutbox:
         if time.monotonic() < self._next_try:
             return False
         while self.pending:
-            chunk = [self.pending[i] for i in range(min(batch, len(self.pending)))]
-            outcome = self._post(chunk)
+            with self._lock:
+                chunk = [(self.pending[i], self.pending_seqs[i]) for i in range(min(batch, len(self.pending)))]
+            outcome, retry_after_s = self._post([alert for alert, _seq in chunk])
             if outcome == "retry":
                 self.failures += 1
                 self._backoff_s = min(self.max_backoff_s, max(0.5, self._backoff_s * 2))
-                self._next_try = time.monotonic() + self._rng.uniform(0.0, self._backoff_s)
+                self._next_try = time.monotonic() + (
+                    retry_after_s if retry_after_s is not None else self._rng.uniform(0.0, self._backoff_s))
                 return False
-            for _ in chunk:
-                self.pending.popleft()
-                seq = self.pending_seqs.popleft()
-                if seq is not None and seq > self.delivered_seq:
-                    self.delivered_seq = seq
+            with self._lock:
+                for alert, seq in chunk:
+                    # What a full outbox dropped meanwhile is gone from the front: pop only ours.
+                    if self.pending and self.pending[0] is alert:
+                        self.pending.popleft()
+                        self.pending_seqs.popleft()
+                    if seq is not None and seq > self.delivered_seq:
+                        self.delivered_seq = seq
             if outcome == "refused":
                 self.refused += len(chunk)
             else:
@@ -168,24 +213,41 @@ class AlertmanagerOutbox:
             self._backoff_s = 0.0
         return True
 
-    def _post(self, alerts: list[dict]) -> str:
-        """'ok', 'refused' (a 4xx retrying cannot fix) or 'retry'."""
+    def _post(self, alerts: list[dict]) -> tuple[str, float | None]:
+        """('ok' | 'refused' (a 4xx retrying cannot fix) | 'retry', the Retry-After asked for in seconds)."""
         req = urllib.request.Request(self.url, data=json.dumps(alerts).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return "ok" if 200 <= resp.status < 300 else "retry"
+                return ("ok" if 200 <= resp.status < 300 else "retry"), None
         except urllib.error.HTTPError as exc:
             if 400 <= exc.code < 500 and exc.code not in (408, 429):
                 detail = exc.read(500).decode("utf-8", "replace").strip()
                 log.error("Alertmanager at %s refused %d alerts (HTTP %d: %s): dropped, not retried",
                           self.target, len(alerts), exc.code, detail)
-                return "refused"
+                return "refused", None
             log.warning("Alertmanager at %s did not take %d alerts: HTTP %d", self.target, len(alerts), exc.code)
-            return "retry"
+            return "retry", retry_after(exc.headers.get("Retry-After"), self.max_backoff_s)
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             log.warning("Alertmanager at %s did not take %d alerts: %s", self.target, len(alerts), exc)
-            return "retry"
+            return "retry", None
+
+
+def retry_after(value: str | None, most_s: float) -> float | None:
+    """A `Retry-After` header (seconds, or an HTTP date) as seconds from now, at most `most_s`."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    return min(max(seconds, 0.0), most_s)
 
 
 # ---- detectors -------------------------------------------------------------------------
@@ -321,7 +383,9 @@ class FiringAlerts:
                          self.stage, len(undelivered), outbox.target)
 
     def deliver(self, wait_s: float = 0.0) -> None:
-        """Try every outbox; with wait_s, keep trying (with their backoff) for up to that long."""
+        """Hand every outbox to its sender thread (started on the first call: until then the
+        changes wait, see streams/runtime.py), queue the periodic resend of what is firing,
+        and with `wait_s` wait up to that long for the outboxes to empty."""
         if not self.outboxes:
             return
         if time.monotonic() - self._last_resend >= self.RESEND_S:
@@ -329,9 +393,15 @@ class FiringAlerts:
             for payload in self.payloads.values():
                 for outbox in self.outboxes:
                     outbox.put(payload)
+        for outbox in self.outboxes:
+            outbox.start()
         deadline = time.monotonic() + wait_s
-        while not all([outbox.flush() for outbox in self.outboxes]) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        for outbox in self.outboxes:
+            outbox.wait_empty(max(0.0, deadline - time.monotonic()))
+
+    def pending(self) -> dict[str, int]:
+        """Changes waiting per Alertmanager."""
+        return {o.target: len(o.pending) for o in self.outboxes}
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """Per Alertmanager: alerts delivered and alerts refused (4xx, dropped)."""
@@ -354,9 +424,15 @@ class DeliveryCollector:
                                         labels=["stage", "alertmanager"])
         refused = CounterMetricFamily(ALERTS_REFUSED_TOTAL, "Alert changes an Alertmanager refused with a 4xx "
                                       "(dropped with a log line, never retried).", labels=["stage", "alertmanager"])
+        pending = GaugeMetricFamily(ALERTS_PENDING, "Alert changes queued for an Alertmanager, not yet taken "
+                                    "(delivery runs off the consume loop; a hung instance grows this, not the lag).",
+                                    labels=["stage", "alertmanager"])
         for alerts in self.alerts:
             for target, (ok, bad) in alerts.counts().items():
                 delivered.add_metric([alerts.stage, target], ok)
                 refused.add_metric([alerts.stage, target], bad)
+            for target, waiting in alerts.pending().items():
+                pending.add_metric([alerts.stage, target], waiting)
         yield delivered
         yield refused
+        yield pending

@@ -87,6 +87,7 @@ SLO_EVENTS_TOTAL = "tailwatch_slo_events_total"
 ALERTS_FIRING = "tailwatch_alerts_firing"
 ALERTS_DELIVERED_TOTAL = "tailwatch_alerts_delivered_total"
 ALERTS_REFUSED_TOTAL = "tailwatch_alerts_refused_total"
+ALERTS_PENDING = "tailwatch_alerts_pending"
 # Prometheus-side recording rules over SLO_EVENTS_TOTAL; the window ("5m", "1h") is appended.
 SLO_ERROR_RATIO_RATE_RULE = "tailwatch_slo:error_ratio:rate"
 SLO_EVENTS_INCREASE_RULE = "tailwatch_slo:events:increase"

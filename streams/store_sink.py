@@ -9,6 +9,8 @@ is what the stages raised handed to their outboxes, which it delivers from the l
 
 from __future__ import annotations
 
+import time
+
 import duckdb
 
 import store
@@ -73,8 +75,15 @@ class StoreSink:
         self.session.release_if_due()
 
     def drain(self, wait_s: float) -> None:
+        """At exit: wait up to `wait_s` for the outboxes' senders, then record what they
+        delivered (a restart resends only what is past these marks)."""
+        deadline = time.monotonic() + wait_s
         for outbox in self.outboxes:
-            outbox.deliver(wait_s)
+            outbox.deliver(max(0.0, deadline - time.monotonic()))
+        marks = [row for outbox in self.outboxes for row in outbox.delivery_rows()]
+        if marks:
+            with self.session as con:
+                store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=marks))
 
     def close(self) -> None:
         if self.session is not None:

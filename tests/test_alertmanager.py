@@ -283,3 +283,60 @@ def test_deliveries_and_refusals_are_counted_per_alertmanager():
     text = generate_latest(registry).decode()
     assert 'tailwatch_alerts_delivered_total{alertmanager="http://am-a:9093",stage="detectors"} 5.0' in text
     assert 'tailwatch_alerts_refused_total{alertmanager="http://am-a:9093",stage="detectors"} 2.0' in text
+
+
+def test_a_hung_alertmanager_never_holds_the_loop_and_retry_after_is_honoured():
+    """Delivery runs in the outbox's own thread: `deliver()` returns while the POST hangs on an
+    instance that accepted the connection and never answers. An instance that answers 429
+    with `Retry-After` is not tried again before then."""
+    import socket
+    import threading
+
+    from alerts.alertmanager import FiringAlerts
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    accepted = threading.Event()
+    conns = []
+
+    def accept() -> None:
+        conn, _ = hung.accept()  # and never read or answer
+        conns.append(conn)
+        accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    alerts = FiringAlerts((f"http://127.0.0.1:{hung.getsockname()[1]}",), stage="slo")
+    alerts.outboxes[0].timeout_s = 30.0
+    alerts.change("fp", True, {"labels": {"alertname": "A"}}, seq=0)
+    alerts.deliver()  # returns: the sender thread is the one that waits
+    assert accepted.wait(10), "the sender never connected"
+    assert alerts.pending() == {alerts.outboxes[0].target: 1}  # still in flight, the loop free
+    for conn in conns:
+        conn.close()
+    hung.close()
+
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Busy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(429)
+            self.send_header("Retry-After", "20")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        box = AlertmanagerOutbox(f"http://127.0.0.1:{server.server_port}", max_backoff_s=60.0)
+        box.put({"labels": {"alertname": "A"}}, seq=0)
+        before = time.monotonic()
+        assert not box.flush() and box.failures == 1
+        assert box._next_try - before >= 19.0  # the answer's 20 s, not a jittered half second
+        assert not box.flush() and box.failures == 1  # not tried again meanwhile
+    finally:
+        server.shutdown()
