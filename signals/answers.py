@@ -20,7 +20,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 # A pool, model, version or SLO name in a path.
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@+-]+$",
                            description="letters, digits and . _ : @ + -, 1 to 128 characters")]
-FlaggerCheck = Annotated[Literal["rollout", "traffic-increase", "promotion", "rollback"],
+FlaggerCheck = Annotated[Literal["confirm-rollout", "pre-rollout", "rollout", "traffic-increase", "promotion", "rollback"],
                          Meta(description="the Flagger hook type this URL serves")]
 Timestamp = Annotated[str, Meta(description="RFC 3339, UTC, event time")]
 Reason = Literal["stale", "starting", "no_data"]

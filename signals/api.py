@@ -41,12 +41,18 @@ from signals.live import SignalSnapshot
 Response = tuple[int, str, bytes]
 MAX_BODY_BYTES = 64 * 1024
 MAX_PATH_CHARS = 1024
-# Flagger webhook type → the verdicts that answer 2xx. Flagger counts a failed `rollout` hook
+# Flagger webhook type → the verdicts that answer 2xx; an inconclusive answer is named by its
+# reason (no_data, stale, starting). Flagger counts a failed `pre-rollout` or `rollout` hook
 # toward `threshold` and rolls back after it, so only `rollback` fails there; the gates
-# (`confirm-traffic-increase`, `confirm-promotion`) halt without counting, so `pause` and an
-# inconclusive answer hold there; a `rollback` hook's 2xx tells Flagger to roll back now.
+# (`confirm-rollout`, `confirm-traffic-increase`, `confirm-promotion`) halt without counting;
+# a `rollback` hook's 2xx tells Flagger to roll back now. `confirm-rollout` runs before the
+# canary has traffic, so having no data yet passes; data that stopped moving (or a worker
+# still starting) holds the rollout until tailwatch can judge it.
+INCONCLUSIVE = ("no_data", "stale", "starting")
 FLAGGER_PASSES = {
-    "rollout": ("promote", "continue", "pause", "inconclusive"),
+    "confirm-rollout": ("promote", "continue", "pause", "no_data"),
+    "pre-rollout": ("promote", "continue", "pause", *INCONCLUSIVE),
+    "rollout": ("promote", "continue", "pause", *INCONCLUSIVE),
     "traffic-increase": ("promote", "continue"),
     "promotion": ("promote",),
     "rollback": ("rollback",),
@@ -309,7 +315,8 @@ class SignalApi:
         # Flagger cannot send headers on webhooks; its metadata may carry the token instead.
         who = self._principal(authorization or (f"Bearer {meta.token}" if meta.token is not None else None))
         result = self.controller_verdict(who, meta.model, meta.version)
-        return (200 if result.verdict in FLAGGER_PASSES[check] else 412), result
+        outcome = result.reason if result.verdict == "inconclusive" else result.verdict
+        return (200 if outcome in FLAGGER_PASSES[check] else 412), result
 
     def slos(self, who: Principal) -> SloList:
         snap = self._fresh_snapshot()

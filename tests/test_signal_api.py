@@ -246,20 +246,37 @@ def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float,
     return SignalApi(config, lambda: snap, lambda: (True, ""), wall_clock=lambda: now_s), token
 
 
-@pytest.mark.parametrize("verdict, rollout, traffic_increase, promotion, rollback", [
-    ("promote", 200, 200, 200, 412),
-    ("continue", 200, 200, 412, 412),
-    ("pause", 200, 412, 412, 412),  # wait: no failed check counted, the traffic gate holds
-    ("rollback", 412, 412, 412, 200),
+HOOKS = ("confirm-rollout", "pre-rollout", "rollout", "traffic-increase", "promotion", "rollback")
+
+
+@pytest.mark.parametrize("verdict, expected", [
+    ("promote", [200, 200, 200, 200, 200, 412]),
+    ("continue", [200, 200, 200, 200, 412, 412]),
+    ("pause", [200, 200, 200, 412, 412, 412]),  # wait: no failed check counted, the traffic gate holds
+    ("rollback", [412, 412, 412, 412, 412, 200]),
 ])
-def test_flagger_hook_types_follow_flaggers_contract(verdict, rollout, traffic_increase, promotion, rollback):
+def test_flagger_hook_types_follow_flaggers_contract(verdict, expected):
     from signals.api import Request
 
     api, token = _controller_api({"v2": verdict}, built_wall_s=1000.0, now_s=1001.0)
     body = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
-    got = [api.handle(Request("POST", f"/v1/flagger/{c}", None, body))[0]
-           for c in ("rollout", "traffic-increase", "promotion", "rollback")]
-    assert got == [rollout, traffic_increase, promotion, rollback]
+    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, body))[0] for c in HOOKS] == expected
+
+
+def test_a_new_canary_without_data_may_start_and_frozen_data_holds_it():
+    """`confirm-rollout` runs before the canary has traffic: no data for the version passes
+    (no gate would ever open otherwise), and neither pre-rollout nor rollout counts a failure;
+    data that stopped moving holds the rollout at the gate."""
+    from signals.api import Request
+
+    api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0)
+    hook = json.dumps({"metadata": {"model": "m", "version": "v-new", "token": token}}).encode()
+    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
+        200, 200, 200, 412, 412, 412]
+    stale, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1000.0 + 600)
+    hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
+    assert [stale.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
+        412, 200, 200, 412, 412, 412]
 
 
 def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
@@ -357,7 +374,7 @@ def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker)
     assert status == 200 and doc == json.loads(json.dumps(openapi_document(routes)))
     assert {(r.method.lower(), r.path) for r in routes} <= {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"] == [
-        "promotion", "rollback", "rollout", "traffic-increase"]
+        "confirm-rollout", "pre-rollout", "promotion", "rollback", "rollout", "traffic-increase"]
     schemas = doc["components"]["schemas"]
     # Every schema is a real one (the hand copy once held a `Side` with no properties).
     assert all(s.get("properties") for s in schemas.values()), [n for n, s in schemas.items() if not s.get("properties")]
