@@ -269,6 +269,8 @@ class Alert(Struct, forbid_unknown_fields=True):
     labels: dict[str, str]
     since: Timestamp
     runbook: str
+    detail: Annotated[str, Meta(description="who holds the bad events at the minute it fired: label values "
+                                            "with their share of them and of the traffic")] | UnsetType = UNSET
 
 
 class AlertList(Struct):

@@ -208,7 +208,8 @@ class LiveSignals:
         return raised
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceState],
-                 wall_s: float) -> SignalSnapshot:
+                 wall_s: float, alert_details: dict[str, str] | None = None) -> SignalSnapshot:
+        """`alert_details`: fingerprint → who holds the bad events of a firing alert."""
         req = self.recent.requests.added(open_requests)
         gpu = concat_frames(self.recent.gpu, open_gpu)
         if gpu.height:
@@ -220,7 +221,7 @@ class LiveSignals:
             built_wall_s=wall_s, as_of_minute=max(newest) if newest else None, pools=pools, rollouts=rollouts,
             shed=shed,
             models=models, slos=[answer(s, Slo) for s in slo_reads(slo_states)],
-            alerts=[answer(a, Alert) for a in firing_alerts(slo_states)],
+            alerts=[answer(a, Alert) for a in firing_alerts(slo_states, alert_details or {})],
         )
 
     # ---- autoscale ------------------------------------------------------------------
@@ -610,13 +611,13 @@ def slo_reads(states: list[SliceState]) -> list[dict]:
     return [by_slo[k] for k in sorted(by_slo)]
 
 
-def firing_alerts(states: list[SliceState]) -> list[dict]:
+def firing_alerts(states: list[SliceState], details: dict[str, str]) -> list[dict]:
     out = []
     for st in _ordered(states):
         for fp, (aw, started) in sorted(st.firing.items()):
             out.append({"fingerprint": fp, "alertname": f"SLOBurn{aw.severity.capitalize()}", "severity": aw.severity,
                         "slo": st.spec.name, "window": aw.name, "labels": dict(st.labels), "since": rfc3339(started),
-                        "runbook": st.spec.runbook})
+                        "runbook": st.spec.runbook, **({"detail": details[fp]} if fp in details else {})})
         if st.no_data_since is not None:
             out.append({"fingerprint": None, "alertname": "SLONoData", "severity": "ticket", "slo": st.spec.name,
                         "window": "no-data", "labels": dict(st.labels), "since": rfc3339(st.no_data_since),

@@ -19,7 +19,7 @@ from slo.spec import SloSpec
 from slo.turn_stages import overspend_counts
 
 
-def _good_valid_exprs(spec: SloSpec) -> tuple[pl.Expr, pl.Expr]:
+def good_valid_exprs(spec: SloSpec) -> tuple[pl.Expr, pl.Expr]:
     """The SLO's good and valid counts of one bucket row."""
     not_cancelled = pl.col("requests") - pl.col("cancelled")
     if spec.sli_kind == "availability":
@@ -48,7 +48,7 @@ def _selects(spec: SloSpec) -> pl.Expr:
 
 def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
     """Rows (window_start, *slice_by, good, valid) for the buckets that the SLO selects."""
-    good, valid = _good_valid_exprs(spec)
+    good, valid = good_valid_exprs(spec)
     counted = spec.selected(buckets).select("window_start", *spec.slice_by, good.alias("good"), valid.alias("valid"))
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
 
@@ -67,7 +67,7 @@ def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, It
     closed minute as for 20,000, and ten SLOs made a hundred calls a minute)."""
     exprs = []
     for i, spec in enumerate(specs):
-        good, valid = _good_valid_exprs(spec)
+        good, valid = good_valid_exprs(spec)
         picked = _selects(spec)
         exprs += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
                   pl.when(picked).then(valid).alias(f"_v{i}")]

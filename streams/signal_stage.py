@@ -31,14 +31,17 @@ class SignalStage:
     name = "signals"
     alerts = None  # pages nothing
 
-    def __init__(self, live: LiveSignals, slo_states: Callable[[], list] = list):
+    def __init__(self, live: LiveSignals, slo_states: Callable[[], list] = list,
+                 alert_details: Callable[[], dict[str, str]] = dict):
         self.live = live
         self.slo_states = slo_states  # the SLO stage's states, if the worker runs one
+        self.alert_details = alert_details  # and what explains each firing page
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, wall_s: float) -> SignalSnapshot:
         """The view from kept buckets, the SLO states and a peek at the open minutes;
         `wall_s` only ages the answers (no decision reads it)."""
-        return self.live.snapshot(open_requests, open_gpu, self.slo_states(), wall_s=wall_s)
+        return self.live.snapshot(open_requests, open_gpu, self.slo_states(), wall_s=wall_s,
+                                  alert_details=self.alert_details())
 
     def collectors(self) -> list:
         return []

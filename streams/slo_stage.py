@@ -9,6 +9,7 @@ firing in the store are sent again (Alertmanager treats a repeat as the same ale
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
+from slo.contributors import explain, top_contributors
 from slo.engine import AlertChange
 from slo.sli import SloEvaluator, span
 from slo.spec import SloSpec
@@ -105,6 +107,7 @@ def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
         "at": pl.Series([c.at_minute * 60_000_000 for c in changes], dtype=pl.Int64),
         "long_burn_rate": [c.long_burn_rate for c in changes], "short_burn_rate": [c.short_burn_rate for c in changes],
         "error_budget_remaining": [c.error_budget_remaining for c in changes],
+        "detail": [c.detail or None for c in changes],
     }).cast(store.ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
 
 
@@ -120,6 +123,7 @@ class SloStage:
         self.links = links or AlertLinks()
         self.alerts = FiringAlerts(alertmanager_urls, stage="slo")
         self.collector = SloCollector(specs)
+        self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
 
     def collectors(self) -> list:
         return [self.collector]
@@ -128,23 +132,30 @@ class SloStage:
         """Every slice's SLO state as of the newest closed minute (the signal view reads them)."""
         return self.collector.snapshot
 
+    def details(self) -> dict[str, str]:
+        """Fingerprint → what explains each firing alert (who holds its bad events)."""
+        return self._details
+
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
         self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
         self.collector.snapshot = list(self.evaluator.states.values())
+        self._details = {fp: detail for fp, detail in con.execute(
+            "SELECT fingerprint, detail FROM alerts WHERE resolved_at IS NULL AND detail IS NOT NULL").fetchall()}
         if not self.alerts.enabled:
             return
         for row in con.execute(
             "SELECT fingerprint, alertname, severity, slo, alert_window, labels, fired_at, long_burn_rate, "
-            "short_burn_rate, error_budget_remaining FROM alerts WHERE resolved_at IS NULL"
+            "short_burn_rate, error_budget_remaining, detail FROM alerts WHERE resolved_at IS NULL"
         ).fetchall():
-            fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left = row
+            fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left, detail = row
             spec = self.specs.get(slo)
             aw = next((w for w in spec.alert_windows if w.name == window), None) if spec else None
             if aw is None:
                 continue
             minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
-            change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left)
+            change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left,
+                                 detail or "")
             self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
         self.alerts.restore(con)
 
@@ -155,11 +166,28 @@ class SloStage:
         result = self.evaluator.feed(requests)
         self._count_events(result.events)
         self.collector.snapshot = list(self.evaluator.states.values())
-        out = {"slo_status": status_frame(result.status), "alerts": alert_change_rows(result.changes)}
+        changes = [self._explained(c, requests) for c in result.changes]
+        if changes:
+            details = dict(self._details)
+            for c in changes:
+                if c.state == "firing" and c.detail:
+                    details[c.fingerprint] = c.detail
+                else:
+                    details.pop(c.fingerprint, None)
+            self._details = details
+        out = {"slo_status": status_frame(result.status), "alerts": alert_change_rows(changes)}
         out.update(self.alerts.stage_changes(
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
-             for c in result.changes]))
+             for c in changes]))
         return out
+
+    def _explained(self, change: AlertChange, requests: pl.DataFrame) -> AlertChange:
+        """A page that fires names who holds the slice's bad events at that minute (the
+        minute's rows are in this checkpoint: it is what fired it)."""
+        if change.state != "firing" or change.detail:
+            return change
+        found = top_contributors(self.specs[change.slo], requests, change.labels, change.at_minute)
+        return dataclasses.replace(change, detail=explain(found)) if found else change
 
     def _count_events(self, by_slice: dict[tuple[str, tuple[str, ...]], list[int]]) -> None:
         events = dict(self.collector.events)

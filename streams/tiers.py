@@ -48,7 +48,7 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
             from signals.live import LiveSignals
 
             live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices)
-            parts.signals = SignalStage(live, slo.states if slo is not None else list)
+            parts.signals = SignalStage(live, slo.states, slo.details) if slo is not None else SignalStage(live)
             stages.append(parts.signals)
         parts.store = StoreSink(settings.store_path, settings.store_release_s, stages, cpu)
     source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,

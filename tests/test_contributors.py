@@ -1,0 +1,73 @@
+"""Pages that explain themselves: who holds an SLO slice's bad events at the minute it fired."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import polars as pl
+
+from slo.contributors import explain, top_contributors
+from slo.spec import load_slos
+from streams.slo_stage import SloStage
+from tests.test_slo import spec_file
+
+SLO = """
+slos:
+  - name: llm-avail
+    selector: {workload: llm}
+    sli: {availability: {}}
+    objective: 99.9%
+    window: 30d
+    slice_by: [zone]
+"""
+T0 = datetime(2026, 11, 2)
+M0 = int((T0 - datetime(1970, 1, 1)).total_seconds()) // 60  # T0 as an epoch minute
+
+
+def _rows(minute: int, per_tenant: dict[str, tuple[int, int]], zone: str = "a", version: str = "v1") -> list[dict]:
+    """(requests, errors) per tenant in one minute; workload llm."""
+    return [{"window_start": T0 + timedelta(minutes=minute), "workload": "llm", "zone": zone, "tenant": tenant,
+             "model_version": version, "requests": n, "ok": n - errors, "cancelled": 0}
+            for tenant, (n, errors) in per_tenant.items()]
+
+
+def test_the_tenant_holding_the_bad_events_is_named_with_its_traffic_share(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    frame = pl.DataFrame(_rows(10, {"acme": (300, 240), "globex": (400, 10), "initech": (300, 10)})
+                         + _rows(10, {"acme": (50, 50)}, zone="b"))  # another slice: not counted
+    found = top_contributors(spec, frame, {"zone": "a"}, M0 + 10)
+    assert [(c.label, c.value) for c in found] == [("tenant", "acme")]  # one version: it says nothing
+    (acme,) = found
+    assert acme.bad_events == 240 and abs(acme.bad_share - 240 / 260) < 1e-9 and abs(acme.traffic_share - 0.3) < 1e-9
+    assert explain(found) == "tenant=acme holds 92% of the bad events (30% of the traffic)"
+    # Bad events spread as traffic is: nobody stands out.
+    even = pl.DataFrame(_rows(10, {"acme": (300, 30), "globex": (300, 30)}))
+    assert top_contributors(spec, even, {"zone": "a"}, M0 + 10) == []
+    # Another minute: nothing to name.
+    assert top_contributors(spec, frame, {"zone": "a"}, M0 + 11) == []
+
+
+def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_store(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    stage = SloStage([spec], alertmanager_urls=("http://127.0.0.1:9",))
+    healthy = [r for m in range(60) for r in _rows(m, {"acme": (500, 0), "globex": (500, 0)})]
+    stage.on_closed(pl.DataFrame(healthy), pl.DataFrame())
+    # From minute 60 the new version's errors: one tenant's traffic runs on it.
+    bad = [r for m in range(60, 75) for r in _rows(m, {"acme": (500, 200)}, version="v2")
+           + _rows(m, {"globex": (500, 0)})]
+    out = stage.on_closed(pl.DataFrame(bad), pl.DataFrame())
+    fired = out["alerts"].filter(pl.col("state") == "firing")
+    assert fired.height >= 1
+    detail = fired["detail"][0]
+    assert detail.startswith("tenant=acme holds 100% of the bad events (50% of the traffic)"), detail
+    assert "model_version=v2 holds 100%" in detail
+    stage.committed()  # the checkpoint holding them is durable: handed to the outbox
+    payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
+    assert payloads and payloads[0]["annotations"]["description"] == detail
+    # The signal API's /v1/alerts says the same.
+    from planning.prices import GpuPrices
+    from signals.live import LiveSignals, SignalPolicy
+
+    view = LiveSignals(SignalPolicy(), [spec], GpuPrices()).snapshot(
+        pl.DataFrame(), pl.DataFrame(), stage.states(), wall_s=0.0, alert_details=stage.details())
+    assert [a.detail for a in view.alerts if a.fingerprint == fired["fingerprint"][0]] == [detail]
