@@ -64,6 +64,7 @@ def test_a_store_of_the_release_before_versions_is_migrated_and_restores_the_wor
         assert view.pools and view.slos
     finally:
         worker.store.close()
+        worker.topics.close()
 
 
 def test_a_store_from_a_newer_release_is_refused_in_one_line(tmp_path):
