@@ -9,17 +9,9 @@ import polars as pl
 from slo.contributors import explain, top_contributors
 from slo.spec import load_slos
 from streams.slo_stage import SloStage
-from tests.test_slo import spec_file
+from tests.test_slo import AVAIL, spec_file
 
-SLO = """
-slos:
-  - name: llm-avail
-    selector: {workload: llm}
-    sli: {availability: {}}
-    objective: 99.9%
-    window: 30d
-    slice_by: [zone]
-"""
+SLO = AVAIL + "    slice_by: [zone]\n"
 T0 = datetime(2026, 11, 2)
 M0 = int((T0 - datetime(1970, 1, 1)).total_seconds()) // 60  # T0 as an epoch minute
 
