@@ -8,9 +8,26 @@ Names follow Prometheus conventions: base units in the name (`_seconds`, `_bytes
 family's name and adds it back to the sample), histograms are named by their family
 (`_bucket`, `_count`, `_sum` are added by the exposition).
 
-Label names are the schema's field names (`ingest/schema.py`: SLICE_LABELS, CLOSED_LABELS)
-plus the closed sets each family documents beside its definition.
+Label names are the slice labels below (the wire contract's field names, which the SLOs
+slice by and the buckets are cut by) plus the closed sets each family documents beside its
+definition.
 """
+
+# ---- the slice of a request: labels, their closed value sets, measured fields ----------------
+SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
+WORKLOADS = ("asr", "tts", "llm", "s2s", "embed")
+TRAFFIC_CLASSES = ("realtime", "batch", "eval", "replay", "shadow")
+DEPLOYMENTS = ("stable", "canary", "shadow")
+CLOSED_LABELS = {"workload": WORKLOADS, "traffic_class": TRAFFIC_CLASSES, "deployment": DEPLOYMENTS}
+# Appended only: checkpoints number histogram fields by their place here.
+LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
+# Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
+# Names are bounded: a stage outside this list is kept under `other`, so a producer's new
+# stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
+# their place here.
+STAGE_NAMES = ("vad", "asr_partial", "asr_final", "feature_extraction", "acoustic_model", "language_model",
+               "post_processing", "retrieval", "llm_first_token", "llm_decode", "tts_first_audio", "playback",
+               "tokenize", "network", "other")
 
 # ---- Kafka topics: the suffix after --topic-prefix ("tw." by default) -----------------------
 TOPIC_REQUESTS = "requests"      # request.v1 events from serving runtimes and the OTLP adapter
@@ -41,6 +58,11 @@ STAGE_CPU_SECONDS_TOTAL = "tailwatch_stage_cpu_seconds_total"
 CHECKPOINT_DURATION_SECONDS = "tailwatch_checkpoint_duration_seconds"  # histogram
 
 # ---- the fleet: traffic, latency, GPUs, cost (streams/fleet_metrics.py) ----------------------
+# The labels each kind of fleet series carries (dashboards filter by them).
+TRAFFIC_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment")
+GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku")
+LATENCY_LABELS = ("model", "model_version", "zone", "workload", "traffic_class", "deployment")
+POOL_LABELS = ("zone", "pool", "gpu_sku")
 REQUESTS_TOTAL = "tailwatch_requests_total"
 REQUEST_RETRIES_TOTAL = "tailwatch_request_retries_total"
 TURNS_TOTAL = "tailwatch_turns_total"

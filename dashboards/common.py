@@ -12,12 +12,7 @@ from dataclasses import dataclass
 
 from grafanalib import core as g
 
-from streams.fleet_metrics import (
-    GPU_TIME_LABELS,
-    LATENCY_LABELS,
-    POOL_LABELS,
-    TRAFFIC_LABELS,
-)
+from conventions import GPU_TIME_LABELS, LATENCY_LABELS, POOL_LABELS, TRAFFIC_LABELS
 
 SCHEMA_VERSION = 39
 TAG = "tailwatch"

@@ -49,7 +49,7 @@ from detectors.core import (
     SliceBy,
 )
 from detectors.outlier_factor import LocalOutlierFactor
-from slo.config_file import ConfigStruct, Count, Minutes, PositiveCount
+from config import ConfigStruct, Count, Minutes, PositiveCount
 
 NAME = "anomaly"
 FEATURES = ("error_ratio_z", "e2e_ms_p95_z", "output_tokens_per_ok_z", "task_success_z",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
-from slo.config_file import ConfigStruct, Fraction, Minutes
+from config import ConfigStruct, Fraction, Minutes
 
 NAME = "cold_start"
 

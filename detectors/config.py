@@ -41,7 +41,7 @@ from detectors.utilisation import (
     IdleButSlowConfig,
     IdleButSlowDetector,
 )
-from slo.config_file import convert, read_yaml
+from config import convert, read_yaml
 
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
 

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import polars as pl
 from msgspec import Meta
 
-from ingest.schema import SLICE_LABELS
+from conventions import SLICE_LABELS
 
 SliceKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs: hashable, stable order
 

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, ratio, SliceBy
-from slo.config_file import ConfigStruct, Count, Minutes, NonNegative, Positive
+from config import ConfigStruct, Count, Minutes, NonNegative, Positive
 
 NAME = "cost_regression"
 

@@ -12,10 +12,9 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, SliceBy
-from slo.config_file import ConfigStruct, Count, Factor, Fraction, Minutes, NonNegative
+from config import ConfigStruct, Count, Factor, Fraction, Minutes, NonNegative
 
 KV = "kv_cache_pressure"
 PROMPT = "prompt_growth"

@@ -18,10 +18,9 @@ raised on its second minute, one just over 1 s on its third.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from detectors.core import DetectionEvent, Finding, History, Minute, Tracker
-from slo.config_file import ConfigStruct, Factor, Minutes, NonNegative
+from config import ConfigStruct, Factor, Minutes, NonNegative
 
 NAME = "queue_age"
 

@@ -26,7 +26,7 @@ from detectors.core import (
     slice_key,
     SliceBy,
 )
-from slo.config_file import ConfigStruct, Count, Minutes, Positive, Ratio
+from config import ConfigStruct, Count, Minutes, Positive, Ratio
 
 NAME = "retry_storm"
 

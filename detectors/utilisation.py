@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass
 
 from detectors.core import POOL_CLASSES, DetectionEvent, Finding, History, LatencyP95, Minute, Tracker
-from slo.config_file import ConfigStruct, Count, Factor, Minutes, NonNegative, Percent
+from config import ConfigStruct, Count, Factor, Minutes, NonNegative, Percent
 
 BUSY = "busy_but_slow"
 IDLE = "idle_but_slow"

@@ -10,10 +10,10 @@ upper bound rejects `1e999` (infinity) and absurd values with the same check.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Literal, Optional, Union, get_args
+from typing import Annotated, Literal, Optional, Union
 
 import msgspec
-from conventions import TOPIC_DEPLOYS, TOPIC_GPU, TOPIC_REQUESTS
+from conventions import DEPLOYMENTS, TOPIC_DEPLOYS, TOPIC_GPU, TOPIC_REQUESTS, TRAFFIC_CLASSES, WORKLOADS
 
 MAX_MS = 1e9  # about 11.6 days: beyond any request latency
 MAX_COUNT = 10**12
@@ -34,9 +34,9 @@ MAX_EVENT_TS_MS = 4_102_444_800_000
 Timestamp = Union[Annotated[int, msgspec.Meta(ge=MIN_EVENT_TS_MS, lt=MAX_EVENT_TS_MS)],
                   Annotated[str, msgspec.Meta(max_length=40)]]
 
-Workload = Literal["asr", "tts", "llm", "s2s", "embed"]
-TrafficClass = Literal["realtime", "batch", "eval", "replay", "shadow"]
-Deployment = Literal["stable", "canary", "shadow"]
+Workload = Literal[WORKLOADS]
+TrafficClass = Literal[TRAFFIC_CLASSES]
+Deployment = Literal[DEPLOYMENTS]
 Status = Literal["ok", "error", "timeout", "shed", "cancelled"]
 ReplicaState = Literal["warm", "loading", "cold", "draining"]
 GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
@@ -45,13 +45,7 @@ GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
 FinishReason = Literal["stop", "length", "content_filter", "client_cancel", "server_cut", "timeout"]
 COMPLETED_FINISH = ("stop", "length", "content_filter")
 
-# Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
-# Names are bounded: a stage outside this list is kept under `other`, so a producer's new
-# stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
-# their place here.
-STAGE_NAMES = ("vad", "asr_partial", "asr_final", "feature_extraction", "acoustic_model", "language_model",
-               "post_processing", "retrieval", "llm_first_token", "llm_decode", "tts_first_audio", "playback",
-               "tokenize", "network", "other")
+# Stages of a cascaded turn: named in conventions.STAGE_NAMES (bounded; others fold into `other`).
 MAX_STAGES = 16
 StageName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 
@@ -159,14 +153,8 @@ EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
 TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: TOPIC_REQUESTS, GPU_SCHEMA: TOPIC_GPU, DEPLOY_SCHEMA: TOPIC_DEPLOYS}
 SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
 
-# The slice of a request: the labels an SLI bucket is cut by.
-SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
-# The slice labels whose values are a closed set, and the values.
-CLOSED_LABELS = {"workload": get_args(Workload), "traffic_class": get_args(TrafficClass),
-                 "deployment": get_args(Deployment)}
-
-# Appended only: checkpoints number histogram fields by their place here.
-LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
+# The slice labels (SLICE_LABELS), their closed value sets (CLOSED_LABELS) and the latency
+# fields (LATENCY_FIELDS) are named in conventions/.
 
 
 def parse_ts_ms(ts: int | str) -> int:

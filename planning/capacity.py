@@ -23,7 +23,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from slo.config_file import ConfigStruct, NonNegative
+from config import ConfigStruct, NonNegative
 
 GIB = 2**30
 

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from slo.config_file import ConfigStruct, load_struct
+from config import ConfigStruct, load_struct
 
 DEFAULT_USD_PER_GPU_HOUR = {"H200": 5.00, "H100": 4.00, "A100": 2.50, "L40S": 1.60, "A10G": 1.00, "L4": 0.80, "T4": 0.50}
 DEFAULT_FALLBACK_USD_PER_GPU_HOUR = 2.00

@@ -11,10 +11,10 @@ from typing import Annotated, Literal
 import polars as pl
 from msgspec import Meta
 
-from ingest.schema import STAGE_NAMES
+from conventions import STAGE_NAMES
 from planning.stage_plan import StageProfile
 from slo import histogram
-from slo.config_file import ConfigStruct, load_struct
+from config import ConfigStruct, load_struct
 from slo.turn_stages import stage_latency
 
 

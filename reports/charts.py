@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # no display here, and none wanted: charts go into the HT
 
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import Formatter, FuncFormatter, PercentFormatter  # noqa: E402
+from matplotlib.ticker import Formatter, PercentFormatter  # noqa: E402
 
 ATTRIBUTED = "#3b6ea8"
 IDLE = "#b9c7d8"

@@ -22,7 +22,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from planning.capacity import CapacityEstimate, GpusPerReplica, configured_capacity, replicas
-from slo.config_file import ConfigStruct, NonNegative, Percent, Positive, Ratio
+from config import ConfigStruct, NonNegative, Percent, Positive, Ratio
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,8 @@ from signals.live import CapacityGpuSPerS, SignalPolicy, SignalWindows
 from signals.rollout import RolloutPolicy
 from signals.shed import ShedPolicy
 from planning.capacity import ReplicaShape
-from slo.config_file import ConfigStruct, load_struct
-from slo.config_file import parse_duration_s
+from config import ConfigStruct, load_struct
+from config import parse_duration_s
 
 ALL_TENANTS = "*"
 

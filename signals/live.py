@@ -21,7 +21,7 @@ from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
 from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, summed_bins
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
-from slo.config_file import ConfigStruct, Days, WindowMinutes
+from config import ConfigStruct, Days, WindowMinutes
 from planning.cost import attribution_scales
 from planning.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)

@@ -55,7 +55,7 @@ import numpy as np
 from msgspec import Meta
 
 from slo import histogram
-from slo.config_file import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
+from config import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import msgspec
 from msgspec import Meta
 
 from ingest.schema import TrafficClass
-from slo.config_file import ConfigStruct, Fraction, Ratio
+from config import ConfigStruct, Fraction, Ratio
 
 Step = Literal["delay_batch", "shed_over_quota", "shorten_context", "reduce_retrieval_depth",
                "route_to_smaller_model", "disable_premium_effects", "reject_low_priority"]

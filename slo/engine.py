@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from slo.spec import SloSpec
 from slo.turn_stages import StageSpend, most_overspent

@@ -46,8 +46,8 @@ import polars as pl
 import yaml
 from msgspec import UNSET, Meta, UnsetType
 
-from ingest.schema import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
-from slo.config_file import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
+from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
 from slo.windows import AlertWindow, catalog_for, catalog_periods
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget")

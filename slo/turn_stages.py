@@ -16,7 +16,7 @@ from typing import Iterable
 
 import polars as pl
 
-from ingest.schema import STAGE_NAMES
+from conventions import STAGE_NAMES
 from slo import histogram
 from slo.spec import SloSpec
 

@@ -63,7 +63,7 @@ def default_catalog() -> tuple[AlertWindow, ...]:
 
 @functools.cache
 def _catalogs() -> dict[int, tuple[AlertWindow, ...]]:
-    from slo.config_file import parse_duration_s  # the one duration parser
+    from config import parse_duration_s  # the one duration parser
 
     out = {}
     for path in sorted(CATALOGS.glob("*.yaml")):

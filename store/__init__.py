@@ -20,7 +20,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from slo.windows import minute_start_utc
 
 DEFAULT_STORE = "data/tailwatch.duckdb"
 

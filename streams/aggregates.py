@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from ingest.schema import COMPLETED_FINISH, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from conventions import LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from ingest.schema import COMPLETED_FINISH
 from streams.frames import STAGES_COLUMN
 from streams.windows import AggregateSpec
 

@@ -86,13 +86,9 @@ from conventions import (
     PROMPT_TOKENS_TOTAL, QUEUE_DEPTH_REQUESTS, QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL,
     REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS, REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL,
     STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL,
-    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS, POOL_LABELS, TRAFFIC_LABELS,
 )
 
-TRAFFIC_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment")
-GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku")
-LATENCY_LABELS = ("model", "model_version", "zone", "workload", "traffic_class", "deployment")
-POOL_LABELS = ("zone", "pool", "gpu_sku")
 
 # outcome label → sli_minute column
 OUTCOME_COLUMNS = {"ok": "ok", "error": "errors", "timeout": "timeouts", "shed": "shed", "cancelled": "cancelled"}

@@ -13,7 +13,8 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, STAGE_NAMES
+from conventions import STAGE_NAMES
+from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS
 from ingest.validate import FUTURE, Rejected
 
 # How far an event may be stamped ahead of the Kafka record that carries it (default).

@@ -20,7 +20,7 @@ class CliError(Exception):
 
 
 def _duration_s(text: str) -> float:
-    from slo.config_file import parse_duration_s
+    from config import parse_duration_s
 
     value = parse_duration_s(text, bare_unit="s")
     if value is None:

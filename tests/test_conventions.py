@@ -10,7 +10,7 @@ from streams.metrics import HttpMetrics, WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("tailwatch", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
-         "tools")
+         "tools", "config")
 METRIC_NAME = re.compile(r"tailwatch_[a-z_]+")
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from alerts.alertmanager import AlertLinks, to_alertmanager
-from dashboards.common import UID_SLO
+from dashboards.uids import UID_SLO
 from dashboards.generate import build_all, problems, queries, write
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator

@@ -24,7 +24,8 @@ from ingest.validate import BatchDecoder
 from planning.prices import GpuPrices
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.aggregates import GPU, REQUESTS
-from streams.fleet_metrics import LATENCY_LABELS, OTHER_TENANT, FleetMetrics, FleetMetricsConfig
+from conventions import LATENCY_LABELS
+from streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMetricsConfig
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.metrics import WorkerMetrics
 from streams.slo_stage import SloStage

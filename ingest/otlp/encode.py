@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, MetricsData, NumberDataPoint, ResourceMetrics
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status, TracesData
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status, TracesData
 
 from ingest.otlp.gpu import DCGM_GAUGES, MIB
 from ingest.otlp.spans import OTLP_FINISH_NAME

@@ -26,7 +26,7 @@ import msgspec
 
 from ingest.otlp.attributes import Attributes, first
 from ingest.schema import Deployment, TrafficClass, Workload
-from slo.config_file import ConfigStruct, every_problem, load_struct, read_yaml
+from config import ConfigStruct, every_problem, load_struct, read_yaml
 
 AttributeName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
