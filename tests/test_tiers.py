@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import re
 import signal
 import subprocess
@@ -170,13 +171,17 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
                and re.search(r"[1-9][\d,]* partials published", log)):
         assert time.monotonic() < deadline, log[-3000:]
         time.sleep(0.3)
+    # The replicas die at random instants (the seed is in every failure message).
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
     _kill(tier1["a"])  # its partitions go to b, then come back when it returns
+    time.sleep(rng.uniform(0.0, 1.5))
     _kill(replicas["x"])
-    time.sleep(3.0)
+    time.sleep(rng.uniform(1.5, 3.0))
     tier1["a"] = _worker(kafka, tmp_path, "tier1-a", "--tier", "1", "--until-idle", "6", "--idle-timeout", IDLE)
     replicas["x"] = replica("x")
-    time.sleep(1.5)
-    _kill(replicas["y"])  # while x restores: the replicas share nothing, so z answers throughout
+    time.sleep(rng.uniform(0.2, 2.5))
+    _kill(replicas["y"])  # while x restores, or just after: the replicas share nothing, so z answers throughout
     replicas["y"] = replica("y")
     producer.join()
 
@@ -208,7 +213,7 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
     for name in names:
         got = _tables(stores[name])
         for table in COMPARED:
-            assert got[table].equals(want[table]), (name, table, got[table].height, want[table].height, logs)
+            assert got[table].equals(want[table]), (seed, name, table, got[table].height, want[table].height, logs)
     try:
         _assert_paged_once(want["alerts"], hook, [url for _proc, url in cluster])
     finally:
