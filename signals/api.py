@@ -30,6 +30,7 @@ from signals.answers import (
     Inconclusive,
     Name,
     Readiness,
+    Reason,
     Shed,
     Slo,
     SloList,
@@ -48,7 +49,7 @@ MAX_PATH_CHARS = 1024
 # a `rollback` hook's 2xx tells Flagger to roll back now. `confirm-rollout` runs before the
 # canary has traffic, so having no data yet passes; data that stopped moving (or a worker
 # still starting) holds the rollout until tailwatch can judge it.
-INCONCLUSIVE = ("no_data", "stale", "starting")
+INCONCLUSIVE = typing.get_args(Reason)
 FLAGGER_PASSES = {
     "confirm-rollout": ("promote", "continue", "pause", "no_data"),
     "pre-rollout": ("promote", "continue", "pause", *INCONCLUSIVE),

@@ -27,14 +27,13 @@ import polars as pl
 
 from ingest import deadletter
 import store
-from streams.aggregates import GPU, REQUESTS
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS
+from streams.decode_step import PRODUCER_TOPICS
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.partials import Frontier, MinuteAssembler
 from streams.source import KafkaSource
 from streams.topic_sink import TopicSink
 from streams.windows import AggregateSpec
-from conventions import TOPIC_DEADLETTER, TOPIC_GPU, TOPIC_REQUESTS, TOPIC_SLI
+from conventions import TOPIC_DEADLETTER, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.tier2")
 _decode_letter = msgspec.json.Decoder(deadletter.DeadLetter).decode
@@ -53,8 +52,7 @@ class MinuteAssembly:
         self.whole_topic = self.sli_topic
         # The producers' topics are not read here, but their partitions are what a minute waits for.
         self.sources: dict[str, tuple[str, AggregateSpec, dict]] = {
-            k.topic(suffix): (table, spec, columns) for suffix, table, spec, columns in (
-                (TOPIC_REQUESTS, "sli_minute", REQUESTS, REQUEST_COLUMNS), (TOPIC_GPU, "gpu_minute", GPU, GPU_COLUMNS))}
+            k.topic(suffix): (table, spec, columns) for suffix, _event_type, columns, spec, table in PRODUCER_TOPICS}
         self.watched = list(self.sources)
         self.metrics, self.cpu, self.sink = metrics, cpu, sink
         self.assemblers: dict[str, MinuteAssembler] = {}
@@ -125,6 +123,7 @@ class MinuteAssembly:
         if not self.has_unsaved(source) and not close_all:
             return None
         topics = []
+        sli_unread = bool(source.partitions.get(self.sli_topic, set()) - source.read_to_end(self.sli_topic))
         for topic, a in self.assemblers.items():
             began = self.cpu.began()
             rows, minutes = a.take_complete()
@@ -137,8 +136,7 @@ class MinuteAssembly:
                     self.minutes_closed += len(minutes)
             # Behind: this replica has tw.sli left to read, or a tier-1 worker its partitions.
             read_to_end = {p for (_q, p), f in a.frontiers.items() if f.read_to_end or f.drained}
-            backlogged = bool(source.partitions.get(self.sli_topic, set()) - source.read_to_end(self.sli_topic)) \
-                or bool(a.source_partitions - read_to_end)
+            backlogged = sli_unread or bool(a.source_partitions - read_to_end)
             topics.append(store.TopicCheckpoint(
                 topic=topic, table=table, closed=rows, closed_minutes=minutes, counts=[], hist=[], seen=[],
                 watermarks={}, closed_before_minute=a.done_before, backlogged=not close_all and backlogged))

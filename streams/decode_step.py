@@ -37,14 +37,18 @@ class InputTopic:
     windows: object  # streams.windows.MinuteWindows or streams.partition_windows.PartitionWindows
 
 
+# The producers' topics: (topic suffix, event type, columns taken, aggregate, store table).
+PRODUCER_TOPICS = (
+    (TOPIC_REQUESTS, RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
+    (TOPIC_GPU, GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
+)
+
+
 def input_topics(kafka: KafkaSettings, max_record_bytes: int,
                  windows: Callable[[AggregateSpec], object]) -> dict[str, InputTopic]:
     """`tw.requests` and `tw.gpu`, each with windows from `windows(spec)`."""
     out = {}
-    for suffix, event_type, columns, spec, table in (
-        (TOPIC_REQUESTS, RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
-        (TOPIC_GPU, GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
-    ):
+    for suffix, event_type, columns, spec, table in PRODUCER_TOPICS:
         topic = kafka.topic(suffix)
         out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes), columns, windows(spec))
     return out

@@ -118,12 +118,13 @@ class MinuteWindowOperator:
         topics = []
         for p in self.inputs.values():
             w = p.windows
+            waited_for, read_to_end = self._partitions_of(source, p), source.read_to_end(p.topic)
             if close_all:
                 before = None
             elif p.topic not in source.partitions:
                 before = None  # until the cluster has said which partitions exist, any may hold anything
             else:
-                before = w.closable_before(self._partitions_of(source, p), source.read_to_end(p.topic))
+                before = w.closable_before(waited_for, read_to_end)
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
                 began = self.cpu.began()
                 rows, minutes = w.close(before)
@@ -144,7 +145,7 @@ class MinuteWindowOperator:
                 topic=p.topic, table=p.table, closed=rows, closed_minutes=minutes,
                 counts=unsaved.counts, hist=unsaved.hist, seen=unsaved.seen,
                 watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
-                backlogged=not close_all and bool(self._partitions_of(source, p) - source.read_to_end(p.topic)),
+                backlogged=not close_all and bool(waited_for - read_to_end),
             ))
         frontiers = {t.topic: t.closed_before_minute for t in topics}
         nothing_new = not self.decode.dead_letters and source.next_offsets == self.stored_offsets \
