@@ -8,7 +8,7 @@ Over the exporter's counter `tailwatch_slo_events_total{slo, <slice labels>, out
   objective), and both windows holding at least `min_events` events.
 
 `promtool_test` builds a `promtool test rules` file from a synthetic minute series: it
-runs the same series through the stream engine (`slo.engine.SliceState`) and expects,
+runs the same series through the stream engine (`slo.engine.SloTable`) and expects,
 at every minute where the engine's answer is the same one minute before and after, the
 alerts the engine has firing. Prometheus must therefore fire and resolve each alert
 within one evaluation interval of the engine.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slo.engine import SliceState
+from slo.engine import SloTable
 from slo.sli import span
 from slo.spec import SloSpec
 from conventions import SLO_ERROR_RATIO_RATE_RULE, SLO_EVENTS_INCREASE_RULE, SLO_EVENTS_TOTAL
@@ -151,12 +151,14 @@ def engine_firing(spec: SloSpec, labels: dict[str, str], good: list[int], bad: l
     The counter's sample at minute m holds the events of minute m−1..m, so Prometheus at
     minute m sees minutes up to m; the engine is fed the same minutes.
     """
-    state = SliceState(spec, labels)
+    table = SloTable(spec)
+    i = table.column(tuple(labels.get(k, "") for k in spec.slice_by))
+    state = table.views[i]
     firing: list[set[str]] = [set()]
     ties = [False]
     factors = {(w.long_minutes, w.short_minutes): w.factor(spec.window_minutes) for w in spec.alert_windows}
     for minute in range(1, len(good)):
-        state.advance(minute, good[minute], good[minute] + bad[minute])
+        table.advance(minute, [i], [good[minute]], [good[minute] + bad[minute]])
         firing.append({aw.name for aw, _ in state.firing.values()})
         tie = False
         for (long_m, short_m), factor in factors.items():

@@ -46,6 +46,7 @@ CONSUMER_GROUP_RESCUES_TOTAL = "tailwatch_consumer_group_rescues_total"
 HTTP_RESTARTS_TOTAL = "tailwatch_http_restarts_total"
 HTTP_REFUSED_TOTAL = "tailwatch_http_refused_total"
 LATE_EVENTS_TOTAL = "tailwatch_late_events_total"
+STATE_BYTES = "tailwatch_state_bytes"
 UNKNOWN_FIELDS_DROPPED_TOTAL = "tailwatch_unknown_fields_dropped_total"
 BUCKETS_CLOSED_TOTAL = "tailwatch_buckets_closed_total"
 BUCKET_CLOSE_DELAY_SECONDS = "tailwatch_bucket_close_delay_seconds"  # histogram

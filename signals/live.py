@@ -25,7 +25,7 @@ from config import ConfigStruct, Days, WindowMinutes
 from planning.cost import attribution_scales
 from planning.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, SustainedCapacity, configured_capacity,
                           estimate_capacity, physical_bound)
-from slo.engine import SliceState
+from slo.engine import SliceView
 from planning.prices import GpuPrices
 from slo.sli import span
 from slo.spec import SloSpec
@@ -207,7 +207,7 @@ class LiveSignals:
                 raised.append((m.pool, m.minute // 1440, best))
         return raised
 
-    def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceState],
+    def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, slo_states: list[SliceView],
                  wall_s: float, alert_details: dict[str, str] | None = None) -> SignalSnapshot:
         """`alert_details`: fingerprint → who holds the bad events of a firing alert."""
         req = self.recent.requests.added(open_requests)
@@ -225,7 +225,7 @@ class LiveSignals:
         )
 
     # ---- autoscale ------------------------------------------------------------------
-    def _pools(self, req: RequestRollup, gpu: pl.DataFrame, slo_states: list[SliceState],
+    def _pools(self, req: RequestRollup, gpu: pl.DataFrame, slo_states: list[SliceView],
                wall_s: float) -> tuple[dict[str, Scoped], dict[str, Scoped]]:
         """One group-by per signal over all pools at once; the loop only decides. Returns the
         autoscale answers and the shedding advice, per pool."""
@@ -587,12 +587,12 @@ def pool_minutes(requests: RequestRollup, gpu: pl.DataFrame, lo: int, hi: int, f
 
 
 # ---- SLO and alert reads ------------------------------------------------------------
-def _ordered(states: list[SliceState]) -> list[SliceState]:
+def _ordered(states: list[SliceView]) -> list[SliceView]:
     """By SLO and slice labels, so answers do not depend on the order slices first appeared."""
     return sorted(states, key=lambda st: (st.spec.name, sorted(st.labels.items())))
 
 
-def slo_reads(states: list[SliceState]) -> list[dict]:
+def slo_reads(states: list[SliceView]) -> list[dict]:
     by_slo: dict[str, dict] = {}
     for st in _ordered(states):
         spec = st.spec
@@ -611,7 +611,7 @@ def slo_reads(states: list[SliceState]) -> list[dict]:
     return [by_slo[k] for k in sorted(by_slo)]
 
 
-def firing_alerts(states: list[SliceState], details: dict[str, str]) -> list[dict]:
+def firing_alerts(states: list[SliceView], details: dict[str, str]) -> list[dict]:
     out = []
     for st in _ordered(states):
         for fp, (aw, started) in sorted(st.firing.items()):
@@ -627,7 +627,7 @@ def firing_alerts(states: list[SliceState], details: dict[str, str]) -> list[dic
 
 # ---- small pure helpers ---------------------------------------------------------------
 
-def _pool_burn_rate(attrs: dict[str, str], states: list[SliceState]) -> float | None:
+def _pool_burn_rate(attrs: dict[str, str], states: list[SliceView]) -> float | None:
     """The fastest-burning SLO slice that speaks about this pool (fastest page window)."""
     rates = []
     for st in states:

@@ -1,14 +1,20 @@
 """Error budgets, burn rates and multi-window alerts over per-minute SLI counts.
 
-Pure and incremental: `SliceState.advance(minute, good, valid)` adds one minute and
-retires the minutes that leave each window, so every window's sums are rolling sums,
-never a rescan. Ratios are event-weighted (sum of bad ÷ sum of valid over the window),
-and a window without valid events has no burn rate (None), never NaN.
+Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays
+(`slo.block_windows.BlockWindows`), so closing a minute is a few vector operations over
+the slices, not a loop, and a slice's memory does not grow with the SLO's period. Ratios
+are event-weighted (sum of bad ÷ sum of valid over the window), and a window without
+valid events has no burn rate (None), never NaN.
 
 An alert window pair fires while both its long and short windows burn above the factor
 and both hold at least `min_events` valid events; once firing, it resolves when the
-short window cools (burns at or under the factor, or has no events). One condition
-(SLO, window pair, slice) is one alert, identified by its fingerprint.
+short window cools (burns at or under the factor, or has no events). Alerts are judged
+for the slices that have a bucket in the minute being closed. One condition (SLO, window
+pair, slice) is one alert, identified by its fingerprint.
+
+A minute that arrives after the table has moved past it (late data) corrects the
+windows and the budget; it fires or resolves nothing for the past, and the next closed
+minute judges the corrected windows.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 
+import numpy as np
+
+from slo.block_windows import BlockWindows
 from slo.spec import SloSpec
 from slo.turn_stages import StageSpend, most_overspent
 from slo.windows import AlertWindow, minute_start_utc
@@ -54,7 +63,8 @@ def fingerprint(slo: str, alertname: str, labels: dict[str, str]) -> str:
 
 
 class RollingWindows:
-    """Sums of (good, valid) over the last m minutes for each length m, kept incrementally.
+    """One slice's sums of (good, valid) over the last m minutes for each length m, exact
+    and kept incrementally (a stage_budget SLO's per-stage windows, an hour long).
 
     The minutes are stored once, whatever the lengths: one flat int64 array of (minute,
     good so far, valid so far) triples, 24 bytes a minute, and a length's sums are the
@@ -127,155 +137,300 @@ class SliceStatus:
     overspent_stage: StageSpend | None = None
 
 
-class SliceState:
-    """One SLO's budget and alert windows for one slice."""
+_NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
 
-    def __init__(self, spec: SloSpec, labels: dict[str, str]):
+
+def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """`a` with room for n entries along its last axis (doubling, so adding slices stays amortised O(1))."""
+    if a.shape[-1] >= n:
+        return a
+    out = np.full((*a.shape[:-1], max(n, 2 * a.shape[-1], 16)), fill, a.dtype)
+    out[..., :a.shape[-1]] = a
+    return out
+
+
+def _opt(x: float) -> float | None:
+    return None if x != x else float(x)  # NaN: a window without valid events
+
+
+class SloTable:
+    """One SLO's budget and alert windows, firing alerts and silences for every slice it has
+    seen, column-wise (slice i is column i of every array)."""
+
+    def __init__(self, spec: SloSpec):
         self.spec = spec
-        self.labels = labels
-        lengths = {spec.window_minutes}
-        for w in spec.alert_windows:
-            lengths.update((w.long_minutes, w.short_minutes))
-        self.windows = RollingWindows(lengths)
-        self.firing: dict[str, tuple[AlertWindow, int]] = {}  # fingerprint → (window, fired at minute)
-        self.last_minute: int | None = None
-        self.last_data_minute: int | None = None
-        self.no_data_since: int | None = None  # minute the no-data alert fired, while it fires
+        self.windows = BlockWindows({spec.window_minutes} | {m for w in spec.alert_windows
+                                                             for m in (w.long_minutes, w.short_minutes)})
+        self.lengths = self.windows.lengths
+        self.at = {m: k for k, m in enumerate(self.lengths)}  # window length → its index in `lengths`
+        self.n = 0
+        self.index: dict[tuple[str, ...], int] = {}  # slice values → column
+        self.views: list[SliceView] = []
+        self._texts: list[str] = []  # a slice's labels as `slo_status.slice` writes them
+        self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.window_minutes))
+                        for aw in spec.alert_windows]
+        self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
+        self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
+        self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
+        self.no_data_since = np.full(0, -1, np.int64)  # when the no-data alert fired, while it fires
         # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
         self.month: tuple[int, int] | None = None
-        self.month_good = 0
-        self.month_valid = 0
-        # stage_budget SLOs: per stage, samples within its budget over the fastest alert's long window.
-        self.stage_windows: dict[str, RollingWindows] = {}
-        self._stage_minutes = min(w.long_minutes for w in spec.alert_windows)
-        # Per alert window: its alert name, fingerprint and burn-rate factor, which never
-        # change for a slice (a SHA-256 per window per minute was a sixth of the SLO stage).
-        self._alerts = [
-            (aw, name, fingerprint(spec.name, f"{name}:{aw.name}", labels), aw.factor(spec.window_minutes))
-            for aw, name in ((aw, f"SLOBurn{aw.severity.capitalize()}") for aw in spec.alert_windows)
-        ]
+        self.month_good = np.zeros(0, np.int64)
+        self.month_valid = np.zeros(0, np.int64)
+        # Events counted since this table's owner last reset them (Prometheus counters).
+        self.events_good = np.zeros(0, np.int64)
+        self.events_valid = np.zeros(0, np.int64)
+        # stage_budget SLOs: per slice and stage, samples within budget over the fastest alert's long window.
+        self.stage_windows: dict[int, dict[str, RollingWindows]] = {}
         self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
-        # Per window length, (burn rate, valid events), until the windows next move.
-        self._moved: tuple[dict[int, float | None], dict[int, int]] | None = None
+        self._version = 0  # moves whenever a window's sums may have
+        self._rates: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def observe_stages(self, minute: int, spends: list[tuple[str, int, int]]) -> None:
-        """(stage, samples over budget, samples) of one minute, before `advance` for that minute."""
-        for stage, over, samples in spends:
-            w = self.stage_windows.setdefault(stage, RollingWindows((self._stage_minutes,)))
-            w.retire_until(minute)
-            w.add(minute, samples - over, samples)
+    # ---- slices ----------------------------------------------------------------------------
+    def column(self, values: tuple[str, ...]) -> int:
+        """The column of a slice, added (with empty windows) when new."""
+        i = self.index.get(values)
+        if i is None:
+            i = self.index[values] = self.n
+            self.n += 1
+            self.windows.add_slices(1)
+            self.fired_at = _grown(self.fired_at, self.n, -1)
+            self.last_data = _grown(self.last_data, self.n, -1)
+            self.no_data_since = _grown(self.no_data_since, self.n, -1)
+            for name in ("month_good", "month_valid", "events_good", "events_valid"):
+                setattr(self, name, _grown(getattr(self, name), self.n, 0))
+            labels = dict(zip(self.spec.slice_by, values))
+            self.views.append(SliceView(self, i, labels))
+            self._texts.append(",".join(f"{k}={v}" for k, v in labels.items()))
+            self._version += 1
+        return i
 
-    def overspent(self) -> StageSpend | None:
-        budgets = dict(self.spec.stage_budgets_ms)
-        spends = ((stage, w.sums(self._stage_minutes)) for stage, w in self.stage_windows.items() if stage in budgets)
-        return most_overspent(StageSpend(stage, budgets[stage], valid - good, valid) for stage, (good, valid) in spends)
+    def columns(self, keys: list[tuple[str, ...]]) -> np.ndarray:
+        return np.fromiter((self.column(k) for k in keys), np.int64, len(keys))
 
-    def advance(self, minute: int, good: int, valid: int) -> list[AlertChange]:
-        if good < 0 or valid < 0 or good > valid:
-            raise ValueError(f"bad counts for {self.spec.name}: good={good} valid={valid}")
-        if self.last_minute is not None and minute <= self.last_minute:
-            raise ValueError(f"minute {minute} is not after {self.last_minute}: buckets arrive in order")
-        self._moved = None
-        self.windows.retire_until(minute)
-        if valid:
-            self.windows.add(minute, good, valid)
-        for w in self.stage_windows.values():
-            w.retire_until(minute)
+    def slice_texts(self) -> list[str]:
+        return self._texts
+
+    def reset_event_counts(self) -> None:
+        self.events_good[:] = 0
+        self.events_valid[:] = 0
+
+    # ---- time --------------------------------------------------------------------------------
+    @property
+    def now(self) -> int | None:
+        return self.windows.now
+
+    def retire_until(self, minute: int) -> None:
+        """Move the windows to `minute` without new data (empty minutes in between)."""
+        if self.windows.now is not None and minute <= self.windows.now:
+            return
+        self.windows.advance(minute)
         if self.spec.calendar_month:
             month = _month_of(minute)
             if month != self.month:
-                self.month, self.month_good, self.month_valid = month, 0, 0
-            self.month_good += good
-            self.month_valid += valid
-        self.last_minute = minute
-        changes = []
-        if valid:
-            self.last_data_minute = minute
-            if self.no_data_since is not None:
-                changes.append(self._no_data_change("resolved", minute))
-                self.no_data_since = None
-        return changes + self._evaluate(minute)
+                self.month = month
+                self.month_good[:] = 0
+                self.month_valid[:] = 0
+        self._version += 1
+
+    def advance(self, minute: int, cols, good, valid,
+                stage_spends: dict[int, list[tuple[str, int, int]]] | None = None) -> list[AlertChange]:
+        """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
+        most once): alert changes, in column order. A minute the table has passed corrects
+        its windows and budget, and changes no alert."""
+        cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
+        if len(cols) and ((good < 0) | (valid < 0) | (good > valid)).any():
+            k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
+            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
+        late = self.now is not None and minute <= self.now
+        if not late:
+            self.retire_until(minute)
+        data = valid > 0
+        self.windows.add(cols[data], minute, good[data], valid[data])
+        if self.spec.calendar_month and _month_of(minute) == self.month:
+            self.month_good[cols] += good
+            self.month_valid[cols] += valid
+        self.events_good[cols] += good
+        self.events_valid[cols] += valid
+        self._version += 1
+        if late:
+            return []
+        for i, spends in (stage_spends or {}).items():
+            windows = self.stage_windows.setdefault(i, {})
+            for stage, over, samples in spends:
+                w = windows.setdefault(stage, RollingWindows((self._fastest_long_minutes,)))
+                w.retire_until(minute)
+                w.add(minute, samples - over, samples)
+        changes: list[tuple[int, int, AlertChange]] = []
+        back = cols[data & (self.no_data_since[cols] >= 0)]
+        self.last_data[cols[data]] = minute
+        for i in back.tolist():
+            changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
+            self.no_data_since[i] = -1
+        changes += self._evaluate(minute, cols)
+        order = {c: k for k, c in enumerate(cols.tolist())}
+        return [c for _, _, c in sorted(changes, key=lambda t: (order[t[0]], t[1]))]
 
     def check_silence(self, now_minute: int) -> list[AlertChange]:
-        """Fire the no-data alert once the slice has been silent for `no_data_minutes`."""
-        if self.last_data_minute is None or self.no_data_since is not None:
-            return []
-        if now_minute - self.last_data_minute < self.spec.no_data_minutes:
-            return []
-        self.no_data_since = now_minute
-        return [self._no_data_change("firing", now_minute)]
+        """Fire the no-data alert of each slice silent for `no_data_minutes`."""
+        n = self.n
+        silent = ((self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
+                  & (now_minute - self.last_data[:n] >= self.spec.no_data_minutes))
+        out = []
+        for i in np.flatnonzero(silent).tolist():
+            self.no_data_since[i] = now_minute
+            out.append(self._no_data_change("firing", i, now_minute))
+        return out
 
-    def _no_data_change(self, state: str, minute: int) -> AlertChange:
+    # ---- reads -------------------------------------------------------------------------------
+    def rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every slice's burn rate and valid events per window length ((n, lengths), in
+        `lengths` order; a burn rate is NaN where the window has no valid events) and budget
+        remaining (n,); computed once per move of the windows."""
+        cached = self._rates
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2], cached[3]
+        budget = 1.0 - self.spec.objective
+        sums = self.windows.all_sums()
+        good, valid = sums[..., 0], sums[..., 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            burns = np.maximum(valid - good, 0.0) / valid / budget
+            c_good, c_valid = self.compliance_counts()
+            remaining = np.where(c_valid > 0, 1.0 - np.maximum(c_valid - c_good, 0.0) / (c_valid * budget), 1.0)
+        self._rates = (self._version, burns, valid, remaining)
+        return burns, valid, remaining
+
+    def compliance_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.spec.calendar_month:
+            return self.month_good[:self.n].astype(float), self.month_valid[:self.n].astype(float)
+        sums = self.windows.all_sums()[:, self.at[self.spec.window_minutes]]
+        return sums[:, 0], sums[:, 1]
+
+    def minutes_to_exhaustion(self, cols: np.ndarray) -> np.ndarray:
+        """Per slice, minutes until the budget is gone at the fastest page window's burn rate
+        (NaN: not burning; 0: already gone)."""
+        burns, _, remaining = self.rates()
+        left, burn = remaining[cols], burns[cols, self.at[self._fastest_long_minutes]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(left > 0, np.where(burn > 0, left * self.spec.window_minutes / burn, np.nan), 0.0)
+
+    def firing_count(self, cols: np.ndarray) -> np.ndarray:
+        return (self.fired_at[:, cols] >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
+
+    def overspent(self, i: int) -> StageSpend | None:
+        budgets = dict(self.spec.stage_budgets_ms)
+        spends = []
+        for stage, w in self.stage_windows.get(i, {}).items():
+            if stage in budgets:
+                if self.now is not None:
+                    w.retire_until(self.now)
+                good, valid = w.sums(self._fastest_long_minutes)
+                spends.append(StageSpend(stage, budgets[stage], valid - good, valid))
+        return most_overspent(spends)
+
+    def fingerprint_of(self, j: int, i: int) -> str:
+        fp = self._fingerprints.get((j, i))
+        if fp is None:
+            labels = self.views[i].labels
+            name = "SLONoData" if j == _NO_DATA else f"{self._alerts[j][1]}:{self._alerts[j][0].name}"
+            fp = self._fingerprints[(j, i)] = fingerprint(self.spec.name, name, labels)
+        return fp
+
+    # ---- alerts ------------------------------------------------------------------------------
+    def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
+        burns, valids, remaining = self.rates()
+        burns, valids = burns[cols], valids[cols]
+        out = []
+        for j, (aw, name, factor) in enumerate(self._alerts):
+            lk, sk = self.at[aw.long_minutes], self.at[aw.short_minutes]
+            long_b, short_b = burns[:, lk], burns[:, sk]
+            enough = np.minimum(valids[:, lk], valids[:, sk]) >= self.spec.min_events
+            hot = (long_b > factor) & (short_b > factor) & enough
+            firing = self.fired_at[j, cols] >= 0
+            for k in np.flatnonzero(hot & ~firing).tolist():
+                i = int(cols[k])
+                self.fired_at[j, i] = minute
+                spent = self.overspent(i) if self.spec.stage_budgets_ms else None
+                out.append((i, j, AlertChange(
+                    "firing", self.fingerprint_of(j, i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, minute, aw, _opt(long_b[k]), _opt(short_b[k]), float(remaining[i]),
+                    spent.describe() if spent else "")))
+            for k in np.flatnonzero(firing & ~(short_b > factor)).tolist():
+                i = int(cols[k])
+                started = int(self.fired_at[j, i])
+                self.fired_at[j, i] = -1
+                out.append((i, j, AlertChange(
+                    "resolved", self.fingerprint_of(j, i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, started, aw, _opt(long_b[k]), _opt(short_b[k]), float(remaining[i]))))
+        return out
+
+    def _no_data_change(self, state: str, i: int, minute: int) -> AlertChange:
         window = AlertWindow("no-data", "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
-        fp = fingerprint(self.spec.name, "SLONoData", self.labels)
-        started = self.no_data_since if self.no_data_since is not None else minute
-        return AlertChange(state, fp, "SLONoData", "ticket", self.spec.name, self.labels, minute, started, window,
-                           None, None, self.budget_remaining())
+        since = int(self.no_data_since[i])
+        return AlertChange(state, self.fingerprint_of(_NO_DATA, i), "SLONoData", "ticket", self.spec.name,
+                           self.views[i].labels, minute, since if since >= 0 else minute, window, None, None,
+                           float(self.rates()[2][i]))
 
-    def retire_until(self, minute: int) -> None:
-        """Move the windows to `minute` without new data (for reads between buckets)."""
-        self._moved = None
-        self.windows.retire_until(minute)
+    def nbytes(self) -> int:
+        """Bytes this table holds in arrays (the windows' rings, allocated; untouched pages are free)."""
+        per_slice = [self.fired_at, self.last_data, self.no_data_since, self.month_good, self.month_valid,
+                     self.events_good, self.events_valid]
+        return self.windows.nbytes() + sum(a.nbytes for a in per_slice)
 
-    def burn_rates(self) -> dict[int, float | None]:
-        """Per window length, its burn rate now."""
-        return self._window_rates()[0]
 
-    def _window_rates(self) -> tuple[dict[int, float | None], dict[int, int]]:
-        """Per window length, its burn rate and valid events, computed once per move of the
-        windows (the alert windows, the status row and /metrics all read them)."""
-        if self._moved is None:
-            burns, valids = {}, {}
-            for m in self.windows.lengths:
-                good, valid = self.windows.sums(m)
-                burns[m], valids[m] = burn_rate(valid - good, valid, self.spec.objective), valid
-            self._moved = burns, valids
-        return self._moved
+class SliceView:
+    """One slice of an `SloTable`, as readers (the signal view, /metrics, `slo status`) ask
+    for it; it holds no state of its own."""
+
+    __slots__ = ("table", "i", "labels")
+
+    def __init__(self, table: SloTable, i: int, labels: dict[str, str]):
+        self.table, self.i, self.labels = table, i, labels
+
+    @property
+    def spec(self) -> SloSpec:
+        return self.table.spec
+
+    @property
+    def last_minute(self) -> int | None:
+        return self.table.now
+
+    def sums(self, length: int) -> tuple[float, float]:
+        good, valid = self.table.windows.sums(length)
+        return float(good[self.i]), float(valid[self.i])
 
     def burn(self, minutes: int) -> float | None:
-        return self.burn_rates()[minutes]
+        return _opt(self.table.rates()[0][self.i, self.table.at[minutes]])
 
-    def _evaluate(self, minute: int) -> list[AlertChange]:
-        changes = []
-        remaining = self.budget_remaining()
-        burns, valids = self._window_rates()
-        for aw, name, fp, factor in self._alerts:
-            long_b, short_b = burns[aw.long_minutes], burns[aw.short_minutes]
-            hot = (
-                long_b is not None and short_b is not None and long_b > factor and short_b > factor
-                and min(valids[aw.long_minutes], valids[aw.short_minutes]) >= self.spec.min_events
-            )
-            if fp not in self.firing and hot:
-                self.firing[fp] = (aw, minute)
-                spent = self.overspent() if self.spec.stage_budgets_ms else None
-                changes.append(AlertChange("firing", fp, name, aw.severity, self.spec.name, self.labels, minute, minute,
-                                           aw, long_b, short_b, remaining, spent.describe() if spent else ""))
-            elif fp in self.firing and (short_b is None or short_b <= factor):
-                _, started = self.firing.pop(fp)
-                changes.append(AlertChange("resolved", fp, name, aw.severity, self.spec.name, self.labels, minute,
-                                           started, aw, long_b, short_b, remaining))
-        return changes
+    def burn_rates(self) -> dict[int, float | None]:
+        burns = self.table.rates()[0][self.i]
+        return {m: _opt(burns[k]) for k, m in enumerate(self.table.lengths)}
 
     def budget_remaining(self) -> float:
-        good, valid = self._compliance_counts()
-        return error_budget_remaining(valid - good, valid, self.spec.objective)
+        return float(self.table.rates()[2][self.i])
 
-    def _compliance_counts(self) -> tuple[int, int]:
-        if self.spec.calendar_month:
-            return self.month_good, self.month_valid
-        return self.windows.sums(self.spec.window_minutes)
+    @property
+    def firing(self) -> dict[str, tuple[AlertWindow, int]]:
+        """Fingerprint → (alert window, fired at minute) of the burn-rate alerts firing."""
+        t = self.table
+        return {t.fingerprint_of(j, self.i): (aw, int(t.fired_at[j, self.i]))
+                for j, (aw, _, _) in enumerate(t._alerts) if t.fired_at[j, self.i] >= 0}
+
+    @property
+    def no_data_since(self) -> int | None:
+        since = int(self.table.no_data_since[self.i])
+        return since if since >= 0 else None
 
     def status(self) -> SliceStatus:
-        good, valid = self._compliance_counts()
-        remaining = self.budget_remaining()
-        burns = self.burn_rates()
+        t, i = self.table, self.i
+        good, valid = t.compliance_counts()
+        mte = t.minutes_to_exhaustion(np.array([i]))[0]
         return SliceStatus(
-            slo=self.spec.name, labels=self.labels, minute=self.last_minute or 0,
-            sli=(good / valid) if valid else None,
-            error_budget_remaining=remaining,
-            burn_rates=dict(burns),
-            minutes_to_exhaustion=minutes_to_exhaustion(remaining, burns[self._fastest_long_minutes],
-                                                        self.spec.window_minutes),
+            slo=t.spec.name, labels=self.labels, minute=t.now or 0,
+            sli=float(good[i] / valid[i]) if valid[i] else None,
+            error_budget_remaining=self.budget_remaining(),
+            burn_rates=self.burn_rates(),
+            minutes_to_exhaustion=_opt(mte),
             firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
-            overspent_stage=self.overspent() if self.spec.stage_budgets_ms else None,
+            overspent_stage=t.overspent(i) if t.spec.stage_budgets_ms else None,
         )

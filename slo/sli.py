@@ -1,20 +1,21 @@
 """Good and valid event counts per SLO, slice and minute, from `sli_minute` rows.
 
 Vectorised over a polars frame of buckets; `replay` then feeds the counts, minute by
-minute in event time, through one `SliceState` per slice. The same function serves a
+minute in event time, through one `SloTable` per SLO (its slices column-wise). The same function serves a
 replay of the store (`tailwatch slo status --at`) and, minute by minute, a live stream.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from slo import histogram
-from slo.engine import AlertChange, SliceState
+from slo.engine import AlertChange, SliceView, SloTable
 from slo.spec import SloSpec
 from slo.turn_stages import overspend_counts
 
@@ -53,101 +54,151 @@ def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
 
 
-# Past this many grouped rows (a restart replaying a month of buckets), each SLO walks its
-# own rows instead of all of them being made Python tuples at once.
-MATERIALISE_ROWS = 100_000
-
-SloRow = tuple[int, tuple[str, ...], int, int]  # minute, slice values, good, valid
+# A long replay (a restart reading a month of buckets) is fed in runs of about this many
+# bucket rows, cut at minute boundaries, so that it is never all Python tuples at once.
+FEED_ROWS = 200_000
 
 
-def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, Iterable[SloRow]]:
-    """Per SLO, (minute, slice values, good, valid) of the buckets it selects, in minute and
-    slice order: every SLO in one select and one group-by per distinct `slice_by`, not a
-    filter, select and group-by per SLO (a polars call costs the same for the 20 rows of a
-    closed minute as for 20,000, and ten SLOs made a hundred calls a minute)."""
-    exprs = []
-    for i, spec in enumerate(specs):
-        good, valid = good_valid_exprs(spec)
-        picked = _selects(spec)
-        exprs += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
-                  pl.when(picked).then(valid).alias(f"_v{i}")]
-    labels = sorted({label for spec in specs for label in spec.slice_by})
-    counted = buckets.select((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"), *labels, *exprs)
-    by_slicing: dict[tuple[str, ...], list[int]] = {}
-    for i, spec in enumerate(specs):
-        by_slicing.setdefault(spec.slice_by, []).append(i)
-    out: dict[str, Iterable[SloRow]] = {}
-    for slice_by, members in by_slicing.items():
-        g = counted.group_by("_minute", *slice_by).agg(
-            *[agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum(), pl.col(f"_v{i}").sum())]
-        ).sort("_minute", *slice_by, nulls_last=True)
-        width = len(slice_by)
-        if g.height <= MATERIALISE_ROWS:
-            rows = g.rows()
-            for k, i in enumerate(members):
-                at = 1 + width + 3 * k
-                out[specs[i].name] = [(r[0], tuple(str(v) for v in r[1:1 + width]), int(r[at + 1]), int(r[at + 2]))
-                                      for r in rows if r[at]]
-        else:
+# SLOs counted together in one select: three columns each over every bucket row, so a
+# hundred SLOs at once over 200,000 buckets held 340 MB of columns.
+SLOS_PER_SELECT = 16
+
+
+@dataclass
+class SloRows:
+    """One SLO's counts of some buckets: per (minute, slice) in minute order."""
+
+    minutes: np.ndarray
+    keys: list[tuple[str, ...]]  # slice label values ("None" for a null)
+    good: np.ndarray
+    valid: np.ndarray
+
+
+class _Counting:
+    """The polars expressions that count up to `SLOS_PER_SELECT` SLOs over buckets, built once
+    (building them took a third of a thin minute's SLO stage)."""
+
+    def __init__(self, specs: list[SloSpec]):
+        self.specs = specs
+        self.select = [(pl.col("window_start").dt.epoch("s") // 60).alias("_minute"),
+                       *sorted({label for spec in specs for label in spec.slice_by})]
+        for i, spec in enumerate(specs):
+            good, valid = good_valid_exprs(spec)
+            picked = _selects(spec)
+            self.select += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
+                            pl.when(picked).then(valid).alias(f"_v{i}")]
+        by_slicing: dict[tuple[str, ...], list[int]] = {}
+        for i, spec in enumerate(specs):
+            by_slicing.setdefault(spec.slice_by, []).append(i)
+        self.slicings = [
+            (slice_by, members,
+             [agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum().fill_null(0).cast(pl.Int64),
+                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64))],
+             [pl.col(k).cast(pl.String).fill_null("None") for k in slice_by])
+            for slice_by, members in by_slicing.items()]
+
+    def rows(self, buckets: pl.DataFrame) -> dict[str, SloRows]:
+        counted = buckets.select(self.select)
+        out: dict[str, SloRows] = {}
+        for slice_by, members, aggs, key_exprs in self.slicings:
+            g = counted.group_by("_minute", *slice_by).agg(aggs).sort("_minute", *slice_by, nulls_last=True)
+            keys = g.select(key_exprs).rows() if slice_by else [()] * g.height
+            minutes = g["_minute"].to_numpy()
             for i in members:
-                out[specs[i].name] = _walk(g.filter(pl.col(f"_p{i}")).select("_minute", *slice_by, f"_g{i}", f"_v{i}"), width)
+                picked = g[f"_p{i}"].to_numpy()
+                out[self.specs[i].name] = SloRows(minutes[picked], [k for k, p in zip(keys, picked) if p],
+                                                  g[f"_g{i}"].to_numpy()[picked], g[f"_v{i}"].to_numpy()[picked])
+        return out
+
+
+def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, SloRows]:
+    """Per SLO, (minute, slice values, good, valid) of the buckets it selects, in minute and
+    slice order: up to `SLOS_PER_SELECT` SLOs in one select and one group-by per distinct
+    `slice_by`, each SLO's rows then picked with numpy, not a filter, select and group-by per
+    SLO (a polars call costs the same for the 20 rows of a closed minute as for 20,000, and
+    ten SLOs made a hundred calls a minute)."""
+    return _counted_by(specs, buckets, [_Counting(specs[at:at + SLOS_PER_SELECT])
+                                        for at in range(0, len(specs), SLOS_PER_SELECT)])
+
+
+def _counted_by(specs: list[SloSpec], buckets: pl.DataFrame, countings: list[_Counting]) -> dict[str, SloRows]:
+    out: dict[str, SloRows] = {}
+    for counting in countings:
+        out.update(counting.rows(buckets))
     return out
-
-
-def _walk(rows: pl.DataFrame, width: int) -> Iterator[SloRow]:
-    for r in rows.iter_rows():
-        yield r[0], tuple(str(v) for v in r[1:1 + width]), int(r[-2]), int(r[-1])
 
 
 @dataclass
 class Evaluation:
-    """What one feed of buckets produced: alert changes and one status row per slice and minute."""
+    """What one feed of buckets produced: alert changes and `slo_status` rows per SLO and minute."""
 
     changes: list[AlertChange] = field(default_factory=list)
-    status: list[dict] = field(default_factory=list)
-    events: dict[tuple[str, tuple[str, ...]], list[int]] = field(default_factory=dict)  # (SLO, slice) → [good, valid]
+    status: list[StatusPart] = field(default_factory=list)
 
 
 class SloEvaluator:
-    """Every SLO's slice states, fed with closed buckets in event-time order."""
+    """Every SLO's table of slices, fed with closed buckets in event-time order."""
 
     def __init__(self, specs: list[SloSpec]):
         self.specs = specs
-        self.states: dict[tuple[str, tuple], SliceState] = {}
+        self.tables = {spec.name: SloTable(spec) for spec in specs}
+        self._countings = [_Counting(specs[at:at + SLOS_PER_SELECT]) for at in range(0, len(specs), SLOS_PER_SELECT)]
+
+    @property
+    def states(self) -> dict[tuple[str, tuple[str, ...]], SliceView]:
+        """(SLO, slice values) → that slice's view, for readers."""
+        return {(name, values): t.views[i] for name, t in self.tables.items() for values, i in t.index.items()}
+
+    def views(self) -> list[SliceView]:
+        return [v for t in self.tables.values() for v in t.views]
 
     def feed(self, buckets: pl.DataFrame, until_minute: int | None = None, with_status: bool = True) -> Evaluation:
+        """Close the buckets' minutes, in order, for every SLO. A minute an SLO has already
+        closed corrects its windows (late data) without judging alerts for the past."""
         out = Evaluation()
+        if until_minute is not None:
+            buckets = buckets.filter(pl.col("window_start").dt.epoch("s") // 60 <= until_minute)
+        if buckets.height > FEED_ROWS:  # a long replay: whole minutes at a time
+            buckets = buckets.sort("window_start")
+            starts = buckets["window_start"]
+            at = 0
+            while at < buckets.height:
+                end = min(at + FEED_ROWS, buckets.height)
+                end = int(starts.search_sorted(starts[end - 1], side="right"))
+                part = self.feed(buckets.slice(at, end - at), with_status=with_status)
+                out.changes += part.changes
+                out.status += part.status
+                at = end
+            return out
         if buckets.height == 0:
             return out
-        rows_by_slo = good_valid_rows(self.specs, buckets)
+        rows_by_slo = _counted_by(self.specs, buckets, self._countings)
         for spec in self.specs:
+            rows = rows_by_slo[spec.name]
+            if not len(rows.minutes):
+                continue
+            table = self.tables[spec.name]
             spends = _stage_spends(spec, buckets) if spec.stage_budgets_ms else {}
-            newest = None
-            for minute, values, good, valid in rows_by_slo[spec.name]:
-                if until_minute is not None and minute > until_minute:
-                    break  # rows come in minute order
-                newest = minute
-                key = (spec.name, values)
-                state = self.states.get(key)
-                if state is None:
-                    state = self.states[key] = SliceState(spec, dict(zip(spec.slice_by, values)))
-                if spends:
-                    state.observe_stages(minute, spends.get((minute, values), []))
-                out.changes.extend(state.advance(minute, good, valid))
-                if with_status:
-                    out.status.append(_status_row(state))
-                totals = out.events.setdefault(key, [0, 0])
-                totals[0] += good
-                totals[1] += valid
-            if newest is not None:
-                for (name, _), state in self.states.items():
-                    if name == spec.name:
-                        out.changes.extend(state.check_silence(newest))
+            cols = table.columns(rows.keys)
+            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
+            for a, b in zip(cuts, cuts[1:]):
+                minute = int(rows.minutes[a])
+                spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
+                          if (minute, rows.keys[k]) in spends} if spends else None)
+                late = table.now is not None and minute <= table.now
+                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent))
+                if with_status and not late:
+                    out.status.append(status_part(table, cols[a:b]))
+            out.changes.extend(table.check_silence(int(rows.minutes[-1])))
         return out
 
     def retire_until(self, minute: int) -> None:
-        for state in self.states.values():
-            state.retire_until(minute)
+        for table in self.tables.values():
+            table.retire_until(minute)
+
+    def reset_event_counts(self) -> None:
+        for table in self.tables.values():
+            table.reset_event_counts()
 
 
 def _stage_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
@@ -160,16 +211,67 @@ def _stage_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple
     return out
 
 
-def _status_row(state: SliceState) -> dict:
-    st = state.status()
-    return {
-        "window_start": st.minute, "slo": st.slo,
-        "slice": ",".join(f"{k}={v}" for k, v in st.labels.items()),
-        "sli": st.sli, "error_budget_remaining": st.error_budget_remaining,
-        "minutes_to_exhaustion": st.minutes_to_exhaustion,
-        "burn_rates": {span(m): b for m, b in st.burn_rates.items() if b is not None},
-        "firing": len(st.firing),
-    }
+STATUS_SCHEMA = {
+    "window_start": pl.Datetime("us"), "slo": pl.String, "slice": pl.String, "sli": pl.Float64,
+    "error_budget_remaining": pl.Float64, "minutes_to_exhaustion": pl.Float64,
+    "burn_rates": pl.List(pl.Struct({"window": pl.String, "burn_rate": pl.Float64})), "firing": pl.Int32,
+}
+_BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
+
+
+@dataclass
+class StatusPart:
+    """`slo_status` columns of some slices of one SLO at one minute (rows built once per feed:
+    a frame per SLO and minute cost more than the SLO engine itself on thin traffic)."""
+
+    minute: int
+    slo: str
+    slices: list[str]
+    sli: np.ndarray
+    error_budget_remaining: np.ndarray
+    minutes_to_exhaustion: np.ndarray
+    burn_rates: np.ndarray  # (rows, windows), NaN where a window holds no events
+    windows: list[str]
+    firing: np.ndarray
+
+
+def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
+    """Some slices of a table as of its newest minute."""
+    burns, _, remaining = table.rates()
+    good, valid = table.compliance_counts()
+    texts = table.slice_texts()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sli = np.where(valid[cols] > 0, good[cols] / valid[cols], np.nan)
+    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, remaining[cols],
+                      table.minutes_to_exhaustion(cols), burns[cols], [span(m) for m in table.lengths],
+                      table.firing_count(cols))
+
+
+def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
+    """One `slo_status` frame, column by column (burn rates of windows without events left out)."""
+    if not parts:
+        return pl.DataFrame(schema=STATUS_SCHEMA)
+    rows = [len(p.slices) for p in parts]
+    names, rates, counts = [], [], []
+    for p in parts:
+        present = ~np.isnan(p.burn_rates)
+        names.append(np.tile(np.array(p.windows, dtype=object), len(p.slices))[present.ravel()])
+        rates.append(p.burn_rates[present])
+        counts.append(present.sum(axis=1))
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int32)
+    listed = pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(
+        [pa.array(np.concatenate(names), pa.string()), pa.array(np.concatenate(rates), pa.float64())],
+        fields=list(_BURN_RATE)))
+    return pl.DataFrame({
+        "window_start": pl.Series(np.repeat([p.minute * 60_000_000 for p in parts], rows)),
+        "slo": pl.Series(np.repeat([p.slo for p in parts], rows), dtype=pl.String),
+        "slice": pl.Series([t for p in parts for t in p.slices], dtype=pl.String),
+        "sli": pl.Series(np.concatenate([p.sli for p in parts]), nan_to_null=True),
+        "error_budget_remaining": pl.Series(np.concatenate([p.error_budget_remaining for p in parts])),
+        "minutes_to_exhaustion": pl.Series(np.concatenate([p.minutes_to_exhaustion for p in parts]), nan_to_null=True),
+        "burn_rates": pl.from_arrow(listed),
+        "firing": pl.Series(np.concatenate([p.firing for p in parts])),
+    }).cast(STATUS_SCHEMA)  # type: ignore[arg-type]
 
 
 @functools.cache  # a few window lengths, named for every status row

@@ -40,6 +40,7 @@ from streams.metrics import CpuAccount, WorkerMetrics
 from streams.operator import Operator
 from streams.signal_stage import SignalStage
 from streams.source import KafkaSource
+from streams import state_size
 from streams.store_sink import StoreSink
 from streams.topic_sink import TopicSink
 
@@ -96,6 +97,7 @@ class Parts:
 
 class Runtime:
     MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
+    STATE_EVERY_S = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
     HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
     # (or a quarter of the staleness bound, if that is shorter: a view between heartbeats must
     # never look stale, or a pool that went quiet would be reported as a stale worker)
@@ -125,6 +127,7 @@ class Runtime:
         self.last_event_wall: float | None = None
         self._caught_up_wall: float | None = None
         self._view_dirty = True  # events or closed minutes since the signal view was last built
+        self._state_measured = time.monotonic()
         self._stop = False
 
     @property
@@ -288,6 +291,16 @@ class Runtime:
             self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self.operator.update_gauges()
         self._update_lag()
+        if time.monotonic() - self._state_measured >= self.STATE_EVERY_S:
+            for component, size in self.state_bytes().items():
+                self.metrics.state_bytes.labels(component).set(size)
+
+    def state_bytes(self) -> dict[str, int]:
+        """Memory each part holds: open minutes (the operator), each stage, the signal view."""
+        self._state_measured = time.monotonic()
+        stages = [s for s in (self.store.stages if self.store is not None else []) if s is not self.signals]
+        return state_size.state_bytes({"open_minutes": self.operator, **{s.name: s for s in stages},
+                            "signal_view": (self.signals, self.signal_snapshot)})
 
     def _update_lag(self) -> None:
         lag, known = self.source.lag()
@@ -341,4 +354,5 @@ class Runtime:
                 "max_rss_bytes": usage.ru_maxrss * 1024,
                 "stage_cpu_seconds": self.cpu.seconds,
                 "minutes_closed": self.operator.minutes_closed,
+                "state_bytes": self.state_bytes(),
             }, fh)

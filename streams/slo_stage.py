@@ -15,13 +15,12 @@ from datetime import datetime
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
 from slo.contributors import explain, top_contributors
-from slo.engine import AlertChange
-from slo.sli import SloEvaluator, span
+from slo.engine import AlertChange, SliceView, SloTable
+from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
 import store
 from conventions import (
@@ -29,43 +28,15 @@ from conventions import (
     SLO_SLI_RATIO,
 )
 
-_BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
-STATUS_SCHEMA = {
-    "window_start": pl.Datetime("us"), "slo": pl.String, "slice": pl.String, "sli": pl.Float64,
-    "error_budget_remaining": pl.Float64, "minutes_to_exhaustion": pl.Float64,
-    "burn_rates": pl.List(pl.Struct({"window": pl.String, "burn_rate": pl.Float64})), "firing": pl.Int32,
-}
-
-
-def status_frame(rows: list[dict]) -> pl.DataFrame:
-    """`slo_status` rows from the engine's status dicts, built column by column: polars
-    reading a list of dicts with a nested list of structs took 12 µs a row, a quarter of
-    the SLO stage on thin traffic; the columns take under 1."""
-    offsets, windows, burn_rates = [0], [], []
-    for r in rows:
-        windows += r["burn_rates"].keys()
-        burn_rates += r["burn_rates"].values()
-        offsets.append(len(windows))
-    burns = pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()),
-        pa.StructArray.from_arrays([pa.array(windows, pa.string()), pa.array(burn_rates, pa.float64())],
-                                   fields=list(_BURN_RATE)))
-    built = {"window_start": pl.Series([r["window_start"] for r in rows], dtype=pl.Int64) * 60_000_000,
-             "burn_rates": pl.from_arrow(burns)}
-    return pl.DataFrame({c: built[c] if c in built else [r[c] for r in rows] for c in STATUS_SCHEMA}
-                        ).cast(STATUS_SCHEMA)  # type: ignore[arg-type]
-
-
 class SloCollector:
-    """Prometheus view of the SLO state, from a snapshot the worker swaps in after each
-    evaluation (the HTTP thread never walks the live state). Labels: `slo` and the SLO's
-    slice labels (a label another SLO slices by is empty here, which Prometheus treats as
-    absent), plus `window` for per-window values."""
+    """Prometheus view of the SLO tables. Labels: `slo` and the SLO's slice labels (a label
+    another SLO slices by is empty here, which Prometheus treats as absent), plus `window`
+    for per-window values. Event counters count from the worker's start (the replay that
+    rebuilds the windows is not counted again)."""
 
     def __init__(self, specs: list[SloSpec]):
         self.labels = sorted({label for s in specs for label in s.slice_by})
-        self.snapshot: list = []
-        self.events: dict[tuple, list[int]] = {}  # (slo, *labels) → [good, bad] since start
+        self.tables: list[SloTable] = []
 
     def describe(self):
         return []
@@ -80,20 +51,24 @@ class SloCollector:
         firing = GaugeMetricFamily(ALERTS_FIRING, "SLO alerts firing, by severity.", labels=[*names, "severity"])
         events = CounterMetricFamily(SLO_EVENTS_TOTAL, "SLI events by outcome (good, bad), for Prometheus-side rules.",
                                      labels=[*names, "outcome"])
-        for state in self.snapshot:
-            values = [state.spec.name, *(state.labels.get(k, "") for k in self.labels)]
-            objective.add_metric(values, state.spec.objective)
-            for minutes in state.windows.lengths:
-                good, valid = state.windows.sums(minutes)
-                if valid:
-                    sli.add_metric([*values, span(minutes)], good / valid)
-                    burn.add_metric([*values, span(minutes)], state.burn(minutes) or 0.0)
-            budget.add_metric(values, state.budget_remaining())
-            for severity in ("page", "ticket"):
-                firing.add_metric([*values, severity], sum(1 for aw, _ in state.firing.values() if aw.severity == severity))
-        for key, (good, bad) in self.events.items():
-            events.add_metric([*key, "good"], good)
-            events.add_metric([*key, "bad"], bad)
+        for table in self.tables:
+            burns, valids, remaining = table.rates()
+            goods = table.windows.all_sums()[..., 0]
+            severities = [aw.severity for aw in table.spec.alert_windows]
+            for st in table.views:
+                i = st.i
+                values = [table.spec.name, *(st.labels.get(k, "") for k in self.labels)]
+                objective.add_metric(values, table.spec.objective)
+                for k, m in enumerate(table.lengths):
+                    if valids[i, k] > 0:
+                        sli.add_metric([*values, span(m)], goods[i, k] / valids[i, k])
+                        burn.add_metric([*values, span(m)], float(burns[i, k]))
+                budget.add_metric(values, float(remaining[i]))
+                for severity in ("page", "ticket"):
+                    firing.add_metric([*values, severity], sum(
+                        1 for j, sev in enumerate(severities) if sev == severity and table.fired_at[j, i] >= 0))
+                events.add_metric([*values, "good"], int(table.events_good[i]))
+                events.add_metric([*values, "bad"], int(table.events_valid[i] - table.events_good[i]))
         yield from (objective, sli, burn, budget, firing, events)
 
 
@@ -123,14 +98,15 @@ class SloStage:
         self.links = links or AlertLinks()
         self.alerts = FiringAlerts(alertmanager_urls, stage="slo")
         self.collector = SloCollector(specs)
+        self.collector.tables = list(self.evaluator.tables.values())
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
 
     def collectors(self) -> list:
         return [self.collector]
 
-    def states(self) -> list:
+    def states(self) -> list[SliceView]:
         """Every slice's SLO state as of the newest closed minute (the signal view reads them)."""
-        return self.collector.snapshot
+        return self.evaluator.views()
 
     def details(self) -> dict[str, str]:
         """Fingerprint → what explains each firing alert (who holds its bad events)."""
@@ -139,7 +115,7 @@ class SloStage:
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
         self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
-        self.collector.snapshot = list(self.evaluator.states.values())
+        self.evaluator.reset_event_counts()
         self._details = {fp: detail for fp, detail in con.execute(
             "SELECT fingerprint, detail FROM alerts WHERE resolved_at IS NULL AND detail IS NOT NULL").fetchall()}
         if not self.alerts.enabled:
@@ -164,8 +140,6 @@ class SloStage:
         if requests.height == 0:
             return {}
         result = self.evaluator.feed(requests)
-        self._count_events(result.events)
-        self.collector.snapshot = list(self.evaluator.states.values())
         changes = [self._explained(c, requests) for c in result.changes]
         if changes:
             details = dict(self._details)
@@ -188,15 +162,6 @@ class SloStage:
             return change
         found = top_contributors(self.specs[change.slo], requests, change.labels, change.at_minute)
         return dataclasses.replace(change, detail=explain(found)) if found else change
-
-    def _count_events(self, by_slice: dict[tuple[str, tuple[str, ...]], list[int]]) -> None:
-        events = dict(self.collector.events)
-        for (name, values), (good, valid) in by_slice.items():
-            labels = dict(zip(self.specs[name].slice_by, values))
-            key = (name, *(labels.get(k, "") for k in self.collector.labels))
-            before_good, before_bad = events.get(key, (0, 0))
-            events[key] = (before_good + good, before_bad + valid - good)
-        self.collector.events = events  # swapped whole: the HTTP thread reads the old or the new
 
     def committed(self) -> None:
         self.alerts.committed()

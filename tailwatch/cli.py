@@ -386,7 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", action="store_true",
                    help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
     p.add_argument("--slo-count", type=_positive_int, default=100)
-    p.add_argument("--history-minutes", type=_positive_int, default=120, help="SLO bench: minutes of history first")
+    p.add_argument("--history-minutes", type=_positive_int, default=120,
+                   help="SLO bench: minutes of history first (43200: a full 30-day window, fed a minute every 6 hours)")
+    p.add_argument("--month", action="store_true",
+                   help="a month of event time (sparse: --busy-slices slices, a request each every --every-minutes) "
+                        "through the embedded broker and a worker with every default stage: RSS at days 2, 10, 20 "
+                        "and 30, CPU, store size and the 30-day budgets against an exact count")
+    p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
+    p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
+    p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")

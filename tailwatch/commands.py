@@ -474,6 +474,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise CliError(str(exc)) from None
         return 0
+    if args.month:
+        from tools.bench_month import run_month
+
+        print("\n".join(run_month(args.busy_slices, args.days, args.every_minutes)))
+        return 0
     if args.slo:
         from tools.bench_slo import run
 

@@ -58,7 +58,7 @@ def test_a_store_of_the_release_before_versions_is_migrated_and_restores_the_wor
     worker.store.open(lambda con: worker.operator.start(worker.source, con))
     try:
         slo = next(s for s in worker.store.stages if s.name == "slo")
-        assert slo.states() and any(st.windows.sums(60)[1] for st in slo.states())
+        assert slo.states() and any(st.sums(60)[1] for st in slo.states())
         assert worker.source.next_offsets and sum(worker.source.next_offsets.values()) > 0
         view = worker.signals.snapshot(*worker.operator.open_minutes(), wall_s=0.0)
         assert view.pools and view.slos

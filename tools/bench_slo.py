@@ -3,7 +3,8 @@ live slices, with the incremental engine and beside a naive rescan of each windo
 
 Synthetic buckets: `slices` live slices (tenant × model × zone), one bucket each per
 minute; `slos` SLOs, one per model, each sliced by tenant and zone, so that together they
-cover every slice. After `warmup` minutes of history, `minutes` more are timed.
+cover every slice. After the history, `minutes` more are timed; the process's RSS and the
+windows' arrays are reported beside the CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -31,17 +33,22 @@ def specs(n: int) -> list[SloSpec]:
     ]
 
 
-def minute_buckets(minute: int, slices: int, models: int, rng: np.random.Generator) -> pl.DataFrame:
+def slice_labels(slices: int, models: int) -> pl.DataFrame:
     idx = np.arange(slices)
-    requests = rng.poisson(50, slices)
-    errors = rng.binomial(requests, 0.001)
     return pl.DataFrame({
-        "window_start": [T0 + timedelta(minutes=minute)] * slices,
         "model": [f"model-{i % models:03d}" for i in idx],
         "tenant": [f"tenant-{(i // models) % 1000:03d}" for i in idx],
         "zone": [f"zone-{(i // (models * 1000)) % 3}" for i in idx],
-        "requests": requests, "ok": requests - errors, "cancelled": np.zeros(slices, dtype=np.int64),
     })
+
+
+def minute_buckets(minute: int, labels: pl.DataFrame, rng: np.random.Generator) -> pl.DataFrame:
+    slices = labels.height
+    requests = rng.poisson(50, slices)
+    errors = rng.binomial(requests, 0.001)
+    return labels.with_columns(
+        window_start=pl.lit(T0 + timedelta(minutes=minute)), requests=pl.Series(requests),
+        ok=pl.Series(requests - errors), cancelled=pl.lit(0, pl.Int64))
 
 
 def naive_minute(spec_list: list[SloSpec], history: list[pl.DataFrame]) -> None:
@@ -56,31 +63,58 @@ def naive_minute(spec_list: list[SloSpec], history: list[pl.DataFrame]) -> None:
                 pl.col("good").sum(), pl.col("valid").sum())
 
 
-def run(slos: int = 100, slices: int = 20_000, warmup: int = 60, minutes: int = 5) -> list[str]:
+NAIVE_HISTORY_MINUTES = 240  # past this, the naive rescan is left out (it would hold every minute)
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(slos: int = 100, slices: int = 20_000, history: int = 60, minutes: int = 5) -> list[str]:
+    """`history` minutes of event time first (a long one in steps, each step a minute of
+    traffic: every block of every window is written, so memory is that of full windows),
+    then `minutes` timed."""
     rng = np.random.default_rng(1)
     spec_list = specs(slos)
     ev = SloEvaluator(spec_list)
-    history = []
-    for m in range(warmup):
-        b = minute_buckets(m, slices, slos, rng)
-        history.append(b)
+    labels = slice_labels(slices, slos)
+    naive_too = history <= NAIVE_HISTORY_MINUTES
+    step = 1 if naive_too else 360
+    kept: list[pl.DataFrame] = []
+    rss_start = _rss_mib()
+    for m in range(0, history, step):
+        b = minute_buckets(m, labels, rng)
+        if naive_too:
+            kept.append(b)
         ev.feed(b, with_status=False)
-        if (m + 1) % 10 == 0:
-            print(f"  history: {m + 1}/{warmup} minutes", file=sys.stderr, flush=True)
+        if (m // step + 1) % 10 == 0:
+            print(f"  history: {m + 1:,}/{history:,} minutes", file=sys.stderr, flush=True)
     engine, naive = [], []
-    for m in range(warmup, warmup + minutes):
-        b = minute_buckets(m, slices, slos, rng)
-        history.append(b)
+    for m in range(history, history + minutes):
+        b = minute_buckets(m, labels, rng)
         t = time.process_time()
         ev.feed(b, with_status=True)
         engine.append(time.process_time() - t)
-        t = time.process_time()
-        naive_minute(spec_list, history)
-        naive.append(time.process_time() - t)
-    e, n = float(np.median(engine)), float(np.median(naive))
-    return [
-        f"SLO engine: {slos} SLOs over {slices:,} live slices ({len(ev.states):,} SLO slices), "
-        f"{warmup} minutes of history",
-        f"  incremental engine: {e:.3f} CPU-s per minute of event time (median of {minutes})",
-        f"  naive rescan of every window: {n:.3f} CPU-s per minute ({n / e:.1f}x the engine; it grows with history)",
+        if naive_too:
+            kept.append(b)
+            t = time.process_time()
+            naive_minute(spec_list, kept)
+            naive.append(time.process_time() - t)
+    e = float(np.median(engine))
+    slo_slices = sum(t.n for t in ev.tables.values())
+    per_slice = next(iter(ev.tables.values())).windows.bytes_per_slice()
+    windows_mib = slo_slices * per_slice / 2**20
+    out = [
+        f"SLO engine: {slos} SLOs over {slices:,} live slices ({slo_slices:,} SLO slices, 30-day windows), "
+        f"{history:,} minutes of history{'' if step == 1 else f' (a minute of traffic every {step} minutes)'}",
+        f"  engine: {e:.3f} CPU-s per minute of event time (median of {minutes}, status rows included)",
+        f"  memory: process RSS {_rss_mib():,.0f} MiB ({rss_start:,.0f} MiB before the first minute); "
+        f"window rings {windows_mib:,.0f} MiB in use ({per_slice:,} bytes per SLO slice)",
     ]
+    if naive:
+        n = float(np.median(naive))
+        out.append(f"  naive rescan of every window: {n:.3f} CPU-s per minute ({n / e:.1f}x the engine; it grows with history)")
+    return out

@@ -1,0 +1,180 @@
+"""`tailwatch bench --month`: a month of event time through the embedded broker and one worker.
+
+`slices` busy slices each send a request every `every_minutes` minutes (staggered, so every
+minute closes with traffic: the sparse shape), with a low error rate and an hour-long
+incident on a few slices every few days, for `days` days and 17 minutes (so that the
+30-day window's oldest edge falls inside an hour block). The worker runs every default stage
+and SLO while the month is published; its RSS and the broker's are sampled each second
+and read at event-time days 2, 10, 20 and 30. At the end: CPU-seconds, store size, each
+component's state, and every availability SLO slice's 30-day budget left against an exact
+count of the events published.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, make_producer, send
+from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.cli import progress, progress_done
+from tools.bench import T0_MS, _accepted, _rss_bytes, fresh
+from conventions import TOPIC_REQUESTS
+
+WORKLOADS = ("asr", "tts", "llm", "s2s")
+DAY_MINUTES = 1440
+
+
+def slice_labels(i: int) -> dict[str, str]:
+    w = WORKLOADS[i % 4]
+    return {"tenant": f"tenant-{i % 97:03d}", "model": f"model-{i % 13}", "model_version": f"v{i % 7}",
+            "zone": f"zone-{i % 3}", "workload": w, "traffic_class": "realtime" if i % 5 else "batch",
+            "deployment": "stable", "pool": f"{w}-pool-{i % 29}"}
+
+
+def month_events(slices: int, minutes: int, every_minutes: int, seed: int):
+    """Yield (minute, slice, error, key, value) in event-time order."""
+    rng = np.random.default_rng(seed)
+    labels = [slice_labels(i) for i in range(slices)]
+    text = [",".join(f'"{k}":"{v}"' for k, v in lab.items()) + ',"region":"r1","endpoint":"/v1/x"' for lab in labels]
+    incident_slices = rng.choice(slices, size=max(1, slices // 50), replace=False)
+    for minute in range(minutes):
+        busy = np.arange(minute % every_minutes, slices, every_minutes)
+        in_incident = (minute // 60) % 96 == 40  # an hour every four days
+        p_error = np.full(len(busy), 0.002)
+        if in_incident:
+            p_error[np.isin(busy, incident_slices)] = 0.3
+        errors = rng.random(len(busy)) < p_error
+        fo = rng.lognormal(5.8, 0.4, len(busy))
+        ts = T0_MS + minute * 60_000 + rng.integers(0, 60_000, len(busy))
+        for j, i in enumerate(busy.tolist()):
+            yield minute, i, bool(errors[j]), labels[i]["tenant"].encode(), (
+                f'{{"schema":"request.v1","event_id":"m{seed}-{minute:x}-{i:x}","ts":{ts[j]},{text[i]},'
+                f'"status":"{"error" if errors[j] else "ok"}","http_status":200,"attempt":1,"task_success":true,'
+                f'"queue_ms":12.5,"first_output_ms":{fo[j]:.2f},"e2e_ms":{fo[j] + 900:.2f},"prompt_tokens":256,'
+                f'"output_tokens":120,"gpu_seconds":0.2,"gpu_sku":"H100"}}').encode()
+
+
+def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed: int = 1) -> list[str]:
+    minutes = days * DAY_MINUTES + 17
+    per_residue = [len(range(r, slices, every_minutes)) for r in range(every_minutes)]
+    total = sum(per_residue[m % every_minutes] for m in range(minutes))
+    per_minute = total / minutes
+    workdir = Path(tempfile.mkdtemp(prefix="tailwatch-month-"))
+    broker = EmbeddedBroker(port=free_port())
+    broker.start()
+    try:
+        settings = fresh(broker)
+        store_path = workdir / "month.duckdb"
+        stats = workdir / "stats.json"
+        port = free_port()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
+             "--topic-prefix", settings.topic_prefix, "--store", str(store_path), "--group", f"month-{uuid.uuid4().hex[:6]}",
+             "--http-port", str(port), "--until-idle", "20", "--stats-file", str(stats)],
+            stdout=subprocess.DEVNULL, stderr=open(workdir / "worker.log", "wb"))
+        truth: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        published = threading.Event()
+
+        def produce() -> None:
+            producer = make_producer(settings)
+            topic = settings.topic(TOPIC_REQUESTS)
+            ms, ss, es = [], [], []
+            for n, (minute, i, error, key, value) in enumerate(month_events(slices, minutes, every_minutes, seed), 1):
+                send(producer, topic, value, key)
+                ms.append(minute)
+                ss.append(i)
+                es.append(error)
+                if n % 50_000 == 0:
+                    producer.poll(0)
+            producer.flush(300)
+            truth.append((np.array(ms, np.int64), np.array(ss, np.int64), np.array(es, bool)))
+            published.set()
+
+        started = time.monotonic()
+        threading.Thread(target=produce, daemon=True).start()
+        samples: list[tuple[float, int, int]] = []  # (events seen, worker RSS, broker RSS)
+        seen = 0.0
+        while worker.poll() is None:
+            seen = _accepted(port) or seen
+            rss, broker_rss = _rss_bytes(worker.pid), _rss_bytes(broker.proc.pid) if broker.proc else 0
+            if rss:
+                samples.append((seen, rss, broker_rss))
+            progress(f"  month: day {seen / per_minute / DAY_MINUTES:5.1f} of {minutes / DAY_MINUTES:.1f}, "
+                     f"{seen:,.0f}/{total:,} events, worker {rss / 2**20:,.0f} MiB, broker {broker_rss / 2**20:,.0f} MiB"
+                     f"{'' if published.is_set() else ' (publishing)'}")
+            time.sleep(1.0)
+        progress_done()
+        wall = time.monotonic() - started
+        if worker.returncode != 0:
+            tail = (workdir / "worker.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise RuntimeError(f"the worker exited with {worker.returncode}: {' '.join(tail)}")
+        result = json.loads(stats.read_text())
+        published.wait(60)
+        minute_of, slice_of, error_of = truth[0]
+        store_bytes = sum(f.stat().st_size for f in workdir.glob("month.duckdb*"))
+        lines = [
+            f"month: {slices:,} busy slices, a request each every {every_minutes} minutes, {minutes:,} event-minutes "
+            f"({minutes / DAY_MINUTES:.1f} days), {len(minute_of):,} events, every default stage and SLO",
+            f"  worker: {result['events']:,} events in {result['cpu_seconds_processing']:,.0f} CPU-s "
+            f"({result['events'] / max(result['cpu_seconds_processing'], 1e-9):,.0f} events/CPU-s, "
+            f"{1000 * result['cpu_seconds_processing'] / minutes:.1f} ms per event-minute), {wall:,.0f} s wall",
+            "  RSS at event-time day (median of the samples within a quarter day of it): "
+            + ", ".join(f"day {d}: worker {w:,.0f} MiB, broker {b:,.0f} MiB" for d, w, b in _marks(samples, per_minute)),
+            f"  store: {store_bytes / 2**20:,.0f} MiB on disk after the month",
+            "  state at the end: " + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in result.get("state_bytes", {}).items()),
+        ]
+        lines += _budgets(store_path, minute_of, slice_of, error_of, slices)
+        return lines
+    finally:
+        broker.stop()
+
+
+def _marks(samples: list[tuple[float, int, int]], per_minute: int) -> list[tuple[int, float, float]]:
+    out = []
+    for day in (2, 10, 20, 30):
+        near = [(w, b) for seen, w, b in samples if abs(seen / per_minute / DAY_MINUTES - day) <= 0.25]
+        if near:
+            out.append((day, float(np.median([w for w, _ in near])) / 2**20, float(np.median([b for _, b in near])) / 2**20))
+    return out
+
+
+def _budgets(store_path: Path, minute_of: np.ndarray, slice_of: np.ndarray, error_of: np.ndarray,
+             slices: int) -> list[str]:
+    """Each availability SLO slice's budget left in its newest `slo_status` row against an
+    exact count over the 30 days ending at that row's minute."""
+    labels = [slice_labels(i) for i in range(slices)]
+    con = duckdb.connect(str(store_path), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT slo, slice, epoch(window_start)::BIGINT // 60 - ? AS minute, error_budget_remaining FROM slo_status "
+            "QUALIFY row_number() OVER (PARTITION BY slo, slice ORDER BY window_start DESC) = 1",
+            [T0_MS // 60_000]).fetchall()
+    finally:
+        con.close()
+    worst_budget, worst_events, compared = 0.0, 0.0, 0
+    for spec in (s for s in load_slos(DEFAULT_SLOS) if s.sli_kind == "availability"):
+        for slo, slice_text, minute, remaining in rows:
+            if slo != spec.name:
+                continue
+            key = dict(part.split("=", 1) for part in slice_text.split(",")) if slice_text else {}
+            members = [i for i, lab in enumerate(labels)
+                       if all(lab.get(k) == v for k, v in spec.selector.items()) and all(lab[k] == v for k, v in key.items())]
+            window = (minute_of > minute - spec.window_minutes) & (minute_of <= minute) & np.isin(slice_of, members)
+            valid, bad = int(window.sum()), int((window & error_of).sum())
+            exact = 1.0 - bad / (valid * (1 - spec.objective)) if valid else 1.0
+            worst_budget = max(worst_budget, abs(remaining - exact))
+            worst_events = max(worst_events, abs(remaining - exact) * (1 - spec.objective))  # Δbad ÷ valid
+            compared += 1
+    return [f"  30-day budgets: {compared} availability SLO slices against an exact count; largest difference in budget "
+            f"left {100 * worst_budget:.3f} points, {100 * worst_events:.4f}% of the window's events"]
