@@ -125,7 +125,7 @@ class BlockWindows:
                 self._members.append(mine)
         self.n = 0  # slices
         self.now: int | None = None  # the newest minute inside the windows
-        self._middle: dict[int, tuple[tuple[int, int], np.ndarray]] = {}  # length index → ((tail, head), sums)
+        self._middle: dict[int, tuple[list, np.ndarray]] = {}  # ring → (per window (tail, head), sums (n, windows, 2))
         self._sums: np.ndarray | None = None  # (n, lengths, 2) as of now, until something moves
 
     def add_slices(self, count: int) -> None:
@@ -171,18 +171,20 @@ class BlockWindows:
         if now is None:
             self._sums = out
             return out
-        for ring, members in zip(self.rings, self._members):
+        for r, (ring, members) in enumerate(zip(self.rings, self._members)):
             b = ring.block
             head = now // b
-            tails = [(now - self.lengths[k] + 1) // b for k in members]
+            oldest = [now - self.lengths[k] + 1 for k in members]
+            tails = [m // b for m in oldest]
             blocks = ring.columns([head, *tails], n)  # (n, 1 + members, 2)
-            for j, k in enumerate(members):
-                oldest, tail = now - self.lengths[k] + 1, tails[j]
-                if tail == head:  # the window lies inside the newest block: its share of what that holds so far
-                    out[:, k] = blocks[:, 0] * ((now - oldest + 1) / (now - head * b + 1))
-                    continue
-                middle = self._middle_sums(ring, k, tail, head, n)
-                out[:, k] = blocks[:, 0] + middle + blocks[:, 1 + j] * (((tail + 1) * b - oldest) / b)
+            # The share of each window's oldest block inside it; a window inside the newest
+            # block takes its share of what that block holds so far, and nothing else.
+            inside = [t == head for t in tails]
+            share = np.array([(now - o + 1) / (now - head * b + 1) if i else ((t + 1) * b - o) / b
+                              for o, t, i in zip(oldest, tails, inside)])
+            middle = self._middles(r, ring, tails, head, n)
+            sums = np.where(np.array(inside)[None, :, None], 0.0, blocks[:, :1] + middle) + blocks[:, 1:] * share[None, :, None]
+            out[:, members] = sums
         self._sums = out
         return out
 
@@ -192,27 +194,42 @@ class BlockWindows:
         s = self.all_sums()
         return s[:, k, 0], s[:, k, 1]
 
-    def _middle_sums(self, ring: _Ring, k: int, tail: int, head: int, n: int) -> np.ndarray:
-        """The whole blocks strictly between tail and head: the cached ones plus the blocks that
-        entered less those that left, when only a few moved and those that left are still in
-        the ring (the common case, a block boundary); else summed afresh."""
-        cached = self._middle.get(k)
-        if cached is not None and len(cached[1]) < n:  # slices added since: none of theirs lie in the middle yet
-            cached = (cached[0], np.pad(cached[1], ((0, n - len(cached[1])), (0, 0))))
-        if cached is not None and cached[0] == (tail, head):
-            sums = cached[1]
-        elif cached is not None:
-            (old_tail, old_head), sums = cached
-            enter = (max(old_head, tail + 1), head - 1)
-            leave = (old_tail + 1, min(tail, old_head - 1))
-            if (enter[1] - enter[0] < 4 and leave[1] - leave[0] < 4
-                    and (leave[1] < leave[0] or leave[0] > head - ring.slots)):
-                sums = sums + ring.total(*enter, n) - ring.total(*leave, n)
-            else:
-                sums = ring.total(tail + 1, head - 1, n)
+    def _middles(self, r: int, ring: _Ring, tails: list[int], head: int, n: int) -> np.ndarray:
+        """Per slice and window of ring r, the sums of the whole blocks strictly between its
+        tail and the head: (n, windows, 2), kept from minute to minute. A window whose blocks
+        moved (a block boundary) adds the blocks that entered and takes away those that left
+        when only a few moved and those that left are still in the ring; else it is summed
+        afresh."""
+        cached = self._middle.get(r)
+        if cached is None:
+            keys, sums = [None] * len(tails), np.zeros((n, len(tails), 2), np.int64)
         else:
-            sums = ring.total(tail + 1, head - 1, n)
-        self._middle[k] = ((tail, head), sums)
+            keys, sums = cached
+            if len(sums) < n:  # slices added since: none of theirs lie in the middle yet
+                sums = np.pad(sums, ((0, n - len(sums)), (0, 0), (0, 0)))
+        keys = list(keys)
+        if all(k is not None and k == (t - 1, head - 1) and t < head - 1 for k, t in zip(keys, tails)):
+            # Every window moved one block (each minute at minute resolution): the old head
+            # enters each middle, each new tail leaves it; one gather for all of them.
+            moved = ring.columns([head - 1, *tails], n)
+            sums = sums + moved[:, :1] - moved[:, 1:]
+            self._middle[r] = ([(t, head) for t in tails], sums)
+            return sums
+        for j, tail in enumerate(tails):
+            if keys[j] == (tail, head):
+                continue
+            if keys[j] is not None:
+                old_tail, old_head = keys[j]
+                enter = (max(old_head, tail + 1), head - 1)
+                leave = (old_tail + 1, min(tail, old_head - 1))
+                if (enter[1] - enter[0] < 4 and leave[1] - leave[0] < 4
+                        and (leave[1] < leave[0] or leave[0] > head - ring.slots)):
+                    sums[:, j] += ring.total(*enter, n) - ring.total(*leave, n)
+                    keys[j] = (tail, head)
+                    continue
+            sums[:, j] = ring.total(tail + 1, head - 1, n)
+            keys[j] = (tail, head)
+        self._middle[r] = (keys, sums)
         return sums
 
     def nbytes(self) -> int:

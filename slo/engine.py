@@ -169,6 +169,9 @@ class SloTable:
         self._texts: list[str] = []  # a slice's labels as `slo_status.slice` writes them
         self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.window_minutes))
                         for aw in spec.alert_windows]
+        self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows])
+        self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows])
+        self._factors = np.array([factor for _, _, factor in self._alerts])
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
         self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
@@ -338,30 +341,30 @@ class SloTable:
 
     # ---- alerts ------------------------------------------------------------------------------
     def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
+        """Every alert window of the slices in `cols` at once: (slices × alert windows) masks."""
         burns, valids, remaining = self.rates()
         burns, valids = burns[cols], valids[cols]
+        long_b, short_b = burns[:, self._long_at], burns[:, self._short_at]
+        enough = np.minimum(valids[:, self._long_at], valids[:, self._short_at]) >= self.spec.min_events
+        hot = (long_b > self._factors) & (short_b > self._factors) & enough
+        firing = self.fired_at[:, cols].T >= 0
+        fire, resolve = hot & ~firing, firing & ~(short_b > self._factors)
         out = []
-        for j, (aw, name, factor) in enumerate(self._alerts):
-            lk, sk = self.at[aw.long_minutes], self.at[aw.short_minutes]
-            long_b, short_b = burns[:, lk], burns[:, sk]
-            enough = np.minimum(valids[:, lk], valids[:, sk]) >= self.spec.min_events
-            hot = (long_b > factor) & (short_b > factor) & enough
-            firing = self.fired_at[j, cols] >= 0
-            for k in np.flatnonzero(hot & ~firing).tolist():
-                i = int(cols[k])
+        for k, j in zip(*np.nonzero(fire | resolve)):
+            i, (aw, name, _) = int(cols[k]), self._alerts[j]
+            if fire[k, j]:
                 self.fired_at[j, i] = minute
                 spent = self.overspent(i) if self.spec.stage_budgets_ms else None
-                out.append((i, j, AlertChange(
-                    "firing", self.fingerprint_of(j, i), name, aw.severity, self.spec.name, self.views[i].labels,
-                    minute, minute, aw, _opt(long_b[k]), _opt(short_b[k]), float(remaining[i]),
+                out.append((i, int(j), AlertChange(
+                    "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, minute, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]),
                     spent.describe() if spent else "")))
-            for k in np.flatnonzero(firing & ~(short_b > factor)).tolist():
-                i = int(cols[k])
+            else:
                 started = int(self.fired_at[j, i])
                 self.fired_at[j, i] = -1
-                out.append((i, j, AlertChange(
-                    "resolved", self.fingerprint_of(j, i), name, aw.severity, self.spec.name, self.views[i].labels,
-                    minute, started, aw, _opt(long_b[k]), _opt(short_b[k]), float(remaining[i]))))
+                out.append((i, int(j), AlertChange(
+                    "resolved", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, started, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]))))
         return out
 
     def _no_data_change(self, state: str, i: int, minute: int) -> AlertChange:

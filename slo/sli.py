@@ -93,16 +93,16 @@ class _Counting:
         self.slicings = [
             (slice_by, members,
              [agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum().fill_null(0).cast(pl.Int64),
-                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64))],
-             [pl.col(k).cast(pl.String).fill_null("None") for k in slice_by])
+                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64))])
             for slice_by, members in by_slicing.items()]
 
     def rows(self, buckets: pl.DataFrame) -> dict[str, SloRows]:
-        counted = buckets.select(self.select)
+        counted = buckets.select(self.select).lazy()  # once, eagerly: each slicing groups it
         out: dict[str, SloRows] = {}
-        for slice_by, members, aggs, key_exprs in self.slicings:
-            g = counted.group_by("_minute", *slice_by).agg(aggs).sort("_minute", *slice_by, nulls_last=True)
-            keys = g.select(key_exprs).rows() if slice_by else [()] * g.height
+        for slice_by, members, aggs in self.slicings:
+            g = counted.group_by("_minute", *slice_by).agg(aggs).sort("_minute", *slice_by, nulls_last=True).collect()
+            keys = [k if None not in k else tuple("None" if v is None else v for v in k)
+                    for k in zip(*(g[k].cast(pl.String).to_list() for k in slice_by))] if slice_by else [()] * g.height
             minutes = g["_minute"].to_numpy()
             for i in members:
                 picked = g[f"_p{i}"].to_numpy()

@@ -9,6 +9,7 @@ windows' arrays are reported beside the CPU.
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from datetime import datetime, timedelta
@@ -111,7 +112,8 @@ def run(slos: int = 100, slices: int = 20_000, history: int = 60, minutes: int =
         f"SLO engine: {slos} SLOs over {slices:,} live slices ({slo_slices:,} SLO slices, 30-day windows), "
         f"{history:,} minutes of history{'' if step == 1 else f' (a minute of traffic every {step} minutes)'}",
         f"  engine: {e:.3f} CPU-s per minute of event time (median of {minutes}, status rows included)",
-        f"  memory: process RSS {_rss_mib():,.0f} MiB ({rss_start:,.0f} MiB before the first minute); "
+        f"  memory: process RSS {_rss_mib():,.0f} MiB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} "
+        f"MiB ({rss_start:,.0f} MiB before the first minute); "
         f"window rings {windows_mib:,.0f} MiB in use ({per_slice:,} bytes per SLO slice)",
     ]
     if naive:
