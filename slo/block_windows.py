@@ -177,14 +177,20 @@ class BlockWindows:
             oldest = [now - self.lengths[k] + 1 for k in members]
             tails = [m // b for m in oldest]
             blocks = ring.columns([head, *tails], n)  # (n, 1 + members, 2)
+            middle = self._middles(r, ring, tails, head, n)
+            if b == 1:  # minutes: every block wholly inside or outside, nothing pro-rata
+                out[:, members] = blocks[:, :1] + middle + blocks[:, 1:]
+                continue
             # The share of each window's oldest block inside it; a window inside the newest
             # block takes its share of what that block holds so far, and nothing else.
             inside = [t == head for t in tails]
             share = np.array([(now - o + 1) / (now - head * b + 1) if i else ((t + 1) * b - o) / b
-                              for o, t, i in zip(oldest, tails, inside)])
-            middle = self._middles(r, ring, tails, head, n)
-            sums = np.where(np.array(inside)[None, :, None], 0.0, blocks[:, :1] + middle) + blocks[:, 1:] * share[None, :, None]
-            out[:, members] = sums
+                              for o, t, i in zip(oldest, tails, inside)])[None, :, None]
+            if any(inside):
+                out[:, members] = np.where(np.array(inside)[None, :, None], 0.0, blocks[:, :1] + middle) \
+                    + blocks[:, 1:] * share
+            else:
+                out[:, members] = blocks[:, :1] + middle + blocks[:, 1:] * share
         self._sums = out
         return out
 
