@@ -31,25 +31,23 @@ from slo.turn_stages import StageSpend, most_overspent
 from slo.windows import AlertWindow, minute_start_utc
 
 
-def burn_rate(bad: int, valid: int, objective: float) -> float | None:
-    """Error ratio over the window ÷ error budget; None when the window has no valid events."""
-    if valid <= 0:
-        return None
-    return (bad / valid) / (1.0 - objective)
+def burn_rate(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
+    """Error ratio over each window ÷ error budget; NaN where a window has no valid events."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(bad, 0.0) / valid / (1.0 - objective)
 
 
-def error_budget_remaining(bad: int, valid: int, objective: float) -> float:
-    """Share of the compliance window's budget left (1 = untouched, < 0 = overspent)."""
-    if valid <= 0:
-        return 1.0
-    return 1.0 - bad / (valid * (1.0 - objective))
+def error_budget_remaining(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
+    """Share of each compliance window's budget left (1 = untouched, < 0 = overspent)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(valid > 0, 1.0 - np.maximum(bad, 0.0) / (valid * (1.0 - objective)), 1.0)
 
 
-def minutes_to_exhaustion(remaining: float, burn: float | None, period_minutes: int) -> float | None:
-    """At a constant burn rate b the whole budget lasts period ÷ b; what is left lasts that × remaining."""
-    if burn is None or burn <= 0 or remaining <= 0:
-        return None if remaining > 0 else 0.0
-    return remaining * period_minutes / burn
+def minutes_to_exhaustion(remaining: np.ndarray, burn: np.ndarray, period_minutes: int) -> np.ndarray:
+    """At a constant burn rate b the whole budget lasts period ÷ b; what is left lasts that ×
+    remaining. NaN where nothing burns; 0 where the budget is gone."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(remaining > 0, np.where(burn > 0, remaining * period_minutes / burn, np.nan), 0.0)
 
 
 def _month_of(minute: int) -> tuple[int, int]:
@@ -68,10 +66,7 @@ class RollingWindows:
 
     The minutes are stored once, whatever the lengths: one flat int64 array of (minute,
     good so far, valid so far) triples, 24 bytes a minute, and a length's sums are the
-    running totals less those just before its oldest minute. A deque of (minute, good,
-    valid) tuples per length took about 200 bytes a minute per length; a 30-day SLO keeps
-    43,200 minutes, so that was 8.6 MB per SLO and slice, and a worker's memory grew for
-    its first month."""
+    running totals less those just before its oldest minute."""
 
     def __init__(self, lengths):
         self.lengths = tuple(sorted(set(lengths)))
@@ -293,13 +288,11 @@ class SloTable:
         cached = self._rates
         if cached is not None and cached[0] == self._version:
             return cached[1], cached[2], cached[3]
-        budget = 1.0 - self.spec.objective
         sums = self.windows.all_sums()
         good, valid = sums[..., 0], sums[..., 1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            burns = np.maximum(valid - good, 0.0) / valid / budget
-            c_good, c_valid = self.compliance_counts()
-            remaining = np.where(c_valid > 0, 1.0 - np.maximum(c_valid - c_good, 0.0) / (c_valid * budget), 1.0)
+        burns = burn_rate(valid - good, valid, self.spec.objective)
+        c_good, c_valid = self.compliance_counts()
+        remaining = error_budget_remaining(c_valid - c_good, c_valid, self.spec.objective)
         self._rates = (self._version, burns, valid, remaining)
         return burns, valid, remaining
 
@@ -313,9 +306,8 @@ class SloTable:
         """Per slice, minutes until the budget is gone at the fastest page window's burn rate
         (NaN: not burning; 0: already gone)."""
         burns, _, remaining = self.rates()
-        left, burn = remaining[cols], burns[cols, self.at[self._fastest_long_minutes]]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(left > 0, np.where(burn > 0, left * self.spec.window_minutes / burn, np.nan), 0.0)
+        return minutes_to_exhaustion(remaining[cols], burns[cols, self.at[self._fastest_long_minutes]],
+                                     self.spec.window_minutes)
 
     def firing_count(self, cols: np.ndarray) -> np.ndarray:
         return (self.fired_at[:, cols] >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)

@@ -52,14 +52,14 @@ def test_workbook_factors_at_999_over_30_days():
 
 
 def test_burn_rate_hand_computed():
-    assert burn_rate(bad=144, valid=10_000, objective=0.999) == pytest.approx(14.4)
-    assert burn_rate(bad=6, valid=1_000, objective=0.999) == pytest.approx(6.0)
-    assert burn_rate(bad=0, valid=0, objective=0.999) is None
-    assert error_budget_remaining(bad=0, valid=0, objective=0.999) == 1.0
-    assert error_budget_remaining(bad=5, valid=10_000, objective=0.999) == pytest.approx(0.5)
-    # Half the budget left, burning at 2x: 30 days × 0.5 ÷ 2 = 7.5 days.
-    assert minutes_to_exhaustion(0.5, 2.0, THIRTY_DAYS) == pytest.approx(7.5 * 1440)
-    assert minutes_to_exhaustion(0.5, None, THIRTY_DAYS) is None
+    import numpy as np
+
+    burns = burn_rate(np.array([144.0, 6, 0]), np.array([10_000.0, 1_000, 0]), objective=0.999)
+    assert burns[:2] == pytest.approx([14.4, 6.0]) and np.isnan(burns[2])  # no events: no burn rate
+    assert error_budget_remaining(np.array([0.0, 5]), np.array([0.0, 10_000]), 0.999) == pytest.approx([1.0, 0.5])
+    # Half the budget left, burning at 2x: 30 days × 0.5 ÷ 2 = 7.5 days; not burning: none; spent: 0.
+    left = minutes_to_exhaustion(np.array([0.5, 0.5, -0.2]), np.array([2.0, np.nan, 3.0]), THIRTY_DAYS)
+    assert left[0] == pytest.approx(7.5 * 1440) and np.isnan(left[1]) and left[2] == 0.0
 
 
 def test_page_fires_when_both_windows_burn_and_resolves_when_short_window_cools(tmp_path):
@@ -108,7 +108,7 @@ def test_windows_without_events_have_no_burn_rate(tmp_path):
 @settings(max_examples=200, deadline=None)
 def test_rolling_sums_equal_a_rescan(counts, lengths):
     """Every length's sums equal a rescan of its minutes, minutes without data skipped (as
-    SliceState does) and the stored minutes compacted along the way."""
+    a stage window does) and the stored minutes compacted along the way."""
     w = RollingWindows(lengths)
     for minute, (a, b) in enumerate(counts):
         w.retire_until(minute)
