@@ -131,6 +131,9 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
             f"{1000 * result['cpu_seconds_processing'] / minutes:.1f} ms per event-minute), {wall:,.0f} s wall",
             "  RSS at event-time day (median of the samples within a quarter day of it): "
             + ", ".join(f"day {d}: worker {w:,.0f} MiB, broker {b:,.0f} MiB" for d, w, b in _marks(samples, per_minute)),
+            "  CPU per event-minute by stage: " + ", ".join(
+                f"{name} {1000 * cpu / minutes:.2f} ms" for name, cpu in sorted(
+                    result.get("stage_cpu_seconds", {}).items(), key=lambda kv: -kv[1])),
             f"  store: {store_bytes / 2**20:,.0f} MiB on disk after the month",
             "  state at the end: " + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in result.get("state_bytes", {}).items()),
         ]
