@@ -117,11 +117,10 @@ def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, Sl
     `slice_by`, each SLO's rows then picked with numpy, not a filter, select and group-by per
     SLO (a polars call costs the same for the 20 rows of a closed minute as for 20,000, and
     ten SLOs made a hundred calls a minute)."""
-    return _counted_by(specs, buckets, [_Counting(specs[at:at + SLOS_PER_SELECT])
-                                        for at in range(0, len(specs), SLOS_PER_SELECT)])
+    return _counted_by(buckets, [_Counting(specs[at:at + SLOS_PER_SELECT]) for at in range(0, len(specs), SLOS_PER_SELECT)])
 
 
-def _counted_by(specs: list[SloSpec], buckets: pl.DataFrame, countings: list[_Counting]) -> dict[str, SloRows]:
+def _counted_by(buckets: pl.DataFrame, countings: list[_Counting]) -> dict[str, SloRows]:
     out: dict[str, SloRows] = {}
     for counting in countings:
         out.update(counting.rows(buckets))
@@ -172,7 +171,7 @@ class SloEvaluator:
             return out
         if buckets.height == 0:
             return out
-        rows_by_slo = _counted_by(self.specs, buckets, self._countings)
+        rows_by_slo = _counted_by(buckets, self._countings)
         for spec in self.specs:
             rows = rows_by_slo[spec.name]
             if not len(rows.minutes):

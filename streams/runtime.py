@@ -300,7 +300,7 @@ class Runtime:
         self._state_measured = time.monotonic()
         stages = [s for s in (self.store.stages if self.store is not None else []) if s is not self.signals]
         return state_size.state_bytes({"open_minutes": self.operator, **{s.name: s for s in stages},
-                            "signal_view": (self.signals, self.signal_snapshot)})
+                                       "signal_view": (self.signals, self.signal_snapshot)})
 
     def _update_lag(self) -> None:
         lag, known = self.source.lag()
