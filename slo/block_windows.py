@@ -178,19 +178,15 @@ class BlockWindows:
             tails = [m // b for m in oldest]
             blocks = ring.columns([head, *tails], n)  # (n, 1 + members, 2)
             middle = self._middles(r, ring, tails, head, n)
-            if b == 1:  # minutes: every block wholly inside or outside, nothing pro-rata
-                out[:, members] = blocks[:, :1] + middle + blocks[:, 1:]
-                continue
-            # The share of each window's oldest block inside it; a window inside the newest
-            # block takes its share of what that block holds so far, and nothing else.
+            # The share of each window's oldest block inside it (1 at minute resolution); a
+            # window inside the newest block holds its share of what that block holds so far.
             inside = [t == head for t in tails]
             share = np.array([(now - o + 1) / (now - head * b + 1) if i else ((t + 1) * b - o) / b
                               for o, t, i in zip(oldest, tails, inside)])[None, :, None]
+            whole = blocks[:, :1] + middle
             if any(inside):
-                out[:, members] = np.where(np.array(inside)[None, :, None], 0.0, blocks[:, :1] + middle) \
-                    + blocks[:, 1:] * share
-            else:
-                out[:, members] = blocks[:, :1] + middle + blocks[:, 1:] * share
+                whole = np.where(np.array(inside)[None, :, None], 0.0, whole)
+            out[:, members] = whole + blocks[:, 1:] * share
         self._sums = out
         return out
 

@@ -9,11 +9,11 @@ windows' arrays are reported beside the CPU.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -21,6 +21,7 @@ import polars as pl
 from slo.sli import SloEvaluator, good_valid
 from slo.spec import SloSpec
 from slo.windows import default_catalog
+from tools.bench import _rss_bytes
 
 T0 = datetime(2026, 11, 2)
 
@@ -68,10 +69,7 @@ NAIVE_HISTORY_MINUTES = 240  # past this, the naive rescan is left out (it would
 
 
 def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return _rss_bytes(os.getpid()) / 2**20
 
 
 def run(slos: int = 100, slices: int = 20_000, history: int = 60, minutes: int = 5) -> list[str]:
