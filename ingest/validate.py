@@ -44,10 +44,12 @@ INVALID_VALUE = "invalid_value"
 BAD_TIMESTAMP = "bad_timestamp"
 FUTURE = "future"
 LATE = "late"
+TOO_LATE = "too_late"  # past the correction horizon, where late events still correct their minute
 UNDECODABLE = "undecodable"
 REASONS = (
     MALFORMED_JSON, INVALID_UTF8, OVERSIZED, TOO_DEEP, UNKNOWN_SCHEMA, MISSING_FIELD, WRONG_TYPE,
-    NEGATIVE_NUMBER, NON_FINITE_NUMBER, OUT_OF_RANGE, INVALID_VALUE, BAD_TIMESTAMP, FUTURE, LATE, UNDECODABLE,
+    NEGATIVE_NUMBER, NON_FINITE_NUMBER, OUT_OF_RANGE, INVALID_VALUE, BAD_TIMESTAMP, FUTURE, LATE, TOO_LATE,
+    UNDECODABLE,
 )
 
 T = TypeVar("T", bound=msgspec.Struct)

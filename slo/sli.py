@@ -188,7 +188,8 @@ class SloEvaluator:
                 out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent))
                 if with_status and not late:
                     out.status.append(status_part(table, cols[a:b]))
-            out.changes.extend(table.check_silence(int(rows.minutes[-1])))
+            if int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
+                out.changes.extend(table.check_silence(int(rows.minutes[-1])))
         return out
 
     def retire_until(self, minute: int) -> None:

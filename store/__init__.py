@@ -251,6 +251,26 @@ class TopicCheckpoint:
     watermarks: dict[int, int]
     closed_before_minute: int | None
     backlogged: bool = False  # the topic has records left to read: a silence in it is not an absence
+    # Late events of closed minutes (streams.corrections.LateEvents), resolved against the
+    # store into `corrected` before the checkpoint is written.
+    late: object | None = None
+    corrected: Corrected | None = None
+    # Dedupe hashes are kept this many minutes behind the closed frontier (the correction
+    # horizon), so a late copy of an event a closed minute counted is known as one.
+    keep_seen_minutes: int = 0
+
+
+@dataclass
+class Corrected:
+    """Closed rows that late events changed: each replaces the row of its (window_start,
+    slice) in the table, in the checkpoint's transaction."""
+
+    rows: pl.DataFrame  # whole rows, as the minute would have closed with the late events in it
+    delta: pl.DataFrame  # the late events alone, as rows (what the stages add)
+    keys: tuple[str, ...]  # the slice labels that, with window_start, name a row
+    seen: list[tuple[int, np.ndarray]]  # dedupe hashes of the events merged, by minute
+    events: int  # late events merged
+    duplicates: int  # late copies of events already counted
 
 
 @dataclass
@@ -282,11 +302,16 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
                 con.register("_closed", t.closed.to_arrow())
                 con.execute(f"INSERT INTO {t.table} BY NAME SELECT * FROM _closed")
                 con.unregister("_closed")
+            if t.corrected is not None and t.corrected.rows.height:
+                _replace_rows(con, t.table, t.corrected)
             _append_open(con, t)
             if t.closed_before_minute is not None:
-                # Closed minutes left memory with this checkpoint; their partial state goes too.
-                for table in ("_tw_open_counts", "_tw_open_hist", "_tw_open_seen"):
+                # Closed minutes left memory with this checkpoint; their partial state goes too,
+                # and their dedupe hashes once they pass the correction horizon.
+                for table in ("_tw_open_counts", "_tw_open_hist"):
                     con.execute(f"DELETE FROM {table} WHERE topic = ? AND minute < ?", [t.topic, t.closed_before_minute])
+                con.execute("DELETE FROM _tw_open_seen WHERE topic = ? AND minute < ?",
+                            [t.topic, t.closed_before_minute - t.keep_seen_minutes])
             for p, wm in t.watermarks.items():
                 con.execute(
                     "INSERT INTO _tw_offsets VALUES (?, ?, NULL, ?) ON CONFLICT (topic, part) "
@@ -336,6 +361,34 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
         except duckdb.Error:  # a failed write (a full disk) may have ended the transaction already
             pass
         raise
+
+
+def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, corrected: Corrected) -> None:
+    """Each corrected row replaces the stored row of its minute and slice (or is the first)."""
+    con.register("_fix", corrected.rows.to_arrow())
+    same = " AND ".join([f"{table}.window_start = _fix.window_start",
+                         *[f"{table}.{k} IS NOT DISTINCT FROM _fix.{k}" for k in corrected.keys]])
+    con.execute(f"DELETE FROM {table} USING _fix WHERE {same}")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _fix")
+    con.unregister("_fix")
+
+
+def seen_hashes(con: duckdb.DuckDBPyConnection, topic: str, minutes: list[int]) -> dict[int, np.ndarray]:
+    """The dedupe hashes the store keeps for these minutes of a topic (open or closed within
+    the correction horizon), one sorted array per minute."""
+    runs: dict[int, list[np.ndarray]] = {}
+    for m, h in con.execute("SELECT minute, hashes FROM _tw_open_seen WHERE topic = ? AND minute IN "
+                            "(SELECT unnest(?::BIGINT[]))", [topic, minutes]).fetchall():
+        runs.setdefault(int(m), []).append(np.frombuffer(h, dtype="<u8").astype(np.uint64))
+    return {m: np.sort(np.concatenate(r)) for m, r in runs.items()}
+
+
+def rows_of_minutes(con: duckdb.DuckDBPyConnection, table: str, minutes: list[int]) -> pl.DataFrame:
+    """Every row a bucket table holds for these minutes (epoch minutes)."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
+    return query_frame(con, f"SELECT * FROM {table} WHERE window_start IN "
+                            "(SELECT make_timestamp(unnest($1::BIGINT[]) * 60000000))", [minutes])
 
 
 # The `alerts` rows of a checkpoint are changes, not rows: a fired alert is inserted, a
@@ -393,6 +446,7 @@ def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
     that it is deleted once every minute in it has closed (the restore skips closed ones).
     The cost follows what changed, not how many minutes are open."""
     frontier = t.closed_before_minute if t.closed_before_minute is not None else -(2**62)
+    kept_from = frontier - t.keep_seen_minutes
     for table, frames in (("_tw_open_counts", t.counts), ("_tw_open_hist", t.hist)):
         frames = [f for f in frames if f.height]
         if not frames:
@@ -400,7 +454,8 @@ def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
         merged = pl.concat(frames, how="diagonal_relaxed").filter(pl.col("_minute") >= frontier)
         if merged.height:
             con.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", [t.topic, int(merged["_minute"].max()), _frame_blob(merged)])
-    seen = [(minute, hashes.astype("<u8").tobytes()) for minute, hashes in t.seen if minute >= frontier]
+    merged_late = t.corrected.seen if t.corrected is not None else []
+    seen = [(minute, hashes.astype("<u8").tobytes()) for minute, hashes in [*t.seen, *merged_late] if minute >= kept_from]
     if seen:
         # One insert for every run: a batch of thin traffic leaves runs in tens of minutes,
         # and a statement per run cost more than the runs' bytes.
@@ -426,9 +481,13 @@ class RestoredTopic:
 
 
 def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopic:
+    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [topic]).fetchone()
+    closed = int(row[0]) if row and row[0] is not None else None
+    # Hashes of closed minutes stay in the store for corrections (`seen_hashes`), not in memory.
     seen = [
         (int(m), np.frombuffer(h, dtype="<u8").astype(np.uint64))
-        for m, h in con.execute("SELECT minute, hashes FROM _tw_open_seen WHERE topic = ?", [topic]).fetchall()
+        for m, h in con.execute("SELECT minute, hashes FROM _tw_open_seen WHERE topic = ? AND minute >= ?",
+                                [topic, closed if closed is not None else -(2**62)]).fetchall()
     ]
     wms = {
         int(p): int(w)
@@ -436,13 +495,12 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
             "SELECT part, watermark_ms FROM _tw_offsets WHERE topic = ? AND watermark_ms IS NOT NULL", [topic]
         ).fetchall()
     }
-    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [topic]).fetchone()
     return RestoredTopic(
         counts=_load_blobs(con, "_tw_open_counts", topic),
         hist=_load_blobs(con, "_tw_open_hist", topic),
         seen=seen,
         watermarks=wms,
-        closed_before_minute=int(row[0]) if row else None,
+        closed_before_minute=closed,
     )
 
 

@@ -101,6 +101,12 @@ REQUESTS = AggregateSpec(
     ),
     histogram_fields=LATENCY_FIELDS,
     keyed_histogram=(STAGES_COLUMN, STAGE_NAMES),
+    # `finalize` undone: every column is a sum, so a late event merges into its closed row.
+    unfinalize=lambda f: f.select(
+        (pl.col("window_start").dt.epoch("s") // 60).alias("_minute"), *SLICE_LABELS,
+        *[pl.col(c).fill_null(0) for c in (*REQUEST_COUNTS, *STREAM_COUNTS, "prompt_tokens", "output_tokens")],
+        *[(pl.col(c).fill_null(0) * MICRO).round().cast(pl.Int64).alias(f"_{c}_fixed") for c in ("audio_seconds", "gpu_seconds")],
+    ),
 )
 
 def _mean(total: str, count: str, scale: int) -> pl.Expr:

@@ -18,7 +18,7 @@ import polars as pl
 from ingest import deadletter
 from ingest.kafka import KafkaSettings
 from ingest.schema import GpuV1, RequestV1
-from ingest.validate import LATE, BatchDecoder
+from ingest.validate import LATE, TOO_LATE, BatchDecoder
 from streams.aggregates import GPU, REQUESTS
 from streams.windows import AggregateSpec
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
@@ -75,11 +75,15 @@ class DecodeStep:
         m = self.metrics
         for r in rejected:
             self.dead_letter(p, batch[r.index], r.reason, r.detail)
+        reason, detail = ((TOO_LATE, "older than the correction horizon") if outcome.past_horizon
+                          else (LATE, "older than the allowed lateness"))
         for i in outcome.late_index:
-            self.dead_letter(p, batch[i], LATE, "older than the allowed lateness")
+            self.dead_letter(p, batch[i], reason, detail)
         m.events.labels(p.topic, "accepted").inc(outcome.accepted)
         m.events.labels(p.topic, "rejected").inc(len(rejected))
-        m.events.labels(p.topic, "late").inc(len(outcome.late_index))
+        m.events.labels(p.topic, reason).inc(len(outcome.late_index))
+        if outcome.to_correct:
+            m.events.labels(p.topic, "correcting").inc(outcome.to_correct)
         m.events.labels(p.topic, "duplicate").inc(outcome.duplicates)
         m.late_events.labels(p.topic).inc(len(outcome.late_index))
         if decoded.unknown_fields_dropped:

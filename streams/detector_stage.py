@@ -366,6 +366,10 @@ class DetectorStage:
                                       detection_to_alertmanager(snapshot, dict(e.evidence), self.links)))
         return pl.DataFrame(rows, schema=EVENT_SCHEMA)
 
+    def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """A detector judged each minute as it closed; a correction of the past changes no detection."""
+        return {}
+
     def committed(self) -> None:
         self.alerts.committed()
 

@@ -337,6 +337,12 @@ class FleetMetrics:
             self._drop_stale()
         return {}
 
+    def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """Late requests count in the counters and histograms like any (Prometheus sees them now)."""
+        with self.collector.lock:
+            self._requests(requests)
+        return {}
+
     def committed(self) -> None:
         pass
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
     CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
-    HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
+    HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
     PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
     WATERMARK_TIMESTAMP_SECONDS,
 )
@@ -26,8 +26,8 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.events = Counter(
-            EVENTS_TOTAL, "Records consumed, by topic and outcome "
-            "(accepted, rejected, late, duplicate).", ["topic", "outcome"], registry=r)
+            EVENTS_TOTAL, "Records consumed, by topic and outcome (accepted, rejected, duplicate; correcting: "
+            "late, held to correct a closed minute; late or too_late: dead-lettered).", ["topic", "outcome"], registry=r)
         self.dead_letters = Counter(
             DEAD_LETTERS_TOTAL, "Records sent to the dead-letter topic, by reason.",
             ["topic", "reason"], registry=r)
@@ -41,8 +41,11 @@ class WorkerMetrics:
             HTTP_RESTARTS_TOTAL, "Times the process serving /metrics and the signal API died and "
             "was started again on the same port (streams/http.py).", registry=r)
         self.late_events = Counter(
-            LATE_EVENTS_TOTAL, "Events older than the allowed lateness (dead-lettered).",
-            ["topic"], registry=r)
+            LATE_EVENTS_TOTAL, "Events dead-lettered as late: past the allowed lateness where no correction "
+            "horizon applies, or past the correction horizon.", ["topic"], registry=r)
+        self.corrected_events = Counter(
+            CORRECTED_EVENTS_TOTAL, "Late events merged into the closed minute they belong to (copies of "
+            "events a minute already counted are duplicates).", ["topic"], registry=r)
         self.unknown_fields_dropped = Counter(
             UNKNOWN_FIELDS_DROPPED_TOTAL, "Records kept after dropping fields outside the schema.",
             ["topic"], registry=r)

@@ -65,6 +65,10 @@ class SignalStage:
             schema={"pool": pl.String, "day": pl.Date, "work_gpu_s_per_s_per_replica": pl.Float64,
                     "sustained_minutes": pl.Int32})}
 
+    def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """The live view answers from recent minutes as they closed; the store has the corrections."""
+        return {}
+
     def committed(self) -> None:
         pass
 

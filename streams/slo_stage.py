@@ -163,6 +163,12 @@ class SloStage:
         found = top_contributors(self.specs[change.slo], requests, change.labels, change.at_minute)
         return dataclasses.replace(change, detail=explain(found)) if found else change
 
+    def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """Late events correct the windows and budgets of the minutes they belong to; an alert
+        already decided stays as it was (the next closed minute is judged on the corrected windows)."""
+        self.evaluator.feed(requests, with_status=False)
+        return {}
+
     def committed(self) -> None:
         self.alerts.committed()
 

@@ -40,6 +40,11 @@ class Stage(Protocol):
         therefore a backlog, not an absence."""
         ...
 
+    def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """`sli_minute` rows holding only late events of minutes closed before (streams/corrections.py):
+        what to add to the past, as `on_closed`'s output. Nothing fires or resolves for the past."""
+        ...
+
     def committed(self) -> None:
         """The checkpoint holding the last `on_closed` output is durable: hand out what it raised."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import duckdb
+import polars as pl
 
 import store
 from streams.metrics import CpuAccount
@@ -49,12 +50,17 @@ class StoreSink:
         # Minutes close over every partition, so each closed minute is whole: SLOs and
         # detectors run on it whichever partitions this worker owns right now.
         backlogged = frozenset(t.table for t in cp.topics if t.backlogged)
-        if any(f.height for f in closed.values()):
-            for stage in self.stages:
-                began = self.cpu.began()
+        corrected = self._resolve_late(cp)
+        for stage in self.stages:
+            began = self.cpu.began()
+            # Past minutes first: the windows they correct are those the new minutes are judged on.
+            if corrected is not None:
+                for table, rows in stage.on_corrected(corrected).items():
+                    cp.stage_rows.append((table, rows))
+            if any(f.height for f in closed.values()):
                 for table, rows in stage.on_closed(closed["sli_minute"], closed["gpu_minute"], backlogged).items():
                     cp.stage_rows.append((table, rows))
-                self.cpu.spent(stage.name, began)
+            self.cpu.spent(stage.name, began)
         for outbox in self.outboxes:
             cp.stage_rows.extend(outbox.delivery_rows())
         began = self.cpu.began()
@@ -66,6 +72,25 @@ class StoreSink:
         self.cpu.spent("checkpoint_write", began)
         for stage in self.stages:
             stage.committed()
+
+    def _resolve_late(self, cp: store.Checkpoint) -> pl.DataFrame | None:
+        """Late events of closed minutes against the store (streams/corrections.py): the
+        request rows they add, for the stages, or None."""
+        if all(t.late is None for t in cp.topics):
+            return None
+        began = self.cpu.began()
+        delta = None
+        try:
+            with self.session as con:
+                for t in cp.topics:
+                    if t.late is not None:
+                        t.corrected = t.late.resolve(con, t.seen)
+                        if t.table == "sli_minute" and t.corrected.delta.height:
+                            delta = t.corrected.delta
+        except duckdb.Error as exc:
+            raise store.store_failure(self.path, exc) from None
+        self.cpu.spent("corrections", began)
+        return delta
 
     def tick(self, deliver: bool) -> None:
         """From the loop: deliver pages (when `deliver`), let go of the file for readers when due."""

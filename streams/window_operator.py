@@ -24,12 +24,13 @@ import polars as pl
 from ingest import deadletter
 import store
 from streams.alignment import WatermarkAlignment
+from streams.corrections import LateEvents
 from streams.decode_step import DecodeStep, InputTopic, input_topics, window_gauges
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.partials import sli_keys
 from streams.source import KafkaSource
 from streams.topic_sink import TopicSink
-from streams.windows import MinuteWindows, utc_text
+from streams.windows import MINUTE_MS, MinuteWindows, utc_text
 from conventions import TOPIC_DEADLETTER, TOPIC_REQUESTS, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.worker")
@@ -43,8 +44,10 @@ class MinuteWindowOperator:
         s = settings
         lateness_ms = int(s.allowed_lateness_s * 1000)
         drift_s = s.allowed_lateness_s if s.max_watermark_drift_s is None else s.max_watermark_drift_s
+        horizon_ms = int(s.correction_horizon_s * 1000)
         self.inputs: dict[str, InputTopic] = input_topics(
-            s.kafka, s.max_record_bytes, lambda spec: MinuteWindows(spec, lateness_ms, int(s.idle_timeout_s * 1000)))
+            s.kafka, s.max_record_bytes,
+            lambda spec: MinuteWindows(spec, lateness_ms, int(s.idle_timeout_s * 1000), correction_horizon_ms=horizon_ms))
         # One alignment group over both topics' partitions (as Flink's groups span sources): a
         # backlog drained topic by topic would close one topic's minutes an hour ahead of the
         # other's, and the detectors would take the other as absent.
@@ -60,6 +63,7 @@ class MinuteWindowOperator:
         self.stored_frontiers: dict[str, int | None] = {}
         self.buckets_closed = 0
         self.minutes_closed = 0
+        self.events_corrected = 0
 
     # ---- start and ownership ----------------------------------------------------------
     def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection) -> None:
@@ -106,7 +110,7 @@ class MinuteWindowOperator:
     # ---- checkpoint -------------------------------------------------------------------------
     def has_unsaved(self, source: KafkaSource) -> bool:
         return bool(self.decode.dead_letters) or any(
-            p.windows.unsaved.counts or p.windows.unsaved.seen for p in self.inputs.values()
+            p.windows.unsaved.counts or p.windows.unsaved.seen or p.windows.holds_late for p in self.inputs.values()
         ) or source.next_offsets != self.stored_offsets
 
     def _partitions_of(self, source: KafkaSource, p: InputTopic) -> set[int]:
@@ -141,16 +145,20 @@ class MinuteWindowOperator:
             else:
                 rows, minutes = pl.DataFrame(), []
             unsaved = w.take_unsaved()
+            late = w.take_late()
             topics.append(store.TopicCheckpoint(
                 topic=p.topic, table=p.table, closed=rows, closed_minutes=minutes,
                 counts=unsaved.counts, hist=unsaved.hist, seen=unsaved.seen,
                 watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
                 backlogged=not close_all and bool(waited_for - read_to_end),
+                late=None if late is None else LateEvents(p.topic, p.table, w, late,
+                                                          lambda merged, p=p: self._publish_corrected(p, merged)),
+                keep_seen_minutes=-(-w.correction_horizon_ms // MINUTE_MS),
             ))
         frontiers = {t.topic: t.closed_before_minute for t in topics}
         nothing_new = not self.decode.dead_letters and source.next_offsets == self.stored_offsets \
             and frontiers == self.stored_frontiers \
-            and all(not t.closed.height and not t.counts and not t.seen for t in topics)
+            and all(not t.closed.height and not t.counts and not t.seen and t.late is None for t in topics)
         if nothing_new and not close_all:
             return None  # idle: leave the store file to its readers
         letters = self.decode.take()
@@ -163,6 +171,16 @@ class MinuteWindowOperator:
     def committed(self, cp: store.Checkpoint) -> None:
         self.stored_offsets = dict(cp.next_offsets)
         self.stored_frontiers = {t.topic: t.closed_before_minute for t in cp.topics}
+        for t in cp.topics:
+            if t.corrected is not None:
+                self.events_corrected += t.corrected.events
+                self.metrics.corrected_events.labels(t.topic).inc(t.corrected.events)
+                self.metrics.events.labels(t.topic, "duplicate").inc(t.corrected.duplicates)
+
+    def _publish_corrected(self, p: InputTopic, rows: pl.DataFrame) -> None:
+        """A corrected minute is published again, whole: of a (window_start, slice), the last row read wins."""
+        self._publish_closed(p, rows)
+        self.sink.flush()
 
     def _publish_closed(self, p: InputTopic, rows: pl.DataFrame) -> None:
         if self.sli_topic is None:

@@ -74,6 +74,12 @@ class AggregateSpec:
     # A list column of {stage, ms} (stage: an index into the names) kept as one histogram per
     # key, closed into `<column>_hist`: [{stage, bin, n}].
     keyed_histogram: tuple[str, tuple[str, ...]] | None = None
+    # Closed rows → their count partials (keys, `_minute` and the merged columns): `finalize`
+    # undone, where every column of a row merges exactly with more events (sums; histograms are
+    # read back generically), so an event past the allowed lateness can still correct its
+    # minute (streams/corrections.py). None where means or last values cannot be merged again:
+    # such a topic's late events stay dead letters.
+    unfinalize: Callable[[pl.DataFrame], pl.DataFrame] | None = None
 
 
 @dataclass
@@ -102,8 +108,10 @@ class OpenMinute:
 class BatchOutcome:
     accepted: int
     duplicates: int
-    late_index: list[int]  # raw-batch positions of late records
+    late_index: list[int]  # raw-batch positions of late records (dead letters `late`, or `too_late` with corrections)
     late_ts_ms: list[int]
+    to_correct: int = 0  # late events of closed minutes held for the next checkpoint's corrections
+    past_horizon: bool = False  # the late records are past the correction horizon (`too_late`), not the lateness
 
 
 class MinuteWindows:
@@ -115,11 +123,16 @@ class MinuteWindows:
     SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
 
     def __init__(self, spec: AggregateSpec, allowed_lateness_ms: int, idle_timeout_ms: int = 60_000,
-                 per_partition: bool = False):
+                 per_partition: bool = False, correction_horizon_ms: int = 0):
         """`per_partition`: buckets are kept apart per source partition (`_partition` is part
         of the slice), so each closes into a partial that merges exactly downstream
-        (streams/partials.py): how tier-1 workers that own part of a topic publish."""
+        (streams/partials.py): how tier-1 workers that own part of a topic publish.
+        `correction_horizon_ms` (a correctable spec only; 0: none): an event past the allowed
+        lateness but within this of its partition's watermark and of the closed frontier is
+        kept to correct its minute (`take_late`); older ones are `too_late`."""
         self.spec = spec
+        self.correction_horizon_ms = correction_horizon_ms if spec.unfinalize is not None else 0
+        self._late: list[pl.DataFrame] = []  # late events of closed minutes, until the next checkpoint
         self.per_partition = per_partition
         self.labels = (*spec.keys, PARTITION_COL) if per_partition else spec.keys
         self.allowed_lateness_ms = allowed_lateness_ms
@@ -134,23 +147,41 @@ class MinuteWindows:
         if frame.height == 0:
             return BatchOutcome(0, 0, [], [])
         frame = frame.with_columns((pl.col("ts_ms") // MINUTE_MS).alias("_minute"))
-        late_mask = self._late_mask(frame)
+        judged = self._judge(frame)
         for p, wm in frame.group_by("_partition").agg(pl.col("ts_ms").max()).iter_rows():
             if wm > self.watermark_ms.get(p, -(2**62)):
                 self.watermark_ms[p] = wm
-        late = frame.filter(late_mask)
-        on_time = frame.filter(~late_mask)
+        to_correct = 0
+        if self.correction_horizon_ms:
+            # Past the allowed lateness but within the horizon: an open minute takes the event
+            # as it takes any; a closed one is corrected at the next checkpoint.
+            refused = frame.filter(judged["too_late"])
+            kept = frame.filter(~judged["too_late"])
+            closed = kept["_minute"] < self.closed_before_minute if self.closed_before_minute is not None else None
+            if closed is not None and closed.any():
+                late = kept.filter(closed)
+                self._late.append(late)
+                to_correct = late.height
+                kept = kept.filter(~closed)
+            on_time = kept
+        else:
+            refused = frame.filter(judged["late"])
+            on_time = frame.filter(~judged["late"])
         on_time, duplicates = self._dedupe(on_time)
         if on_time.height:
             self._aggregate(on_time)
         return BatchOutcome(
             accepted=on_time.height,
             duplicates=duplicates,
-            late_index=late["_index"].to_list(),
-            late_ts_ms=late["ts_ms"].to_list(),
+            late_index=refused["_index"].to_list(),
+            late_ts_ms=refused["ts_ms"].to_list(),
+            to_correct=to_correct,
+            past_horizon=bool(self.correction_horizon_ms),
         )
 
-    def _late_mask(self, frame: pl.DataFrame) -> pl.Series:
+    def _judge(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Per row: `late` (older than its partition's watermark minus the allowed lateness,
+        or of a closed minute) and `too_late` (beyond the correction horizon the same way)."""
         before = pl.DataFrame(
             {"_partition": list(self.watermark_ms), "_wm0": list(self.watermark_ms.values())},
             schema={"_partition": pl.Int32, "_wm0": pl.Int64},
@@ -159,9 +190,23 @@ class MinuteWindows:
         judged = frame.select("_partition", "ts_ms", "_minute").join(before, on="_partition", how="left", maintain_order="left")
         judged = judged.with_columns(pl.max_horizontal(prior, pl.col("_wm0")).alias("_wm"))
         late = (pl.col("ts_ms") < pl.col("_wm") - self.allowed_lateness_ms).fill_null(False)
+        too_late = (pl.col("ts_ms") < pl.col("_wm") - self.correction_horizon_ms).fill_null(False)
         if self.closed_before_minute is not None:
             late = late | (pl.col("_minute") < self.closed_before_minute)
-        return judged.select(late.alias("late"))["late"]
+            too_late = too_late | (pl.col("_minute") < self.closed_before_minute - self.correction_horizon_ms // MINUTE_MS)
+        return judged.select(late.alias("late"), too_late.alias("too_late"))
+
+    def take_late(self) -> pl.DataFrame | None:
+        """The late events of closed minutes held since the last call, with their dedupe hash
+        (`_dedupe`), for the checkpoint that corrects their minutes (streams/corrections.py)."""
+        if not self._late:
+            return None
+        late, self._late = pl.concat(self._late, how="diagonal_relaxed"), []
+        return late.with_columns(self.spec.dedupe_key.alias("_dedupe"))
+
+    @property
+    def holds_late(self) -> bool:
+        return bool(self._late)
 
     def _dedupe(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         arrived = frame.height
@@ -194,19 +239,32 @@ class MinuteWindows:
         return state
 
     def _aggregate(self, frame: pl.DataFrame) -> None:
-        keys = list(self.labels)
-        frame = frame.with_columns(pl.struct(keys).hash().alias("_slice"))
-        counts = frame.group_by("_minute", "_slice").agg(
-            *[pl.col(k).first() for k in keys], *self.spec.partial
-        )
+        counts, hist = self.partials(frame)
         self.unsaved.counts.append(counts)
         for minute, part in _by_minute(counts):
             state = self._minute(minute)
             state.counts.append(part)
             if len(state.counts) > self.COUNTS_AT:
                 state.counts = _tiered(state.counts, self._merge_counts, self.COUNTS_AT)
-        if not self.spec.histogram_fields:
+        if hist is None:
             return
+        self.unsaved.hist.append(hist)
+        for minute, part in _by_minute(hist):
+            state = self._minute(minute)
+            state.hist.append(part)
+            if len(state.hist) > self.HIST_AT:
+                state.hist = _tiered(state.hist, self._merge_hist, self.HIST_AT)
+
+    def partials(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+        """Count and histogram partials of events (deduped, with `_minute`), keyed by (minute,
+        slice); the open minutes are not touched (a correction merges them into closed rows)."""
+        keys = list(self.labels)
+        frame = frame.with_columns(pl.struct(keys).hash().alias("_slice"))
+        counts = frame.group_by("_minute", "_slice").agg(
+            *[pl.col(k).first() for k in keys], *self.spec.partial
+        )
+        if not self.spec.histogram_fields:
+            return counts, None
         # Every latency field binned, then one group-by over (minute, slice, field, bin):
         # a group-by per field cost 60% more on a 20,000-event batch.
         binned = frame.select("_minute", "_slice", *[
@@ -218,13 +276,7 @@ class MinuteWindows:
             .agg(pl.len().cast(pl.Int32).alias("n"))
             .select("_minute", "_slice", "field", "bin", "n")
         )
-        hist = pl.concat([flat, *self._keyed_hist(frame)])
-        self.unsaved.hist.append(hist)
-        for minute, part in _by_minute(hist):
-            state = self._minute(minute)
-            state.hist.append(part)
-            if len(state.hist) > self.HIST_AT:
-                state.hist = _tiered(state.hist, self._merge_hist, self.HIST_AT)
+        return counts, pl.concat([flat, *self._keyed_hist(frame)])
 
     def _keyed_hist(self, frame: pl.DataFrame) -> list[pl.DataFrame]:
         keyed = self.spec.keyed_histogram
@@ -351,6 +403,29 @@ class MinuteWindows:
     def finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
         """Merged partial state of closed minutes → the store's rows."""
         return self._finish(counts, hist if self.spec.histogram_fields else None)
+
+    def row_partials(self, rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Closed rows → the partial state they were finished from (a spec with `unfinalize`):
+        with more partials, `merge_partials` gives the row the minute would have closed with."""
+        keys = list(self.labels)
+        rows = rows.with_columns(*[pl.col(k).cast(pl.String) for k in keys])
+        slice_ = pl.struct(keys).hash().alias("_slice")
+        minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+        counts = self.spec.unfinalize(rows).with_columns(slice_)
+        hists = []
+        for fi, name in enumerate(self.spec.histogram_fields):
+            hists.append(rows.select(minute, slice_, pl.col(f"{name}_hist").alias("_bins")).explode("_bins")
+                         .drop_nulls("_bins").unnest("_bins").select(
+                             "_minute", "_slice", pl.lit(fi, pl.Int8).alias("field"), "bin", pl.col("n").cast(pl.Int32)))
+        if self.spec.keyed_histogram is not None:
+            column, names = self.spec.keyed_histogram
+            hists.append(rows.select(minute, slice_, pl.col(f"{column}_hist").alias("_bins")).explode("_bins")
+                         .drop_nulls("_bins").unnest("_bins").select(
+                             "_minute", "_slice",
+                             (pl.col("stage").replace_strict(list(names), list(range(len(names))), return_dtype=pl.Int32)
+                              + KEYED_FIELD_BASE).cast(pl.Int8).alias("field"),
+                             "bin", pl.col("n").cast(pl.Int32)))
+        return counts, pl.concat(hists)
 
     def merge_partials(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
         """Partial state whose keys repeat (the same slice-minute from several partitions) →

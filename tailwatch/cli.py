@@ -163,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default=None, metavar="ID",
                    help="static group membership (KIP-345): a restart with the same id takes its partitions back "
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
-    p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION", help="default 5m")
+    p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION",
+                   help="event time a minute waits for its events before it closes (default 5m)")
+    p.add_argument("--correction-horizon", type=_duration_s, default=86400.0, metavar="DURATION",
+                   help="a request later than the allowed lateness but within this still corrects its minute in the "
+                        "store, SLO budgets and reports; older ones are dead letters `too_late` (default 24h; 0: "
+                        "late requests are dead letters `late`)")
     p.add_argument("--max-event-ahead", type=_duration_s, default=300.0, metavar="DURATION",
                    help="event time an event may lead the timestamp of the Kafka record carrying it; later events "
                         "are dead letters (`future`) and never move a watermark (default 5m)")

@@ -213,6 +213,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         http_port=args.http_port,
         until_idle_s=args.until_idle,
         allowed_lateness_s=args.allowed_lateness,
+        correction_horizon_s=getattr(args, "correction_horizon", 86400.0),
         idle_timeout_s=args.idle_timeout,
         max_watermark_drift_s=args.max_watermark_drift,
         drain_timeout_s=args.drain_timeout,
