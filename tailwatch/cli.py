@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="the stream processor: events → 1-minute SLI buckets → store")
     p.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
     p.add_argument("--http-port", type=_port, default=8000, help="port for /metrics and /healthz (0: any free port)")
+    p.add_argument("--restore-from", default=None, metavar="DIR",
+                   help="a new replica: start the store from this snapshot (`tailwatch store snapshot`) and catch up "
+                        "from its offsets; ignored once the store holds data")
     p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
@@ -208,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-max-label-sets", type=_positive_int, default=1000, metavar="N",
                    help="label sets per fleet metric family in /metrics before new ones fold into other (default 1000)")
     _kafka_args(p)
+
+    p = sub.add_parser("store", help="the store file")
+    stsub = p.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    c = stsub.add_parser("snapshot", help="every table as Parquet plus the offsets it covers, for a new replica's "
+                                          "`worker --restore-from DIR`")
+    c.add_argument("dir", metavar="DIR", help="a new or empty folder")
+    c.add_argument("--store", default=None)
 
     p = sub.add_parser("sql", help="query the store")
     p.add_argument("query")
@@ -400,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
+    p.add_argument("--restore", default=None, metavar="STORE",
+                   help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")

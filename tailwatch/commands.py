@@ -244,6 +244,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
     ensure_reachable(settings.kafka)
+    if args.restore_from:
+        _restore_store(args.restore_from, settings.store_path, args.tier)
     from streams.partial_publisher import PublishRefused
     from streams.runtime import NotDrained
     from streams.tiers import build
@@ -258,6 +260,32 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 3 if isinstance(exc, NotDrained) else 1
     progress_done()
     return code
+
+
+def _restore_store(folder: str, store_path: str, tier: str) -> None:
+    from store import snapshot
+
+    if tier == "1":
+        raise CliError("--restore-from: a tier-1 worker keeps no store")
+    manifest = snapshot.restore(folder, store_path)
+    if manifest is None:
+        print(f"tailwatch worker: {store_path} already holds data; resuming from it, not from {folder}", file=sys.stderr)
+        return
+    print(f"tailwatch worker: restored {store_path} from {folder} (taken {manifest.written_at}, newest minute "
+          f"{manifest.newest_minute}, {sum(manifest.rows.values()):,} rows); catching up from its offsets", file=sys.stderr)
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    import store
+    from store import snapshot
+
+    folder = args.dir
+    manifest = snapshot.write(args.store or store.DEFAULT_STORE, folder)
+    offsets = sum(len(parts) for parts in manifest.offsets.values())
+    print(f"snapshot of {args.store or store.DEFAULT_STORE} in {folder}: {sum(manifest.rows.values()):,} rows in "
+          f"{len(manifest.rows)} tables, newest minute {manifest.newest_minute}, offsets of {offsets} partitions "
+          f"(restore: tailwatch worker --restore-from {folder})")
+    return 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -444,6 +472,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         print(report.table())
         return 0 if report.ok else 1
+    if args.restore:
+        from tools.bench_restore import run as run_restore
+
+        print("\n".join(run_restore(args.restore, say=lambda m: print(m, file=sys.stderr, flush=True))))
+        return 0
     if args.tiers:
         from tools.bench_tiers import run as run_tiers
 

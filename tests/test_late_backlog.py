@@ -21,6 +21,7 @@ from tests.test_faults import produce, run_live, settings
 
 TRACE = Path(__file__).parent / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 DEFAULT_SLOS = Path(__file__).parents[1] / "slo" / "defaults.yaml"
+ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool"
 MINUTES = 40
 SILENT = (10, 25)  # the Collector of one zone sends nothing in these minutes, then all of it at once
 
@@ -105,3 +106,11 @@ def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tm
     dup = con.execute("""SELECT count(*) FROM (SELECT window_start, tenant, model, model_version, zone, workload,
                          traffic_class, deployment, pool, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
     assert dup == 0
+    live = con.execute(f"SELECT * FROM sli_minute ORDER BY {ORDER}").fetchall()
+    con.close()
+
+    # A replay of the same log from the beginning ends with the same rows, every column.
+    replay_path = tmp_path / "replay.duckdb"
+    assert build(settings(kafka, replay_path, until_idle_s=2.0, slos=slos)).run() == 0
+    con = duckdb.connect(str(replay_path), read_only=True)
+    assert con.execute(f"SELECT * FROM sli_minute ORDER BY {ORDER}").fetchall() == live

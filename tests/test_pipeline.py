@@ -146,21 +146,42 @@ def test_text_outside_the_schema_never_reaches_the_store(kafka, tmp_path):
     assert w.metrics.unknown_fields_dropped.labels(kafka.topic("requests"))._value.get() == len(events)
 
 
-def test_duplicate_deliveries_count_once_and_late_events_are_dead_lettered(kafka, tmp_path):
+def _late_log(kafka):
     sim = FleetSimulator("quiet", minutes=12, seed=9, rate_scale=0.2)
     events = [e for e in sim.events() if e.schema == "request.v1"]
     raw = [msgspec.json.encode(e) for e in events]
     redelivered = raw[:50]  # redelivered right after the first part of the log
     late = msgspec.json.encode(msgspec.structs.replace(events[0], event_id="really-late"))
-    # One key, so one partition: the last record sits 12 minutes behind that partition's watermark.
-    send_raw(kafka, "requests", raw[:200] + redelivered + raw[200:] + [late])
+    # One key, so one partition: the last records sit 12 minutes behind that partition's
+    # watermark: a new event, and a copy of one its minute counted.
+    send_raw(kafka, "requests", raw[:200] + redelivered + raw[200:] + [late, raw[3]])
+    return events
+
+
+def test_duplicate_deliveries_count_once_and_past_the_horizon_events_are_dead_lettered(kafka, tmp_path):
+    events = _late_log(kafka)
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store, correction_horizon_s=600.0)
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
+    assert con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall() == [("too_late", 2)]
+    assert w.metrics.events.labels(kafka.topic("requests"), "duplicate")._value.get() == 50
+    assert w.metrics.late_events.labels(kafka.topic("requests"))._value.get() == 2
+
+
+def test_a_late_event_within_the_horizon_corrects_its_minute_and_a_late_copy_counts_once(kafka, tmp_path):
+    events = _late_log(kafka)
     store = tmp_path / "tw.duckdb"
     w = run_worker(kafka, store)
     con = duckdb.connect(str(store), read_only=True)
-    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
-    assert con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall() == [("late", 1)]
-    assert w.metrics.events.labels(kafka.topic("requests"), "duplicate")._value.get() == 50
-    assert w.metrics.late_events.labels(kafka.topic("requests"))._value.get() == 1
+    assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events) + 1
+    assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
+    topic = kafka.topic("requests")
+    assert w.metrics.events.labels(topic, "duplicate")._value.get() == 51
+    # Counted in its open minute or merged into the closed one, as the checkpoints fell.
+    assert (w.metrics.events.labels(topic, "accepted")._value.get()
+            + w.metrics.corrected_events.labels(topic)._value.get()) == len(events) + 1
+    assert w.metrics.late_events.labels(topic)._value.get() == 0
 
 
 def test_metrics_and_health_are_served_while_running(kafka, tmp_path):

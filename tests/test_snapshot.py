@@ -1,0 +1,84 @@
+"""A replica joins from another's snapshot: Parquet plus offsets, restored into a new store,
+then caught up from Kafka to the same rows as the replica it came from (real broker, real
+DuckDB files, the CLI)."""
+
+import json
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+import store
+from ingest.simulator import FleetSimulator
+from slo.spec import load_slos
+from store import snapshot
+from tests.test_late_backlog import DEFAULT_SLOS
+from tests.test_pipeline import publish, run_worker
+
+ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool"
+
+
+def rows(path, table="sli_minute", order=ORDER):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+    finally:
+        con.close()
+
+
+def test_a_replica_restored_from_a_snapshot_catches_up_to_the_same_rows(kafka, tmp_path):
+    events = list(FleetSimulator("mixed-fleet", minutes=30, seed=5, rate_scale=0.3).events())
+    first = [e for e in events if e.ts < events[0].ts + 15 * 60_000]
+    publish(kafka, first)
+    a = tmp_path / "a.duckdb"
+    slos = load_slos(DEFAULT_SLOS)
+    run_worker(kafka, a, slos=slos)
+    folder = tmp_path / "snap"
+    out = subprocess.run([sys.executable, "-m", "tailwatch", "store", "snapshot", str(folder), "--store", str(a)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads((folder / "snapshot.json").read_text())
+    con = duckdb.connect(str(a), read_only=True)
+    assert manifest["offsets"] == {t: {str(p): o for tp, p, o in con.execute(
+        "SELECT topic, part, next_offset FROM _tw_offsets WHERE next_offset IS NOT NULL").fetchall() if tp == t}
+        for (t,) in con.execute("SELECT DISTINCT topic FROM _tw_offsets WHERE next_offset IS NOT NULL").fetchall()}
+    assert manifest["rows"]["sli_minute"] == con.execute("SELECT count(*) FROM sli_minute").fetchone()[0] > 0
+    con.close()
+
+    # The fleet goes on; the original replica reads on, a new one starts from the snapshot.
+    publish(kafka, [e for e in events if e not in first])
+    later = len(events) - len(first)
+    assert run_worker(kafka, a, slos=slos).events_seen == later
+    b = tmp_path / "b.duckdb"
+    assert snapshot.restore(folder, b).offsets == manifest["offsets"]
+    assert run_worker(kafka, b, slos=slos).events_seen == later  # only what came after the snapshot
+    assert rows(b) == rows(a)
+    assert rows(b, "gpu_minute", "window_start, node, gpu_index") == rows(a, "gpu_minute", "window_start, node, gpu_index")
+    assert rows(b, "slo_status", "window_start, slo, slice") == rows(a, "slo_status", "window_start, slo, slice")
+
+
+def test_a_store_that_holds_data_is_not_overwritten_by_a_restore(kafka, tmp_path):
+    publish(kafka, list(FleetSimulator("mixed-fleet", minutes=5, seed=6, rate_scale=0.2).events()))
+    a = tmp_path / "a.duckdb"
+    run_worker(kafka, a)
+    folder = tmp_path / "snap"
+    snapshot.write(a, folder)
+    before = rows(a)
+    assert snapshot.restore(folder, a) is None
+    assert rows(a) == before
+    with pytest.raises(snapshot.SnapshotError, match="not an empty folder"):
+        snapshot.write(a, folder)
+
+
+def test_a_snapshot_from_a_newer_release_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    (folder / "snapshot.json").write_text(json.dumps({
+        "schema_version": store.SCHEMA_VERSION + 1, "written_at": "2026-11-26T00:00:00Z", "newest_minute": None,
+        "offsets": {}, "rows": {}}))
+    with pytest.raises(snapshot.SnapshotError, match="newer tailwatch"):
+        snapshot.restore(folder, tmp_path / "new.duckdb")
+    assert not (tmp_path / "new.duckdb").exists()
+    with pytest.raises(snapshot.SnapshotError, match="not a tailwatch snapshot"):
+        snapshot.restore(tmp_path, tmp_path / "other.duckdb")
