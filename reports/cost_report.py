@@ -110,10 +110,16 @@ class ReportResult:
 
 # ---- reading ------------------------------------------------------------------------------
 
+def _rolled(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store has hour tables (streams/rollup.py): a store of an older release has none."""
+    return store.has_table(con, "rolled_minute")
+
+
 def _data_range(con: duckdb.DuckDBPyConnection) -> tuple[dt.datetime, dt.datetime] | None:
+    rolled = "UNION ALL SELECT min(window_start), max(window_start) FROM rolled_minute" if _rolled(con) else ""
     lo, hi = con.execute(
         "SELECT min(lo), max(hi) FROM (SELECT min(window_start) lo, max(window_start) hi FROM sli_minute "
-        "UNION ALL SELECT min(window_start), max(window_start) FROM gpu_minute)").fetchall()[0]
+        f"UNION ALL SELECT min(window_start), max(window_start) FROM gpu_minute {rolled})").fetchall()[0]
     return None if lo is None else (lo, hi + dt.timedelta(minutes=1))
 
 
@@ -122,49 +128,74 @@ def _period(unit: str) -> str:
 
 
 def minute_scales(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    """Per pool and minute, the factor that fits the requests' GPU-seconds into the GPUs' (slo.cost)."""
+    """Per pool and minute, the factor that fits the requests' GPU-seconds into the GPUs' (slo.cost);
+    for minutes rolled into hours, the factors the roll-up kept."""
     reported = con.sql("""
         SELECT window_start AS minute, coalesce(pool, '') AS pool, coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds
         FROM sli_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
     present = con.sql("""
         SELECT window_start AS minute, coalesce(pool, '') AS pool, (count(*) * 60)::DOUBLE AS gpu_seconds
         FROM gpu_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
-    return cost.attribution_scales(reported, present)
+    scales = cost.attribution_scales(reported, present)
+    if not _rolled(con):
+        return scales
+    kept = con.sql("SELECT * FROM attribution_minute WHERE minute >= ? AND minute < ?", params=[start, end]).pl()
+    return pl.concat([kept.select(scales.columns).cast(scales.schema), scales]).sort("minute", "pool") \
+        if kept.height else scales
 
 
 def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.DataFrame) -> pl.DataFrame:
     # The scales are per minute and the usage is summed per period: the join applies them per
-    # bucket in DuckDB, so a long range never brings every slice-minute into Python.
+    # bucket in DuckDB, so a long range never brings every slice-minute into Python. Hours rolled
+    # up carry their requests' GPU-seconds already scaled, minute by minute, the same way.
+    sums = """sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
+                   sum(successful_turns)::BIGINT AS successful_turns,
+                   coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
+                   coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,"""
+    hours = f"""UNION ALL
+            SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
+                   coalesce(sum(gpu_seconds_attributed), 0)::DOUBLE AS gpu_seconds,
+                   coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds_reported
+            FROM sli_hour WHERE window_start >= ? AND window_start < ? GROUP BY ALL""" if _rolled(con) else ""
     con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
     try:
         return con.sql(f"""
-            SELECT {_period(unit)} AS period, tenant, model, workload, pool,
-                   sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
-                   sum(successful_turns)::BIGINT AS successful_turns,
-                   coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
-                   coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,
+            SELECT period, tenant, model, workload, pool, sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
+                   sum(successful_turns)::BIGINT AS successful_turns, sum(output_tokens)::BIGINT AS output_tokens,
+                   sum(audio_seconds)::DOUBLE AS audio_seconds, sum(gpu_seconds)::DOUBLE AS gpu_seconds,
+                   sum(gpu_seconds_reported)::DOUBLE AS gpu_seconds_reported
+            FROM (
+            SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
                    coalesce(sum(gpu_seconds * coalesce(attribution_scale, 1.0)), 0)::DOUBLE AS gpu_seconds,
                    coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds_reported
             FROM sli_minute LEFT JOIN {SCALES_VIEW}
                  ON minute = window_start AND scaled_pool = coalesce(pool, '')
-            WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
+            WHERE window_start >= ? AND window_start < ? GROUP BY ALL
+            {hours}) GROUP BY ALL""", params=[start, end] + ([start, end] if hours else [])).pl()
     finally:
         con.unregister(SCALES_VIEW)
 
 
 def _fleet(con, unit: str, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    # Each row is one GPU present for one minute: 60 GPU-seconds paid for, busy or not.
+    # Each row is one GPU present for one minute: 60 GPU-seconds paid for, busy or not (an hour
+    # row counts its minutes).
+    hours = f"""UNION ALL SELECT {_period(unit)} AS period, pool, model, gpu_sku, (sum(gpu_minutes) * 60)::DOUBLE
+        FROM gpu_hour WHERE window_start >= ? AND window_start < ? GROUP BY ALL""" if _rolled(con) else ""
     return con.sql(f"""
+        SELECT period, pool, model, gpu_sku, sum(gpu_seconds)::DOUBLE AS gpu_seconds FROM (
         SELECT {_period(unit)} AS period, pool, model, gpu_sku, (count(*) * 60)::DOUBLE AS gpu_seconds
-        FROM gpu_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL""", params=[start, end]).pl()
+        FROM gpu_minute WHERE window_start >= ? AND window_start < ? GROUP BY ALL {hours}) GROUP BY ALL""",
+        params=[start, end] + ([start, end] if hours else [])).pl()
 
 
 def _minutes_per_day(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    return con.sql("""
+    rolled = "UNION SELECT window_start FROM rolled_minute WHERE window_start >= ? AND window_start < ?" \
+        if _rolled(con) else ""
+    return con.sql(f"""
         SELECT CAST(date_trunc('day', m) AS DATE) AS period, count(*)::BIGINT AS minutes_with_data
         FROM (SELECT window_start AS m FROM sli_minute WHERE window_start >= ? AND window_start < ?
-              UNION SELECT window_start FROM gpu_minute WHERE window_start >= ? AND window_start < ?)
-        GROUP BY 1""", params=[start, end, start, end]).pl()
+              UNION SELECT window_start FROM gpu_minute WHERE window_start >= ? AND window_start < ? {rolled})
+        GROUP BY 1""", params=[start, end, start, end] + ([start, end] if rolled else [])).pl()
 
 
 def _per_day(tables: cost.CostTables, minutes: pl.DataFrame) -> pl.DataFrame:

@@ -8,6 +8,7 @@ replay of the store (`tailwatch slo status --at`) and, minute by minute, a live 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -332,11 +333,17 @@ class Replay:
     changes: list[AlertChange]
 
 
-def replay(specs: list[SloSpec], buckets: pl.DataFrame, until_minute: int | None = None) -> Replay:
-    """The SLO state after the given buckets (for reads of the store)."""
+def replay(specs: list[SloSpec], buckets: pl.DataFrame | Iterable[pl.DataFrame],
+           until_minute: int | None = None) -> Replay:
+    """The SLO state after the given buckets, a frame or frames in event-time order (for reads
+    of the store)."""
     ev = SloEvaluator(specs)
-    result = ev.feed(buckets, until_minute, with_status=False)
-    if buckets.height:
-        last = until_minute if until_minute is not None else int(buckets["window_start"].dt.epoch("s").max() // 60)
-        ev.retire_until(last)
-    return Replay(ev, result.changes)
+    changes: list[AlertChange] = []
+    last = None
+    for frame in [buckets] if isinstance(buckets, pl.DataFrame) else buckets:
+        changes += ev.feed(frame, until_minute, with_status=False).changes
+        if frame.height:
+            last = max(last or 0, int(frame["window_start"].dt.epoch("s").max() // 60))
+    if last is not None:
+        ev.retire_until(until_minute if until_minute is not None else last)
+    return Replay(ev, changes)

@@ -14,6 +14,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import duckdb
 import numpy as np
@@ -81,6 +82,24 @@ CREATE TABLE IF NOT EXISTS alerts (
     long_burn_rate DOUBLE, short_burn_rate DOUBLE, error_budget_remaining DOUBLE
 );
 ALTER TABLE alerts ADD COLUMN IF NOT EXISTS detail VARCHAR;
+-- Hours rolled up from minutes older than the retention (streams/rollup.py).
+CREATE TABLE IF NOT EXISTS sli_hour AS FROM sli_minute LIMIT 0;
+ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS gpu_seconds_attributed DOUBLE;
+ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS minutes BIGINT;
+CREATE TABLE IF NOT EXISTS gpu_hour (
+    window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
+    gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, gpu_minutes BIGINT, samples BIGINT,
+    util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
+    power_w_mean DOUBLE, temp_c_max DOUBLE, xid_errors BIGINT, ecc_errors BIGINT,
+    queue_depth_max BIGINT, oldest_queue_age_ms_max DOUBLE, running_max BIGINT,
+    active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR,
+    sm_active_pct_mean DOUBLE, sm_occupancy_pct_mean DOUBLE, tensor_active_pct_mean DOUBLE, dram_bw_pct_mean DOUBLE,
+    sources VARCHAR
+);
+CREATE TABLE IF NOT EXISTS attribution_minute (
+    minute TIMESTAMP, pool VARCHAR, reported_gpu_seconds DOUBLE, fleet_gpu_seconds DOUBLE, attribution_scale DOUBLE
+);
+CREATE TABLE IF NOT EXISTS rolled_minute (window_start TIMESTAMP, requests BOOLEAN, gpu BOOLEAN);
 CREATE TABLE IF NOT EXISTS _tw_offsets (
     topic VARCHAR, part INTEGER, next_offset BIGINT, watermark_ms BIGINT, PRIMARY KEY (topic, part)
 );
@@ -101,9 +120,10 @@ CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes B
 # The store's schema version. Version 1 is every store written before the store carried one
 # (its tables are SCHEMA_SQL's, which only ever adds). A store is migrated up at the writer's
 # start, one step at a time, in one transaction; a store from a newer release is refused.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {  # version → the SQL that brings version - 1 to it (after SCHEMA_SQL)
     2: "CREATE TABLE IF NOT EXISTS _tw_schema (version INTEGER NOT NULL)",
+    3: "SELECT 1",  # the hour tables (sli_hour, gpu_hour, attribution_minute, rolled_minute): in SCHEMA_SQL
 }
 
 
@@ -285,6 +305,8 @@ class Checkpoint:
     # and the assemblers' frontiers (source_topic, sli_partition, streams.partials.Frontier).
     dedupe_dead_letters: bool = False
     assembly_frontiers: list[tuple[str, int, object]] = field(default_factory=list)
+    # Store upkeep run inside the same transaction, last (the roll-up of old minutes: streams/rollup.py).
+    upkeep: list[Callable[[duckdb.DuckDBPyConnection], object]] = field(default_factory=list)
 
 
 def _frame_blob(frame: pl.DataFrame) -> bytes:
@@ -348,6 +370,8 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
                 con.register("_stage", rows.to_arrow())
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _stage")
                 con.unregister("_stage")
+        for task in cp.upkeep:
+            task(con)
         for (topic, part), nxt in cp.next_offsets.items():
             con.execute(
                 "INSERT INTO _tw_offsets VALUES (?, ?, ?, NULL) ON CONFLICT (topic, part) "
@@ -481,7 +505,8 @@ class RestoredTopic:
 
 
 def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopic:
-    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [topic]).fetchone()
+    row = con.execute("SELECT closed_before_minute FROM _tw_frontier WHERE topic = ?", [topic]).fetchall()
+    row = row[0] if row else None
     closed = int(row[0]) if row and row[0] is not None else None
     # Hashes of closed minutes stay in the store for corrections (`seen_hashes`), not in memory.
     seen = [
@@ -518,8 +543,21 @@ def newest_minute(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
     """The newest minute (epoch minutes) a bucket table holds rows of."""
     if table not in ("sli_minute", "gpu_minute"):
         raise ValueError(f"not a bucket table: {table}")
-    row = con.execute(f"SELECT epoch(max(window_start)) FROM {table}").fetchone()
+    row = con.execute(f"SELECT epoch(max(window_start)) FROM {table}").fetchall()[0]
     return int(row[0]) // 60 if row and row[0] is not None else None
+
+
+def oldest_minute(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
+    """The oldest minute (epoch minutes) a bucket table holds rows of."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
+    row = con.execute(f"SELECT epoch(min(window_start)) FROM {table}").fetchall()[0]
+    return int(row[0]) // 60 if row and row[0] is not None else None
+
+
+def has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether the store has this table (a store of an older release, opened read-only, may not)."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchall()[0][0])
 
 
 def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute") -> pl.DataFrame:
@@ -530,6 +568,21 @@ def recent_buckets(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "s
     return query_frame(
         con, f"SELECT * FROM {table} WHERE window_start >= (SELECT max(window_start) FROM {table}) - to_minutes($1)",
         [minutes])
+
+
+def recent_bucket_chunks(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute",
+                         chunk_minutes: int = 360) -> Iterator[pl.DataFrame]:
+    """`recent_buckets`, in event-time order, `chunk_minutes` at a time: a month of a busy
+    fleet's rows (histograms included) held at once took gigabytes to rebuild SLO windows from."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
+    newest = newest_minute(con, table)
+    if newest is None:
+        return
+    for at in range(newest - minutes, newest + 1, chunk_minutes):
+        yield query_frame(con, f"SELECT * FROM {table} WHERE window_start >= make_timestamp($1::BIGINT * 60000000) "
+                               "AND window_start < make_timestamp($2::BIGINT * 60000000) ORDER BY window_start",
+                          [at, min(at + chunk_minutes, newest + 1)])
 
 
 def query_frame(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pl.DataFrame:

@@ -46,12 +46,12 @@ def write(store_path: str | Path, folder: str | Path, wait_s: float = 60.0) -> M
         version = store.schema_version(con)
         tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
                                             "WHERE table_schema = 'main' ORDER BY 1").fetchall()]
-        rows = {t: int(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in tables}
+        rows = {t: int(con.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0]) for t in tables}
         offsets: dict[str, dict[str, int]] = {}
         for topic, part, nxt in con.execute("SELECT topic, part, next_offset FROM _tw_offsets "
                                             "WHERE next_offset IS NOT NULL ORDER BY 1, 2").fetchall():
             offsets.setdefault(topic, {})[str(part)] = int(nxt)
-        newest = con.execute("SELECT strftime(max(window_start), '%Y-%m-%dT%H:%MZ') FROM sli_minute").fetchone()[0]
+        newest = con.execute("SELECT strftime(max(window_start), '%Y-%m-%dT%H:%MZ') FROM sli_minute").fetchall()[0][0]
         folder.mkdir(parents=True, exist_ok=True)
         con.execute(f"EXPORT DATABASE '{_quoted(folder)}' (FORMAT parquet, COMPRESSION zstd)")
     except duckdb.Error as exc:

@@ -58,6 +58,8 @@ class WorkerSettings:
     # Past the allowed lateness, a request still corrects its closed minute up to this far behind
     # its partition's watermark and the closed frontier (0: dead letters `late`, as before).
     correction_horizon_s: float = 86400.0
+    # Minute rows older than this are rolled into hour rows (streams/rollup.py; 0: never).
+    minute_retention_s: float = 35 * 86400.0
     max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
     batch_size: int = 20_000
     checkpoint_interval_s: float = 2.0

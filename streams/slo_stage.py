@@ -119,7 +119,8 @@ class SloStage:
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         longest = max(s.window_minutes for s in self.specs.values())
-        self.evaluator.feed(store.recent_buckets(con, longest), with_status=False)
+        for rows in store.recent_bucket_chunks(con, longest):
+            self.evaluator.feed(rows, with_status=False)
         self.evaluator.reset_event_counts()
         self._details = {fp: detail for fp, detail in con.execute(
             "SELECT fingerprint, detail FROM alerts WHERE resolved_at IS NULL AND detail IS NOT NULL").fetchall()}

@@ -16,13 +16,17 @@ import polars as pl
 
 import store
 from streams.metrics import CpuAccount
+from streams.rollup import RollUp
 from streams.stages import Stage
 from store.lock import StoreLock
 
 
 class StoreSink:
-    def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount):
+    def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount,
+                 rollup: RollUp | None = None):
         self.path = path
+        self.rollup = rollup
+        self._rollup_checked_hours: tuple = ()
         self.release_s = release_s
         self.stages = stages
         self.outboxes = [s.alerts for s in stages if s.alerts is not None]
@@ -63,6 +67,14 @@ class StoreSink:
             self.cpu.spent(stage.name, began)
         for outbox in self.outboxes:
             cp.stage_rows.extend(outbox.delivery_rows())
+        if self.rollup is not None:
+            # Old minutes fall due only when a new hour closes in either table (or the last roll
+            # stopped at its limit).
+            hours = tuple(int(f["window_start"].dt.epoch("s").max()) // 3600 if f.height else None
+                          for f in (closed.get("sli_minute"), closed.get("gpu_minute")) if f is not None)
+            if hours != self._rollup_checked_hours and any(h is not None for h in hours) or self.rollup.behind:
+                self._rollup_checked_hours = hours
+                cp.upkeep.append(self.rollup.roll)
         began = self.cpu.began()
         try:
             with self.session as con:

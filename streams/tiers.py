@@ -15,6 +15,7 @@ from __future__ import annotations
 from streams.assembly import MinuteAssembly
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.partial_publisher import PartialPublisher
+from streams.rollup import RollUp
 from streams.runtime import Parts, Runtime, WorkerSettings
 from streams.signal_stage import SignalStage
 from streams.slo_stage import SloStage
@@ -50,7 +51,8 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
             live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices)
             parts.signals = SignalStage(live, slo.states, slo.details) if slo is not None else SignalStage(live)
             stages.append(parts.signals)
-        parts.store = StoreSink(settings.store_path, settings.store_release_s, stages, cpu)
+        parts.store = StoreSink(settings.store_path, settings.store_release_s, stages, cpu,
+                                RollUp(int(settings.minute_retention_s // 60)))
     source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,
                          by_group=operator.by_group, instance_id=settings.instance_id,
                          on_group_rescued=metrics.group_rescues.inc)

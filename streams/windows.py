@@ -151,19 +151,20 @@ class MinuteWindows:
         for p, wm in frame.group_by("_partition").agg(pl.col("ts_ms").max()).iter_rows():
             if wm > self.watermark_ms.get(p, -(2**62)):
                 self.watermark_ms[p] = wm
-        to_correct = 0
-        if self.correction_horizon_ms:
+        to_correct, refused = 0, None
+        if not judged["late"].any():  # the common case: one pass, no filtering
+            on_time = frame
+        elif self.correction_horizon_ms:
             # Past the allowed lateness but within the horizon: an open minute takes the event
             # as it takes any; a closed one is corrected at the next checkpoint.
-            refused = frame.filter(judged["too_late"])
-            kept = frame.filter(~judged["too_late"])
-            closed = kept["_minute"] < self.closed_before_minute if self.closed_before_minute is not None else None
-            if closed is not None and closed.any():
-                late = kept.filter(closed)
+            refuse = judged["too_late"]
+            correct = ~refuse & judged["closed"]
+            refused = frame.filter(refuse)
+            if correct.any():
+                late = frame.filter(correct)
                 self._late.append(late)
                 to_correct = late.height
-                kept = kept.filter(~closed)
-            on_time = kept
+            on_time = frame.filter(~(refuse | correct))
         else:
             refused = frame.filter(judged["late"])
             on_time = frame.filter(~judged["late"])
@@ -173,15 +174,16 @@ class MinuteWindows:
         return BatchOutcome(
             accepted=on_time.height,
             duplicates=duplicates,
-            late_index=refused["_index"].to_list(),
-            late_ts_ms=refused["ts_ms"].to_list(),
+            late_index=[] if refused is None else refused["_index"].to_list(),
+            late_ts_ms=[] if refused is None else refused["ts_ms"].to_list(),
             to_correct=to_correct,
             past_horizon=bool(self.correction_horizon_ms),
         )
 
     def _judge(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Per row: `late` (older than its partition's watermark minus the allowed lateness,
-        or of a closed minute) and `too_late` (beyond the correction horizon the same way)."""
+        or of a closed minute); with a correction horizon also `too_late` (beyond the horizon
+        the same way) and `closed` (of a closed minute)."""
         before = pl.DataFrame(
             {"_partition": list(self.watermark_ms), "_wm0": list(self.watermark_ms.values())},
             schema={"_partition": pl.Int32, "_wm0": pl.Int64},
@@ -191,10 +193,14 @@ class MinuteWindows:
         judged = judged.with_columns(pl.max_horizontal(prior, pl.col("_wm0")).alias("_wm"))
         late = (pl.col("ts_ms") < pl.col("_wm") - self.allowed_lateness_ms).fill_null(False)
         too_late = (pl.col("ts_ms") < pl.col("_wm") - self.correction_horizon_ms).fill_null(False)
+        closed = pl.lit(False)
         if self.closed_before_minute is not None:
-            late = late | (pl.col("_minute") < self.closed_before_minute)
+            closed = pl.col("_minute") < self.closed_before_minute
+            late = late | closed
             too_late = too_late | (pl.col("_minute") < self.closed_before_minute - self.correction_horizon_ms // MINUTE_MS)
-        return judged.select(late.alias("late"), too_late.alias("too_late"))
+        if not self.correction_horizon_ms:
+            return judged.select(late.alias("late"))
+        return judged.select(late.alias("late"), (late & too_late).alias("too_late"), closed.alias("closed"))
 
     def take_late(self) -> pl.DataFrame | None:
         """The late events of closed minutes held since the last call, with their dedupe hash

@@ -13,7 +13,7 @@ carries is left out); everything else is the live code path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterator
 
 import polars as pl
@@ -57,6 +57,7 @@ def read_buckets(store_path: str, start: datetime | None = None, end: datetime |
     or models only, from a read-only connection."""
     con = store.connect(store_path, read_only=True, wait_s=30.0)
     try:
+        _refuse_rolled(con, start, warmup_minutes)
         out = []
         for table, label in (("sli_minute", "pool"), ("gpu_minute", "pool")):
             where, params = [], []
@@ -77,6 +78,18 @@ def read_buckets(store_path: str, start: datetime | None = None, end: datetime |
         return out[0], out[1]
     finally:
         con.close()
+
+
+def _refuse_rolled(con, start: datetime | None, warmup_minutes: int) -> None:
+    """Replays need minutes: a range reaching back into hours rolled up (streams/rollup.py) is
+    refused in one line naming where the minutes begin."""
+    if start is None or not store.has_table(con, "rolled_minute"):
+        return
+    rolled = con.execute("SELECT max(window_start) FROM rolled_minute").fetchall()[0][0]
+    if rolled is not None and start - timedelta(minutes=warmup_minutes) <= rolled:
+        first = rolled + timedelta(minutes=1)
+        raise BacktestError(f"minutes before {first:%Y-%m-%dT%H:%MZ} are rolled up into hours (--minute-retention) and "
+                            f"replays need minutes: start at {first:%Y-%m-%dT%H:%MZ} or later")
 
 
 def _by_minute(frame: pl.DataFrame) -> dict[int, pl.DataFrame]:

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
     p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION",
                    help="event time a minute waits for its events before it closes (default 5m)")
+    p.add_argument("--minute-retention", type=_duration_s, default=35 * 86400.0, metavar="DURATION",
+                   help="minute rows older than this are rolled into hour rows (sli_hour, gpu_hour); at least the "
+                        "longest SLO window plus the correction horizon (default 35d; 0: keep every minute)")
     p.add_argument("--correction-horizon", type=_duration_s, default=86400.0, metavar="DURATION",
                    help="a request later than the allowed lateness but within this still corrects its minute in the "
                         "store, SLO budgets and reports; older ones are dead letters `too_late` (default 24h; 0: "
@@ -410,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
+    p.add_argument("--rollup", default=None, metavar="STORE",
+                   help="roll a copy of STORE up to --retention-days of minutes: time taken, rows, store size")
+    p.add_argument("--retention-days", type=_positive_int, default=7, help="roll-up bench: days of minutes kept")
     p.add_argument("--restore", default=None, metavar="STORE",
                    help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
     p.add_argument("--api", action="store_true",

@@ -214,6 +214,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         until_idle_s=args.until_idle,
         allowed_lateness_s=args.allowed_lateness,
         correction_horizon_s=getattr(args, "correction_horizon", 86400.0),
+        minute_retention_s=getattr(args, "minute_retention", 35 * 86400.0),
         idle_timeout_s=args.idle_timeout,
         max_watermark_drift_s=args.max_watermark_drift,
         drain_timeout_s=args.drain_timeout,
@@ -230,7 +231,21 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         alert_links=links,
     )
     settings.update(overrides)
+    _check_retention(settings)
     return WorkerSettings(**settings)
+
+
+def _check_retention(settings: dict) -> None:
+    """Minutes must outlive what reads them: the SLO windows (rebuilt from minutes at start) and corrections."""
+    retention_s = settings.get("minute_retention_s") or 0
+    if not retention_s:
+        return
+    longest_min = max((s.window_minutes for s in settings.get("slos") or []), default=0)
+    needed_s = longest_min * 60 + settings.get("correction_horizon_s", 0) + 3600
+    if retention_s < needed_s:
+        raise CliError(f"--minute-retention {retention_s / 86400:g}d is shorter than the longest SLO window "
+                       f"({longest_min / 1440:g}d) plus the correction horizon and an hour: at least "
+                       f"{needed_s / 86400:.2f}d")
 
 
 WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwatch-tier2"}
@@ -472,6 +487,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         print(report.table())
         return 0 if report.ok else 1
+    if args.rollup:
+        from tools.bench_restore import run_rollup
+
+        print("\n".join(run_rollup(args.rollup, args.retention_days, say=lambda m: print(m, file=sys.stderr, flush=True))))
+        return 0
     if args.restore:
         from tools.bench_restore import run as run_restore
 
