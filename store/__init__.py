@@ -86,16 +86,8 @@ ALTER TABLE alerts ADD COLUMN IF NOT EXISTS detail VARCHAR;
 CREATE TABLE IF NOT EXISTS sli_hour AS FROM sli_minute LIMIT 0;
 ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS gpu_seconds_attributed DOUBLE;
 ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS minutes BIGINT;
-CREATE TABLE IF NOT EXISTS gpu_hour (
-    window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
-    gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, gpu_minutes BIGINT, samples BIGINT,
-    util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
-    power_w_mean DOUBLE, temp_c_max DOUBLE, xid_errors BIGINT, ecc_errors BIGINT,
-    queue_depth_max BIGINT, oldest_queue_age_ms_max DOUBLE, running_max BIGINT,
-    active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR,
-    sm_active_pct_mean DOUBLE, sm_occupancy_pct_mean DOUBLE, tensor_active_pct_mean DOUBLE, dram_bw_pct_mean DOUBLE,
-    sources VARCHAR
-);
+CREATE TABLE IF NOT EXISTS gpu_hour AS FROM gpu_minute LIMIT 0;
+ALTER TABLE gpu_hour ADD COLUMN IF NOT EXISTS gpu_minutes BIGINT;
 CREATE TABLE IF NOT EXISTS attribution_minute (
     minute TIMESTAMP, pool VARCHAR, reported_gpu_seconds DOUBLE, fleet_gpu_seconds DOUBLE, attribution_scale DOUBLE
 );

@@ -36,7 +36,7 @@ CHUNK_ROWS = 200_000
 HOURS_PER_CHECKPOINT = 24  # a store upgraded with months of minutes is rolled over several checkpoints
 
 _GPU_HOUR_SQL = """
-INSERT INTO gpu_hour
+INSERT INTO gpu_hour BY NAME
 SELECT date_trunc('hour', window_start) AS window_start, node, gpu_index, zone, pool, gpu_sku, model, model_version,
        count(*) AS gpu_minutes, sum(samples)::BIGINT AS samples,
        avg(util_pct_mean) AS util_pct_mean, max(util_pct_max) AS util_pct_max,

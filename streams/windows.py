@@ -246,20 +246,16 @@ class MinuteWindows:
 
     def _aggregate(self, frame: pl.DataFrame) -> None:
         counts, hist = self.partials(frame)
-        self.unsaved.counts.append(counts)
-        for minute, part in _by_minute(counts):
-            state = self._minute(minute)
-            state.counts.append(part)
-            if len(state.counts) > self.COUNTS_AT:
-                state.counts = _tiered(state.counts, self._merge_counts, self.COUNTS_AT)
-        if hist is None:
-            return
-        self.unsaved.hist.append(hist)
-        for minute, part in _by_minute(hist):
-            state = self._minute(minute)
-            state.hist.append(part)
-            if len(state.hist) > self.HIST_AT:
-                state.hist = _tiered(state.hist, self._merge_hist, self.HIST_AT)
+        for kind, partial, limit, merge in (("counts", counts, self.COUNTS_AT, self._merge_counts),
+                                            ("hist", hist, self.HIST_AT, self._merge_hist)):
+            if partial is None:
+                continue
+            getattr(self.unsaved, kind).append(partial)
+            for minute, part in _by_minute(partial):
+                parts = getattr(self._minute(minute), kind)
+                parts.append(part)
+                if len(parts) > limit:
+                    setattr(self._minute(minute), kind, _tiered(parts, merge, limit))
 
     def partials(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         """Count and histogram partials of events (deduped, with `_minute`), keyed by (minute,

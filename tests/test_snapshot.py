@@ -54,6 +54,15 @@ def test_a_replica_restored_from_a_snapshot_catches_up_to_the_same_rows(kafka, t
     assert snapshot.restore(folder, b).offsets == manifest["offsets"]
     assert run_worker(kafka, b, slos=slos).events_seen == later  # only what came after the snapshot
     assert rows(b) == rows(a)
+    # The same from the command line, as a replica's manifest would run it.
+    c = tmp_path / "c.duckdb"
+    out = subprocess.run([sys.executable, "-m", "tailwatch", "worker", "--store", str(c), "--restore-from", str(folder),
+                          "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+                          "--group", "replica-c", "--http-port", "0", "--until-idle", "2"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert f"restored {c} from {folder}" in out.stderr
+    assert rows(c) == rows(a)
     assert rows(b, "gpu_minute", "window_start, node, gpu_index") == rows(a, "gpu_minute", "window_start, node, gpu_index")
     assert rows(b, "slo_status", "window_start, slo, slice") == rows(a, "slo_status", "window_start, slo, slice")
 
