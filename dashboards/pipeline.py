@@ -17,7 +17,7 @@ from dashboards.common import (
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS, CONSUMER_LAG_MESSAGES,
     DEAD_LETTERS_TOTAL, EVENTS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, HTTP_REFUSED_TOTAL,
-    LATE_EVENTS_TOTAL, OPEN_BUCKETS, UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
+    CORRECTED_EVENTS_TOTAL, LATE_EVENTS_TOTAL, OPEN_BUCKETS, UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
 )
 
 
@@ -40,8 +40,11 @@ def build(specs=None):
                    [Q(f"sum by (reason) (rate({DEAD_LETTERS_TOTAL}[{RATE}]))", "{{reason}}")]),
         table("Dead letters since start by reason", "short",
               [Q(f"sum by (topic, reason) ({DEAD_LETTERS_TOTAL})", instant=True)], w=8),
-        timeseries("Late events by topic", "cps",
-                   [Q(f"sum by (topic) (rate({LATE_EVENTS_TOTAL}[{RATE}]))", "{{topic}}")]),
+        timeseries("Late events by topic: merged into their closed minute, or dead-lettered", "cps",
+                   [Q(f"sum by (topic) (rate({CORRECTED_EVENTS_TOTAL}[{RATE}]))", "{{topic}} corrected"),
+                    Q(f"sum by (topic) (rate({LATE_EVENTS_TOTAL}[{RATE}]))", "{{topic}} dead-lettered")],
+                   description="Past the allowed lateness, a request within the correction horizon corrects its "
+                               "minute in the store and SLO budgets; older ones (and late GPU samples) are dead letters."),
         timeseries("Bucket close delay p95", "s",
                    [Q(quantile(0.95, BUCKET_CLOSE_DELAY_SECONDS, "topic, "), "{{topic}}")],
                    description="Wall-clock time from a minute's end to its bucket landing in the store."),

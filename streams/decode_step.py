@@ -86,6 +86,7 @@ class DecodeStep:
             m.events.labels(p.topic, "correcting").inc(outcome.to_correct)
         m.events.labels(p.topic, "duplicate").inc(outcome.duplicates)
         m.late_events.labels(p.topic).inc(len(outcome.late_index))
+        m.corrected_events.labels(p.topic)  # the series exists at 0 before the first correction
         if decoded.unknown_fields_dropped:
             m.unknown_fields_dropped.labels(p.topic).inc(decoded.unknown_fields_dropped)
 
