@@ -329,8 +329,7 @@ def _capacity_measured(args: argparse.Namespace) -> int:
 
     con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
-        known = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'pool_capacity'").fetchall()
-        rows = load_pool_capacity(con, args.days) if known[0][0] else None
+        rows = load_pool_capacity(con, args.days) if store.has_table(con, "pool_capacity") else None
     finally:
         con.close()
     if rows is None or rows.height == 0:
