@@ -403,23 +403,24 @@ def _collect_prometheus(args: argparse.Namespace) -> int:
         settings = kafka_settings(args)
         ensure_reachable(settings)
         publisher = EventPublisher(settings)
-    scraper = PrometheusScraper(args.url, mapping.gpu)
+    scraper = PrometheusScraper(args.url, mapping)
     enc = msgspec.json.Encoder()
     rounds = 0
     try:
         while True:
             started = time.monotonic()
-            mapped, errors = scraper.round(int(time.time() * 1000))
-            for line in errors:
+            scraped = scraper.round(int(time.time() * 1000))
+            for line in scraped.errors:
                 print(f"tailwatch collect prometheus: {line}", file=sys.stderr)
-            for reason, detail in mapped.refused:
+            for reason, detail in (*scraped.gpu.refused, *scraped.requests.refused):
                 print(f"tailwatch collect prometheus: {reason}: {detail}", file=sys.stderr)
+            events = [*scraped.gpu.samples, *scraped.requests.events]
             if publisher:
-                publisher.publish_events(mapped.samples)
+                publisher.publish_events(events)
                 publisher.producer.flush(10)
             else:
-                for sample in mapped.samples:
-                    print(enc.encode(sample).decode())
+                for event in events:
+                    print(enc.encode(event).decode())
                 sys.stdout.flush()
             rounds += 1
             if args.count and rounds >= args.count:

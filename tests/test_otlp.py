@@ -507,7 +507,7 @@ def test_refused_gpu_samples_of_one_batch_share_one_dead_letter_and_all_count():
     sent = []
     republisher._dead_letter = lambda *args: (sent.append(args), republisher.report.dead_letters.update([args[3]]))
     record = republisher.map_record("metrics", 0, 17, raw, 0)
-    assert [(g.node, g.gpu_index, g.util_pct) for g in record.events] == [("n1", 3, 40.0)]
+    assert [(g.node, g.gpu_index, g.util_pct) for g in record.events()] == [("n1", 3, 40.0)]
     assert republisher.report.dead_letters == {"otlp_metric_invalid": 3}
     [(topic, partition, offset, reason, detail, letter_raw, _ts)] = sent  # one letter with the batch's bytes
-    assert (topic, partition, offset, letter_raw) == ("metrics", 0, 17, raw) and "(and 2 more samples)" in detail
+    assert (topic, partition, offset, letter_raw) == ("metrics", 0, 17, raw) and "(and 2 more)" in detail

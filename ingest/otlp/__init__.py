@@ -6,8 +6,9 @@ mapped onto `request.v1` and `gpu.v1`.
 - `attributes`: an OTLP attribute list as a plain dict, and value lookups by rule;
 - `views`: one shape for a span from either encoding, and OTLP/JSON readers;
 - `spans`: a TracesData batch → request.v1 events (GenAI conventions, vLLM and Triton aliases);
-- `samples`: metric samples from OTLP MetricsData or a Prometheus text exposition;
+- `samples`: metric samples and histogram points from OTLP MetricsData or a Prometheus text exposition;
 - `gpu`: samples → gpu.v1 (DCGM, vLLM, Triton names; counters to deltas; per GPU and time);
+- `histogram_requests`: GenAI and runtime latency/token histograms → the request.v1 events they counted;
 - `encode`: request.v1 / gpu.v1 → OTLP batches (`tailwatch simulate --format otlp`);
 - `scrape`: `tailwatch collect prometheus`, `/metrics` over HTTP;
 - `republish`: the `tailwatch ingest otlp` consumer group, Kafka in and out.

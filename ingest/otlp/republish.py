@@ -1,8 +1,9 @@
 """`tailwatch ingest otlp`: the Collector's Kafka topics in, `request.v1` / `gpu.v1` out.
 
 A consumer group over the span and metric topics (`otlp_spans`, `otlp_metrics` by
-default) that republishes each batch's requests to `tw.requests` keyed by tenant and its
-GPU samples to `tw.gpu` keyed by node, as the worker expects. A record that is not an OTLP
+default) that republishes each batch's requests (spans, and the requests that GenAI latency
+histograms counted) to `tw.requests` keyed by tenant and its GPU samples to `tw.gpu` keyed
+by node, as the worker expects. A record that is not an OTLP
 batch, a request span that does not map, and a GPU sample the schema refuses each go to
 the dead-letter topic with their reason; nothing stops. Partitions are kept within a
 minute of event time of each other (`alignment`), and the records of one fetch are
@@ -35,7 +36,8 @@ from ingest import deadletter
 from ingest.otlp.alignment import EventTimeAlignment
 from ingest.otlp.gpu import GpuMapper
 from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.samples import samples_from_otlp
+from ingest.otlp.histogram_requests import HistogramRequests
+from ingest.otlp.samples import histograms_from_otlp, samples_from_otlp
 from ingest.otlp.spans import requests_from_traces
 from ingest.otlp.wire import OtlpDecodeError, decode
 from ingest.schema import partition_key
@@ -54,6 +56,7 @@ class RepublishReport:
     batches: int = 0
     spans: int = 0
     requests: int = 0
+    requests_from_histograms: int = 0  # GenAI latency histograms turned back into their requests
     gpu_samples: int = 0
     skipped: int = 0  # spans and metric samples that are not requests or GPU readings
     dead_letters: Counter = field(default_factory=Counter)  # by reason
@@ -61,7 +64,8 @@ class RepublishReport:
 
     def lines(self) -> list[str]:
         out = [f"{self.batches:,} OTLP batches: {self.requests:,} requests from {self.spans:,} spans, "
-               f"{self.gpu_samples:,} GPU samples, {self.skipped:,} spans and samples not mapped (not requests or GPU readings)"]
+               f"{self.requests_from_histograms:,} from latency histograms, {self.gpu_samples:,} GPU samples, "
+               f"{self.skipped:,} spans and samples not mapped (not requests or GPU readings)"]
         out += [f"dead-lettered {n:,}: {reason}" for reason, n in sorted(self.dead_letters.items())]
         return out
 
@@ -72,15 +76,17 @@ class MappedRecord:
 
     topic: str
     partition: int
-    out_topic: str = ""
-    events: list = field(default_factory=list)
+    outputs: dict[str, list] = field(default_factory=dict)  # topic to produce to → its events
+
+    def events(self) -> list:
+        return [e for events in self.outputs.values() for e in events]
 
     # The mapping writes `ts` as epoch milliseconds.
     def oldest_ms(self) -> int:
-        return min((e.ts for e in self.events), default=2**62)
+        return min((e.ts for e in self.events()), default=2**62)
 
     def newest_ms(self) -> int | None:
-        return max((e.ts for e in self.events), default=None)
+        return max((e.ts for e in self.events()), default=None)
 
 
 class OtlpRepublisher:
@@ -93,6 +99,7 @@ class OtlpRepublisher:
         self.consumer = make_consumer(settings, group_id)
         self.producer = make_producer(settings)
         self.gpu = GpuMapper(mapping.gpu)
+        self.histograms = HistogramRequests(mapping.requests)
         self.alignment = EventTimeAlignment(max_drift_ms)
         self.report = RepublishReport()
         self._warned: set[str] = set()
@@ -188,26 +195,30 @@ class OtlpRepublisher:
             self.report.skipped += mapped.skipped
             for reason, detail, span_bytes in mapped.refused:
                 self._dead_letter(topic, partition, offset, reason, detail, span_bytes, kafka_ts_ms)
-            out.out_topic, out.events = self.settings.topic(TOPIC_REQUESTS), mapped.events
-            self.report.requests += len(out.events)
+            out.outputs[self.settings.topic(TOPIC_REQUESTS)] = mapped.events
+            self.report.requests += len(mapped.events)
         else:
             gpu = self.gpu.map(samples_from_otlp(data))
-            self.report.skipped += gpu.skipped
+            requests = self.histograms.map(histograms_from_otlp(data))
+            self.report.skipped += gpu.skipped + requests.skipped
             # One dead letter per reason and record (each carries the record's bytes), counting them all.
             by_reason: dict[str, list[str]] = {}
-            for reason, detail in gpu.refused:
+            for reason, detail in (*gpu.refused, *requests.refused):
                 by_reason.setdefault(reason, []).append(detail)
             for reason, details in by_reason.items():
-                more = f" (and {len(details) - 1} more samples)" if len(details) > 1 else ""
+                more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
                 self._dead_letter(topic, partition, offset, reason, details[0] + more, raw, kafka_ts_ms)
                 self.report.dead_letters[reason] += len(details) - 1
-            out.out_topic, out.events = self.settings.topic(TOPIC_GPU), gpu.samples
-            self.report.gpu_samples += len(out.events)
+            out.outputs[self.settings.topic(TOPIC_GPU)] = gpu.samples
+            out.outputs[self.settings.topic(TOPIC_REQUESTS)] = requests.events
+            self.report.gpu_samples += len(gpu.samples)
+            self.report.requests_from_histograms += len(requests.events)
         return out
 
     def publish(self, record: MappedRecord) -> None:
-        for e in record.events:
-            send(self.producer, record.out_topic, _encoder.encode(e), partition_key(e))
+        for out_topic, events in record.outputs.items():
+            for e in events:
+                send(self.producer, out_topic, _encoder.encode(e), partition_key(e))
         self.producer.poll(0)
     def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str, raw: bytes,
                      kafka_ts_ms: int) -> None:

@@ -37,7 +37,8 @@ from ingest.otlp.views import STATUS_ERROR, SpanView, resource_spans
 from ingest.schema import RequestV1
 
 GENAI_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
-                 "gen_ai.usage.prompt_tokens", "gen_ai.request.id", "gen_ai.latency.e2e")
+                 "gen_ai.usage.prompt_tokens", "gen_ai.request.id", "gen_ai.latency.e2e", "gen_ai.provider.name",
+                 "gen_ai.system")
 VLLM_SPAN = "llm_request"
 TRITON_MARKERS = ("model_name", "request_id")
 
@@ -45,10 +46,28 @@ INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
 OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
 HTTP_STATUS = ("http.response.status_code", "http.status_code")
 E2E_S = ("gen_ai.latency.e2e",)
-FIRST_TOKEN_S = ("gen_ai.latency.time_to_first_token", "gen_ai.server.time_to_first_token")
+FIRST_TOKEN_S = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token",
+                 "gen_ai.server.time_to_first_token", "gen_ai.response.time_to_first_token")
 QUEUE_S = ("gen_ai.latency.time_in_queue",)
 DECODE_S = ("gen_ai.latency.time_in_model_decode",)
 PER_OUTPUT_TOKEN_S = ("gen_ai.server.time_per_output_token",)
+# Every span attribute read for a request field, with who defines it (docs/opentelemetry.md is
+# made to match this table, and tests/test_otlp_generations.py sends each through the SDK).
+SPAN_ATTRIBUTE_SOURCES = {
+    "gen_ai.usage.input_tokens": "OpenTelemetry semantic-conventions v1.27+; semantic-conventions-genai v0.1.0",
+    "gen_ai.usage.output_tokens": "OpenTelemetry semantic-conventions v1.27+; semantic-conventions-genai v0.1.0",
+    "gen_ai.usage.prompt_tokens": "OpenTelemetry semantic-conventions before v1.27; vLLM's llm_request span",
+    "gen_ai.usage.completion_tokens": "OpenTelemetry semantic-conventions before v1.27; vLLM's llm_request span",
+    "gen_ai.response.time_to_first_chunk": "OpenTelemetry semantic-conventions (streaming, before v1.41); "
+                                           "semantic-conventions-genai v0.1.0",
+    "gen_ai.server.time_to_first_token": "a metric in the conventions; read when an instrumentation sets it on the span",
+    "gen_ai.response.time_to_first_token": "Sentry's conventions",
+    "gen_ai.server.time_per_output_token": "a metric in the conventions; read when an instrumentation sets it on the span",
+    "gen_ai.latency.time_to_first_token": "vLLM's llm_request span",
+    "gen_ai.latency.e2e": "vLLM's llm_request span",
+    "gen_ai.latency.time_in_queue": "vLLM's llm_request span",
+    "gen_ai.latency.time_in_model_decode": "vLLM's llm_request span",
+}
 CANCELLED_FINISH = {"abort", "aborted", "cancelled", "canceled"}
 STAGE_ATTRIBUTES = ("tailwatch.stage", "stage")
 FINISH_REASONS = {
@@ -180,14 +199,23 @@ def _status(span: SpanView, attrs: Attributes, http: int | None) -> str:
     finish = attrs.get("gen_ai.response.finish_reasons")
     reasons = {str(r).lower() for r in (finish if isinstance(finish, list) else [finish] if finish else [])}
     failed = span.status_code == STATUS_ERROR or "error.type" in attrs or (http is not None and http >= 500)
-    text = f"{attrs.get('error.type', '')} {span.status_message}".lower()
-    if http == 429 or (failed and any(w in text for w in ("overload", "rate_limit", "shed", "capacity"))):
-        return "shed"
-    if http in (408, 504) or (failed and "timeout" in text):
-        return "timeout"
-    if http == 499 or reasons & CANCELLED_FINISH or (failed and "cancel" in text):
+    status = failure_status(f"{attrs.get('error.type', '')} {span.status_message}" if failed else "", http)
+    if status == "error" and reasons & CANCELLED_FINISH:
         return "cancelled"
-    return "error" if failed else "ok"
+    return status if failed or status != "error" else "ok"
+
+
+def failure_status(text: str, http: int | None = None) -> str:
+    """What an error's text (`error.type`, a status message) and HTTP status say a request
+    was: shed, timed out, cancelled by the client, or an error."""
+    text = text.lower()
+    if http == 429 or any(w in text for w in ("overload", "rate_limit", "shed", "capacity")):
+        return "shed"
+    if http in (408, 504) or "timeout" in text:
+        return "timeout"
+    if http == 499 or "cancel" in text:
+        return "cancelled"
+    return "error"
 
 
 def _finish_reason(attrs: Attributes) -> str | None:

@@ -1,0 +1,309 @@
+"""Latency and token histograms → `request.v1`: SLIs for fleets that send metrics, not spans.
+
+GenAI metrics over OTLP (every generation of the conventions) and the latency histograms a
+serving runtime exposes on `/metrics` (vLLM, TGI, Triton) count requests per bucket. This
+turns each interval's bucket counts back into the requests they counted, so the worker's
+SLIs, budgets, dashboards and reports need no second path:
+
+- Points are grouped by their labels (without `error.type` and `gen_ai.token.type`) and
+  their end time; in a group, the request-duration histogram says how many requests
+  there were and, through `error.type`, how each ended; the other histograms give those
+  requests their first-output, inter-token and queue times and their token counts.
+- A running total (cumulative temporality, every Prometheus histogram) is differenced
+  against the previous reading of its series; the first reading of a series sets the base
+  (as the GPU counters do), so the interval before it is not counted; a smaller count is a
+  reset and counts from zero.
+- Precision, stated in docs/opentelemetry.md: a latency is placed at its bucket's upper
+  bound, so a latency SLI is exact when its threshold is a bucket bound and otherwise
+  counts the bucket holding the threshold as bad (as the worker's own bins do); values
+  above the last bound take the mean the histogram's sum leaves for them. Token counts add
+  up to the histogram's sum exactly, each inside its bucket. Which request got which first
+  output time is unknowable from histograms: SLIs over one field are exact, goodput (which
+  joins an error with a latency) is an estimate.
+- Event ids are the series, the interval and the request's place in it, so a batch read
+  twice gives the same ids, which the worker drops as duplicates.
+
+Bounds on what one record may ask for: a point must be a well-formed histogram (bounds
+increasing, counts adding up) and count at most `MAX_REQUESTS_PER_POINT` requests in its
+interval; anything else is refused with its reason and the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from ingest.otlp.mapping import RequestRules
+from ingest.otlp.samples import HistogramPoint
+from ingest.otlp.spans import failure_status
+from ingest.schema import RequestV1
+
+Role = Literal["e2e", "first_output", "inter_token", "queue", "prompt_tokens", "output_tokens"]
+
+
+@dataclass(frozen=True)
+class HistogramName:
+    role: Role
+    scale: float  # to milliseconds (latency) or tokens
+    source: str  # who defines the name, and in which version: the docs table is made from these
+    per_request: bool = True  # False: one value per streamed chunk, not per answer
+
+
+S = 1000.0  # seconds → ms
+# OpenTelemetry GenAI semantic conventions: semantic-conventions v1.27 to v1.41 (the last
+# release there), then their own repository, semantic-conventions-genai (v0.1.0).
+OTEL = "OpenTelemetry semantic-conventions v1.27–v1.41"
+OTEL_STREAMING = "OpenTelemetry semantic-conventions, streaming metrics added before v1.41"
+GENAI = "OpenTelemetry semantic-conventions-genai v0.1.0"
+NAMES: dict[str, HistogramName] = {
+    "gen_ai.server.request.duration": HistogramName("e2e", S, f"{OTEL}; {GENAI}"),
+    "gen_ai.client.operation.duration": HistogramName("e2e", S, f"{OTEL} (inference; other operations in {GENAI})"),
+    "gen_ai.client.inference.duration": HistogramName("e2e", S, GENAI),
+    "gen_ai.server.time_to_first_token": HistogramName("first_output", S, f"{OTEL}; {GENAI}"),
+    "gen_ai.client.operation.time_to_first_chunk": HistogramName("first_output", S, OTEL_STREAMING),
+    "gen_ai.client.inference.time_to_first_chunk": HistogramName("first_output", S, GENAI),
+    "gen_ai.server.time_per_output_token": HistogramName("inter_token", S, f"{OTEL}; {GENAI}"),
+    "gen_ai.client.operation.time_per_output_chunk": HistogramName("inter_token", S, OTEL_STREAMING, per_request=False),
+    "gen_ai.client.inference.time_per_output_chunk": HistogramName("inter_token", S, GENAI, per_request=False),
+    "gen_ai.client.inference.operation.input_tokens": HistogramName("prompt_tokens", 1.0, GENAI),
+    "gen_ai.client.inference.operation.output_tokens": HistogramName("output_tokens", 1.0, GENAI),
+    # (gen_ai.client.token.usage, split by gen_ai.token.type, is read in TOKEN_USAGE below)
+    # vLLM's /metrics (v0.6 to v0.11): one observation per finished request.
+    "vllm:e2e_request_latency_seconds": HistogramName("e2e", S, "vLLM /metrics"),
+    "vllm:time_to_first_token_seconds": HistogramName("first_output", S, "vLLM /metrics"),
+    "vllm:request_time_per_output_token_seconds": HistogramName("inter_token", S, "vLLM /metrics (v0.11+)"),
+    "vllm:inter_token_latency_seconds": HistogramName("inter_token", S, "vLLM /metrics (v0.10+)", per_request=False),
+    "vllm:time_per_output_token_seconds": HistogramName("inter_token", S, "vLLM /metrics (before v0.11)", per_request=False),
+    "vllm:request_queue_time_seconds": HistogramName("queue", S, "vLLM /metrics"),
+    "vllm:request_prompt_tokens": HistogramName("prompt_tokens", 1.0, "vLLM /metrics"),
+    "vllm:request_generation_tokens": HistogramName("output_tokens", 1.0, "vLLM /metrics"),
+    # Hugging Face TGI's /metrics.
+    "tgi_request_duration": HistogramName("e2e", S, "TGI /metrics"),
+    "tgi_request_queue_duration": HistogramName("queue", S, "TGI /metrics"),
+    "tgi_request_mean_time_per_token_duration": HistogramName("inter_token", S, "TGI /metrics"),
+    "tgi_request_input_length": HistogramName("prompt_tokens", 1.0, "TGI /metrics"),
+    "tgi_request_generated_tokens": HistogramName("output_tokens", 1.0, "TGI /metrics"),
+    # Triton's /metrics (histograms are opt-in: --metrics-config histogram_latencies=true).
+    "nv_inference_first_response_histogram_ms": HistogramName("first_output", 1.0, "Triton /metrics"),
+}
+TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
+TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
+NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})"}
+# Labels that split one group of requests into the histograms' series: not the requests' own.
+SPLIT_LABELS = ("error.type", "gen_ai.token.type")
+MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
+MAX_BUCKETS = 512
+
+
+@dataclass
+class MappedHistograms:
+    events: list[RequestV1] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail)
+    skipped: int = 0  # points of histograms no request field reads
+
+
+@dataclass
+class _Delta:
+    role: Role
+    scale: float
+    per_request: bool
+    bounds: tuple[float, ...]
+    counts: list[int]
+    total: float
+    start_ms: int
+    error_type: str
+
+
+@dataclass
+class _Group:
+    labels: dict[str, str]
+    start_ms: int
+    end_ms: int
+    deltas: list[_Delta] = field(default_factory=list)
+
+
+class HistogramRequests:
+    """Holds the previous reading of each running-total series across batches."""
+
+    def __init__(self, rules: RequestRules):
+        self.rules = rules
+        self._previous: dict[tuple, HistogramPoint] = {}
+
+    def map(self, points: list[HistogramPoint]) -> MappedHistograms:
+        out = MappedHistograms()
+        groups: dict[tuple, _Group] = {}
+        for point in points:
+            known = _known(point)
+            if known is None:
+                out.skipped += 1
+                continue
+            problem = _malformed(point)
+            if problem:
+                out.refused.append(("otlp_histogram_invalid", f"{point.name}: {problem}"))
+                continue
+            delta = self._delta(point, *known)
+            if delta is None:
+                continue
+            if sum(delta.counts) > MAX_REQUESTS_PER_POINT:
+                out.refused.append(("otlp_histogram_invalid", f"{point.name}: {sum(delta.counts):,} observations in "
+                                    f"one interval (at most {MAX_REQUESTS_PER_POINT:,})"))
+                continue
+            labels = {k: v for k, v in point.labels.items() if k not in SPLIT_LABELS}
+            key = (tuple(sorted(labels.items())), point.ts_ms)
+            group = groups.setdefault(key, _Group(labels, delta.start_ms, point.ts_ms))
+            group.start_ms = min(group.start_ms, delta.start_ms)
+            group.deltas.append(delta)
+        for key, group in groups.items():
+            self._requests(key, group, out)
+        return out
+
+    def _delta(self, point: HistogramPoint, role: Role, scale: float, per_request: bool) -> _Delta | None:
+        error_type = point.labels.get("error.type", "")
+        if not point.cumulative:
+            return _Delta(role, scale, per_request, point.bounds, list(point.counts), point.total,
+                          point.start_ms or point.ts_ms, error_type)
+        series = (point.name, tuple(sorted(point.labels.items())))
+        before = self._previous.get(series)
+        self._previous[series] = point
+        if before is None or point.ts_ms <= before.ts_ms:
+            return None  # the first reading is the base; an older or repeated one adds nothing
+        if before.bounds != point.bounds or any(b > a for a, b in zip(point.counts, before.counts)):
+            # a reset (or new buckets): everything since the series started again
+            return _Delta(role, scale, per_request, point.bounds, list(point.counts), point.total, before.ts_ms,
+                          error_type)
+        return _Delta(role, scale, per_request, point.bounds, [a - b for a, b in zip(point.counts, before.counts)],
+                      max(point.total - before.total, 0.0), before.ts_ms, error_type)
+
+    def _requests(self, key: tuple, group: _Group, out: MappedHistograms) -> None:
+        by_role: dict[Role, list[_Delta]] = {}
+        for d in group.deltas:
+            by_role.setdefault(d.role, []).append(d)
+        durations = by_role.get("e2e", [])
+        statuses: list[str] = []
+        e2e: list[float] = []
+        for d in sorted(durations, key=lambda d: d.error_type):
+            values = _latencies(d)
+            e2e += values
+            statuses += [_status(d.error_type)] * len(values)
+        first_output = [v for d in by_role.get("first_output", []) for v in _latencies(d)]
+        n = max(len(e2e), len(first_output))
+        if n == 0:
+            return  # tokens alone, or an interval without requests: nothing to count
+        statuses += ["ok"] * (n - len(statuses))
+        # The first-output histograms count answers that started (the server's: successful ones), so
+        # their values go to the requests that ended ok first.
+        order = sorted(range(n), key=lambda i: statuses[i] != "ok")
+        fields: list[dict] = [{"status": statuses[i]} for i in range(n)]
+        for i, value in enumerate(e2e):
+            fields[i]["e2e_ms"] = value
+        _assign(fields, order, "first_output_ms", first_output)
+        _assign(fields, order, "queue_ms", [v for d in by_role.get("queue", []) for v in _latencies(d)])
+        inter = by_role.get("inter_token", [])
+        per_answer = [v for d in inter if d.per_request for v in _latencies(d)]
+        if not per_answer and inter:
+            per_answer = _per_chunk_as_answers(inter, sum(1 for s in statuses if s == "ok"))
+        _assign(fields, order, "inter_token_ms", per_answer)
+        for role in ("prompt_tokens", "output_tokens"):
+            _assign(fields, order, role, [v for d in by_role.get(role, []) for v in _tokens(d)])
+        labels = group.labels
+        base = {name: value for name in RequestRules.__struct_fields__ if (value := getattr(self.rules, name).pick(labels))}
+        digest = hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()
+        span = max(group.end_ms - group.start_ms, 0)
+        for i, f in enumerate(fields):
+            event = {"schema": "request.v1", "event_id": f"h{digest}{i:06x}",
+                     # spread over [start, end), so a minute gets the requests of its part of the interval
+                     "ts": group.start_ms + (span * i) // n if span else group.end_ms, **base, **f}
+            if event["status"] == "cancelled":
+                event.pop("e2e_ms", None)
+            try:
+                out.events.append(msgspec.convert(event, RequestV1))
+            except msgspec.ValidationError as exc:
+                out.refused.append(("otlp_histogram_invalid", str(exc)[:300]))
+                return  # one bad label makes every request of the group bad: one reason is enough
+
+
+def _known(point: HistogramPoint) -> tuple[Role, float, bool] | None:
+    name = point.name.lower() if point.name.lower().startswith("gen_ai.") else point.name
+    if name == TOKEN_USAGE:
+        role = TOKEN_TYPES.get(point.labels.get("gen_ai.token.type", ""))
+        return (role, 1.0, True) if role else None
+    known = NAMES.get(name)
+    return (known.role, known.scale, known.per_request) if known else None
+
+
+def _malformed(point: HistogramPoint) -> str:
+    if len(point.bounds) > MAX_BUCKETS:
+        return f"{len(point.bounds)} bucket bounds (at most {MAX_BUCKETS})"
+    if len(point.counts) != len(point.bounds) + 1:
+        return f"{len(point.counts)} bucket counts for {len(point.bounds)} bounds"
+    if any(not math.isfinite(b) for b in point.bounds) or any(b >= a for b, a in zip(point.bounds, point.bounds[1:])) \
+            or (point.bounds and point.bounds[0] < 0):
+        return "bucket bounds not finite, increasing and non-negative"
+    if any(c < 0 for c in point.counts) or not math.isfinite(point.total) or point.total < 0:
+        return "a negative or non-finite count or sum"
+    return ""
+
+
+def _latencies(d: _Delta) -> list[float]:
+    """Each observation at its bucket's upper bound, in ms; above the last bound, at the mean
+    the sum leaves for them (never below the last bound)."""
+    out: list[float] = []
+    for bound, count in zip(d.bounds, d.counts):
+        out += [bound * d.scale] * count
+    above = d.counts[-1] if d.counts else 0
+    if above:
+        floor = d.bounds[-1] if d.bounds else 0.0
+        left = d.total - sum(b * c for b, c in zip(d.bounds, d.counts))  # an upper-bound estimate of the rest
+        out += [max(floor, left / above) * d.scale] * above
+    return [round(v, 6) for v in out]
+
+
+def _tokens(d: _Delta) -> list[int]:
+    """Integer counts inside their buckets adding up to the histogram's sum: each starts at its
+    bucket's lower bound and the rest of the sum is shared in proportion to the buckets' widths."""
+    lows: list[float] = []
+    highs: list[float] = []
+    edges = (0.0, *d.bounds)
+    for i, count in enumerate(d.counts):
+        lo = edges[i]
+        hi = d.bounds[i] if i < len(d.bounds) else max(lo, d.total)
+        lows += [lo] * count
+        highs += [hi] * count
+    if not lows:
+        return []
+    room = [h - lo for lo, h in zip(lows, highs)]
+    extra = min(max(d.total - sum(lows), 0.0), sum(room))
+    values = [lo + (extra * r / sum(room) if sum(room) else 0.0) for lo, r in zip(lows, room)]
+    out = [int(v) for v in values]
+    # largest remainders take the units rounding dropped, so the counts add up to the sum
+    short = int(round(d.total)) - sum(out)
+    for i in sorted(range(len(values)), key=lambda i: values[i] - out[i], reverse=True)[:max(short, 0)]:
+        out[i] += 1
+    return out
+
+
+def _per_chunk_as_answers(deltas: list[_Delta], answers: int) -> list[float]:
+    """A per-chunk gap histogram says how gaps spread, not how answers' mean gaps do: the
+    answers take evenly spaced quantiles of the gaps, an estimate the docs name (it spreads
+    wider than per-answer means would, so it errs towards bad)."""
+    values = [v for d in deltas for v in _latencies(d)]
+    if not values or not answers:
+        return []
+    values.sort()
+    return [values[min(len(values) - 1, (2 * i + 1) * len(values) // (2 * answers))] for i in range(answers)]
+
+
+def _assign(fields: list[dict], order: list[int], name: str, values: list) -> None:
+    for i, value in zip(order, values):
+        fields[i][name] = value
+
+
+def _status(error_type: str) -> str:
+    """`error.type` as the span mapping reads it (a status code or an error's name); empty is success."""
+    if not error_type:
+        return "ok"
+    return failure_status(error_type, int(error_type) if error_type.isdigit() else None)
