@@ -45,6 +45,10 @@ PUBLISH_FAILURES_TOTAL = "tailwatch_publish_failures_total"
 CONSUMER_GROUP_RESCUES_TOTAL = "tailwatch_consumer_group_rescues_total"
 HTTP_RESTARTS_TOTAL = "tailwatch_http_restarts_total"
 HTTP_REFUSED_TOTAL = "tailwatch_http_refused_total"
+FLAGGER_EVENTS_TOTAL = "tailwatch_flagger_events_total"  # labels phase, event_type: these sets, or `other`
+FLAGGER_PHASES = ("Initializing", "Initialized", "Waiting", "Progressing", "WaitingPromotion", "Promoting", "Finalising",
+                  "Succeeded", "Failed", "Terminating", "Terminated")  # Flagger's CanaryPhase
+FLAGGER_EVENT_TYPES = ("Normal", "Warning")  # Kubernetes event types
 LATE_EVENTS_TOTAL = "tailwatch_late_events_total"
 CORRECTED_EVENTS_TOTAL = "tailwatch_corrected_events_total"
 STATE_BYTES = "tailwatch_state_bytes"

@@ -16,7 +16,7 @@ from dashboards.common import (
 )
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS, CONSUMER_LAG_MESSAGES,
-    DEAD_LETTERS_TOTAL, EVENTS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, HTTP_REFUSED_TOTAL,
+    DEAD_LETTERS_TOTAL, EVENTS_TOTAL, FLAGGER_EVENTS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, HTTP_REFUSED_TOTAL,
     CORRECTED_EVENTS_TOTAL, LATE_EVENTS_TOTAL, OPEN_BUCKETS, UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
 )
 
@@ -63,6 +63,12 @@ def build(specs=None):
                    description="Slow heads and bodies cut, bodies refused before reading, malformed requests, and the "
                                "connection cap's evictions and refusals: a climb here is a client or an attacker "
                                "misbehaving, never the API slowing down."),
+        timeseries("Flagger rollout events by phase", "short",
+                   [Q(f"sum by (phase, event_type) (increase({FLAGGER_EVENTS_TOTAL}[{RATE}]))",
+                      "{{phase}} {{event_type}}")], w=12,
+                   description="Events Flagger sent to POST /v1/flagger/event: a canary's phases (Progressing, "
+                               "Promoting, Failed ...) beside the SLIs it is judged on; Warning events are its halts "
+                               "and rollbacks."),
         timeseries("Fleet metric label sets against their limit", "short",
                    [Q(f"max by (family) ({FLEET_LABEL_SETS})", "{{family}}"),
                     Q(f"max by (family) ({FLEET_LABEL_SETS_LIMIT})", "{{family}} limit")], w=12,

@@ -20,8 +20,10 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 # A pool, model, version or SLO name in a path.
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@+-]+$",
                            description="letters, digits and . _ : @ + -, 1 to 128 characters")]
-FlaggerCheck = Annotated[Literal["confirm-rollout", "pre-rollout", "rollout", "traffic-increase", "promotion", "rollback"],
-                         Meta(description="the Flagger hook type this URL serves")]
+FlaggerCheck = Annotated[Literal["confirm-rollout", "pre-rollout", "rollout", "confirm-traffic-increase", "confirm-promotion",
+                                  "post-rollout", "rollback"],
+                         Meta(description="the Flagger hook type this URL serves (`event` has a route of its own)")]
+
 Timestamp = Annotated[str, Meta(description="RFC 3339, UTC, event time")]
 Reason = Literal["stale", "starting", "no_data"]
 CapacityBasis = Literal["physical", "breach", "measured-above-physical", "configured", "policy-default"]
@@ -286,6 +288,31 @@ class FlaggerMetadata(Struct):
     model: Name
     version: Name
     token: Annotated[str, Meta(description="Flagger sends no headers: the bearer token may come here")] | None = None
+
+
+class FlaggerEventMetadata(Struct, rename="camel", frozen=True):
+    event_message: Annotated[str, Meta(max_length=4096)] = ""
+    event_type: Annotated[str, Meta(max_length=64, description="Normal or Warning")] = ""
+    timestamp: Annotated[str, Meta(max_length=32, description="epoch milliseconds, as Flagger writes it")] = ""
+
+
+class FlaggerEventPayload(Struct):
+    """The body of a Flagger `event` webhook: the canary, its phase, and the event Flagger
+    recorded (its own metadata replaces the Canary's webhook metadata, so no token comes)."""
+
+    name: Annotated[str, Meta(max_length=253)] = ""
+    namespace: Annotated[str, Meta(max_length=63)] = ""
+    phase: Annotated[str, Meta(max_length=32)] = ""
+    metadata: FlaggerEventMetadata = FlaggerEventMetadata()
+
+
+class FlaggerEventCounted(Struct):
+    """An event is counted by phase and type (conventions.FLAGGER_EVENTS_TOTAL), never logged:
+    the hook takes no token, so anyone who can reach it could otherwise fill the log."""
+
+    counted: bool
+    phase: str
+    event_type: str
 
 
 class FlaggerPayload(Struct):

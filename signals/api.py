@@ -26,6 +26,8 @@ from signals.answers import (
     ApiError,
     Autoscale,
     FlaggerCheck,
+    FlaggerEventCounted,
+    FlaggerEventPayload,
     FlaggerPayload,
     Inconclusive,
     Name,
@@ -36,26 +38,30 @@ from signals.answers import (
     SloList,
     Verdict,
 )
+from conventions import FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES
 from signals.config import ApiConfig, Principal
 from signals.live import SignalSnapshot
 
 Response = tuple[int, str, bytes]
 MAX_BODY_BYTES = 64 * 1024
 MAX_PATH_CHARS = 1024
-# Flagger webhook type → the verdicts that answer 2xx; an inconclusive answer is named by its
-# reason (no_data, stale, starting). Flagger counts a failed `pre-rollout` or `rollout` hook
-# toward `threshold` and rolls back after it, so only `rollback` fails there; the gates
-# (`confirm-rollout`, `confirm-traffic-increase`, `confirm-promotion`) halt without counting;
-# a `rollback` hook's 2xx tells Flagger to roll back now. `confirm-rollout` runs before the
-# canary has traffic, so having no data yet passes; data that stopped moving (or a worker
-# still starting) holds the rollout until tailwatch can judge it.
+# Flagger webhook type → the verdicts that answer 2xx (Flagger takes 200-202 as passing); an
+# inconclusive answer is named by its reason (no_data, stale, starting). Per Flagger's docs and
+# its scheduler: a failed `pre-rollout` or `rollout` hook counts toward `threshold` and rolls
+# back after it, so only `rollback` fails there; the gates (`confirm-rollout`,
+# `confirm-traffic-increase`, `confirm-promotion`) halt without counting anything; a
+# `rollback` hook's 2xx tells Flagger to roll back now; a failed `post-rollout` hook is only
+# logged, so it always passes and carries the final verdict. `confirm-rollout` runs before the
+# canary has traffic, so having no data yet passes; data that stopped moving (or a worker still
+# starting) holds the rollout until tailwatch can judge it.
 INCONCLUSIVE = typing.get_args(Reason)
 FLAGGER_PASSES = {
     "confirm-rollout": ("promote", "continue", "pause", "no_data"),
     "pre-rollout": ("promote", "continue", "pause", *INCONCLUSIVE),
     "rollout": ("promote", "continue", "pause", *INCONCLUSIVE),
-    "traffic-increase": ("promote", "continue"),
-    "promotion": ("promote",),
+    "confirm-traffic-increase": ("promote", "continue"),
+    "confirm-promotion": ("promote",),
+    "post-rollout": ("promote", "continue", "pause", "rollback", *INCONCLUSIVE),
     "rollback": ("rollback",),
 }
 
@@ -131,8 +137,10 @@ class ApiRoute:
 
 class SignalApi:
     def __init__(self, config: ApiConfig, snapshot: Callable[[], SignalSnapshot | None],
-                 readiness: Callable[[], tuple[bool, str]], wall_clock: Callable[[], float] = time.time):
+                 readiness: Callable[[], tuple[bool, str]], wall_clock: Callable[[], float] = time.time,
+                 on_flagger_event: Callable[[str, str], None] | None = None):
         self.config = config
+        self.on_flagger_event = on_flagger_event  # (phase, event type), both from closed sets
         self.snapshot = snapshot
         self.readiness = readiness
         self.wall_clock = wall_clock
@@ -146,9 +154,14 @@ class SignalApi:
             ApiRoute("GET", "/v1/argo/{model}/{version}", self.argo,
                      "Argo Rollouts web metric: the verdict, always 200 (stale or missing data is inconclusive)",
                      errors=(400, 401)),
+            # Before /v1/flagger/{check}: the first route whose path matches answers.
+            ApiRoute("POST", "/v1/flagger/event", self.flagger_event,
+                     f"Flagger `event` webhook: counted by phase and type in {FLAGGER_EVENTS_TOTAL}",
+                     secured=False, errors=(400, 413)),
             ApiRoute("POST", "/v1/flagger/{check}", self.flagger,
-                     "Flagger webhook per hook type: rollout (fails on rollback), traffic-increase and promotion "
-                     "(gates), rollback (2xx rolls back)", secured=False, errors=(400, 401, 404, 413),
+                     "Flagger webhook per hook type: pre-rollout and rollout (fail on rollback), confirm-rollout, "
+                     "confirm-traffic-increase and confirm-promotion (gates), post-rollout (always passes), rollback "
+                     "(2xx rolls back)", secured=False, errors=(400, 401, 404, 413),
                      also={412: "It does not pass (a gate: hold; rollout: a failed check; rollback: do not roll back)."}),
             ApiRoute("GET", "/v1/slos", self.slos, "Every SLO with its slices"),
             ApiRoute("GET", "/v1/slos/{name}", self.slo, "One SLO: per slice budget remaining, burn rates, SLI"),
@@ -309,15 +322,25 @@ class SignalApi:
 
     def flagger(self, _who: None, check: FlaggerCheck, payload: FlaggerPayload,
                 authorization: str | None) -> tuple[int, Verdict | Inconclusive]:
-        """Flagger webhooks, one per hook type: `rollout` fails only on
-        rollback, `traffic-increase` and `promotion` hold on anything short of continue and
-        promote, `rollback` answers 2xx when the canary must be rolled back."""
+        """Flagger webhooks, one per hook type (FLAGGER_PASSES): `pre-rollout` and `rollout`
+        fail only on rollback, `confirm-traffic-increase` and `confirm-promotion` hold on
+        anything short of continue and promote, `post-rollout` always passes, `rollback`
+        answers 2xx when the canary must be rolled back."""
         meta = payload.metadata
         # Flagger cannot send headers on webhooks; its metadata may carry the token instead.
         who = self._principal(authorization or (f"Bearer {meta.token}" if meta.token is not None else None))
         result = self.controller_verdict(who, meta.model, meta.version)
         outcome = result.reason if result.verdict == "inconclusive" else result.verdict
         return (200 if outcome in FLAGGER_PASSES[check] else 412), result
+
+    def flagger_event(self, _who: None, payload: FlaggerEventPayload) -> FlaggerEventCounted:
+        """Flagger's `event` hook (every event it records for a canary): counted with bounded
+        labels, so a dashboard can show a rollout's phases beside its SLIs."""
+        phase = payload.phase if payload.phase in FLAGGER_PHASES else "other"
+        kind = payload.metadata.event_type if payload.metadata.event_type in FLAGGER_EVENT_TYPES else "other"
+        if self.on_flagger_event is not None:
+            self.on_flagger_event(phase, kind)
+        return FlaggerEventCounted(True, phase, kind)
 
     def slos(self, who: Principal) -> SloList:
         snap = self._fresh_snapshot()

@@ -106,8 +106,9 @@ class _Served:
         self._scrape_lock = threading.Lock()
         self._asked = 0
         self.stale_after_s = api_config.stale_after_s
-        self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness)
         self.metrics = HttpMetrics()
+        self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness,
+                             on_flagger_event=lambda phase, kind: self.metrics.flagger_events.labels(phase, kind).inc())
 
     def readiness(self) -> tuple[bool, str]:
         age = time.time() - self.state.published_wall_s

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
     CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
-    HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
+    FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES, HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
     PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
     WATERMARK_TIMESTAMP_SECONDS,
 )
@@ -94,6 +94,12 @@ class HttpMetrics:
             "connection cap).", ["reason"], registry=self.registry)
         for reason in HTTP_REFUSALS:  # known label sets start at 0
             self.refused.labels(reason)
+        self.flagger_events = Counter(
+            FLAGGER_EVENTS_TOTAL, "Events Flagger sent to the `event` webhook, by canary phase and event type "
+            "(other: a value outside Flagger's sets).", ["phase", "event_type"], registry=self.registry)
+        for phase in (*FLAGGER_PHASES, "other"):  # known label sets start at 0
+            for kind in (*FLAGGER_EVENT_TYPES, "other"):
+                self.flagger_events.labels(phase, kind)
 
 
 class CpuAccount:

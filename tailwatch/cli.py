@@ -243,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slos", default="default", help="SLO file (default: the built-in set)")
     c.add_argument("--out", required=True, help="output folder")
 
+    p = sub.add_parser("rollout", help="rollout controllers wired to the signal API")
+    rosub = p.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
+    c = rosub.add_parser("recipe", help="manifests for Flagger (a Canary with every webhook) or Argo Rollouts (analysis "
+                         "templates and the Rollout's strategy), whose only success at the last step is promote")
+    c.add_argument("controller", choices=("flagger", "argo"))
+    c.add_argument("--model", required=True)
+    c.add_argument("--version", required=True, help="the canary's model_version")
+    c.add_argument("--url", default="http://tailwatch.monitoring:8000", help="the signal API as the controller reaches it")
+    c.add_argument("--target", default="", help="the Deployment the Canary or Rollout drives (default: the model)")
+    c.add_argument("--namespace", default="default")
+    c.add_argument("--token", default=None, help="Flagger: a bearer token for the hooks' metadata (scope it to the "
+                   "model's tenants; it is plain text in the Canary)")
+
     p = sub.add_parser("dashboards", help="Grafana dashboards over the worker's /metrics")
     dsub = p.add_subparsers(dest="dashboards_command", required=True, metavar="ACTION")
     c = dsub.add_parser("generate", help="write one importable Grafana JSON per dashboard (<uid>.json)")

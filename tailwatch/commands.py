@@ -565,6 +565,22 @@ def cmd_slo(args: argparse.Namespace) -> int:
     return print_status(specs, args.store, args.at)
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import yaml
+
+    from signals.recipes import argo_rollout, argo_templates, flagger_canary
+
+    target = args.target or args.model
+    if args.controller == "flagger":
+        docs = [flagger_canary(target, args.namespace, args.model, args.version, args.url, args.token)]
+    else:
+        if args.token:
+            raise CliError("--token is for Flagger; Argo reads the token from the Secret tailwatch-token")
+        docs = [*argo_templates(args.url), argo_rollout(target, args.namespace, args.model, args.version)]
+    print(yaml.safe_dump_all(docs, sort_keys=False, width=120), end="")
+    return 0
+
+
 def cmd_dashboards(args: argparse.Namespace) -> int:
     from dashboards.generate import write
 

@@ -267,7 +267,7 @@ def test_slow_bodies_are_cut_and_counted_and_never_starve_an_authorised_poll(api
                     if events & selectors.EVENT_READ and s.recv(4096) == b"":
                         raise ConnectionResetError
                     if events & selectors.EVENT_WRITE and not state["sent_head"]:
-                        s.send(b"POST /v1/flagger/promotion HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+                        s.send(b"POST /v1/flagger/confirm-promotion HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
                         state["sent_head"] = True
                         sel.modify(s, selectors.EVENT_READ, state)
                 except OSError:
@@ -328,7 +328,7 @@ def test_a_body_the_server_would_refuse_is_not_read(api_port):
     port, _log = api_port
     before = _refused(port)
     # A wrong token in the header: 401 at once, though 60,000 body bytes are announced and none sent.
-    got = _exchange(port, b"POST /v1/flagger/promotion HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+    got = _exchange(port, b"POST /v1/flagger/confirm-promotion HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
                           b"Content-Length: 60000\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 401") and b"connection: close" in got.lower(), got[:300]
     # A POST to a path that takes no body: 405 at once; to no path at all: 404.
@@ -343,7 +343,7 @@ def test_a_body_the_server_would_refuse_is_not_read(api_port):
 def test_a_deeply_nested_body_and_odd_paths_are_400_not_500(api_port):
     port, log = api_port
     nested = b'{"metadata": {"model": "chat-70b", "version": "v1"}, "x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/flagger/promotion", data=nested, method="POST",
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/flagger/confirm-promotion", data=nested, method="POST",
                                  headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         urllib.request.urlopen(req, timeout=10)

@@ -209,15 +209,22 @@ def test_flagger_webhook(api_worker):
     assert hook("rollout", "v2-slow")[0] == 412  # a failed check: Flagger rolls back after `threshold`
     assert hook("rollback", "v2-slow")[0] == 200  # a rollback hook's 2xx rolls back at once
     assert hook("rollout", "v3-cheap")[0] == 200
-    assert hook("traffic-increase", "v3-cheap")[0] == 200
-    assert hook("promotion", "v3-cheap")[0] == 200
+    assert hook("confirm-traffic-increase", "v3-cheap")[0] == 200
+    assert hook("confirm-promotion", "v3-cheap")[0] == 200
+    assert hook("post-rollout", "v2-slow")[0] == 200  # Flagger only logs a failed post-rollout hook
     assert hook("rollback", "v3-cheap")[0] == 412
     # A version with no data yet is inconclusive: no failed check counted, the gates hold.
     status, body = hook("rollout", "v9")
     assert status == 200 and body["verdict"] == "inconclusive" and body["reason"] == "no_data", body
-    assert [hook(c, "v9")[0] for c in ("traffic-increase", "promotion", "rollback")] == [412, 412, 412]
+    assert [hook(c, "v9")[0] for c in ("confirm-traffic-increase", "confirm-promotion", "rollback")] == [412, 412, 412]
     assert hook("rollout", "v3-cheap", token="wrong")[0] == 401
     assert hook("nonsense", "v3-cheap")[0] == 404
+    assert hook("traffic-increase", "v3-cheap")[0] == 404  # Flagger's hook types are the names
+    # The event hook (no token: Flagger replaces the metadata with the event) is counted, not logged.
+    event = json.dumps({"name": "chat", "namespace": "serving", "phase": "Progressing", "metadata": {
+        "eventMessage": "Advance chat.serving canary weight 20", "eventType": "Normal", "timestamp": "1793577600000"}})
+    status, body = get(api_worker, "/v1/flagger/event", method="POST", body=event.encode())
+    assert status == 200 and body == {"counted": True, "phase": "Progressing", "event_type": "Normal"}, body
 
 
 def test_argo_web_metric_answers_200_with_the_verdict_or_inconclusive(api_worker):
@@ -246,14 +253,15 @@ def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float,
     return SignalApi(config, lambda: snap, lambda: (True, ""), wall_clock=lambda: now_s), token
 
 
-HOOKS = ("confirm-rollout", "pre-rollout", "rollout", "traffic-increase", "promotion", "rollback")
+HOOKS = ("confirm-rollout", "pre-rollout", "rollout", "confirm-traffic-increase", "confirm-promotion", "post-rollout",
+         "rollback")
 
 
 @pytest.mark.parametrize("verdict, expected", [
-    ("promote", [200, 200, 200, 200, 200, 412]),
-    ("continue", [200, 200, 200, 200, 412, 412]),
-    ("pause", [200, 200, 200, 412, 412, 412]),  # wait: no failed check counted, the traffic gate holds
-    ("rollback", [412, 412, 412, 412, 412, 200]),
+    ("promote", [200, 200, 200, 200, 200, 200, 412]),
+    ("continue", [200, 200, 200, 200, 412, 200, 412]),
+    ("pause", [200, 200, 200, 412, 412, 200, 412]),  # wait: no failed check counted, the traffic gate holds
+    ("rollback", [412, 412, 412, 412, 412, 200, 200]),
 ])
 def test_flagger_hook_types_follow_flaggers_contract(verdict, expected):
     from signals.api import Request
@@ -272,11 +280,11 @@ def test_a_new_canary_without_data_may_start_and_frozen_data_holds_it():
     api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0)
     hook = json.dumps({"metadata": {"model": "m", "version": "v-new", "token": token}}).encode()
     assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
-        200, 200, 200, 412, 412, 412]
+        200, 200, 200, 412, 412, 200, 412]
     stale, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1000.0 + 600)
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
     assert [stale.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
-        412, 200, 200, 412, 412, 412]
+        412, 200, 200, 412, 412, 200, 412]
 
 
 def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
@@ -291,7 +299,7 @@ def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
     # Ten-minute-old data says rollback: a rollout controller neither rolls back nor advances on it.
     assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
-            for c in ("rollout", "traffic-increase", "promotion", "rollback")] == [200, 412, 412, 412]
+            for c in ("rollout", "confirm-traffic-increase", "confirm-promotion", "rollback")] == [200, 412, 412, 412]
 
 
 @pytest.mark.parametrize("stale_side", ["canary", "stable"])
@@ -311,7 +319,7 @@ def test_a_verdict_on_a_side_that_stopped_moving_is_stale_though_the_view_is_fre
     assert argo["verdict"] == "inconclusive" and argo["reason"] == "stale" and argo["data_age_s"] == 601.0, argo
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
     assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
-            for c in ("rollout", "traffic-increase", "promotion", "rollback")] == [200, 412, 412, 412]
+            for c in ("rollout", "confirm-traffic-increase", "confirm-promotion", "rollback")] == [200, 412, 412, 412]
     # Both sides fresh: the verdict, with each side's age.
     api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0, canary_moved_s=990.0)
     fresh = json.loads(api.handle(Request("GET", "/v1/rollout/m/v2", f"Bearer {token}", b""))[2])
@@ -374,7 +382,8 @@ def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker)
     assert status == 200 and doc == json.loads(json.dumps(openapi_document(routes)))
     assert {(r.method.lower(), r.path) for r in routes} <= {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"] == [
-        "confirm-rollout", "pre-rollout", "promotion", "rollback", "rollout", "traffic-increase"]
+        "confirm-promotion", "confirm-rollout", "confirm-traffic-increase", "post-rollout", "pre-rollout", "rollback",
+        "rollout"]
     schemas = doc["components"]["schemas"]
     # Every schema is a real one (the hand copy once held a `Side` with no properties).
     assert all(s.get("properties") for s in schemas.values()), [n for n, s in schemas.items() if not s.get("properties")]
@@ -407,7 +416,7 @@ def test_stale_data_answers_503_so_keda_falls_back(api_worker):
     status, body = get(api_worker, "/v1/shed/llm-b-realtime", TOKENS["ops"])
     assert status == 503 and body["reason"] == "stale", body
     assert get(api_worker, "/healthz")[0] == 200
-    # Nor does a canary promote on it. v3-cheap was promotable (test_flagger_webhook: promotion
+    # Nor does a canary promote on it. v3-cheap was promotable (test_flagger_webhook: confirm-promotion
     # 200); its producers stopped with the rest. The worker's view stays fresh (it still
     # answers the SLO list), but the verdict stands on data older than the bound.
     assert get(api_worker, "/v1/slos", TOKENS["ops"])[0] == 200
@@ -421,7 +430,7 @@ def test_stale_data_answers_503_so_keda_falls_back(api_worker):
     assert status == 200 and argo["verdict"] == "inconclusive" and argo["reason"] == "stale", argo
     hook = json.dumps({"metadata": {"model": "chat-70b", "version": "v3-cheap", "token": TOKENS["ops"]}}).encode()
     assert [get(api_worker, f"/v1/flagger/{c}", method="POST", body=hook)[0]
-            for c in ("traffic-increase", "promotion")] == [412, 412]
+            for c in ("confirm-traffic-increase", "confirm-promotion")] == [412, 412]
 
 
 def _http_head(port: int, raw: bytes, timeout_s: float = 10.0) -> bytes:
@@ -458,7 +467,7 @@ def test_chunked_and_malformed_requests_are_answered_correctly(api_worker):
     with socket.create_connection(("127.0.0.1", api_worker), timeout=10) as sock:
         # A chunked POST is read whole (not its chunk-size line as a second request), and the
         # same keep-alive connection then answers the next request.
-        sock.sendall(b"POST /v1/flagger/traffic-increase HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sock.sendall(b"POST /v1/flagger/confirm-traffic-increase HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                      + chunked)
         first = _read_response(sock)
         assert first.startswith(b"HTTP/1.1 412") and b"inconclusive" in first, first[:300]  # no v9: the gate holds

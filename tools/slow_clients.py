@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 
-HEAD = b"POST /v1/flagger/promotion HTTP/1.1\r\nHost: bench\r\nContent-Length: 60000\r\n\r\n{"
+HEAD = b"POST /v1/flagger/confirm-promotion HTTP/1.1\r\nHost: bench\r\nContent-Length: 60000\r\n\r\n{"
 
 
 class _Pace:
