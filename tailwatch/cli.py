@@ -344,8 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pool", default="")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
     _kafka_args(g)
-    g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, Triton /metrics → tw.gpu")
-    g.add_argument("--url", action="append", required=True, metavar="URL", help="a /metrics URL (repeatable)")
+    g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, TGI, Triton /metrics → tw.gpu, and their latency "
+                        "histograms → tw.requests")
+    g.add_argument("--url", action="append", default=[], metavar="URL",
+                   help="a /metrics URL (repeatable), with the target's labels after #: URL#node=n1,zone=z1,gpu=0")
+    g.add_argument("--targets", default=None, metavar="FILE", help="a targets file in the shape of Prometheus's "
+                   "file_sd (JSON or YAML: [{targets: [host:port], labels: {node: n1, zone: z1, gpu: '0'}}]); "
+                   "read again each round")
     g.add_argument("--interval", type=_duration_s, default=10.0)
     g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--mapping", default=None, metavar="FILE", help="OTLP mapping file (its gpu: section)")

@@ -393,7 +393,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _collect_prometheus(args: argparse.Namespace) -> int:
-    from ingest.otlp.scrape import PrometheusScraper
+    from ingest.otlp.scrape import PrometheusScraper, ScrapeError
 
     mapping = load_mapping_option(args.mapping)
     publisher = None
@@ -403,7 +403,12 @@ def _collect_prometheus(args: argparse.Namespace) -> int:
         settings = kafka_settings(args)
         ensure_reachable(settings)
         publisher = EventPublisher(settings)
-    scraper = PrometheusScraper(args.url, mapping)
+    if not args.url and not args.targets:
+        raise CliError("give --url URL (repeatable) or --targets FILE")
+    try:
+        scraper = PrometheusScraper(args.url, mapping, targets_file=args.targets)
+    except ScrapeError as exc:
+        raise CliError(str(exc)) from None
     enc = msgspec.json.Encoder()
     rounds = 0
     try:

@@ -7,8 +7,12 @@
 - Triton's GPU gauges (`nv_gpu_*`, label `gpu_uuid`) become `runtime` samples of that GPU.
 - Serving-runtime gauges (vLLM's queue, running, KV cache and preemptions; Triton's pending
   requests) become `runtime` samples joined to the GPUs of the same pod, learnt from DCGM's
-  `pod` label (a runtime's own pod is `pod` or `k8s.pod.name`); on a node with one GPU, to
-  that GPU; otherwise to GPU 0 of the node, which is all a scrape without pods can say.
+  `pod` label (a runtime's own pod is `pod` or `k8s.pod.name`); else to the GPUs its scrape
+  target names (`gpu` label: `0` or `0,1`); else, on a node with one GPU, to that GPU, and on
+  a node with several, to its lowest-numbered one. A node with no GPU known (the runtime's
+  `instance` is not a node DCGM reported) makes no row: that would be a GPU that does not
+  exist, counted in the fleet's GPUs and the GPU-seconds cost divides; the sample is refused
+  `otlp_metric_unmapped` with the labels that would join it.
 - Running totals become deltas against the previous reading of the same series (a reset,
   a smaller value, starts again from zero); the first reading of a series sets the base.
 
@@ -105,7 +109,7 @@ class GpuMapper:
                 if value is not None:
                     runtime.append((s, RUNTIME_GAUGES.get(name) or RUNTIME_COUNTERS[name], value))
         for s, fld, value in runtime:  # after the GPUs of this batch are known
-            self._runtime(s, fld, value, rows)
+            self._runtime(s, fld, value, rows, out)
         for (node, index, ts_ms, source), fields in rows.items():
             free = fields.pop("_fb_free_bytes", None)
             if free is not None and "mem_used_bytes" in fields:
@@ -166,13 +170,21 @@ class GpuMapper:
         fld, scale = TRITON_GPU[s.name]
         row[fld] = s.value * scale
 
-    def _runtime(self, s: Sample, fld: str, value: float, rows: dict) -> None:
+    def _runtime(self, s: Sample, fld: str, value: float, rows: dict, out: MappedGpu) -> None:
         node = self.rules.node.pick(s.labels)
         pod = _pod(s.labels)
         gpus = self.gpus_of_pod.get((node, pod)) if pod else None
         if not gpus:
+            gpus = _gpu_list(s.labels.get("gpu", ""))  # a scrape target's own `gpu` label: 0 or 0,1
+        if not gpus:
             on_node = self.gpus_of_node.get(node, set())
-            gpus = on_node if len(on_node) == 1 else {0}
+            if not on_node:
+                # No GPU of this node is known: a row here would be a GPU that does not exist, counted
+                # in the fleet's GPUs and in the GPU-seconds cost divides. Say how to join it instead.
+                out.refused.append(("otlp_metric_unmapped", f"{s.name} from {node}: no GPU known on that node; give "
+                                    "the target node= (as DCGM names it) and gpu= labels, or a pod label"))
+                return
+            gpus = on_node if len(on_node) == 1 else {min(on_node)}
         for index in sorted(gpus):
             row = self._row(rows, s, node, index, "runtime")
             if fld == "kv_cache_usage" and value > 1:
@@ -199,6 +211,13 @@ class GpuMapper:
         if last is None:
             return None
         return s.value - last if s.value >= last else s.value
+
+
+def _gpu_list(text: str) -> set[int]:
+    try:
+        return {int(part) for part in text.split(",") if part.strip()} if text else set()
+    except ValueError:
+        return set()
 
 
 def _pod(labels: dict[str, str]) -> str:

@@ -99,7 +99,7 @@ class RequestRules(ConfigStruct):
 
 
 class GpuRules(ConfigStruct):
-    node: FieldRule = _rule("Hostname", "hostname", "host.name", "k8s.node.name", "instance", default="unknown")
+    node: FieldRule = _rule("node", "Hostname", "hostname", "host.name", "k8s.node.name", "instance", default="unknown")
     zone: FieldRule = _rule("cloud.availability_zone", "zone")
     pool: FieldRule = _rule("pool", "k8s.deployment.name")
     model: FieldRule = _rule("model_name", "model", "service.name")
