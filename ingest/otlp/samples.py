@@ -51,49 +51,62 @@ def histograms_from_otlp(data: MetricsData | dict) -> list[HistogramPoint]:
     if isinstance(data, dict):
         return _histograms_from_json(data)
     out: list[HistogramPoint] = []
-    for rm in data.resource_metrics:
-        resource = {k: str(v) for k, v in as_dict(rm.resource.attributes).items() if v is not None}
-        for scope in rm.scope_metrics:
-            for metric in scope.metrics:
-                if metric.WhichOneof("data") != "histogram":
-                    continue
-                cumulative = metric.histogram.aggregation_temporality == \
-                    AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-                for p in metric.histogram.data_points:
-                    labels = {**resource, **{k: str(v) for k, v in as_dict(p.attributes).items() if v is not None}}
-                    out.append(HistogramPoint(metric.name, labels, tuple(p.explicit_bounds), tuple(p.bucket_counts),
-                                              p.sum, p.start_time_unix_nano // 1_000_000, p.time_unix_nano // 1_000_000,
-                                              cumulative, p.max if p.HasField("max") else None))
+    for resource, metric in _proto_metrics(data):
+        if metric.WhichOneof("data") != "histogram":
+            continue
+        cumulative = metric.histogram.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+        for p in metric.histogram.data_points:
+            out.append(HistogramPoint(metric.name, _point_labels(resource, p.attributes), tuple(p.explicit_bounds),
+                                      tuple(p.bucket_counts), p.sum, p.start_time_unix_nano // 1_000_000,
+                                      p.time_unix_nano // 1_000_000, cumulative, p.max if p.HasField("max") else None))
     return out
 
 
 def _histograms_from_json(doc: dict) -> list[HistogramPoint]:
     out: list[HistogramPoint] = []
+    for resource, metric in _json_metrics(doc):
+        body = as_object(metric.get("histogram"))
+        if not body:
+            continue
+        cumulative = body.get("aggregationTemporality", 0) in (
+            AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE, "AGGREGATION_TEMPORALITY_CUMULATIVE")
+        for p in as_list(body.get("dataPoints")):
+            p = as_object(p)
+            try:
+                bounds = tuple(float(b) for b in as_list(p.get("explicitBounds")))
+                counts = tuple(int(c) for c in as_list(p.get("bucketCounts")))
+                total = float(p.get("sum", 0.0))
+                top = float(p["max"]) if "max" in p else None
+            except (TypeError, ValueError):
+                continue  # not numbers: nothing to read (the point cannot be told apart from noise)
+            out.append(HistogramPoint(str(metric.get("name", "")), {**resource, **_labels(p.get("attributes"))},
+                                      bounds, counts, total, as_int(p.get("startTimeUnixNano")) // 1_000_000,
+                                      as_int(p.get("timeUnixNano")) // 1_000_000, cumulative, top))
+    return out
+
+
+def _proto_metrics(data: MetricsData):
+    """(resource labels, metric) for every metric of a protobuf batch."""
+    for rm in data.resource_metrics:
+        resource = {k: str(v) for k, v in as_dict(rm.resource.attributes).items() if v is not None}
+        for scope in rm.scope_metrics:
+            for metric in scope.metrics:
+                yield resource, metric
+
+
+def _json_metrics(doc: dict):
+    """(resource labels, metric object) for every metric of an OTLP/JSON batch."""
     for rm in as_list(doc.get("resourceMetrics")):
         rm = as_object(rm)
         resource = _labels(as_object(rm.get("resource")).get("attributes"))
         for scope in as_list(rm.get("scopeMetrics")):
             for metric in as_list(as_object(scope).get("metrics")):
-                metric = as_object(metric)
-                body = as_object(metric.get("histogram"))
-                if not body:
-                    continue
-                temporality = body.get("aggregationTemporality", 0)
-                cumulative = temporality in (AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
-                                             "AGGREGATION_TEMPORALITY_CUMULATIVE")
-                for p in as_list(body.get("dataPoints")):
-                    p = as_object(p)
-                    try:
-                        bounds = tuple(float(b) for b in as_list(p.get("explicitBounds")))
-                        counts = tuple(int(c) for c in as_list(p.get("bucketCounts")))
-                        total = float(p.get("sum", 0.0))
-                        top = float(p["max"]) if "max" in p else None
-                    except (TypeError, ValueError):
-                        continue  # not numbers: nothing to read (the point cannot be told apart from noise)
-                    out.append(HistogramPoint(str(metric.get("name", "")), {**resource, **_labels(p.get("attributes"))},
-                                              bounds, counts, total, as_int(p.get("startTimeUnixNano")) // 1_000_000,
-                                              as_int(p.get("timeUnixNano")) // 1_000_000, cumulative, top))
-    return out
+                yield resource, as_object(metric)
+
+
+def _point_labels(resource: dict[str, str], attributes) -> dict[str, str]:
+    """A point's labels: its resource's, under its own attributes."""
+    return {**resource, **{k: str(v) for k, v in as_dict(attributes).items() if v is not None}}
 
 
 def histograms_from_exposition(text: str, now_ms: int) -> list[HistogramPoint]:
@@ -130,56 +143,48 @@ def samples_from_otlp(data: MetricsData | dict) -> list[Sample]:
     if isinstance(data, dict):
         return _samples_from_json(data)
     out: list[Sample] = []
-    for rm in data.resource_metrics:
-        resource = {k: str(v) for k, v in as_dict(rm.resource.attributes).items() if v is not None}
-        for scope in rm.scope_metrics:
-            for metric in scope.metrics:
-                kind = metric.WhichOneof("data")
-                if kind == "gauge":
-                    points, cumulative = metric.gauge.data_points, False
-                elif kind == "sum":
-                    points = metric.sum.data_points
-                    # a running total to take deltas of; a non-monotonic sum (an up-down counter) is a level
-                    cumulative = metric.sum.is_monotonic and \
-                        metric.sum.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-                else:
-                    continue  # histograms and summaries: no gpu.v1 field reads them
-                name = _counter_name(metric.name) if kind == "sum" else metric.name
-                for p in points:
-                    value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
-                    labels = {**resource, **{k: str(v) for k, v in as_dict(p.attributes).items() if v is not None}}
-                    out.append(Sample(name, labels, value, p.time_unix_nano // 1_000_000, cumulative))
+    for resource, metric in _proto_metrics(data):
+        kind = metric.WhichOneof("data")
+        if kind == "gauge":
+            points, cumulative = metric.gauge.data_points, False
+        elif kind == "sum":
+            points = metric.sum.data_points
+            # a running total to take deltas of; a non-monotonic sum (an up-down counter) is a level
+            cumulative = metric.sum.is_monotonic and \
+                metric.sum.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+        else:
+            continue  # histograms (read by histograms_from_otlp) and summaries
+        name = _counter_name(metric.name) if kind == "sum" else metric.name
+        for p in points:
+            value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+            out.append(Sample(name, _point_labels(resource, p.attributes), value, p.time_unix_nano // 1_000_000,
+                              cumulative))
     return out
 
 
 def _samples_from_json(doc: dict) -> list[Sample]:
     out: list[Sample] = []
-    for rm in as_list(doc.get("resourceMetrics")):
-        rm = as_object(rm)
-        resource = _labels(as_object(rm.get("resource")).get("attributes"))
-        for scope in as_list(rm.get("scopeMetrics")):
-            for metric in as_list(as_object(scope).get("metrics")):
-                metric = as_object(metric)
-                name = str(metric.get("name", ""))
-                if "gauge" in metric:
-                    body, cumulative = as_object(metric["gauge"]), False
-                elif "sum" in metric:
-                    body = as_object(metric["sum"])
-                    temporality = body.get("aggregationTemporality", 0)
-                    cumulative = bool(body.get("isMonotonic")) and temporality in (
-                        AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE, "AGGREGATION_TEMPORALITY_CUMULATIVE")
-                    name = _counter_name(name)
-                else:
-                    continue
-                for p in as_list(body.get("dataPoints")):
-                    p = as_object(p)
-                    raw = p.get("asDouble", p.get("asInt"))
-                    try:
-                        value = float(raw)
-                    except (TypeError, ValueError):
-                        continue  # no value (a NaN or a missing point): nothing to carry
-                    labels = {**resource, **_labels(p.get("attributes"))}
-                    out.append(Sample(name, labels, value, as_int(p.get("timeUnixNano")) // 1_000_000, cumulative))
+    for resource, metric in _json_metrics(doc):
+        name = str(metric.get("name", ""))
+        if "gauge" in metric:
+            body, cumulative = as_object(metric["gauge"]), False
+        elif "sum" in metric:
+            body = as_object(metric["sum"])
+            temporality = body.get("aggregationTemporality", 0)
+            cumulative = bool(body.get("isMonotonic")) and temporality in (
+                AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE, "AGGREGATION_TEMPORALITY_CUMULATIVE")
+            name = _counter_name(name)
+        else:
+            continue
+        for p in as_list(body.get("dataPoints")):
+            p = as_object(p)
+            raw = p.get("asDouble", p.get("asInt"))
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                continue  # no value (a NaN or a missing point): nothing to carry
+            out.append(Sample(name, {**resource, **_labels(p.get("attributes"))}, value,
+                              as_int(p.get("timeUnixNano")) // 1_000_000, cumulative))
     return out
 
 
