@@ -26,6 +26,8 @@ import polars as pl
 from planning import cost
 from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
 import store
+from store import attribution
+from store.attribution import attributed_sql
 
 BASELINE_DAYS = 7
 RISE_THRESHOLD = 0.20
@@ -95,6 +97,7 @@ class CostReport:
     trend_unit: str  # "minute", "hour" or "day"
     flags: list[cost.SpendRise]
     scaling: cost.AttributionScaling  # when and by how much attributed GPU-seconds were scaled down
+    bases: pl.DataFrame = field(default_factory=pl.DataFrame)  # per pool and basis (attribution_bases)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -145,9 +148,10 @@ def minute_scales(con, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
 
 
 def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.DataFrame) -> pl.DataFrame:
-    # The scales are per minute and the usage is summed per period: the join applies them per
-    # bucket in DuckDB, so a long range never brings every slice-minute into Python. Hours rolled
-    # up carry their requests' GPU-seconds already scaled, minute by minute, the same way.
+    # The scales are per minute and the usage is summed per period: the attribution
+    # (store/attribution.py: the requests' own GPU-seconds scaled, or a work estimate where
+    # they reported none) runs per bucket in DuckDB, so a long range never brings every
+    # slice-minute into Python. Hours rolled up carry what the same query gave at roll-up.
     sums = """sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
                    sum(successful_turns)::BIGINT AS successful_turns,
                    coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
@@ -156,22 +160,33 @@ def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.Data
             SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
                    coalesce(sum(gpu_seconds_attributed), 0)::DOUBLE AS gpu_seconds,
                    coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds_reported
-            FROM sli_hour WHERE window_start >= ? AND window_start < ? GROUP BY ALL""" if _rolled(con) else ""
+            FROM sli_hour WHERE window_start >= $start AND window_start < $end GROUP BY ALL""" if _rolled(con) else ""
     con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
     try:
-        return con.sql(f"""
+        return store.query_frame(con, f"""
             SELECT period, tenant, model, workload, pool, sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
                    sum(successful_turns)::BIGINT AS successful_turns, sum(output_tokens)::BIGINT AS output_tokens,
                    sum(audio_seconds)::DOUBLE AS audio_seconds, sum(gpu_seconds)::DOUBLE AS gpu_seconds,
                    sum(gpu_seconds_reported)::DOUBLE AS gpu_seconds_reported
             FROM (
             SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
-                   coalesce(sum(gpu_seconds * coalesce(attribution_scale, 1.0)), 0)::DOUBLE AS gpu_seconds,
+                   coalesce(sum(gpu_seconds_attributed), 0)::DOUBLE AS gpu_seconds,
                    coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds_reported
-            FROM sli_minute LEFT JOIN {SCALES_VIEW}
-                 ON minute = window_start AND scaled_pool = coalesce(pool, '')
-            WHERE window_start >= ? AND window_start < ? GROUP BY ALL
-            {hours}) GROUP BY ALL""", params=[start, end] + ([start, end] if hours else [])).pl()
+            FROM ({attributed_sql(SCALES_VIEW)}) GROUP BY ALL
+            {hours}) GROUP BY ALL""", {"start": start, "end": end})
+    finally:
+        con.unregister(SCALES_VIEW)
+
+
+def attribution_bases(con, start: dt.datetime, end: dt.datetime, scales: pl.DataFrame) -> pl.DataFrame:
+    """Per pool and basis (store/attribution.py): the minutes attributed that way, their
+    GPU-seconds, and the fitted weight of a prompt token in output tokens (tokens basis)."""
+    con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
+    try:
+        return store.query_frame(con, f"""
+            SELECT coalesce(pool, '') AS pool, attribution_basis AS basis, count(DISTINCT window_start) AS minutes,
+                   sum(gpu_seconds_attributed)::DOUBLE AS gpu_seconds, avg(prompt_token_weight) AS prompt_token_weight
+            FROM ({attributed_sql(SCALES_VIEW)}) GROUP BY ALL ORDER BY pool, basis""", {"start": start, "end": end})
     finally:
         con.unregister(SCALES_VIEW)
 
@@ -260,10 +275,11 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
     trend = cost.rollup(fine.detail, ["period"])
     in_range = scales.filter((pl.col("minute") >= start) & (pl.col("minute") < end))
     scaling = cost.summarize_scaling(in_range, daily.pools)
+    bases = attribution_bases(con, start, end, scales)
     timings["compute_s"] = time.perf_counter() - t1
     return CostReport(store_path=store_path, range=rng, data_range=data, prices=prices, prices_source=prices_source,
                       daily=daily, per_day=per_day, trend=trend, trend_unit=unit, flags=flags, scaling=scaling,
-                      timings=timings)
+                      bases=bases, timings=timings)
 
 
 def model_costs(con: duckdb.DuckDBPyConnection, model: str, start: dt.datetime | None, end: dt.datetime | None,
@@ -566,6 +582,16 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
             + "".join(parts) + "</body></html>")
 
 
+def _bases_table(bases: pl.DataFrame) -> str:
+    if bases.height == 0:
+        return "<p class='note'>No requests in the range.</p>"
+    rows = [[_e(r["pool"] or "(none)"), _e(r["basis"]), _int(r["minutes"]), _int(r["gpu_seconds"]),
+             f"{r['prompt_token_weight']:.4f}" if r["prompt_token_weight"] is not None else "—"]
+            for r in bases.to_dicts()]
+    return _table([("Pool", True), ("Attributed by", True), ("Minutes", False), ("GPU-seconds", False),
+                   ("Prompt token in output tokens", False)], rows)
+
+
 def _method_html(report: CostReport) -> str:
     prices = report.prices
     skus = sorted(set(prices.usd_per_gpu_hour) | set(DEFAULT_USD_PER_GPU_HOUR))
@@ -584,6 +610,13 @@ GPU-seconds than the pool's GPUs had (60 per GPU), each is scaled by GPUs' ÷ re
 more than 60 seconds; a pool-day whose traffic minutes lack GPU rows is capped the same way over the day. The
 <i>attribution scale</i> column is attributed ÷ reported GPU-seconds (1.000: unscaled); <code>cost.csv</code> keeps
 both figures. So attributed + idle = fully loaded on every row.</p>
+<p><b>Without per-request GPU-seconds</b> (vLLM, TGI and Triton report none; nor does an OpenTelemetry span), a
+pool-minute's busy GPU-seconds (each GPU's minute × its mean utilisation; the whole minute where utilisation is
+unknown) are shared among its requests by a work estimate: <i>tokens</i> (prompt tokens × a weight + output tokens;
+the weight, what a prompt token costs in output tokens, is fitted per pool and hour from the pool's own minutes,
+{attribution.DEFAULT_PROMPT_WEIGHT} when the hour cannot support a fit), <i>audio</i> seconds for speech, or
+<i>wall time</i> (requests × median latency) as the last resort. The basis of each pool:</p>
+{_bases_table(report.bases)}
 <p><b>Fully loaded cost</b> is what the fleet cost: every GPU present in a minute (a row of
 <code>gpu_minute</code>) counts 60 GPU-seconds, busy or idle, at its SKU's price, and belongs to its pool.
 Each pool's cost for a day is shared among the tenant, model and workload rows that used the pool that day,

@@ -7,8 +7,9 @@ time, and their minutes deleted:
 
 - `sli_hour`: one row per hour and slice, the row the hour would have closed with as one
   window (counts add, histograms add bin by bin, quantiles read again from them; the same
-  merge a correction uses), plus `gpu_seconds_attributed`: the requests' GPU-seconds scaled
-  per minute as the cost report scales them, summed.
+  merge a correction uses), plus `gpu_seconds_attributed`: the GPU-seconds the cost report
+  attributes to each minute (store/attribution.py: the requests' own, scaled, or a work
+  estimate where they reported none), summed.
 - `gpu_hour`: one row per hour and GPU: `gpu_minutes` (minute rows: 60 GPU-seconds each),
   sums and maxima as such, means as the mean of the minute means, the last replica state.
 - `attribution_minute`: the cost report's per pool-minute scale of the rolled minutes.
@@ -26,6 +27,7 @@ import duckdb
 import polars as pl
 
 import store
+from store.attribution import attributed_sql
 from planning import cost
 from conventions import SLICE_LABELS
 from streams.aggregates import REQUESTS
@@ -138,10 +140,8 @@ class RollUp:
         if minutes.height == 0:
             return
         attributed = store.query_frame(con, f"""
-            SELECT {keys}, sum(gpu_seconds * coalesce(attribution_scale, 1.0))::DOUBLE AS gpu_seconds_attributed,
-                   count(*) AS minutes
-            FROM sli_minute LEFT JOIN _scales ON minute = window_start AND scaled_pool = coalesce(pool, '')
-            WHERE window_start >= $1 AND window_start < $2{part} GROUP BY ALL""", [start, end])
+            SELECT {keys}, sum(gpu_seconds_attributed)::DOUBLE AS gpu_seconds_attributed, count(*) AS minutes
+            FROM ({attributed_sql("_scales")}) WHERE true{part} GROUP BY ALL""", {"start": start, "end": end})
         w = self.windows
         hourly = minutes.with_columns(pl.col("window_start").dt.truncate("1h"))
         rows = w.merge_partials(*w.row_partials(hourly))
