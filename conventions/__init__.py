@@ -66,7 +66,10 @@ CHECKPOINT_DURATION_SECONDS = "tailwatch_checkpoint_duration_seconds"  # histogr
 # ---- the fleet: traffic, latency, GPUs, cost (streams/fleet_metrics.py) ----------------------
 # The labels each kind of fleet series carries (dashboards filter by them).
 TRAFFIC_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment")
-GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku")
+# attribution_basis: how the GPU time was known (planning/work_estimate.py BASES: reported, tokens, audio,
+# wall_time, no_gpu_telemetry), so a cost panel can say what it stands on.
+GPU_TIME_LABELS = ("tenant", "model", "zone", "workload", "traffic_class", "deployment", "pool", "gpu_sku",
+                   "attribution_basis")
 LATENCY_LABELS = ("model", "model_version", "zone", "workload", "traffic_class", "deployment")
 POOL_LABELS = ("zone", "pool", "gpu_sku")
 REQUESTS_TOTAL = "tailwatch_requests_total"

@@ -71,6 +71,14 @@ def build(specs=None):
             Q(f"sum(rate({sel(GPU_SECONDS_TOTAL)}[{RATE}]))", "fleet (paid)"),
             Q(f"sum({rate(REQUEST_GPU_SECONDS_TOTAL, 'workload')})", "used by requests"),
         ], w=12, description="GPU-seconds per second: the gap is idle time."),
+        timeseries("GPU time used, by how it is known", "s",
+                   [Q(f"sum by (attribution_basis) (rate({sel(REQUEST_GPU_SECONDS_TOTAL)}[{RATE}]))",
+                      "{{attribution_basis}}")], w=12, stacked=True,
+                   description="reported: the requests' own gpu_seconds. For runtimes that report none (vLLM, TGI, "
+                               "Triton, OpenTelemetry), each pool-minute's busy GPU time (GPUs × utilisation) shared "
+                               "by tokens (prompt tokens weighted by a per-pool fit), audio seconds, or wall_time; "
+                               "no_gpu_telemetry: the pool sent no GPU rows, so nothing is attributed. Every cost "
+                               "panel here stands on this."),
     ]
     return dashboard(UID_COST, "tailwatch / Cost and goodput", "GPU cost per unit of useful work, and idle cost.",
                      panels, fleet_variables(), time_from="now-24h")

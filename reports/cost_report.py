@@ -26,7 +26,7 @@ import polars as pl
 from planning import cost
 from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
 import store
-from store import attribution
+from planning.work_estimate import DEFAULT_PROMPT_WEIGHT
 from store.attribution import attributed_sql
 
 BASELINE_DAYS = 7
@@ -614,8 +614,8 @@ both figures. So attributed + idle = fully loaded on every row.</p>
 pool-minute's busy GPU-seconds (each GPU's minute × its mean utilisation; the whole minute where utilisation is
 unknown) are shared among its requests by a work estimate: <i>tokens</i> (prompt tokens × a weight + output tokens;
 the weight, what a prompt token costs in output tokens, is fitted per pool and hour from the pool's own minutes,
-{attribution.DEFAULT_PROMPT_WEIGHT} when the hour cannot support a fit), <i>audio</i> seconds for speech, or
-<i>wall time</i> (requests × median latency) as the last resort. The basis of each pool:</p>
+{DEFAULT_PROMPT_WEIGHT} when the hour cannot support a fit), <i>audio</i> seconds for speech, or
+<i>wall_time</i> (requests × median latency) as the last resort. The basis of each pool:</p>
 {_bases_table(report.bases)}
 <p><b>Fully loaded cost</b> is what the fleet cost: every GPU present in a minute (a row of
 <code>gpu_minute</code>) counts 60 GPU-seconds, busy or idle, at its SKU's price, and belongs to its pool.

@@ -1,5 +1,7 @@
 """GPU-seconds attributed to each slice-minute of `sli_minute`, as one SQL query that the cost
-report and the hourly roll-up both read (`attributed_sql`).
+report and the hourly roll-up both read (`attributed_sql`): the rules of
+`planning/work_estimate.py` (which the live fleet metrics apply to closing minutes) over the
+store, where each hour is complete.
 
 Per pool and minute, the basis is:
 - `reported`: some request carried `gpu_seconds`: each slice gets its requests' own figure,
@@ -13,8 +15,8 @@ Per pool and minute, the basis is:
     `MIN_FIT_MINUTES` minutes, tokens that move together, or a fit that is not positive,
     `DEFAULT_PROMPT_WEIGHT`;
   - `audio`: audio seconds (speech pools);
-  - `wall time`: requests × their median end-to-end latency (the last resort);
-- `no GPU telemetry`: the pool sent no GPU rows that minute; nothing is attributed (the
+  - `wall_time`: requests × their median end-to-end latency (the last resort);
+- `no_gpu_telemetry`: the pool sent no GPU rows that minute; nothing is attributed (the
   report's fleet cost has no GPU time there either).
 
 The hour is the fit's unit, fitted over the whole hour whatever part of it a query asks for,
@@ -24,9 +26,7 @@ rolled up (streams/rollup.py rolls whole hours) keeps the estimate a report woul
 
 from __future__ import annotations
 
-DEFAULT_PROMPT_WEIGHT = 0.2  # a prompt token costs a fifth of an output token: prefill is batched, decode is not
-MIN_FIT_MINUTES = 30
-BASES = ("reported", "tokens", "audio", "wall time", "no GPU telemetry")
+from planning.work_estimate import DEFAULT_PROMPT_WEIGHT, MIN_FIT_MINUTES
 
 
 def attributed_sql(scales_view: str, columns: str = "s.*") -> str:
@@ -54,16 +54,16 @@ _fit AS (
            sum(prompt * busy_s) AS d, sum(output * busy_s) AS e
     FROM _pm JOIN _busy USING (window_start, pool) WHERE reported_s = 0 AND prompt + output > 0 GROUP BY ALL),
 _weights AS (
-    -- normal equations of busy = wp * prompt + wo * output: wp / wo = (c d - b e) / (a e - b d)
+    -- planning.work_estimate.prompt_weight: the normal equations of busy = wp·prompt + wo·output, w = wp / wo
     SELECT pool, hour, CASE WHEN n >= {MIN_FIT_MINUTES} AND a * c - b * b > 1e-6 * a * c
                                 AND c * d - b * e > 0 AND a * e - b * d > 0
                            THEN (c * d - b * e) / (a * e - b * d) ELSE {DEFAULT_PROMPT_WEIGHT} END AS prompt_weight
     FROM _fit),
 _basis AS (
     SELECT _pm.window_start, _pm.pool, _busy.busy_s,
-           CASE WHEN _pm.reported_s > 0 THEN 'reported' WHEN _busy.busy_s IS NULL THEN 'no GPU telemetry'
+           CASE WHEN _pm.reported_s > 0 THEN 'reported' WHEN _busy.busy_s IS NULL THEN 'no_gpu_telemetry'
                 WHEN _pm.prompt + _pm.output > 0 THEN 'tokens' WHEN _pm.audio > 0 THEN 'audio'
-                ELSE 'wall time' END AS basis,
+                ELSE 'wall_time' END AS basis,
            coalesce(_weights.prompt_weight, {DEFAULT_PROMPT_WEIGHT}) AS prompt_weight
     FROM _pm LEFT JOIN _busy USING (window_start, pool)
     LEFT JOIN _weights ON _weights.pool = _pm.pool AND _weights.hour = date_trunc('hour', _pm.window_start)
@@ -74,7 +74,7 @@ _rows AS (
            CASE _basis.basis
                 WHEN 'tokens' THEN _basis.prompt_weight * coalesce(s.prompt_tokens, 0) + coalesce(s.output_tokens, 0)
                 WHEN 'audio' THEN coalesce(s.audio_seconds, 0)
-                WHEN 'wall time' THEN s.requests * coalesce(s.e2e_ms_p50, 1.0)
+                WHEN 'wall_time' THEN s.requests * coalesce(s.e2e_ms_p50, 1.0)
                 ELSE 0 END AS _work,
            s.window_start AS _minute, coalesce(s.pool, '') AS _pool, s.gpu_seconds AS _reported
     FROM sli_minute s JOIN _basis ON _basis.window_start = s.window_start AND _basis.pool = coalesce(s.pool, '')
@@ -83,7 +83,7 @@ _rows AS (
 SELECT * EXCLUDE (_busy_s, _scale, _work, _minute, _pool, _reported),
        CASE attribution_basis
             WHEN 'reported' THEN coalesce(_reported, 0) * coalesce(_scale, 1.0)
-            WHEN 'no GPU telemetry' THEN 0.0
+            WHEN 'no_gpu_telemetry' THEN 0.0
             ELSE coalesce(_busy_s * _work / nullif(sum(_work) OVER (PARTITION BY _minute, _pool), 0), 0.0)
        END::DOUBLE AS gpu_seconds_attributed
 FROM _rows"""

@@ -15,7 +15,9 @@ What it exports, and at which aggregation level (only the labels some panel need
   `tailwatch_streams_completed_total`, `_cut_total`, `_timed_out_total`, `_cancelled_total`;
 - `tailwatch_request_gpu_seconds_total{GPU_TIME_LABELS}`: GPU time the requests used,
   with the `pool` and `gpu_sku` that cost panels join on (the SKU of a pool is learnt
-  from its GPU samples: `sli_minute` has no SKU);
+  from its GPU samples: `sli_minute` has no SKU) and `attribution_basis`: the requests' own
+  `gpu_seconds` (`reported`), or, for runtimes that report none, the pool-minute's busy GPU
+  time shared by `tokens`, `audio` or `wall_time` (planning/work_estimate.py);
 - `tailwatch_request_latency_seconds{LATENCY_LABELS, field}` (a histogram: `_bucket`
   with `le` in LATENCY_BUCKETS_S, `_sum`, `_count`): queue, first-output, e2e and
   inter-token latency of
@@ -77,6 +79,7 @@ from prometheus_client.registry import Collector
 
 from slo import histogram
 from planning.prices import GpuPrices
+from planning.work_estimate import WorkEstimate
 from conventions import (
     AUDIO_SECONDS_TOTAL, FLEET_FOLDED_BUCKETS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, GPUS,
     GPUS_PROFILED, GPU_DRAM_BANDWIDTH_RATIO, GPU_ECC_ERRORS_TOTAL, GPU_KV_CACHE_USAGE_RATIO,
@@ -118,7 +121,7 @@ GPU_SECONDS_PER_GPU_MINUTE = 60.0
 OTHER_TENANT = "other"
 OTHER = "other"
 # Labels that survive folding: closed sets or few by nature, and what cost joins on.
-KEPT_WHEN_FOLDED = frozenset({"zone", "workload", "traffic_class", "deployment", "gpu_sku"})
+KEPT_WHEN_FOLDED = frozenset({"zone", "workload", "traffic_class", "deployment", "gpu_sku", "attribution_basis"})
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,7 @@ class FleetMetrics:
         self.tenants: set[str] = set()
         self.sku_of_pool: dict[str, str] = {}
         self.newest_minute: int | None = None
+        self.work = WorkEstimate()  # GPU time for requests that report none
 
     # ---- Stage protocol ---------------------------------------------------------------
     def collectors(self) -> list[Collector]:
@@ -333,14 +337,14 @@ class FleetMetrics:
             if gpu.height:
                 self._gpu(gpu)
             if requests.height:
-                self._requests(requests)
+                self._requests(self.work.attribute(requests, gpu))
             self._drop_stale()
         return {}
 
     def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """Late requests count in the counters and histograms like any (Prometheus sees them now)."""
-        with self.collector.lock:
-            self._requests(requests)
+        with self.collector.lock:  # no GPU rows come with them: an estimated pool's late requests add no GPU time
+            self._requests(self.work.attribute(requests, pl.DataFrame()))
         return {}
 
     def committed(self) -> None:

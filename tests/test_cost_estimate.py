@@ -25,14 +25,16 @@ from planning.prices import GpuPrices
 import store
 from store.attribution import attributed_sql
 from streams.rollup import RollUp
+from streams.fleet_metrics import FleetMetrics
+from tests.test_fleet_metrics import closed_buckets, scrape
 from tests.test_pipeline import publish, run_worker
 from tools.traces import AZURE_CODE_TRACE
 
 GPUS_PER_POOL = 4
 
 
-@pytest.fixture(scope="module")
-def vllm_store(broker, tmp_path_factory):
+def vllm_events() -> tuple[list, list, list]:
+    """(the trace's requests with their true GPU-seconds, the same as vLLM reports them, GPU minutes)."""
     truth = list(TraceReplay(rows=read_any_trace(AZURE_CODE_TRACE), seed=3).events())  # 40 minutes
     busy: dict[tuple[str, str, int], float] = defaultdict(float)  # (zone, pool, minute) → true GPU-seconds
     for r in truth:
@@ -41,10 +43,15 @@ def vllm_store(broker, tmp_path_factory):
                   pool=pool, gpu_sku="H100", util_pct=round(min(100.0, 100 * seconds / (GPUS_PER_POOL * 60)), 4),
                   source="dcgm")
             for (zone, pool, minute), seconds in busy.items() for i in range(GPUS_PER_POOL)]
-    # What vLLM reports: no gpu_seconds on any request. One more request and GPU minute three hours
-    # on, so that the trace's hour can be rolled up behind them.
+    # What vLLM reports: no gpu_seconds on any request.
+    return truth, [msgspec.structs.replace(r, gpu_seconds=None) for r in truth], gpus
+
+
+@pytest.fixture(scope="module")
+def vllm_store(broker, tmp_path_factory):
+    truth, requests, gpus = vllm_events()
+    # One more request and GPU minute three hours on, so that the trace's hour can be rolled up.
     later = truth[-1].ts + 3 * 3_600_000
-    requests = [msgspec.structs.replace(r, gpu_seconds=None) for r in truth]
     requests.append(msgspec.structs.replace(requests[0], event_id="later", ts=later))
     gpus.append(msgspec.structs.replace(gpus[0], ts=later))
     settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"c{uuid.uuid4().hex[:8]}.")
@@ -135,3 +142,28 @@ def test_an_hour_rolled_up_keeps_the_estimate_the_report_made(vllm_store, tmp_pa
     assert after["attributed_cost_usd"].sum() > 0
     assert_frame_equal(before.sort("tenant", "model", "workload"), after.sort("tenant", "model", "workload"),
                        check_exact=False, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_the_live_gpu_time_counter_shares_busy_time_by_tokens_with_its_basis(vllm_store):
+    """The worker's fleet metrics (dashboards' cost panels) apply the same rules to the minutes
+    they close, with the hour's fit as far as it has come."""
+    path, truth = vllm_store
+    _truth, requests, gpus = vllm_events()
+    req_rows, gpu_rows = closed_buckets([*requests, *gpus])
+    stage = FleetMetrics()
+    for (minute,), part in req_rows.partition_by("window_start", as_dict=True, maintain_order=True).items():
+        stage.on_closed(part, gpu_rows.filter(pl.col("window_start") == minute))
+    samples = [s for s in scrape(stage.collector)["tailwatch_request_gpu_seconds"].samples if s.name.endswith("_total")]
+    assert {s.labels["attribution_basis"] for s in samples} == {"tokens"}
+    live, true = defaultdict(float), defaultdict(float)
+    for s in samples:
+        live[s.labels["tenant"]] += s.value
+    for r in truth:
+        true[r.tenant] += r.gpu_seconds
+    assert sum(live.values()) == pytest.approx(sum(true.values()), rel=1e-6)  # all of the busy time, no more
+    con = duckdb.connect(str(path), read_only=True)
+    report = attributed_rows(con, *trace_hours(con)).group_by("tenant").agg(pl.col("gpu_seconds_attributed").sum())
+    con.close()
+    for tenant, attributed in report.iter_rows():
+        assert live[tenant] == pytest.approx(attributed, rel=0.02), tenant  # the report's fit saw the whole hour
+        assert live[tenant] == pytest.approx(true[tenant], rel=0.03), tenant
