@@ -8,6 +8,7 @@ imports as is (schema 39: Grafana 10 and later).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from grafanalib import core as g
@@ -30,7 +31,8 @@ from conventions import (
     GPU_SM_OCCUPANCY_RATIO, GPU_TEMPERATURE_CELSIUS, GPU_TENSOR_ACTIVE_RATIO, GPU_UTILIZATION_RATIO,
     GPU_XID_ERRORS_TOTAL, OUTPUT_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, QUEUE_DEPTH_REQUESTS,
     QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL, REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS,
-    REQUEST_RETRIES_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+    REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL,
+    STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
 )
 
 _TRAFFIC_METRICS = (REQUESTS_TOTAL, REQUEST_RETRIES_TOTAL, TURNS_TOTAL,
@@ -110,6 +112,45 @@ class Q:
     instant: bool = False
 
 
+# What a family needs that a fleet may not send: a panel reading it says so where it has no
+# data (Grafana's noValue), instead of a bare "No data" that reads as an outage.
+_RUNTIME = "from the serving runtime's gauges (vLLM's or Triton's /metrics, or the runtime's own gpu.v1)"
+NEEDS: dict[str, str] = {
+    AUDIO_SECONDS_TOTAL: "audio_seconds on requests (speech runtimes)",
+    **dict.fromkeys((STREAMS_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL,
+                     STREAMS_CANCELLED_TOTAL), "finish_reason on requests (how answer streams ended)"),
+    **dict.fromkeys((GPU_SM_ACTIVE_RATIO, GPU_SM_OCCUPANCY_RATIO, GPU_TENSOR_ACTIVE_RATIO, GPU_DRAM_BANDWIDTH_RATIO,
+                     GPUS_PROFILED), "SM activity: NVML GPM (Hopper and later) or dcgm-exporter's DCGM_FI_PROF_* "
+                                     "fields (off in its stock counters file)"),
+    **dict.fromkeys((GPU_MEMORY_USED_BYTES, GPU_MEMORY_TOTAL_BYTES),
+                    "mem_used_bytes and mem_total_bytes on GPU samples (NVML, or DCGM's FB_USED and FB_FREE)"),
+    GPU_TEMPERATURE_CELSIUS: "temp_c on GPU samples (NVML, or DCGM_FI_DEV_GPU_TEMP)",
+    GPU_POWER_WATTS: "power_w on GPU samples (NVML, or DCGM_FI_DEV_POWER_USAGE)",
+    GPU_KV_CACHE_USAGE_RATIO: f"kv_cache_usage {_RUNTIME}",
+    QUEUE_OLDEST_AGE_SECONDS: f"oldest_queue_age_ms {_RUNTIME}",
+    QUEUE_DEPTH_REQUESTS: f"queue_depth {_RUNTIME}",
+    'field="inter_token"': "inter_token_ms on requests (LLM streams)",
+    'field="queue"': "queue_ms on requests",
+}
+_NEEDS_RE = {needle: re.compile(rf"(?<![\w:]){re.escape(needle)}(?![\w:])") for needle in NEEDS}
+
+
+def no_value_reason(queries: list["Q"]) -> str | None:
+    """"No data: needs …" for a panel whose queries read a family a fleet may not send."""
+    needs = sorted({NEEDS[n] for n, pattern in _NEEDS_RE.items() for q in queries if pattern.search(q.expr)})
+    return f"No data: needs {'; '.join(needs)}" if needs else None
+
+
+def _with_no_value(panel, queries: list["Q"]):
+    reason = no_value_reason(queries)
+    if reason:
+        extra = dict(panel.extraJson or {})
+        defaults = extra.setdefault("fieldConfig", {}).setdefault("defaults", {})
+        defaults["noValue"] = reason
+        panel.extraJson = extra
+    return panel
+
+
 def _targets(queries: list[Q], table: bool = False) -> list[g.Target]:
     return [
         g.Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), instant=q.instant,
@@ -124,7 +165,7 @@ def thresholds(*steps: tuple[float, str], base: str = "green") -> list[dict]:
 
 def timeseries(title: str, unit: str, queries: list[Q], w: int = 8, h: int = 8, description: str = "",
                threshold_steps: list[dict] | None = None, stacked: bool = False, **extra) -> g.TimeSeries:
-    return g.TimeSeries(
+    return _with_no_value(g.TimeSeries(
         title=title, unit=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
         gridPos=g.GridPos(h=h, w=w, x=0, y=0),
         thresholds=threshold_steps or thresholds(),
@@ -134,7 +175,7 @@ def timeseries(title: str, unit: str, queries: list[Q], w: int = 8, h: int = 8, 
         legendDisplayMode="table" if len(queries) > 1 or w >= 12 else "list",
         legendCalcs=["lastNotNull", "max"] if w >= 12 else [],
         tooltipMode="multi", **extra,
-    )
+    ), queries)
 
 
 def stat(title: str, unit: str, queries: list[Q], w: int = 4, h: int = 4, description: str = "",
@@ -142,7 +183,8 @@ def stat(title: str, unit: str, queries: list[Q], w: int = 4, h: int = 4, descri
     return g.Stat(
         title=title, format=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
         gridPos=g.GridPos(h=h, w=w, x=0, y=0), thresholds=threshold_steps or thresholds(),
-        reduceCalc="lastNotNull", graphMode="none", noValue="0", color={"mode": "thresholds"},
+        reduceCalc="lastNotNull", graphMode="none", noValue=no_value_reason(queries) or "0",
+        color={"mode": "thresholds"},
     )
 
 
@@ -162,7 +204,7 @@ def table(title: str, unit: str, queries: list[Q], w: int = 12, h: int = 8, desc
     )
     if links:
         panel.extraJson = {"fieldConfig": {"defaults": {"links": links}}}
-    return panel
+    return _with_no_value(panel, queries)
 
 
 def layout(panels: list) -> list:

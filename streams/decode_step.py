@@ -18,7 +18,7 @@ import polars as pl
 from ingest import deadletter
 from ingest.kafka import KafkaSettings
 from ingest.schema import GpuV1, RequestV1
-from ingest.validate import LATE, TOO_LATE, BatchDecoder
+from ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from streams.aggregates import GPU, REQUESTS
 from streams.windows import AggregateSpec
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
@@ -61,6 +61,7 @@ class DecodeStep:
         self.max_ahead_ms = max_ahead_ms
         self.replaying = replaying  # a record whose dead letter an earlier owner already sent
         self.dead_letters: list[deadletter.DeadLetter] = []
+        self._counted: set[str] = set()  # topics whose counters were created at 0
 
     def process(self, p: InputTopic, batch: list) -> None:
         values = [m.value() for m in batch]
@@ -86,7 +87,12 @@ class DecodeStep:
             m.events.labels(p.topic, "correcting").inc(outcome.to_correct)
         m.events.labels(p.topic, "duplicate").inc(outcome.duplicates)
         m.late_events.labels(p.topic).inc(len(outcome.late_index))
-        m.corrected_events.labels(p.topic)  # the series exists at 0 before the first correction
+        if p.topic not in self._counted:  # known label sets exist at 0 before their first count
+            self._counted.add(p.topic)
+            m.corrected_events.labels(p.topic)
+            m.unknown_fields_dropped.labels(p.topic)
+            for known in REASONS:
+                m.dead_letters.labels(p.topic, known)
         if decoded.unknown_fields_dropped:
             m.unknown_fields_dropped.labels(p.topic).inc(decoded.unknown_fields_dropped)
 

@@ -27,6 +27,7 @@ import uuid
 from itertools import groupby
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from alerts.alertmanager import AlertLinks, to_alertmanager
@@ -222,6 +223,89 @@ def test_page_link_presets_the_slo_dashboard_with_data(live):
     checked, failures = run_queries(url, [slo_dashboard], live["started"], preset)
     assert not failures, "\n".join(failures)
     assert checked >= 10
+
+
+class VllmFeed(Feed):
+    """The public Azure code trace as a vLLM fleet reports it, paced: requests with tokens and
+    latencies but no gpu_seconds, task_success or finish_reason; GPUs with utilisation only
+    (stock dcgm-exporter: no profiling fields, no runtime gauges)."""
+
+    def _run(self):
+        from tests.test_cost_estimate import vllm_events
+
+        _truth, requests, gpus = vllm_events()
+        requests = [msgspec.structs.replace(r, task_success=None) for r in requests]
+        pub = EventPublisher(self.kafka)
+        for _minute, events in groupby(sorted([*requests, *gpus], key=lambda e: e.ts), key=lambda e: e.ts // 60_000):
+            if self.stop.is_set():
+                break
+            started = time.monotonic()
+            pub.publish_events(list(events))
+            pub.producer.flush(10)
+            self.minutes_sent += 1
+            time.sleep(max(0.0, VLLM_SECONDS_PER_MINUTE - (time.monotonic() - started)))
+        pub.close()
+        self.done.set()
+
+
+VLLM_SECONDS_PER_MINUTE = 0.6
+
+
+@pytest.fixture(scope="module")
+def vllm_live(broker, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm-dashboards")
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"v{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, partitions=1)
+    http_port = free_port()
+    specs = load_slos(DEFAULT_SLOS)
+    worker = build(WorkerSettings(
+        kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,
+        allowed_lateness_s=60.0, checkpoint_interval_s=0.5, slos=specs, stages=[FleetMetrics()],
+    ))
+    worker_thread = threading.Thread(target=worker.run, daemon=True)
+    worker_thread.start()
+    prom, url = start_prometheus(tmp, http_port)
+    feed = VllmFeed(kafka)
+    started = time.time()
+    try:
+        feed.thread.start()
+        yield {"url": url, "feed": feed, "started": started, "specs": specs}
+    finally:
+        feed.stop.set()
+        feed.thread.join(10)
+        worker.stop()
+        worker_thread.join(30)
+        prom.kill()
+        prom.wait(10)
+
+
+def test_a_vllm_fleet_gets_data_or_the_reason_on_every_panel(vllm_live):
+    """What a fleet of vLLM servers sends (no per-request GPU time, no stream endings, no
+    profiling fields): every query has data or its panel names the field it lacks, and the cost
+    panels have data (GPU time shared by tokens)."""
+    url, feed = vllm_live["url"], vllm_live["feed"]
+    deadline = time.time() + 60
+    while feed.minutes_sent < 25 and time.time() < deadline:
+        time.sleep(0.2)
+    assert feed.minutes_sent >= 25 and not feed.done.is_set()
+    dashboards = build_all(vllm_live["specs"])
+    checked, failures = run_queries(url, dashboards, vllm_live["started"], {})
+    reasons = {f"{d['uid']} / {p['title']}": (p.get("options", {}).get("noValue")
+                                              or p.get("fieldConfig", {}).get("defaults", {}).get("noValue"))
+               for d in dashboards for p in d["panels"]}
+    # An annotation without data draws nothing (no page fired): it is not a panel that reads empty.
+    failures = [f for f in failures if " / annotation " not in f.split("\n")[0]]
+    without_data = [f.split("\n")[0].rsplit(" / ", 1)[0] for f in failures]
+    unexplained = [w for w in without_data if not (reasons.get(w) or "").startswith("No data: needs")]
+    print(f"\nvLLM-shaped fleet: {checked} queries, {checked - len(failures)} with data, "
+          f"{len(failures)} without data and with their reason, {len(unexplained)} unexplained")
+    assert not unexplained, "\n".join(f for f in failures if f.split("\n")[0].rsplit(" / ", 1)[0] in unexplained)
+    # Cost per successful turn and GPU spend have data though no request carries gpu_seconds.
+    cost = {f"tailwatch-cost / {t}" for t in ("GPU spend per hour", "GPU cost per successful turn",
+                                              "GPU cost per successful turn by model", "GPU cost per successful turn by tenant",
+                                              "GPU cost per 1,000 output tokens by model", "GPU spend per hour by tenant")}
+    assert cost <= set(reasons) and not cost & set(without_data), cost & set(without_data)
+    assert checked - len(failures) >= 70
 
 
 def test_dashboard_json_structure(tmp_path):
