@@ -129,10 +129,9 @@ class Feed:
         self.done.set()
 
 
-@pytest.fixture(scope="module")
-def live(broker, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dashboards")
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+def live_worker(broker, tmp, feed_class, prefix: str):
+    """A worker with its HTTP port scraped by a real Prometheus, fed live by `feed_class`."""
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{prefix}{uuid.uuid4().hex[:8]}.")
     # One partition: the simulator's six tenants all hash to partition 0 of 2 (CRC32), and an
     # empty partition holds every minute open while the worker runs live (no idle close).
     ensure_topics(kafka, partitions=1)
@@ -145,7 +144,7 @@ def live(broker, tmp_path_factory):
     worker_thread = threading.Thread(target=worker.run, daemon=True)
     worker_thread.start()
     prom, url = start_prometheus(tmp, http_port)
-    feed = Feed(kafka)
+    feed = feed_class(kafka)
     started = time.time()
     try:
         feed.thread.start()
@@ -157,6 +156,11 @@ def live(broker, tmp_path_factory):
         worker_thread.join(30)
         prom.kill()
         prom.wait(10)
+
+
+@pytest.fixture(scope="module")
+def live(broker, tmp_path_factory):
+    yield from live_worker(broker, tmp_path_factory.mktemp("dashboards"), Feed, "t")
 
 
 def wait_for_alerts(url: str, feed: Feed, timeout_s: float = 60.0) -> None:
@@ -253,30 +257,7 @@ VLLM_SECONDS_PER_MINUTE = 0.6
 
 @pytest.fixture(scope="module")
 def vllm_live(broker, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vllm-dashboards")
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"v{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=1)
-    http_port = free_port()
-    specs = load_slos(DEFAULT_SLOS)
-    worker = build(WorkerSettings(
-        kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,
-        allowed_lateness_s=60.0, checkpoint_interval_s=0.5, slos=specs, stages=[FleetMetrics()],
-    ))
-    worker_thread = threading.Thread(target=worker.run, daemon=True)
-    worker_thread.start()
-    prom, url = start_prometheus(tmp, http_port)
-    feed = VllmFeed(kafka)
-    started = time.time()
-    try:
-        feed.thread.start()
-        yield {"url": url, "feed": feed, "started": started, "specs": specs}
-    finally:
-        feed.stop.set()
-        feed.thread.join(10)
-        worker.stop()
-        worker_thread.join(30)
-        prom.kill()
-        prom.wait(10)
+    yield from live_worker(broker, tmp_path_factory.mktemp("vllm-dashboards"), VllmFeed, "v")
 
 
 def test_a_vllm_fleet_gets_data_or_the_reason_on_every_panel(vllm_live):
