@@ -13,8 +13,6 @@ Nothing is written unless the range holds data.
 from __future__ import annotations
 
 import datetime as dt
-import html
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +20,13 @@ from collections.abc import Callable
 
 import duckdb
 import polars as pl
+from markupsafe import Markup
 
 from planning import cost
 from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
 import store
+from reports import html
+from reports.html import count, note, pct, scale, usd
 from planning.work_estimate import DEFAULT_PROMPT_WEIGHT
 from store.attribution import attributed_sql
 
@@ -362,74 +363,9 @@ def run_cost_report(store_path: str, start: dt.datetime | None, end: dt.datetime
                         flags=report.flags, rows=report.daily.detail.height, seconds=time.perf_counter() - t0)
 
 
-# ---- HTML ---------------------------------------------------------------------------------
-
-CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#212121;max-width:1180px;margin:24px auto;padding:0 16px;font-size:14px;line-height:1.45}
-h1{font-size:22px;margin-bottom:2px}h2{font-size:17px;margin-top:30px;border-bottom:1px solid #e0e0e0;padding-bottom:4px}
-.sub{color:#616161;margin-top:0}
-.callout{border-left:6px solid #c62828;background:#fdecea;padding:12px 16px;margin:16px 0;border-radius:3px}
-.callout h2{margin:0 0 6px 0;border:0;color:#b71c1c;font-size:18px}
-.ok{border-left:6px solid #2e7d32;background:#edf7ee;padding:10px 16px;margin:16px 0;border-radius:3px}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
-.card{background:#f5f7fa;border-radius:4px;padding:8px 12px;min-width:150px}
-.card .v{font-size:19px;font-weight:600}.card .k{color:#616161;font-size:12px}
-table{border-collapse:collapse;margin:8px 0 4px 0;font-size:13px;width:100%}
-th,td{padding:4px 8px;border-bottom:1px solid #eceff1;text-align:right;white-space:nowrap}
-th{background:#f5f7fa;font-weight:600;vertical-align:bottom;white-space:normal;min-width:4.5em}
-.wide{overflow-x:auto}
-td.l,th.l{text-align:left}
-tr.flag td{background:#fdecea;font-weight:600}
-tr.total td{border-top:2px solid #9e9e9e;font-weight:600}
-.charts img{max-width:100%;display:block;margin:10px 0}
-.note{color:#616161;font-size:12.5px}
-.scaled{border-left:6px solid #ef6c00;background:#fff4e5;padding:8px 14px;margin:12px 0;border-radius:3px}
-code{background:#f5f5f5;padding:0 3px}
-"""
-
-
-def _usd(x: float | None, unit: bool = False) -> str:
-    """Dollars: cents for amounts, and at least 3 significant digits for small unit costs
-    (a $/audio-s of 0.0000671 must not read as 0.0001), never in scientific notation."""
-    if x is None:
-        return "–"
-    if x == 0:
-        return "0.00"
-    if (unit and abs(x) < 100) or abs(x) < 1:
-        decimals = max(4, 2 - math.floor(math.log10(abs(x))))
-        return f"{x:,.{decimals}f}"
-    return f"{x:,.2f}"
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{x * 100:.{digits}f}"
-
-
-def _int(x: float | None) -> str:
-    return "–" if x is None else f"{int(x):,}"
-
+# ---- HTML (reports/templates/cost.html) ---------------------------------------------------------
 
 SCALE_HEADER = "Attribution scale (attributed ÷ reported GPU-s)"
-
-
-def _scale(x: float | None) -> str:
-    """1.000 where the requests' own GPU-seconds fit in the GPUs' time; below 1 where scaled down."""
-    return "–" if x is None else f"{x:.3f}"
-
-
-def _table(headers: list[tuple[str, bool]], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
-    """headers: (text, left-aligned); rows: already formatted and escaped cells."""
-    head = "".join(f'<th class="l">{h}</th>' if left else f"<th>{h}</th>" for h, left in headers)
-    body = []
-    for i, row in enumerate(rows):
-        cls = (row_classes or [""] * len(rows))[i]
-        cells = "".join(f'<td class="l">{c}</td>' if headers[j][1] else f"<td>{c}</td>" for j, c in enumerate(row))
-        body.append(f'<tr class="{cls}">{cells}</tr>' if cls else f"<tr>{cells}</tr>")
-    return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
-
-
-def _e(x) -> str:
-    return html.escape("" if x is None else str(x))
 
 
 def render_html(report: CostReport, say: Callable[[str], None]) -> str:
@@ -464,175 +400,92 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
     chart_goodput = charts.goodput_vs_throughput(times, [r["turns"] for r in trend], [r["successful_turns"] for r in trend],
                                                  report.trend_unit, step=step)
 
-    parts: list[str] = []
-    add = parts.append
-    add(f"<h1>GPU cost report</h1><p class='sub'>{_e(report.range)} (UTC, event time) · store <code>{_e(report.store_path)}</code>"
-        f" · the store holds {_e(_iso(report.data_range[0]))} to {_e(_iso(report.data_range[1]))}</p>")
-
-    if report.flags:
-        items = "".join(f"<li>{_e(f.summary())}</li>" for f in report.flags)
-        biggest = max(report.flags, key=lambda f: f.rise_ratio)
-        add(f"<div class='callout' id=\"spend-rise\"><h2>⚠ GPU spend up {biggest.rise_ratio * 100:.0f}% with flat task"
-            f" success</h2><p>Daily GPU spend rose more than {RISE_THRESHOLD * 100:.0f}% against the trailing"
-            f" {BASELINE_DAYS}-day baseline while the share of successful turns did not improve by more than"
-            f" {SUCCESS_EPSILON * 100:.0f} point: the extra spend bought no extra success.</p><ul>{items}</ul>"
-            f"<p class='note'>Look for a less efficient build or model version (GPU-seconds per request up),"
-            f" or pools scaled out without more traffic (idle GPU time up): see the daily and per-model tables.</p></div>")
-    else:
-        add(f"<div class='ok' id=\"no-spend-rise\">No day in this range had GPU spend more than"
-            f" {RISE_THRESHOLD * 100:.0f}% above its trailing baseline with flat task success.</div>")
-
     fleet_gs = float(detail["fully_loaded_gpu_seconds"].sum()) if detail.height else 0.0
     idle_share = total["idle_cost_usd"] / total["fully_loaded_cost_usd"] if total["fully_loaded_cost_usd"] else None
+    # The fleet total carries its unrounded value, for scripts that check a report.
     cards = [
-        (f"${_usd(report.daily.fleet_total_usd)}", "fleet GPU cost, fully loaded", "fleet-total-usd",
+        (f"${usd(report.daily.fleet_total_usd)}", "fleet GPU cost, fully loaded", "fleet-total-usd",
          f"{report.daily.fleet_total_usd:.6f}"),
-        (f"${_usd(total['attributed_cost_usd'])}", "attributed to requests", "", ""),
-        (f"${_usd(total['idle_cost_usd'])} ({_pct(idle_share, 0)}%)", "idle GPU cost", "", ""),
+        (f"${usd(total['attributed_cost_usd'])}", "attributed to requests", "", ""),
+        (f"${usd(total['idle_cost_usd'])} ({pct(idle_share, 0)}%)", "idle GPU cost", "", ""),
         (f"{fleet_gs / 3600:,.1f} GPU-h", "fleet GPU time", "", ""),
-        (f"${_usd(total['cost_per_successful_turn_usd'], unit=True)}", "per successful turn, fully loaded", "", ""),
-        (f"{_pct(total['goodput_ratio'])}%", f"goodput ({_int(total['successful_turns'])} of {_int(total['turns'])} turns)", "", ""),
+        (f"${usd(total['cost_per_successful_turn_usd'], unit=True)}", "per successful turn, fully loaded", "", ""),
+        (f"{pct(total['goodput_ratio'])}%", f"goodput ({count(total['successful_turns'])} of {count(total['turns'])} turns)",
+         "", ""),
     ]
-    html_cards = []
-    for value, label, elem_id, data in cards:
-        # The fleet total carries its unrounded value, for scripts that check a report.
-        attrs = f' id="{elem_id}" data-usd="{data}"' if elem_id else ""
-        html_cards.append(f"<div class='card'><div class='v'{attrs}>{_e(value)}</div><div class='k'>{_e(label)}</div></div>")
-    add("<div class='cards'>" + "".join(html_cards) + "</div>")
-    # Say it where the numbers are: attributed figures below are scaled, not the runtimes' own.
-    scaled_cls = "scaled" if report.scaling.material else "note"
-    add(f"<p class='{scaled_cls}' id=\"attribution-scaling\" data-scale=\"{report.scaling.overall_scale or 1.0:.6f}\">"
-        f"{_e(report.scaling.sentence())}</p>")
 
-    add("<h2>Charts</h2><div class='charts'>")
-    for src, alt in ((chart_daily, "Daily GPU spend, fully loaded, split into GPU time used by requests and idle GPU time"),
-                     (chart_trend, "Cost per successful turn over time, fully loaded and attributed"),
-                     (chart_tenants, "Fully loaded GPU cost by tenant"),
-                     (chart_goodput, "Goodput (successful turns) against throughput (all turns) over time")):
-        add(f'<img src="{src}" alt="{_e(alt)}">')
-    add("</div>")
-
-    add("<h2>By day</h2>")
-    rows, classes = [], []
-    baseline_by_day = {f.day: f for f in report.flags}
+    day_rows, day_classes = [], []
+    flag_of_day = {f.day: f for f in report.flags}
     for r in per_day_rows:
-        in_r = r["period"] in rng_days
-        f = baseline_by_day.get(r["period"])
-        rows.append([
-            _e(r["period"].isoformat()) + ("" if in_r else " <span class='note'>(baseline)</span>"),
-            f"{r['minutes_with_data'] / 60:.1f}", _usd(r["fully_loaded_cost_usd"]), _usd(r["attributed_cost_usd"]),
-            _usd(r["idle_cost_usd"]), _pct(r["idle_cost_usd"] / r["fully_loaded_cost_usd"] if r["fully_loaded_cost_usd"] else None),
-            _scale(r["attribution_scale"]), _int(r["turns"]), _pct(r["goodput_ratio"], 2),
-            _usd(r["cost_per_successful_turn_usd"], unit=True),
-            f"+{f.rise_ratio * 100:.1f} ⚠" if f else "",
+        f = flag_of_day.get(r["period"])
+        day = r["period"].isoformat()
+        day_rows.append([
+            day if r["period"] in rng_days else Markup("{} {}").format(day, note("(baseline)")),
+            f"{r['minutes_with_data'] / 60:.1f}", usd(r["fully_loaded_cost_usd"]), usd(r["attributed_cost_usd"]),
+            usd(r["idle_cost_usd"]), pct(r["idle_cost_usd"] / r["fully_loaded_cost_usd"] if r["fully_loaded_cost_usd"] else None),
+            scale(r["attribution_scale"]), count(r["turns"]), pct(r["goodput_ratio"], 2),
+            usd(r["cost_per_successful_turn_usd"], unit=True), f"+{f.rise_ratio * 100:.1f} ⚠" if f else "",
         ])
-        classes.append("flag" if f else "")
-    add(_table([("Day (UTC)", True), ("Data (h)", False), ("Fully loaded ($)", False), ("Attributed ($)", False),
-                ("Idle ($)", False), ("Idle (% of cost)", False), (SCALE_HEADER, False), ("Turns", False), ("Goodput (%)", False),
-                ("Cost per successful turn ($/turn)", False), ("Spend vs baseline (%)", False)], rows, classes))
-    if len(in_range) < len(per_day_rows):
-        add(f"<p class='note'>Baseline days (before the range) are shown for comparison; every other figure counts"
-            f" only the {len(in_range)} day(s) in the range.</p>")
+        day_classes.append("flag" if f else "")
 
-    add("<h2>By tenant</h2>")
-    rows = []
-    for t in tenants:
-        share = t["fully_loaded_cost_usd"] / report.daily.fleet_total_usd if report.daily.fleet_total_usd else None
-        rows.append([_e(t["tenant"]), _usd(t["fully_loaded_cost_usd"]), _usd(t["attributed_cost_usd"]),
-                     _usd(t["idle_cost_usd"]), _scale(t["attribution_scale"]), _pct(share), _int(t["turns"]),
-                     _pct(t["goodput_ratio"], 2),
-                     _usd(t["cost_per_successful_turn_usd"], unit=True),
-                     _usd(t["attributed_cost_per_successful_turn_usd"], unit=True)])
-    rows.append(["All tenants (= fleet total)", _usd(total["fully_loaded_cost_usd"]), _usd(total["attributed_cost_usd"]),
-                 _usd(total["idle_cost_usd"]), _scale(total["attribution_scale"]), "100.0", _int(total["turns"]),
-                 _pct(total["goodput_ratio"], 2),
-                 _usd(total["cost_per_successful_turn_usd"], unit=True),
-                 _usd(total["attributed_cost_per_successful_turn_usd"], unit=True)])
-    add(_table([("Tenant", True), ("Fully loaded ($)", False), ("Attributed ($)", False), ("Idle share ($)", False),
-                (SCALE_HEADER, False), ("Share of fleet (%)", False), ("Turns", False), ("Goodput (%)", False),
-                ("Fully loaded ($/successful turn)", False), ("Attributed ($/successful turn)", False)],
-               rows, [""] * (len(rows) - 1) + ["total"]))
+    def tenant_row(name: str, t: dict, share: str) -> list:
+        return [name, usd(t["fully_loaded_cost_usd"]), usd(t["attributed_cost_usd"]), usd(t["idle_cost_usd"]),
+                scale(t["attribution_scale"]), share, count(t["turns"]), pct(t["goodput_ratio"], 2),
+                usd(t["cost_per_successful_turn_usd"], unit=True), usd(t["attributed_cost_per_successful_turn_usd"], unit=True)]
 
-    add("<h2>By model and workload</h2>")
-    rows = []
-    for m in cost.rollup(detail, ["model", "workload"]).sort("fully_loaded_cost_usd", descending=True).to_dicts():
-        rows.append([_e(m["model"]), _e(m["workload"]), _usd(m["fully_loaded_cost_usd"]), _usd(m["attributed_cost_usd"]),
-                     _usd(m["idle_cost_usd"]), _int(m["turns"]), _pct(m["goodput_ratio"], 2),
-                     _usd(m["cost_per_successful_turn_usd"], unit=True), _usd(m["cost_per_1k_output_tokens_usd"], unit=True),
-                     _usd(m["cost_per_audio_second_usd"], unit=True)])
-    add(_table([("Model", True), ("Workload", True), ("Fully loaded ($)", False), ("Attributed ($)", False),
-                ("Idle ($)", False), ("Turns", False), ("Goodput (%)", False), ("$/successful turn", False),
-                ("$/1k output tokens", False), ("$/audio-s", False)], rows))
-
+    fleet_total = report.daily.fleet_total_usd
+    tenant_rows = [tenant_row(t["tenant"], t, pct(t["fully_loaded_cost_usd"] / fleet_total if fleet_total else None))
+                   for t in tenants] + [tenant_row("All tenants (= fleet total)", total, "100.0")]
+    models = cost.rollup(detail, ["model", "workload"]).sort("fully_loaded_cost_usd", descending=True).to_dicts()
     top = detail.sort("fully_loaded_cost_usd", descending=True).head(40).to_dicts()
-    add(f"<h2>Largest rows by day, tenant, model and workload</h2><p class='note'>The {len(top)} largest of"
-        f" {detail.height:,} rows; all of them are in <code>cost.csv</code> and <code>cost.parquet</code>"
-        f" beside this file.</p>")
-    rows = [[_e(r["period"]), _e(r["tenant"]), _e(r["model"]), _e(r["workload"]), _usd(r["fully_loaded_cost_usd"]),
-             _usd(r["attributed_cost_usd"]), _int(r["successful_turns"]), _usd(r["cost_per_successful_turn_usd"], unit=True),
-             _usd(r["cost_per_1k_output_tokens_usd"], unit=True), _usd(r["cost_per_audio_second_usd"], unit=True)]
-            for r in top]
-    add(_table([("Day", True), ("Tenant", True), ("Model", True), ("Workload", True), ("Fully loaded ($)", False),
-                ("Attributed ($)", False), ("Successful turns", False), ("$/successful turn", False),
-                ("$/1k output tokens", False), ("$/audio-s", False)], rows))
-
-    add(_method_html(report))
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>GPU cost report {_e(report.range)}</title><style>{CSS}</style></head><body>"
-            + "".join(parts) + "</body></html>")
-
-
-def _bases_table(bases: pl.DataFrame) -> str:
-    if bases.height == 0:
-        return "<p class='note'>No requests in the range.</p>"
-    rows = [[_e(r["pool"] or "(none)"), _e(r["basis"]), _int(r["minutes"]), _int(r["gpu_seconds"]),
-             f"{r['prompt_token_weight']:.4f}" if r["prompt_token_weight"] is not None else "—"]
-            for r in bases.to_dicts()]
-    return _table([("Pool", True), ("Attributed by", True), ("Minutes", False), ("GPU-seconds", False),
-                   ("Prompt token in output tokens", False)], rows)
-
-
-def _method_html(report: CostReport) -> str:
     prices = report.prices
     skus = sorted(set(prices.usd_per_gpu_hour) | set(DEFAULT_USD_PER_GPU_HOUR))
-    price_rows = [[_e(s), f"{prices.usd_per_gpu_hour.get(s, prices.default_usd_per_gpu_hour):,.2f}",
-                   "default" if prices.usd_per_gpu_hour.get(s) == DEFAULT_USD_PER_GPU_HOUR.get(s) else _e(report.prices_source)]
-                  for s in skus]
-    price_rows.append(["any other SKU", f"{prices.default_usd_per_gpu_hour:,.2f}", "fallback"])
-    return f"""<h2>How the costs are counted</h2>
-<p><b>Attributed cost</b> is what the requests themselves used: each request's own <code>gpu_seconds</code>
-(scaled down where they claim more than the GPUs had, below) × the price per GPU-second of its pool's GPUs that day. It answers "what did this traffic consume" and leaves
-out the GPUs that stood idle.</p>
-<p><b>Attributed GPU-seconds never exceed the GPU time that existed.</b> Runtimes that time-share a GPU (several
-replicas or a batch on one GPU) report each request's wall time as its <code>gpu_seconds</code>, so together they
-can claim more than the GPU had. Per pool and minute, when the requests that completed in that minute reported more
-GPU-seconds than the pool's GPUs had (60 per GPU), each is scaled by GPUs' ÷ reported, so no GPU-minute is attributed
-more than 60 seconds; a pool-day whose traffic minutes lack GPU rows is capped the same way over the day. The
-<i>attribution scale</i> column is attributed ÷ reported GPU-seconds (1.000: unscaled); <code>cost.csv</code> keeps
-both figures. So attributed + idle = fully loaded on every row.</p>
-<p><b>Without per-request GPU-seconds</b> (vLLM, TGI and Triton report none; nor does an OpenTelemetry span), a
-pool-minute's busy GPU-seconds (each GPU's minute × its mean utilisation; the whole minute where utilisation is
-unknown) are shared among its requests by a work estimate: <i>tokens</i> (prompt tokens × a weight + output tokens;
-the weight, what a prompt token costs in output tokens, is fitted per pool and hour from the pool's own minutes,
-{DEFAULT_PROMPT_WEIGHT} when the hour cannot support a fit), <i>audio</i> seconds for speech, or
-<i>wall_time</i> (requests × median latency) as the last resort. The basis of each pool:</p>
-{_bases_table(report.bases)}
-<p><b>Fully loaded cost</b> is what the fleet cost: every GPU present in a minute (a row of
-<code>gpu_minute</code>) counts 60 GPU-seconds, busy or idle, at its SKU's price, and belongs to its pool.
-Each pool's cost for a day is shared among the tenant, model and workload rows that used the pool that day,
-in proportion to their attributed GPU-seconds; idle time is shared the same way. A pool with GPUs and no traffic
-that day goes to the tenant <code>{cost.UNALLOCATED_TENANT}</code>; traffic on a pool that reported no GPUs keeps its
-attributed cost. So the sum over tenants is the fleet total, to float rounding. Unit costs
-(per successful turn, per 1,000 output tokens, per audio-second) use the fully loaded cost unless named
-attributed.</p>
-<p><b>Goodput</b> is successful work: the share of turns that succeeded. A turn is one attempt chain (a first
-attempt and its retries); it succeeded if it ended <code>ok</code>, unless the runtime reported
-<code>task_success: false</code>, and wherever a runtime reports <code>task_success</code> its value decides. Chains
-whose first attempt the client cancelled are left out. Throughput is all turns. <b>Idle GPU cost</b> is fleet GPU time not used by any request (fleet − attributed GPU-seconds, per pool and day).</p>
-<p><b>The spend-rise flag</b> marks a day whose GPU spend (fully loaded, per 24 h of data) is more than
-{RISE_THRESHOLD * 100:.0f}% above the pooled trailing {BASELINE_DAYS}-day baseline while the goodput ratio improved by no
-more than {SUCCESS_EPSILON * 100:.0f} percentage point. Days with under an hour of data are skipped.</p>
-<p>Prices (USD per GPU-hour; source: {_e(report.prices_source)}). <code>sli_minute</code> carries no GPU SKU, so a
-request is priced at its pool's GPUs as <code>gpu_minute</code> reports them.</p>
-{_table([("GPU SKU", True), ("$/GPU-hour", False), ("Source", True)], price_rows)}
-<p class='note'>Generated by <code>tailwatch report cost</code> from event-time buckets; times are UTC.</p>"""
+    unit_costs = ("$/successful turn", False), ("$/1k output tokens", False), ("$/audio-s", False)
+
+    def unit_cells(r: dict) -> list[str]:
+        return [usd(r["cost_per_successful_turn_usd"], unit=True), usd(r["cost_per_1k_output_tokens_usd"], unit=True),
+                usd(r["cost_per_audio_second_usd"], unit=True)]
+
+    return html.render(
+        "cost.html", range=str(report.range), store_path=report.store_path, data_from=_iso(report.data_range[0]),
+        data_to=_iso(report.data_range[1]), flags=[f.summary() for f in report.flags],
+        biggest_rise=max((f.rise_ratio for f in report.flags), default=0.0), rise_threshold=RISE_THRESHOLD,
+        baseline_days=BASELINE_DAYS, success_epsilon=SUCCESS_EPSILON, cards=cards,
+        scaling_material=report.scaling.material, overall_scale=report.scaling.overall_scale or 1.0,
+        scaling_sentence=report.scaling.sentence(),
+        charts=[(chart_daily, "Daily GPU spend, fully loaded, split into GPU time used by requests and idle GPU time"),
+                (chart_trend, "Cost per successful turn over time, fully loaded and attributed"),
+                (chart_tenants, "Fully loaded GPU cost by tenant"),
+                (chart_goodput, "Goodput (successful turns) against throughput (all turns) over time")],
+        day_headers=[("Day (UTC)", True), ("Data (h)", False), ("Fully loaded ($)", False), ("Attributed ($)", False),
+                     ("Idle ($)", False), ("Idle (% of cost)", False), (SCALE_HEADER, False), ("Turns", False),
+                     ("Goodput (%)", False), ("Cost per successful turn ($/turn)", False), ("Spend vs baseline (%)", False)],
+        day_rows=day_rows, day_classes=day_classes, baseline_note=len(in_range) < len(per_day_rows),
+        days_in_range=len(in_range),
+        tenant_headers=[("Tenant", True), ("Fully loaded ($)", False), ("Attributed ($)", False), ("Idle share ($)", False),
+                        (SCALE_HEADER, False), ("Share of fleet (%)", False), ("Turns", False), ("Goodput (%)", False),
+                        ("Fully loaded ($/successful turn)", False), ("Attributed ($/successful turn)", False)],
+        tenant_rows=tenant_rows, tenant_classes=[""] * (len(tenant_rows) - 1) + ["total"],
+        model_headers=[("Model", True), ("Workload", True), ("Fully loaded ($)", False), ("Attributed ($)", False),
+                       ("Idle ($)", False), ("Turns", False), ("Goodput (%)", False), *unit_costs],
+        model_rows=[[m["model"], m["workload"], usd(m["fully_loaded_cost_usd"]), usd(m["attributed_cost_usd"]),
+                     usd(m["idle_cost_usd"]), count(m["turns"]), pct(m["goodput_ratio"], 2), *unit_cells(m)]
+                    for m in models],
+        top_headers=[("Day", True), ("Tenant", True), ("Model", True), ("Workload", True), ("Fully loaded ($)", False),
+                     ("Attributed ($)", False), ("Successful turns", False), *unit_costs],
+        top_rows=[[r["period"], r["tenant"], r["model"], r["workload"], usd(r["fully_loaded_cost_usd"]),
+                   usd(r["attributed_cost_usd"]), count(r["successful_turns"]), *unit_cells(r)] for r in top],
+        detail_rows=detail.height,
+        default_prompt_weight=DEFAULT_PROMPT_WEIGHT,
+        basis_headers=[("Pool", True), ("Attributed by", True), ("Minutes", False), ("GPU-seconds", False),
+                       ("Prompt token in output tokens", False)],
+        basis_rows=[[r["pool"] or "(none)", r["basis"], count(r["minutes"]), count(r["gpu_seconds"]),
+                     f"{r['prompt_token_weight']:.4f}" if r["prompt_token_weight"] is not None else "—"]
+                    for r in report.bases.to_dicts()],
+        unallocated_tenant=cost.UNALLOCATED_TENANT, prices_source=report.prices_source,
+        price_headers=[("GPU SKU", True), ("$/GPU-hour", False), ("Source", True)],
+        price_rows=[[sku, f"{prices.usd_per_gpu_hour.get(sku, prices.default_usd_per_gpu_hour):,.2f}",
+                     "default" if prices.usd_per_gpu_hour.get(sku) == DEFAULT_USD_PER_GPU_HOUR.get(sku)
+                     else report.prices_source] for sku in skus]
+        + [["any other SKU", f"{prices.default_usd_per_gpu_hour:,.2f}", "fallback"]],
+    )

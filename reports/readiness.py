@@ -29,6 +29,7 @@ from urllib.parse import quote
 import polars as pl
 
 from alerts.alertmanager import AlertLinks
+from reports import html
 from signals.rollout import CanaryStory
 from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
 from slo import histogram
@@ -386,57 +387,19 @@ def _header(key: str) -> str:
     return words[:1].upper() + words[1:]
 
 
-def _rows_table(rows: list[dict]) -> str:
-    from reports.cost_report import _e, _table
-
-    if not rows:
-        return "<p class='note'>none</p>"
-    keys = list(rows[0])
-    return _table([(_e(_header(k)), i == 0) for i, k in enumerate(keys)], [[_e(_fmt(k, r[k])) for k in keys] for r in rows])
-
-
 def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str:
     links = links or AlertLinks()
-    from reports.cost_report import CSS, _e
 
-    box = {"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict]
-    span = f"{_e(report.start or 'the first bucket')} to {_e(report.end or 'the last')}"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Readiness: {_e(report.model)}</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>Inference readiness: {_e(report.model)}</h1><p class='sub'>{span} (UTC, event time), from the store "
-             "alone</p>",
-             f"<div class='{box}' id='verdict'><h2>Verdict: {_e(report.verdict)}</h2><ul>"
-             + "".join(f"<li><b>{_e(f.severity)}</b>: {_e(f.what)}</li>" for f in report.findings)
-             + ("" if report.findings else "<li>no blocker and no risk found</li>") + "</ul></div>",
-             "<h2 id='not-measured'>What the store could not tell</h2><ul>"
-             + "".join(f"<li>{_e(m)}</li>" for m in report.not_measured) + "</ul>"]
-    if not report.contract:
-        parts.append("<p>Nothing measured: no section below could be filled.</p></body></html>")
-        return "".join(parts)
-    c = report.contract
-    parts += [
-        "<h2>Model contract</h2>",
-        f"<p>workload {_e(c['workload'])}; {c['requests']:,} requests over {c['minutes']:,} minutes from {c['tenants']} "
-        f"tenants; GPUs {_e(', '.join(c['gpu_skus']) or 'not seen')}; pools {_e(', '.join(c['pools']))}; zones "
-        f"{_e(', '.join(c['zones']))}</p>", _rows_table(c["versions"]),
-        "<h2>Latency</h2>", _rows_table(report.latency),
-        f"<div class='charts'><img alt='latency' src='{report.charts.get('latency', '')}'></div>" if report.charts else "",
-        "<h3>Cold starts</h3>", _rows_table(report.cold_starts),
-        "<h2>Memory</h2>", _rows_table(report.memory),
-        "<h2>Quality by slice</h2>",
-        *[f"<h3>by {_e(k)}</h3>" + _rows_table(v) for k, v in report.quality.items()],
-        f"<div class='charts'><img alt='errors' src='{report.charts.get('errors', '')}'></div>" if report.charts else "",
-        "<h2>Operations</h2><h3>SLOs and budgets</h3>", _rows_table(report.slos),
-        "<h3 id='canaries'>Canary verdicts (replayed minute by minute)</h3>", _rows_table(report.canaries),
-        "<h3 id='saturated'>Saturated pools</h3>", _rows_table(report.saturated_pools),
-        "<h3>Cost per successful turn</h3>", _rows_table(report.cost),
-        f"<h3>Rollback and degradation</h3><p>{_e(report.rollback_path)}</p>",
-        "<h3>Dashboards</h3><ul>" + "".join(f"<li><a href='{_e(u)}'>{_e(t)}</a></li>"
-                                           for t, u in dashboards_for(report.model, links)) + "</ul>",
-        "<h3>Runbooks</h3><ul>" + "".join(f"<li><a href='{_e(links.runbook(path))}'>{_e(title)}</a></li>"
-                                         for title, path in RUNBOOKS) + "</ul></body></html>",
-    ]
-    return "".join(parts)
+    def headers(rows: list[dict]) -> list[tuple[str, bool]]:
+        return [(_header(k), i == 0) for i, k in enumerate(rows[0])]
+
+    def cells(rows: list[dict]) -> list[list[str]]:
+        return [[_fmt(k, r[k]) for k in rows[0]] for r in rows]
+
+    return html.render(
+        "readiness.html", r=report, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
+        rows_headers=headers, rows_cells=cells, dashboards=dashboards_for(report.model, links),
+        runbooks=[(title, links.runbook(path)) for title, path in RUNBOOKS])
 
 
 RUNBOOKS = (("An SLO burns its budget", "runbooks/slo-burn.md"), ("A queue grows", "runbooks/detector-queue-age.md"),

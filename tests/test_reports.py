@@ -418,3 +418,25 @@ def test_readiness_of_the_real_h100_run_names_its_saturated_pool_and_what_it_cou
     assert report["quality"]["model_version"][0]["stream_completion"] is None
     assert report["latency"][0]["inter-token p50 ms"] is not None
     assert "Verdict: blocked" in (tmp_path / "out" / "readiness.html").read_text()
+
+
+def test_report_pages_escape_every_value_from_the_store():
+    """Tenants, models and versions are whatever producers send (128 characters, any of them
+    printable): the pages are Jinja2 templates with autoescape, so none becomes markup."""
+    from reports.html import ENV
+    from reports.readiness import Finding, ReadinessReport, render_html
+
+    hostile = "<img src=x onerror=alert(1)>"
+    table = ENV.from_string('{% from "macros.html" import table %}{{ table(h, r, ["total"]) }}').render(
+        h=[("Tenant", True), ("$", False)], r=[[hostile, "1.00"]])
+    assert hostile not in table and "&lt;img src=x onerror=alert(1)&gt;" in table and 'class="total"' in table
+    report = ReadinessReport(
+        model=hostile, start=None, end=None, verdict="blocked", findings=[Finding("blocker", f"version {hostile} fails")],
+        not_measured=[hostile], contract={"workload": "llm", "requests": 1200, "minutes": 10, "tenants": 1,
+                                          "gpu_skus": ["H100"], "pools": [hostile], "zones": ["z1"],
+                                          "versions": [{"model_version": hostile, "requests": 1200}]},
+        latency=[], cold_starts=[], memory=[], quality={hostile: [{"slice": hostile, "error_ratio": 0.5}]}, slos=[],
+        canaries=[], saturated_pools=[], cost=[], rollback_path=hostile)
+    page = render_html(report)
+    assert hostile not in page and page.count("&lt;img src=x onerror=alert(1)&gt;") >= 7
+    assert "<title>Readiness: &lt;img" in page and "1,200 requests" in page and "50.00%" in page
