@@ -24,8 +24,9 @@ from slo.columns import fresh_strings
 MINUTE = "_m"  # epoch minute, Int64
 # The `sli_minute` columns the rollups read (selected first).
 REQUEST_COLUMNS_READ = ("window_start", "tenant", "model", "model_version", "zone", "workload", "traffic_class",
-                        "deployment", "pool", "requests", "errors", "timeouts", "gpu_seconds", "prompt_tokens",
-                        "output_tokens", "audio_seconds", "first_output_ms_hist", "e2e_ms_hist", "inter_token_ms_hist")
+                        "deployment", "pool", "requests", "errors", "timeouts", "gpu_seconds", "gpu_seconds_reported",
+                        "prompt_tokens", "output_tokens", "audio_seconds", "first_output_ms_hist", "e2e_ms_hist",
+                        "inter_token_ms_hist")
 LABELS = ("pool", "tenant", "model", "model_version", "stable", "zone", "workload", "traffic_class")
 VERSION_KEYS = ("model", "model_version", "stable")
 # (column, name) of the latency histograms a rollout compares; `field` in `version_bins`.
@@ -96,6 +97,10 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
         *[pl.lit(None, dtype=HIST_TYPE).alias(col) for col, _ in VERSION_HISTOGRAMS if col not in requests.columns],
         # Older rows or a test's own frame may lack a sum column: none counted.
         *[pl.lit(0.0).alias(c) for c in _SUMS if c not in requests.columns],
+        # Rows not through the work estimate (open minutes, a test's frame) carry only what was reported.
+        *([pl.col("gpu_seconds").alias("gpu_seconds_reported")] if "gpu_seconds_reported" not in requests.columns
+          and "gpu_seconds" in requests.columns else
+          [pl.lit(0.0).alias("gpu_seconds_reported")] if "gpu_seconds_reported" not in requests.columns else []),
     )
 
 
@@ -105,9 +110,12 @@ def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
     pools = rows.group_by("pool", MINUTE).agg(pl.col(c).fill_null(0).sum() for c in _SUMS)
     traffic = rows.group_by("pool", "tenant", "traffic_class", MINUTE).agg(
         pl.col(c).fill_null(0).sum() for c in ("requests", "gpu_seconds", "prompt_tokens", "output_tokens"))
+    # A version's cost is what its requests reported: GPU time shared by tokens cannot tell two
+    # versions' cost per token apart (planning/work_estimate.py), so it is no evidence for a rollout.
     versions = rows.group_by(*VERSION_KEYS, "pool", MINUTE).agg(
         pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"), pl.col("timeouts").sum(),
-        *[pl.col(c).fill_null(0).sum() for c in ("gpu_seconds", "output_tokens", "audio_seconds")])
+        pl.col("gpu_seconds_reported").fill_null(0).sum().alias("gpu_seconds"),
+        *[pl.col(c).fill_null(0).sum() for c in ("output_tokens", "audio_seconds")])
     index = ["pool", *VERSION_KEYS, MINUTE]
     bins = (rows.select(*index, *histograms).unpivot(histograms, index=index, variable_name="field", value_name="_h")
             .explode("_h").filter(pl.col("_h").is_not_null()).unnest("_h"))

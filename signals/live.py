@@ -27,6 +27,7 @@ from planning.capacity import (CapacityEstimate, PoolMinute, ReplicaShape, Susta
                           estimate_capacity, physical_bound)
 from slo.engine import SliceView
 from planning.prices import GpuPrices
+from planning.work_estimate import WorkEstimate
 from slo.sli import span
 from slo.spec import SloSpec
 from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
@@ -172,6 +173,7 @@ class LiveSignals:
         self.autoscaler = Autoscaler(policy.autoscale)
         self.capacity = SustainedCapacity(policy.sustained_minutes, policy.capacity_history_days)
         self.capacity_observed_through: int | None = None  # pool-minutes up to here fed to `capacity`
+        self.work = WorkEstimate()  # GPU time for requests that report none
         # (kind, name...) → ((newest minute, events in it), wall time when that last grew), for
         # pools, canary versions and stable baselines: trimming old minutes out of the kept
         # history must not look like fresh data.
@@ -186,7 +188,14 @@ class LiveSignals:
 
     def add_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> list[tuple[str, int, float]]:
         """Keep closed rows; feed minutes now closed on both topics to the capacity
-        measurement. Returns (pool, day, best) for each pool whose best of the day rose."""
+        measurement. Returns (pool, day, best) for each pool whose best of the day rose.
+
+        Demand is GPU time: where the requests report none (vLLM, TGI, Triton, OpenTelemetry),
+        their pool-minute's busy GPU time shared by tokens, audio or wall time
+        (planning/work_estimate.py), so a busy pool is never read as idle; a version's cost
+        stays what its requests reported (held.py)."""
+        if requests.height:
+            requests = self.work.attribute(requests, gpu)
         self.recent.add(requests, gpu)
         gpu_rows = self.recent.gpu
         if not gpu_rows.height:  # checked first: reading the requests rolls them up

@@ -167,3 +167,24 @@ def test_the_live_gpu_time_counter_shares_busy_time_by_tokens_with_its_basis(vll
     for tenant, attributed in report.iter_rows():
         assert live[tenant] == pytest.approx(attributed, rel=0.02), tenant  # the report's fit saw the whole hour
         assert live[tenant] == pytest.approx(true[tenant], rel=0.03), tenant
+
+
+def test_a_busy_vllm_pool_is_not_read_as_idle_by_the_autoscaler(vllm_store):
+    """Demand is GPU time; requests that report none must not make a busy pool's demand zero
+    (which would ask KEDA for the minimum). The backtest replays what the live view answers."""
+    from tailwatch.backtest import read_buckets, replay
+
+    path, truth = vllm_store
+    requests, gpu = read_buckets(str(path))
+    busy = defaultdict(float)
+    for r in truth:
+        busy[(r.pool, r.ts // 60_000)] += r.gpu_seconds
+    checked = 0
+    for minute, snap in replay(requests, gpu):
+        for pool, scoped in snap.pools.items():
+            demand = scoped.body.signals.work_gpu_s_per_s
+            window = [busy.get((pool, m), 0.0) for m in range(minute - 5, minute)]
+            if len(window) == 5 and all(window) and scoped.as_of_minute == minute:
+                assert demand == pytest.approx(sum(window) / 300, rel=0.02), (pool, minute)
+                checked += 1
+    assert checked > 50
