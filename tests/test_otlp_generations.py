@@ -397,3 +397,25 @@ def test_collect_prometheus_turns_a_scraped_vllm_page_into_requests(capsys):
     assert sorted(r["e2e_ms"] for r in requests) == [500.0, 1000.0, 5000.0]
     assert sorted(r["first_output_ms"] for r in requests) == [100.0, 100.0, 500.0]
     assert {r["model"] for r in requests} == {"meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def test_no_record_can_ask_for_more_requests_or_series_than_the_bounds(monkeypatch):
+    from ingest.otlp import histogram_requests
+
+    def doc(n_points: int, count: int, *, cumulative: bool = False, offset: int = 0):
+        return {"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "gen_ai.server.request.duration",
+                "histogram": {"aggregationTemporality": 2 if cumulative else 1, "dataPoints": [{
+                    "startTimeUnixNano": str(T0_MS * 1_000_000), "timeUnixNano": str((T0_MS + 60_000) * 1_000_000),
+                    "count": str(count), "sum": 0.1 * count, "bucketCounts": [str(count), "0"], "explicitBounds": [1.0],
+                    "attributes": [{"key": "series", "value": {"stringValue": f"s{offset + i}"}}]}
+                    for i in range(n_points)]}}]}]}]}
+
+    monkeypatch.setattr(histogram_requests, "MAX_REQUESTS_PER_BATCH", 1000)
+    mapped = map_histograms(wire.decode(json.dumps(doc(12, 100)).encode(), MetricsData))
+    assert len(mapped.events) == 1000 and [r for r, _ in mapped.refused] == ["otlp_histogram_invalid"] * 2
+    monkeypatch.setattr(histogram_requests, "MAX_SERIES", 10)
+    mapper = HistogramRequests(OtlpMapping().requests)
+    for batch in range(5):  # fifty series of running totals: the mapper keeps at most ten
+        map_histograms(wire.decode(json.dumps(doc(10, 1, cumulative=True, offset=10 * batch)).encode(), MetricsData),
+                       mapper)
+        assert len(mapper._previous) <= 10

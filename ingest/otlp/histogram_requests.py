@@ -25,7 +25,9 @@ SLIs, budgets, dashboards and reports need no second path:
 
 Bounds on what one record may ask for: a point must be a well-formed histogram (bounds
 increasing, counts adding up) and count at most `MAX_REQUESTS_PER_POINT` requests in its
-interval; anything else is refused with its reason and the rest of the batch goes on.
+interval, a record at most `MAX_REQUESTS_PER_BATCH`; anything else is refused with its reason
+and the rest of the batch goes on. At most `MAX_SERIES` running totals are remembered, so a
+producer inventing series cannot grow the adapter without bound.
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
 SPLIT_LABELS = ("error.type", "gen_ai.token.type")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
+MAX_REQUESTS_PER_BATCH = 1_000_000  # one record; points past it are refused, so no record can exhaust memory
 MAX_BUCKETS = 512
+MAX_SERIES = 100_000  # running totals remembered; past it the oldest half is forgotten (their next reading is a base)
 
 
 @dataclass
@@ -136,6 +140,7 @@ class HistogramRequests:
     def map(self, points: list[HistogramPoint]) -> MappedHistograms:
         out = MappedHistograms()
         groups: dict[tuple, _Group] = {}
+        budget = MAX_REQUESTS_PER_BATCH
         for point in points:
             known = _known(point)
             if known is None:
@@ -148,9 +153,15 @@ class HistogramRequests:
             delta = self._delta(point, *known)
             if delta is None:
                 continue
-            if sum(delta.counts) > MAX_REQUESTS_PER_POINT:
-                out.refused.append(("otlp_histogram_invalid", f"{point.name}: {sum(delta.counts):,} observations in "
+            observed = sum(delta.counts)
+            if observed > MAX_REQUESTS_PER_POINT:
+                out.refused.append(("otlp_histogram_invalid", f"{point.name}: {observed:,} observations in "
                                     f"one interval (at most {MAX_REQUESTS_PER_POINT:,})"))
+                continue
+            budget -= observed
+            if budget < 0:
+                out.refused.append(("otlp_histogram_invalid", f"{point.name}: more than {MAX_REQUESTS_PER_BATCH:,} "
+                                    "observations in one batch"))
                 continue
             labels = {k: v for k, v in point.labels.items() if k not in SPLIT_LABELS}
             key = (tuple(sorted(labels.items())), point.ts_ms)
@@ -167,8 +178,11 @@ class HistogramRequests:
             return _Delta(role, scale, per_request, point.bounds, list(point.counts), point.total,
                           point.start_ms or point.ts_ms, error_type)
         series = (point.name, tuple(sorted(point.labels.items())))
-        before = self._previous.get(series)
-        self._previous[series] = point
+        before = self._previous.pop(series, None)
+        self._previous[series] = point  # re-inserted: the dict's order is least recently read first
+        if len(self._previous) > MAX_SERIES:
+            for stale in list(self._previous)[:MAX_SERIES // 2]:
+                del self._previous[stale]
         if before is None or point.ts_ms <= before.ts_ms:
             return None  # the first reading is the base; an older or repeated one adds nothing
         if before.bounds != point.bounds or any(b > a for a, b in zip(point.counts, before.counts)):
