@@ -18,7 +18,7 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from slo.contributors import explain, top_contributors
+from slo.contributors import contributors_by_slice, explain
 from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
@@ -146,7 +146,7 @@ class SloStage:
         if requests.height == 0:
             return {}
         result = self.evaluator.feed(requests)
-        changes = [self._explained(c, requests) for c in result.changes]
+        changes = self._explained(result.changes, requests)
         if changes:
             details = dict(self._details)
             for c in changes:
@@ -161,13 +161,22 @@ class SloStage:
              for c in changes]))
         return out
 
-    def _explained(self, change: AlertChange, requests: pl.DataFrame) -> AlertChange:
+    def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
         """A page that fires names who holds the slice's bad events at that minute (the
-        minute's rows are in this checkpoint: it is what fired it)."""
-        if change.state != "firing" or change.detail:
-            return change
-        found = top_contributors(self.specs[change.slo], requests, change.labels, change.at_minute)
-        return dataclasses.replace(change, detail=explain(found)) if found else change
+        minute's rows are in this checkpoint: it is what fired it), worked out once per SLO
+        and minute for all its slices."""
+        wanted = {(c.slo, c.at_minute) for c in changes if c.state == "firing" and not c.detail}
+        found = {(slo, minute): contributors_by_slice(self.specs[slo], requests, minute) for slo, minute in wanted}
+        out = []
+        for c in changes:
+            if (c.slo, c.at_minute) in wanted and c.state == "firing" and not c.detail:
+                spec = self.specs[c.slo]
+                key = tuple(c.labels.get(k) for k in spec.slice_by if k in requests.columns)
+                named = found[(c.slo, c.at_minute)].get(key)
+                if named:
+                    c = dataclasses.replace(c, detail=explain(named))
+            out.append(c)
+        return out
 
     def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """Late events correct the windows and budgets of the minutes they belong to; an alert

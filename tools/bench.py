@@ -132,7 +132,8 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
     first = min(r["first_event_monotonic"] for r in results if r["first_event_monotonic"])
     last = max(r["last_event_monotonic"] for r in results if r["last_event_monotonic"])
     cpu = sum(r["cpu_seconds_processing"] for r in results)
-    return {"events": events, "wall_s": last - first, "cpu_s": cpu, "per_worker": results, "rss": rss_samples}
+    return {"events": events, "wall_s": last - first, "cpu_s": cpu, "per_worker": results, "rss": rss_samples,
+            "stores": [workdir / f"{group}-{i}.duckdb" for i in range(count)]}
 
 
 def _wait_for_group(ports: list[int], timeout_s: float = 90.0) -> None:

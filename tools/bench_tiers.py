@@ -85,6 +85,7 @@ def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: 
         minutes = max(1, w.get("minutes_closed") or event_minutes)
         lines.append(f"tier 2: {w['events']:,} tw.sli records, {minutes} minutes landed, {cpu:.1f} CPU-s "
                      f"→ {cpu / minutes:.2f} CPU-s per minute of event time ({slices:,} slices, {slo_count} SLOs)")
+        lines.append(sli_sizing(s, writer["stores"][0]))
         stages = w.get("stage_cpu_seconds") or {}
         if stages:
             lines.append("  per minute: " + ", ".join(f"{k} {1000 * v / minutes:.0f} ms"
@@ -95,6 +96,43 @@ def run(events: int, slices: int, events_per_minute: int, slo_count: int, port: 
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return lines
+
+
+def sli_sizing(settings, store_path: Path) -> str:
+    """What `tw.sli` holds per slice-minute (bytes of every record tier 1 published, over the
+    slice-minutes tier 2 landed from them), and so its retention's size a day."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    import duckdb
+
+    topic = settings.topic("sli")
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"sizing-{os.getpid()}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        total = records = 0
+        ended: set[int] = set()
+        while len(ended) < len(parts):
+            for m in consumer.consume(1000, timeout=2.0):
+                if m.error() is None:
+                    total += len(m.value() or b"") + len(m.key() or b"")
+                    records += 1
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(m.partition())
+    finally:
+        consumer.close()
+    try:
+        con = duckdb.connect(str(store_path), read_only=True)
+        rows = con.execute("SELECT count(*) FROM sli_minute").fetchall()[0][0]
+        con.close()
+    except duckdb.Error:
+        rows = 0
+    if not rows:
+        return f"tw.sli: {total:,} bytes in {records:,} records (no landed slice-minutes to size them by)"
+    per = total / rows
+    return (f"tw.sli: {total:,} bytes in {records:,} records for {rows:,} slice-minutes landed → {per:,.0f} bytes per "
+            f"slice-minute: {per * 1440 * 1000 / 1e9:,.2f} GB a day per 1,000 busy slices (each slice busy every minute)")
 
 
 def _readiness(port: int) -> tuple[int, str]:
