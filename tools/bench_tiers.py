@@ -36,6 +36,7 @@ import yaml
 
 from tools.bench import fresh, publish, worker_processes
 from ingest.broker import EmbeddedBroker, free_port
+from conventions import TOPIC_SLI
 
 
 def slo_file(path: Path, count: int) -> Path:
@@ -105,7 +106,7 @@ def sli_sizing(settings, store_path: Path) -> str:
 
     import duckdb
 
-    topic = settings.topic("sli")
+    topic = settings.topic(TOPIC_SLI)
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"sizing-{os.getpid()}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     try:
