@@ -52,11 +52,10 @@ class WorkEstimate:
         `gpu`: the `gpu_minute` rows closed with them."""
         pool = pl.col("pool").cast(pl.String).fill_null("")
         # What a caller's rows lack (an older store's, a test's own) counts as not reported.
-        absent = [pl.lit(None, dtype=pl.Float64).alias(c) for c in ("gpu_seconds", "prompt_tokens", "output_tokens",
-                                                                      "audio_seconds", "e2e_ms_p50")
+        absent = [c for c in ("gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds", "e2e_ms_p50")
                   if c not in requests.columns]
-        rows = requests.with_columns(*absent).with_columns(pool.alias("_pool"),
-                                                           pl.col("gpu_seconds").alias("gpu_seconds_reported"))
+        rows = requests.with_columns(pl.lit(None, dtype=pl.Float64).alias(c) for c in absent).with_columns(
+            pool.alias("_pool"), pl.col("gpu_seconds").alias("gpu_seconds_reported"))
         per_pm = rows.group_by("window_start", "_pool").agg(
             pl.col("gpu_seconds").fill_null(0).sum().alias("_reported"),
             pl.col("prompt_tokens").fill_null(0).sum().cast(pl.Float64).alias("_prompt"),
@@ -110,5 +109,4 @@ class WorkEstimate:
             pl.when(pl.col("attribution_basis") == "reported").then(pl.col("gpu_seconds").fill_null(0))
             .when(pl.col("attribution_basis") == "no_gpu_telemetry").then(0.0)
             .otherwise(share.fill_nan(0.0).fill_null(0.0)).alias("gpu_seconds")
-        ).drop("_pool", "_busy", "_weight", "_work",
-               *(name for e in absent if (name := e.meta.output_name()) != "gpu_seconds"))
+        ).drop("_pool", "_busy", "_weight", "_work", *(c for c in absent if c != "gpu_seconds"))

@@ -98,9 +98,8 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
         # Older rows or a test's own frame may lack a sum column: none counted.
         *[pl.lit(0.0).alias(c) for c in _SUMS if c not in requests.columns],
         # Rows not through the work estimate (open minutes, a test's frame) carry only what was reported.
-        *([pl.col("gpu_seconds").alias("gpu_seconds_reported")] if "gpu_seconds_reported" not in requests.columns
-          and "gpu_seconds" in requests.columns else
-          [pl.lit(0.0).alias("gpu_seconds_reported")] if "gpu_seconds_reported" not in requests.columns else []),
+        *([] if "gpu_seconds_reported" in requests.columns else
+          [(pl.col("gpu_seconds") if "gpu_seconds" in requests.columns else pl.lit(0.0)).alias("gpu_seconds_reported")]),
     )
 
 

@@ -19,9 +19,7 @@ controller's documented rules against the real API.
 
 from __future__ import annotations
 
-from signals.api import FLAGGER_CHECKS
-
-FLAGGER_HOOKS = FLAGGER_CHECKS  # every hook type with a verdict; `event` has a route of its own
+from signals.api import FLAGGER_CHECKS  # every hook type with a verdict; `event` has a route of its own
 GATE_TEMPLATE = "tailwatch-promotion-gate"
 BACKGROUND_TEMPLATE = "tailwatch-verdict"
 
@@ -31,7 +29,7 @@ def flagger_canary(target: str, namespace: str, model: str, version: str, url: s
     """A Canary for `target` whose analysis asks tailwatch at every hook Flagger has."""
     metadata = {"model": model, "version": version, **({"token": token} if token else {})}
     hooks = [{"name": f"tailwatch-{hook}", "type": hook, "url": f"{url.rstrip('/')}/v1/flagger/{hook}",
-              "timeout": "5s", "metadata": dict(metadata)} for hook in FLAGGER_HOOKS]
+              "timeout": "5s", "metadata": dict(metadata)} for hook in FLAGGER_CHECKS]
     hooks.append({"name": "tailwatch-events", "type": "event", "url": f"{url.rstrip('/')}/v1/flagger/event",
                   "timeout": "5s"})
     return {

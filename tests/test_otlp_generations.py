@@ -132,8 +132,7 @@ def test_each_genai_histogram_name_gives_its_field(name):
     role = ("prompt_tokens" if token_type == "input" else "output_tokens") if token_type else NAMES[name].role
     sdk = SdkMetrics(resource={"cloud.availability_zone": "eu-west-4a"})
     extra = {"gen_ai.token.type": token_type} if token_type else {}
-    values, bounds, per_chunk = values_for("gen_ai.client.token.usage" if token_type else metric, role) \
-        if not token_type else ([3, 100, 700], TOKEN_BOUNDS, False)
+    values, bounds, per_chunk = values_for(metric, role)
     for v in values:
         sdk.record(metric, v, bounds, **SLICE, **extra)
     if role != "e2e":  # the requests themselves come from a duration histogram
