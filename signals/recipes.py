@@ -60,29 +60,31 @@ def _web_metric(name: str, url: str, success: str, failure: str, **limits) -> di
     }
 
 
-def _template(name: str, metric: dict) -> dict:
+def _template(name: str, metric: dict, token_secret: tuple[str, str]) -> dict:
+    secret, key = token_secret
     return {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "AnalysisTemplate",
         "metadata": {"name": name},
         "spec": {
             "args": [{"name": "model"}, {"name": "version"},
-                     {"name": "token", "valueFrom": {"secretKeyRef": {"name": "tailwatch-token", "key": "token"}}}],
+                     {"name": "token", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}],
             "metrics": [metric],
         },
     }
 
 
-def argo_templates(url: str, inconclusive_limit: int = 5) -> list[dict]:
+def argo_templates(url: str, inconclusive_limit: int = 5,
+                   token_secret: tuple[str, str] = ("tailwatch-token", "token")) -> list[dict]:
     """The background verdict (aborts on rollback; pauses after `inconclusive_limit` looks at
     pause, stale or missing data) and the promotion gate (one look: promote passes, rollback
-    fails, anything else pauses)."""
+    fails, anything else pauses); the bearer token from the Secret `token_secret` (name, key)."""
     background = _web_metric(BACKGROUND_TEMPLATE, url, 'result == "promote" || result == "continue"',
                              'result == "rollback"', interval="1m", failureLimit=0,
                              inconclusiveLimit=inconclusive_limit)
     gate = _web_metric(GATE_TEMPLATE, url, 'result == "promote"', 'result == "rollback"', count=1, failureLimit=0,
                        inconclusiveLimit=0)
-    return [_template(BACKGROUND_TEMPLATE, background), _template(GATE_TEMPLATE, gate)]
+    return [_template(BACKGROUND_TEMPLATE, background, token_secret), _template(GATE_TEMPLATE, gate, token_secret)]
 
 
 def argo_rollout(target: str, namespace: str, model: str, version: str, weights: tuple[int, ...] = (10, 25, 50),

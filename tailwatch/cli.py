@@ -256,6 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--token", default=None, help="Flagger: a bearer token for the hooks' metadata (scope it to the "
                    "model's tenants; it is plain text in the Canary)")
 
+    p = sub.add_parser("deploy", help="Kubernetes manifests for a whole installation")
+    desub = p.add_subparsers(dest="deploy_command", required=True, metavar="ACTION")
+    c = desub.add_parser("generate", help="tier-1 and tier-2 workers, Services, budgets, config, and KEDA, Argo Rollouts, "
+                         "Flagger, Prometheus Operator, Grafana, Collector and dcgm-exporter objects, with a "
+                         "kustomization.yaml (`kubectl apply -k DIR`)")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    c.add_argument("--settings", default=None, metavar="FILE",
+                   help="deployment file: image, Kafka, replicas, storage, pools, canaries (docs/deploy.md; default: "
+                        "every default)")
+    c.add_argument("--slos", default="default", help="SLO file for the ConfigMap and the PrometheusRule (default: built-in)")
+    c.add_argument("--prices", default=None, metavar="FILE", help="GPU price file for the ConfigMap (default: list prices)")
+    c.add_argument("--otlp-mapping", default=None, metavar="FILE", help="the OTLP adapter's mapping file (default: built-in)")
+
     p = sub.add_parser("dashboards", help="Grafana dashboards over the worker's /metrics")
     dsub = p.add_subparsers(dest="dashboards_command", required=True, metavar="ACTION")
     c = dsub.add_parser("generate", help="write one importable Grafana JSON per dashboard (<uid>.json)")

@@ -586,6 +586,31 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    import yaml
+
+    from deploy.generate import write
+    from deploy.settings import DeployError, load_settings
+    from planning.prices import PriceFile
+    from slo.spec import DEFAULT_SLOS
+
+    specs = load_slo_option(args.slos) or []
+    load_prices_option(args.prices)  # refused here, not in a pod that cannot start
+    try:
+        settings = load_settings(args.settings)
+        slos_yaml = Path(DEFAULT_SLOS if args.slos == "default" else args.slos).read_text()
+        prices_yaml = Path(args.prices).read_text() if args.prices else yaml.safe_dump(msgspec.to_builtins(PriceFile(
+            usd_per_gpu_hour=dict(load_prices_option(None).usd_per_gpu_hour))), sort_keys=False)
+        mapping_yaml = Path(args.otlp_mapping).read_text() if args.otlp_mapping else None
+        written = write(settings, specs, slos_yaml, prices_yaml, mapping_yaml, args.out)
+    except (DeployError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {written.objects} objects in {len(written.files)} files to {args.out}; "
+          f"deploy with: kubectl apply -k {args.out}")
+    print("create these Secrets first: " + "; ".join(written.secrets))
+    return 0
+
+
 def cmd_dashboards(args: argparse.Namespace) -> int:
     from dashboards.generate import write
 

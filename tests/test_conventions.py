@@ -9,7 +9,7 @@ import conventions
 from streams.metrics import HttpMetrics, WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("tailwatch", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
+ROOMS = ("tailwatch", "deploy", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
          "tools", "config")
 METRIC_NAME = re.compile(r"tailwatch_[a-z_]+")
 

@@ -1,0 +1,155 @@
+"""What wires tailwatch to the rest of a fleet, as objects of the neighbours' own kinds: a
+KEDA ScaledObject per pool (the `metrics-api` scaler on `/v1/autoscale/{pool}`), Argo
+Rollouts AnalysisTemplates and a Flagger Canary per model (`signals/recipes.py`), a
+PrometheusRule (`rules generate`'s groups), a ServiceMonitor, Grafana dashboards as
+ConfigMaps for Grafana's sidecar, an OpenTelemetry Collector config with the kafka exporter,
+and a dcgm-exporter counters file with the profiling fields on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from dashboards.generate import build_all, problems
+from deploy.settings import Canary, DeploySettings, Pool
+from deploy.workloads import HTTP_PORT, SCRAPE_LABEL, labels
+from ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
+from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
+from signals.recipes import argo_templates, flagger_canary
+from slo.spec import SloSpec
+
+GRAFANA_SIDECAR_LABEL = "grafana_dashboard"  # the label kube-prometheus-stack's sidecar looks for
+# dcgm-exporter's counters file: the fields gpu.v1 reads, the profiling ones (commented out in
+# the stock file) included, and GR_ENGINE_ACTIVE, which the stock file does enable.
+DCGM_TYPES = {**{name: "gauge" for name in DCGM_GAUGES}, **{name: "counter" for name in DCGM_COUNTERS},
+              DCGM_XID: "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge"}
+
+
+def api_url(s: DeploySettings) -> str:
+    return f"http://{s.name}.{s.namespace}.svc:{HTTP_PORT}"
+
+
+def keda(s: DeploySettings, pool: Pool) -> list[dict]:
+    """A TriggerAuthentication (the `keda` token, from the Secret in the pool's namespace) and
+    the ScaledObject: target value 1, since `desired_replicas` is the count itself; a 503
+    (stale data) is a scaler error, so `fallback` holds the replicas instead of scaling in."""
+    auth = f"{s.name}-keda"
+    return [
+        {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
+         "metadata": {"name": auth, "namespace": pool.namespace},
+         "spec": {"secretTargetRef": [{"parameter": "token", "name": s.tokens_secret, "key": "keda"}]}},
+        {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+         "metadata": {"name": pool.target, "namespace": pool.namespace},
+         "spec": {
+             "scaleTargetRef": {"name": pool.target},
+             "minReplicaCount": pool.min_replicas,
+             "maxReplicaCount": pool.max_replicas,
+             "pollingInterval": 15,
+             "fallback": {"failureThreshold": 3, "replicas": pool.fallback_replicas or pool.max_replicas},
+             # tailwatch already holds scale-in for its stabilization window
+             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                 "scaleDown": {"stabilizationWindowSeconds": 0}}}},
+             "triggers": [{"type": "metrics-api", "metricType": "AverageValue",
+                           "metadata": {"url": f"{api_url(s)}/v1/autoscale/{pool.name}",
+                                        "valueLocation": "desired_replicas", "targetValue": "1",
+                                        "authMode": "bearer"},
+                           "authenticationRef": {"name": auth}}],
+         }},
+    ]
+
+
+def argo(s: DeploySettings, namespace: str) -> list[dict]:
+    out = []
+    for template in argo_templates(api_url(s), token_secret=(s.tokens_secret, "argo")):
+        template["metadata"]["namespace"] = namespace
+        out.append(template)
+    return out
+
+
+def flagger(s: DeploySettings, canary: Canary, token: str | None) -> dict:
+    """Flagger sends no headers on webhooks, so the token rides in each hook's metadata: it
+    is taken from the environment when the manifests are generated, never from a file."""
+    out = flagger_canary(canary.target, canary.namespace, canary.model, canary.version, api_url(s), token=token)
+    out["spec"]["service"]["port"] = canary.port
+    return out
+
+
+def prometheus_rule(s: DeploySettings, specs: list[SloSpec]) -> dict:
+    from alerts.rules import rule_groups
+
+    groups = [g for spec in specs for g in rule_groups(spec)["groups"]]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": f"{s.name}-slos", "namespace": s.namespace, "labels": labels(s, "rules")},
+            "spec": {"groups": groups}}
+
+
+def service_monitor(s: DeploySettings) -> dict:
+    """Every tailwatch pod, once (the headless Services), with the `prometheus` token: the
+    exposition carries every tenant's series, so it takes a token for all tenants."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": {"name": s.name, "namespace": s.namespace, "labels": labels(s, "monitoring")},
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": s.name, SCRAPE_LABEL: "true"}},
+                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "12s",
+                                    "authorization": {"type": "Bearer", "credentials": {
+                                        "name": s.tokens_secret, "key": "prometheus"}}}]}}
+
+
+def dashboards(s: DeploySettings, specs: list[SloSpec]) -> list[dict]:
+    out = []
+    for board in build_all(specs):
+        found = problems(board)
+        if found:
+            raise ValueError("dashboard problems: " + "; ".join(found))
+        out.append({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": f"{s.name}-dashboard-{board['uid']}".lower()[:63].rstrip("-"),
+                                 "namespace": s.namespace,
+                                 "labels": {**labels(s, "dashboards"), GRAFANA_SIDECAR_LABEL: "1"}},
+                    "data": {f"{board['uid']}.json": json.dumps(board, sort_keys=True)}})
+    return out
+
+
+def collector_config(s: DeploySettings) -> dict:
+    """The Collector's config: OTLP in from the runtimes, DCGM and vLLM pages scraped, both
+    out to Kafka on the topics `ingest otlp` reads, as `otlp_proto`."""
+    scrape = [{"job_name": job, "scrape_interval": "10s",
+               "kubernetes_sd_configs": [{"role": "pod"}],
+               "relabel_configs": [
+                   {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": regex,
+                    "action": "keep"},
+                   {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                   {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"}]}
+              for job, regex in (("dcgm", "dcgm-exporter"), ("serving", "vllm|tgi|triton"))]
+    config = {
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
+                                             "http": {"endpoint": "0.0.0.0:4318"}}},
+                      "prometheus": {"config": {"scrape_configs": scrape}}},
+        "processors": {"batch": {"send_batch_size": 512, "send_batch_max_size": 512}},
+        "exporters": {"kafka": {"brokers": [b.strip() for b in s.kafka.bootstrap_servers.split(",")],
+                                "protocol_version": "2.0.0",
+                                "traces": {"topic": DEFAULT_SPANS_TOPIC, "encoding": "otlp_proto"},
+                                "metrics": {"topic": DEFAULT_METRICS_TOPIC, "encoding": "otlp_proto"}}},
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["kafka"]},
+                                  "metrics": {"receivers": ["otlp", "prometheus"], "processors": ["batch"],
+                                              "exporters": ["kafka"]}}},
+    }
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{s.name}-otel-collector", "namespace": s.namespace,
+                         "labels": labels(s, "otel-collector")},
+            "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)}}
+
+
+def dcgm_counters_csv() -> str:
+    lines = ["# dcgm-exporter counters for tailwatch: the fields gpu.v1 reads, profiling ones on.",
+             "# Format: DCGM field, Prometheus metric type, help message"]
+    lines += [f"{name}, {kind}, read by tailwatch (gpu.v1)." for name, kind in DCGM_TYPES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def dcgm_counters(s: DeploySettings) -> dict:
+    """Mount it into dcgm-exporter and pass `-f /etc/dcgm-exporter/tailwatch.csv`."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{s.name}-dcgm-counters", "namespace": s.namespace,
+                         "labels": labels(s, "dcgm-exporter")},
+            "data": {"tailwatch.csv": dcgm_counters_csv()}}
