@@ -15,13 +15,12 @@ import logging
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from dataclasses import dataclass
 
+import httpx
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -141,6 +140,10 @@ class AlertmanagerOutbox:
         self._lock = threading.Lock()  # the queue's ends: the loop appends, the sender pops
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        # One kept-alive connection per Alertmanager (urllib opened a new one per batch), and a
+        # deadline on each phase: connecting, sending the batch, and waiting for the answer.
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), headers={"Content-Type": "application/json"},
+                                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
 
     def put(self, alert: dict, seq: int | None = None) -> None:
         with self._wake:
@@ -215,22 +218,20 @@ class AlertmanagerOutbox:
 
     def _post(self, alerts: list[dict]) -> tuple[str, float | None]:
         """('ok' | 'refused' (a 4xx retrying cannot fix) | 'retry', the Retry-After asked for in seconds)."""
-        req = urllib.request.Request(self.url, data=json.dumps(alerts).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return ("ok" if 200 <= resp.status < 300 else "retry"), None
-        except urllib.error.HTTPError as exc:
-            if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                detail = exc.read(500).decode("utf-8", "replace").strip()
-                log.error("Alertmanager at %s refused %d alerts (HTTP %d: %s): dropped, not retried",
-                          self.target, len(alerts), exc.code, detail)
-                return "refused", None
-            log.warning("Alertmanager at %s did not take %d alerts: HTTP %d", self.target, len(alerts), exc.code)
-            return "retry", retry_after(exc.headers.get("Retry-After"), self.max_backoff_s)
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            log.warning("Alertmanager at %s did not take %d alerts: %s", self.target, len(alerts), exc)
+            resp = self._client.post(self.url, content=json.dumps(alerts).encode())
+        except httpx.HTTPError as exc:  # unreachable, refused, reset, or a phase past its timeout
+            log.warning("Alertmanager at %s did not take %d alerts: %s", self.target, len(alerts),
+                        f"{type(exc).__name__}: {exc}")
             return "retry", None
+        if resp.is_success:
+            return "ok", None
+        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+            log.error("Alertmanager at %s refused %d alerts (HTTP %d: %s): dropped, not retried",
+                      self.target, len(alerts), resp.status_code, resp.text[:500].strip())
+            return "refused", None
+        log.warning("Alertmanager at %s did not take %d alerts: HTTP %d", self.target, len(alerts), resp.status_code)
+        return "retry", retry_after(resp.headers.get("Retry-After"), self.max_backoff_s)
 
 
 def retry_after(value: str | None, most_s: float) -> float | None:

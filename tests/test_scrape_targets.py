@@ -125,3 +125,33 @@ def test_target_labels_after_the_fragment(text, labels):
 def test_unknown_or_malformed_target_labels_are_refused_in_one_line(text):
     with pytest.raises(ScrapeError, match=r"h/metrics"):
         parse_target(text)
+
+
+def test_rounds_keep_each_target_connection_alive_and_an_endless_page_is_cut(pages, monkeypatch):
+    """One TCP connection per target across rounds (HTTP/1.1 keep-alive), and a target that
+    sends more than the page limit is one error line, read no further than the limit."""
+    connections = []
+
+    class KeepAlive(_Exposition):
+        protocol_version = "HTTP/1.1"
+        texts = [dcgm_page()]
+
+        def setup(self):
+            connections.append(self.client_address)
+            super().setup()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        scraper = PrometheusScraper([f"http://127.0.0.1:{server.server_address[1]}/metrics"], OtlpMapping())
+        rounds = [scraper.round(T0_MS + i * 10_000) for i in range(3)]
+        assert all(not r.errors and r.gpu.samples for r in rounds)
+        assert len(connections) == 1
+    finally:
+        server.shutdown()
+    import ingest.otlp.scrape as scrape
+
+    monkeypatch.setattr(scrape, "MAX_EXPOSITION_BYTES", 4096)
+    big = pages("# padding\n" * 100_000)  # about 1 MB
+    round_ = PrometheusScraper([f"http://{big}/metrics"], OtlpMapping()).round(T0_MS)
+    assert len(round_.errors) == 1 and "larger than 4,096 bytes" in round_.errors[0]

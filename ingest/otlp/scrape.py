@@ -13,10 +13,10 @@ between rounds), so a fleet that is only scraped has request SLIs.
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
+
+import httpx
 
 from ingest.otlp.gpu import GpuMapper, MappedGpu
 from ingest.otlp.histogram_requests import HistogramRequests, MappedHistograms
@@ -93,17 +93,28 @@ def read_targets(path: str) -> list[Target]:
     return out
 
 
-def fetch(url: str, now_ms: int, timeout_s: float = 5.0) -> tuple[list[Sample], list[HistogramPoint]]:
-    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
+def fetch(url: str, now_ms: int, timeout_s: float = 5.0,
+          client: httpx.Client | None = None) -> tuple[list[Sample], list[HistogramPoint]]:
+    """One target's page as samples and histogram points. The body is read in chunks and cut
+    past MAX_EXPOSITION_BYTES, so a target that sends without end costs no more than that."""
+    own = client is None
+    client = client or httpx.Client(timeout=timeout_s)
+    chunks, size = [], 0
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            body = response.read(MAX_EXPOSITION_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        raise ScrapeError(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise ScrapeError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-    if len(body) > MAX_EXPOSITION_BYTES:
-        raise ScrapeError(f"{url}: exposition larger than {MAX_EXPOSITION_BYTES:,} bytes")
+        with client.stream("GET", url, headers={"Accept": ACCEPT}, timeout=timeout_s) as response:
+            if not response.is_success:
+                raise ScrapeError(f"{url}: HTTP {response.status_code}")
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > MAX_EXPOSITION_BYTES:
+                    raise ScrapeError(f"{url}: exposition larger than {MAX_EXPOSITION_BYTES:,} bytes")
+                chunks.append(chunk)
+    except httpx.HTTPError as exc:
+        raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
+    finally:
+        if own:
+            client.close()
+    body = b"".join(chunks)
     text = body.decode("utf-8", "replace")
     try:
         samples, histograms = samples_from_exposition(text, now_ms), histograms_from_exposition(text, now_ms)
@@ -133,6 +144,7 @@ class PrometheusScraper:
         self.mapper = GpuMapper(mapping.gpu)
         self.histograms = HistogramRequests(mapping.requests)
         self.timeout_s = timeout_s
+        self._client = httpx.Client(timeout=timeout_s)  # keeps each target's connection alive between rounds
         self._from_file: list[Target] = read_targets(targets_file) if targets_file else []
 
     def round(self, now_ms: int) -> ScrapeRound:
@@ -148,7 +160,7 @@ class PrometheusScraper:
         histograms: list[HistogramPoint] = []
         for target in [*self.targets, *self._from_file]:
             try:
-                got, hist = fetch(target.url, now_ms, self.timeout_s)
+                got, hist = fetch(target.url, now_ms, self.timeout_s, self._client)
             except ScrapeError as exc:
                 errors.append(str(exc))
                 continue
