@@ -346,3 +346,22 @@ def test_the_image_is_multi_stage_non_root_pinned_and_leaves_the_broker_out():
     assert all("calfkit" not in d for d in project["dependencies"])
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "tests", ".git", "data"} <= set(ignored)
+
+
+def _enabled(csv_text: str) -> set[str]:
+    return {line.split(",")[0].strip() for line in csv_text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def test_the_generated_counters_file_turns_on_what_the_stock_file_leaves_off():
+    """dcgm-exporter's own file enables GR_ENGINE_ACTIVE but comments out SM_ACTIVE and
+    SM_OCCUPANCY (and ECC): with it, busy-but-slow and utilisation would lose SM activity."""
+    from deploy.neighbours import dcgm_counters_csv
+
+    stock = _enabled((Path(__file__).parent / "data" / "dcgm-exporter" / "default-counters.csv").read_text())
+    read = set(DCGM_GAUGES) | set(DCGM_COUNTERS) | {DCGM_XID}
+    missing_in_stock = read - stock
+    assert {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"} <= missing_in_stock
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in stock
+    ours = _enabled(dcgm_counters_csv())
+    assert read <= ours and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in ours
+    print(f"fields gpu.v1 reads that the stock file leaves off, on in ours: {', '.join(sorted(missing_in_stock))}")
