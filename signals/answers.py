@@ -2,8 +2,8 @@
 
 The live view (signals/live.py) builds each answer once as one of these; it crosses to the
 HTTP process as msgpack bytes, the handlers in `signals/api.py` return it, and the OpenAPI
-document is generated from these types (`signals/openapi.py`), so the document cannot drift
-from the answers. The answers forbid unknown fields: a field the view adds and this module
+document is generated from these types by the routes of `signals/routes.py`, so the document
+cannot drift from the answers. The answers forbid unknown fields: a field the view adds and this module
 does not know raises where the view is built, rather than vanishing from the API.
 
 Optional details that are absent from an answer (not null: absent) are `UNSET` and left out

@@ -11,9 +11,10 @@ second pipe, so they are as fresh as before (a scrape may wait on the worker; a
 Prometheus scrape can afford that, an autoscaler's poll should not have to). The child
 exits when the worker's end of the pipe closes, so it never outlives it.
 
-The server is uvicorn (h11) running a plain ASGI callable: one event loop, so a thousand idle or
-slow connections cost memory, not a thousand threads as `http.server` did; chunked bodies,
-malformed requests and oversized headers are h11's to answer. What no client may do, with
+The server is uvicorn (h11) running a thin ASGI guard in front of the signal API's Litestar
+app (`signals/routes.py`): one event loop, so a thousand idle or slow connections cost memory,
+not a thousand threads as `http.server` did; chunked bodies, malformed requests and oversized
+headers are h11's to answer. What no client may do, with
 its own limits here (docs/signal-api.md lists them):
 - hold a connection with a slow head: it must finish each request's head within
   HEAD_TIMEOUT_S of connecting or of its last response (uvicorn's keep-alive timer restarts
@@ -53,12 +54,20 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from signals.api import MAX_BODY_BYTES, Request, Response, SignalApi, json_response
+from signals.answers import ApiError
+from signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi
 from signals.config import ApiConfig
+from signals.routes import PARAMETER_TEXT, make_app as make_api_app, takes_body
 from signals.live import SignalSnapshot
 from streams.metrics import HttpMetrics
 
 log = logging.getLogger("tailwatch.http")
+Response = tuple[int, str, bytes]  # status, content type, body: what the guard and the scrapes answer
+_ENCODER = msgspec.json.Encoder()
+
+
+def json_response(status: int, body: object) -> Response:
+    return status, "application/json", _ENCODER.encode(body)
 
 
 class HttpState(msgspec.Struct):
@@ -109,6 +118,7 @@ class _Served:
         self.metrics = HttpMetrics()
         self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness,
                              on_flagger_event=lambda phase, kind: self.metrics.flagger_events.labels(phase, kind).inc())
+        self.routes = make_api_app(self.api)
 
     def readiness(self) -> tuple[bool, str]:
         age = time.time() - self.state.published_wall_s
@@ -132,18 +142,29 @@ class _Served:
                     return answer
             return json_response(503, {"error": "the worker did not answer within 10 s"})
 
-    def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> Response:
-        bare = path.split("?", 1)[0]
-        if method == "GET" and bare == "/metrics" and (refused := metrics_refusal(self.api.config, authorization)):
+    def answer_scrape(self, path: str, authorization: str | None) -> Response:
+        if path == "/metrics" and (refused := metrics_refusal(self.api.config, authorization)):
             return refused
-        if method == "GET" and bare in ("/metrics", "/healthz"):
-            return self.scrape(bare[1:])
-        answer = self.api.handle(Request(method, path, authorization, body))
-        if answer is None:
-            answer = json_response(404, {"error": f"no route {bare[:100]}", "hint": "GET /openapi.json lists them"})
-        return answer
+        return self.scrape(path[1:])
+
+    def refuse_before_body(self, method: str, path: str, authorization: str | None) -> Response | None:
+        """For a request that carries a body: its answer now, before a byte of the body is
+        read, when the body cannot change it (no route here takes one, or the bearer token
+        sent is wrong); None: read the body."""
+        verdict = takes_body(self.routes, method, path)
+        if verdict == "no route":
+            return json_response(404, ApiError(f"no route {path[:100]}", hint="GET /openapi.json lists them"))
+        if verdict != "yes":
+            return json_response(405, ApiError(f"{method} is not allowed here"))
+        if self.api.config.auth_required and authorization:
+            try:
+                self.api.principal(authorization)
+            except ApiFailure as failure:
+                return json_response(failure.status, failure.answer)
+        return None
 
 
+MAX_PATH_CHARS = 1024
 HEAD_TIMEOUT_S = 5.0  # to send a request's head, from connecting or from the last response
 BODY_TIMEOUT_S = 5.0  # to send a request's body, from the end of its head
 KEEP_ALIVE_S = 60  # an idle keep-alive connection is closed after this
@@ -303,23 +324,27 @@ def _header(scope: dict, name: bytes) -> str | None:
 
 
 def make_app(served: _Served):
-    """The ASGI app: no framework between uvicorn and the router (signals/api.py dispatches
-    and validates by the handlers' types); a framework's middleware stack cost more per
-    request than the answer does, and per connection under a slow-client attack."""
+    """The ASGI app: the scrapes and the body guards here, then the signal API's routes."""
+    routes = served.routes
 
     async def app(scope: dict, receive, send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; a websocket upgrade is refused by uvicorn's h11 protocol
-        method = scope["method"]
-        # The path as sent (percent-escapes kept), so the router decodes each parameter once.
-        raw = scope.get("raw_path") or scope["path"].encode()
-        query = scope.get("query_string") or b""
-        path = raw.decode("ascii", "replace") + (f"?{query.decode('ascii', 'replace')}" if query else "")
+        method, path = scope["method"], scope["path"]
         authorization = _header(scope, b"authorization")
-        body = b""
+        if path in _SCRAPES and method == "GET":  # a scrape waits on the worker (up to 10 s): off the event loop
+            answer = await asyncio.get_running_loop().run_in_executor(None, served.answer_scrape, path, authorization)
+            await _send(send, answer)
+            return
+        if len(path) > MAX_PATH_CHARS:
+            await _send(send, json_response(414, ApiError(f"path longer than {MAX_PATH_CHARS} characters")))
+            return
+        if b"%2f" in (scope.get("raw_path") or b"").lower():  # a slash inside a name: no name has one
+            await _send(send, json_response(400, ApiError(PARAMETER_TEXT)))
+            return
         if method == "POST":
             # Before a byte of the body: a path that takes none, or a wrong token, is refused now.
-            early = served.api.refuse_before_body(method, path, authorization)
+            early = served.refuse_before_body(method, path, authorization)
             if early is not None:
                 served.metrics.refused.labels("refused_before_body").inc()
                 await _send(send, early, close=True)
@@ -328,18 +353,28 @@ def make_app(served: _Served):
             body, refusal = await _read_body(receive, int(declared) if declared and declared.isdigit() else None)
             if refusal is not None:
                 served.metrics.refused.labels(refusal).inc()
-                await _send(send, json_response(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}), close=True)
+                await _send(send, json_response(413, ApiError(f"request body over {MAX_BODY_BYTES} bytes")), close=True)
                 return
             if body is None:
                 return
-        args = (method, path, authorization, body)
-        if scope["path"] in _SCRAPES:  # a scrape waits on the worker (up to 10 s): off the event loop
-            answer = await asyncio.get_running_loop().run_in_executor(None, served.answer, *args)
-        else:
-            answer = served.answer(*args)  # a lookup in the last snapshot: no thread hop
-        await _send(send, answer)
+            receive = _replay(body)
+        await routes(scope, receive, send)  # a lookup in the last snapshot: no thread hop
 
     return app
+
+
+def _replay(body: bytes):
+    """A `receive` that hands the app the body already read, whole, once."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
 
 
 async def _send(send, answer: Response, close: bool = False) -> None:

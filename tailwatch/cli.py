@@ -451,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
+    p.add_argument("--against", default=None, metavar="REF",
+                   help="API bench: also measure the worker of git commit REF, interleaved with this tree's (ABAB)")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
     p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,

@@ -508,10 +508,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\n".join(run_tiers(args.events, args.slices, args.events_per_minute, args.slo_count, args.port)))
         return 0
     if args.api:
-        from tools.bench_api import BenchError, run as run_api
+        from tools.bench_api import BenchError, compare, run as run_api
 
+        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         try:
-            print("\n".join(run_api(args.rate, args.seconds, say=lambda m: print(m, file=sys.stderr, flush=True))))
+            if args.against:
+                print("\n".join(compare(args.against, args.rate, args.seconds, say=say)))
+            else:
+                print("\n".join(run_api(args.rate, args.seconds, say=say)))
         except BenchError as exc:
             raise CliError(str(exc)) from None
         return 0

@@ -66,3 +66,23 @@ def start_until_ready(name: str, argv: list[str], port: int, log_path: Path, tim
             time.sleep(0.2)
     proc.kill()
     pytest.fail(f"{name} did not become ready: {log_path.read_text()[-2000:]}")
+
+
+_API_CLIENTS: dict[int, object] = {}
+
+
+def call_api(api, method: str, path: str, authorization: str | None = None, body: bytes = b"") -> tuple[int, str, bytes]:
+    """One request through the signal API's real routes (Litestar, in process): (status,
+    content type, body)."""
+    from litestar.testing import TestClient
+
+    from signals.routes import make_app
+
+    client = _API_CLIENTS.get(id(api))
+    if client is None or client.app.state.get("api") is not api:
+        app = make_app(api)
+        app.state["api"] = api
+        client = _API_CLIENTS[id(api)] = TestClient(app)
+    headers = {"authorization": authorization} if authorization else {}
+    r = client.request(method, path, headers=headers, content=body or None)
+    return r.status_code, r.headers.get("content-type", ""), r.content

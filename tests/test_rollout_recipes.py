@@ -20,7 +20,8 @@ import json
 import pytest
 import yaml
 
-from signals.api import FLAGGER_CHECKS, Request, SignalApi
+from signals.api import FLAGGER_CHECKS, SignalApi
+from tests.conftest import call_api
 from signals.answers import Verdict
 from signals.config import ApiConfig
 from signals.live import Scoped, SignalSnapshot, answer
@@ -54,13 +55,13 @@ class Fleet:
             self.moved_s = self.now_s
 
     def post(self, url: str, body: dict) -> int:
-        status, _ct, _body = self.api.handle(Request("POST", url.removeprefix("http://tailwatch.monitoring:8000"),
-                                                     None, json.dumps(body).encode()))
+        status, _ct, _body = call_api(self.api, "POST", url.removeprefix("http://tailwatch.monitoring:8000"),
+                                                     None, json.dumps(body).encode())
         return status
 
     def get(self, url: str) -> dict:
-        status, _ct, body = self.api.handle(Request("GET", url.removeprefix("http://tailwatch.monitoring:8000"),
-                                                    None, b""))
+        status, _ct, body = call_api(self.api, "GET", url.removeprefix("http://tailwatch.monitoring:8000"),
+                                                    None, b"")
         assert status == 200, body
         return json.loads(body)
 

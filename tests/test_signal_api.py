@@ -18,14 +18,14 @@ import urllib.error
 import urllib.request
 import uuid
 
+import msgspec
 import numpy as np
 import pytest
 import yaml
 
 from ingest.producer import EventPublisher
 from ingest.schema import GpuV1, RequestV1
-from signals.openapi import openapi_document
-from tests.conftest import free_port
+from tests.conftest import call_api, free_port
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
 MINUTES = 20
@@ -264,41 +264,35 @@ HOOKS = ("confirm-rollout", "pre-rollout", "rollout", "confirm-traffic-increase"
     ("rollback", [412, 412, 412, 412, 412, 200, 200]),
 ])
 def test_flagger_hook_types_follow_flaggers_contract(verdict, expected):
-    from signals.api import Request
-
     api, token = _controller_api({"v2": verdict}, built_wall_s=1000.0, now_s=1001.0)
     body = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
-    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, body))[0] for c in HOOKS] == expected
+    assert [call_api(api, "POST", f"/v1/flagger/{c}", None, body)[0] for c in HOOKS] == expected
 
 
 def test_a_new_canary_without_data_may_start_and_frozen_data_holds_it():
     """`confirm-rollout` runs before the canary has traffic: no data for the version passes
     (no gate would ever open otherwise), and neither pre-rollout nor rollout counts a failure;
     data that stopped moving holds the rollout at the gate."""
-    from signals.api import Request
-
     api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0)
     hook = json.dumps({"metadata": {"model": "m", "version": "v-new", "token": token}}).encode()
-    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
+    assert [call_api(api, "POST", f"/v1/flagger/{c}", None, hook)[0] for c in HOOKS] == [
         200, 200, 200, 412, 412, 200, 412]
     stale, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1000.0 + 600)
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
-    assert [stale.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0] for c in HOOKS] == [
+    assert [call_api(stale, "POST", f"/v1/flagger/{c}", None, hook)[0] for c in HOOKS] == [
         412, 200, 200, 412, 412, 200, 412]
 
 
 def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
-    from signals.api import Request
-
     api, token = _controller_api({"v2": "rollback"}, built_wall_s=1000.0, now_s=1000.0 + 600)
     auth = f"Bearer {token}"
-    assert api.handle(Request("GET", "/v1/rollout/m/v2", auth, b""))[0] == 503
-    status, _ct, body = api.handle(Request("GET", "/v1/argo/m/v2", auth, b""))
+    assert call_api(api, "GET", "/v1/rollout/m/v2", auth, b"")[0] == 503
+    status, _ct, body = call_api(api, "GET", "/v1/argo/m/v2", auth, b"")
     answer = json.loads(body)
     assert status == 200 and answer["verdict"] == "inconclusive" and answer["reason"] == "stale", answer
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
     # Ten-minute-old data says rollback: a rollout controller neither rolls back nor advances on it.
-    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
+    assert [call_api(api, "POST", f"/v1/flagger/{c}", None, hook)[0]
             for c in ("rollout", "confirm-traffic-increase", "confirm-promotion", "rollback")] == [200, 412, 412, 412]
 
 
@@ -306,23 +300,21 @@ def test_stale_data_is_inconclusive_for_controllers_and_503_for_pollers():
 def test_a_verdict_on_a_side_that_stopped_moving_is_stale_though_the_view_is_fresh(stale_side):
     """The view is rebuilt every few seconds, but the canary's own traffic (or the stable
     baseline's) stopped ten minutes ago: its `promote` is frozen data, never a promotion."""
-    from signals.api import Request
-
     moved = {f"{stale_side}_moved_s": 1000.0 - 600}
     api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0, **moved)
     auth = f"Bearer {token}"
-    status, _ct, body = api.handle(Request("GET", "/v1/rollout/m/v2", auth, b""))
+    status, _ct, body = call_api(api, "GET", "/v1/rollout/m/v2", auth, b"")
     answer = json.loads(body)
     assert status == 503 and answer["reason"] == "stale" and answer["data_age_s"] == 601.0, answer
     assert stale_side in answer["error"]
-    argo = json.loads(api.handle(Request("GET", "/v1/argo/m/v2", auth, b""))[2])
+    argo = json.loads(call_api(api, "GET", "/v1/argo/m/v2", auth, b"")[2])
     assert argo["verdict"] == "inconclusive" and argo["reason"] == "stale" and argo["data_age_s"] == 601.0, argo
     hook = json.dumps({"metadata": {"model": "m", "version": "v2", "token": token}}).encode()
-    assert [api.handle(Request("POST", f"/v1/flagger/{c}", None, hook))[0]
+    assert [call_api(api, "POST", f"/v1/flagger/{c}", None, hook)[0]
             for c in ("rollout", "confirm-traffic-increase", "confirm-promotion", "rollback")] == [200, 412, 412, 412]
     # Both sides fresh: the verdict, with each side's age.
     api, token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0, canary_moved_s=990.0)
-    fresh = json.loads(api.handle(Request("GET", "/v1/rollout/m/v2", f"Bearer {token}", b""))[2])
+    fresh = json.loads(call_api(api, "GET", "/v1/rollout/m/v2", f"Bearer {token}", b"")[2])
     assert fresh["verdict"] == "promote" and (fresh["canary_data_age_s"], fresh["stable_data_age_s"], fresh["data_age_s"]) \
         == (11.0, 1.0, 11.0), fresh
 
@@ -377,11 +369,13 @@ def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker)
     status, doc = get(api_worker, "/openapi.json")
     from signals.api import SignalApi
     from signals.config import ApiConfig
+    from signals.routes import make_app, route_table
 
-    routes = SignalApi(ApiConfig(), lambda: None, lambda: (True, "")).routes
-    assert status == 200 and doc == json.loads(json.dumps(openapi_document(routes)))
-    assert {(r.method.lower(), r.path) for r in routes} <= {(m, p) for p, ops in doc["paths"].items() for m in ops}
-    assert doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"] == [
+    app = make_app(SignalApi(ApiConfig(), lambda: None, lambda: (True, "")))
+    assert status == 200 and doc == json.loads(msgspec.json.encode(app.openapi_schema.to_schema()))
+    served = {(m.lower(), p) for m, p in route_table(app) if not p.startswith("/openapi")}
+    assert len(served) == 10 and served == {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert sorted(doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"]) == [
         "confirm-promotion", "confirm-rollout", "confirm-traffic-increase", "post-rollout", "pre-rollout", "rollback",
         "rollout"]
     schemas = doc["components"]["schemas"]

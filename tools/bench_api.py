@@ -6,12 +6,17 @@ while it processes a stream of events, in one session.
 wrk (Debian package `wrk`) drives a fixed number of keep-alive connections; a Lua script
 paces each one so the total is about the asked rate, rotates over autoscale, rollout and
 SLO paths, and sends a bearer token. Results are wrk's latency percentiles and rate.
+
+`--against REF` measures the worker of another commit (a git worktree of REF, run from the
+same virtual environment) in the same session, ABAB, so a change to the HTTP path is judged
+against the code it replaces on the same machine at the same time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -86,8 +91,43 @@ def _events_seen(port: int) -> int:
 
 
 def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: int = 240, say=print,
-        attackers: int = 20_000) -> list[str]:
-    """Baseline (worker idle), attack (slow bodies), then load (simulator publishing while the worker consumes)."""
+        attackers: int = 20_000, code_dir: Path | None = None) -> list[str]:
+    """Baseline (worker idle), attack (slow bodies), then load (simulator publishing while the
+    worker consumes); the worker's code from `code_dir` (default: this tree)."""
+    return _report(*_measure(rate, seconds, connections, load_minutes, say, attackers, code_dir), rate, seconds,
+                   connections)
+
+
+def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int = 2) -> list[str]:
+    """This tree's worker against REF's, interleaved ABAB in one session: each phase's p99 per
+    round and the ratio of after to before."""
+    root = Path(__file__).resolve().parents[1]
+    tree = Path(tempfile.mkdtemp(prefix="tailwatch-bench-ref-"))
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref], check=True,
+                   capture_output=True)
+    try:
+        sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        runs: dict[str, list] = {"before": [], "after": []}
+        for i in range(rounds):
+            for side, code in (("before", tree), ("after", root)):
+                say(f"round {i + 1}/{rounds}: {side} ({sha if side == 'before' else 'this tree'})")
+                runs[side].append(_measure(rate, seconds, 8, 240, lambda m: say(f"  {m}"), 20_000, code))
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    lines = [f"signal API p99 (ms), {sha} (before) and this tree (after), interleaved ABAB, "
+             f"wrk ~{rate} req/s, {seconds} s each:"]
+    for k, name in enumerate(("worker idle", "under slow bodies", "worker under load")):
+        before = [r[k]["p99_ms"] for r in runs["before"]]
+        after = [r[k]["p99_ms"] for r in runs["after"]]
+        ratio = math.prod(a / b for a, b in zip(after, before)) ** (1 / len(before))
+        lines.append(f"  {name:<18} before {' '.join(f'{v:.2f}' for v in before):<14} after "
+                     f"{' '.join(f'{v:.2f}' for v in after):<14} after/before {ratio:.2f}x (geometric mean of rounds)")
+    return lines
+
+
+def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, attackers: int,
+             code_dir: Path | None) -> tuple[dict, dict, dict, dict, float]:
     if shutil.which("wrk") is None:
         raise BenchError("wrk is not installed (Debian: apt-get install wrk)")
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-api-"))
@@ -107,11 +147,12 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
         }))
         port = free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        worker_env = {**env, "PYTHONPATH": str(code_dir)} if code_dir else env
         common = ["--bootstrap-servers", broker.bootstrap, "--topic-prefix", kafka.topic_prefix]
         worker = subprocess.Popen(
             [sys.executable, "-m", "tailwatch", "worker", *common, "--store", str(workdir / "store.duckdb"),
              "--http-port", str(port), "--api-config", str(workdir / "api.yaml"), "--group", "bench-api"],
-            stdout=subprocess.DEVNULL, stderr=open(workdir / "worker.log", "w"), env=env)
+            stdout=subprocess.DEVNULL, stderr=open(workdir / "worker.log", "w"), env=worker_env, cwd=code_dir)
         try:
             _wait_ready(port)
         except BenchError:
@@ -144,6 +185,11 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
                 proc.wait(timeout=30)
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    return baseline, attacked, loaded, attack_counts, processed
+
+
+def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, processed: float, rate: int,
+            seconds: int, connections: int) -> list[str]:
     ratio = loaded["p99_ms"] / baseline["p99_ms"] if baseline["p99_ms"] else float("nan")
     return [
         f"signal API under wrk ({connections} keep-alive connections paced to ~{rate} req/s, {seconds} s each, "

@@ -1,0 +1,209 @@
+"""The signal API's routes: typed Litestar handlers over `SignalApi`, and the OpenAPI 3.1
+document Litestar generates from them (served at `/openapi.json`).
+
+Each handler's path parameters, body and return annotation are what Litestar validates and
+what the document says, so nothing is written twice. Every error is an `ApiError` with a line
+a person reads, whoever raised it (a handler, Litestar's validation, its router). The
+connection guards (deadlines, caps, bodies refused before they are read) stay in
+`streams/http.py`, in front of this app.
+"""
+
+from __future__ import annotations
+
+import logging
+import typing
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.params import JSONBody, Parameter
+
+from conventions import FLAGGER_EVENTS_TOTAL
+from signals.answers import (AlertList, ApiError, Autoscale, FlaggerCheck, FlaggerEventCounted, FlaggerEventPayload,
+                             FlaggerPayload, Inconclusive, Name, Readiness, Shed, Slo, SloList, Verdict)
+from signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi, literal_choices
+
+VERSION = "2.0.0"
+log = logging.getLogger("tailwatch.api")
+SECURED = [{"bearer": []}]
+ERROR_TEXT = {
+    400: "A path parameter or body is malformed.",
+    401: "No bearer token, or an unknown one.",
+    404: "Unknown, or outside this token's tenants (the same answer for both).",
+    413: "Body over 64 KiB.",
+    503: "No data yet, or the data is older than the staleness bound.",
+}
+PARAMETER_TEXT = "path parameters are 1 to 128 characters of letters, digits and . _ : @ + -"
+_ENCODER = msgspec.json.Encoder()
+# `Name`'s constraints as Litestar checks and documents a path parameter (it reads `Parameter`,
+# not msgspec's `Meta`, there).
+_NAME = typing.get_args(Name)[1]
+PathName = typing.Annotated[str, Parameter(min_length=_NAME.min_length, max_length=_NAME.max_length,
+                                           pattern=_NAME.pattern, description=_NAME.description)]
+
+
+def _errors(*statuses: int, **also: tuple[type, str]) -> dict[int, ResponseSpec]:
+    out = {s: ResponseSpec(data_container=ApiError, description=ERROR_TEXT[s], generate_examples=False) for s in statuses}
+    out.update({int(s): ResponseSpec(data_container=kind, description=text, generate_examples=False) for s, (kind, text) in also.items()})
+    return out
+
+
+def _json(status: int, body: object) -> Response:
+    headers = {"www-authenticate": 'Bearer realm="tailwatch"'} if status == 401 else None
+    return Response(content=_ENCODER.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def make_app(api: SignalApi) -> Litestar:
+    """The ASGI app of the signal API over `api` (its config, snapshot and clocks)."""
+
+    def who(request: Request):
+        return api.principal(request.headers.get("authorization"))
+
+    @get("/v1/autoscale/{pool:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
+         summary="Desired replicas for a pool, with its signals and reasons")
+    def autoscale(request: Request, pool: PathName) -> Autoscale:
+        return api.autoscale(who(request), pool)
+
+    @get("/v1/shed/{pool:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
+         summary="For a pool under pressure: the degradation steps in order with the load each frees, and the "
+                 "admission plan for the next interval at measured capacity")
+    def shed(request: Request, pool: PathName) -> Shed:
+        return api.shed(who(request), pool)
+
+    @get("/v1/rollout/{model:str}/{version:str}", sync_to_thread=False, security=SECURED,
+         responses=_errors(400, 401, 404, 503), summary="Verdict on a canary version against the model's stable version")
+    def rollout(request: Request, model: PathName, version: PathName) -> Verdict:
+        return api.rollout(who(request), model, version)
+
+    @get("/v1/argo/{model:str}/{version:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401),
+         summary="Argo Rollouts web metric: the verdict, always 200 (stale or missing data is inconclusive)")
+    def argo(request: Request, model: PathName, version: PathName) -> Verdict | Inconclusive:
+        return api.argo(who(request), model, version)
+
+    @post("/v1/flagger/event", sync_to_thread=False, status_code=200, responses=_errors(400, 413),
+          summary=f"Flagger `event` webhook: counted by phase and type in {FLAGGER_EVENTS_TOTAL}")
+    def flagger_event(data: JSONBody[FlaggerEventPayload]) -> FlaggerEventCounted:
+        return api.flagger_event(None, data)
+
+    @post("/v1/flagger/{check:str}", sync_to_thread=False, status_code=200, security=SECURED,
+          responses=_errors(400, 401, 404, 413, **{"412": (Verdict, "It does not pass (a gate: hold; rollout: a failed "
+                                                            "check; rollback: do not roll back).")}),
+          summary="Flagger webhook per hook type: pre-rollout and rollout (fail on rollback), confirm-rollout, "
+                  "confirm-traffic-increase and confirm-promotion (gates), post-rollout (always passes), rollback "
+                  "(2xx rolls back)")
+    def flagger(request: Request, check: FlaggerCheck, data: JSONBody[FlaggerPayload]) -> Response[Verdict | Inconclusive]:
+        status, answer = api.flagger(None, check, data, request.headers.get("authorization"))
+        return _json(status, answer)
+
+    @get("/v1/slos", sync_to_thread=False, security=SECURED, responses=_errors(401, 503), summary="Every SLO with its slices")
+    def slos(request: Request) -> SloList:
+        return api.slos(who(request))
+
+    @get("/v1/slos/{name:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
+         summary="One SLO: per slice budget remaining, burn rates, SLI")
+    def slo(request: Request, name: PathName) -> Slo:
+        return api.slo(who(request), name)
+
+    @get("/v1/alerts", sync_to_thread=False, security=SECURED, responses=_errors(401, 503), summary="Alerts firing now")
+    def alerts(request: Request) -> AlertList:
+        return api.alerts(who(request))
+
+    @get("/readyz", sync_to_thread=False, summary="Caught up within the staleness bound",
+         responses={503: ResponseSpec(data_container=Readiness, description="Not ready, with the reason.",
+                                         generate_examples=False)})
+    def ready() -> Response[Readiness]:
+        status, answer = api.ready(None)
+        return _json(status, answer)
+
+    @get("/openapi.json", sync_to_thread=False, include_in_schema=False, media_type="application/json")
+    def openapi(request: Request) -> bytes:
+        if not document:
+            document.append(_ENCODER.encode(request.app.openapi_schema.to_schema()))
+        return document[0]
+
+    document: list[bytes] = []  # built at the first request, once every route is known
+    handlers = [autoscale, shed, rollout, argo, flagger_event, flagger, slos, slo, alerts, ready, openapi]
+    return Litestar(
+        handlers,
+        debug=False,
+        logging_config=None,
+        request_max_body_size=MAX_BODY_BYTES,
+        exception_handlers={ApiFailure: _failure, ValidationException: _invalid, HTTPException: _http,
+                            RecursionError: _too_deep, Exception: _internal},
+        openapi_config=OpenAPIConfig(
+            title="tailwatch signal API", version=VERSION,
+            description="Autoscale and rollout signals, SLO and alert reads, from the worker's live state.",
+            components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+            use_handler_docstrings=True, create_examples=False,
+            # Litestar serves the document under this path too; /openapi.json is ours, cached.
+            path="/openapi", render_plugins=[JsonRenderPlugin(path="/openapi.json")]),
+    )
+
+
+def _failure(_request: Request, failure: ApiFailure) -> Response:
+    return _json(failure.status, failure.answer)
+
+
+def _invalid(request: Request, exc: ValidationException) -> Response:
+    """Litestar's validation errors in our words: an unknown name from a fixed set (a Flagger
+    hook type) is not found; anything else in the path is malformed; a body says what it
+    should have been."""
+    for problem in exc.extra or []:
+        if not isinstance(problem, dict) or problem.get("source") != "path":
+            continue
+        key = problem.get("key")
+        handler = request.scope.get("route_handler")
+        hint = handler.parsed_fn_signature.parameters.get(key).annotation if handler and key else None
+        choices = literal_choices(hint) if hint is not None else ()
+        value = str(request.path_params.get(key, ""))[:128]
+        if choices:
+            return _json(404, ApiError(f"no {key} {value!r} (known: {', '.join(choices)})"))
+        return _json(400, ApiError(PARAMETER_TEXT))
+    body = next((p for p in exc.extra or [] if isinstance(p, dict) and p.get("source") == "body"), None)
+    if body is None:
+        return _json(400, ApiError(str(exc.detail)[:200]))
+    where = "" if body.get("key") in (None, "data") else f" at `{body['key']}`"
+    return _json(400, ApiError(f"the body does not fit{where}: {str(body.get('message'))[:200]}"))
+
+
+def _http(request: Request, exc: HTTPException) -> Response:
+    if isinstance(exc, NotFoundException):
+        return _json(404, ApiError(f"no route {request.url.path[:100]}", hint="GET /openapi.json lists them"))
+    if exc.status_code == 405:
+        return _json(405, ApiError(f"{request.method} is not allowed here"))
+    if exc.status_code == 413:
+        return _json(413, ApiError(f"request body over {MAX_BODY_BYTES} bytes"))
+    if exc.status_code == 400:  # a body that is not JSON at all
+        return _json(400, ApiError(f"the body is not JSON ({str(exc.detail)[:120]})"))
+    return _json(exc.status_code, ApiError(str(exc.detail)[:200]))
+
+
+def _too_deep(_request: Request, _exc: RecursionError) -> Response:
+    return _json(400, ApiError("the body nests deeper than the decoder follows"))
+
+
+def _internal(request: Request, exc: Exception) -> Response:
+    """A bug answers JSON with a log line, and the next request is served."""
+    log.error("%s %s failed", request.method, request.url.path[:200], exc_info=exc)
+    return _json(500, ApiError(f"internal error ({type(exc).__name__}: {str(exc)[:200]})"))
+
+
+def route_table(app: Litestar) -> list[tuple[str, str]]:
+    """(method, path template) of every route the app answers."""
+    return sorted((method, route.path_format) for route in app.routes for method in route.methods
+                  if method not in ("HEAD", "OPTIONS"))
+
+
+def takes_body(app: Litestar, method: str, path: str) -> typing.Literal["yes", "no route", "wrong method", "no body"]:
+    """Whether a request may carry a body here, before a byte of it is read."""
+    try:
+        _app, handler, *_ = app.asgi_router.handle_routing(path, method)  # type: ignore[arg-type]
+    except NotFoundException:
+        return "no route"
+    except HTTPException:  # 405
+        return "wrong method"
+    return "yes" if "data" in handler.parsed_fn_signature.parameters else "no body"
