@@ -106,7 +106,8 @@ class Tracker:
 
 # ---- the per-minute view of closed buckets ----------------------------------------------
 
-GPM_MEANS = ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_mean", "dram_bw_pct_mean")
+GPM_MEANS = ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_mean", "dram_bw_pct_mean",
+             "gr_engine_active_pct_mean")
 REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "successful_turns",
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
@@ -165,6 +166,7 @@ class PoolMinute:
     sm_occupancy_pct_mean: float | None = None
     tensor_active_pct_mean: float | None = None
     dram_bw_pct_mean: float | None = None
+    gr_engine_active_pct_mean: float | None = None  # the fallback where SM activity is not sent
     gpm_gpus: int = 0  # GPUs of the pool that reported SM activity this minute
 
 

@@ -79,8 +79,11 @@ class _PoolSample:
 
 # PoolMinute field → evidence key: useful utilisation, where the pool's GPUs report it
 GPM_EVIDENCE = {"sm_active_pct_mean": "sm_active_pct_mean", "sm_occupancy_pct_mean": "sm_occupancy_pct_mean",
-                "tensor_active_pct_mean": "tensor_active_pct_mean", "dram_bw_pct_mean": "dram_bw_pct_mean"}
+                "tensor_active_pct_mean": "tensor_active_pct_mean", "dram_bw_pct_mean": "dram_bw_pct_mean",
+                "gr_engine_active_pct_mean": "gr_engine_active_pct_mean"}
 NO_SM_ACTIVITY = "no SM activity reported (GPM or DCGM profiling): utilisation only says a kernel ran"
+GR_ENGINE_FALLBACK = ("no SM activity reported; DCGM_FI_PROF_GR_ENGINE_ACTIVE stands in (coarser: the share of time "
+                      "any kernel ran, not how many SMs it used); enable DCGM_FI_PROF_SM_ACTIVE for the real signal")
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -156,6 +159,10 @@ class BusyButSlowDetector:
             baseline = statistics.median(base)
             gpm = _gpm_evidence(window)
             sm = gpm.get("sm_active_pct_mean")
+            # A stock dcgm-exporter sends GR_ENGINE_ACTIVE and not SM activity: the named fallback.
+            signal = "sm_active_pct" if sm is not None else "gr_engine_active_pct"
+            if sm is None:
+                sm = gpm.get("gr_engine_active_pct_mean")
             # Busy on utilisation, as before GPM; a source with SM activity and no utilisation
             # (DCGM profiling alone) is busy when its SMs are saturated.
             busy = util >= cfg.util_pct_min if util is not None else (sm is not None and sm >= cfg.sm_active_pct_saturated)
@@ -168,9 +175,11 @@ class BusyButSlowDetector:
             total = sum(classes.values())
             evidence: dict[str, float | str] = {}
             if sm is not None:
-                evidence.update(signal="sm_active_pct",
+                evidence.update(signal=signal,
                                 verdict="saturated" if sm >= cfg.sm_active_pct_saturated else "busy_idle_sms",
                                 sm_active_pct_saturated=cfg.sm_active_pct_saturated)
+                if signal == "gr_engine_active_pct":
+                    evidence["note"] = GR_ENGINE_FALLBACK
             else:
                 evidence.update(signal="util_pct", verdict="busy", note=NO_SM_ACTIVITY)
             if util is not None:

@@ -126,6 +126,9 @@ class GpuV1(msgspec.Struct, gc=False, omit_defaults=True):
     sm_occupancy_pct: Optional[Pct] = None
     tensor_active_pct: Optional[Pct] = None
     dram_bw_pct: Optional[Pct] = None
+    # DCGM_FI_PROF_GR_ENGINE_ACTIVE: the share of time any kernel ran. Coarser than SM activity,
+    # and what a stock dcgm-exporter sends instead of it: the named fallback for sm_active_pct.
+    gr_engine_active_pct: Optional[Pct] = None
     # Which source sent the sample; absent: inferred from the fields it carries (NVML
     # readings → nvml, serving-runtime gauges → runtime).
     source: Optional[GpuSource] = None

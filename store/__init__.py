@@ -60,13 +60,14 @@ CREATE TABLE IF NOT EXISTS gpu_minute (
     queue_depth_max BIGINT, oldest_queue_age_ms_max DOUBLE, running_max BIGINT,
     active_streams_max BIGINT, kv_cache_usage_max DOUBLE, preemptions BIGINT, replica_state VARCHAR,
     sm_active_pct_mean DOUBLE, sm_occupancy_pct_mean DOUBLE, tensor_active_pct_mean DOUBLE, dram_bw_pct_mean DOUBLE,
-    sources VARCHAR
+    sources VARCHAR, gr_engine_active_pct_mean DOUBLE
 );
 ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sm_active_pct_mean DOUBLE;
 ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sm_occupancy_pct_mean DOUBLE;
 ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS tensor_active_pct_mean DOUBLE;
 ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS dram_bw_pct_mean DOUBLE;
 ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS sources VARCHAR;
+ALTER TABLE gpu_minute ADD COLUMN IF NOT EXISTS gr_engine_active_pct_mean DOUBLE;
 CREATE TABLE IF NOT EXISTS dead_letter (
     ts TIMESTAMP, source_topic VARCHAR, source_partition INTEGER, source_offset BIGINT,
     reason VARCHAR, detail VARCHAR, size_bytes BIGINT, sha256 VARCHAR
@@ -88,6 +89,7 @@ ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS gpu_seconds_attributed DOUBLE;
 ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS minutes BIGINT;
 CREATE TABLE IF NOT EXISTS gpu_hour AS FROM gpu_minute LIMIT 0;
 ALTER TABLE gpu_hour ADD COLUMN IF NOT EXISTS gpu_minutes BIGINT;
+ALTER TABLE gpu_hour ADD COLUMN IF NOT EXISTS gr_engine_active_pct_mean DOUBLE;
 CREATE TABLE IF NOT EXISTS attribution_minute (
     minute TIMESTAMP, pool VARCHAR, reported_gpu_seconds DOUBLE, fleet_gpu_seconds DOUBLE, attribution_scale DOUBLE
 );

@@ -118,7 +118,7 @@ def _mean(total: str, count: str, scale: int) -> pl.Expr:
 
 GPU_KEYS = ("node", "gpu_index")
 GPU_LAST = ("zone", "pool", "gpu_sku", "model", "model_version", "replica_state")
-GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")
+GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "gr_engine_active_pct")
 GPU_SOURCES = ("dcgm", "nvml", "otlp", "runtime")  # sorted: the order `sources` lists them in
 # A sample that does not say its source is known by what it carries.
 _NVML_READINGS = ("util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c", "xid_errors", "ecc_errors")

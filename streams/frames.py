@@ -48,7 +48,7 @@ GPU_COLUMNS: dict[str, pl.DataType] = {
     "running": pl.Int64, "active_streams": pl.Int64, "kv_cache_usage": pl.Float64,
     "preemptions": pl.Int64,
     "sm_active_pct": pl.Float64, "sm_occupancy_pct": pl.Float64, "tensor_active_pct": pl.Float64,
-    "dram_bw_pct": pl.Float64, "source": pl.String,
+    "dram_bw_pct": pl.Float64, "gr_engine_active_pct": pl.Float64, "source": pl.String,
 }
 
 

@@ -51,6 +51,7 @@ SELECT date_trunc('hour', window_start) AS window_start, node, gpu_index, zone, 
        arg_max(replica_state, window_start) AS replica_state,
        avg(sm_active_pct_mean) AS sm_active_pct_mean, avg(sm_occupancy_pct_mean) AS sm_occupancy_pct_mean,
        avg(tensor_active_pct_mean) AS tensor_active_pct_mean, avg(dram_bw_pct_mean) AS dram_bw_pct_mean,
+       avg(gr_engine_active_pct_mean) AS gr_engine_active_pct_mean,
        string_agg(DISTINCT sources, ',' ORDER BY sources) AS sources
 FROM gpu_minute WHERE window_start >= $1 AND window_start < $2 GROUP BY ALL
 """

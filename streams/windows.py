@@ -297,6 +297,7 @@ class MinuteWindows:
     # ---- merging ------------------------------------------------------------------
     def _merge_counts(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
         """One row per (minute, slice). `grouped`: each frame already has unique keys."""
+        frames = [self._conform(f) for f in frames]
         if len(frames) == 1 and grouped:
             return frames[0]
         keys = list(self.labels)
@@ -313,6 +314,14 @@ class MinuteWindows:
                 exprs.append(pl.col(col).sort_by([f"_ts_{col}", col], nulls_last=False).last())
         ordered = list(dict.fromkeys(c for f in frames for c in f.columns))
         return merged.group_by("_minute", "_slice").agg(exprs).select(ordered)
+
+    def _conform(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """A partial from an older version (a checkpoint blob, or a tier-1 worker not yet
+        upgraded) lacks the merge columns added since: they are added empty (a sum of nothing)."""
+        missing = [c for c in self.spec.merge if c not in frame.columns]
+        if not missing:
+            return frame
+        return frame.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in missing)
 
     def _merge_hist(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
         if len(frames) == 1 and grouped:

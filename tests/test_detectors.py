@@ -269,6 +269,44 @@ def test_busy_but_slow_with_sm_activity_tells_saturated_from_busy_but_idle_sms()
     assert run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 50, 3000, **_gpm(45.0)) for i in range(5)]) == []
 
 
+def test_busy_but_slow_on_a_stock_dcgm_exporter_uses_gr_engine_active_and_names_it():
+    """dcgm-exporter's stock counters send GR_ENGINE_ACTIVE, not SM activity: the verdict reads
+    it as the named fallback (signal gr_engine_active_pct, with a note on what it cannot tell)."""
+    stock = {"sm_active_pct_mean": None, "tensor_active_pct_mean": 93.0, "gr_engine_active_pct_mean": 98.0}
+    quiet = [_pool_minute(i, 50, 20, **{**stock, "tensor_active_pct_mean": 4.0, "gr_engine_active_pct_mean": 30.0})
+             for i in range(10)]
+    cfg = BusyButSlowConfig(baseline_minutes=10, min_baseline_minutes=5)
+    events = raised(run(BusyButSlowDetector(cfg), quiet + [_pool_minute(10 + i, 99, 3000, **stock) for i in range(5)]))
+    ev = events[0].evidence
+    assert (ev["signal"], ev["verdict"]) == ("gr_engine_active_pct", "saturated"), ev
+    assert ev["gr_engine_active_pct_mean"] == pytest.approx((30 + 98 + 98) / 3, abs=1e-3)
+    assert "GR_ENGINE_ACTIVE stands in" in ev["note"] and "sm_active_pct_mean" not in ev
+    # Both sent: SM activity decides, the engine's figure is evidence beside it.
+    both = {"sm_active_pct_mean": 3.0, "gr_engine_active_pct_mean": 98.0}
+    ev = _busy_evidence([_pool_minute(10 + i, 99, 3000, **both) for i in range(5)])
+    assert (ev["signal"], ev["verdict"]) == ("sm_active_pct", "busy_idle_sms") and "note" not in ev
+
+
+def test_gr_engine_active_from_dcgm_reaches_gpu_minute_and_old_partials_still_merge():
+    from ingest.otlp.gpu import GpuMapper
+    from ingest.otlp.mapping import GpuRules
+    from ingest.otlp.samples import Sample
+    from streams.aggregates import GPU
+    from streams.windows import MinuteWindows
+
+    labels = {"gpu": "0", "UUID": "GPU-1", "Hostname": "n1", "modelName": "NVIDIA H100 80GB HBM3"}
+    mapped = GpuMapper(GpuRules()).map([Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, 0.62, T0 * 60_000)])
+    assert [g.gr_engine_active_pct for g in mapped.samples] == [pytest.approx(62.0)]
+    # A checkpoint blob from before the column existed merges with one that has it.
+    windows = MinuteWindows(GPU, allowed_lateness_ms=0)
+    old = pl.DataFrame({"_minute": [1], "_slice": [7], "_sm_active_pct_fixed": [10_000], "_sm_active_pct_n": [1]})
+    new = pl.DataFrame({"_minute": [1], "_slice": [7], "_sm_active_pct_fixed": [30_000], "_sm_active_pct_n": [1],
+                        "_gr_engine_active_pct_fixed": [62_000], "_gr_engine_active_pct_n": [1]})
+    conformed = windows._conform(old)
+    assert conformed["_gr_engine_active_pct_n"].to_list() == [None]
+    assert set(new.columns) <= set(conformed.columns)
+
+
 def test_busy_but_slow_without_sm_activity_falls_back_to_utilisation_and_says_so():
     for minutes in ([_pool_minute(10 + i, 95, 3000) for i in range(5)],  # no GPM columns at all (older rows)
                     [_pool_minute(10 + i, 95, 3000, **_gpm(None)) for i in range(5)]):  # columns, all NULL (no GPM)

@@ -1719,7 +1719,8 @@ _HIST_CONSTANTS = {
        for c in ("zone", "pool", "gpu_sku", "model", "model_version", "replica_state")},
     # streams/aggregates.py `_mean`: one division of the fixed-point total by count × 1000.
     **{f"mean_{c}": f"CASE WHEN count({c}) > 0 THEN sum(round({c} * 1000)::BIGINT)::DOUBLE / (count({c}) * 1000)::DOUBLE END"
-       for c in ("util_pct", "power_w", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct")},
+       for c in ("util_pct", "power_w", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct",
+                 "gr_engine_active_pct")},
     "any_nvml": "(" + " OR ".join(f"{c} IS NOT NULL" for c in (
         "util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temp_c", "xid_errors", "ecc_errors")) + ")",
     "any_runtime": "(" + " OR ".join(f"{c} IS NOT NULL" for c in (
@@ -1846,7 +1847,8 @@ FROM (
         mem_total_bytes: 'BIGINT', power_w: 'DOUBLE', temp_c: 'DOUBLE', xid_errors: 'BIGINT', ecc_errors: 'BIGINT',
         replica_state: 'VARCHAR', queue_depth: 'BIGINT', oldest_queue_age_ms: 'DOUBLE', running: 'BIGINT',
         active_streams: 'BIGINT', kv_cache_usage: 'DOUBLE', preemptions: 'BIGINT', sm_active_pct: 'DOUBLE',
-        sm_occupancy_pct: 'DOUBLE', tensor_active_pct: 'DOUBLE', dram_bw_pct: 'DOUBLE', source: 'VARCHAR'}})
+        sm_occupancy_pct: 'DOUBLE', tensor_active_pct: 'DOUBLE', dram_bw_pct: 'DOUBLE',
+        gr_engine_active_pct: 'DOUBLE', source: 'VARCHAR'}})
 );
 
 CREATE TEMP TABLE exp_gpu_minute AS
@@ -1864,6 +1866,7 @@ SELECT make_timestamp((ts_ms // 60000) * 60000000) AS window_start, node, gpu_in
        {newest_replica_state} AS replica_state,
        {mean_sm_active_pct} AS sm_active_pct_mean, {mean_sm_occupancy_pct} AS sm_occupancy_pct_mean,
        {mean_tensor_active_pct} AS tensor_active_pct_mean, {mean_dram_bw_pct} AS dram_bw_pct_mean,
+       {mean_gr_engine_active_pct} AS gr_engine_active_pct_mean,
        concat_ws(',',
            CASE WHEN bool_or(source = 'dcgm') THEN 'dcgm' END,
            CASE WHEN bool_or(source = 'nvml' OR (source IS NULL AND {any_nvml})) THEN 'nvml' END,

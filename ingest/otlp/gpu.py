@@ -43,6 +43,7 @@ DCGM_GAUGES = {
     "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_pct", 100.0),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active_pct", 100.0),
     "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_bw_pct", 100.0),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active_pct", 100.0),
 }
 DCGM_COUNTERS = {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_errors"}
 DCGM_XID = "DCGM_FI_DEV_XID_ERRORS"
