@@ -46,6 +46,17 @@ PathName = typing.Annotated[str, Parameter(min_length=_NAME.min_length, max_leng
                                            pattern=_NAME.pattern, description=_NAME.description)]
 
 
+def no_route(path: str) -> ApiError:
+    return ApiError(f"no route {path[:100]}", hint="GET /openapi.json lists them")
+
+
+def not_allowed(method: str) -> ApiError:
+    return ApiError(f"{method} is not allowed here")
+
+
+TOO_LARGE = ApiError(f"request body over {MAX_BODY_BYTES} bytes")
+
+
 def _errors(*statuses: int, **also: tuple[type, str]) -> dict[int, ResponseSpec]:
     out = {s: ResponseSpec(data_container=ApiError, description=ERROR_TEXT[s], generate_examples=False) for s in statuses}
     out.update({int(s): ResponseSpec(data_container=kind, description=text, generate_examples=False) for s, (kind, text) in also.items()})
@@ -172,11 +183,11 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
 
 def _http(request: Request, exc: HTTPException) -> Response:
     if isinstance(exc, NotFoundException):
-        return _json(404, ApiError(f"no route {request.url.path[:100]}", hint="GET /openapi.json lists them"))
+        return _json(404, no_route(request.url.path))
     if exc.status_code == 405:
-        return _json(405, ApiError(f"{request.method} is not allowed here"))
+        return _json(405, not_allowed(request.method))
     if exc.status_code == 413:
-        return _json(413, ApiError(f"request body over {MAX_BODY_BYTES} bytes"))
+        return _json(413, TOO_LARGE)
     if exc.status_code == 400:  # a body that is not JSON at all
         return _json(400, ApiError(f"the body is not JSON ({str(exc.detail)[:120]})"))
     return _json(exc.status_code, ApiError(str(exc.detail)[:200]))

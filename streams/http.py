@@ -57,7 +57,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from signals.answers import ApiError
 from signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi
 from signals.config import ApiConfig
-from signals.routes import PARAMETER_TEXT, make_app as make_api_app, takes_body
+from signals.routes import PARAMETER_TEXT, TOO_LARGE, make_app as make_api_app, no_route, not_allowed, takes_body
 from signals.live import SignalSnapshot
 from streams.metrics import HttpMetrics
 
@@ -153,9 +153,9 @@ class _Served:
         sent is wrong); None: read the body."""
         verdict = takes_body(self.routes, method, path)
         if verdict == "no route":
-            return json_response(404, ApiError(f"no route {path[:100]}", hint="GET /openapi.json lists them"))
+            return json_response(404, no_route(path))
         if verdict != "yes":
-            return json_response(405, ApiError(f"{method} is not allowed here"))
+            return json_response(405, not_allowed(method))
         if self.api.config.auth_required and authorization:
             try:
                 self.api.principal(authorization)
@@ -353,7 +353,7 @@ def make_app(served: _Served):
             body, refusal = await _read_body(receive, int(declared) if declared and declared.isdigit() else None)
             if refusal is not None:
                 served.metrics.refused.labels(refusal).inc()
-                await _send(send, json_response(413, ApiError(f"request body over {MAX_BODY_BYTES} bytes")), close=True)
+                await _send(send, json_response(413, TOO_LARGE), close=True)
                 return
             if body is None:
                 return
