@@ -14,13 +14,17 @@ definition.
 """
 
 # ---- the slice of a request: labels, their closed value sets, measured fields ----------------
-SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool")
+SLICE_LABELS = ("tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment", "pool",
+                "language", "voice")
+# Slice labels added after stores and checkpoints existed: a slice that leaves them empty is
+# the slice it was before they existed (same identity in open partials, same rows).
+LATER_SLICE_LABELS = ("language", "voice")
 WORKLOADS = ("asr", "tts", "llm", "s2s", "embed")
 TRAFFIC_CLASSES = ("realtime", "batch", "eval", "replay", "shadow")
 DEPLOYMENTS = ("stable", "canary", "shadow")
 CLOSED_LABELS = {"workload": WORKLOADS, "traffic_class": TRAFFIC_CLASSES, "deployment": DEPLOYMENTS}
 # Appended only: checkpoints number histogram fields by their place here.
-LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms")
+LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms", "finalization_ms")
 # Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
 # Names are bounded: a stage outside this list is kept under `other`, so a producer's new
 # stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
@@ -85,6 +89,22 @@ STREAMS_CUT_TOTAL = "tailwatch_streams_cut_total"
 STREAMS_TIMED_OUT_TOTAL = "tailwatch_streams_timed_out_total"
 STREAMS_CANCELLED_TOTAL = "tailwatch_streams_cancelled_total"
 REQUEST_GPU_SECONDS_TOTAL = "tailwatch_request_gpu_seconds_total"
+# Refusals and failures by reason, and speech and LLM quality counts (streams/aggregates.py).
+QUOTA_REJECTIONS_TOTAL = "tailwatch_quota_rejections_total"
+OOM_FAILURES_TOTAL = "tailwatch_oom_failures_total"
+ASR_PARTIAL_REVISIONS_TOTAL = "tailwatch_asr_partial_revisions_total"
+ASR_TURNS_REPORTING_PARTIALS_TOTAL = "tailwatch_asr_turns_reporting_partials_total"
+ASR_ENDPOINTING_ERRORS_TOTAL = "tailwatch_asr_endpointing_errors_total"
+ASR_TURNS_REPORTING_ENDPOINTING_TOTAL = "tailwatch_asr_turns_reporting_endpointing_total"
+TTS_UNDERRUNS_TOTAL = "tailwatch_tts_underruns_total"
+TTS_STREAMS_WITH_UNDERRUNS_TOTAL = "tailwatch_tts_streams_with_underruns_total"
+TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL = "tailwatch_tts_streams_reporting_underruns_total"
+TTS_VOICE_CACHE_HITS_TOTAL = "tailwatch_tts_voice_cache_hits_total"
+TTS_VOICE_CACHE_LOOKUPS_TOTAL = "tailwatch_tts_voice_cache_lookups_total"
+TTS_FALLBACKS_TOTAL = "tailwatch_tts_fallbacks_total"
+CACHED_PROMPT_TOKENS_TOTAL = "tailwatch_cached_prompt_tokens_total"
+SPECULATIVE_DRAFT_TOKENS_TOTAL = "tailwatch_speculative_draft_tokens_total"
+SPECULATIVE_ACCEPTED_TOKENS_TOTAL = "tailwatch_speculative_accepted_tokens_total"
 REQUEST_LATENCY_SECONDS = "tailwatch_request_latency_seconds"  # histogram
 GPU_SECONDS_TOTAL = "tailwatch_gpu_seconds_total"
 GPU_XID_ERRORS_TOTAL = "tailwatch_gpu_xid_errors_total"

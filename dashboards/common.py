@@ -33,11 +33,32 @@ from conventions import (
     QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL, REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS,
     REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL,
     STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
+    ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+    ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
+    SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
+    TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_UNDERRUNS_TOTAL,
+    TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL,
 )
+
+# The quality counts (streams/fleet_metrics.py TRAFFIC_COUNTERS), each with what a fleet must send for it.
+_QUALITY_NEEDS = {
+    QUOTA_REJECTIONS_TOTAL: "status_reason quota or rate_limit on refused requests",
+    OOM_FAILURES_TOTAL: "status_reason oom on failed requests",
+    **dict.fromkeys((ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_PARTIALS_TOTAL), "partial_revisions on ASR requests"),
+    **dict.fromkeys((ASR_ENDPOINTING_ERRORS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL),
+                    "endpointing_error on ASR requests"),
+    **dict.fromkeys((TTS_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL),
+                    "underruns on TTS requests"),
+    **dict.fromkeys((TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL), "voice_cache_hit on TTS requests"),
+    TTS_FALLBACKS_TOTAL: "fallback on TTS requests",
+    CACHED_PROMPT_TOKENS_TOTAL: "cached_prompt_tokens on LLM requests (vLLM's prefix cache)",
+    **dict.fromkeys((SPECULATIVE_DRAFT_TOKENS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL),
+                    "draft_tokens and accepted_tokens on LLM requests (speculative decoding)"),
+}
 
 _TRAFFIC_METRICS = (REQUESTS_TOTAL, REQUEST_RETRIES_TOTAL, TURNS_TOTAL,
                     SUCCESSFUL_TURNS_TOTAL, PROMPT_TOKENS_TOTAL,
-                    OUTPUT_TOKENS_TOTAL, AUDIO_SECONDS_TOTAL)
+                    OUTPUT_TOKENS_TOTAL, AUDIO_SECONDS_TOTAL, *_QUALITY_NEEDS)
 _POOL_METRICS = (GPU_SECONDS_TOTAL, GPU_XID_ERRORS_TOTAL, GPU_ECC_ERRORS_TOTAL,
                  GPUS, GPU_UTILIZATION_RATIO, GPU_MEMORY_USED_BYTES,
                  GPU_MEMORY_TOTAL_BYTES, GPU_POWER_WATTS, GPU_TEMPERATURE_CELSIUS,
@@ -131,6 +152,8 @@ NEEDS: dict[str, str] = {
     QUEUE_DEPTH_REQUESTS: f"queue_depth {_RUNTIME}",
     'field="inter_token"': "inter_token_ms on requests (LLM streams)",
     'field="queue"': "queue_ms on requests",
+    'field="finalization"': "finalization_ms on ASR requests",
+    **_QUALITY_NEEDS,
 }
 _NEEDS_RE = {needle: re.compile(rf"(?<![\w:]){re.escape(needle)}(?![\w:])") for needle in NEEDS}
 

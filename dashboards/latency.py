@@ -1,11 +1,14 @@
 """Latency: queue, first-output, inter-token and end-to-end percentiles by workload, model
 version, zone and traffic class; how answer streams ended; beside them, GPU utilisation split by traffic class and the
-oldest queued request, so that "GPUs busy but users waiting" is visible in one row."""
+oldest queued request, so that "GPUs busy but users waiting" is visible in one row. Below, what speech and LLM
+operators watch besides latency: ASR finalization, partial churn and endpointing; TTS underruns, warm voices and
+fallbacks; LLM prefix-cache reuse and speculative acceptance; quota refusals per tenant and OOM failures."""
 
 from __future__ import annotations
 
 from dashboards.common import (
     UID_LATENCY,
+    per_unit,
     Q,
     dashboard,
     fleet_variables,
@@ -17,6 +20,11 @@ from dashboards.common import (
 from conventions import (
     GPUS, GPU_UTILIZATION_RATIO, QUEUE_OLDEST_AGE_SECONDS, REQUEST_GPU_SECONDS_TOTAL,
     REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_TOTAL,
+    ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+    ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, PROMPT_TOKENS_TOTAL,
+    QUOTA_REJECTIONS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
+    TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL,
+    TTS_VOICE_CACHE_LOOKUPS_TOTAL,
 )
 
 
@@ -36,6 +44,41 @@ def busy_gpus_by_traffic_class() -> str:
             f"  / on (pool) group_left() (sum by (pool) (rate({used}[$__rate_interval])) > 0)\n"
             f"  * on (pool) group_left() sum by (pool) ({sel(GPU_UTILIZATION_RATIO)} * on (zone, pool, gpu_sku) {GPUS})\n"
             f")")
+
+
+def quality_panels() -> list:
+    """Speech and LLM quality: each a ratio of two sums, never an average of averages."""
+    return [
+        timeseries("ASR finalization p95 by model version", "s",
+                   [Q(pct("finalization", "0.95", "model, model_version"), "{{model}} {{model_version}}")],
+                   description="End of speech to the final transcript."),
+        timeseries("ASR partial revisions per turn by model version", "short", [Q(
+            per_unit(rate(ASR_PARTIAL_REVISIONS_TOTAL, "model, model_version"), ASR_TURNS_REPORTING_PARTIALS_TOTAL,
+                     "model, model_version"), "{{model}} {{model_version}}")],
+            description="Partial churn: how often a partial transcript is revised before the final."),
+        timeseries("ASR endpointing errors by model version", "percentunit", [Q(
+            per_unit(rate(ASR_ENDPOINTING_ERRORS_TOTAL, "model, model_version"), ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+                     "model, model_version"), "{{model}} {{model_version}}")],
+            description="Turns whose speaker was cut off or held open, of those that reported it."),
+        timeseries("TTS streams with underruns by model and zone", "percentunit", [Q(
+            per_unit(rate(TTS_STREAMS_WITH_UNDERRUNS_TOTAL, "model, zone"), TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
+                     "model, zone"), "{{model}} {{zone}}")]),
+        timeseries("TTS warm-voice cache hits by model", "percentunit", [Q(
+            per_unit(rate(TTS_VOICE_CACHE_HITS_TOTAL, "model"), TTS_VOICE_CACHE_LOOKUPS_TOTAL, "model"), "{{model}}")],
+            description="A falling hit ratio with rising first audio is a cold-voice storm."),
+        timeseries("TTS fallbacks by model", "reqps", [Q(rate(TTS_FALLBACKS_TOTAL, "model"), "{{model}}")],
+                   description="Requests served by a neutral voice or a smaller model instead of the one asked for."),
+        timeseries("LLM prefix-cache hit ratio by model", "percentunit", [Q(
+            per_unit(rate(CACHED_PROMPT_TOKENS_TOTAL, "model"), PROMPT_TOKENS_TOTAL, "model"), "{{model}}")],
+            description="Prompt tokens served from the prefix cache: a collapse raises prefill cost and first token."),
+        timeseries("LLM speculative acceptance by model", "percentunit", [Q(
+            per_unit(rate(SPECULATIVE_ACCEPTED_TOKENS_TOTAL, "model"), SPECULATIVE_DRAFT_TOKENS_TOTAL, "model"),
+            "{{model}}")]),
+        timeseries("Quota refusals by tenant; OOM failures by model", "reqps", [
+            Q(rate(QUOTA_REJECTIONS_TOTAL, "tenant"), "quota {{tenant}}"),
+            Q(rate(OOM_FAILURES_TOTAL, "model"), "oom {{model}}")],
+            description="Refusals for a tenant's quota or rate limit, apart from overload shedding; failures for want of GPU memory."),
+    ]
 
 
 def build(specs=None):
@@ -76,6 +119,7 @@ def build(specs=None):
         timeseries("Oldest queued request by pool", "s",
                    [Q(f"max by (pool) ({sel(QUEUE_OLDEST_AGE_SECONDS)})", "{{pool}}")], w=12,
                    description="High while utilisation is high: GPUs are busy and users are waiting."),
+        *quality_panels(),
     ]
     return dashboard(UID_LATENCY, "tailwatch / Latency",
                      "Queue, first-output and end-to-end percentiles (newest closed minute per slice); utilisation beside queue age.",

@@ -45,6 +45,20 @@ GpuSource = Literal["nvml", "runtime", "dcgm", "otlp"]
 FinishReason = Literal["stop", "length", "content_filter", "client_cancel", "server_cut", "timeout"]
 COMPLETED_FINISH = ("stop", "length", "content_filter")
 
+# Language of the speech or text, as a BCP 47 tag (language, then up to two subtags: en,
+# en-US, zh-Hant-TW); case-insensitive, kept lower-case. The pattern bounds its length and its
+# alphabet, so a slice label cannot carry free text.
+LanguageTag = Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2})?$")]
+# A TTS voice by its catalogue name or tier (`neutral`, `premium-2`): never a per-user cloned
+# voice's id, which would identify a person. Short, and no spaces or free text.
+VoiceName = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9_.-]{0,47})?$")]
+# Why a request was refused or failed, where the runtime knows: the tenant's quota or rate
+# limit (the tenant's doing, not the service's), overload shedding, an out-of-memory failure.
+StatusReason = Literal["quota", "rate_limit", "overload", "oom", "deadline", "upstream"]
+QUOTA_REASONS = ("quota", "rate_limit")
+# A TTS request that could not use its voice or model fell back to a neutral voice or a smaller model.
+Fallback = Literal["voice", "model"]
+
 # Stages of a cascaded turn: named in conventions.STAGE_NAMES (bounded; others fold into `other`).
 MAX_STAGES = 16
 StageName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
@@ -90,6 +104,23 @@ class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
     batch_size: Optional[NonNegInt] = None
     gpu_seconds: Optional[NonNegFloat] = None
     gpu_sku: Label = ""
+    language: LanguageTag = ""
+    voice: VoiceName = ""
+    status_reason: Optional[StatusReason] = None
+    # ASR: partial transcripts revised before the final one, an endpoint put in the wrong place
+    # (the speaker cut off, or the turn held open), time from end of speech to the final.
+    partial_revisions: Optional[NonNegInt] = None
+    endpointing_error: Optional[bool] = None
+    finalization_ms: Optional[NonNegMs] = None
+    # TTS: playback buffer underruns in the stream, the voice found warm in the cache, a fallback.
+    underruns: Optional[NonNegInt] = None
+    voice_cache_hit: Optional[bool] = None
+    fallback: Optional[Fallback] = None
+    # LLM: prompt tokens served from the prefix (KV) cache; speculative decoding's drafted and
+    # accepted tokens.
+    cached_prompt_tokens: Optional[NonNegInt] = None
+    draft_tokens: Optional[NonNegInt] = None
+    accepted_tokens: Optional[NonNegInt] = None
 
 
 class GpuV1(msgspec.Struct, gc=False, omit_defaults=True):

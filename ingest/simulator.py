@@ -51,6 +51,10 @@ PROFILES = (
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
 TENANT_WEIGHTS = np.array([0.30, 0.22, 0.16, 0.14, 0.10, 0.08])
 STATUSES = ("ok", "error", "timeout", "shed", "cancelled")
+# Speech traffic by language (lower-case BCP 47) and TTS voices by catalogue name.
+LANGUAGES = ("en-us", "es-es", "de-de", "ja-jp")
+LANGUAGE_CUMULATIVE = np.cumsum([0.55, 0.2, 0.15, 0.1])
+VOICES = ("neutral", "premium-1", "premium-2")
 STREAMING_WORKLOADS = ("asr", "tts", "llm", "s2s")  # answers that stream: partial transcripts, audio, tokens
 # A speech-to-speech turn until first audio, by stage (shares of first_output_ms), then the
 # answer's decode and playback (shares of the rest). Seed 000's cascaded budget.
@@ -299,6 +303,8 @@ class FleetSimulator:
         self.gpm_rng = np.random.default_rng([seed, 0x6B1])
         # So do stream endings and stage timings.
         self.stream_rng = np.random.default_rng([seed, 0x57E])
+        # Quality fields draw from their own generator, so the rest of a seed's traffic is as before.
+        self.quality_rng = np.random.default_rng([seed, 0x9A1])
         self.totals = SimTotals()
         self._next_id = 0
 
@@ -401,6 +407,9 @@ class FleetSimulator:
 
     def _request(self, prof, lab, pool, zone, eid, ts, status, attempt, retry_of, session, final, succeeded,
                  fo, e2e_extra, queue, gpu_s, prompt, out, audio, active) -> RequestV1:
+        quality = self._quality(prof, status, lab, prompt)
+        if quality.get("status_reason") == "quota":
+            status = "shed"  # refused at admission for the tenant's quota: nothing was served
         finish = self._finish_reason(prof, status, active)
         stages = None
         if prof.workload == "s2s" and status == "ok":
@@ -435,8 +444,38 @@ class FleetSimulator:
             prompt_tokens=prompt or None, output_tokens=shaped_out if prof.workload == "llm" else None,
             audio_seconds=round(audio, 3) if audio else None,
             batch_size=8 if lab["traffic_class"] == "batch" else 1,
-            gpu_seconds=round(gpu_s * (1 if ok else 0.5), 4), gpu_sku=prof.gpu_sku,
+            gpu_seconds=round(gpu_s * (1 if ok else 0.5), 4), gpu_sku=prof.gpu_sku, **quality,
         )
+
+    def _quality(self, prof: ModelProfile, status: str, lab: dict[str, str], prompt: int) -> dict:
+        """What speech and LLM runtimes report besides latency: language and voice, ASR churn,
+        endpointing and finalization, TTS underruns and warm voices, LLM prefix-cache and
+        speculative-decoding tokens, and why a request was refused or failed."""
+        rng = self.quality_rng
+        u = rng.random(6)
+        out: dict = {}
+        if prof.workload == "llm" and lab["traffic_class"] == "realtime" and lab["tenant"] == TENANTS[0] and u[0] < 0.01:
+            return {"status_reason": "quota"}  # the biggest tenant now and then over its token quota
+        if status == "error":
+            out["status_reason"] = "oom" if prof.workload == "llm" and u[1] < 0.2 else "upstream"
+        if prof.workload in ("asr", "tts", "s2s"):
+            out["language"] = LANGUAGES[int(np.searchsorted(LANGUAGE_CUMULATIVE, u[2]))]
+        if prof.workload == "asr" and status == "ok":
+            out.update(partial_revisions=int(rng.poisson(1.5)), endpointing_error=bool(u[3] < 0.01),
+                       finalization_ms=round(float(rng.lognormal(math.log(180), 0.4)), 2))
+        if prof.workload == "tts":
+            out["voice"] = VOICES[int(u[4] * len(VOICES))]
+            out["voice_cache_hit"] = bool(u[5] < 0.95)
+            if status == "ok":
+                out["underruns"] = int(rng.poisson(0.002))
+            if not out["voice_cache_hit"] and u[3] < 0.05:
+                out["fallback"] = "voice"
+        if prof.workload == "llm" and prompt:
+            out["cached_prompt_tokens"] = int(prompt * float(rng.uniform(0.3, 0.7)))
+            if status == "ok":
+                draft = int(rng.integers(50, 300))
+                out.update(draft_tokens=draft, accepted_tokens=int(draft * float(rng.uniform(0.55, 0.8))))
+        return out
 
     def _finish_reason(self, prof: ModelProfile, status: str, active: list[Incident]) -> str | None:
         """How a stream ended; None where no stream began (an error or shed answered at once)."""

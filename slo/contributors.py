@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from slo.sli import good_valid_exprs
+from slo.sli import good_valid_exprs, with_later_counts
 from slo.spec import SloSpec
 
 # Labels a contributor may be named by, in the order a tie is broken (bounded sets all).
-CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "deployment", "pool", "model", "workload", "traffic_class")
+CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "language", "voice", "deployment", "pool", "model", "workload",
+                      "traffic_class")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def contributors_by_slice(spec: SloSpec, buckets: pl.DataFrame, minute: int, mos
     """`top_contributors` for every slice of the SLO at `minute` at once, keyed by the slice's
     values of `spec.slice_by` (the labels the rows carry), in a few group-bys over the minute's
     rows: a checkpoint where thousands of pages fire costs what one does."""
-    rows = spec.selected(buckets)
+    rows = spec.selected(with_later_counts(buckets))
     if not rows.height:
         return {}
     keys = [label for label in spec.slice_by if label in rows.columns]

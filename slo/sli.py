@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from slo import histogram
 from slo.engine import AlertChange, SliceView, SloTable
-from slo.spec import SloSpec
+from slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
 from slo.turn_stages import overspend_counts
 
 
@@ -25,7 +25,7 @@ def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
     """The sums of histogram bins an SLO's good and valid counts read, by column name: the
     events of its latency field, and those at or under its threshold's bin (none for
     availability and stream completion). SLOs over one field share them."""
-    if spec.sli_kind in ("availability", "stream_completion"):
+    if spec.sli_kind in COUNT_KINDS:
         return {}
     bound = histogram.last_good_bin(spec.threshold_ms)  # type: ignore[arg-type]
     hist = pl.col(f"{spec.latency_field}_hist")
@@ -40,8 +40,14 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
     """The SLO's good and valid counts of one bucket row. `sums_as_columns`: the rows already
     hold `histogram_sums(spec)` as columns."""
     not_cancelled = pl.col("requests") - pl.col("cancelled")
-    if spec.sli_kind == "availability":
-        return pl.col("ok"), not_cancelled
+    if spec.sli_kind == "availability":  # a tenant over its quota is refused by policy, not by a fault
+        return pl.col("ok"), not_cancelled - pl.col("rejected_quota").fill_null(0)
+    if spec.sli_kind == "underrun_free":
+        reported = pl.col("underrun_reported").fill_null(0)
+        return reported - pl.col("underrun_streams").fill_null(0), reported
+    if spec.sli_kind == "endpointing":
+        reported = pl.col("endpointing_reported").fill_null(0)
+        return reported - pl.col("endpointing_errors").fill_null(0), reported
     if spec.sli_kind == "stream_completion":
         return pl.col("streams_completed").fill_null(0), (pl.col("streams") - pl.col("streams_cancelled")).fill_null(0)
     total, good = ((pl.col(name) for name in histogram_sums(spec)) if sums_as_columns
@@ -62,8 +68,19 @@ def _selects(spec: SloSpec) -> pl.Expr:
     return picked
 
 
+# Count columns the SLIs read that buckets written before them lack (rows of an older store
+# or partial, frames built by hand): none of those events said, so they count 0.
+_LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "endpointing_reported", "endpointing_errors")
+
+
+def with_later_counts(buckets: pl.DataFrame) -> pl.DataFrame:
+    missing = [c for c in _LATER_COUNTS if c not in buckets.columns]
+    return buckets.with_columns(pl.lit(0, pl.Int64).alias(c) for c in missing) if missing else buckets
+
+
 def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
     """Rows (window_start, *slice_by, good, valid) for the buckets that the SLO selects."""
+    buckets = with_later_counts(buckets)
     good, valid = good_valid_exprs(spec)
     counted = spec.selected(buckets).select("window_start", *spec.slice_by, good.alias("good"), valid.alias("valid"))
     return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
@@ -102,6 +119,8 @@ class _Counting:
         for i, spec in enumerate(specs):
             good, valid = good_valid_exprs(spec, sums_as_columns=True)
             picked = _selects(spec)
+            if spec.sli_kind in REPORTED_KINDS:  # a fleet that does not report the field has no slices of it
+                picked = picked & (valid > 0)
             self.select += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
                             pl.when(picked).then(valid).alias(f"_v{i}")]
         by_slicing: dict[tuple[str, ...], list[int]] = {}
@@ -140,6 +159,7 @@ def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, Sl
 
 
 def _counted_by(buckets: pl.DataFrame, countings: list[_Counting]) -> dict[str, SloRows]:
+    buckets = with_later_counts(buckets)
     out: dict[str, SloRows] = {}
     for counting in countings:
         out.update(counting.rows(buckets))

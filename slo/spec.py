@@ -19,7 +19,9 @@ them all at once.
 
 SLIs, over the buckets of `sli_minute`:
 - availability: good = `ok`; valid = every attempt except client cancellations
-  (`cancelled` is the client's choice, not a failure of the service).
+  (`cancelled` is the client's choice, not a failure of the service) and refusals for the
+  tenant's quota or rate limit (`rejected_quota`: the tenant's doing; overload shedding
+  still counts as bad).
 - latency: good = values of `field` (`queue_ms`, `first_output_ms`, `e2e_ms`) at or under
   `threshold`; valid = attempts with a value. Exact when the threshold is a histogram
   bin bound; otherwise the bin holding the threshold counts as bad (conservative).
@@ -32,6 +34,9 @@ SLIs, over the buckets of `sli_minute`:
   per-stage budgets (`budgets: {asr_final: 300ms, ...}`, adding up to at most the
   threshold); when it burns, the alert names the stage that overspent its share most
   (slo/turn_stages.py).
+- underrun_free: good = TTS streams that played without a buffer underrun; valid = streams
+  that reported underruns (`underrun_reported`).
+- endpointing: good = ASR turns whose endpoint was right; valid = turns that reported it.
 """
 
 from __future__ import annotations
@@ -50,7 +55,12 @@ from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
 from slo.windows import AlertWindow, catalog_for, catalog_periods
 
-SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget")
+SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing")
+# Kinds counted from the bucket's count columns alone (no latency histogram).
+COUNT_KINDS = ("availability", "stream_completion", "underrun_free", "endpointing")
+# Kinds over a field only some runtimes report: a bucket whose requests did not report it is
+# not the SLO's (no slice, no status row, no no-data alert).
+REPORTED_KINDS = ("underrun_free", "endpointing")
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,14 @@ class StreamCompletionSli(ConfigStruct):
     """Good: streams that ended normally; valid: streams except client cancellations."""
 
 
+class UnderrunFreeSli(ConfigStruct):
+    """Good: TTS streams without an underrun; valid: streams that reported underruns."""
+
+
+class EndpointingSli(ConfigStruct):
+    """Good: ASR turns endpointed right; valid: turns that reported endpointing."""
+
+
 class StageBudgetSli(ConfigStruct):
     threshold: str | float  # the turn's target
     budgets: dict[Literal[STAGE_NAMES], str | float]  # stage → its share of the target, a duration
@@ -157,6 +175,8 @@ class SliEntry(ConfigStruct):
     goodput: LatencySli | UnsetType = UNSET
     stream_completion: StreamCompletionSli | None | UnsetType = UNSET
     stage_budget: StageBudgetSli | UnsetType = UNSET
+    underrun_free: UnderrunFreeSli | None | UnsetType = UNSET
+    endpointing: EndpointingSli | None | UnsetType = UNSET
 
     def __post_init__(self):
         if sum(getattr(self, k) is not UNSET for k in SLI_KINDS) != 1:

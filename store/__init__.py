@@ -27,6 +27,19 @@ DEFAULT_STORE = "data/tailwatch.duckdb"
 _HIST = "STRUCT(bin SMALLINT, n BIGINT)[]"
 _STAGE_HIST = "STRUCT(stage VARCHAR, bin SMALLINT, n BIGINT)[]"
 
+# Language and voice slices (rows from before them are the slices without: ''), the
+# finalization latency histogram and the quality counts (what each counts: streams/aggregates.py).
+QUALITY_COUNTS = ("rejected_quota", "ooms", "partial_revisions", "asr_partials_reported", "endpointing_errors",
+                   "endpointing_reported", "underruns", "underrun_streams", "underrun_reported", "voice_cache_hits",
+                   "voice_cache_lookups", "fallbacks", "cached_prompt_tokens", "draft_tokens", "accepted_tokens")
+_SPEECH_AND_QUALITY = "\n".join([
+    "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS language VARCHAR DEFAULT '';",
+    "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS voice VARCHAR DEFAULT '';",
+    f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_hist {_HIST};",
+    *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_{q} DOUBLE;" for q in ("p50", "p95", "p99")],
+    *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {c} BIGINT DEFAULT 0;" for c in QUALITY_COUNTS],
+]) + "\n"
+
 SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS sli_minute (
     window_start TIMESTAMP NOT NULL,
@@ -52,7 +65,7 @@ ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cut BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_timed_out BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cancelled BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS stages_hist {_STAGE_HIST};
-CREATE TABLE IF NOT EXISTS gpu_minute (
+{_SPEECH_AND_QUALITY.format(table="sli_minute")}CREATE TABLE IF NOT EXISTS gpu_minute (
     window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
     gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, samples BIGINT,
     util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
@@ -87,7 +100,7 @@ ALTER TABLE alerts ADD COLUMN IF NOT EXISTS detail VARCHAR;
 CREATE TABLE IF NOT EXISTS sli_hour AS FROM sli_minute LIMIT 0;
 ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS gpu_seconds_attributed DOUBLE;
 ALTER TABLE sli_hour ADD COLUMN IF NOT EXISTS minutes BIGINT;
-CREATE TABLE IF NOT EXISTS gpu_hour AS FROM gpu_minute LIMIT 0;
+{_SPEECH_AND_QUALITY.format(table="sli_hour")}CREATE TABLE IF NOT EXISTS gpu_hour AS FROM gpu_minute LIMIT 0;
 ALTER TABLE gpu_hour ADD COLUMN IF NOT EXISTS gpu_minutes BIGINT;
 ALTER TABLE gpu_hour ADD COLUMN IF NOT EXISTS gr_engine_active_pct_mean DOUBLE;
 CREATE TABLE IF NOT EXISTS attribution_minute (
@@ -114,10 +127,11 @@ CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes B
 # The store's schema version. Version 1 is every store written before the store carried one
 # (its tables are SCHEMA_SQL's, which only ever adds). A store is migrated up at the writer's
 # start, one step at a time, in one transaction; a store from a newer release is refused.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATIONS: dict[int, str] = {  # version → the SQL that brings version - 1 to it (after SCHEMA_SQL)
     2: "CREATE TABLE IF NOT EXISTS _tw_schema (version INTEGER NOT NULL)",
     3: "SELECT 1",  # the hour tables (sli_hour, gpu_hour, attribution_minute, rolled_minute): in SCHEMA_SQL
+    4: "SELECT 1",  # language and voice slices, finalization_ms, the quality counts: in SCHEMA_SQL
 }
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from conventions import LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
-from ingest.schema import COMPLETED_FINISH
+from conventions import LATENCY_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
+from ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
+from store import QUALITY_COUNTS
 from streams.frames import STAGES_COLUMN
 from streams.windows import AggregateSpec
 
@@ -38,6 +39,16 @@ REQUEST_COUNTS = ("requests", "ok", "errors", "timeouts", "shed", "cancelled", "
 # finish; cut: the server ended it mid-answer (an HTTP 200 can hide one); cancelled: the
 # client left, which is not the service's failure.
 STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_out", "streams_cancelled")
+# Quality and runtime counts (each a sum, so late events merge into closed rows):
+# - rejected_quota: refused for the tenant's quota or rate limit (status_reason quota or
+#   rate_limit on an attempt that is neither ok nor cancelled), apart from overload shedding;
+#   availability leaves them out, as it does client cancellations. ooms: failures the runtime put down to running out of memory.
+# - ASR: partial_revisions over asr_partials_reported (requests that said how many), endpointing
+#   errors over endpointing_reported.
+# - TTS: underruns summed, and streams with any (underrun_streams) over those that reported
+#   (underrun_reported); voice cache hits over lookups; fallbacks to a neutral voice or model.
+# - LLM: prompt tokens served from the prefix cache; speculative decoding's drafted and accepted tokens.
+# (Named once, in store.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
 
@@ -68,6 +79,7 @@ _ENDS_TURN_OK = pl.col("task_success").fill_null(pl.col("status") == "ok")
 REQUESTS = AggregateSpec(
     name="requests",
     keys=SLICE_LABELS,
+    later_keys=LATER_SLICE_LABELS,
     dedupe_key=pl.col("event_id").hash(),
     partial=[
         pl.len().cast(pl.Int64).alias("requests"),
@@ -87,16 +99,35 @@ REQUESTS = AggregateSpec(
         _finish("client_cancel").alias("streams_cancelled"),
         pl.col("prompt_tokens").sum().cast(pl.Int64),
         pl.col("output_tokens").sum().cast(pl.Int64),
+        # Never an ok or cancelled attempt: availability subtracts it beside cancellations,
+        # so the sets must not overlap (valid would drop under good).
+        (pl.col("status_reason").is_in(QUOTA_REASONS) & ~pl.col("status").is_in(("ok", "cancelled")))
+        .sum().cast(pl.Int64).alias("rejected_quota"),
+        (pl.col("status_reason") == "oom").sum().cast(pl.Int64).alias("ooms"),
+        pl.col("partial_revisions").sum().cast(pl.Int64),
+        pl.col("partial_revisions").is_not_null().sum().cast(pl.Int64).alias("asr_partials_reported"),
+        pl.col("endpointing_error").sum().cast(pl.Int64).alias("endpointing_errors"),
+        pl.col("endpointing_error").is_not_null().sum().cast(pl.Int64).alias("endpointing_reported"),
+        pl.col("underruns").sum().cast(pl.Int64),
+        (pl.col("underruns") > 0).sum().cast(pl.Int64).alias("underrun_streams"),
+        pl.col("underruns").is_not_null().sum().cast(pl.Int64).alias("underrun_reported"),
+        pl.col("voice_cache_hit").sum().cast(pl.Int64).alias("voice_cache_hits"),
+        pl.col("voice_cache_hit").is_not_null().sum().cast(pl.Int64).alias("voice_cache_lookups"),
+        pl.col("fallback").is_not_null().sum().cast(pl.Int64).alias("fallbacks"),
+        pl.col("cached_prompt_tokens").sum().cast(pl.Int64),
+        pl.col("draft_tokens").sum().cast(pl.Int64),
+        pl.col("accepted_tokens").sum().cast(pl.Int64),
         _fixed_sum("audio_seconds", MICRO),
         _fixed_sum("gpu_seconds", MICRO),
     ],
-    merge={c: "sum" for c in (*REQUEST_COUNTS, *STREAM_COUNTS, "prompt_tokens", "output_tokens", "_audio_seconds_fixed", "_gpu_seconds_fixed")},
+    merge={c: "sum" for c in (*REQUEST_COUNTS, *STREAM_COUNTS, *QUALITY_COUNTS, "prompt_tokens", "output_tokens",
+                              "_audio_seconds_fixed", "_gpu_seconds_fixed")},
     finalize=lambda f: f.select(
         "window_start", *SLICE_LABELS, *REQUEST_COUNTS, "prompt_tokens", "output_tokens",
         (pl.col("_audio_seconds_fixed") / MICRO).alias("audio_seconds"),
         (pl.col("_gpu_seconds_fixed") / MICRO).alias("gpu_seconds"),
         *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
-        *[pl.col(c).fill_null(0) for c in STREAM_COUNTS],  # partials from an older checkpoint lack them
+        *[pl.col(c).fill_null(0) for c in (*STREAM_COUNTS, *QUALITY_COUNTS)],  # older partials lack them
         f"{STAGES_COLUMN}_hist",
     ),
     histogram_fields=LATENCY_FIELDS,
@@ -104,7 +135,8 @@ REQUESTS = AggregateSpec(
     # `finalize` undone: every column is a sum, so a late event merges into its closed row.
     unfinalize=lambda f: f.select(
         (pl.col("window_start").dt.epoch("s") // 60).alias("_minute"), *SLICE_LABELS,
-        *[pl.col(c).fill_null(0) for c in (*REQUEST_COUNTS, *STREAM_COUNTS, "prompt_tokens", "output_tokens")],
+        *[pl.col(c).fill_null(0) for c in (*REQUEST_COUNTS, *STREAM_COUNTS, *QUALITY_COUNTS, "prompt_tokens",
+                                           "output_tokens")],
         *[(pl.col(c).fill_null(0) * MICRO).round().cast(pl.Int64).alias(f"_{c}_fixed") for c in ("audio_seconds", "gpu_seconds")],
     ),
 )

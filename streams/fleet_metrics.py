@@ -90,6 +90,10 @@ from conventions import (
     REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS, REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL,
     STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL,
     SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS, POOL_LABELS, TRAFFIC_LABELS,
+    ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+    ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
+    SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL, TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
+    TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL,
 )
 
 
@@ -109,9 +113,24 @@ TRAFFIC_COUNTERS = {
     STREAMS_CUT_TOTAL: ("streams_cut", "Streams the server cut mid-answer (an HTTP 200 can hide one)."),
     STREAMS_TIMED_OUT_TOTAL: ("streams_timed_out", "Streams that timed out."),
     STREAMS_CANCELLED_TOTAL: ("streams_cancelled", "Streams the client cancelled (not the service's failure)."),
+    QUOTA_REJECTIONS_TOTAL: ("rejected_quota", "Attempts refused for the tenant's quota or rate limit (not overload)."),
+    OOM_FAILURES_TOTAL: ("ooms", "Attempts that failed for want of GPU memory (status_reason oom)."),
+    ASR_PARTIAL_REVISIONS_TOTAL: ("partial_revisions", "Partial transcripts revised before the final one."),
+    ASR_TURNS_REPORTING_PARTIALS_TOTAL: ("asr_partials_reported", "ASR attempts that reported partial_revisions."),
+    ASR_ENDPOINTING_ERRORS_TOTAL: ("endpointing_errors", "ASR turns endpointed wrongly (speaker cut off or held)."),
+    ASR_TURNS_REPORTING_ENDPOINTING_TOTAL: ("endpointing_reported", "ASR attempts that reported endpointing_error."),
+    TTS_UNDERRUNS_TOTAL: ("underruns", "Playback buffer underruns in TTS streams."),
+    TTS_STREAMS_WITH_UNDERRUNS_TOTAL: ("underrun_streams", "TTS streams with at least one underrun."),
+    TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL: ("underrun_reported", "TTS streams that reported underruns."),
+    TTS_VOICE_CACHE_HITS_TOTAL: ("voice_cache_hits", "TTS attempts whose voice was warm in the cache."),
+    TTS_VOICE_CACHE_LOOKUPS_TOTAL: ("voice_cache_lookups", "TTS attempts that reported voice_cache_hit."),
+    TTS_FALLBACKS_TOTAL: ("fallbacks", "TTS attempts served by a neutral voice or a smaller model instead."),
+    CACHED_PROMPT_TOKENS_TOTAL: ("cached_prompt_tokens", "Prompt tokens served from the prefix (KV) cache."),
+    SPECULATIVE_DRAFT_TOKENS_TOTAL: ("draft_tokens", "Tokens drafted by speculative decoding."),
+    SPECULATIVE_ACCEPTED_TOKENS_TOTAL: ("accepted_tokens", "Drafted tokens the target model accepted."),
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist",
-                  "inter_token": "inter_token_ms_hist"}
+                  "inter_token": "inter_token_ms_hist", "finalization": "finalization_ms_hist"}
 # Bucket bounds in seconds (+Inf implied): queue waits of tens of ms to first outputs and
 # answers of minutes. 14 series per label set and field, against 3 quantile gauges before.
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

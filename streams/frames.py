@@ -30,6 +30,10 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "finish_reason": pl.String,
     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
     "gpu_seconds": pl.Float64,
+    "language": pl.String, "voice": pl.String, "status_reason": pl.String,
+    "partial_revisions": pl.Int64, "endpointing_error": pl.Boolean, "finalization_ms": pl.Float64,
+    "underruns": pl.Int64, "voice_cache_hit": pl.Boolean, "fallback": pl.String,
+    "cached_prompt_tokens": pl.Int64, "draft_tokens": pl.Int64, "accepted_tokens": pl.Int64,
 }
 # Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
 # Built apart from the flat columns: a name outside the list folds
@@ -96,6 +100,8 @@ def records_to_frame(
     # a batch without them costs one scan, not a column of nulls.
     if STAGES_COLUMN in columns and any(r.stages for r in records):  # type: ignore[attr-defined]
         frame = frame.with_columns(stage_column(records))
+    if "language" in read:  # BCP 47 is case-insensitive: en-US and en-us are one slice
+        frame = frame.with_columns(pl.col("language").str.to_lowercase())
     part, offset = np.asarray(partitions, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
     if len(index) < len(part):  # some records rejected: keep the kept records' positions
         part, offset = part[index], offset[index]

@@ -47,7 +47,7 @@ from __future__ import annotations
 import msgspec
 import polars as pl
 
-from streams.windows import PARTITION_COL, AggregateSpec, MinuteWindows
+from streams.windows import PARTITION_COL, AggregateSpec, MinuteWindows, slice_id
 
 FRONTIER_SCHEMA = "frontier.v1"
 _HIST_DTYPE = pl.List(pl.Struct({"field": pl.Int8, "bin": pl.Int16, "n": pl.Int32}))
@@ -219,7 +219,9 @@ class MinuteAssembler:
         # A partial published twice (a tier-1 worker that died between publishing and its
         # checkpoint, then the partition's next owner) is the same record twice.
         f = f.unique(subset=["minute", "source_partition", *keys], keep="first", maintain_order=True)
-        f = f.rename({w: c for c, w in _WIRE_NAMES.items()}).with_columns(pl.struct(keys).hash().alias("_slice"))
+        later = self.spec.later_keys  # a tier-1 worker of an older release sends none: empty
+        f = f.rename({w: c for c, w in _WIRE_NAMES.items()}).with_columns(*[pl.col(k).fill_null("") for k in later])
+        f = f.with_columns(slice_id(keys, later))
         hist = None
         if self.spec.histogram_fields:
             hist = (f.select("_minute", "_slice", "_hist").explode("_hist").drop_nulls("_hist").unnest("_hist")

@@ -80,6 +80,19 @@ class AggregateSpec:
     # minute (streams/corrections.py). None where means or last values cannot be merged again:
     # such a topic's late events stay dead letters.
     unfinalize: Callable[[pl.DataFrame], pl.DataFrame] | None = None
+    # Keys added after checkpoints existed (conventions.LATER_SLICE_LABELS): empty, they leave a
+    # slice's identity as it was, so an open minute checkpointed before them merges with it.
+    later_keys: tuple[str, ...] = ()
+
+
+def slice_id(keys: list[str], later: tuple[str, ...] = ()) -> pl.Expr:
+    """The `_slice` of each row: a hash of its keys, in which later keys count only when set."""
+    base = pl.struct([k for k in keys if k not in later]).hash()
+    later = tuple(k for k in later if k in keys)
+    if not later:
+        return base.alias("_slice")
+    given = pl.any_horizontal([pl.col(k).fill_null("") != "" for k in later])
+    return pl.when(given).then(pl.struct(base.alias("_base"), *later).hash()).otherwise(base).alias("_slice")
 
 
 @dataclass
@@ -261,7 +274,7 @@ class MinuteWindows:
         """Count and histogram partials of events (deduped, with `_minute`), keyed by (minute,
         slice); the open minutes are not touched (a correction merges them into closed rows)."""
         keys = list(self.labels)
-        frame = frame.with_columns(pl.struct(keys).hash().alias("_slice"))
+        frame = frame.with_columns(slice_id(keys, self.spec.later_keys))
         counts = frame.group_by("_minute", "_slice").agg(
             *[pl.col(k).first() for k in keys], *self.spec.partial
         )
@@ -319,9 +332,11 @@ class MinuteWindows:
         """A partial from an older version (a checkpoint blob, or a tier-1 worker not yet
         upgraded) lacks the merge columns added since: they are added empty (a sum of nothing)."""
         missing = [c for c in self.spec.merge if c not in frame.columns]
-        if not missing:
+        keys = [k for k in self.spec.later_keys if k not in frame.columns]
+        if not missing and not keys:
             return frame
-        return frame.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in missing)
+        return frame.with_columns(*[pl.lit(None, dtype=pl.Int64).alias(c) for c in missing],
+                                  *[pl.lit("", dtype=pl.String).alias(k) for k in keys])
 
     def _merge_hist(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
         if len(frames) == 1 and grouped:
@@ -420,7 +435,7 @@ class MinuteWindows:
         with more partials, `merge_partials` gives the row the minute would have closed with."""
         keys = list(self.labels)
         rows = rows.with_columns(*[pl.col(k).cast(pl.String) for k in keys])
-        slice_ = pl.struct(keys).hash().alias("_slice")
+        slice_ = slice_id(keys, self.spec.later_keys)
         minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
         counts = self.spec.unfinalize(rows).with_columns(slice_)
         hists = []

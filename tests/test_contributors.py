@@ -68,9 +68,9 @@ def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_stor
 def _one_slice_at_a_time(spec, buckets, slice_labels, minute, most=3, min_bad_share=0.5):
     """The reference: one slice filtered out of the minute's rows, each label grouped."""
     from slo.contributors import CONTRIBUTOR_LABELS, Contributor
-    from slo.sli import good_valid_exprs
+    from slo.sli import good_valid_exprs, with_later_counts
 
-    rows = spec.selected(buckets)
+    rows = spec.selected(with_later_counts(buckets))
     picked = (pl.col("window_start").dt.epoch("s") // 60) == minute
     for label, value in slice_labels.items():
         picked = picked & (pl.col(label) == value).fill_null(False)

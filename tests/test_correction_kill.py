@@ -21,7 +21,7 @@ from tests.test_faults import produce
 from tests.test_late_backlog import SILENT, trace_requests
 from tests.test_sigkill import _metric_values, worker_cmd
 
-ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool"
+ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool, language, voice"
 
 
 def corrected(port: int) -> float | None:

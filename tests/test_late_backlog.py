@@ -21,7 +21,7 @@ from tests.test_faults import produce, run_live, settings
 
 TRACE = Path(__file__).parent / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 DEFAULT_SLOS = Path(__file__).parents[1] / "slo" / "defaults.yaml"
-ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool"
+ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool, language, voice"
 MINUTES = 40
 SILENT = (10, 25)  # the Collector of one zone sends nothing in these minutes, then all of it at once
 
@@ -104,7 +104,7 @@ def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tm
         "SELECT epoch(window_start), zone, sum(requests), sum(errors) FROM sli_minute GROUP BY ALL").fetchall()}
     assert got == {k: (n, errors[k]) for k, n in per_minute_zone.items()}
     dup = con.execute("""SELECT count(*) FROM (SELECT window_start, tenant, model, model_version, zone, workload,
-                         traffic_class, deployment, pool, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
+                         traffic_class, deployment, pool, language, voice, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
     assert dup == 0
     live = con.execute(f"SELECT * FROM sli_minute ORDER BY {ORDER}").fetchall()
     con.close()

@@ -43,12 +43,15 @@ from tests.test_pipeline import publish, read_topic, run_worker
 
 # Fields no OpenTelemetry convention carries: the request.v1 twin of a span leaves them out.
 NOT_IN_OTLP = ("session_id", "turn_id", "task_success", "audio_seconds", "batch_size", "gpu_seconds", "attempt",
-               "retry_of")
+               "retry_of", "language", "voice", "status_reason", "partial_revisions", "endpointing_error",
+               "finalization_ms", "underruns", "voice_cache_hit", "fallback", "cached_prompt_tokens", "draft_tokens",
+               "accepted_tokens")
+_GAP = {"attempt": 1, "language": "", "voice": ""}  # what the twin holds instead: the schema's default
 ERROR_TYPE = {"error": "internal_error", "timeout": "timeout", "shed": "overloaded"}
 
 
 def without_otlp_gaps(e: RequestV1) -> RequestV1:
-    return msgspec.structs.replace(e, **{f: (1 if f == "attempt" else None) for f in NOT_IN_OTLP})
+    return msgspec.structs.replace(e, **{f: _GAP.get(f) for f in NOT_IN_OTLP})
 
 
 def sdk_span_batches(events: list[RequestV1], per_batch: int = 512) -> list[bytes]:

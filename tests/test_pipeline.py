@@ -56,7 +56,7 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     # One row per slice and minute, 20 minutes, and histograms that add up to their counts.
     assert con.execute("SELECT count(DISTINCT window_start) FROM sli_minute").fetchone()[0] == 20
     dup = con.execute("""SELECT count(*) FROM (SELECT window_start, tenant, model, model_version, zone, workload,
-                         traffic_class, deployment, pool, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
+                         traffic_class, deployment, pool, language, voice, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
     assert dup == 0
     mismatch = con.execute("""SELECT count(*) FROM sli_minute
                               WHERE list_sum([h.n for h in e2e_ms_hist]) != requests - cancelled""").fetchone()[0]

@@ -23,7 +23,7 @@ from ingest.simulator import FleetSimulator
 from tests.conftest import free_port
 
 COMPARE = {
-    "sli_minute": "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool",
+    "sli_minute": "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool, language, voice",
     "gpu_minute": "window_start, node, gpu_index",
 }
 

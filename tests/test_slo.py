@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slo.engine import RollingWindows, SloTable, burn_rate, error_budget_remaining, minutes_to_exhaustion
-from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+from slo.spec import DEFAULT_SLOS, SLI_KINDS, SpecErrors, load_slos
 from slo.windows import default_catalog
 from streams.slo_stage import alert_change_rows
 
@@ -122,7 +122,7 @@ def test_rolling_sums_equal_a_rescan(counts, lengths):
 
 def test_default_slos_load():
     specs = load_slos(DEFAULT_SLOS)
-    assert {s.sli_kind for s in specs} == {"availability", "latency", "goodput", "stream_completion", "stage_budget"}
+    assert {s.sli_kind for s in specs} == set(SLI_KINDS)
 
 
 def test_check_names_each_problem_with_its_place(tmp_path):
@@ -159,7 +159,7 @@ slos:
     # A typo is refused, not ignored; each field's problem is listed, not only the first.
     assert any(p.startswith("slos[3]: unknown field `no_data_afer`") for p in problems), problems
     assert "slos[3].min_events: expected `int`, got `str`" in problems
-    assert "slos[3].sli: expected exactly one of availability, latency, goodput, stream_completion, stage_budget" in problems
+    assert f"slos[3].sli: expected exactly one of {', '.join(SLI_KINDS)}" in problems
     assert "slos[3].alert_windows[0].budget_share: expected `float` <= 1.0" in problems, problems
 
 

@@ -16,7 +16,7 @@ from store import snapshot
 from tests.test_late_backlog import DEFAULT_SLOS
 from tests.test_pipeline import publish, run_worker
 
-ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool"
+ORDER = "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool, language, voice"
 
 
 def rows(path, table="sli_minute", order=ORDER):

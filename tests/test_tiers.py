@@ -40,7 +40,7 @@ CHUNKS = 10
 # in one process or in tiers alike. Idleness is not what this test is about.
 IDLE = "10m"
 COMPARED = {
-    "sli_minute": "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool",
+    "sli_minute": "window_start, tenant, model, model_version, zone, workload, traffic_class, deployment, pool, language, voice",
     "gpu_minute": "window_start, node, gpu_index",
     "dead_letter": "source_topic, source_partition, source_offset",
     "slo_status": "window_start, slo, slice",

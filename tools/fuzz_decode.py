@@ -40,6 +40,10 @@ from typing import Callable
 import msgspec
 
 from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, GpuV1, RequestV1
+
+# Values for fields with a pattern (language tags, voice names), each generator picking those
+# its field's pattern admits.
+PATTERNED = ("", "en", "en-US", "zh-Hant-TW", "es-419", "ja-jp", "neutral", "premium-2", "v.1_a")
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, REASONS, BatchDecoder
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 
@@ -136,6 +140,11 @@ class Contract:
 
     @staticmethod
     def valid_name(rng: random.Random, t, edge: bool) -> str:
+        if t.pattern is not None:  # a patterned name (a language tag, a voice): a value the pattern admits
+            admitted = [c for c in PATTERNED if re.search(t.pattern, c)]
+            if not admitted:
+                raise TypeError(f"no sample admitted by pattern {t.pattern!r}: add one to PATTERNED")
+            return rng.choice(admitted)
         lo = t.min_length or 0
         hi = t.max_length or 64
         n = rng.choice([lo, hi]) if edge else rng.randint(max(lo, 1), min(hi, 24))
@@ -176,6 +185,8 @@ class Contract:
                 choices.append("")
             if t.pattern is None:
                 choices.append("a\u001b[2Jb")  # a control character in a name
+            else:
+                choices += ["Not Valid!", "en US", "a\nb"]
             return rng.choice(choices)
         if isinstance(t, msgspec.inspect.DictType):
             return rng.choice([[1], "x", {"Bad Name": 1.0}, {"asr_final": -1}])
