@@ -105,6 +105,9 @@ TTS_FALLBACKS_TOTAL = "tailwatch_tts_fallbacks_total"
 CACHED_PROMPT_TOKENS_TOTAL = "tailwatch_cached_prompt_tokens_total"
 SPECULATIVE_DRAFT_TOKENS_TOTAL = "tailwatch_speculative_draft_tokens_total"
 SPECULATIVE_ACCEPTED_TOKENS_TOTAL = "tailwatch_speculative_accepted_tokens_total"
+# Sampled evaluations (eval.v1): ASR word errors over the references' words (WER as a ratio of sums).
+ASR_WORD_ERRORS_TOTAL = "tailwatch_asr_word_errors_total"
+ASR_REFERENCE_WORDS_TOTAL = "tailwatch_asr_reference_words_total"
 REQUEST_LATENCY_SECONDS = "tailwatch_request_latency_seconds"  # histogram
 GPU_SECONDS_TOTAL = "tailwatch_gpu_seconds_total"
 GPU_XID_ERRORS_TOTAL = "tailwatch_gpu_xid_errors_total"

@@ -21,6 +21,7 @@ from conventions import (
     GPUS, GPU_UTILIZATION_RATIO, QUEUE_OLDEST_AGE_SECONDS, REQUEST_GPU_SECONDS_TOTAL,
     REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL, STREAMS_COMPLETED_TOTAL, STREAMS_TOTAL,
     ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+    ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL,
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, PROMPT_TOKENS_TOTAL,
     QUOTA_REJECTIONS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
     TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL,
@@ -60,6 +61,11 @@ def quality_panels() -> list:
             per_unit(rate(ASR_ENDPOINTING_ERRORS_TOTAL, "model, model_version"), ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
                      "model, model_version"), "{{model}} {{model_version}}")],
             description="Turns whose speaker was cut off or held open, of those that reported it."),
+        timeseries("ASR word error rate by model version (sampled evaluations)", "percentunit", [Q(
+            per_unit(rate(ASR_WORD_ERRORS_TOTAL, "model, model_version"), ASR_REFERENCE_WORDS_TOTAL,
+                     "model, model_version"), "{{model}} {{model_version}}")],
+            description="Word errors over the references' words of eval.v1 samples. Per language: the asr-wer SLO's "
+                        "slices on the SLO dashboard, and the rollout gate by language."),
         timeseries("TTS streams with underruns by model and zone", "percentunit", [Q(
             per_unit(rate(TTS_STREAMS_WITH_UNDERRUNS_TOTAL, "model, zone"), TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
                      "model, zone"), "{{model}} {{zone}}")]),

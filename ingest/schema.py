@@ -66,6 +66,7 @@ StageName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 REQUEST_SCHEMA = "request.v1"
 GPU_SCHEMA = "gpu.v1"
 DEPLOY_SCHEMA = "deploy.v1"
+EVAL_SCHEMA = "eval.v1"
 
 
 class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
@@ -177,15 +178,69 @@ class DeployV1(msgspec.Struct, gc=False, omit_defaults=True):
     pool: Label = ""
 
 
+class EvalV1(msgspec.Struct, gc=False, omit_defaults=True):
+    """One sampled evaluation of a finished request: the request's slice labels and event time,
+    and what a scorer found against a reference, as a numerator and a denominator (so slices
+    and windows add up to a ratio, never an average of averages). No transcript, reference
+    text or audio: counts only.
+
+    Published to the requests topic, keyed by tenant like the request it scores, and stamped
+    with that request's time (`ts`), not the scoring time: it lands in the request's
+    slice-minute, and a score that arrives after the minute closed is merged into it as a
+    late event (up to the correction horizon)."""
+
+    schema: Literal["eval.v1"]
+    event_id: Id  # the evaluation's own id: a redelivered evaluation is a duplicate
+    ts: Timestamp  # the evaluated request's event time
+    tenant: Label
+    model: Label
+    workload: Workload
+    model_version: Label = ""
+    zone: Label = ""
+    pool: Label = ""
+    traffic_class: TrafficClass = "realtime"
+    deployment: Deployment = "stable"
+    language: LanguageTag = ""
+    voice: VoiceName = ""
+    request_id: Optional[Id] = None  # the scored request's event_id, for the producer's audit; not stored
+    # ASR: substitutions + deletions + insertions against the reference, and the reference's
+    # length, in words and in characters (CER for languages written without spaces).
+    word_errors: Optional[NonNegInt] = None
+    reference_words: Optional[NonNegInt] = None
+    char_errors: Optional[NonNegInt] = None
+    reference_chars: Optional[NonNegInt] = None
+    # TTS: a mean-opinion-score proxy (a MOS predictor's output), 1 to 5.
+    mos: Optional[Annotated[float, msgspec.Meta(ge=1, le=5)]] = None
+
+
+# Measurements an evaluation carries in pairs: one without the other is refused.
+EVAL_PAIRS = (("word_errors", "reference_words"), ("char_errors", "reference_chars"))
+
+
+def eval_problem(event: EvalV1) -> str | None:
+    """Why an evaluation that decoded cannot be counted, or None."""
+    for a, b in EVAL_PAIRS:
+        if (getattr(event, a) is None) != (getattr(event, b) is None):
+            return f"`{a}` and `{b}` come together"
+    if all(getattr(event, f) is None for pair in EVAL_PAIRS for f in pair) and event.mos is None:
+        return "an evaluation carries word or character counts or a `mos`"
+    return None
+
+
 EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
     REQUEST_SCHEMA: RequestV1,
     GPU_SCHEMA: GpuV1,
     DEPLOY_SCHEMA: DeployV1,
+    EVAL_SCHEMA: EvalV1,
 }
 
-# The topic (after the prefix) that each schema is published to.
-TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: TOPIC_REQUESTS, GPU_SCHEMA: TOPIC_GPU, DEPLOY_SCHEMA: TOPIC_DEPLOYS}
-SCHEMA_OF_TOPIC = {v: k for k, v in TOPIC_OF_SCHEMA.items()}
+# Checks across fields, after each field decoded on its own: a reason to refuse, or None.
+EVENT_CHECKS = {EvalV1: eval_problem}
+
+# The topic (after the prefix) that each schema is published to. Evaluations go with the
+# requests they score (same topic, same key), so they meet them in the same windows.
+TOPIC_OF_SCHEMA = {REQUEST_SCHEMA: TOPIC_REQUESTS, GPU_SCHEMA: TOPIC_GPU, DEPLOY_SCHEMA: TOPIC_DEPLOYS,
+                   EVAL_SCHEMA: TOPIC_REQUESTS}
 
 # The slice labels (SLICE_LABELS), their closed value sets (CLOSED_LABELS) and the latency
 # fields (LATENCY_FIELDS) are named in conventions/.
@@ -213,7 +268,7 @@ def parse_ts_ms(ts: int | str) -> int:
 
 def partition_key(event: msgspec.Struct) -> bytes:
     """The Kafka key of an event: tenant for requests, node for GPU samples, model for deploys."""
-    if isinstance(event, RequestV1):
+    if isinstance(event, (RequestV1, EvalV1)):
         return event.tenant.encode()
     if isinstance(event, GpuV1):
         return event.node.encode()

@@ -18,7 +18,7 @@ from typing import Iterator
 import msgspec
 import numpy as np
 
-from ingest.schema import GpuV1, RequestV1
+from ingest.schema import EvalV1, GpuV1, RequestV1
 
 DEFAULT_START = "2026-11-02T00:00:00Z"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
@@ -55,6 +55,10 @@ STATUSES = ("ok", "error", "timeout", "shed", "cancelled")
 LANGUAGES = ("en-us", "es-es", "de-de", "ja-jp")
 LANGUAGE_CUMULATIVE = np.cumsum([0.55, 0.2, 0.15, 0.1])
 VOICES = ("neutral", "premium-1", "premium-2")
+# Word error rate of the stable ASR version per language (sampled evaluations draw errors
+# binomially over the reference's words, about 2.4 words per second of audio).
+WER_BY_LANGUAGE = {"en-us": 0.055, "es-es": 0.07, "de-de": 0.08, "ja-jp": 0.11}
+WORDS_PER_AUDIO_SECOND = 2.4
 STREAMING_WORKLOADS = ("asr", "tts", "llm", "s2s")  # answers that stream: partial transcripts, audio, tokens
 # A speech-to-speech turn until first audio, by stage (shares of first_output_ms), then the
 # answer's decode and playback (shares of the rest). Seed 000's cascaded budget.
@@ -92,6 +96,7 @@ class Incident:
     decode_factor: float = 1.0  # generation after the first token slows (inter-token latency), first token untouched
     stream_cut_ratio: float = 0.0  # share of answered streams the server cuts mid-answer (HTTP 200 all the same)
     stage_factors: tuple[tuple[str, float], ...] = ()  # s2s stages that slow, e.g. (("tts_first_audio", 4.0),)
+    wer_factors: tuple[tuple[str, float], ...] = ()  # ASR word error rate × factor per language ("" = every other)
     labelled: bool = True  # False: background noise, not in the truth
     related: tuple[str, ...] = ()  # other detector kinds whose firing here is explained, not false
 
@@ -112,6 +117,18 @@ SCENARIOS: dict[str, list[Incident]] = {
         Incident("batch-in-realtime-pool", "queue_saturation", 95, 110, {"pool": "llm-us-east-1a-realtime"},
                  queue_ms=4000, latency_factor=1.6, extra_rate_factor=0.8, timeout_ratio=0.05,
                  leak_traffic_class="batch"),
+    ],
+    # An ASR canary scored by sampled evaluations (run with --eval-share): better than stable
+    # on every language but German, where its WER is 1.8×. Global WER improves; a rollout gate
+    # comparing only the global figure would promote it.
+    "asr-canary-language-regression": [
+        Incident("asr-canary-de-de-wer", "quality_regression", 0, 100_000,
+                 {"workload": "asr", "deployment": "canary"}, wer_factors=(("de-de", 1.8), ("", 0.7))),
+    ],
+    # The same canary, 10% better everywhere: it should go on to promotion.
+    "asr-canary-better": [
+        Incident("asr-canary-better", "quality_improvement", 0, 100_000,
+                 {"workload": "asr", "deployment": "canary"}, wer_factors=(("", 0.9),), labelled=False),
     ],
     # From the second day on, every pool spends 38% more GPU time for the same traffic and the
     # same task success (a less efficient build, scaled out to match): what a cost report must flag.
@@ -270,6 +287,8 @@ class SimTotals:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     stage_samples: int = 0
     inter_token_values: int = 0
+    # Sampled evaluations by (model_version, language): [evaluations, word errors, reference words].
+    evaluations: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 def _pool(workload: str, zone: str, traffic_class: str) -> str:
@@ -285,7 +304,8 @@ def parse_start(start: str) -> int:
 
 class FleetSimulator:
     def __init__(self, scenario: str = "mixed-fleet", minutes: int = 120, seed: int = 7,
-                 start: str = DEFAULT_START, rate_scale: float = 1.0, gpu_samples_per_minute: int = 6):
+                 start: str = DEFAULT_START, rate_scale: float = 1.0, gpu_samples_per_minute: int = 6,
+                 eval_share: float = 0.0):
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
         if minutes <= 0:
@@ -305,6 +325,12 @@ class FleetSimulator:
         self.stream_rng = np.random.default_rng([seed, 0x57E])
         # Quality fields draw from their own generator, so the rest of a seed's traffic is as before.
         self.quality_rng = np.random.default_rng([seed, 0x9A1])
+        # Evaluations too: the share of answered ASR and TTS requests a scorer samples (eval.v1).
+        if not 0.0 <= eval_share <= 1.0:
+            raise ValueError("--eval-share must be between 0 and 1")
+        self.eval_share = eval_share
+        self.eval_rng = np.random.default_rng([seed, 0xE7A])
+        self._next_eval_id = 0  # ids of their own: the requests' ids stay what they were
         self.totals = SimTotals()
         self._next_id = 0
 
@@ -391,12 +417,18 @@ class FleetSimulator:
             while True:
                 eid = self._id()
                 final = status in ("ok", "cancelled") or attempt >= max(retries, 1 if status == "ok" else 2)
-                yield self._request(prof, lab, pool, zone, eid, at, status, attempt, first_id, session,
-                                    final, bool(u_success[i] < 0.97), float(fo[i]) * lat, float(e2e_extra[i]) * lat * decode,
-                                    q, float(gpu_s[i]) * math.prod(inc.cost_factor for inc in active),
-                                    int(prompt_tokens[i] * math.prod(inc.prompt_tokens_factor for inc in active)),
-                                    int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)), float(audio_s[i]),
-                                    active)
+                request = self._request(prof, lab, pool, zone, eid, at, status, attempt, first_id, session,
+                                        final, bool(u_success[i] < 0.97), float(fo[i]) * lat,
+                                        float(e2e_extra[i]) * lat * decode,
+                                        q, float(gpu_s[i]) * math.prod(inc.cost_factor for inc in active),
+                                        int(prompt_tokens[i] * math.prod(inc.prompt_tokens_factor for inc in active)),
+                                        int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)),
+                                        float(audio_s[i]), active)
+                yield request
+                if self.eval_share and request.status == "ok" and prof.workload in ("asr", "tts"):
+                    scored = self._evaluation(request, active)
+                    if scored is not None:
+                        yield scored
                 if final:
                     break
                 first_id = first_id or eid
@@ -446,6 +478,32 @@ class FleetSimulator:
             batch_size=8 if lab["traffic_class"] == "batch" else 1,
             gpu_seconds=round(gpu_s * (1 if ok else 0.5), 4), gpu_sku=prof.gpu_sku, **quality,
         )
+
+    def _evaluation(self, req: RequestV1, active: list[Incident]) -> EvalV1 | None:
+        """A scorer's sample of an answered request: ASR word errors against a reference (the
+        incidents' `wer_factors` per language), or a TTS MOS proxy; None when not sampled."""
+        rng = self.eval_rng
+        if rng.random() >= self.eval_share:
+            return None
+        self._next_eval_id += 1
+        eid = f"{self.seed:x}-e{self._next_eval_id:x}"
+        labels = {k: getattr(req, k) for k in ("tenant", "model", "workload", "model_version", "zone", "pool",
+                                               "traffic_class", "deployment", "language", "voice")}
+        if req.workload == "tts":
+            return EvalV1(schema="eval.v1", event_id=eid, ts=req.ts, request_id=req.event_id, **labels,
+                          mos=round(float(np.clip(rng.normal(4.2, 0.3), 1.0, 5.0)), 3))
+        factor = 1.0
+        for inc in active:
+            table = dict(inc.wer_factors)
+            factor *= table.get(req.language, table.get("", 1.0))
+        words = max(1, int(rng.poisson((req.audio_seconds or 1.0) * WORDS_PER_AUDIO_SECOND)))
+        errors = int(rng.binomial(words, min(1.0, WER_BY_LANGUAGE.get(req.language, 0.1) * factor)))
+        totals = self.totals.evaluations.setdefault((req.model_version, req.language), [0, 0, 0])
+        totals[0] += 1
+        totals[1] += errors
+        totals[2] += words
+        return EvalV1(schema="eval.v1", event_id=eid, ts=req.ts, request_id=req.event_id, **labels,
+                      word_errors=errors, reference_words=words)
 
     def _quality(self, prof: ModelProfile, status: str, lab: dict[str, str], prompt: int) -> dict:
         """What speech and LLM runtimes report besides latency: language and voice, ASR churn,

@@ -21,7 +21,7 @@ from typing import Generic, Sequence, TypeVar
 import msgspec
 import numpy as np
 
-from ingest.schema import EVENT_TYPES, parse_ts_ms
+from ingest.schema import EVENT_CHECKS, EVENT_TYPES, parse_ts_ms
 
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
 # Nesting a record may have (objects and arrays, counted together). The contract's own
@@ -73,15 +73,21 @@ class DecodedBatch(Generic[T]):
 
 
 class BatchDecoder(Generic[T]):
-    """Decodes batches of raw JSON records into one event type."""
+    """Decodes batches of raw JSON records into one event type, and into the `also` types
+    that share its topic (eval.v1 beside request.v1): `records` then holds each in its
+    record's order, of whichever type its `schema` named."""
 
-    def __init__(self, event_type: type[T], max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+    def __init__(self, event_type: type[T], max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 also: Sequence[type[msgspec.Struct]] = ()):
         self.event_type = event_type
         self.schema_name = _schema_literal(event_type)
         self.max_record_bytes = max_record_bytes
+        self._check = EVENT_CHECKS.get(event_type)
+        self._also = {_schema_literal(t): BatchDecoder(t, max_record_bytes) for t in also}
         strict = msgspec.defstruct(
             event_type.__name__ + "Strict",
             [(f, t, d) if d is not msgspec.NODEFAULT else (f, t) for f, t, d in _fields(event_type)],
+            bases=(event_type,),  # a strict record is still an instance of its event type
             forbid_unknown_fields=True,
             gc=False,
             omit_defaults=True,
@@ -116,7 +122,54 @@ class BatchDecoder(Generic[T]):
             self._refuse_control_characters(values, out)
         if out.records and not set(map(type, map(_TS, out.records))) <= {int}:
             self._parse_timestamps(out)
+        if self._check is not None and out.records:
+            self._refuse_inconsistent(out)
+        if self._also and out.rejected:
+            self._decode_also(values, out)
         return out
+
+    def _refuse_inconsistent(self, out: DecodedBatch[T]) -> None:
+        """Records whose fields decode one by one but contradict each other (EVENT_CHECKS)."""
+        check = self._check
+        problems = [check(r) for r in out.records]  # type: ignore[misc]
+        if not any(problems):
+            return
+        keep_records, keep_indices = [], []
+        for record, i, problem in zip(out.records, out.indices, problems):
+            if problem is None:
+                keep_records.append(record)
+                keep_indices.append(i)
+            else:
+                out.rejected.append(Rejected(i, INVALID_VALUE, problem))
+        out.records, out.indices = keep_records, keep_indices
+        out.rejected.sort(key=lambda r: r.index)
+
+    def _decode_also(self, values: Sequence[bytes | None], out: DecodedBatch[T]) -> None:
+        """Records refused for naming another schema, decoded by that schema's decoder where it
+        shares the topic (a few in a batch: the fast path stopped at each), merged back in order."""
+        picked: dict[str, list[int]] = {}
+        for r in out.rejected:
+            if r.reason == UNKNOWN_SCHEMA:
+                try:
+                    name = self._any.decode(values[r.index]).get("schema")  # type: ignore[arg-type, union-attr]
+                except Exception:  # noqa: BLE001: it decoded as an object before; stay refused if not
+                    continue
+                if name in self._also:
+                    picked.setdefault(name, []).append(r.index)
+        if not picked:
+            return
+        moved = {i for idx in picked.values() for i in idx}
+        rejected = [r for r in out.rejected if r.index not in moved]
+        pairs = list(zip(out.indices, out.records))
+        for name, idx in picked.items():
+            sub = self._also[name].decode([values[i] for i in idx])
+            pairs += [(idx[j], rec) for j, rec in zip(sub.indices, sub.records)]
+            rejected += [Rejected(idx[r.index], r.reason, r.detail) for r in sub.rejected]
+            out.unknown_fields_dropped += sub.unknown_fields_dropped
+        pairs.sort(key=operator.itemgetter(0))
+        out.indices = [i for i, _ in pairs]
+        out.records = [rec for _, rec in pairs]
+        out.rejected = sorted(rejected, key=lambda r: r.index)
 
     @staticmethod
     def _parse_timestamps(out: DecodedBatch[T]) -> None:

@@ -165,6 +165,21 @@ class Side(Struct, forbid_unknown_fields=True):
     inter_token_p99_ms: Annotated[Number, Meta(description="LLM streams: p99 of the mean gap between tokens per answer")] = None
 
 
+class WerSlice(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """One language slice of the WER gate: each side's word error rate and evidence."""
+
+    verdict: Literal["pass", "continue", "pause", "rollback", "unjudged"]
+    canary_wer: Number
+    stable_wer: Number
+    canary_evaluations: int
+    stable_evaluations: int
+    canary_words: int
+    stable_words: int
+    overdispersion: float | UnsetType = UNSET
+    p_value_worse_than_stable: Number | UnsetType = UNSET
+    alpha: float | UnsetType = UNSET
+
+
 class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     """One metric's verdict (Kayenta-style): the method and the numbers it acted on."""
 
@@ -205,6 +220,11 @@ class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     lower: Number | UnsetType = UNSET
     upper: Number | UnsetType = UNSET
     confidence: Number | UnsetType = UNSET
+    # word error rate by language (wer): each slice, the global figures, the languages that decided
+    slices: dict[str, WerSlice] | UnsetType = UNSET
+    global_canary_wer: Number | UnsetType = UNSET
+    global_stable_wer: Number | UnsetType = UNSET
+    languages: list[str] | UnsetType = UNSET
 
 
 class Verdict(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -218,7 +238,7 @@ class Verdict(Struct, omit_defaults=True, forbid_unknown_fields=True):
     as_of: Timestamp | None
     canary: Side | UnsetType = UNSET  # absent for the stable version itself
     stable: Side | UnsetType = UNSET
-    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost
+    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost, wer
     decided_by: list[str] | UnsetType = UNSET
     confidence: Annotated[Number, Meta(description="1 − the p-value a pause or rollback acted on")] | UnsetType = UNSET
     # How fresh the verdict is: the older side's age (what the staleness bound judges), and each side's.

@@ -26,13 +26,15 @@ MINUTE = "_m"  # epoch minute, Int64
 REQUEST_COLUMNS_READ = ("window_start", "tenant", "model", "model_version", "zone", "workload", "traffic_class",
                         "deployment", "pool", "requests", "errors", "timeouts", "gpu_seconds", "gpu_seconds_reported",
                         "prompt_tokens", "output_tokens", "audio_seconds", "first_output_ms_hist", "e2e_ms_hist",
-                        "inter_token_ms_hist")
+                        "inter_token_ms_hist", "language", "evals", "word_errors", "reference_words")
 LABELS = ("pool", "tenant", "model", "model_version", "stable", "zone", "workload", "traffic_class")
 VERSION_KEYS = ("model", "model_version", "stable")
 # (column, name) of the latency histograms a rollout compares; `field` in `version_bins`.
 VERSION_HISTOGRAMS = (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e"), ("inter_token_ms_hist", "itl"))
 HIST_TYPE = pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))
 _SUMS = ("requests", "gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds")
+# Sampled evaluations per model version and language slice (rollout gates on quality by slice).
+QUALITY_SUMS = ("evals", "word_errors", "reference_words")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class RequestRollup:
     versions: pl.DataFrame  # (model, model_version, stable, pool, _m): requests, bad, timeouts, sums
     version_bins: pl.DataFrame  # (model, model_version, stable, _m, field, bin): n, of the three latencies
     labels: pl.DataFrame  # one row per label set (LABELS): `_m`, the newest minute it was seen
+    version_quality: pl.DataFrame  # (model, model_version, stable, language, _m): evaluations (QUALITY_SUMS), where any
 
     @property
     def height(self) -> int:
@@ -55,7 +58,7 @@ class RequestRollup:
         return int(self.pools[MINUTE].max()) if self.pools.height else None
 
     def _frames(self) -> tuple[pl.DataFrame, ...]:
-        return self.pools, self.pool_bins, self.traffic, self.versions, self.version_bins, self.labels
+        return self.pools, self.pool_bins, self.traffic, self.versions, self.version_bins, self.labels, self.version_quality
 
     def added(self, requests: pl.DataFrame, keep_minutes: int | None = None,
               traffic_minutes: int | None = None) -> RequestRollup:
@@ -69,18 +72,20 @@ class RequestRollup:
             return self
         plans = [pl.concat([held.lazy(), new], how="diagonal_relaxed") if held.height else new
                  for held, new in zip(self._frames(), _plans(_rows(requests)))]
-        plans[-1] = plans[-1].group_by(LABELS).agg(pl.col(MINUTE).max())
+        plans[5] = plans[5].group_by(LABELS).agg(pl.col(MINUTE).max())
         if keep_minutes is not None:
             newest = max(m for m in (self.newest_minute(), int(requests["window_start"].dt.epoch("s").max()) // 60)
                          if m is not None)
             plans = [p.filter(pl.col(MINUTE) > newest - keep_minutes) for p in plans]
-            plans[-1] = plans[-1].with_columns(fresh_strings(_LABEL_STRINGS))
+            plans[5] = plans[5].with_columns(fresh_strings(_LABEL_STRINGS))
         if traffic_minutes is not None:
             plans[2] = plans[2].filter(pl.col(MINUTE) > pl.col(MINUTE).max().over("pool") - traffic_minutes)
         return RequestRollup(*pl.collect_all(plans))
 
 
-EMPTY = RequestRollup(*(pl.DataFrame() for _ in range(6)))
+EMPTY = RequestRollup(*(pl.DataFrame() for _ in range(7)))
+NO_QUALITY = pl.DataFrame(schema={"model": pl.String, "model_version": pl.String, "stable": pl.Boolean,
+                                  "language": pl.String, MINUTE: pl.Int64, **{c: pl.Int64 for c in QUALITY_SUMS}})
 _LABEL_STRINGS = [c for c in LABELS if c != "stable"]
 
 
@@ -97,6 +102,8 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
         *[pl.lit(None, dtype=HIST_TYPE).alias(col) for col, _ in VERSION_HISTOGRAMS if col not in requests.columns],
         # Older rows or a test's own frame may lack a sum column: none counted.
         *[pl.lit(0.0).alias(c) for c in _SUMS if c not in requests.columns],
+        *[pl.lit(0, pl.Int64).alias(c) for c in QUALITY_SUMS if c not in requests.columns],
+        *([] if "language" in requests.columns else [pl.lit("").alias("language")]),
         # Rows not through the work estimate (open minutes, a test's frame) carry only what was reported.
         *([] if "gpu_seconds_reported" in requests.columns else
           [(pl.col("gpu_seconds") if "gpu_seconds" in requests.columns else pl.lit(0.0)).alias("gpu_seconds_reported")]),
@@ -104,7 +111,7 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
 
 
 def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
-    """The six frames of a RequestRollup, as plans over the same rows, strings copied."""
+    """The seven frames of a RequestRollup, as plans over the same rows, strings copied."""
     histograms = [col for col, _ in VERSION_HISTOGRAMS]
     pools = rows.group_by("pool", MINUTE).agg(pl.col(c).fill_null(0).sum() for c in _SUMS)
     traffic = rows.group_by("pool", "tenant", "traffic_class", MINUTE).agg(
@@ -121,11 +128,15 @@ def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
     version_bins = bins.group_by(*VERSION_KEYS, MINUTE, "field", "bin").agg(pl.col("n").sum())
     pool_bins = bins.filter(pl.col("field") == "first_output_ms_hist").group_by("pool", MINUTE, "bin").agg(pl.col("n").sum())
     labels = rows.select(*LABELS, MINUTE)  # one row per label set once `added` groups them
+    # Only rows that carry evaluations: most slices never do, and hold nothing here.
+    version_quality = rows.filter(pl.col("evals").fill_null(0) > 0).group_by(*VERSION_KEYS, "language", MINUTE).agg(
+        pl.col(c).fill_null(0).sum() for c in QUALITY_SUMS)
     return [pools.with_columns(fresh_strings(["pool"])), pool_bins.with_columns(fresh_strings(["pool"])),
             traffic.with_columns(fresh_strings(["pool", "tenant", "traffic_class"])),
             versions.with_columns(fresh_strings(["model", "model_version", "pool"])),
             version_bins.with_columns(fresh_strings(["model", "model_version", "field"])),
-            labels.with_columns(fresh_strings(_LABEL_STRINGS))]
+            labels.with_columns(fresh_strings(_LABEL_STRINGS)),
+            version_quality.with_columns(fresh_strings(["model", "model_version", "language"]))]
 
 
 def minute_col() -> pl.Expr:

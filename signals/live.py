@@ -18,7 +18,8 @@ from msgspec import Meta
 from alerts.alertmanager import rfc3339
 from signals.answers import Alert, Autoscale, Shed, Slo, Verdict, typed
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
-from signals.held import EMPTY, MINUTE, VERSION_HISTOGRAMS, RequestRollup, concat_frames, minute_col, summed_bins
+from signals.held import (EMPTY, MINUTE, NO_QUALITY, QUALITY_SUMS, VERSION_HISTOGRAMS, RequestRollup, concat_frames,
+                          minute_col, summed_bins)
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from config import ConfigStruct, Days, WindowMinutes
@@ -30,7 +31,7 @@ from planning.prices import GpuPrices
 from planning.work_estimate import WorkEstimate
 from slo.sli import span
 from slo.spec import SloSpec
-from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
+from signals.rollout import MinuteCounts, QualityMinute, RolloutPolicy, VersionStats, verdict
 
 # Labels that describe a pool (one deployment in one zone for one traffic class), for
 # deciding which SLO slices and thresholds speak about it. Tenants share a pool, so an SLO
@@ -313,7 +314,8 @@ class LiveSignals:
             return frame.join(newest_of, on="model").filter(side & (pl.col(MINUTE) > pl.col("_newest") - window))
 
         stable, canary = pl.col("stable"), ~pl.col("stable") & (pl.col("model_version") != "")
-        frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels)
+        frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels, req.version_quality)
+        frames = frames[:3] + (frames[3] if frames[3].columns else NO_QUALITY,)
         per_version = _version_table(*(in_window(f, canary) for f in frames), ["model", "model_version"])
         canary_models = sorted({m for m, _, _, _ in per_version})
         stable_all = _version_table(*(in_window(f, stable) for f in frames), ["model"], detail_for=canary_models)
@@ -501,8 +503,8 @@ def pool_attributes(labels: pl.DataFrame, gpu: pl.DataFrame) -> dict[str, dict[s
     return out
 
 
-def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame, keys: list[str],
-                   detail_for: list[str] | None = None) -> dict | list:
+def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame, quality: pl.DataFrame,
+                   keys: list[str], detail_for: list[str] | None = None) -> dict | list:
     """VersionStats per group of `keys`, with the group's tenants, from the held version
     sums, histograms and label sets (signals/held.py); for (model, model_version) a list of
     (model, version, stats, tenants), for (model,) a dict (model,) → (model, stats, tenants).
@@ -537,6 +539,14 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
         for group, bins, ns in long_m.group_by(by).agg("bin", "n").select(
                 pl.struct(by).alias("_k"), "bin", "n").iter_rows():
             per_minute_bins[tuple(group[k] for k in by)] = dict(zip(bins, ns))
+    # Sampled evaluations per group, language and minute (the WER gate by language slice).
+    languages: dict[tuple, dict[str, list[QualityMinute]]] = {}
+    if quality.height:
+        per_language = quality.group_by(*keys, "language", MINUTE).agg(
+            pl.col(c).sum() for c in QUALITY_SUMS).sort(*keys, "language", MINUTE)
+        for r in per_language.iter_rows(named=True):
+            languages.setdefault(tuple(r[k] for k in keys), {}).setdefault(r["language"], []).append(QualityMinute(
+                int(r[MINUTE]), int(r["evals"]), int(r["word_errors"]), int(r["reference_words"])))
     per_minute: dict[tuple, list] = {}
     for r in minutes.iter_rows(named=True):
         key = tuple(r[k] for k in keys)
@@ -558,7 +568,8 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
             e2e_p99_ms=float(r["e2e"]) if r["e2e"] is not None else None,
             inter_token_p99_ms=float(r["itl"]) if r["itl"] is not None else None,
             gpu_cost=round(float(r["gpu_cost"] or 0.0), 6), output_tokens=int(r["output_tokens"]),
-            audio_seconds=float(r["audio_seconds"]), per_minute=tuple(per_minute.get(key, ())))
+            audio_seconds=float(r["audio_seconds"]), per_minute=tuple(per_minute.get(key, ())),
+            languages={lang: tuple(rows_) for lang, rows_ in languages.get(key, {}).items()} or None)
         if len(keys) == 2:
             out_list.append((r["model"], r["model_version"], stats, frozenset(r["tenants"])))
         else:

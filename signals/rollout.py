@@ -39,6 +39,17 @@ Methods, and why:
   whose lower bound is over `pause_cost_factor` pauses (over `rollback_cost_factor`, rolls
   back); one whose estimate is over `promote_cost_factor` is never promoted.
 
+- Word error rate by language (ASR, from sampled evaluations, eval.v1): the same mixture
+  sequential test as errors, with reference words for requests and word errors for bad
+  ones, per language slice, so a canary that improves the global WER while regressing one
+  language is caught in that language. Word errors cluster within an utterance, so counts
+  are divided by the overdispersion stable's own minutes show (Pearson's χ² over binomial,
+  at least 1: a quasi-binomial test). Each slice needs `wer_min_evaluations` and
+  `wer_min_words` on both sides before it is judged; the alpha is split across the language
+  slices (Bonferroni), so the chance that any healthy slice is ever rolled back stays under
+  `wer_alpha`. A slice stable has evidence for and the canary not yet keeps the canary from
+  promotion.
+
 Latency and cost tests are fixed-sample tests repeated each minute; their small alpha and
 the effect-size gates keep repeated looks from turning noise into verdicts. Callers with
 totals only (no per-minute counts, no histograms) get the same rules on point estimates.
@@ -74,6 +85,16 @@ class MinuteCounts:
 
 
 @dataclass(frozen=True)
+class QualityMinute:
+    """One side's sampled evaluations in one language slice and event-time minute."""
+
+    minute: int
+    evaluations: int
+    word_errors: int
+    reference_words: int
+
+
+@dataclass(frozen=True)
 class VersionStats:
     version: str
     requests: int
@@ -89,6 +110,7 @@ class VersionStats:
     e2e_hist: Mapping[int, int] | None = None
     inter_token_p99_ms: float | None = None  # LLM streams: the mean gap between tokens, per answer
     inter_token_hist: Mapping[int, int] | None = None
+    languages: Mapping[str, tuple[QualityMinute, ...]] | None = None  # language → evaluations per minute
 
     @property
     def error_ratio(self) -> float | None:
@@ -127,6 +149,10 @@ class RolloutPolicy(ConfigStruct):
     promote_cost_factor: Positive = 1.10  # estimated over this: not promoted
     cost_alpha: Alpha = 0.01  # one-sided, for the cost ratio's interval
     cost_min_minutes: Annotated[int, Meta(ge=2, le=1440)] = 10  # minutes with work on each side before the interval is trusted
+    wer_min_evaluations: Count = 30  # per side and language slice, before its WER is judged
+    wer_min_words: Count = 500  # reference words per side and language slice, likewise
+    rollback_wer_factor: Factor = 1.2  # rollback needs evidence the canary's WER in a language is over this × stable's
+    wer_alpha: Alpha = 0.001  # always-valid, split across the language slices
 
 
 @dataclass
@@ -148,7 +174,7 @@ class Verdict:
                 "decided_by": self.decided_by, "confidence": self.confidence, **self.extra}
 
 
-_SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist", "inter_token_hist")
+_SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist", "inter_token_hist", "languages")
 
 
 def _side(s: VersionStats) -> dict:
@@ -523,6 +549,93 @@ def cost_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -
     return MetricVerdict("pass", f"{words}, {bounds}", p_over(p.promote_cost_factor), detail)
 
 
+def _quality_sums(rows: Sequence[QualityMinute]) -> tuple[int, int, int]:
+    return (sum(m.evaluations for m in rows), sum(m.word_errors for m in rows), sum(m.reference_words for m in rows))
+
+
+def overdispersion(rows: Sequence[QualityMinute]) -> float:
+    """How much more word errors vary from minute to minute than independent words would
+    (Pearson's χ² over the binomial, per degree of freedom), at least 1; 1 with under 5 minutes."""
+    used = [m for m in rows if m.reference_words > 0]
+    words = sum(m.reference_words for m in used)
+    if len(used) < 5 or not words:
+        return 1.0
+    rate = sum(m.word_errors for m in used) / words
+    if not 0 < rate < 1:
+        return 1.0
+    chi2 = sum((m.word_errors - m.reference_words * rate) ** 2 / (m.reference_words * rate * (1 - rate)) for m in used)
+    return max(1.0, chi2 / (len(used) - 1))
+
+
+def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict | None:
+    """Word error rate per language slice (module docstring); None where neither side was evaluated."""
+    if not canary.languages or not stable.languages:
+        return None
+    languages = sorted(set(canary.languages) | set(stable.languages))
+    alpha = p.wer_alpha / len(languages)
+    slices: dict[str, dict] = {}
+    verdicts: dict[str, MetricVerdict] = {}
+    totals = np.zeros(4)
+    for lang in languages:
+        c_rows, s_rows = canary.languages.get(lang, ()), stable.languages.get(lang, ())
+        (c_evals, c_err, c_words), (s_evals, s_err, s_words) = _quality_sums(c_rows), _quality_sums(s_rows)
+        totals += (c_err, c_words, s_err, s_words)
+        name = lang or "(no language)"
+        row = {"canary_wer": round(c_err / c_words, 5) if c_words else None,
+               "stable_wer": round(s_err / s_words, 5) if s_words else None,
+               "canary_evaluations": c_evals, "stable_evaluations": s_evals,
+               "canary_words": c_words, "stable_words": s_words}
+        slices[name] = row
+        stable_ready = s_evals >= p.wer_min_evaluations and s_words >= p.wer_min_words
+        if not stable_ready:
+            row["verdict"] = "unjudged"  # stable's own evidence too thin: no baseline
+            continue
+        if c_evals < p.wer_min_evaluations or c_words < p.wer_min_words:
+            row["verdict"] = "continue"
+            verdicts[name] = MetricVerdict("continue", f"WER on {name}: {c_evals:,} canary evaluations ({c_words:,} words) "
+                                           f"of the {p.wer_min_evaluations:,} and {p.wer_min_words:,} needed to judge it",
+                                           None, row)
+            continue
+        by_minute = {m.minute: m for m in s_rows}
+        aligned = [(c.reference_words, c.word_errors, by_minute[c.minute].reference_words, by_minute[c.minute].word_errors)
+                   for c in sorted(c_rows, key=lambda m: m.minute) if c.minute in by_minute]
+        phi = overdispersion(s_rows)
+        nc, kc, ns, ks = (np.array(col, float) / phi for col in zip(*aligned)) if aligned else (np.zeros(0),) * 4
+        p_rollback = sequential_error_p_value(nc, kc, ns, ks, p.rollback_wer_factor)
+        p_worse = sequential_error_p_value(nc, kc, ns, ks, 1.0)
+        row.update(overdispersion=round(phi, 3), p_value_worse_than_stable=p_worse, alpha=alpha)
+        words = (f"WER on {name}: canary {100 * c_err / c_words:.1f}% vs stable {100 * s_err / s_words:.1f}% "
+                 f"over {c_words:,} and {s_words:,} evaluated words")
+        if p_rollback <= alpha:
+            row["verdict"] = "rollback"
+            verdicts[name] = MetricVerdict("rollback", f"{words}: over {p.rollback_wer_factor:g}x stable with "
+                                           f"p = {p_rollback:.2g} (always-valid, alpha {alpha:.2g} per language)",
+                                           p_rollback, row)
+        elif p_worse <= alpha:
+            row["verdict"] = "pause"
+            verdicts[name] = MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, not yet shown "
+                                           f"over {p.rollback_wer_factor:g}x", p_worse, row)
+        else:
+            row["verdict"] = "pass"
+            verdicts[name] = MetricVerdict("pass", f"{words}: no evidence it is worse (p = {p_worse:.2g})", p_worse, row)
+    c_err, c_words, s_err, s_words = totals
+    global_words = (f"global WER canary {100 * c_err / c_words:.1f}% vs stable {100 * s_err / s_words:.1f}%"
+                    if c_words and s_words else "no global WER yet")
+    detail = {"method": "mixture SPRT on the canary's share of word errors per language and minute, counts divided by "
+                        "stable's overdispersion (always-valid, Bonferroni across languages)",
+              "slices": slices, "global_canary_wer": round(c_err / c_words, 5) if c_words else None,
+              "global_stable_wer": round(s_err / s_words, 5) if s_words else None}
+    worst = max((v.verdict for v in verdicts.values()), key=_RANK.__getitem__, default="continue")
+    if not verdicts:
+        return MetricVerdict("continue", f"WER: no language slice has the evidence to judge yet ({global_words})", None,
+                             detail)
+    named = [v for v in verdicts.values() if v.verdict == worst]
+    p_values = [v.p_value for v in named if v.p_value is not None]
+    detail["languages"] = [k for k, v in verdicts.items() if v.verdict == worst]
+    reason = "; ".join(v.reason for v in named) if worst != "pass" else f"WER within bounds on every judged language"
+    return MetricVerdict(worst, f"{reason} ({global_words})", min(p_values) if p_values else None, detail)
+
+
 def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, policy: RolloutPolicy = RolloutPolicy(),
             as_of: str | None = None) -> Verdict:
     p = policy
@@ -544,6 +657,9 @@ def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, pol
     cost = cost_verdict(canary, stable, p)
     if cost is not None:
         metrics["cost"] = cost
+    wer = wer_verdict(canary, stable, p)
+    if wer is not None:
+        metrics["wer"] = wer
     worst = max((m.verdict for m in metrics.values()), key=_RANK.__getitem__, default="continue")
     reasons: list[str] = []
     decided_by: list[str] = []

@@ -48,6 +48,9 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
     if spec.sli_kind == "endpointing":
         reported = pl.col("endpointing_reported").fill_null(0)
         return reported - pl.col("endpointing_errors").fill_null(0), reported
+    if spec.sli_kind == "word_accuracy":  # insertions can outnumber a minute's words: never below 0
+        words = pl.col("reference_words").fill_null(0)
+        return (words - pl.col("word_errors").fill_null(0)).clip(lower_bound=0), words
     if spec.sli_kind == "stream_completion":
         return pl.col("streams_completed").fill_null(0), (pl.col("streams") - pl.col("streams_cancelled")).fill_null(0)
     total, good = ((pl.col(name) for name in histogram_sums(spec)) if sums_as_columns
@@ -70,7 +73,8 @@ def _selects(spec: SloSpec) -> pl.Expr:
 
 # Count columns the SLIs read that buckets written before them lack (rows of an older store
 # or partial, frames built by hand): none of those events said, so they count 0.
-_LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "endpointing_reported", "endpointing_errors")
+_LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "endpointing_reported", "endpointing_errors",
+                 "reference_words", "word_errors")
 
 
 def with_later_counts(buckets: pl.DataFrame) -> pl.DataFrame:

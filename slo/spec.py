@@ -37,6 +37,10 @@ SLIs, over the buckets of `sli_minute`:
 - underrun_free: good = TTS streams that played without a buffer underrun; valid = streams
   that reported underruns (`underrun_reported`).
 - endpointing: good = ASR turns whose endpoint was right; valid = turns that reported it.
+- word_accuracy: valid = reference words of the sampled evaluations (eval.v1), good = those
+  words less the word errors (per bucket, never below 0). Its error ratio is the WER of
+  the slice, a ratio of sums (never an average of per-request WERs), so an objective of 92%
+  reads "WER at most 8%" and the burn rate is WER ÷ 8%.
 """
 
 from __future__ import annotations
@@ -55,12 +59,13 @@ from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
 from slo.windows import AlertWindow, catalog_for, catalog_periods
 
-SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing")
+SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
+             "word_accuracy")
 # Kinds counted from the bucket's count columns alone (no latency histogram).
-COUNT_KINDS = ("availability", "stream_completion", "underrun_free", "endpointing")
+COUNT_KINDS = ("availability", "stream_completion", "underrun_free", "endpointing", "word_accuracy")
 # Kinds over a field only some runtimes report: a bucket whose requests did not report it is
 # not the SLO's (no slice, no status row, no no-data alert).
-REPORTED_KINDS = ("underrun_free", "endpointing")
+REPORTED_KINDS = ("underrun_free", "endpointing", "word_accuracy")
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,10 @@ class EndpointingSli(ConfigStruct):
     """Good: ASR turns endpointed right; valid: turns that reported endpointing."""
 
 
+class WordAccuracySli(ConfigStruct):
+    """Good: evaluated reference words not in error; valid: evaluated reference words (1 − WER)."""
+
+
 class StageBudgetSli(ConfigStruct):
     threshold: str | float  # the turn's target
     budgets: dict[Literal[STAGE_NAMES], str | float]  # stage → its share of the target, a duration
@@ -177,6 +186,7 @@ class SliEntry(ConfigStruct):
     stage_budget: StageBudgetSli | UnsetType = UNSET
     underrun_free: UnderrunFreeSli | None | UnsetType = UNSET
     endpointing: EndpointingSli | None | UnsetType = UNSET
+    word_accuracy: WordAccuracySli | None | UnsetType = UNSET
 
     def __post_init__(self):
         if sum(getattr(self, k) is not UNSET for k in SLI_KINDS) != 1:

@@ -48,6 +48,8 @@ STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_o
 # - TTS: underruns summed, and streams with any (underrun_streams) over those that reported
 #   (underrun_reported); voice cache hits over lookups; fallbacks to a neutral voice or model.
 # - LLM: prompt tokens served from the prefix cache; speculative decoding's drafted and accepted tokens.
+# - Evaluations (eval.v1): how many, word and character errors over reference words and
+#   characters (WER and CER as ratios of sums), MOS samples and their sum in thousandths.
 # (Named once, in store.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
@@ -82,7 +84,8 @@ REQUESTS = AggregateSpec(
     later_keys=LATER_SLICE_LABELS,
     dedupe_key=pl.col("event_id").hash(),
     partial=[
-        pl.len().cast(pl.Int64).alias("requests"),
+        # Evaluations (eval.v1, no status) share the rows but are not requests.
+        pl.col("status").is_not_null().sum().cast(pl.Int64).alias("requests"),
         _status("ok").alias("ok"),
         _status("error").alias("errors"),
         _status("timeout").alias("timeouts"),
@@ -117,6 +120,10 @@ REQUESTS = AggregateSpec(
         pl.col("cached_prompt_tokens").sum().cast(pl.Int64),
         pl.col("draft_tokens").sum().cast(pl.Int64),
         pl.col("accepted_tokens").sum().cast(pl.Int64),
+        pl.col("status").is_null().sum().cast(pl.Int64).alias("evals"),
+        *[pl.col(c).sum().cast(pl.Int64) for c in ("word_errors", "reference_words", "char_errors", "reference_chars")],
+        pl.col("mos").is_not_null().sum().cast(pl.Int64).alias("mos_samples"),
+        (pl.col("mos") * MILLI).round().cast(pl.Int64).sum().alias("mos_milli"),
         _fixed_sum("audio_seconds", MICRO),
         _fixed_sum("gpu_seconds", MICRO),
     ],

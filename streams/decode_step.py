@@ -17,7 +17,7 @@ import polars as pl
 
 from ingest import deadletter
 from ingest.kafka import KafkaSettings
-from ingest.schema import GpuV1, RequestV1
+from ingest.schema import EvalV1, GpuV1, RequestV1
 from ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from streams.aggregates import GPU, REQUESTS
 from streams.windows import AggregateSpec
@@ -37,10 +37,11 @@ class InputTopic:
     windows: object  # streams.windows.MinuteWindows or streams.partition_windows.PartitionWindows
 
 
-# The producers' topics: (topic suffix, event type, columns taken, aggregate, store table).
+# The producers' topics: (topic suffix, event types, columns taken, aggregate, store table).
+# Evaluations share the requests' topic and slices: they are counted into the same rows.
 PRODUCER_TOPICS = (
-    (TOPIC_REQUESTS, RequestV1, REQUEST_COLUMNS, REQUESTS, "sli_minute"),
-    (TOPIC_GPU, GpuV1, GPU_COLUMNS, GPU, "gpu_minute"),
+    (TOPIC_REQUESTS, (RequestV1, EvalV1), REQUEST_COLUMNS, REQUESTS, "sli_minute"),
+    (TOPIC_GPU, (GpuV1,), GPU_COLUMNS, GPU, "gpu_minute"),
 )
 
 
@@ -48,9 +49,9 @@ def input_topics(kafka: KafkaSettings, max_record_bytes: int,
                  windows: Callable[[AggregateSpec], object]) -> dict[str, InputTopic]:
     """`tw.requests` and `tw.gpu`, each with windows from `windows(spec)`."""
     out = {}
-    for suffix, event_type, columns, spec, table in PRODUCER_TOPICS:
+    for suffix, (event_type, *also), columns, spec, table in PRODUCER_TOPICS:
         topic = kafka.topic(suffix)
-        out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes), columns, windows(spec))
+        out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes, also), columns, windows(spec))
     return out
 
 

@@ -91,6 +91,7 @@ from conventions import (
     STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL,
     SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS, POOL_LABELS, TRAFFIC_LABELS,
     ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
+    ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL,
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
     SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL, TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
     TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL,
@@ -128,6 +129,8 @@ TRAFFIC_COUNTERS = {
     CACHED_PROMPT_TOKENS_TOTAL: ("cached_prompt_tokens", "Prompt tokens served from the prefix (KV) cache."),
     SPECULATIVE_DRAFT_TOKENS_TOTAL: ("draft_tokens", "Tokens drafted by speculative decoding."),
     SPECULATIVE_ACCEPTED_TOKENS_TOTAL: ("accepted_tokens", "Drafted tokens the target model accepted."),
+    ASR_WORD_ERRORS_TOTAL: ("word_errors", "Word errors (substitutions, deletions, insertions) in sampled ASR evaluations."),
+    ASR_REFERENCE_WORDS_TOTAL: ("reference_words", "Reference words of sampled ASR evaluations (WER's denominator)."),
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist",
                   "inter_token": "inter_token_ms_hist", "finalization": "finalization_ms_hist"}

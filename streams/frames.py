@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from conventions import STAGE_NAMES
-from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS
+from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
 from ingest.validate import FUTURE, Rejected
 
 # How far an event may be stamped ahead of the Kafka record that carries it (default).
@@ -34,7 +34,13 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "partial_revisions": pl.Int64, "endpointing_error": pl.Boolean, "finalization_ms": pl.Float64,
     "underruns": pl.Int64, "voice_cache_hit": pl.Boolean, "fallback": pl.String,
     "cached_prompt_tokens": pl.Int64, "draft_tokens": pl.Int64, "accepted_tokens": pl.Int64,
+    # eval.v1 records (sharing the topic) fill these and the slice labels; their `status` is null.
+    "word_errors": pl.Int64, "reference_words": pl.Int64, "char_errors": pl.Int64, "reference_chars": pl.Int64,
+    "mos": pl.Float64,
 }
+# Event ids are deduplicated per topic: an evaluation's id lives apart from requests' (a
+# scorer may well reuse the id of the request it scored). No accepted id holds a NUL.
+EVAL_ID_PREFIX = "\x00eval\x00"
 # Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
 # Built apart from the flat columns: a name outside the list folds
 # into `other` here, so the buckets' stage keys stay bounded.
@@ -95,11 +101,15 @@ def records_to_frame(
             index, ts = index[keep], ts[keep]
             records = [records[p] for p in keep]
     read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
-    frame = pl.DataFrame({c: list(map(attrgetter(c), records)) for c in read}, schema=read)
+    kinds = set(map(type, records))
+    frame = pl.DataFrame({c: _gather(records, kinds, c) for c in read}, schema=read)
     # Only batches that carry stages get the column (the windows take its absence for none):
     # a batch without them costs one scan, not a column of nulls.
-    if STAGES_COLUMN in columns and any(r.stages for r in records):  # type: ignore[attr-defined]
+    if STAGES_COLUMN in columns and any(getattr(r, STAGES_COLUMN, None) for r in records):
         frame = frame.with_columns(stage_column(records))
+    if any(issubclass(k, EvalV1) for k in kinds) and "event_id" in read:
+        frame = frame.with_columns(pl.when(pl.col("status").is_null()).then(EVAL_ID_PREFIX + pl.col("event_id"))
+                                   .otherwise(pl.col("event_id")).alias("event_id"))
     if "language" in read:  # BCP 47 is case-insensitive: en-US and en-us are one slice
         frame = frame.with_columns(pl.col("language").str.to_lowercase())
     part, offset = np.asarray(partitions, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
@@ -115,6 +125,17 @@ def records_to_frame(
     return frame, rejected
 
 
+def _gather(records: Sequence[msgspec.Struct], kinds: set[type], column: str) -> list:
+    """One column's values: one attrgetter pass where every record type has the field, None
+    where a record's type lacks it (a request's `mos`, an evaluation's `status`)."""
+    have = [column in k.__struct_fields__ for k in kinds]
+    if all(have):
+        return list(map(attrgetter(column), records))
+    if not any(have):
+        return [None] * len(records)
+    return [getattr(r, column, None) for r in records]
+
+
 def _future_detail(ts_ms: int, record_ts_ms: int, max_ahead_ms: int) -> str:
     if not MIN_EVENT_TS_MS <= record_ts_ms < MAX_EVENT_TS_MS:
         return f"the Kafka record's timestamp ({record_ts_ms}) cannot bound event time"
@@ -126,6 +147,6 @@ def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:
     other = STAGE_INDEX["other"]
     values = [
         [{"stage": STAGE_INDEX.get(name, other), "ms": ms} for name, ms in stages.items()] if stages else None
-        for stages in (r.stages for r in records)  # type: ignore[attr-defined]
+        for stages in (getattr(r, STAGES_COLUMN, None) for r in records)
     ]
     return pl.Series(STAGES_COLUMN, values, dtype=STAGES_DTYPE)

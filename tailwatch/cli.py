@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every request rate")
     p.add_argument("--gpu-samples-per-minute", type=_positive_int, default=6,
                    help="GPU samples per GPU per minute (default 6; 1 keeps multi-day runs light)")
+    p.add_argument("--eval-share", type=float, default=0.0, metavar="SHARE",
+                   help="share of answered ASR and TTS requests a scorer samples, sent as eval.v1 (default 0)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
     p.add_argument("--truth", default=None, metavar="FILE", help="write the labelled incidents (JSON Lines) here")
     p.add_argument("--trace", default=None, metavar="CSV", help="replay an Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens)")

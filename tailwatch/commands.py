@@ -42,7 +42,7 @@ def _source(args: argparse.Namespace):
     if args.trace:
         return TraceReplay(args.trace, minutes=args.minutes, seed=args.seed, start=start)
     return FleetSimulator(args.scenario, args.minutes, args.seed, start, args.rate_scale,
-                          getattr(args, "gpu_samples_per_minute", 6))
+                          getattr(args, "gpu_samples_per_minute", 6), getattr(args, "eval_share", 0.0))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -107,7 +107,7 @@ class Feed:
         requests = self.kafka.topic("requests")
         for raw in BAD_RECORDS:  # a misbehaving producer: dead letters by reason
             send(pub.producer, requests, raw, b"bad")
-        sim = FleetSimulator("mixed-fleet", minutes=MINUTES, seed=11, rate_scale=0.3)
+        sim = FleetSimulator("mixed-fleet", minutes=MINUTES, seed=11, rate_scale=0.3, eval_share=0.05)
         first = True
         for _minute, events in groupby(sim.events(), key=lambda e: e.ts // 60_000):
             if self.stop.is_set():

@@ -50,6 +50,16 @@ class Canary:
     start_minute: int = 5
     error_rate: float = 0.0002
     gpu_seconds_factor: float = 1.0
+    # Injected quality: each answer gets a language; a sampled share is scored, its reference
+    # words the answer's length, its word errors binomial at the language's WER × this factor
+    # on the canary ("" for every language not named). Empty: no evaluations at all.
+    wer_factors: tuple[tuple[str, float], ...] = ()
+
+
+# The stable version's WER per language and the languages' shares of traffic (injected quality).
+WER = {"en-us": 0.055, "es-es": 0.07, "de-de": 0.08, "ja-jp": 0.11}
+LANGUAGE_SHARES = (0.55, 0.2, 0.15, 0.1)
+EVAL_SHARE = 0.3
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,20 @@ def _oldest_queue_age_ms(arrival_ms: np.ndarray, start_ms: np.ndarray, minutes: 
     return out
 
 
+def _injected_quality(canary: Canary, is_canary: np.ndarray, failed: np.ndarray, output: np.ndarray,
+                      rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Language, and sampled evaluations, for each of the trace's answers (see Canary)."""
+    n = len(is_canary)
+    languages = np.array(list(WER))[np.searchsorted(np.cumsum(LANGUAGE_SHARES), rng.random(n) * 0.999999)]
+    factors = dict(canary.wer_factors)
+    factor = np.array([factors.get(lang, factors.get("", 1.0)) for lang in languages])
+    wer = np.array([WER[lang] for lang in languages]) * np.where(is_canary, factor, 1.0)
+    scored = (rng.random(n) < EVAL_SHARE) & ~failed
+    words = np.where(scored, np.maximum(1, output), 0).astype(np.int64)
+    return {"language": languages, "evals": scored.astype(np.int64),
+            "word_errors": rng.binomial(words, np.minimum(wer, 1.0)).astype(np.int64), "reference_words": words}
+
+
 def build_fleet(pool_factors: dict[str, float], seed: int, canary: Canary | None = None) -> Fleet:
     rng = np.random.default_rng(seed)
     trace = _trace()
@@ -119,13 +143,16 @@ def build_fleet(pool_factors: dict[str, float], seed: int, canary: Canary | None
         gpu_s = service / 1000 / SLOTS_PER_REPLICA * np.where(is_canary, canary.gpu_seconds_factor if canary else 1, 1)
         done = start + service
         zone = f"us-east-1{'abc'[p % 3]}"
-        per_request.append(pl.DataFrame({
+        frame = pl.DataFrame({
             "minute": (done // 60_000).astype(np.int64), "pool": pool, "zone": zone,
             "deployment": np.where(is_canary, "canary", "stable"), "model_version": np.where(is_canary, CANARY, STABLE),
             "errors": failed.astype(np.int64), "gpu_seconds": gpu_s, "prompt_tokens": prompt.astype(np.int64),
             "output_tokens": np.where(failed, 0, output).astype(np.int64), "queue_ms": wait,
             "first_output_ms": np.where(failed, np.nan, wait + first_ms), "e2e_ms": wait + service,
-        }).with_columns(pl.col("first_output_ms").fill_nan(None)))
+        }).with_columns(pl.col("first_output_ms").fill_nan(None))
+        if canary is not None and canary.wer_factors:
+            frame = frame.with_columns(**_injected_quality(canary, is_canary, failed, output, rng))
+        per_request.append(frame)
         minutes = int(trace[-1, 0] // 60_000) + 1
         done_minute = np.minimum((done // 60_000).astype(int), minutes - 1)
         work = np.bincount(done_minute, weights=gpu_s, minlength=minutes) / 60
@@ -136,9 +163,13 @@ def build_fleet(pool_factors: dict[str, float], seed: int, canary: Canary | None
     requests = pl.concat(per_request)
     minutes = int(requests["minute"].max()) + 1
     keys = ["minute", "pool", "zone", "deployment", "model_version"]
+    quality = []
+    if "language" in requests.columns:
+        keys.append("language")
+        quality = [pl.col(c).sum() for c in ("evals", "word_errors", "reference_words")]
     sums = requests.group_by(keys).agg(
         pl.len().alias("requests"), pl.col("errors").sum(), pl.col("gpu_seconds").sum(),
-        pl.col("prompt_tokens").sum(), pl.col("output_tokens").sum())
+        pl.col("prompt_tokens").sum(), pl.col("output_tokens").sum(), *quality)
     for field in ("first_output_ms", "e2e_ms"):
         h = (requests.filter(pl.col(field).is_not_null())
              .group_by(*keys, histogram.bin_expr(field).alias("bin")).agg(pl.len().cast(pl.Int64).alias("n"))
@@ -265,13 +296,12 @@ def test_every_pool_answer_says_which_bound_decided(autoscale_run):
 
 # The model's traffic: the trace at 0.7× its rate spread over the nine pools, so that a 15%
 # canary serves about 480 requests in 30 minutes, as in the issue.
-ROLLOUT_FACTORS = {pool: 0.7 / len(POOL_FACTORS) for pool in POOL_FACTORS}
 # Promotion at 300 canary requests, so that "never promoted" is a claim the hour can test.
 ROLLOUT_POLICY = SignalPolicy(rollout=RolloutPolicy(promote_min_requests=300))
 
 
-def verdicts(canary: Canary, seed: int) -> dict[int, dict]:
-    fleet = build_fleet(ROLLOUT_FACTORS, seed=seed, canary=canary)
+def verdicts(canary: Canary, seed: int, rate: float = 0.7) -> dict[int, dict]:
+    fleet = build_fleet({pool: rate / len(POOL_FACTORS) for pool in POOL_FACTORS}, seed=seed, canary=canary)
     out = {}
     for m, snap in replay(fleet, ROLLOUT_POLICY):
         answer = snap.rollouts.get((MODEL, CANARY))
@@ -336,3 +366,32 @@ def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(au
            *verdicts(Canary(gpu_seconds_factor=2.2), seed=22).values()]
     assert {v["verdict"] for v in seq} >= {"rollback", "pause", "continue"}
     assert all(_same_json(typed(v, Verdict), v) for v in seq)
+
+
+# ---- rollout on quality by language slice -----------------------------------------------
+
+def test_a_canary_better_on_global_wer_but_worse_in_one_language_is_rolled_back_naming_it():
+    """The trace's answers (at 2× its rate) as utterances, their lengths as reference words, a
+    language each and 30% of them scored; a 30% canary whose WER is 0.7× stable's everywhere but
+    German, where it is 1.8×. Its global WER is lower, and it is rolled back for German."""
+    seq = verdicts(Canary(share=0.3, wer_factors=(("de-de", 1.8), ("", 0.7))), seed=23, rate=2.0)
+    rolled = [m for m, v in seq.items() if v["verdict"] == "rollback"]
+    assert rolled, {m: v["reasons"] for m, v in seq.items()}
+    v = seq[min(rolled)]
+    wer = v["metrics"]["wer"]
+    assert v["decided_by"] == ["wer"] and wer["languages"] == ["de-de"], v["reasons"]
+    assert "WER on de-de" in v["reasons"][0]
+    assert wer["global_canary_wer"] < wer["global_stable_wer"]  # better globally
+    assert wer["slices"]["de-de"]["canary_wer"] > wer["slices"]["de-de"]["stable_wer"]
+    assert all(wer["slices"][lang]["verdict"] in ("pass", "continue", "unjudged") for lang in ("en-us", "es-es"))
+    # The window slides past the first evidence, never to a verdict that lets the canary on.
+    assert {seq[m]["verdict"] for m in seq if m >= min(rolled)} <= {"rollback", "pause"}
+
+
+def test_a_canary_better_in_every_language_is_never_held_for_quality_and_is_promoted():
+    seq = verdicts(Canary(share=0.3, wer_factors=(("", 0.9),)), seed=24, rate=2.0)
+    held = {m: v["reasons"] for m, v in seq.items() if v["verdict"] in ("rollback", "pause")}
+    assert not held, held
+    last = seq[max(seq)]
+    assert last["verdict"] == "promote", last["reasons"]
+    assert {k: s["verdict"] for k, s in last["metrics"]["wer"]["slices"].items()} == dict.fromkeys(WER, "pass")
