@@ -208,7 +208,17 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
         missing.append("stream endings: no attempt said how its stream ended (finish_reason), so stream completion "
                        "is unknown")
     missing.append("quality labels: the store counts a turn successful by the runtime's task_success where it is sent "
-                   "and by status ok otherwise, and cannot tell which; no offline evaluation score is stored")
+                   "and by status ok otherwise, and cannot tell which")
+    # Sampled evaluations (eval.v1): WER per language and version, the slices a rollout gate compares.
+    evaluated = req.filter(pl.col("reference_words").fill_null(0) > 0) if "reference_words" in req.columns else req.clear()
+    if evaluated.height:
+        quality["language and model_version (sampled evaluations)"] = evaluated.group_by("language", "model_version").agg(
+            pl.col("evals").sum(), pl.col("word_errors").sum(), pl.col("reference_words").sum(),
+        ).with_columns(_share("word_errors", pl.col("reference_words")).alias("wer")).sort(
+            "language", "model_version").to_dicts()
+    else:
+        missing.append("evaluation scores: no eval.v1 evaluation with word counts for this model, so WER by language "
+                       "is unknown")
     if not req.filter(pl.col("traffic_class") == "eval").height:
         missing.append("evaluation traffic: no `eval` traffic class for this model, so quality under a fixed test set "
                        "was not measured")

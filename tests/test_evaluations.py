@@ -127,3 +127,22 @@ def test_a_canary_better_in_every_language_goes_on_to_promotion(broker, tmp_path
                            SignalPolicy(rollout=RolloutPolicy(promote_min_requests=1_000)))
     assert not [s for s in run.steps if s.verdict in ("rollback", "pause")], run.steps
     assert run.steps[-1].verdict == "promote", run.steps[-1]
+
+
+def test_the_readiness_report_shows_wer_by_language_and_version_and_the_rollback(regression_run):
+    from planning.prices import GpuPrices
+    from reports.readiness import CanaryHistory, build_readiness
+
+    sim, _events, path, _worker = regression_run
+    requests, gpu = read_buckets(str(path))
+    run = backtest_rollout(requests, gpu, "whisper-large-v3", "v3.2")
+    report = build_readiness("whisper-large-v3", requests, gpu, load_slos(DEFAULT_SLOS), GpuPrices(),
+                             [CanaryHistory("v3.2", run.story())], queue_age_slo_ms=1000)
+    table = {(r["language"], r["model_version"]): r for r in
+             report.quality["language and model_version (sampled evaluations)"]}
+    assert {k: [r["evals"], r["word_errors"], r["reference_words"]] for k, r in table.items()} == \
+        {(lang, version): v for (version, lang), v in sim.totals.evaluations.items()}
+    assert table[("de-de", "v3.2")]["wer"] > table[("de-de", "v3.1")]["wer"]
+    assert table[("en-us", "v3.2")]["wer"] < table[("en-us", "v3.1")]["wer"]
+    assert report.verdict == "blocked" and any("v3.2" in f.what and "de-de" in f.what for f in report.findings), \
+        report.findings

@@ -1,7 +1,8 @@
 """A generation and mutation fuzzer for the record decode path, checked by invariants.
 
-Records are made from the wire contract itself (msgspec's view of `request.v1` and `gpu.v1`:
-every field's type and bounds), each labelled with what the decoder must do with it:
+Records are made from the wire contract itself (msgspec's view of `request.v1`, `eval.v1` and
+`gpu.v1`: every field's type and bounds), each labelled with what the decoder must do with it.
+Evaluations share the requests' topic, so they go through its decoder beside requests:
 
 - valid: every field a value of its type, bounds included (exactly at each bound), unknown
   fields beside them, duplicate keys, escaped unicode, timestamps as epoch ms or RFC 3339;
@@ -39,7 +40,7 @@ from typing import Callable
 
 import msgspec
 
-from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, GpuV1, RequestV1
+from ingest.schema import EVAL_PAIRS, MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1, GpuV1, RequestV1
 
 # Values for fields with a pattern (language tags, voice names), each generator picking those
 # its field's pattern admits.
@@ -207,7 +208,7 @@ def _rfc3339_year(year: int) -> str:
 class Generator:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
-        self.contracts = {"request.v1": Contract(RequestV1), "gpu.v1": Contract(GpuV1)}
+        self.contracts = {"request.v1": Contract(RequestV1), "eval.v1": Contract(EvalV1), "gpu.v1": Contract(GpuV1)}
         self.n = 0
 
     def valid_doc(self, schema: str) -> tuple[dict, dict]:
@@ -229,6 +230,14 @@ class Generator:
             if f.name == "event_id":
                 value = f"ev-{self.n:x}"
             doc[f.name] = want[f.name] = value
+        if schema == "eval.v1":  # its measurements come in pairs, and at least one is there
+            for a, b in EVAL_PAIRS:
+                if (doc.get(a) is None) != (doc.get(b) is None):
+                    for name in (a, b):
+                        doc.pop(name, None)
+                        want.pop(name, None)
+            if all(doc.get(a) is None for a, _ in EVAL_PAIRS) and doc.get("mos") is None:
+                doc["mos"] = want["mos"] = 4.0
         return doc, want
 
     def dumps(self, value) -> bytes:
@@ -237,7 +246,8 @@ class Generator:
 
     def case(self) -> Case:
         rng = self.rng
-        schema = "request.v1" if rng.random() < 0.7 else "gpu.v1"
+        u = rng.random()
+        schema = "request.v1" if u < 0.6 else ("eval.v1" if u < 0.7 else "gpu.v1")
         kind = rng.choices(["valid", "valid_extra", "duplicate_key", "duplicate_key_invalid_first", "invalid_field",
                             "missing", "deep", "control", "padded", "joined", "mutated", "truncated", "empty", "record_ts"],
                            weights=[30, 8, 3, 2, 14, 4, 4, 3, 1, 5, 15, 6, 2, 4])[0]
@@ -249,7 +259,9 @@ class Generator:
             doc[rng.choice(["prompt", "meta", "x", "attributes"])] = _nested(rng, rng.randint(1, MAX_DEPTH - 2))
             return Case(self.dumps(doc), "valid", want, kind=kind)
         if kind.startswith("duplicate_key"):  # the last value wins; an invalid one before it is still refused
-            f = rng.choice([f for f in c.fields if f.name not in ("schema", "ts", "event_id")])
+            # (Not an evaluation's measurements: a last value of null would break its pair, a
+            # refusal by the cross-field check that `invalid_field` cases exercise.)
+            f = rng.choice([f for f in c.fields if f.name not in ("schema", "ts", "event_id", *_EVAL_MEASURES)])
             valid_first = kind == "duplicate_key"
             first = c.valid_value(rng, f.type, f.name, False) if valid_first else c.invalid_value(rng, f.type, f.name)
             while isinstance(first, str) and CONTROL.search(first):  # judged on the value kept, the last
@@ -285,7 +297,7 @@ class Generator:
             return Case(raw[:-1] + b" " * (size - len(raw)) + b"}", "invalid", kind=kind)
         if kind == "joined":  # split a record at one of its commas, hang the first part on another
             other, _ = self.valid_doc(schema)
-            other["tenant" if schema == "request.v1" else "node"] = "forged"
+            other["node" if schema == "gpu.v1" else "tenant"] = "forged"
             a, b = self.dumps(doc), json.dumps(other).encode()
             cut = rng.choice([i for i in range(len(b)) if b[i:i + 2] == b", "])
             self._rest = b[cut + 1:]  # the producer's next record: joined with a comma, `[a,b]` parses
@@ -333,7 +345,7 @@ def _nested(rng: random.Random, depth: int):
 
 class Checker:
     def __init__(self):
-        self.decoders = {"request.v1": BatchDecoder(RequestV1), "gpu.v1": BatchDecoder(GpuV1)}
+        self.decoders = {"request.v1": BatchDecoder(RequestV1, also=(EvalV1,)), "gpu.v1": BatchDecoder(GpuV1)}
         self.columns = {"request.v1": REQUEST_COLUMNS, "gpu.v1": GPU_COLUMNS}
 
     def outcomes(self, schema: str, cases: list[Case]) -> tuple[dict[int, object], list[str]]:
@@ -396,9 +408,10 @@ def run(records: int, seed: int = 1, batch_size: int = 500, progress: Callable[[
     began = last = time.monotonic()
     while report.records < records:
         cases = gen.batch(min(batch_size, records - report.records))
-        for schema in ("request.v1", "gpu.v1"):
-            # A topic carries one schema: the other's records are simply invalid here.
-            batch = [c if _schema_of(c) in (schema, None) else Case(c.raw, "invalid", kind="other-schema") for c in cases]
+        for schema, carried in TOPIC_SCHEMAS.items():
+            # A topic carries its schemas: the others' records are simply invalid here.
+            batch = [c if _schema_of(c) in (*carried, None) else Case(c.raw, "invalid", kind="other-schema")
+                     for c in cases]
             got, problems = check.outcomes(schema, batch)
             report.violations += [f"batch {report.batches} {schema}: {p}" for p in problems]
             if problems and not got:
@@ -412,14 +425,14 @@ def run(records: int, seed: int = 1, batch_size: int = 500, progress: Callable[[
                         report.violations.append(f"batch {report.batches} {schema} record {i} ({c.kind}): "
                                                  f"{_short(outcome)} in the batch, {_short(single.get(0))} alone")
                 # Tallied once, under its own topic; a record of no known schema under requests.
-                home = _schema_of(c) if _schema_of(c) in ("request.v1", "gpu.v1") else "request.v1"
+                home = "gpu.v1" if _schema_of(c) == "gpu.v1" else "request.v1"
                 if schema == home:
                     report.by_expect[c.expect] = report.by_expect.get(c.expect, 0) + 1
                     if isinstance(outcome, str):
                         report.by_reason[outcome] = report.by_reason.get(outcome, 0) + 1
                     elif outcome is not None:
                         report.accepted += 1
-                if _schema_of(c) != schema and c.expect != "invalid":
+                if _schema_of(c) not in carried and c.expect != "invalid":
                     continue
                 problem = _expectation(c, outcome)
                 if problem:
@@ -433,12 +446,19 @@ def run(records: int, seed: int = 1, batch_size: int = 500, progress: Callable[[
     return report
 
 
+_EVAL_MEASURES = (*(f for pair in EVAL_PAIRS for f in pair), "mos")
+# Each topic's decoder (named by its main schema) and the schemas its records may carry.
+TOPIC_SCHEMAS = {"request.v1": ("request.v1", "eval.v1"), "gpu.v1": ("gpu.v1",)}
+
+
 def _schema_of(c: Case) -> str | None:
     if c.doc is not None:
         return c.doc["schema"]
     raw = c.raw or b""
     if b'"gpu.v1"' in raw:
         return "gpu.v1"
+    if b'"eval.v1"' in raw:
+        return "eval.v1"
     if b'"request.v1"' in raw:
         return "request.v1"
     return None
