@@ -328,6 +328,8 @@ class Generator:
         out = []
         while len(out) < size:
             c = self.case()
+            if c.expect == "joined" and len(out) + 2 > size:  # its rest would not fit: another case
+                continue
             out.append(c)
             if c.expect == "joined":  # the rest of the second record, as the producer's next record
                 out.append(Case(self._rest, "joined", kind="joined-rest"))
