@@ -26,4 +26,7 @@ DETECTOR_DASHBOARD = {
     "cold_start": UID_GPU,
     "cost_regression": UID_COST,
     "anomaly": UID_CANARY,
+    "cold_voice_storm": UID_LATENCY,  # the quality panels: warm-voice hits beside first audio
+    "partial_churn": UID_LATENCY,
+    "prompt_cache_collapse": UID_LATENCY,
 }

@@ -29,6 +29,17 @@ from detectors.kv_cache import (
     PromptGrowthConfig,
     PromptGrowthDetector,
 )
+from detectors.quality import (
+    COLD_VOICE,
+    PARTIAL_CHURN,
+    PROMPT_CACHE,
+    ColdVoiceStormConfig,
+    ColdVoiceStormDetector,
+    PartialChurnConfig,
+    PartialChurnDetector,
+    PromptCacheCollapseConfig,
+    PromptCacheCollapseDetector,
+)
 from detectors.queue_age import NAME as QUEUE
 from detectors.queue_age import QueueAgeConfig, QueueAgeDetector
 from detectors.retry_storm import NAME as RETRY
@@ -56,6 +67,9 @@ REGISTRY: dict[str, tuple[type, type]] = {
     COLD: (ColdStartConfig, ColdStartDetector),
     COST: (CostRegressionConfig, CostRegressionDetector),
     ANOMALY: (AnomalyConfig, AnomalyDetector),
+    COLD_VOICE: (ColdVoiceStormConfig, ColdVoiceStormDetector),
+    PARTIAL_CHURN: (PartialChurnConfig, PartialChurnDetector),
+    PROMPT_CACHE: (PromptCacheCollapseConfig, PromptCacheCollapseDetector),
 }
 DETECTOR_NAMES = tuple(REGISTRY)
 

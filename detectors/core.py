@@ -110,11 +110,14 @@ GPM_MEANS = ("sm_active_pct_mean", "sm_occupancy_pct_mean", "tensor_active_pct_m
              "gr_engine_active_pct_mean")
 REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "successful_turns",
                 "prompt_tokens", "output_tokens", "gpu_seconds")
+# Quality counts the quality detectors read (detectors/quality.py); rows from before them count 0.
+QUALITY_SUMS = ("voice_cache_hits", "voice_cache_lookups", "partial_revisions", "asr_partials_reported",
+                "cached_prompt_tokens")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
 LatencyP95 = Literal[LATENCY_P95]
 # The sli_minute columns MinuteBatch reads: labels, sums and p95s. Not the histograms,
 # which are most of a row's bytes (the detector stage's rebuild reads only these).
-REQUEST_COLUMNS_READ = frozenset(("window_start", *SLICE_LABELS, *REQUEST_SUMS, *LATENCY_P95))
+REQUEST_COLUMNS_READ = frozenset(("window_start", *SLICE_LABELS, *REQUEST_SUMS, *QUALITY_SUMS, *LATENCY_P95))
 POOL_CLASSES = ("pool", "traffic_class")  # the label set behind MinuteBatch.traffic_classes
 # The labels a detector slices by: at least one, each an event label.
 SliceBy = Annotated[tuple[Literal[SLICE_LABELS], ...], Meta(min_length=1)]
@@ -140,6 +143,11 @@ class SliceMinute:
     queue_ms_p95: float | None = None
     first_output_ms_p95: float | None = None
     e2e_ms_p95: float | None = None
+    voice_cache_hits: int = 0
+    voice_cache_lookups: int = 0
+    partial_revisions: int = 0
+    asr_partials_reported: int = 0
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +219,8 @@ def summarise(requests: pl.DataFrame, by: tuple[str, ...]) -> pl.DataFrame:
     same labels gives the summary of their rows (rows of one minute may close in several
     checkpoints)."""
     return requests.group_by(MINUTE_COL, *[pl.col(b).fill_null("") for b in by]).agg(
-        *[pl.col(c).sum() for c in REQUEST_SUMS], *_weighted_p95s(requests))
+        *[pl.col(c).sum() for c in REQUEST_SUMS], *[pl.col(c).sum() for c in QUALITY_SUMS if c in requests.columns],
+        *_weighted_p95s(requests))
 
 
 def summaries(requests: pl.DataFrame | None, label_sets: tuple[tuple[str, ...], ...]) -> pl.DataFrame | None:
@@ -265,7 +274,8 @@ class MinuteBatch:
                 labels = {b: row[b] for b in by}
                 p95 = {c: (row[f"_w_{c}"] / row[f"_n_{c}"] if row[f"_n_{c}"] else None) for c in LATENCY_P95}
                 out.setdefault(row[MINUTE_COL], {})[slice_key(labels)] = SliceMinute(
-                    labels, **{c: (row[c] or 0) for c in REQUEST_SUMS}, **p95)
+                    labels, **{c: (row[c] or 0) for c in REQUEST_SUMS}, **{c: (row.get(c) or 0) for c in QUALITY_SUMS},
+                    **p95)
         self._slices[by] = out
         return out
 
@@ -387,3 +397,45 @@ class History:
         vals = self.values.get(key, {})
         end = minute - k + 1
         return [vals[m] for m in range(end - n, end) if m in vals]
+
+
+class BaselineDetector:
+    """A detector over one label set (`cfg.slice_by`) that judges each slice's last
+    `window_minutes` of readings against the `baseline_minutes` before them (at least
+    `min_baseline_minutes` of them). Subclasses say what a minute's reading is (`reading`,
+    None: the slice did not report it) and when a window breaches (`judge`: its evidence, or None)."""
+
+    name: str
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.history = History(cfg.window_minutes + cfg.baseline_minutes)
+        self.tracker = Tracker(self.name, cfg.clear_minutes)
+
+    def label_sets(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.cfg.slice_by),)
+
+    def reading(self, s: SliceMinute, seen: bool) -> object | None:
+        """This minute's reading of a slice; `seen`: the slice has readings in the history."""
+        raise NotImplementedError
+
+    def judge(self, window: list, base: list) -> dict | None:
+        raise NotImplementedError
+
+    def observe(self, m: Minute) -> list[DetectionEvent]:
+        cfg, h = self.cfg, self.history
+        for key, s in m.slices(tuple(cfg.slice_by)).items():
+            value = self.reading(s, key in h.values)
+            if value is not None:
+                h.add(key, s.labels, m.minute, value)
+        h.trim(m.minute)
+        findings = []
+        for key in sorted(h.values):
+            window = h.window(key, m.minute, cfg.window_minutes)
+            base = h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
+            if not window or len(base) < cfg.min_baseline_minutes:
+                continue
+            evidence = self.judge(window, base)
+            if evidence is not None:
+                findings.append(Finding(h.labels[key], {**evidence, "window_minutes": cfg.window_minutes}))
+        return self.tracker.update(m.minute, findings)

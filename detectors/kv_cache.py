@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, SliceBy
+from detectors.core import BaselineDetector, DetectionEvent, Finding, History, Minute, SliceBy, SliceMinute, Tracker
 from config import ConfigStruct, Count, Factor, Fraction, Minutes, NonNegative
 
 KV = "kv_cache_pressure"
@@ -78,37 +78,20 @@ class KvCachePressureDetector:
         return self.tracker.update(m.minute, findings)
 
 
-class PromptGrowthDetector:
+class PromptGrowthDetector(BaselineDetector):
     name = PROMPT
+    cfg: PromptGrowthConfig
 
-    def __init__(self, cfg: PromptGrowthConfig):
-        self.cfg = cfg
-        self.history = History(cfg.window_minutes + cfg.baseline_minutes)
-        self.tracker = Tracker(PROMPT, cfg.clear_minutes)
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        return (s.requests, s.prompt_tokens) if s.prompt_tokens > 0 and s.requests > 0 else None
 
-    def label_sets(self) -> tuple[tuple[str, ...], ...]:
-        return (tuple(self.cfg.slice_by),)
-
-    def observe(self, m: Minute) -> list[DetectionEvent]:
-        cfg, h = self.cfg, self.history
-        for key, s in m.slices(tuple(cfg.slice_by)).items():
-            if s.prompt_tokens > 0 and s.requests > 0:
-                h.add(key, s.labels, m.minute, (s.requests, s.prompt_tokens))
-        h.trim(m.minute)
-        findings = []
-        for key in sorted(h.values):
-            window = h.window(key, m.minute, cfg.window_minutes)
-            base = h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
-            if not window or len(base) < cfg.min_baseline_minutes:
-                continue
-            requests = sum(r for r, _ in window)
-            if requests < cfg.min_requests:
-                continue
-            mean = sum(t for _, t in window) / requests
-            baseline = statistics.median(t / r for r, t in base)
-            if baseline > 0 and mean >= cfg.growth_factor * baseline:
-                findings.append(Finding(h.labels[key], {
-                    "prompt_tokens_per_request": round(mean, 2), "prompt_tokens_per_request_baseline": round(baseline, 2),
-                    "growth": round(mean / baseline, 4), "requests": requests, "window_minutes": cfg.window_minutes,
-                }))
-        return self.tracker.update(m.minute, findings)
+    def judge(self, window: list, base: list) -> dict | None:
+        requests = sum(r for r, _ in window)
+        if requests < self.cfg.min_requests:
+            return None
+        mean = sum(t for _, t in window) / requests
+        baseline = statistics.median(t / r for r, t in base)
+        if baseline > 0 and mean >= self.cfg.growth_factor * baseline:
+            return {"prompt_tokens_per_request": round(mean, 2), "prompt_tokens_per_request_baseline": round(baseline, 2),
+                    "growth": round(mean / baseline, 4), "requests": requests}
+        return None

@@ -97,6 +97,9 @@ class Incident:
     stream_cut_ratio: float = 0.0  # share of answered streams the server cuts mid-answer (HTTP 200 all the same)
     stage_factors: tuple[tuple[str, float], ...] = ()  # s2s stages that slow, e.g. (("tts_first_audio", 4.0),)
     wer_factors: tuple[tuple[str, float], ...] = ()  # ASR word error rate × factor per language ("" = every other)
+    voice_cache_hit_factor: float = 1.0  # TTS voice-cache hit probability × this (a cold-voice storm)
+    partial_revisions_factor: float = 1.0  # ASR partial revisions per turn × this (partial churn)
+    prompt_cache_factor: float = 1.0  # LLM share of prompt tokens from the prefix cache × this (a collapse)
     labelled: bool = True  # False: background noise, not in the truth
     related: tuple[str, ...] = ()  # other detector kinds whose firing here is explained, not false
 
@@ -159,6 +162,8 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
     # fault is recognised as the same incident.
     asr_c = {"workload": "asr", "model": "whisper-large-v3", "zone": "us-east-1c"}
     llm_a = {"workload": "llm", "model": "llama-3.1-70b", "zone": "us-east-1a"}
+    tts_a = {"workload": "tts", "model": "voice-tts-2", "zone": "us-east-1a", "traffic_class": "realtime"}
+    tts_c = {"workload": "tts", "model": "voice-tts-2", "zone": "us-east-1c", "traffic_class": "realtime"}
     return {
         "retry-storm": [
             Incident("asr-1c-retry-storm", "retry_storm", 80, 92, asr_c, error_ratio=0.3, retry_attempts=3,
@@ -216,6 +221,26 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
             Incident("llm-stable-answers-truncated", "anomaly", 150, 180,
                      {"model": "llama-3.1-70b", "model_version": "2024-07"}, output_tokens_factor=0.3),
         ],
+        # Speech and LLM quality: TTS voices loaded cold (misses with slower first audio), ASR
+        # captions that flicker, an LLM prefix cache that stops hitting.
+        "cold-voice-storm": [
+            Incident("tts-1a-cold-voices", "cold_voice_storm", 80, 95, tts_a, voice_cache_hit_factor=0.4,
+                     latency_factor=1.6, related=("anomaly", "idle_but_slow", "busy_but_slow")),
+            Incident("tts-1c-cold-voices", "cold_voice_storm", 130, 145, tts_c, voice_cache_hit_factor=0.5,
+                     latency_factor=1.5, related=("anomaly", "idle_but_slow", "busy_but_slow")),
+        ],
+        "partial-churn": [
+            Incident("asr-stable-churn", "partial_churn", 80, 100, {"model": "whisper-large-v3", "model_version": "v3.1"},
+                     partial_revisions_factor=2.5, related=("anomaly",)),
+            Incident("asr-canary-churn", "partial_churn", 130, 150, {"model": "whisper-large-v3", "model_version": "v3.2"},
+                     partial_revisions_factor=3.0, related=("anomaly",)),
+        ],
+        "prompt-cache-collapse": [
+            Incident("llm-prefix-cache-off", "prompt_cache_collapse", 80, 100, {"model": "llama-3.1-70b"},
+                     prompt_cache_factor=0.05, related=("anomaly",)),
+            Incident("llm-prefix-cache-halved", "prompt_cache_collapse", 140, 160, {"model": "llama-3.1-70b"},
+                     prompt_cache_factor=0.3, related=("anomaly",)),
+        ],
         "quiet-day": [],  # normal diurnal load with noisy tenants (see _noise), nothing to detect
         # One incident of every kind in four hours, on separate slices: what the test suite runs.
         "detector-suite": [
@@ -238,6 +263,12 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
                      related=("anomaly",)),
             Incident("suite-silent", "anomaly", 205, 230, {"model": "llama-3.1-70b", "model_version": "2024-11"},
                      output_tokens_factor=0.05),
+            Incident("suite-prompt-cache", "prompt_cache_collapse", 85, 100, {"model": "llama-3.1-70b"},
+                     prompt_cache_factor=0.05, related=("anomaly",)),
+            Incident("suite-cold-voices", "cold_voice_storm", 115, 130, tts_a, voice_cache_hit_factor=0.4,
+                     latency_factor=1.6, related=("anomaly", "idle_but_slow", "busy_but_slow")),
+            Incident("suite-partial-churn", "partial_churn", 160, 180, {"model": "whisper-large-v3", "model_version": "v3.1"},
+                     partial_revisions_factor=2.5, related=("anomaly",)),
         ],
     }
 
@@ -439,7 +470,7 @@ class FleetSimulator:
 
     def _request(self, prof, lab, pool, zone, eid, ts, status, attempt, retry_of, session, final, succeeded,
                  fo, e2e_extra, queue, gpu_s, prompt, out, audio, active) -> RequestV1:
-        quality = self._quality(prof, status, lab, prompt)
+        quality = self._quality(prof, status, lab, prompt, active)
         if quality.get("status_reason") == "quota":
             status = "shed"  # refused at admission for the tenant's quota: nothing was served
         finish = self._finish_reason(prof, status, active)
@@ -505,7 +536,8 @@ class FleetSimulator:
         return EvalV1(schema="eval.v1", event_id=eid, ts=req.ts, request_id=req.event_id, **labels,
                       word_errors=errors, reference_words=words)
 
-    def _quality(self, prof: ModelProfile, status: str, lab: dict[str, str], prompt: int) -> dict:
+    def _quality(self, prof: ModelProfile, status: str, lab: dict[str, str], prompt: int,
+                 active: list[Incident]) -> dict:
         """What speech and LLM runtimes report besides latency: language and voice, ASR churn,
         endpointing and finalization, TTS underruns and warm voices, LLM prefix-cache and
         speculative-decoding tokens, and why a request was refused or failed."""
@@ -519,17 +551,19 @@ class FleetSimulator:
         if prof.workload in ("asr", "tts", "s2s"):
             out["language"] = LANGUAGES[int(np.searchsorted(LANGUAGE_CUMULATIVE, u[2]))]
         if prof.workload == "asr" and status == "ok":
-            out.update(partial_revisions=int(rng.poisson(1.5)), endpointing_error=bool(u[3] < 0.01),
+            churn = math.prod(inc.partial_revisions_factor for inc in active)
+            out.update(partial_revisions=int(rng.poisson(1.5 * churn)), endpointing_error=bool(u[3] < 0.01),
                        finalization_ms=round(float(rng.lognormal(math.log(180), 0.4)), 2))
         if prof.workload == "tts":
             out["voice"] = VOICES[int(u[4] * len(VOICES))]
-            out["voice_cache_hit"] = bool(u[5] < 0.95)
+            out["voice_cache_hit"] = bool(u[5] < 0.95 * math.prod(inc.voice_cache_hit_factor for inc in active))
             if status == "ok":
                 out["underruns"] = int(rng.poisson(0.002))
             if not out["voice_cache_hit"] and u[3] < 0.05:
                 out["fallback"] = "voice"
         if prof.workload == "llm" and prompt:
-            out["cached_prompt_tokens"] = int(prompt * float(rng.uniform(0.3, 0.7)))
+            reuse = math.prod(inc.prompt_cache_factor for inc in active)
+            out["cached_prompt_tokens"] = int(prompt * float(rng.uniform(0.3, 0.7)) * reuse)
             if status == "ok":
                 draft = int(rng.integers(50, 300))
                 out.update(draft_tokens=draft, accepted_tokens=int(draft * float(rng.uniform(0.55, 0.8))))

@@ -113,3 +113,36 @@ def test_every_slice_at_once_names_what_one_slice_at_a_time_names(tmp_path):
         assert every.get((zone,), []) == want, zone
         named += bool(want)
     assert named >= 3
+
+
+def test_a_page_names_the_language_and_the_voice_that_hold_the_bad_events(tmp_path):
+    """A TTS availability SLO by zone; German traffic on one voice fails. The page, its
+    Alertmanager description and /v1/alerts name the language and the voice with their shares."""
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+
+    def rows(minute: int, failing: bool) -> list[dict]:
+        out = []
+        for language, voice, n in (("en-us", "neutral", 600), ("de-de", "premium-2", 200), ("es-es", "neutral", 200)):
+            errors = n // 2 if failing and language == "de-de" else 0
+            out.append({"window_start": T0 + timedelta(minutes=minute), "workload": "llm", "zone": "a",
+                        "tenant": "acme", "model_version": "v1", "language": language, "voice": voice,
+                        "requests": n, "ok": n - errors, "cancelled": 0})
+        return out
+
+    stage = SloStage([spec], alertmanager_urls=("http://127.0.0.1:9",))
+    stage.on_closed(pl.DataFrame([r for m in range(60) for r in rows(m, False)]), pl.DataFrame())
+    out = stage.on_closed(pl.DataFrame([r for m in range(60, 75) for r in rows(m, True)]), pl.DataFrame())
+    fired = out["alerts"].filter(pl.col("state") == "firing")
+    assert fired.height >= 1
+    detail = fired["detail"][0]
+    assert "language=de-de holds 100% of the bad events (20% of the traffic)" in detail, detail
+    assert "voice=premium-2 holds 100% of the bad events (20% of the traffic)" in detail, detail
+    stage.committed()
+    payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
+    assert payloads and payloads[0]["annotations"]["description"] == detail
+    from planning.prices import GpuPrices
+    from signals.live import LiveSignals, SignalPolicy
+
+    view = LiveSignals(SignalPolicy(), [spec], GpuPrices()).snapshot(
+        pl.DataFrame(), pl.DataFrame(), stage.states(), wall_s=0.0, alert_details=stage.details())
+    assert [a.detail for a in view.alerts if a.fingerprint == fired["fingerprint"][0]] == [detail]

@@ -800,3 +800,72 @@ def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(t
     assert "retry_storm" in raised
     # pending request minutes are bounded by the hour, not by how long the collector is gone
     assert stage.pending_requests.first_minute() == last - ABSENT_SOURCE_MINUTES + 1
+
+
+# ---- speech and LLM quality shifts ---------------------------------------------------------
+
+def test_cold_voice_storm_needs_the_miss_surge_and_slower_first_audio_together():
+    from detectors.quality import ColdVoiceStormConfig, ColdVoiceStormDetector
+
+    def tts(m, lookups, hits, fo_p95):
+        return minute(m, [req_rows(m, model="tts-1", workload="tts", requests=lookups, voice_cache_lookups=lookups,
+                                   voice_cache_hits=hits, first_output_ms_p95=fo_p95)])
+
+    base = [tts(m, 200, 190, 300.0) for m in range(30)]
+    # Misses surge (5% → 50%) but first audio holds: a cache doing its job, no page.
+    assert not raised(run(ColdVoiceStormDetector(ColdVoiceStormConfig()), base + [tts(30 + i, 200, 100, 310.0)
+                                                                                   for i in range(5)]))
+    # Slower first audio without misses: someone else's incident.
+    assert not raised(run(ColdVoiceStormDetector(ColdVoiceStormConfig()), base + [tts(30 + i, 200, 190, 600.0)
+                                                                                   for i in range(5)]))
+    events = raised(run(ColdVoiceStormDetector(ColdVoiceStormConfig()),
+                        base + [tts(30 + i, 200, 100, 480.0) for i in range(5)]))
+    # Raised at the storm's second minute: the 3-minute window's sums already hold (10 + 100 + 100)
+    # misses in 600 lookups, over 3× the baseline's 5% and over 15%, with first audio's median p95 1.6×.
+    assert len(events) == 1 and events[0].at_minute == T0 + 31
+    ev = events[0].evidence
+    assert ev["voice_cache_miss_ratio"] == 0.35 and ev["voice_cache_miss_ratio_baseline"] == 0.05
+    assert (ev["first_output_ms_p95"], ev["first_output_ms_p95_baseline"], ev["lookups"]) == (480.0, 300.0, 600)
+    assert events[0].detection.labels == {"model": "tts-1", "zone": "z1"}
+    # Too few lookups to judge: nothing.
+    thin = [tts(m, 20, 19, 300.0) for m in range(30)] + [tts(30 + i, 20, 5, 600.0) for i in range(5)]
+    assert not raised(run(ColdVoiceStormDetector(ColdVoiceStormConfig()), thin))
+
+
+def test_partial_churn_is_revisions_per_reporting_turn_against_the_version_baseline():
+    from detectors.quality import PartialChurnConfig, PartialChurnDetector
+
+    def asr(m, turns, revisions, version="v1"):
+        return minute(m, [req_rows(m, model="asr-1", workload="asr", model_version=version, requests=turns,
+                                   asr_partials_reported=turns, partial_revisions=revisions)])
+
+    base = [asr(m, 50, 75) for m in range(30)]  # 1.5 per turn
+    assert not raised(run(PartialChurnDetector(PartialChurnConfig()), base + [asr(30 + i, 50, 100) for i in range(6)]))
+    events = raised(run(PartialChurnDetector(PartialChurnConfig()), base + [asr(30 + i, 50, 150) for i in range(6)]))
+    assert len(events) == 1 and events[0].detection.labels == {"model": "asr-1", "model_version": "v1"}
+    # The 5-minute window's sums first reach 1.5× at the third churning minute: (2×75 + 3×150) / 250.
+    assert events[0].at_minute == T0 + 32 and events[0].evidence["partial_revisions_per_turn"] == 2.4
+    assert events[0].evidence["partial_revisions_per_turn_baseline"] == 1.5
+    # A runtime that never reports partials has no slice to judge.
+    quiet = [minute(m, [req_rows(m, model="asr-1", workload="asr", requests=50)]) for m in range(40)]
+    det = PartialChurnDetector(PartialChurnConfig())
+    assert not run(det, quiet) and not det.history.values
+
+
+def test_prompt_cache_collapse_reads_the_cached_share_of_prompt_tokens():
+    from detectors.quality import PromptCacheCollapseConfig, PromptCacheCollapseDetector
+
+    def llm(m, prompt, cached):
+        return minute(m, [req_rows(m, requests=10, prompt_tokens=prompt, cached_prompt_tokens=cached)])
+
+    base = [llm(m, 10_000, 5_000) for m in range(30)]
+    assert not raised(run(PromptCacheCollapseDetector(PromptCacheCollapseConfig()),
+                          base + [llm(30 + i, 10_000, 3_000) for i in range(5)]))  # 50% → 30%: not half
+    events = raised(run(PromptCacheCollapseDetector(PromptCacheCollapseConfig()),
+                        base + [llm(30 + i, 10_000, 0) for i in range(5)]))  # the cache stopped hitting at all
+    # Raised once the window's share is at most half the baseline's: 5,000 cached of 30,000 at its second minute.
+    assert len(events) == 1 and events[0].at_minute == T0 + 31
+    assert events[0].evidence["cached_prompt_share"] == 0.1667 and events[0].evidence["cached_prompt_share_baseline"] == 0.5
+    # A fleet without a prefix cache (never any cached tokens) has nothing to collapse.
+    none = [llm(m, 10_000, 0) for m in range(40)]
+    assert not raised(run(PromptCacheCollapseDetector(PromptCacheCollapseConfig()), none))

@@ -1,0 +1,132 @@
+"""Speech and LLM quality shifts, each a ratio of sums against the slice's own trailing baseline.
+
+- Cold-voice storm, per TTS model and zone: the voice-cache miss ratio (lookups that missed
+  over lookups) over the window at least `miss_rise_factor` times its baseline and over
+  `miss_ratio_min`, while first output (first audio) p95 is at least `first_output_factor`
+  times its baseline: voices evicted or a new voice catalogue, and users hear the cold loads.
+  A miss surge without slower first audio is a cache doing its job, not an incident.
+- Partial-churn regression, per ASR model and version: partial transcripts revised per
+  reporting turn at least `rise_factor` times the baseline (a decoder or endpointing change
+  that makes captions flicker).
+- Prompt-cache collapse, per LLM model: the share of prompt tokens served from the prefix
+  cache at most `(1 − drop_ratio)` times the baseline (a prompt template that moved its
+  variable part to the front, a router that stopped pinning sessions): prefill cost and first
+  token rise with it.
+
+Each reads only buckets whose requests reported the field (no slice, no detection for a fleet
+that never sends it), and the baseline is the ratio of the trailing minutes' sums, not an
+average of per-minute ratios.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from config import ConfigStruct, Count, Factor, Fraction, Minutes
+from detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
+
+COLD_VOICE = "cold_voice_storm"
+PARTIAL_CHURN = "partial_churn"
+PROMPT_CACHE = "prompt_cache_collapse"
+
+
+class ColdVoiceStormConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 3
+    miss_rise_factor: Factor = 3.0  # window miss ratio at or above this multiple of the baseline's ...
+    miss_ratio_min: Fraction = 0.15  # ... and at or above this
+    first_output_factor: Factor = 1.3  # while first-output p95 is at least this multiple of its baseline median
+    min_lookups: Count = 100  # voice-cache lookups in the window
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model", "zone")
+    clear_minutes: Minutes = 3
+
+
+class PartialChurnConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 5
+    rise_factor: Factor = 1.5  # revisions per reporting turn at or above this multiple of the baseline
+    min_turns: Count = 100  # turns that reported partial_revisions in the window
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model", "model_version")
+    clear_minutes: Minutes = 3
+
+
+class PromptCacheCollapseConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 3
+    drop_ratio: Fraction = 0.5  # cached share of prompt tokens at or below (1 − this) × the baseline
+    min_prompt_tokens: Count = 20_000  # prompt tokens in the window
+    baseline_share_min: Fraction = 0.05  # a baseline share below this has nothing to collapse
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model",)
+    clear_minutes: Minutes = 3
+
+
+def _sums(rows: list[tuple]) -> tuple:
+    return tuple(sum(col) for col in zip(*rows))
+
+
+class ColdVoiceStormDetector(BaselineDetector):
+    name = COLD_VOICE
+    cfg: ColdVoiceStormConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        return (s.voice_cache_lookups, s.voice_cache_hits, s.first_output_ms_p95) if s.voice_cache_lookups else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        cfg = self.cfg
+        lookups, hits = sum(r[0] for r in window), sum(r[1] for r in window)
+        fo = [r[2] for r in window if r[2] is not None]
+        base_fo = [r[2] for r in base if r[2] is not None]
+        if lookups < cfg.min_lookups or not fo or not base_fo:
+            return None
+        base_lookups = sum(r[0] for r in base)
+        miss, base_miss = (lookups - hits) / lookups, (base_lookups - sum(r[1] for r in base)) / base_lookups
+        fo_p95, base_fo_p95 = statistics.median(fo), statistics.median(base_fo)
+        if miss >= cfg.miss_ratio_min and miss >= cfg.miss_rise_factor * base_miss \
+                and fo_p95 >= cfg.first_output_factor * base_fo_p95:
+            return {"voice_cache_miss_ratio": round(miss, 4), "voice_cache_miss_ratio_baseline": round(base_miss, 4),
+                    "first_output_ms_p95": round(fo_p95, 1), "first_output_ms_p95_baseline": round(base_fo_p95, 1),
+                    "lookups": lookups}
+        return None
+
+
+class PartialChurnDetector(BaselineDetector):
+    name = PARTIAL_CHURN
+    cfg: PartialChurnConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        return (s.asr_partials_reported, s.partial_revisions) if s.asr_partials_reported else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        (turns, revisions), (base_turns, base_revisions) = _sums(window), _sums(base)
+        if turns < self.cfg.min_turns:
+            return None
+        now, before = revisions / turns, ratio(base_revisions, base_turns) or 0.0
+        if before > 0 and now >= self.cfg.rise_factor * before:
+            return {"partial_revisions_per_turn": round(now, 4), "partial_revisions_per_turn_baseline": round(before, 4),
+                    "turns": turns}
+        return None
+
+
+class PromptCacheCollapseDetector(BaselineDetector):
+    name = PROMPT_CACHE
+    cfg: PromptCacheCollapseConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        # Once a model has reused its cache, its minutes without any reuse are the evidence.
+        return (s.prompt_tokens, s.cached_prompt_tokens) if s.prompt_tokens and (s.cached_prompt_tokens or seen) else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        (prompt, cached), (base_prompt, base_cached) = _sums(window), _sums(base)
+        if prompt < self.cfg.min_prompt_tokens:
+            return None
+        now, before = cached / prompt, ratio(base_cached, base_prompt) or 0.0
+        if before >= self.cfg.baseline_share_min and now <= (1 - self.cfg.drop_ratio) * before:
+            return {"cached_prompt_share": round(now, 4), "cached_prompt_share_baseline": round(before, 4),
+                    "prompt_tokens": prompt}
+        return None
