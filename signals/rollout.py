@@ -568,16 +568,18 @@ def overdispersion(rows: Sequence[QualityMinute]) -> float:
 
 
 def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict | None:
-    """Word error rate per language slice (module docstring); None where neither side was evaluated."""
-    if not canary.languages or not stable.languages:
+    """Word error rate per language slice (module docstring); None where stable was never
+    evaluated. A canary without evaluations beside an evaluated stable is not judged yet."""
+    if not stable.languages:
         return None
-    languages = sorted(set(canary.languages) | set(stable.languages))
+    canary_languages = canary.languages or {}
+    languages = sorted(set(canary_languages) | set(stable.languages))
     alpha = p.wer_alpha / len(languages)
     slices: dict[str, dict] = {}
     verdicts: dict[str, MetricVerdict] = {}
     totals = np.zeros(4)
     for lang in languages:
-        c_rows, s_rows = canary.languages.get(lang, ()), stable.languages.get(lang, ())
+        c_rows, s_rows = canary_languages.get(lang, ()), stable.languages.get(lang, ())
         (c_evals, c_err, c_words), (s_evals, s_err, s_words) = _quality_sums(c_rows), _quality_sums(s_rows)
         totals += (c_err, c_words, s_err, s_words)
         name = lang or "(no language)"
@@ -632,7 +634,7 @@ def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) ->
     named = [v for v in verdicts.values() if v.verdict == worst]
     p_values = [v.p_value for v in named if v.p_value is not None]
     detail["languages"] = [k for k, v in verdicts.items() if v.verdict == worst]
-    reason = "; ".join(v.reason for v in named) if worst != "pass" else f"WER within bounds on every judged language"
+    reason = "; ".join(v.reason for v in named) if worst != "pass" else "WER within bounds on every judged language"
     return MetricVerdict(worst, f"{reason} ({global_words})", min(p_values) if p_values else None, detail)
 
 

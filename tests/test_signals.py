@@ -336,3 +336,35 @@ def test_price_file_errors_name_their_place(tmp_path, text, words):
     path.write_text("usd_per_gpu_hour: {H100: 3.5}\n")
     prices = load_prices(path)
     assert prices.usd_per_gpu_hour["H100"] == 3.5 and prices.usd_per_gpu_hour["L4"] == 0.80
+
+
+def test_the_wer_gate_judges_each_language_with_its_own_evidence():
+    """Pure: per-minute evaluations per language on each side (signals/rollout.py wer_verdict)."""
+    from signals.rollout import QualityMinute, RolloutPolicy, overdispersion, wer_verdict
+
+    def side(version, per_language: dict[str, tuple[int, int]], minutes=30, evaluations=5):
+        return VersionStats(version, 3000, 0, 0, None, None, 0.0, 0, 0.0, languages={
+            lang: tuple(QualityMinute(m, evaluations, errors, words) for m in range(minutes))
+            for lang, (errors, words) in per_language.items()})
+
+    stable = side("v1", {"en-us": (10, 200), "de-de": (16, 200)})
+    p = RolloutPolicy()
+    # A canary never evaluated, beside an evaluated stable: not judged yet, never promoted.
+    bare = VersionStats("v2", 3000, 0, 0, None, None, 0.0, 0, 0.0)
+    assert wer_verdict(bare, stable, p).verdict == "continue"
+    # Worse in German only, better in English: rolled back, naming German alone.
+    v = wer_verdict(side("v2", {"en-us": (6, 200), "de-de": (32, 200)}), stable, p)
+    assert v.verdict == "rollback" and v.detail["languages"] == ["de-de"] and v.reason.startswith("WER on de-de")
+    assert v.detail["slices"]["en-us"]["verdict"] == "pass"
+    # Equal everywhere: passes.
+    assert wer_verdict(side("v2", {"en-us": (10, 200), "de-de": (16, 200)}), stable, p).verdict == "pass"
+    # Too few canary evaluations in a language: that slice waits.
+    thin = wer_verdict(side("v2", {"en-us": (10, 200), "de-de": (16, 200)}, minutes=5), stable, p)
+    assert thin.verdict == "continue" and thin.detail["slices"]["de-de"]["verdict"] == "continue"
+    # Stable without evaluations: no WER metric at all.
+    assert wer_verdict(side("v2", {"en-us": (6, 200)}), bare, p) is None
+    # Errors that swing from minute to minute more than words would (clustered in utterances)
+    # raise the overdispersion, and with it the evidence a rollback needs.
+    steady = [QualityMinute(m, 5, 10, 200) for m in range(30)]
+    swinging = [QualityMinute(m, 5, 0 if m % 2 else 20, 200) for m in range(30)]
+    assert overdispersion(steady) == 1.0 and overdispersion(swinging) > 3
