@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 import store
+from conventions import CORRECTED_EVENTS_TOTAL
 from ingest.schema import EvalV1, RequestV1
 from ingest.simulator import FleetSimulator
 from ingest.validate import BatchDecoder, INVALID_VALUE, UNKNOWN_SCHEMA
@@ -146,3 +147,55 @@ def test_the_readiness_report_shows_wer_by_language_and_version_and_the_rollback
     assert table[("en-us", "v3.2")]["wer"] < table[("en-us", "v3.1")]["wer"]
     assert report.verdict == "blocked" and any("v3.2" in f.what and "de-de" in f.what for f in report.findings), \
         report.findings
+
+
+def test_scores_that_arrive_after_their_minutes_closed_are_merged_into_them(broker, tmp_path):
+    """A scorer runs behind: the requests are read and their minutes closed, then their
+    evaluations arrive (a late backlog on the same topic). Each is merged into its request's
+    closed slice-minute, as a correction; nothing is dead-lettered, no request count moves,
+    no slice-minute is doubled, and a redelivery of the backlog changes nothing."""
+    from ingest.kafka import KafkaSettings, ensure_topics
+    import uuid
+
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka, partitions=2)
+    sim = FleetSimulator("asr-canary-language-regression", minutes=12, seed=8, eval_share=0.3)
+    events = [e for e in sim.events() if isinstance(e, (RequestV1, EvalV1)) and e.workload == "asr"]
+    requests = [e for e in events if isinstance(e, RequestV1)]
+    scores = [e for e in events if isinstance(e, EvalV1)]
+    path = tmp_path / "tw.duckdb"
+    publish(kafka, requests)
+    run_worker(kafka, path)
+
+    def table():
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            return store.query_frame(con, "SELECT * FROM sli_minute ORDER BY ALL")
+        finally:
+            con.close()
+
+    before = table()
+    assert before["evals"].sum() == 0 and before["requests"].sum() == len(requests)
+    publish(kafka, scores)
+    late = run_worker(kafka, path)
+    corrected = late.metrics.registry.get_sample_value(CORRECTED_EVENTS_TOTAL,
+                                                         {"topic": kafka.topic("requests")})
+    assert corrected == len(scores)  # every score was a correction of a closed minute
+    after = table()
+    got = {}
+    for r in after.filter(after["evals"] > 0).iter_rows(named=True):
+        row = got.setdefault((r["model_version"], r["language"]), [0, 0, 0])
+        row[0] += r["evals"]
+        row[1] += r["word_errors"]
+        row[2] += r["reference_words"]
+    assert got == sim.totals.evaluations
+    assert after["requests"].sum() == len(requests)
+    keys = ["window_start", "tenant", "model", "model_version", "zone", "workload", "traffic_class", "deployment",
+            "pool", "language", "voice"]
+    assert after.select(keys).unique().height == after.height  # merged into its row, not a second one
+    con = duckdb.connect(str(path), read_only=True)
+    assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
+    con.close()
+    publish(kafka, scores)  # the scorer's backlog redelivered
+    run_worker(kafka, path)
+    assert table().equals(after)
