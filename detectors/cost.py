@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from detectors.core import DetectionEvent, Finding, History, Minute, Tracker, ratio, SliceBy
+from detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
 from config import ConfigStruct, Count, Minutes, NonNegative, Positive
 
 NAME = "cost_regression"
@@ -179,31 +179,12 @@ def regression(window: CostSums, base: CostBaseline, cfg: CostRegressionConfig) 
     return ev
 
 
-class CostRegressionDetector:
+class CostRegressionDetector(BaselineDetector):
     name = NAME
+    cfg: CostRegressionConfig
 
-    def __init__(self, cfg: CostRegressionConfig):
-        self.cfg = cfg
-        self.history = History(cfg.window_minutes + cfg.baseline_minutes)
-        self.tracker = Tracker(NAME, cfg.clear_minutes)
+    def reading(self, s: SliceMinute, seen: bool) -> CostSums:
+        return CostSums(s.gpu_seconds, s.turns, s.successful_turns, s.prompt_tokens + s.output_tokens)
 
-    def label_sets(self) -> tuple[tuple[str, ...], ...]:
-        return (tuple(self.cfg.slice_by),)
-
-    def observe(self, m: Minute) -> list[DetectionEvent]:
-        cfg, h = self.cfg, self.history
-        for key, s in m.slices(tuple(cfg.slice_by)).items():
-            h.add(key, s.labels, m.minute, CostSums(s.gpu_seconds, s.turns, s.successful_turns,
-                                                    s.prompt_tokens + s.output_tokens))
-        h.trim(m.minute)
-        findings = []
-        for key in sorted(h.values):
-            window = h.window(key, m.minute, cfg.window_minutes)
-            base = h.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
-            if not window or len(base) < cfg.min_baseline_minutes:
-                continue
-            ev = regression(_total(window), baseline(base, cfg.window_minutes), cfg)
-            if ev is not None:
-                ev["window_minutes"] = cfg.window_minutes
-                findings.append(Finding(h.labels[key], ev))
-        return self.tracker.update(m.minute, findings)
+    def judge(self, window: list, base: list) -> dict | None:
+        return regression(_total(window), baseline(base, self.cfg.window_minutes), self.cfg)

@@ -34,7 +34,7 @@ VERSION_HISTOGRAMS = (("first_output_ms_hist", "fo"), ("e2e_ms_hist", "e2e"), ("
 HIST_TYPE = pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))
 _SUMS = ("requests", "gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds")
 # Sampled evaluations per model version and language slice (rollout gates on quality by slice).
-QUALITY_SUMS = ("evals", "word_errors", "reference_words")
+WER_SUMS = ("evals", "word_errors", "reference_words")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RequestRollup:
     versions: pl.DataFrame  # (model, model_version, stable, pool, _m): requests, bad, timeouts, sums
     version_bins: pl.DataFrame  # (model, model_version, stable, _m, field, bin): n, of the three latencies
     labels: pl.DataFrame  # one row per label set (LABELS): `_m`, the newest minute it was seen
-    version_quality: pl.DataFrame  # (model, model_version, stable, language, _m): evaluations (QUALITY_SUMS), where any
+    version_quality: pl.DataFrame  # (model, model_version, stable, language, _m): evaluations (WER_SUMS), where any
 
     @property
     def height(self) -> int:
@@ -85,7 +85,7 @@ class RequestRollup:
 
 EMPTY = RequestRollup(*(pl.DataFrame() for _ in range(7)))
 NO_QUALITY = pl.DataFrame(schema={"model": pl.String, "model_version": pl.String, "stable": pl.Boolean,
-                                  "language": pl.String, MINUTE: pl.Int64, **{c: pl.Int64 for c in QUALITY_SUMS}})
+                                  "language": pl.String, MINUTE: pl.Int64, **{c: pl.Int64 for c in WER_SUMS}})
 _LABEL_STRINGS = [c for c in LABELS if c != "stable"]
 
 
@@ -102,7 +102,7 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
         *[pl.lit(None, dtype=HIST_TYPE).alias(col) for col, _ in VERSION_HISTOGRAMS if col not in requests.columns],
         # Older rows or a test's own frame may lack a sum column: none counted.
         *[pl.lit(0.0).alias(c) for c in _SUMS if c not in requests.columns],
-        *[pl.lit(0, pl.Int64).alias(c) for c in QUALITY_SUMS if c not in requests.columns],
+        *[pl.lit(0, pl.Int64).alias(c) for c in WER_SUMS if c not in requests.columns],
         *([] if "language" in requests.columns else [pl.lit("").alias("language")]),
         # Rows not through the work estimate (open minutes, a test's frame) carry only what was reported.
         *([] if "gpu_seconds_reported" in requests.columns else
@@ -130,7 +130,7 @@ def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
     labels = rows.select(*LABELS, MINUTE)  # one row per label set once `added` groups them
     # Only rows that carry evaluations: most slices never do, and hold nothing here.
     version_quality = rows.filter(pl.col("evals").fill_null(0) > 0).group_by(*VERSION_KEYS, "language", MINUTE).agg(
-        pl.col(c).fill_null(0).sum() for c in QUALITY_SUMS)
+        pl.col(c).fill_null(0).sum() for c in WER_SUMS)
     return [pools.with_columns(fresh_strings(["pool"])), pool_bins.with_columns(fresh_strings(["pool"])),
             traffic.with_columns(fresh_strings(["pool", "tenant", "traffic_class"])),
             versions.with_columns(fresh_strings(["model", "model_version", "pool"])),

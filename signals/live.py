@@ -18,7 +18,7 @@ from msgspec import Meta
 from alerts.alertmanager import rfc3339
 from signals.answers import Alert, Autoscale, Shed, Slo, Verdict, typed
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
-from signals.held import (EMPTY, MINUTE, NO_QUALITY, QUALITY_SUMS, VERSION_HISTOGRAMS, RequestRollup, concat_frames,
+from signals.held import (EMPTY, MINUTE, NO_QUALITY, WER_SUMS, VERSION_HISTOGRAMS, RequestRollup, concat_frames,
                           minute_col, summed_bins)
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
@@ -314,8 +314,8 @@ class LiveSignals:
             return frame.join(newest_of, on="model").filter(side & (pl.col(MINUTE) > pl.col("_newest") - window))
 
         stable, canary = pl.col("stable"), ~pl.col("stable") & (pl.col("model_version") != "")
-        frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels, req.version_quality)
-        frames = frames[:3] + (frames[3] if frames[3].columns else NO_QUALITY,)
+        quality = req.version_quality if req.version_quality.columns else NO_QUALITY
+        frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels, quality)
         per_version = _version_table(*(in_window(f, canary) for f in frames), ["model", "model_version"])
         canary_models = sorted({m for m, _, _, _ in per_version})
         stable_all = _version_table(*(in_window(f, stable) for f in frames), ["model"], detail_for=canary_models)
@@ -543,7 +543,7 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
     languages: dict[tuple, dict[str, list[QualityMinute]]] = {}
     if quality.height:
         per_language = quality.group_by(*keys, "language", MINUTE).agg(
-            pl.col(c).sum() for c in QUALITY_SUMS).sort(*keys, "language", MINUTE)
+            pl.col(c).sum() for c in WER_SUMS).sort(*keys, "language", MINUTE)
         for r in per_language.iter_rows(named=True):
             languages.setdefault(tuple(r[k] for k in keys), {}).setdefault(r["language"], []).append(QualityMinute(
                 int(r[MINUTE]), int(r["evals"]), int(r["word_errors"]), int(r["reference_words"])))
