@@ -100,6 +100,11 @@ class Incident:
     voice_cache_hit_factor: float = 1.0  # TTS voice-cache hit probability × this (a cold-voice storm)
     partial_revisions_factor: float = 1.0  # ASR partial revisions per turn × this (partial churn)
     prompt_cache_factor: float = 1.0  # LLM share of prompt tokens from the prefix cache × this (a collapse)
+    # Zone-loss drill: a pool gone, replicas promoted from a warm pool, queueing by load.
+    down: bool = False  # the pool is gone (its zone lost): no requests, no GPU samples
+    extra_gpus: int = 0  # replicas added to the pool while it lasts (promoted from a warm pool)
+    extra_gpus_loading: bool = False  # the added replicas are still loading their model
+    queueing: bool = False  # requests queue by the pool's load against its warm GPUs (see _queue_ms)
     labelled: bool = True  # False: background noise, not in the truth
     related: tuple[str, ...] = ()  # other detector kinds whose firing here is explained, not false
 
@@ -277,6 +282,55 @@ SCENARIOS.update(_detector_scenarios())
 NOISY_SCENARIOS = {"quiet-day"}
 
 
+def _pool(workload: str, zone: str, traffic_class: str) -> str:
+    return f"{workload}-{zone}-{traffic_class}"
+
+
+@dataclass(frozen=True)
+class ScenarioShape:
+    """When and how big a scenario runs unless the caller says otherwise."""
+
+    start: str = DEFAULT_START
+    minutes: int = 120
+    rate_scale: float = 1.0
+
+
+# The zone-loss drill: us-east-1c fails at 13:30, near the diurnal peak (14:00). Its realtime
+# traffic moves to the two surviving zones (half each, (z−1)/z of the fleet now carries it
+# all), its batch jobs retry against the survivors' realtime endpoints, and three replicas per
+# surviving LLM pool are promoted from a warm pool two minutes later, loading for four.
+# At this rate the LLM pools run near the planning target before the loss and the speech
+# pools far under it, so the drill shows one tight workload and three with headroom.
+ZONE_LOST, ZONE_LOSS_AT_MIN, ZONE_LOSS_END_MIN = ZONES[2], 30, 75
+WARM_POOL_PROMOTED_AT_MIN, WARM_POOL_LOADING_MIN, WARM_POOL_REPLICAS = 32, 4, 3
+SCENARIO_SHAPES = {"zone-loss": ScenarioShape("2026-11-02T13:00:00Z", ZONE_LOSS_END_MIN, 0.33)}
+
+
+def _zone_loss() -> list[Incident]:
+    at, end = ZONE_LOSS_AT_MIN, ZONE_LOSS_END_MIN
+    survivors = [z for z in ZONES if z != ZONE_LOST]
+    moved = 1 / len(survivors)
+    out = [Incident("fleet-queueing", "queueing", 0, end, {}, queueing=True, labelled=False),
+           Incident(f"zone-lost-{ZONE_LOST}", "zone_loss", at, end, {"zone": ZONE_LOST}, down=True)]
+    for zone in survivors:
+        out.append(Incident(f"failover-realtime-to-{zone}", "failover", at, end, {"zone": zone, "traffic_class": "realtime"},
+                            extra_rate_factor=moved))
+        for prof in PROFILES:
+            if prof.batch_rate_per_s > 0:  # the lost zone's batch jobs, retried at the survivors' realtime endpoints
+                out.append(Incident(f"failover-batch-{prof.workload}-to-{zone}", "failover", at, end,
+                                    {"zone": zone, "workload": prof.workload, "traffic_class": "realtime"},
+                                    leak_traffic_class="batch", extra_rate_factor=moved * prof.batch_rate_per_s / prof.rate_per_s))
+        llm = {"pool": _pool("llm", zone, "realtime")}
+        ready = WARM_POOL_PROMOTED_AT_MIN + WARM_POOL_LOADING_MIN
+        out += [Incident(f"warm-pool-loading-{zone}", "warm_pool_promotion", WARM_POOL_PROMOTED_AT_MIN, ready, llm,
+                         extra_gpus=WARM_POOL_REPLICAS, extra_gpus_loading=True),
+                Incident(f"warm-pool-serving-{zone}", "warm_pool_promotion", ready, end, llm, extra_gpus=WARM_POOL_REPLICAS)]
+    return out
+
+
+SCENARIOS["zone-loss"] = _zone_loss()
+
+
 def _noise(minutes: int, seed: int) -> list[Incident]:
     """Background noise that no detector should page on: a tenant's error burst with
     client retries, a tenant's latency blip, a batch backlog burst. From its own random
@@ -322,10 +376,6 @@ class SimTotals:
     evaluations: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
-def _pool(workload: str, zone: str, traffic_class: str) -> str:
-    return f"{workload}-{zone}-{traffic_class}"
-
-
 def parse_start(start: str) -> int:
     dt = datetime.fromisoformat(start.replace("Z", "+00:00"))
     if dt.tzinfo is None:
@@ -334,11 +384,16 @@ def parse_start(start: str) -> int:
 
 
 class FleetSimulator:
-    def __init__(self, scenario: str = "mixed-fleet", minutes: int = 120, seed: int = 7,
-                 start: str = DEFAULT_START, rate_scale: float = 1.0, gpu_samples_per_minute: int = 6,
+    def __init__(self, scenario: str = "mixed-fleet", minutes: int | None = None, seed: int = 7,
+                 start: str | None = None, rate_scale: float | None = None, gpu_samples_per_minute: int = 6,
                  eval_share: float = 0.0):
+        """`minutes`, `start` and `rate_scale` left None take the scenario's shape."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
+        shape = SCENARIO_SHAPES.get(scenario, ScenarioShape())
+        minutes = shape.minutes if minutes is None else minutes
+        start = shape.start if start is None else start
+        rate_scale = shape.rate_scale if rate_scale is None else rate_scale
         if minutes <= 0:
             raise ValueError("--minutes must be positive")
         self.scenario, self.minutes, self.seed = scenario, minutes, seed
@@ -361,6 +416,7 @@ class FleetSimulator:
             raise ValueError("--eval-share must be between 0 and 1")
         self.eval_share = eval_share
         self.eval_rng = np.random.default_rng([seed, 0xE7A])
+        self.queue_rng = np.random.default_rng([seed, 0x0E0E])  # queueing by load (zone-loss drill)
         self._next_eval_id = 0  # ids of their own: the requests' ids stay what they were
         self.totals = SimTotals()
         self._next_id = 0
@@ -403,19 +459,40 @@ class FleetSimulator:
                     labels = {"workload": prof.workload, "zone": zone, "traffic_class": tclass, "pool": pool, "model": prof.model}
                     load = 1.0 if tclass == "batch" else self._diurnal(minute)
                     active = [i for i in self.incidents if i.matches(labels, minute)]
+                    if any(i.down for i in active):
+                        continue
                     extra = sum(i.extra_rate_factor for i in active if not i.leak_traffic_class)
+                    queue_ms = self._pool_queue_ms(prof, base_rate * load, active)
                     n = int(rng.poisson(base_rate * 60 * load * self.rate_scale * (1 + extra)))
                     if n:
-                        yield from self._requests(prof, zone, tclass, pool, minute, n, labels)
+                        yield from self._requests(prof, zone, tclass, pool, minute, n, labels, queue_ms)
                     for inc in active:
                         if inc.leak_traffic_class:  # another class's jobs sent into this pool
                             leak = int(rng.poisson(base_rate * 60 * load * self.rate_scale * inc.extra_rate_factor))
                             if leak:
                                 yield from self._requests(prof, zone, inc.leak_traffic_class, pool, minute, leak,
-                                                          {**labels, "traffic_class": inc.leak_traffic_class})
+                                                          {**labels, "traffic_class": inc.leak_traffic_class}, queue_ms)
+
+    def _pool_gpus(self, prof: ModelProfile, active: list[Incident]) -> tuple[int, int]:
+        """(GPUs in the pool, warm ones serving) this minute."""
+        gpus = round(prof.gpus_per_pool * math.prod(i.cost_factor for i in active))
+        added = sum(i.extra_gpus for i in active)
+        loading = max((i.cold_replicas for i in active), default=0) + sum(i.extra_gpus for i in active if i.extra_gpus_loading)
+        return gpus + added, max(0, gpus + added - loading)
+
+    def _pool_queue_ms(self, prof: ModelProfile, requests_per_s: float, active: list[Incident]) -> float:
+        """Mean queue wait of a pool whose incidents ask for queueing: its expected work (every
+        request arriving, failed-over and leaked ones included) against its warm GPUs, a
+        request's GPU-seconds standing for its service time on one GPU."""
+        if not any(i.queueing for i in active):
+            return 0.0
+        per_s = requests_per_s * self.rate_scale * (1 + sum(i.extra_rate_factor for i in active))
+        service_s = prof.gpu_seconds * math.exp(0.3 ** 2 / 2) * math.prod(i.cost_factor for i in active)  # lognormal mean
+        _, warm = self._pool_gpus(prof, active)
+        return queue_wait_ms(per_s * service_s / warm if warm else math.inf, warm, service_s * 1000)
 
     def _requests(self, prof: ModelProfile, zone: str, tclass: str, pool: str, minute: int, n: int,
-                  labels: dict[str, str]) -> Iterator[RequestV1]:
+                  labels: dict[str, str], pool_queue_ms: float = 0.0) -> Iterator[RequestV1]:
         rng = self.rng
         t0 = self.start_ms + minute * 60_000
         ts = t0 + np.sort(rng.integers(0, 60_000, n))
@@ -428,6 +505,9 @@ class FleetSimulator:
         out_tokens = rng.integers(40, 400, n) if prof.workload == "llm" else np.zeros(n, dtype=np.int64)
         prompt_tokens = rng.integers(200, 3000, n) if prof.workload == "llm" else np.zeros(n, dtype=np.int64)
         audio_s = rng.uniform(2, 15, n) if prof.workload in ("asr", "tts", "s2s") else np.zeros(n)
+        # Waits in a busy pool (queueing incidents only): exponential about the mean, from a
+        # stream of their own; the wait comes before the first output as well.
+        waited = self.queue_rng.exponential(pool_queue_ms, n) if pool_queue_ms > 0 else np.zeros(n)
         u_status = rng.random(n)
         u_success = rng.random(n)
         u_cancel = rng.random(n)
@@ -440,7 +520,7 @@ class FleetSimulator:
             tmo = 0.0001 + sum(inc.timeout_ratio for inc in active)
             lat = math.prod(inc.latency_factor for inc in active)
             decode = math.prod(inc.decode_factor for inc in active)
-            q = float(queue[i]) + sum(inc.queue_ms for inc in active)
+            q = float(queue[i]) + sum(inc.queue_ms for inc in active) + float(waited[i])
             retries = max((inc.retry_attempts for inc in active), default=1)
             status = "cancelled" if u_cancel[i] < 0.003 else ("error" if u_status[i] < err else ("timeout" if u_status[i] < err + tmo else "ok"))
             session = self._id()
@@ -454,7 +534,7 @@ class FleetSimulator:
                                         q, float(gpu_s[i]) * math.prod(inc.cost_factor for inc in active),
                                         int(prompt_tokens[i] * math.prod(inc.prompt_tokens_factor for inc in active)),
                                         int(out_tokens[i] * math.prod(inc.output_tokens_factor for inc in active)),
-                                        float(audio_s[i]), active)
+                                        float(audio_s[i]), active, float(waited[i]))
                 yield request
                 if self.eval_share and request.status == "ok" and prof.workload in ("asr", "tts"):
                     scored = self._evaluation(request, active)
@@ -469,7 +549,8 @@ class FleetSimulator:
                 status = "error" if self.rng.random() < err else "ok"
 
     def _request(self, prof, lab, pool, zone, eid, ts, status, attempt, retry_of, session, final, succeeded,
-                 fo, e2e_extra, queue, gpu_s, prompt, out, audio, active) -> RequestV1:
+                 fo, e2e_extra, queue, gpu_s, prompt, out, audio, active, waited: float = 0.0) -> RequestV1:
+        """`queue` includes `waited`, the wait in a busy pool, which also comes before the first output."""
         quality = self._quality(prof, status, lab, prompt, active)
         if quality.get("status_reason") == "quota":
             status = "shed"  # refused at admission for the tenant's quota: nothing was served
@@ -500,7 +581,7 @@ class FleetSimulator:
             http_status={"ok": 200, "error": 503, "timeout": 504, "shed": 429, "cancelled": 499}[status],
             attempt=attempt, retry_of=retry_of, session_id=session, turn_id=session, task_success=task_success,
             queue_ms=round(queue, 2),
-            first_output_ms=round(fo, 2) if ok else None,
+            first_output_ms=round(fo + waited, 2) if ok else None,
             inter_token_ms=round(e2e_extra / max(out, 1), 2) if ok and out else None,
             e2e_ms=round(queue + fo + e2e_extra, 2) if status != "cancelled" else None,
             finish_reason=finish, stages=stages,
@@ -608,10 +689,17 @@ class FleetSimulator:
                     pool = _pool(prof.workload, zone, tclass)
                     labels = {"workload": prof.workload, "zone": zone, "traffic_class": tclass, "pool": pool, "model": prof.model}
                     active = [i for i in self.incidents if i.matches(labels, minute)]
+                    if any(i.down for i in active):
+                        continue
                     load = 1.0 if tclass == "batch" else self._diurnal(minute)
+                    base_rate = prof.rate_per_s if tclass == "realtime" else prof.batch_rate_per_s
+                    # The oldest waiting request has waited about twice the mean wait.
+                    queue_age = sum(i.queue_ms for i in active) + 2 * self._pool_queue_ms(prof, base_rate * load, active)
                     load *= 1 + sum(i.extra_rate_factor for i in active)
-                    queue_age = sum(i.queue_ms for i in active)
-                    gpus = round(prof.gpus_per_pool * math.prod(i.cost_factor for i in active))
+                    gpus, _ = self._pool_gpus(prof, active)
+                    added = sum(i.extra_gpus for i in active)
+                    if added:  # the same work over more GPUs
+                        load *= (gpus - added) / gpus
                     for g in range(gpus):
                         node = f"{pool}-n{g // 8}"
                         for s in range(self.gpu_samples_per_minute):
@@ -631,10 +719,10 @@ class FleetSimulator:
                                 kv_cache_usage=round(min(1.0, 0.35 * load + rng.random() * 0.05), 3) if prof.workload == "llm" else None,
                                 preemptions=0,
                             )
-                            sample = self._gpu_effects(sample, g, active) if active else sample
+                            sample = self._gpu_effects(sample, g, gpus, active) if active else sample
                             yield self._gpm(sample) if prof.gpu_sku in GPM_SKUS else sample
 
-    def _gpu_effects(self, sample: GpuV1, g: int, active: list[Incident]) -> GpuV1:
+    def _gpu_effects(self, sample: GpuV1, g: int, gpus: int, active: list[Incident]) -> GpuV1:
         """What detector scenarios do to a GPU sample (none of it for other incidents)."""
         changes: dict = {}
         floor = max(i.util_pct_floor for i in active)
@@ -652,7 +740,8 @@ class FleetSimulator:
         pre = sum(i.preemptions_per_sample for i in active)
         if pre > 0:
             changes["preemptions"] = int(self.rng.poisson(pre))
-        if g < max(i.cold_replicas for i in active):
+        promoting = sum(i.extra_gpus for i in active if i.extra_gpus_loading)
+        if g < max(i.cold_replicas for i in active) or g >= gpus - promoting:
             changes.update(replica_state="loading", util_pct=round(float(self.rng.uniform(0, 5)), 1),
                            queue_depth=int(self.rng.poisson(6)), running=0, active_streams=0)
         return msgspec.structs.replace(sample, **changes) if changes else sample
@@ -679,6 +768,16 @@ class FleetSimulator:
             tensor_active_pct=pct(sm * (0.2 + 0.8 * max(0.0, share - 0.5)) * (1 + 0.05 * z[2])),
             dram_bw_pct=pct(sm * 0.6 * (1 + 0.05 * z[3])),
         )
+
+
+def queue_wait_ms(utilization: float, servers: int, service_ms: float) -> float:
+    """Mean wait in an M/M/c queue by Sakasegawa's approximation, S·ρ^(√(2(c+1))−1) / (c(1−ρ)).
+    At 98% busy and beyond the queue grows for as long as the overload lasts; a minute's
+    mean wait is held at that bound, and at a minute with no server at all."""
+    if servers <= 0:
+        return 60_000.0
+    rho = min(max(utilization, 0.0), 0.98)
+    return min(60_000.0, service_ms * rho ** (math.sqrt(2 * (servers + 1)) - 1) / (servers * (1 - rho)))
 
 
 def _iso(ms: int) -> str:

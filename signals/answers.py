@@ -140,7 +140,7 @@ class Shed(Struct, forbid_unknown_fields=True):
     under_pressure: bool
     pressure: list[str]
     demand_gpu_s_per_s: float
-    capacity_gpu_s_per_s: Annotated[float, Meta(description="per-replica capacity × serving replicas")]
+    capacity_gpu_s_per_s: Annotated[float, Meta(description="per-replica capacity × serving (warm) replicas; loading ones serve nothing")]
     steps: list[ShedStep]
     admission: AdmissionPlan
     as_of: Timestamp

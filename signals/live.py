@@ -272,7 +272,10 @@ class LiveSignals:
         return out, shed
 
     def _shed(self, st: dict, s: PoolSignals, decision: Decision) -> ShedAdvice:
-        capacity = decision.signals["capacity_gpu_s_per_s_per_replica"] * decision.current_replicas
+        # Replicas still loading their model serve nothing yet: admission plans on the serving ones.
+        states = decision.signals["replicas_by_state"]
+        serving = states.get("warm", 0) + states.get("unknown", 0)
+        capacity = decision.signals["capacity_gpu_s_per_s_per_replica"] * serving
         return shed_advice(s.pool, st["traffic"], s.work_gpu_s_per_s, capacity, self.policy.shed, decision.breaches,
                            st["attrs"].get("workload"))
 

@@ -193,6 +193,8 @@ class SloEvaluator:
         self._countings_by_picked: dict[tuple[bool, ...], list[_Counting]] = {}
 
     def _countings(self, buckets: pl.DataFrame) -> list[_Counting]:
+        if not self._any_picked:
+            return []  # no SLOs: nothing to count
         picked = tuple(bool(x) for x in buckets.select(self._any_picked).row(0))
         countings = self._countings_by_picked.get(picked)
         if countings is None:

@@ -110,10 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate a GPU inference fleet with scripted incidents")
     p.add_argument("--scenario", default="mixed-fleet")
-    p.add_argument("--minutes", type=_positive_int, default=120)
+    p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default 120; zone-loss 75)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z)")
-    p.add_argument("--rate-scale", type=_positive, default=1.0, help="multiply every request rate")
+    p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z; "
+                   "zone-loss 13:00, before the diurnal peak)")
+    p.add_argument("--rate-scale", type=_positive, default=None, help="multiply every request rate (default 1; zone-loss 0.33)")
     p.add_argument("--gpu-samples-per-minute", type=_positive_int, default=6,
                    help="GPU samples per GPU per minute (default 6; 1 keeps multi-day runs light)")
     p.add_argument("--eval-share", type=float, default=0.0, metavar="SHARE",
@@ -413,8 +414,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
+    p = sub.add_parser("drill", help="what tailwatch would have said, minute by minute, in a failure the store holds")
+    dsub = p.add_subparsers(dest="drill_command", required=True, metavar="FAILURE")
+    c = dsub.add_parser("zone-loss", help="a zone gone silent: autoscaler, shed advice and pages against the (z-1)/z math")
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb), opened read-only")
+    c.add_argument("--zone", default=None, help="the lost zone (default: the one that went silent while others reported)")
+    c.add_argument("--from", dest="start", default=None, metavar="T", help="RFC 3339 start (default: the first bucket)")
+    c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
+    c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose pages and thresholds the drill replays")
+    c.add_argument("--model", action="append", default=None, metavar="M", help="minute-by-minute table for this model only (repeatable)")
+    c.add_argument("--minutes-after", type=_positive_int, default=15, metavar="N",
+                   help="minutes after the loss in the minute-by-minute tables (default 15)")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+
     p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
-    p.add_argument("--minutes", type=_positive_int, default=120)
+    p.add_argument("--scenario", default="mixed-fleet", help="the simulator's scenario (default mixed-fleet; "
+                   "zone-loss for the drill)")
+    p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default: the scenario's, 120 for mixed-fleet)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--store", default=None)
     p.add_argument("--port", type=_port, default=None, help="broker port (default: 9092, or a free one)")

@@ -38,10 +38,9 @@ def _source(args: argparse.Namespace):
     from ingest.simulator import DEFAULT_START, FleetSimulator
     from ingest.trace import TraceReplay
 
-    start = args.start or DEFAULT_START
     if args.trace:
-        return TraceReplay(args.trace, minutes=args.minutes, seed=args.seed, start=start)
-    return FleetSimulator(args.scenario, args.minutes, args.seed, start, args.rate_scale,
+        return TraceReplay(args.trace, minutes=args.minutes or 120, seed=args.seed, start=args.start or DEFAULT_START)
+    return FleetSimulator(args.scenario, args.minutes, args.seed, args.start, args.rate_scale,
                           getattr(args, "gpu_samples_per_minute", 6), getattr(args, "eval_share", 0.0))
 
 
@@ -463,11 +462,19 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return cmd_backtest_rollout(path, args.model, args.version, args.start, args.end, args.format)
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    from store import DEFAULT_STORE
+    from tailwatch.drill import cmd_drill_zone_loss
+
+    return cmd_drill_zone_loss(args.store or DEFAULT_STORE, args.zone, args.start, args.end, load_slo_option(args.slos),
+                               args.model, args.minutes_after, args.format)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from tailwatch.demo import run_demo
 
     return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port, otlp=args.otlp,
-                    workers=args.workers)
+                    workers=args.workers, scenario=args.scenario)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:

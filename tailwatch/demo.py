@@ -44,8 +44,8 @@ BAD_RECORDS = [
 ]
 
 
-def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, port: int | None = None,
-             otlp: bool = False, workers: int = 1) -> int:
+def run_demo(minutes: int | None = None, seed: int = 7, store_path: str | None = None, port: int | None = None,
+             otlp: bool = False, workers: int = 1, scenario: str = "mixed-fleet") -> int:
     """`otlp`: the fleet as an OpenTelemetry Collector ships it (spans and DCGM/vLLM metrics
     on otlp_spans / otlp_metrics), through `ingest otlp` into the worker's topics.
     `workers` > 1: that many `worker --tier 1` processes and a `--tier 2` replica
@@ -62,8 +62,8 @@ def run_demo(minutes: int = 120, seed: int = 7, store_path: str | None = None, p
     try:
         settings = KafkaSettings(bootstrap_servers=broker.bootstrap)
         ensure_topics(settings, partitions=4)
-        say(f"[2/5] simulating {minutes} minutes of a mixed GPU fleet (scenario mixed-fleet, seed {seed})")
-        sim = FleetSimulator("mixed-fleet", minutes, seed)
+        sim = FleetSimulator(scenario, minutes, seed)
+        say(f"[2/5] simulating {sim.minutes} minutes of a mixed GPU fleet (scenario {scenario}, seed {seed})")
         pub = EventPublisher(settings)
         # Every 5,000th event is delivered twice, right after itself, as a retrying producer would.
         events, dupes = [], 0
