@@ -86,6 +86,14 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, t
     good = sum(v.sums(v.spec.window_minutes)[0] for v in underrun.values())
     valid = sum(v.sums(v.spec.window_minutes)[1] for v in underrun.values())
     assert (good, valid) == (total("underrun_reported") - total("underrun_streams"), total("underrun_reported"))
+    # First audio per voice tier: each voice's slices hold exactly its answered realtime TTS requests.
+    first_audio = [v for v in slo.states() if v.spec.name == "tts-realtime-first-audio"]
+    for voice in ("neutral", "premium-1", "premium-2"):
+        valid = sum(v.sums(v.spec.window_minutes)[1] for v in first_audio if v.labels["voice"] == voice)
+        good = sum(v.sums(v.spec.window_minutes)[0] for v in first_audio if v.labels["voice"] == voice)
+        sent = [e for e in events if e.workload == "tts" and e.traffic_class == "realtime" and e.voice == voice
+                and e.first_output_ms is not None]
+        assert valid == len(sent) > 0 and good == sum(e.first_output_ms <= 450 for e in sent), voice
     endpointing = [v for v in slo.states() if v.spec.name == "asr-realtime-endpointing"]
     assert {v.labels["language"] for v in endpointing} == {"en-us", "es-es", "de-de", "ja-jp"}
     assert con.execute("SELECT count(DISTINCT slice) FROM slo_status WHERE slo = 'asr-realtime-endpointing'").fetchone()[0] \
