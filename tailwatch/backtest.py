@@ -92,7 +92,8 @@ def _refuse_rolled(con, start: datetime | None, warmup_minutes: int) -> None:
                             f"replays need minutes: start at {first:%Y-%m-%dT%H:%MZ} or later")
 
 
-def _by_minute(frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
+def minutes_of(frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
+    """A bucket frame split by its minute (epoch minutes)."""
     if frame.height == 0:
         return {}
     f = frame.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_bt_m"))
@@ -105,7 +106,7 @@ def replay(requests: pl.DataFrame, gpu: pl.DataFrame, policy: SignalPolicy | Non
     """(minute, snapshot) for every minute from the first bucket to the last: minutes before
     it closed, it still open, as the worker's signal stage would have served them."""
     live = live or LiveSignals(policy or SignalPolicy(), specs, prices or GpuPrices())
-    req, gp = _by_minute(requests), _by_minute(gpu)
+    req, gp = minutes_of(requests), minutes_of(gpu)
     minutes = sorted({*req, *gp})
     if not minutes:
         return
@@ -259,7 +260,8 @@ def backtest_rollout(requests: pl.DataFrame, gpu: pl.DataFrame, model: str, vers
 
 # ---- the commands --------------------------------------------------------------------------
 
-def _bounds(start: str | None, end: str | None) -> tuple[datetime | None, datetime | None]:
+def time_bounds(start: str | None, end: str | None) -> tuple[datetime | None, datetime | None]:
+    """--from and --to as naive UTC, the end after the start (the backtests' and the drill's)."""
     a, b = parse_time(start), parse_time(end)
     if a is not None and b is not None and b <= a:
         raise BacktestError(f"--to {end} is not after --from {start}")
@@ -270,7 +272,7 @@ def cmd_backtest_autoscale(store_path: str, pools: list[str] | None, start: str 
                            specs: list[SloSpec] | None, per_minute: bool = False, fmt: str = "table") -> int:
     from tailwatch.table import render
 
-    a, b = _bounds(start, end)
+    a, b = time_bounds(start, end)
     policy = SignalPolicy()
     warmup = policy.history_minutes
     req, gpu = read_buckets(store_path, a, b, pools, warmup_minutes=warmup)
@@ -303,7 +305,7 @@ def cmd_backtest_rollout(store_path: str, model: str, version: str, start: str |
                          fmt: str = "table") -> int:
     from tailwatch.table import render
 
-    a, b = _bounds(start, end)
+    a, b = time_bounds(start, end)
     policy = SignalPolicy()
     req, gpu = read_buckets(store_path, a, b, models=[model], warmup_minutes=policy.rollout_window_minutes)
     if not req.height:

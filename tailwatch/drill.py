@@ -32,7 +32,7 @@ from signals.held import rollup
 from signals.live import LiveSignals, SignalPolicy, pool_minutes
 from slo.sli import replay as replay_slos
 from slo.spec import SloSpec
-from tailwatch.backtest import BacktestError, _bounds, _by_minute, read_buckets, replay
+from tailwatch.backtest import BacktestError, minutes_of, read_buckets, replay, time_bounds
 
 SILENT_MINUTES = 3  # a zone silent this long while others report is lost
 BEFORE_MINUTES = 3  # minutes before the loss the table shows
@@ -147,7 +147,7 @@ def replay_pages(specs: list[SloSpec], requests: pl.DataFrame) -> list[tuple[int
     feeds closed minutes, so a silent slice's no-data alert fires when the worker's would."""
     if not specs or not requests.height:
         return []
-    by_minute = _by_minute(requests)
+    by_minute = minutes_of(requests)
     changes = replay_slos(specs, (by_minute[m] for m in sorted(by_minute))).changes
     return sorted({(c.at_minute, c.slo, _page_text(c)) for c in changes if c.state == "firing"})
 
@@ -346,7 +346,7 @@ def cmd_drill_zone_loss(store_path: str, zone: str | None, start: str | None, en
                         fmt: str = "table") -> int:
     from tailwatch.table import render
 
-    a, b = _bounds(start, end)
+    a, b = time_bounds(start, end)
     policy = SignalPolicy()
     req, gpu = read_buckets(store_path, a, b, warmup_minutes=policy.history_minutes)
     if not req.height and not gpu.height:
