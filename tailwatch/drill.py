@@ -102,6 +102,20 @@ class PoolDrill:
 
 
 @dataclass(frozen=True)
+class PoolAt:
+    """One surviving pool's answers at one minute."""
+
+    pool: PoolDrill
+    desired: int
+    running: int
+    warm: int
+    waited: bool
+    first_step: str | None  # None: not under pressure
+    batch_rejected: int
+    realtime_rejected: int
+
+
+@dataclass(frozen=True)
 class DrillRow:
     """One model over the surviving zones, one minute."""
 
@@ -183,7 +197,8 @@ def drill(requests: pl.DataFrame, gpu: pl.DataFrame, loss: ZoneLoss, policy: Sig
     zone_of, model_of, work = _pool_frames(requests, gpu)
     survivors = sorted(p for p, z in zone_of.items() if z in loss.survivors)
     lost_pools = {p for p, z in zone_of.items() if z == loss.zone}
-    before = range(max(loss.at_minute - 10, 0), loss.at_minute)
+    first_data = min((m for _p, m in work), default=loss.at_minute - 1)
+    before = range(max(loss.at_minute - 10, first_data), loss.at_minute)
     after = range(loss.at_minute, loss.last_minute + 1)
     pools: dict[str, PoolDrill] = {}
     for pool in survivors:
@@ -212,7 +227,7 @@ def drill(requests: pl.DataFrame, gpu: pl.DataFrame, loss: ZoneLoss, policy: Sig
         if m < first_minute - 1:
             continue
         lost_ages = [m - snap.pools[p].as_of_minute for p in lost_pools if p in snap.pools]
-        by_model: dict[str, list] = {}
+        by_model: dict[str, list[PoolAt]] = {}
         for pool in survivors:
             scoped, shed = snap.pools.get(pool), snap.shed.get(pool)
             if scoped is None:
@@ -245,18 +260,18 @@ def drill(requests: pl.DataFrame, gpu: pl.DataFrame, loss: ZoneLoss, policy: Sig
                     pd.first_steps[m] = step
                     if rt_rej and batch_adm:
                         pd.realtime_refused_with_batch_admitted.append(m)
-            by_model.setdefault(pd.model, []).append((pd, body, warm, waited, step, batch_rej, rt_rej))
+            by_model.setdefault(pd.model, []).append(PoolAt(pd, body.desired_replicas, body.current_replicas, warm,
+                                                            waited, step, batch_rej, rt_rej))
         if m < first_minute:
             continue
-        for model, entries in sorted(by_model.items()):
-            steps = sorted({e[4] for e in entries if e[4] is not None})
+        for model, at in sorted(by_model.items()):
             rows.append(DrillRow(
                 m, model, lost_requests.get(m, 0), max(lost_ages) if lost_ages else None,
-                sum(work.get((e[0].pool, m), 0.0) for e in entries),
-                sum(e[0].required_after for e in entries), sum(e[1].desired_replicas for e in entries),
-                sum(e[1].current_replicas for e in entries), sum(e[2] for e in entries),
-                sum(bool(e[3]) for e in entries), sum(e[4] is not None for e in entries), tuple(steps),
-                sum(e[5] for e in entries), sum(e[6] for e in entries),
+                sum(work.get((e.pool.pool, m), 0.0) for e in at), sum(e.pool.required_after for e in at),
+                sum(e.desired for e in at), sum(e.running for e in at), sum(e.warm for e in at),
+                sum(e.waited for e in at), sum(e.first_step is not None for e in at),
+                tuple(sorted({e.first_step for e in at if e.first_step is not None})),
+                sum(e.batch_rejected for e in at), sum(e.realtime_rejected for e in at),
                 tuple(p for pm, slo, p in pages if pm == m and slo in slos_of.get(model, ())),
             ))
     readiness = {}
