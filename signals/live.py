@@ -211,7 +211,7 @@ class LiveSignals:
         self.capacity_observed_through = through
         lo = since + 1 if since is not None else through - self.policy.history_minutes
         raised = []
-        for m in pool_minutes(req, gpu_rows, lo, through, self._first_output_slo_ms, self.policy.autoscale.queue_age_slo_ms):
+        for m in pool_minutes(req, gpu_rows, lo, through, self.first_output_slo_ms, self.policy.autoscale.queue_age_slo_ms):
             best = self.capacity.observe(m)
             if best is not None:
                 raised.append((m.pool, m.minute // 1440, best))
@@ -244,7 +244,7 @@ class LiveSignals:
         for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
             changed = self._changed(("pool", pool), (st["newest"], st["seen_in_newest"]), wall_s)
             attrs, per_s = st["attrs"], 60 * st["minutes"]
-            fo_slo = self._first_output_slo_ms(attrs)
+            fo_slo = self.first_output_slo_ms(attrs)
             signals = PoolSignals(
                 pool=pool, as_of_minute=st["newest"],
                 requests_per_s=st["requests"] / per_s, work_gpu_s_per_s=st["gpu_seconds"] / per_s,
@@ -279,7 +279,8 @@ class LiveSignals:
         return shed_advice(s.pool, st["traffic"], s.work_gpu_s_per_s, capacity, self.policy.shed, decision.breaches,
                            st["attrs"].get("workload"))
 
-    def _first_output_slo_ms(self, attrs: dict[str, str]) -> float | None:
+    def first_output_slo_ms(self, attrs: dict[str, str]) -> float | None:
+        """The tightest first-output threshold of the SLOs that select a pool with these attributes."""
         thresholds = [s.threshold_ms for s in self.specs
                       if s.latency_field == "first_output_ms" and s.threshold_ms is not None
                       and all(attrs.get(k) == v for k, v in s.selector.items() if k in POOL_ATTRIBUTES)

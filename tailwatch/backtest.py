@@ -188,7 +188,7 @@ def backtest_autoscale(requests: pl.DataFrame, gpu: pl.DataFrame, policy: Signal
     if requests.height and gpu.height and out:
         lo = min(min(bt.minutes) for bt in out.values())
         hi = max(max(bt.minutes) for bt in out.values())
-        for pm in pool_minutes(rollup(requests), gpu, lo, hi, live._first_output_slo_ms, policy.autoscale.queue_age_slo_ms):
+        for pm in pool_minutes(rollup(requests), gpu, lo, hi, live.first_output_slo_ms, policy.autoscale.queue_age_slo_ms):
             if pm.pool in out and not pm.latency_held:
                 out[pm.pool].waited.append(pm.minute)
         skus = dict(gpu.sort("window_start").group_by("pool").agg(pl.col("gpu_sku").drop_nulls().last()).iter_rows())

@@ -28,7 +28,7 @@ from alerts.alertmanager import rfc3339
 from planning.prices import GpuPrices
 from reports.readiness import build_readiness
 from planning.capacity import GPU_SECONDS_PER_SECOND_PER_GPU, replicas
-from signals.held import rollup
+from signals.held import MINUTE, minute_col, rollup
 from signals.live import LiveSignals, SignalPolicy, pool_minutes
 from slo.sli import replay as replay_slos
 from slo.spec import SloSpec
@@ -51,18 +51,19 @@ class ZoneLoss:
 
 
 def _minutes(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+    return frame.with_columns(minute_col())
 
 
 def find_zone_loss(requests: pl.DataFrame, gpu: pl.DataFrame, zone: str | None = None) -> ZoneLoss:
     """The zone that fell silent (no requests, no GPU samples) for `SILENT_MINUTES` or more up
     to the newest minute while the others kept reporting; `zone` names it instead."""
-    seen = pl.concat([_minutes(f).select("zone", "_m") for f in (requests, gpu) if f.height and "zone" in f.columns])
+    seen = pl.concat([_minutes(f).select("zone", MINUTE) for f in (requests, gpu) if f.height and "zone" in f.columns])
     seen = seen.filter(pl.col("zone").is_not_null() & (pl.col("zone") != ""))
     if seen.height == 0:
         raise BacktestError("no zone labels in that span: a drill needs requests or GPU samples by zone")
-    newest = int(seen["_m"].max())
-    spans = {z: (int(lo), int(hi)) for z, lo, hi in seen.group_by("zone").agg(pl.col("_m").min().alias("lo"), pl.col("_m").max().alias("hi")).iter_rows()}
+    newest = int(seen[MINUTE].max())
+    firsts_lasts = seen.group_by("zone").agg(pl.col(MINUTE).min().alias("lo"), pl.col(MINUTE).max().alias("hi"))
+    spans = {z: (int(lo), int(hi)) for z, lo, hi in firsts_lasts.iter_rows()}
     zones = tuple(sorted(spans))
     if len(zones) < 2:
         raise BacktestError(f"only one zone ({zones[0]}) in that span: nothing could carry its traffic")
@@ -182,7 +183,7 @@ def _pool_frames(requests: pl.DataFrame, gpu: pl.DataFrame) -> tuple[dict[str, s
                     model_of.setdefault(pool, model)
     work: dict[tuple[str, int], float] = {}
     if requests.height:
-        per = _minutes(requests).group_by("pool", "_m").agg(pl.col("gpu_seconds").fill_null(0).sum())
+        per = _minutes(requests).group_by("pool", MINUTE).agg(pl.col("gpu_seconds").fill_null(0).sum())
         work = {(p, int(m)): float(s) / 60 for p, m, s in per.iter_rows() if p}
     return zone_of, model_of, work
 
@@ -209,7 +210,7 @@ def drill(requests: pl.DataFrame, gpu: pl.DataFrame, loss: ZoneLoss, policy: Sig
         pools[pool] = PoolDrill(pool, model_of.get(pool, ""), d_before, d_after, 0, 0, plan.with_zone_headroom, need)
     lost_requests = {}
     if requests.height:
-        lost = _minutes(requests).filter(pl.col("zone") == loss.zone).group_by("_m").agg(pl.col("requests").sum())
+        lost = _minutes(requests).filter(pl.col("zone") == loss.zone).group_by(MINUTE).agg(pl.col("requests").sum())
         lost_requests = {int(m): int(n) for m, n in lost.iter_rows()}
     pages = replay_pages(specs or [], requests)
     workload_of = dict(requests.select("model", "workload").unique().iter_rows()) if requests.height else {}
@@ -219,7 +220,7 @@ def drill(requests: pl.DataFrame, gpu: pl.DataFrame, loss: ZoneLoss, policy: Sig
     waited_at: set[tuple[str, int]] = set()
     if requests.height and gpu.height:
         lo, hi = loss.at_minute - BEFORE_MINUTES, loss.last_minute
-        waited_at = {(pm.pool, pm.minute) for pm in pool_minutes(rollup(requests), gpu, lo, hi, live._first_output_slo_ms,
+        waited_at = {(pm.pool, pm.minute) for pm in pool_minutes(rollup(requests), gpu, lo, hi, live.first_output_slo_ms,
                                                                   a.queue_age_slo_ms) if not pm.latency_held}
     rows: list[DrillRow] = []
     first_minute = loss.at_minute - BEFORE_MINUTES
