@@ -1,5 +1,5 @@
 """Cost and goodput: GPU cost per successful turn, per 1,000 output tokens and per
-audio-second, idle GPU cost, by tenant, model and workload. All PromQL over GPU-seconds
+successful audio minute, idle GPU cost, by tenant, model and workload. All PromQL over GPU-seconds
 and the price per SKU (`tailwatch_gpu_price_usd_per_gpu_second`), idle time allocated as
 the cost report does (see `dashboards.common.allocated_cost_usd_per_second`)."""
 
@@ -21,7 +21,7 @@ from dashboards.common import (
     timeseries,
 )
 from conventions import (
-    AUDIO_SECONDS_TOTAL, GPU_SECONDS_TOTAL, OUTPUT_TOKENS_TOTAL, REQUEST_GPU_SECONDS_TOTAL,
+    GPU_SECONDS_TOTAL, OUTPUT_TOKENS_TOTAL, REQUEST_GPU_SECONDS_TOTAL, SUCCESSFUL_AUDIO_SECONDS_TOTAL,
     SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL,
 )
 
@@ -59,8 +59,9 @@ def build(specs=None):
         timeseries("GPU cost per 1,000 output tokens by model", "currencyUSD",
                    [Q(per_unit(allocated_cost_usd_per_second("model"), OUTPUT_TOKENS_TOTAL, "model", 1000),
                       "{{model}}")], h=9),
-        timeseries("GPU cost per audio-second by model", "currencyUSD",
-                   [Q(per_unit(allocated_cost_usd_per_second("model"), AUDIO_SECONDS_TOTAL, "model"),
+        # Audio of failed attempts is no product: a canary that fails more costs more per minute served.
+        timeseries("GPU cost per successful audio minute by model", "currencyUSD",
+                   [Q(per_unit(allocated_cost_usd_per_second("model"), SUCCESSFUL_AUDIO_SECONDS_TOTAL, "model", 60),
                       "{{model}}")], h=9),
         timeseries("GPU spend per hour by tenant", "currencyUSD",
                    [Q(f"{allocated_cost_usd_per_second('tenant')} * 3600", "{{tenant}}")], w=12, stacked=True),

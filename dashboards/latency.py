@@ -84,6 +84,12 @@ def quality_panels() -> list:
             Q(rate(QUOTA_REJECTIONS_TOTAL, "tenant"), "quota {{tenant}}"),
             Q(rate(OOM_FAILURES_TOTAL, "model"), "oom {{model}}")],
             description="Refusals for a tenant's quota or rate limit, apart from overload shedding; failures for want of GPU memory."),
+        timeseries("GPU time share by tenant and pool", "percentunit", [Q(
+            # An idle pool divides 0 by 0: NaN, which `> 0` drops.
+            f"{rate(REQUEST_GPU_SECONDS_TOTAL, 'pool, tenant')}\n/ ignoring (tenant) group_left\n"
+            f"{rate(REQUEST_GPU_SECONDS_TOTAL, 'pool')} > 0", "{{pool}} {{tenant}}")],
+            description="Each tenant's share of its pool's GPU time (its batch slots): a tenant_starving detection is "
+                        "one share climbing while the others' queue age rises (queue panels above)."),
     ]
 
 

@@ -27,6 +27,7 @@ DETECTOR_DASHBOARD = {
     "cost_regression": UID_COST,
     "anomaly": UID_CANARY,
     "cold_voice_storm": UID_LATENCY,  # the quality panels: warm-voice hits beside first audio
+    "tenant_starving": UID_LATENCY,  # queue age and quota refusals per tenant
     "partial_churn": UID_LATENCY,
     "prompt_cache_collapse": UID_LATENCY,
 }

@@ -40,6 +40,7 @@ from detectors.quality import (
     PromptCacheCollapseConfig,
     PromptCacheCollapseDetector,
 )
+from detectors.tenants import TENANT_STARVING, TenantStarvingConfig, TenantStarvingDetector
 from detectors.queue_age import NAME as QUEUE
 from detectors.queue_age import QueueAgeConfig, QueueAgeDetector
 from detectors.retry_storm import NAME as RETRY
@@ -70,6 +71,7 @@ REGISTRY: dict[str, tuple[type, type]] = {
     COLD_VOICE: (ColdVoiceStormConfig, ColdVoiceStormDetector),
     PARTIAL_CHURN: (PartialChurnConfig, PartialChurnDetector),
     PROMPT_CACHE: (PromptCacheCollapseConfig, PromptCacheCollapseDetector),
+    TENANT_STARVING: (TenantStarvingConfig, TenantStarvingDetector),
 }
 DETECTOR_NAMES = tuple(REGISTRY)
 

@@ -11,7 +11,7 @@ No identifiers of people: ids are opaque counters derived from the seed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Iterator
 
@@ -86,6 +86,7 @@ class Incident:
     cost_factor: float = 1.0  # GPU-seconds per request and GPUs in the pool, e.g. a less efficient build
     # Detector scenarios (neutral defaults: incidents without them emit exactly as before).
     leak_traffic_class: str = ""  # extra_rate_factor arrives as this traffic class in the matched (realtime) pool
+    flood_tenant: str = ""  # extra_rate_factor arrives as this tenant's traffic in the matched pool
     util_pct_floor: float = 0.0  # GPUs at least this busy (a job occupying the pool)
     util_pct_cap: float = 100.0  # GPUs at most this busy (the bottleneck is elsewhere)
     kv_cache_usage: float = 0.0  # KV-cache usage forced to about this (0: untouched)
@@ -98,6 +99,7 @@ class Incident:
     stage_factors: tuple[tuple[str, float], ...] = ()  # s2s stages that slow, e.g. (("tts_first_audio", 4.0),)
     wer_factors: tuple[tuple[str, float], ...] = ()  # ASR word error rate × factor per language ("" = every other)
     voice_cache_hit_factor: float = 1.0  # TTS voice-cache hit probability × this (a cold-voice storm)
+    underrun_factor: float = 1.0  # TTS playback underruns per stream × this
     partial_revisions_factor: float = 1.0  # ASR partial revisions per turn × this (partial churn)
     prompt_cache_factor: float = 1.0  # LLM share of prompt tokens from the prefix cache × this (a collapse)
     # Zone-loss drill: a pool gone, replicas promoted from a warm pool, queueing by load.
@@ -138,6 +140,14 @@ SCENARIOS: dict[str, list[Incident]] = {
         Incident("asr-canary-better", "quality_improvement", 0, 100_000,
                  {"workload": "asr", "deployment": "canary"}, wer_factors=(("", 0.9),), labelled=False),
     ],
+    # A TTS canary (see SCENARIO_PROFILES) whose streams stutter: six times stable's underruns,
+    # latency and errors unchanged. Its rollout must stop on underruns alone.
+    "tts-canary-underruns": [
+        Incident("tts-canary-underruns", "quality_regression", 0, 100_000,
+                 {"workload": "tts", "deployment": "canary"}, underrun_factor=6.0),
+    ],
+    # The same canary, healthy: it should go on to promotion.
+    "tts-canary-healthy": [],
     # From the second day on, every pool spends 38% more GPU time for the same traffic and the
     # same task success (a less efficient build, scaled out to match): what a cost report must flag.
     # Run it for 2+ days; `--rate-scale 0.01 --gpu-samples-per-minute 1` keeps that light.
@@ -246,6 +256,18 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
             Incident("llm-prefix-cache-halved", "prompt_cache_collapse", 140, 160, {"model": "llama-3.1-70b"},
                      prompt_cache_factor=0.3, related=("anomaly",)),
         ],
+        # A tenant floods a pool with no tenant-aware quota: its share of the GPU time climbs and
+        # everyone queues behind it (waits by load, M/M/c).
+        "tenant-starving": [
+            Incident("llm-1b-hooli-flood", "tenant_starving", 80, 100,
+                     {"pool": "llm-us-east-1b-realtime", "model": "llama-3.1-70b"}, flood_tenant="hooli",
+                     extra_rate_factor=1.2, queueing=True,
+                     related=("queue_age", "busy_but_slow", "anomaly", "cost_regression")),
+            Incident("llm-1a-stark-flood", "tenant_starving", 130, 150,
+                     {"pool": "llm-us-east-1a-realtime", "model": "llama-3.1-70b"}, flood_tenant="stark",
+                     extra_rate_factor=1.0, queueing=True,
+                     related=("queue_age", "busy_but_slow", "anomaly", "cost_regression")),
+        ],
         "quiet-day": [],  # normal diurnal load with noisy tenants (see _noise), nothing to detect
         # One incident of every kind in four hours, on separate slices: what the test suite runs.
         "detector-suite": [
@@ -274,6 +296,10 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
                      latency_factor=1.6, related=("anomaly", "idle_but_slow", "busy_but_slow")),
             Incident("suite-partial-churn", "partial_churn", 160, 180, {"model": "whisper-large-v3", "model_version": "v3.1"},
                      partial_revisions_factor=2.5, related=("anomaly",)),
+            Incident("suite-tenant-flood", "tenant_starving", 135, 150,
+                     {"pool": "llm-us-east-1c-realtime", "model": "llama-3.1-70b"}, flood_tenant="hooli",
+                     extra_rate_factor=1.2, queueing=True,
+                     related=("queue_age", "busy_but_slow", "anomaly", "cost_regression")),
         ],
     }
 
@@ -304,6 +330,10 @@ class ScenarioShape:
 ZONE_LOST, ZONE_LOSS_AT_MIN, ZONE_LOSS_END_MIN = ZONES[2], 30, 75
 WARM_POOL_PROMOTED_AT_MIN, WARM_POOL_LOADING_MIN, WARM_POOL_REPLICAS = 32, 4, 3
 SCENARIO_SHAPES = {"zone-loss": ScenarioShape("2026-11-02T13:00:00Z", ZONE_LOSS_END_MIN, 0.33)}
+# Scenarios whose fleet differs from PROFILES: the TTS canaries roll out voice-tts-2 2.5 to a
+# quarter of its traffic (every other model's events are as in PROFILES).
+_TTS_WITH_CANARY = tuple(replace(p, canary="2.5", canary_weight=0.25) if p.workload == "tts" else p for p in PROFILES)
+SCENARIO_PROFILES = {"tts-canary-underruns": _TTS_WITH_CANARY, "tts-canary-healthy": _TTS_WITH_CANARY}
 
 
 def _zone_loss() -> list[Incident]:
@@ -403,6 +433,7 @@ class FleetSimulator:
             raise ValueError("--gpu-samples-per-minute must be between 1 and 60")
         # Fewer samples per GPU-minute keep multi-day runs light; gpu_minute still has a row per GPU and minute.
         self.gpu_samples_per_minute = gpu_samples_per_minute
+        self.profiles = SCENARIO_PROFILES.get(scenario, PROFILES)
         self.incidents = SCENARIOS[scenario] + (_noise(minutes, seed) if scenario in NOISY_SCENARIOS else [])
         self.rng = np.random.default_rng(seed)
         # GPM readings draw from their own stream, so every other event is what it was without them.
@@ -450,7 +481,7 @@ class FleetSimulator:
 
     def _minute_requests(self, minute: int) -> Iterator[RequestV1]:
         rng = self.rng
-        for prof in PROFILES:
+        for prof in self.profiles:
             for zone in ZONES:
                 for tclass, base_rate in (("realtime", prof.rate_per_s), ("batch", prof.batch_rate_per_s)):
                     if base_rate <= 0:
@@ -461,7 +492,7 @@ class FleetSimulator:
                     active = [i for i in self.incidents if i.matches(labels, minute)]
                     if any(i.down for i in active):
                         continue
-                    extra = sum(i.extra_rate_factor for i in active if not i.leak_traffic_class)
+                    extra = sum(i.extra_rate_factor for i in active if not i.leak_traffic_class and not i.flood_tenant)
                     queue_ms = self._pool_queue_ms(prof, base_rate * load, active)
                     n = int(rng.poisson(base_rate * 60 * load * self.rate_scale * (1 + extra)))
                     if n:
@@ -472,6 +503,11 @@ class FleetSimulator:
                             if leak:
                                 yield from self._requests(prof, zone, inc.leak_traffic_class, pool, minute, leak,
                                                           {**labels, "traffic_class": inc.leak_traffic_class}, queue_ms)
+                        if inc.flood_tenant:  # one tenant's surge into the pool
+                            flood = int(rng.poisson(base_rate * 60 * load * self.rate_scale * inc.extra_rate_factor))
+                            if flood:
+                                yield from self._requests(prof, zone, tclass, pool, minute, flood, labels, queue_ms,
+                                                          tenant=inc.flood_tenant)
 
     def _pool_gpus(self, prof: ModelProfile, active: list[Incident]) -> tuple[int, int]:
         """(GPUs in the pool, warm ones serving) this minute."""
@@ -492,11 +528,13 @@ class FleetSimulator:
         return queue_wait_ms(per_s * service_s / warm if warm else math.inf, warm, service_s * 1000)
 
     def _requests(self, prof: ModelProfile, zone: str, tclass: str, pool: str, minute: int, n: int,
-                  labels: dict[str, str], pool_queue_ms: float = 0.0) -> Iterator[RequestV1]:
+                  labels: dict[str, str], pool_queue_ms: float = 0.0, tenant: str = "") -> Iterator[RequestV1]:
         rng = self.rng
         t0 = self.start_ms + minute * 60_000
         ts = t0 + np.sort(rng.integers(0, 60_000, n))
         tenants = rng.choice(len(TENANTS), n, p=TENANT_WEIGHTS)
+        if tenant:
+            tenants[:] = TENANTS.index(tenant)
         canary = rng.random(n) < (prof.canary_weight if prof.canary else 0.0)
         fo = rng.lognormal(math.log(prof.first_output_ms), 0.35, n)
         e2e_extra = rng.lognormal(math.log(prof.e2e_ms - prof.first_output_ms), 0.45, n)
@@ -639,7 +677,7 @@ class FleetSimulator:
             out["voice"] = VOICES[int(u[4] * len(VOICES))]
             out["voice_cache_hit"] = bool(u[5] < 0.95 * math.prod(inc.voice_cache_hit_factor for inc in active))
             if status == "ok":
-                out["underruns"] = int(rng.poisson(0.002))
+                out["underruns"] = int(rng.poisson(0.002 * math.prod(inc.underrun_factor for inc in active)))
             if not out["voice_cache_hit"] and u[3] < 0.05:
                 out["fallback"] = "voice"
         if prof.workload == "llm" and prompt:
@@ -681,7 +719,7 @@ class FleetSimulator:
     def _minute_gpu(self, minute: int) -> Iterator[GpuV1]:
         rng = self.rng
         t0 = self.start_ms + minute * 60_000
-        for prof in PROFILES:
+        for prof in self.profiles:
             for zone in ZONES:
                 for tclass in ("realtime", "batch"):
                     if tclass == "batch" and prof.batch_rate_per_s <= 0:

@@ -50,8 +50,9 @@ shares. So on every row and every roll-up, attributed cost + idle cost = fully l
 Goodput ratio = successful turns ÷ turns: the share of user turns (attempt chains) that
 ended `ok`, or in `task_success` where the runtime reports it (see `streams.aggregates`).
 Goodput is successful work; throughput is all turns. Unit costs divide the fully loaded
-cost: per successful turn, per 1,000 output tokens, per audio-second. A zero denominator
-gives null, never inf or NaN.
+cost: per successful turn, per 1,000 output tokens, per audio-second and per successful audio
+minute (audio of ok attempts only: audio a failed attempt heard or spoke is not served). A
+zero denominator gives null, never inf or NaN.
 """
 
 from __future__ import annotations
@@ -65,14 +66,15 @@ from planning.prices import GpuPrices
 
 UNALLOCATED_TENANT = "(unallocated)"
 GROUP_KEYS = ("period", "tenant", "model", "workload")
-USAGE_SUMS = ("requests", "turns", "successful_turns", "output_tokens", "audio_seconds", "gpu_seconds",
-              "gpu_seconds_reported")
+USAGE_SUMS = ("requests", "turns", "successful_turns", "output_tokens", "audio_seconds", "successful_audio_ms",
+              "gpu_seconds", "gpu_seconds_reported")
 COST_SUMS = ("attributed_cost_usd", "fully_loaded_cost_usd", "idle_cost_usd", "fully_loaded_gpu_seconds", "idle_gpu_seconds")
 
 USAGE_SCHEMA = {
     "period": None, "tenant": pl.String, "model": pl.String, "workload": pl.String, "pool": pl.String,
     "requests": pl.Int64, "turns": pl.Int64, "successful_turns": pl.Int64, "output_tokens": pl.Int64,
-    "audio_seconds": pl.Float64, "gpu_seconds": pl.Float64, "gpu_seconds_reported": pl.Float64,
+    "audio_seconds": pl.Float64, "successful_audio_ms": pl.Int64, "gpu_seconds": pl.Float64,
+    "gpu_seconds_reported": pl.Float64,
 }
 FLEET_SCHEMA = {"period": None, "pool": pl.String, "model": pl.String, "gpu_sku": pl.String, "gpu_seconds": pl.Float64}
 
@@ -201,6 +203,8 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
     `gpu_minute`). `period` is any sortable bucket label (a date, an hour, a minute)."""
     if "gpu_seconds_reported" not in usage.columns:
         usage = usage.with_columns(pl.col("gpu_seconds").alias("gpu_seconds_reported"))
+    if "successful_audio_ms" not in usage.columns:  # usage from before successful audio was counted
+        usage = usage.with_columns(pl.lit(0, pl.Int64).alias("successful_audio_ms"))
     usage = usage.with_columns(
         pl.col(c).fill_null(0) for c in USAGE_SUMS
     ).with_columns(pl.col("pool").fill_null(""), pl.col("tenant").fill_null(""), pl.col("model").fill_null(""))
@@ -284,7 +288,8 @@ def allocate_costs(usage: pl.DataFrame, fleet: pl.DataFrame, prices: GpuPrices) 
         .select(
             "period", pl.lit(UNALLOCATED_TENANT).alias("tenant"), pl.col("fleet_model").alias("model"),
             pl.col("workload").cast(pl.String), "pool",
-            *[pl.lit(0, dtype=pl.Int64).alias(c) for c in ("requests", "turns", "successful_turns", "output_tokens")],
+            *[pl.lit(0, dtype=pl.Int64).alias(c) for c in ("requests", "turns", "successful_turns", "output_tokens",
+                                                            "successful_audio_ms")],
             pl.lit(0.0).alias("audio_seconds"), pl.lit(0.0).alias("gpu_seconds"), pl.lit(0.0).alias("gpu_seconds_reported"),
             pl.lit(0.0).alias("attributed_cost_usd"),
             pl.col("fleet_cost_usd").alias("fully_loaded_cost_usd"),
@@ -334,6 +339,8 @@ def with_unit_costs(frame: pl.DataFrame) -> pl.DataFrame:
         _ratio(pl.col("attributed_cost_usd"), pl.col("successful_turns")).alias("attributed_cost_per_successful_turn_usd"),
         _ratio(pl.col("fully_loaded_cost_usd") * 1000.0, pl.col("output_tokens")).alias("cost_per_1k_output_tokens_usd"),
         _ratio(pl.col("fully_loaded_cost_usd"), pl.col("audio_seconds")).alias("cost_per_audio_second_usd"),
+        _ratio(pl.col("fully_loaded_cost_usd") * 60_000.0, pl.col("successful_audio_ms"))
+        .alias("cost_per_successful_audio_minute_usd"),
         _ratio(pl.col("idle_gpu_seconds"), pl.col("fully_loaded_gpu_seconds")).alias("idle_ratio"),
     )
 

@@ -156,7 +156,8 @@ def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.Data
     sums = """sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
                    sum(successful_turns)::BIGINT AS successful_turns,
                    coalesce(sum(output_tokens), 0)::BIGINT AS output_tokens,
-                   coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,"""
+                   coalesce(sum(audio_seconds), 0)::DOUBLE AS audio_seconds,
+                   coalesce(sum(successful_audio_ms), 0)::BIGINT AS successful_audio_ms,"""
     hours = f"""UNION ALL
             SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
                    coalesce(sum(gpu_seconds_attributed), 0)::DOUBLE AS gpu_seconds,
@@ -167,7 +168,8 @@ def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.Data
         return store.query_frame(con, f"""
             SELECT period, tenant, model, workload, pool, sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
                    sum(successful_turns)::BIGINT AS successful_turns, sum(output_tokens)::BIGINT AS output_tokens,
-                   sum(audio_seconds)::DOUBLE AS audio_seconds, sum(gpu_seconds)::DOUBLE AS gpu_seconds,
+                   sum(audio_seconds)::DOUBLE AS audio_seconds, sum(successful_audio_ms)::BIGINT AS successful_audio_ms,
+                   sum(gpu_seconds)::DOUBLE AS gpu_seconds,
                    sum(gpu_seconds_reported)::DOUBLE AS gpu_seconds_reported
             FROM (
             SELECT {_period(unit)} AS period, tenant, model, workload, pool, {sums}
@@ -324,7 +326,8 @@ CSV_COLUMNS = (
     ("cost_per_successful_turn_usd", "cost_per_successful_turn_usd"),
     ("attributed_cost_per_successful_turn_usd", "attributed_cost_per_successful_turn_usd"),
     ("cost_per_1k_output_tokens_usd", "cost_per_1k_output_tokens_usd"),
-    ("cost_per_audio_second_usd", "cost_per_audio_second_usd"), ("idle_ratio", "idle_ratio"),
+    ("cost_per_audio_second_usd", "cost_per_audio_second_usd"),
+    ("cost_per_successful_audio_minute_usd", "cost_per_successful_audio_minute_usd"), ("idle_ratio", "idle_ratio"),
 )
 
 
@@ -440,11 +443,11 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
     top = detail.sort("fully_loaded_cost_usd", descending=True).head(40).to_dicts()
     prices = report.prices
     skus = sorted(set(prices.usd_per_gpu_hour) | set(DEFAULT_USD_PER_GPU_HOUR))
-    unit_costs = ("$/successful turn", False), ("$/1k output tokens", False), ("$/audio-s", False)
+    unit_costs = ("$/successful turn", False), ("$/1k output tokens", False), ("$/successful audio-min", False)
 
     def unit_cells(r: dict) -> list[str]:
         return [usd(r["cost_per_successful_turn_usd"], unit=True), usd(r["cost_per_1k_output_tokens_usd"], unit=True),
-                usd(r["cost_per_audio_second_usd"], unit=True)]
+                usd(r["cost_per_successful_audio_minute_usd"], unit=True)]
 
     return html.render(
         "cost.html", range=str(report.range), store_path=report.store_path, data_from=_iso(report.data_range[0]),

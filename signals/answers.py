@@ -163,6 +163,9 @@ class Side(Struct, forbid_unknown_fields=True):
     cost_per_unit: Number
     cost_unit: str
     inter_token_p99_ms: Annotated[Number, Meta(description="LLM streams: p99 of the mean gap between tokens per answer")] = None
+    successful_audio_seconds: Annotated[float, Meta(description="audio of ok attempts (speech)")] = 0.0
+    underrun_reported: Annotated[int, Meta(description="TTS streams that reported underruns")] = 0
+    underrun_streams: Annotated[int, Meta(description="TTS streams with at least one underrun")] = 0
 
 
 class WerSlice(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -225,6 +228,12 @@ class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     global_canary_wer: Number | UnsetType = UNSET
     global_stable_wer: Number | UnsetType = UNSET
     languages: list[str] | UnsetType = UNSET
+    # underruns (TTS): streams that reported, and the share with at least one underrun
+    canary_streams: int | UnsetType = UNSET
+    stable_streams: int | UnsetType = UNSET
+    canary_underrun_ratio: Number | UnsetType = UNSET
+    canary_underrun_ratio_upper: Number | UnsetType = UNSET  # its 95% upper bound, once judged for a pass
+    stable_underrun_ratio: Number | UnsetType = UNSET
 
 
 class Verdict(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -238,7 +247,7 @@ class Verdict(Struct, omit_defaults=True, forbid_unknown_fields=True):
     as_of: Timestamp | None
     canary: Side | UnsetType = UNSET  # absent for the stable version itself
     stable: Side | UnsetType = UNSET
-    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost, wer
+    metrics: dict[str, MetricAnswer] | UnsetType = UNSET  # errors, burn_rate, first_output, e2e, inter_token, cost, wer, underruns
     decided_by: list[str] | UnsetType = UNSET
     confidence: Annotated[Number, Meta(description="1 − the p-value a pause or rollback acted on")] | UnsetType = UNSET
     # How fresh the verdict is: the older side's age (what the staleness bound judges), and each side's.

@@ -26,7 +26,8 @@ MINUTE = "_m"  # epoch minute, Int64
 REQUEST_COLUMNS_READ = ("window_start", "tenant", "model", "model_version", "zone", "workload", "traffic_class",
                         "deployment", "pool", "requests", "errors", "timeouts", "gpu_seconds", "gpu_seconds_reported",
                         "prompt_tokens", "output_tokens", "audio_seconds", "first_output_ms_hist", "e2e_ms_hist",
-                        "inter_token_ms_hist", "language", "evals", "word_errors", "reference_words")
+                        "inter_token_ms_hist", "language", "evals", "word_errors", "reference_words",
+                        "successful_audio_ms", "underrun_reported", "underrun_streams")
 LABELS = ("pool", "tenant", "model", "model_version", "stable", "zone", "workload", "traffic_class")
 VERSION_KEYS = ("model", "model_version", "stable")
 # (column, name) of the latency histograms a rollout compares; `field` in `version_bins`.
@@ -35,6 +36,8 @@ HIST_TYPE = pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))
 _SUMS = ("requests", "gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds")
 # Sampled evaluations per model version and language slice (rollout gates on quality by slice).
 WER_SUMS = ("evals", "word_errors", "reference_words")
+# What a rollout's cost per successful audio minute and underrun test read per model version.
+SPEECH_SUMS = ("successful_audio_ms", "underrun_reported", "underrun_streams")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class RequestRollup:
     pools: pl.DataFrame  # (pool, _m): requests, GPU-seconds, tokens, audio seconds
     pool_bins: pl.DataFrame  # (pool, _m, bin): n, of first output
     traffic: pl.DataFrame  # (pool, tenant, traffic_class, _m): requests, gpu_seconds, prompt/output tokens
-    versions: pl.DataFrame  # (model, model_version, stable, pool, _m): requests, bad, timeouts, sums
+    versions: pl.DataFrame  # (model, model_version, stable, pool, _m): requests, bad, timeouts, sums, SPEECH_SUMS
     version_bins: pl.DataFrame  # (model, model_version, stable, _m, field, bin): n, of the three latencies
     labels: pl.DataFrame  # one row per label set (LABELS): `_m`, the newest minute it was seen
     version_quality: pl.DataFrame  # (model, model_version, stable, language, _m): evaluations (WER_SUMS), where any
@@ -102,7 +105,7 @@ def _rows(requests: pl.DataFrame) -> pl.LazyFrame:
         *[pl.lit(None, dtype=HIST_TYPE).alias(col) for col, _ in VERSION_HISTOGRAMS if col not in requests.columns],
         # Older rows or a test's own frame may lack a sum column: none counted.
         *[pl.lit(0.0).alias(c) for c in _SUMS if c not in requests.columns],
-        *[pl.lit(0, pl.Int64).alias(c) for c in WER_SUMS if c not in requests.columns],
+        *[pl.lit(0, pl.Int64).alias(c) for c in (*WER_SUMS, *SPEECH_SUMS) if c not in requests.columns],
         *([] if "language" in requests.columns else [pl.lit("").alias("language")]),
         # Rows not through the work estimate (open minutes, a test's frame) carry only what was reported.
         *([] if "gpu_seconds_reported" in requests.columns else
@@ -121,7 +124,7 @@ def _plans(rows: pl.LazyFrame) -> list[pl.LazyFrame]:
     versions = rows.group_by(*VERSION_KEYS, "pool", MINUTE).agg(
         pl.col("requests").sum(), (pl.col("errors") + pl.col("timeouts")).sum().alias("bad"), pl.col("timeouts").sum(),
         pl.col("gpu_seconds_reported").fill_null(0).sum().alias("gpu_seconds"),
-        *[pl.col(c).fill_null(0).sum() for c in ("output_tokens", "audio_seconds")])
+        *[pl.col(c).fill_null(0).sum() for c in ("output_tokens", "audio_seconds", *SPEECH_SUMS)])
     index = ["pool", *VERSION_KEYS, MINUTE]
     bins = (rows.select(*index, *histograms).unpivot(histograms, index=index, variable_name="field", value_name="_h")
             .explode("_h").filter(pl.col("_h").is_not_null()).unnest("_h"))

@@ -18,8 +18,8 @@ from msgspec import Meta
 from alerts.alertmanager import rfc3339
 from signals.answers import Alert, Autoscale, Shed, Slo, Verdict, typed
 from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
-from signals.held import (EMPTY, MINUTE, NO_QUALITY, WER_SUMS, VERSION_HISTOGRAMS, RequestRollup, concat_frames,
-                          minute_col, summed_bins)
+from signals.held import (EMPTY, MINUTE, NO_QUALITY, SPEECH_SUMS, WER_SUMS, VERSION_HISTOGRAMS, RequestRollup,
+                          concat_frames, minute_col, summed_bins)
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
 from slo import histogram
 from config import ConfigStruct, Days, WindowMinutes
@@ -521,7 +521,8 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
     cost = (pl.col("gpu_seconds") * pl.col("_usd_per_gpu_s"))
     sums = rows.group_by(keys).agg(
         pl.col("requests").sum(), pl.col("bad").sum(), pl.col("timeouts").sum(), cost.sum().alias("gpu_cost"),
-        pl.col("output_tokens").sum(), pl.col("audio_seconds").sum(), pl.col("model_version").unique().alias("versions"),
+        pl.col("output_tokens").sum(), pl.col("audio_seconds").sum(), pl.col("successful_audio_ms").sum(),
+        pl.col("model_version").unique().alias("versions"),
     ).join(labels.group_by(keys).agg(pl.col("tenant").unique().alias("tenants")), on=keys, how="left")
     if detail_for is not None:
         rows, detailed_hists = (f.filter(pl.col("model").is_in(detail_for)) for f in (rows, hists))
@@ -529,7 +530,7 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
         detailed_hists = hists
     minutes = rows.group_by(*keys, MINUTE).agg(
         pl.col("requests").sum(), pl.col("bad").sum(), cost.sum().alias("gpu_cost"), pl.col("output_tokens").sum(),
-        pl.col("audio_seconds").sum(),
+        pl.col("audio_seconds").sum(), *[pl.col(c).sum() for c in SPEECH_SUMS],
     ).sort(*keys, MINUTE)
     # Histograms per group and minute (the rollout's rank tests compare within minutes), and
     # their sums per group (the p99s shown), from the held bins.
@@ -557,7 +558,8 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
         per_minute.setdefault(key, []).append(MinuteCounts(
             int(r["_m"]), int(r["requests"]), int(r["bad"]), float(r["gpu_cost"] or 0.0), int(r["output_tokens"]),
             float(r["audio_seconds"]), minute_hists["fo"].get((*key, r["_m"])), minute_hists["e2e"].get((*key, r["_m"])),
-            minute_hists["itl"].get((*key, r["_m"]))))
+            minute_hists["itl"].get((*key, r["_m"])), successful_audio_seconds=r["successful_audio_ms"] / 1000,
+            underrun_reported=int(r["underrun_reported"]), underrun_streams=int(r["underrun_streams"])))
     qs = quantile_frames[0]
     for more in quantile_frames[1:]:
         qs = qs.join(more, on=keys, how="full", coalesce=True)
@@ -572,7 +574,8 @@ def _version_table(rows: pl.DataFrame, hists: pl.DataFrame, labels: pl.DataFrame
             e2e_p99_ms=float(r["e2e"]) if r["e2e"] is not None else None,
             inter_token_p99_ms=float(r["itl"]) if r["itl"] is not None else None,
             gpu_cost=round(float(r["gpu_cost"] or 0.0), 6), output_tokens=int(r["output_tokens"]),
-            audio_seconds=float(r["audio_seconds"]), per_minute=tuple(per_minute.get(key, ())),
+            audio_seconds=float(r["audio_seconds"]), successful_audio_seconds=r["successful_audio_ms"] / 1000,
+            per_minute=tuple(per_minute.get(key, ())),
             languages={lang: tuple(rows_) for lang, rows_ in languages.get(key, {}).items()} or None)
         if len(keys) == 2:
             out_list.append((r["model"], r["model_version"], stats, frozenset(r["tenants"])))

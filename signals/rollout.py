@@ -32,7 +32,9 @@ Methods, and why:
   regression; the smaller p-value, Bonferroni-corrected for two tests. A regression must be
   both significant and large (median or p99 ratio over the pause or rollback factor):
   with thousands of requests a rank test finds differences too small to matter.
-- Cost per unit (per 1k output tokens, or per audio-second): ratio of sums per side, its
+- Cost per unit (per 1k output tokens, or per successful audio minute: audio of failed
+  attempts is not served, so a canary that fails more costs more per minute it delivers;
+  per audio-second for rows that predate the count): ratio of sums per side, its
   variance by linearisation over minutes (the delta method with minutes as clusters, since
   heavy-tailed work makes single requests far from independent of their minute's mix),
   and a one-sided confidence interval on the log of the canary ÷ stable ratio. A canary
@@ -49,6 +51,13 @@ Methods, and why:
   slices (Bonferroni), so the chance that any healthy slice is ever rolled back stays under
   `wer_alpha`. A slice stable has evidence for and the canary not yet keeps the canary from
   promotion.
+- Underruns (TTS): the errors test again, with the streams that reported underruns for
+  requests and the streams with at least one underrun for bad ones (a stream that stutters
+  once is a bad listen, however many times it stutters). Underruns are rare, so not seeing
+  harm is not a pass: the canary passes once the upper 95% bound on its share (Clopper-
+  Pearson) is under `promote_underrun_factor` × stable's share or under
+  `underrun_tolerance`, with `underrun_min_streams` reporting streams per side; until then it
+  continues and is not promoted on silence.
 
 Latency and cost tests are fixed-sample tests repeated each minute; their small alpha and
 the effect-size gates keep repeated looks from turning noise into verdicts. Callers with
@@ -64,6 +73,7 @@ from typing import Annotated, Mapping, Sequence
 
 import numpy as np
 from msgspec import Meta
+from scipy.special import betaincinv
 
 from slo import histogram
 from config import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
@@ -82,6 +92,21 @@ class MinuteCounts:
     first_output_hist: Mapping[int, int] | None = None  # this minute's latency bins, for stratified tests
     e2e_hist: Mapping[int, int] | None = None
     inter_token_hist: Mapping[int, int] | None = None
+    successful_audio_seconds: float = 0.0  # audio of ok attempts (the unit of cost per successful audio minute)
+    underrun_reported: int = 0  # TTS streams that reported underruns…
+    underrun_streams: int = 0  # …and those with at least one
+
+
+COST_UNITS = ("per 1k output tokens", "per successful audio minute", "per audio-second")
+
+
+def units_of(row: MinuteCounts | VersionStats, unit: str) -> float:
+    """How many of `unit` a minute or a side served."""
+    if unit == "per 1k output tokens":
+        return row.output_tokens / 1000
+    if unit == "per successful audio minute":
+        return row.successful_audio_seconds / 60
+    return row.audio_seconds
 
 
 @dataclass(frozen=True)
@@ -111,6 +136,7 @@ class VersionStats:
     inter_token_p99_ms: float | None = None  # LLM streams: the mean gap between tokens, per answer
     inter_token_hist: Mapping[int, int] | None = None
     languages: Mapping[str, tuple[QualityMinute, ...]] | None = None  # language → evaluations per minute
+    successful_audio_seconds: float = 0.0
 
     @property
     def error_ratio(self) -> float | None:
@@ -120,13 +146,21 @@ class VersionStats:
     def timeout_ratio(self) -> float | None:
         return self.timeouts / self.requests if self.requests else None
 
-    def cost_per_unit(self) -> tuple[float | None, str]:
-        """Cost per 1,000 output tokens, or per audio-second for speech models."""
-        if self.output_tokens > 0:
-            return self.gpu_cost / self.output_tokens * 1000, "per 1k output tokens"
-        if self.audio_seconds > 0:
-            return self.gpu_cost / self.audio_seconds, "per audio-second"
-        return None, "per unit"
+    def cost_per_unit(self, unit: str | None = None) -> tuple[float | None, str]:
+        """Cost per 1,000 output tokens, or per successful audio minute for speech models (per
+        audio-second where successful audio was not counted); in `unit` when given."""
+        for u in ((unit,) if unit else COST_UNITS):
+            if units_of(self, u) > 0:
+                return self.gpu_cost / units_of(self, u), u
+        return None, unit or "per unit"
+
+    @property
+    def underrun_reported(self) -> int:
+        return sum(m.underrun_reported for m in self.per_minute)
+
+    @property
+    def underrun_streams(self) -> int:
+        return sum(m.underrun_streams for m in self.per_minute)
 
 
 class RolloutPolicy(ConfigStruct):
@@ -153,6 +187,13 @@ class RolloutPolicy(ConfigStruct):
     wer_min_words: Count = 500  # reference words per side and language slice, likewise
     rollback_wer_factor: Factor = 1.2  # rollback needs evidence the canary's WER in a language is over this × stable's
     wer_alpha: Alpha = 0.001  # always-valid, split across the language slices
+    underrun_min_streams: Count = 500  # TTS streams that reported underruns, per side, before a pass
+    rollback_underrun_factor: Factor = 1.5  # rollback needs evidence the canary's share of stuttering streams is over this × stable's
+    underrun_alpha: Alpha = 0.001  # always-valid
+    # A pass needs the canary's stuttering share shown (95% upper bound) under this × stable's, or
+    # under the tolerance: no-harm-seen on a few thousand streams is no evidence when 0.2% stutter.
+    promote_underrun_factor: Factor = 2.0
+    underrun_tolerance: Fraction = 0.001
 
 
 @dataclass
@@ -180,7 +221,8 @@ _SIDE_DETAIL = ("per_minute", "first_output_hist", "e2e_hist", "inter_token_hist
 def _side(s: VersionStats) -> dict:
     cost, unit = s.cost_per_unit()
     d = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in _SIDE_DETAIL}
-    d.update(error_ratio=s.error_ratio, timeout_ratio=s.timeout_ratio, cost_per_unit=cost, cost_unit=unit)
+    d.update(error_ratio=s.error_ratio, timeout_ratio=s.timeout_ratio, cost_per_unit=cost, cost_unit=unit,
+             underrun_reported=s.underrun_reported, underrun_streams=s.underrun_streams)
     return d
 
 
@@ -329,7 +371,7 @@ def cost_ratio_interval(canary: tuple[MinuteCounts, ...], stable: tuple[MinuteCo
                         alpha: float, min_minutes: int) -> CostInterval | None:
     """One-sided (1 − alpha) bounds on canary ÷ stable cost per unit (see module docstring)."""
     def side(rows):
-        x = np.array([(r.output_tokens / 1000 if unit == "per 1k output tokens" else r.audio_seconds) for r in rows], float)
+        x = np.array([units_of(r, unit) for r in rows], float)
         y = np.array([r.gpu_cost for r in rows], float)
         keep = x > 0
         x, y = x[keep], y[keep]
@@ -503,7 +545,8 @@ def latency_verdict(name: str, strata: Strata | None, c_p99: float | None, s_p99
 
 
 def cost_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict | None:
-    (c_cost, unit), (s_cost, _) = canary.cost_per_unit(), stable.cost_per_unit()
+    c_cost, unit = canary.cost_per_unit()
+    s_cost, _ = stable.cost_per_unit(unit)  # the canary's unit on both sides
     point = _ratio(c_cost, s_cost)
     if point is None:
         return None
@@ -638,6 +681,49 @@ def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) ->
     return MetricVerdict(worst, f"{reason} ({global_words})", min(p_values) if p_values else None, detail)
 
 
+def underrun_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict | None:
+    """Streams with an underrun, canary against stable (module docstring); None where stable's
+    streams never reported underruns."""
+    if not stable.underrun_reported:
+        return None
+    by_minute = {m.minute: m for m in stable.per_minute}
+    aligned = [(c.underrun_reported, c.underrun_streams, by_minute[c.minute].underrun_reported,
+                by_minute[c.minute].underrun_streams)
+               for c in canary.per_minute if c.minute in by_minute and c.underrun_reported]
+    nc, kc, ns, ks = (np.array(col, float) for col in zip(*aligned)) if aligned else (np.zeros(0),) * 4
+    c_n, s_n = int(nc.sum()), int(ns.sum())
+    c_share = float(kc.sum() / c_n) if c_n else None
+    s_share = float(ks.sum() / s_n) if s_n else None
+    detail = {"method": "mixture SPRT on the canary's share of streams with an underrun, per minute (always-valid "
+                        "p-value)", "canary_streams": c_n, "stable_streams": s_n,
+              "canary_underrun_ratio": c_share, "stable_underrun_ratio": s_share, "alpha": p.underrun_alpha}
+    if not c_n:
+        return MetricVerdict("continue", "underruns: no canary stream reported underruns yet beside stable's", None,
+                             detail)
+    p_rollback = sequential_error_p_value(nc, kc, ns, ks, p.rollback_underrun_factor)
+    p_worse = sequential_error_p_value(nc, kc, ns, ks, 1.0)
+    detail["p_value_worse_than_stable"] = p_worse
+    words = (f"streams with an underrun: canary {100 * c_share:.2f}% vs stable {100 * (s_share or 0.0):.2f}% "
+             f"over {c_n:,} and {s_n:,} streams")
+    if p_rollback <= p.underrun_alpha:
+        return MetricVerdict("rollback", f"{words}: over {p.rollback_underrun_factor:g}x stable with p = "
+                             f"{p_rollback:.2g} (always-valid, alpha {p.underrun_alpha:g})", p_rollback, detail)
+    if p_worse <= p.underrun_alpha:
+        return MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, not yet shown over "
+                             f"{p.rollback_underrun_factor:g}x", p_worse, detail)
+    if min(c_n, s_n) < p.underrun_min_streams:
+        return MetricVerdict("continue", f"{words}: {p.underrun_min_streams:,} streams per side needed to pass it",
+                             p_worse, detail)
+    upper = float(betaincinv(kc.sum() + 1, c_n - kc.sum(), 0.95)) if kc.sum() < c_n else 1.0
+    bound = max(p.promote_underrun_factor * (s_share or 0.0), p.underrun_tolerance)
+    detail["canary_underrun_ratio_upper"] = round(upper, 6)
+    if upper >= bound:
+        return MetricVerdict("continue", f"{words}: no harm shown, but its share may be up to {100 * upper:.2f}% (95% "
+                             f"bound), not yet shown under {100 * bound:.2f}%", p_worse, detail)
+    return MetricVerdict("pass", f"{words}: under {100 * bound:.2f}% with 95% confidence (p worse = {p_worse:.2g})",
+                         p_worse, detail)
+
+
 def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, policy: RolloutPolicy = RolloutPolicy(),
             as_of: str | None = None) -> Verdict:
     p = policy
@@ -662,6 +748,9 @@ def verdict(canary: VersionStats, stable: VersionStats, window_minutes: int, pol
     wer = wer_verdict(canary, stable, p)
     if wer is not None:
         metrics["wer"] = wer
+    underruns = underrun_verdict(canary, stable, p)
+    if underruns is not None:
+        metrics["underruns"] = underruns
     worst = max((m.verdict for m in metrics.values()), key=_RANK.__getitem__, default="continue")
     reasons: list[str] = []
     decided_by: list[str] = []

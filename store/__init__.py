@@ -29,12 +29,13 @@ _STAGE_HIST = "STRUCT(stage VARCHAR, bin SMALLINT, n BIGINT)[]"
 
 # Language and voice slices (rows from before them are the slices without: ''), the
 # finalization latency histogram and the quality counts (what each counts: streams/aggregates.py).
-# What eval.v1 records add to their slice-minute (schema 5).
+# What eval.v1 records add to their slice-minute (schema 5). successful_audio_ms: audio of
+# ok attempts in milliseconds, the unit of cost per successful audio minute (schema 6).
 EVAL_COUNTS = ("evals", "word_errors", "reference_words", "char_errors", "reference_chars", "mos_samples", "mos_milli")
 QUALITY_COUNTS = ("rejected_quota", "ooms", "partial_revisions", "asr_partials_reported", "endpointing_errors",
                    "endpointing_reported", "underruns", "underrun_streams", "underrun_reported", "voice_cache_hits",
                    "voice_cache_lookups", "fallbacks", "cached_prompt_tokens", "draft_tokens", "accepted_tokens",
-                   *EVAL_COUNTS)
+                   *EVAL_COUNTS, "successful_audio_ms")
 _SPEECH_AND_QUALITY = "\n".join([
     "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS language VARCHAR DEFAULT '';",
     "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS voice VARCHAR DEFAULT '';",
@@ -130,12 +131,13 @@ CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes B
 # The store's schema version. Version 1 is every store written before the store carried one
 # (its tables are SCHEMA_SQL's, which only ever adds). A store is migrated up at the writer's
 # start, one step at a time, in one transaction; a store from a newer release is refused.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIGRATIONS: dict[int, str] = {  # version → the SQL that brings version - 1 to it (after SCHEMA_SQL)
     2: "CREATE TABLE IF NOT EXISTS _tw_schema (version INTEGER NOT NULL)",
     3: "SELECT 1",  # the hour tables (sli_hour, gpu_hour, attribution_minute, rolled_minute): in SCHEMA_SQL
     4: "SELECT 1",  # language and voice slices, finalization_ms, the quality counts: in SCHEMA_SQL
     5: "SELECT 1",  # the evaluation counts (EVAL_COUNTS), added with the quality counts in SCHEMA_SQL
+    6: "SELECT 1",  # successful_audio_ms, added with the quality counts in SCHEMA_SQL
 }
 
 

@@ -50,6 +50,8 @@ STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_o
 # - LLM: prompt tokens served from the prefix cache; speculative decoding's drafted and accepted tokens.
 # - Evaluations (eval.v1): how many, word and character errors over reference words and
 #   characters (WER and CER as ratios of sums), MOS samples and their sum in thousandths.
+# - successful_audio_ms: audio of ok attempts (ASR heard, TTS spoke), in whole milliseconds:
+#   the unit of cost per successful audio minute.
 # (Named once, in store.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
@@ -124,6 +126,8 @@ REQUESTS = AggregateSpec(
         *[pl.col(c).sum().cast(pl.Int64) for c in ("word_errors", "reference_words", "char_errors", "reference_chars")],
         pl.col("mos").is_not_null().sum().cast(pl.Int64).alias("mos_samples"),
         (pl.col("mos") * MILLI).round().cast(pl.Int64).sum().alias("mos_milli"),
+        pl.when(pl.col("status") == "ok").then((pl.col("audio_seconds") * MILLI).round()).cast(pl.Int64).sum()
+        .alias("successful_audio_ms"),
         _fixed_sum("audio_seconds", MICRO),
         _fixed_sum("gpu_seconds", MICRO),
     ],

@@ -89,7 +89,8 @@ from conventions import (
     PROMPT_TOKENS_TOTAL, QUEUE_DEPTH_REQUESTS, QUEUE_OLDEST_AGE_SECONDS, REQUESTS_TOTAL,
     REQUEST_GPU_SECONDS_TOTAL, REQUEST_LATENCY_SECONDS, REQUEST_RETRIES_TOTAL, STREAMS_CANCELLED_TOTAL,
     STREAMS_COMPLETED_TOTAL, STREAMS_CUT_TOTAL, STREAMS_TIMED_OUT_TOTAL, STREAMS_TOTAL,
-    SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS, POOL_LABELS, TRAFFIC_LABELS,
+    SUCCESSFUL_AUDIO_SECONDS_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS,
+    POOL_LABELS, TRAFFIC_LABELS,
     ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
     ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL,
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
@@ -109,6 +110,8 @@ TRAFFIC_COUNTERS = {
     PROMPT_TOKENS_TOTAL: ("prompt_tokens", "Prompt tokens of every attempt."),
     OUTPUT_TOKENS_TOTAL: ("output_tokens", "Output tokens of successful attempts."),
     AUDIO_SECONDS_TOTAL: ("audio_seconds", "Seconds of audio processed or produced."),
+    SUCCESSFUL_AUDIO_SECONDS_TOTAL: ("successful_audio_seconds",
+                                     "Seconds of audio of successful attempts (cost per successful audio minute)."),
     STREAMS_TOTAL: ("streams", "Attempts that said how their answer stream ended (finish_reason)."),
     STREAMS_COMPLETED_TOTAL: ("streams_completed", "Streams that ended normally: stop, length or content filter."),
     STREAMS_CUT_TOTAL: ("streams_cut", "Streams the server cut mid-answer (an HTTP 200 can hide one)."),
@@ -388,6 +391,9 @@ class FleetMetrics:
         c = self.collector
         rows = rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in (*TRAFFIC_LABELS, "pool")])
         rows = self._cap_tenants(rows)
+        # Counted in whole milliseconds (an exact sum); the counter is in seconds.
+        rows = rows.with_columns((pl.col("successful_audio_ms").fill_null(0) / 1000 if "successful_audio_ms" in rows.columns
+                                  else pl.lit(0.0)).alias("successful_audio_seconds"))
         sums = [*OUTCOME_COLUMNS.values(), *(col for col, _ in TRAFFIC_COUNTERS.values())]
         traffic = _busiest_first(rows.group_by(TRAFFIC_LABELS).agg(
             pl.len().alias("_buckets"), pl.col("requests").sum(), *[pl.col(s).fill_null(0).sum() for s in sums]),

@@ -869,3 +869,34 @@ def test_prompt_cache_collapse_reads_the_cached_share_of_prompt_tokens():
     # A fleet without a prefix cache (never any cached tokens) has nothing to collapse.
     none = [llm(m, 10_000, 0) for m in range(40)]
     assert not raised(run(PromptCacheCollapseDetector(PromptCacheCollapseConfig()), none))
+
+
+def test_tenant_starving_needs_a_rising_share_and_the_others_waiting_together():
+    from detectors.tenants import TenantStarvingConfig, TenantStarvingDetector
+
+    def pool_minute(m, big_gpu_s, others_queue_ms, big_queue_ms=None):
+        rows = [req_rows(m, tenant="big", requests=20, gpu_seconds=big_gpu_s, queue_ms_p95=big_queue_ms or others_queue_ms)]
+        rows += [req_rows(m, tenant=t, requests=50, gpu_seconds=30.0, queue_ms_p95=others_queue_ms)
+                 for t in ("a", "b", "c")]
+        return minute(m, rows)
+
+    base = [pool_minute(m, 10.0, 40.0) for m in range(30)]  # "big" holds 10% of the GPU time
+    # A noisy neighbour on a pool with room: its share jumps, nobody waits.
+    assert not raised(run(TenantStarvingDetector(TenantStarvingConfig()), base + [pool_minute(30 + i, 90.0, 45.0)
+                                                                                   for i in range(5)]))
+    # Everyone waits, the mix holds: overload, queue_age's to raise.
+    assert not raised(run(TenantStarvingDetector(TenantStarvingConfig()), base + [pool_minute(30 + i, 10.0, 900.0)
+                                                                                   for i in range(5)]))
+    events = raised(run(TenantStarvingDetector(TenantStarvingConfig()),
+                        base + [pool_minute(30 + i, 90.0, 900.0, 1200.0) for i in range(5)]))
+    # Raised once the 3-minute window's sums hold: (10 + 90 + 90) of (100 + 180 + 180) GPU-s is 41%
+    # (over 35% and 1.5× the baseline's 10%); the others wait (40 + 900 + 900) / 3 ms, over 2× and 250 ms.
+    assert len(events) == 1 and events[0].at_minute == T0 + 31
+    assert events[0].detection.labels == {"pool": "p1", "model": "m", "zone": "z1", "tenant": "big"}
+    ev = events[0].evidence
+    assert ev["gpu_time_share"] == round(190 / 460, 4) and ev["gpu_time_share_baseline"] == 0.1
+    assert ev["others_queue_ms_p95"] == round((40 + 900 + 900) / 3, 1) and ev["others_queue_ms_p95_baseline"] == 40.0
+    assert ev["tenant_queue_ms_p95"] == round((40 + 1200 + 1200) / 3, 1) and ev["others_requests"] == 450
+    # A tenant that has always held most of the pool is not a new neighbour.
+    always = [pool_minute(m, 300.0, 40.0) for m in range(30)] + [pool_minute(30 + i, 300.0, 900.0) for i in range(5)]
+    assert not raised(run(TenantStarvingDetector(TenantStarvingConfig()), always))

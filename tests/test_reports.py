@@ -440,3 +440,16 @@ def test_report_pages_escape_every_value_from_the_store():
     page = render_html(report)
     assert hostile not in page and page.count("&lt;img src=x onerror=alert(1)&gt;") >= 7
     assert "<title>Readiness: &lt;img" in page and "1,200 requests" in page and "50.00%" in page
+
+
+def test_cost_per_successful_audio_minute_counts_only_the_audio_of_ok_attempts():
+    # 40 s of audio, of which 30 s in ok attempts: the unit divides by the 30 s served.
+    u = usage((D1, "a", "tts", "tts", "p1", 10, 10, 8, 0, 40.0, 60.0)).with_columns(
+        pl.lit(30_000, pl.Int64).alias("successful_audio_ms"))
+    t = cost.allocate_costs(u, fleet(), GpuPrices())
+    row = t.detail.filter(pl.col("tenant") == "a").row(0, named=True)
+    assert row["cost_per_audio_second_usd"] == pytest.approx(60 * DEFAULT_PER_S / 40)
+    assert row["cost_per_successful_audio_minute_usd"] == pytest.approx(60 * DEFAULT_PER_S / 0.5)
+    # Usage from before successful audio was counted: unknown, never a division by zero.
+    old = cost.allocate_costs(usage((D1, "a", "tts", "tts", "p1", 10, 10, 8, 0, 40.0, 60.0)), fleet(), GpuPrices())
+    assert old.detail["cost_per_successful_audio_minute_usd"].null_count() == old.detail.height
