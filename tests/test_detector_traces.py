@@ -17,6 +17,7 @@ import msgspec
 import polars as pl
 import pytest
 
+from conventions import SLICE_LABELS
 from tools.detector_scoring import DAY_MINUTES, merge
 from tailwatch.backtest import backtest_autoscale, backtest_rollout, read_buckets
 from tools.eval_detectors import (
@@ -143,7 +144,9 @@ def test_detectors_fed_summaries_by_their_label_sets_find_what_they_find_in_the_
                                                       for half in (req[::2], req[1::2]) if half.height])
         if req is not None:
             assert set(summary[BY_COL].unique()) == {",".join(by) for by in label_sets}
-            assert "tenant" not in summary.columns  # no detector reads it: never held
+            # Only the labels some detector reads are held (tenant by pool for tenant_starving;
+            # never a language, voice or deployment).
+            assert set(summary.columns) & set(SLICE_LABELS) == set().union(*label_sets)
         for name, dset, r in (("rows", rows_fed, req), ("summaries", summaries_fed, summary)):
             events[name] += [(e.detection.detector, sorted(e.detection.labels.items()), e.state, e.at_minute,
                               {k: pytest.approx(v, rel=1e-9) if isinstance(v, float) else v for k, v in e.evidence.items()})
