@@ -54,8 +54,13 @@ class Canary:
     # words the answer's length, its word errors binomial at the language's WER × this factor
     # on the canary ("" for every language not named). Empty: no evaluations at all.
     wer_factors: tuple[tuple[str, float], ...] = ()
+    # Injected streaming: every answer is spoken (its output tokens at SPOKEN_S_PER_TOKEN) and
+    # stutters with probability UNDERRUN_RATE, × this on the canary. 0: no streams reported.
+    underrun_factor: float = 0.0
 
 
+UNDERRUN_RATE = 0.003
+SPOKEN_S_PER_TOKEN = 0.055
 # The stable version's WER per language and the languages' shares of traffic (injected quality).
 WER = {"en-us": 0.055, "es-es": 0.07, "de-de": 0.08, "ja-jp": 0.11}
 LANGUAGE_SHARES = (0.55, 0.2, 0.15, 0.1)
@@ -152,6 +157,11 @@ def build_fleet(pool_factors: dict[str, float], seed: int, canary: Canary | None
         }).with_columns(pl.col("first_output_ms").fill_nan(None))
         if canary is not None and canary.wer_factors:
             frame = frame.with_columns(**_injected_quality(canary, is_canary, failed, output, rng))
+        if canary is not None and canary.underrun_factor:
+            stutter = rng.random(n) < UNDERRUN_RATE * np.where(is_canary, canary.underrun_factor, 1.0)
+            frame = frame.with_columns(
+                underrun_reported=(~failed).astype(np.int64), underrun_streams=(stutter & ~failed).astype(np.int64),
+                successful_audio_ms=np.where(failed, 0, np.round(output * SPOKEN_S_PER_TOKEN * 1000)).astype(np.int64))
         per_request.append(frame)
         minutes = int(trace[-1, 0] // 60_000) + 1
         done_minute = np.minimum((done // 60_000).astype(int), minutes - 1)
@@ -167,6 +177,8 @@ def build_fleet(pool_factors: dict[str, float], seed: int, canary: Canary | None
     if "language" in requests.columns:
         keys.append("language")
         quality = [pl.col(c).sum() for c in ("evals", "word_errors", "reference_words")]
+    if "underrun_reported" in requests.columns:
+        quality += [pl.col(c).sum() for c in ("underrun_reported", "underrun_streams", "successful_audio_ms")]
     sums = requests.group_by(keys).agg(
         pl.len().alias("requests"), pl.col("errors").sum(), pl.col("gpu_seconds").sum(),
         pl.col("prompt_tokens").sum(), pl.col("output_tokens").sum(), *quality)
@@ -395,3 +407,27 @@ def test_a_canary_better_in_every_language_is_never_held_for_quality_and_is_prom
     last = seq[max(seq)]
     assert last["verdict"] == "promote", last["reasons"]
     assert {k: s["verdict"] for k, s in last["metrics"]["wer"]["slices"].items()} == dict.fromkeys(WER, "pass")
+
+
+def test_a_canary_that_stutters_on_the_traces_answers_is_rolled_back_on_underruns_alone():
+    """The trace's answers as spoken streams: 0.3% of stable's stutter, 4× on the canary,
+    nothing else different. Rolled back on underruns, never promoted first."""
+    seq = verdicts(Canary(share=0.3, underrun_factor=4.0), seed=25, rate=6.0)
+    rolled = [m for m, v in seq.items() if v["verdict"] == "rollback"]
+    assert rolled, {m: (v["verdict"], v["reasons"]) for m, v in seq.items()}
+    first = seq[min(rolled)]
+    assert first["decided_by"] == ["underruns"], first["reasons"]
+    assert first["metrics"]["underruns"]["p_value"] <= 0.001
+    assert not [m for m in seq if m < min(rolled) and seq[m]["verdict"] == "promote"]
+
+
+@pytest.mark.parametrize("seed", [23, 24])
+def test_a_canary_that_stutters_no_more_is_never_held_for_underruns_and_is_promoted(seed):
+    seq = verdicts(Canary(share=0.3, underrun_factor=1.0), seed=seed, rate=6.0)
+    held = {m: v["reasons"] for m, v in seq.items() if v["verdict"] in ("rollback", "pause")}
+    assert not held, held
+    last = seq[max(seq)]
+    assert last["verdict"] == "promote", last["reasons"]
+    assert last["metrics"]["underruns"]["verdict"] == "pass"
+    assert last["canary"]["cost_unit"] == "per 1k output tokens"  # LLM answers: tokens first, as before
+
