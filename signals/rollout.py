@@ -407,17 +407,18 @@ class MetricVerdict:
         return {"verdict": self.verdict, "reason": self.reason, "p_value": self.p_value, **self.detail}
 
 
-def _aligned(canary: VersionStats, stable: VersionStats) -> tuple[np.ndarray, ...]:
+def _aligned(canary: VersionStats, stable: VersionStats, n: str = "requests", bad: str = "bad") -> tuple[np.ndarray, ...]:
     """Per-minute (canary n, bad, stable n, bad) for minutes both sides served, in time
-    order; without per-minute counts, the window as one look."""
+    order; without per-minute counts, the window as one look. `n` and `bad` name the counts
+    (requests and failures; streams that reported underruns and those that stuttered)."""
     if canary.per_minute and stable.per_minute:
         s = {m.minute: m for m in stable.per_minute}
-        rows = [(c.requests, c.bad, s[c.minute].requests, s[c.minute].bad)
+        rows = [(getattr(c, n), getattr(c, bad), getattr(s[c.minute], n), getattr(s[c.minute], bad))
                 for c in sorted(canary.per_minute, key=lambda m: m.minute) if c.minute in s]
         if rows:
             return tuple(np.array(col, float) for col in zip(*rows))
         return tuple(np.zeros(0) for _ in range(4))
-    return tuple(np.array([v], float) for v in (canary.requests, canary.bad, stable.requests, stable.bad))
+    return tuple(np.array([getattr(side, k)], float) for side, k in ((canary, n), (canary, bad), (stable, n), (stable, bad)))
 
 
 def error_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -> MetricVerdict:
@@ -686,11 +687,9 @@ def underrun_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolic
     streams never reported underruns."""
     if not stable.underrun_reported:
         return None
-    by_minute = {m.minute: m for m in stable.per_minute}
-    aligned = [(c.underrun_reported, c.underrun_streams, by_minute[c.minute].underrun_reported,
-                by_minute[c.minute].underrun_streams)
-               for c in canary.per_minute if c.minute in by_minute and c.underrun_reported]
-    nc, kc, ns, ks = (np.array(col, float) for col in zip(*aligned)) if aligned else (np.zeros(0),) * 4
+    nc, kc, ns, ks = _aligned(canary, stable, "underrun_reported", "underrun_streams")
+    reported = nc > 0  # stable's streams count only in minutes the canary's streams were judged beside
+    nc, kc, ns, ks = nc[reported], kc[reported], ns[reported], ks[reported]
     c_n, s_n = int(nc.sum()), int(ns.sum())
     c_share = float(kc.sum() / c_n) if c_n else None
     s_share = float(ks.sum() / s_n) if s_n else None
