@@ -80,32 +80,57 @@ class TenantStarvingDetector:
         findings = []
         for key in sorted(self.history.values):
             window = self.history.window(key, m.minute, cfg.window_minutes)
-            base = self.history.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
-            if not window or len(base) < cfg.min_baseline_minutes:
+            if not window:
                 continue
-            evidence = self.judge(window, base)
+            # The window's own conditions first: the baseline (an hour of tenants) is summed
+            # only for a pool where one tenant holds most of the GPU time while others wait.
+            candidate = self.candidate(window)
+            if candidate is None:
+                continue
+            base = self.history.before(key, m.minute, cfg.window_minutes, cfg.baseline_minutes)
+            if len(base) < cfg.min_baseline_minutes:
+                continue
+            evidence = self.judge(candidate, base)
             if evidence is not None:
                 tenant = str(evidence.pop("tenant"))
                 findings.append(Finding({**self.history.labels[key], "tenant": tenant},
                                         {**evidence, "window_minutes": cfg.window_minutes}))
         return self.tracker.update(m.minute, findings)
 
-    def judge(self, window: list[dict[str, Reading]], base: list[dict[str, Reading]]) -> dict | None:
+    def candidate(self, window: list[dict[str, Reading]]) -> tuple[str, float, float, dict[str, list[float]]] | None:
+        """The window's side of the test: its largest tenant by GPU time, that tenant's share
+        and the others' queue p95, when the share, the others' requests and their wait are
+        each at or above their floors; else None."""
         cfg = self.cfg
-        now, before = _totals(window), _totals(base)
-        pool_gpu_s, base_gpu_s = sum(v[0] for v in now.values()), sum(v[0] for v in before.values())
-        if pool_gpu_s <= 0 or base_gpu_s <= 0:
+        now = _totals(window)
+        pool_gpu_s = sum(v[0] for v in now.values())
+        if pool_gpu_s <= 0:
             return None
         tenant = max(now, key=lambda t: (now[t][0], t))
         share = now[tenant][0] / pool_gpu_s
+        others_now = [v for t, v in now.items() if t != tenant]
+        wait = _queue_p95(others_now)
+        if share < cfg.share_min or sum(v[1] for v in others_now) < cfg.min_requests \
+                or wait is None or wait < cfg.queue_ms_min:
+            return None
+        return tenant, share, wait, now
+
+    def judge(self, candidate: tuple[str, float, float, dict[str, list[float]]],
+              base: list[dict[str, Reading]]) -> dict | None:
+        """A candidate from `candidate` against the baseline minutes: its evidence, or None."""
+        cfg = self.cfg
+        tenant, share, wait, now = candidate
+        before = _totals(base)
+        base_gpu_s = sum(v[0] for v in before.values())
+        if base_gpu_s <= 0:
+            return None
         share_base = before.get(tenant, [0.0] * 4)[0] / base_gpu_s
         others_now = [v for t, v in now.items() if t != tenant]
         others_base = [v for t, v in before.items() if t != tenant]
-        wait, wait_base = _queue_p95(others_now), _queue_p95(others_base)
-        if sum(v[1] for v in others_now) < cfg.min_requests or wait is None or not wait_base:
+        wait_base = _queue_p95(others_base)
+        if not wait_base:
             return None
-        if share >= cfg.share_min and share >= cfg.share_rise_factor * share_base \
-                and wait >= cfg.queue_ms_min and wait >= cfg.queue_rise_factor * wait_base:
+        if share >= cfg.share_rise_factor * share_base and wait >= cfg.queue_rise_factor * wait_base:
             own = _queue_p95([now[tenant]])
             return {"tenant": tenant, "gpu_time_share": round(share, 4), "gpu_time_share_baseline": round(share_base, 4),
                     "others_queue_ms_p95": round(wait, 1), "others_queue_ms_p95_baseline": round(wait_base, 1),
