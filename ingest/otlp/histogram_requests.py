@@ -22,6 +22,14 @@ SLIs, budgets, dashboards and reports need no second path:
   joins an error with a latency) is an estimate.
 - Event ids are the series, the interval and the request's place in it, so a batch read
   twice gives the same ids, which the worker drops as duplicates.
+- vLLM's token counters (`TOKEN_COUNTERS`: prompt tokens found in the prefix cache,
+  speculative decoding's drafted and accepted tokens) are shared out over the requests of
+  the interval with the same labels, in proportion to their prompt or output tokens, as
+  whole tokens adding up to the counter's increase. vLLM counts them when a request is
+  scheduled and the histograms when it finishes, so an increase in an interval where no
+  request finished waits for the next one that has some: no token is lost, some are
+  counted an interval late. The prefix-cache hit ratio is then `cached_prompt_tokens` over
+  `prompt_tokens` like any request's, with no second path.
 
 Bounds on what one record may ask for: a point must be a well-formed histogram (bounds
 increasing, counts adding up) and count at most `MAX_REQUESTS_PER_POINT` requests in its
@@ -40,7 +48,7 @@ from typing import Literal
 import msgspec
 
 from ingest.otlp.mapping import RequestRules
-from ingest.otlp.samples import HistogramPoint
+from ingest.otlp.samples import HistogramPoint, Sample
 from ingest.otlp.spans import failure_status
 from ingest.schema import RequestV1
 
@@ -92,9 +100,24 @@ NAMES: dict[str, HistogramName] = {
     # Triton's /metrics (histograms are opt-in: --metrics-config histogram_latencies=true).
     "nv_inference_first_response_histogram_ms": HistogramName("first_output", 1.0, "Triton /metrics"),
 }
+# vLLM's running totals of tokens (V1 engine; counter names as samples carry them, without
+# `_total`), by the request field they fill. For one field the first name present wins: newer
+# vLLM has the cached total (local and external caches), then the local hits, then their
+# first V1 name.
+VLLM_V1 = "vLLM /metrics, V1 engine (page captured from vLLM 0.32 in tests/data/vllm)"
+TOKEN_COUNTERS: dict[str, tuple[str, str]] = {
+    "vllm:prompt_tokens_cached": ("cached_prompt_tokens", f"{VLLM_V1}: local and external caches"),
+    "vllm:prefix_cache_hits": ("cached_prompt_tokens", VLLM_V1),
+    "vllm:gpu_prefix_cache_hits": ("cached_prompt_tokens", "vLLM /metrics, V1 engine before the `gpu_` prefix was dropped"),
+    "vllm:spec_decode_num_draft_tokens": ("draft_tokens", VLLM_V1),
+    "vllm:spec_decode_num_accepted_tokens": ("accepted_tokens", VLLM_V1),
+}
+TOKEN_FIELD_WEIGHT = {"cached_prompt_tokens": "prompt_tokens", "draft_tokens": "output_tokens",
+                      "accepted_tokens": "output_tokens"}  # what a request's share is in proportion to
 TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
 TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
-NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})"}
+NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})",
+                **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()}}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
 SPLIT_LABELS = ("error.type", "gen_ai.token.type")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
@@ -136,9 +159,14 @@ class HistogramRequests:
     def __init__(self, rules: RequestRules):
         self.rules = rules
         self._previous: dict[tuple, HistogramPoint] = {}
+        self._previous_totals: dict[tuple, float] = {}  # token counters' last readings
+        self._pending: dict[tuple, dict[str, float]] = {}  # per labels, token counts not yet shared out
 
-    def map(self, points: list[HistogramPoint]) -> MappedHistograms:
+    def map(self, points: list[HistogramPoint], counters: list[Sample] = ()) -> MappedHistograms:
+        """Requests from a batch's histogram points; `counters`, the batch's other samples,
+        give them their share of vLLM's token counters."""
         out = MappedHistograms()
+        self._take_token_counters(counters)
         groups: dict[tuple, _Group] = {}
         budget = MAX_REQUESTS_PER_BATCH
         for point in points:
@@ -172,6 +200,45 @@ class HistogramRequests:
             self._requests(key, group, out)
         return out
 
+    def _take_token_counters(self, counters: list[Sample]) -> None:
+        """Each token counter's increase since its last reading, added to what its labels'
+        requests have still to be given (per field, from the first name present)."""
+        found: dict[tuple, dict[str, dict[str, float]]] = {}  # labels → field → name → increase
+        for c in counters:
+            known = TOKEN_COUNTERS.get(c.name)
+            if known is None or not math.isfinite(c.value) or c.value < 0:
+                continue
+            increase = c.value
+            if c.cumulative:
+                series = (c.name, tuple(sorted(c.labels.items())))
+                before = self._previous_totals.pop(series, None)
+                self._previous_totals[series] = c.value  # re-inserted: least recently read first
+                _forget_oldest(self._previous_totals)
+                if before is None:
+                    continue  # the first reading is the base
+                increase = c.value - before if c.value >= before else c.value  # smaller: a reset
+            labels = tuple(sorted((k, v) for k, v in c.labels.items() if k not in SPLIT_LABELS))
+            found.setdefault(labels, {}).setdefault(known[0], {})[c.name] = increase
+        for labels, fields in found.items():
+            pending = self._pending.pop(labels, {})
+            self._pending[labels] = pending
+            for fld, by_name in fields.items():
+                name = next(n for n in TOKEN_COUNTERS if n in by_name)
+                pending[fld] = pending.get(fld, 0.0) + by_name[name]
+        _forget_oldest(self._pending)
+
+    def _share_tokens(self, labels: tuple, fields: list[dict]) -> None:
+        """Give these requests what their labels' token counters have counted since the last
+        requests were given theirs."""
+        pending = self._pending.get(labels)
+        if not pending or not fields:
+            return
+        for fld, amount in pending.items():
+            weights = [f.get(TOKEN_FIELD_WEIGHT[fld]) or 0 for f in fields]
+            for f, share in zip(fields, _shares(int(round(amount)), weights if sum(weights) else [1] * len(fields))):
+                f[fld] = share
+        del self._pending[labels]
+
     def _delta(self, point: HistogramPoint, role: Role, scale: float, per_request: bool) -> _Delta | None:
         error_type = point.labels.get("error.type", "")
         if not point.cumulative:
@@ -180,9 +247,7 @@ class HistogramRequests:
         series = (point.name, tuple(sorted(point.labels.items())))
         before = self._previous.pop(series, None)
         self._previous[series] = point  # re-inserted: the dict's order is least recently read first
-        if len(self._previous) > MAX_SERIES:
-            for stale in list(self._previous)[:MAX_SERIES // 2]:
-                del self._previous[stale]
+        _forget_oldest(self._previous)
         if before is None or point.ts_ms <= before.ts_ms:
             return None  # the first reading is the base; an older or repeated one adds nothing
         if before.bounds != point.bounds or any(b > a for a, b in zip(point.counts, before.counts)):
@@ -223,6 +288,7 @@ class HistogramRequests:
         _assign(fields, order, "inter_token_ms", per_answer)
         for role in ("prompt_tokens", "output_tokens"):
             _assign(fields, order, role, [v for d in by_role.get(role, []) for v in _tokens(d)])
+        self._share_tokens(key[0], fields)
         labels = group.labels
         base = {name: value for name in RequestRules.__struct_fields__ if (value := getattr(self.rules, name).pick(labels))}
         digest = hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()
@@ -238,6 +304,24 @@ class HistogramRequests:
             except msgspec.ValidationError as exc:
                 out.refused.append(("otlp_histogram_invalid", str(exc)[:300]))
                 return  # one bad label makes every request of the group bad: one reason is enough
+
+
+def _forget_oldest(remembered: dict) -> None:
+    """Past `MAX_SERIES` entries, forget the least recently read half (their next reading is a base)."""
+    if len(remembered) > MAX_SERIES:
+        for stale in list(remembered)[:MAX_SERIES // 2]:
+            del remembered[stale]
+
+
+def _shares(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights` as whole numbers adding up to it (largest
+    remainders take the units rounding dropped)."""
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: exact[i] - out[i], reverse=True)[:total - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def _known(point: HistogramPoint) -> tuple[Role, float, bool] | None:

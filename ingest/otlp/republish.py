@@ -198,8 +198,9 @@ class OtlpRepublisher:
             out.outputs[self.settings.topic(TOPIC_REQUESTS)] = mapped.events
             self.report.requests += len(mapped.events)
         else:
-            gpu = self.gpu.map(samples_from_otlp(data))
-            requests = self.histograms.map(histograms_from_otlp(data))
+            samples = samples_from_otlp(data)
+            gpu = self.gpu.map(samples)
+            requests = self.histograms.map(histograms_from_otlp(data), samples)
             self.report.skipped += gpu.skipped + requests.skipped
             # One dead letter per reason and record (each carries the record's bytes), counting them all.
             by_reason: dict[str, list[str]] = {}

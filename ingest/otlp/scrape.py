@@ -166,4 +166,4 @@ class PrometheusScraper:
                 continue
             samples += _labelled(got, target)
             histograms += _labelled(hist, target)
-        return ScrapeRound(self.mapper.map(samples), self.histograms.map(histograms), errors)
+        return ScrapeRound(self.mapper.map(samples), self.histograms.map(histograms, samples), errors)
