@@ -473,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="API bench: also measure the worker of git commit REF, interleaved with this tree's (ABAB)")
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
+    p.add_argument("--rounds", type=_positive_int, default=3,
+                   help="API bench with --against: rounds of each tree, interleaved (default 3)")
     p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,
                    help="replay a public trace through a worker with every default stage: each trace-hour in one "
                         "event-minute (dense), at its own pace (sparse), or both")

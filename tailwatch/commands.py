@@ -520,7 +520,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         try:
             if args.against:
-                print("\n".join(compare(args.against, args.rate, args.seconds, say=say)))
+                print("\n".join(compare(args.against, args.rate, args.seconds, say=say, rounds=args.rounds)))
             else:
                 print("\n".join(run_api(args.rate, args.seconds, say=say)))
         except BenchError as exc:

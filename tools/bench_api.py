@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,7 +99,7 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
                    connections)
 
 
-def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int = 2) -> list[str]:
+def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int = 3) -> list[str]:
     """This tree's worker against REF's, interleaved ABAB in one session: each phase's p99 per
     round and the ratio of after to before."""
     root = Path(__file__).resolve().parents[1]
@@ -121,8 +122,9 @@ def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int
         before = [r[k]["p99_ms"] for r in runs["before"]]
         after = [r[k]["p99_ms"] for r in runs["after"]]
         ratio = math.prod(a / b for a, b in zip(after, before)) ** (1 / len(before))
-        lines.append(f"  {name:<18} before {' '.join(f'{v:.2f}' for v in before):<14} after "
-                     f"{' '.join(f'{v:.2f}' for v in after):<14} after/before {ratio:.2f}x (geometric mean of rounds)")
+        lines.append(f"  {name:<18} before {' '.join(f'{v:.2f}' for v in before):<20} after "
+                     f"{' '.join(f'{v:.2f}' for v in after):<20} medians {statistics.median(before):.2f} and "
+                     f"{statistics.median(after):.2f}, after/before {ratio:.2f}x (geometric mean of rounds)")
     return lines
 
 
