@@ -98,3 +98,17 @@ def test_tokens_counted_while_no_request_finished_go_to_the_next_requests():
     again = scrape(46_000, 8, 460, 100)  # the counters did not move: the next request had none cached
     assert len(again) == 1 and again[0].cached_prompt_tokens == 0 and again[0].accepted_tokens is None
     assert scrape(61_000, 9, 10, 5)[0].cached_prompt_tokens == 10  # a restart: the counter began again
+
+
+def test_an_impossible_token_counter_is_refused_alone():
+    """A counter that jumps by more than any request field holds (a buggy or hostile exporter)
+    is refused with its reason; the interval's requests still come out, without it."""
+    mapper = HistogramRequests(OtlpMapping().requests)
+    labels, t0 = {"model_name": "m"}, 1_795_000_000_000
+    for i, (finished, drafted) in enumerate(((1, 0.0), (3, 1.7e308))):
+        point = HistogramPoint("vllm:e2e_request_latency_seconds", labels, (1.0,), (finished, 0), 0.5 * finished,
+                               0, t0 + 15_000 * i, cumulative=True)
+        mapped = mapper.map([point], [Sample("vllm:spec_decode_num_draft_tokens", labels, drafted, t0 + 15_000 * i,
+                                             cumulative=True)])
+    assert [reason for reason, _ in mapped.refused] == ["otlp_metric_invalid"]
+    assert len(mapped.events) == 2 and all(r.draft_tokens is None for r in mapped.events)

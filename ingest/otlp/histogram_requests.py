@@ -50,7 +50,7 @@ import msgspec
 from ingest.otlp.mapping import RequestRules
 from ingest.otlp.samples import HistogramPoint, Sample
 from ingest.otlp.spans import failure_status
-from ingest.schema import RequestV1
+from ingest.schema import MAX_COUNT, RequestV1
 
 Role = Literal["e2e", "first_output", "inter_token", "queue", "prompt_tokens", "output_tokens"]
 
@@ -166,7 +166,7 @@ class HistogramRequests:
         """Requests from a batch's histogram points; `counters`, the batch's other samples,
         give them their share of vLLM's token counters."""
         out = MappedHistograms()
-        self._take_token_counters(counters)
+        self._take_token_counters(counters, out)
         groups: dict[tuple, _Group] = {}
         budget = MAX_REQUESTS_PER_BATCH
         for point in points:
@@ -200,9 +200,10 @@ class HistogramRequests:
             self._requests(key, group, out)
         return out
 
-    def _take_token_counters(self, counters: list[Sample]) -> None:
+    def _take_token_counters(self, counters: list[Sample], out: MappedHistograms) -> None:
         """Each token counter's increase since its last reading, added to what its labels'
-        requests have still to be given (per field, from the first name present)."""
+        requests have still to be given (per field, from the first name present). An increase
+        no request field could hold is refused alone: the requests keep their other fields."""
         found: dict[tuple, dict[str, dict[str, float]]] = {}  # labels → field → name → increase
         for c in counters:
             known = TOKEN_COUNTERS.get(c.name)
@@ -217,6 +218,10 @@ class HistogramRequests:
                 if before is None:
                     continue  # the first reading is the base
                 increase = c.value - before if c.value >= before else c.value  # smaller: a reset
+            if increase > MAX_COUNT:
+                out.refused.append(("otlp_metric_invalid", f"{c.name}: an increase of {increase:.3g} tokens in one "
+                                    f"interval (at most {MAX_COUNT:,})"))
+                continue
             labels = tuple(sorted((k, v) for k, v in c.labels.items() if k not in SPLIT_LABELS))
             found.setdefault(labels, {}).setdefault(known[0], {})[c.name] = increase
         for labels, fields in found.items():
