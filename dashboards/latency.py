@@ -23,7 +23,7 @@ from conventions import (
     ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
     ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL,
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, PROMPT_TOKENS_TOTAL,
-    QUOTA_REJECTIONS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
+    QUOTA_REJECTIONS_TOTAL, REQUESTS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
     TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL,
     TTS_VOICE_CACHE_LOOKUPS_TOTAL,
 )
@@ -84,6 +84,10 @@ def quality_panels() -> list:
             Q(rate(QUOTA_REJECTIONS_TOTAL, "tenant"), "quota {{tenant}}"),
             Q(rate(OOM_FAILURES_TOTAL, "model"), "oom {{model}}")],
             description="Refusals for a tenant's quota or rate limit, apart from overload shedding; failures for want of GPU memory."),
+        timeseries("Quota rejection ratio by tenant", "percentunit", [Q(
+            per_unit(rate(QUOTA_REJECTIONS_TOTAL, "tenant"), REQUESTS_TOTAL, "tenant"), "{{tenant}}")],
+            description="A tenant's attempts refused for its quota or rate limit, over its attempts: the quota_admission "
+                        "SLI (slo/examples/tenant-quota.yaml tickets on it per tenant)."),
         timeseries("GPU time share by tenant and pool", "percentunit", [Q(
             # An idle pool divides 0 by 0: NaN, which `> 0` drops.
             f"{rate(REQUEST_GPU_SECONDS_TOTAL, 'pool, tenant')}\n/ ignoring (tenant) group_left\n"

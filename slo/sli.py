@@ -42,6 +42,8 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
     not_cancelled = pl.col("requests") - pl.col("cancelled")
     if spec.sli_kind == "availability":  # a tenant over its quota is refused by policy, not by a fault
         return pl.col("ok"), not_cancelled - pl.col("rejected_quota").fill_null(0)
+    if spec.sli_kind == "quota_admission":
+        return not_cancelled - pl.col("rejected_quota").fill_null(0), not_cancelled
     if spec.sli_kind == "underrun_free":
         reported = pl.col("underrun_reported").fill_null(0)
         return reported - pl.col("underrun_streams").fill_null(0), reported

@@ -41,6 +41,10 @@ SLIs, over the buckets of `sli_minute`:
   words less the word errors (per bucket, never below 0). Its error ratio is the WER of
   the slice, a ratio of sums (never an average of per-request WERs), so an objective of 92%
   reads "WER at most 8%" and the burn rate is WER ÷ 8%.
+- quota_admission: good = attempts not refused for the tenant's quota or rate limit
+  (`rejected_quota`); valid = attempts except client cancellations. Sliced by tenant, its
+  error ratio is the tenant's quota rejection rate: a signal for whoever sizes quotas, apart
+  from availability (overload shedding is availability's, not this SLI's).
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s,
 from slo.windows import AlertWindow, catalog_for, catalog_periods
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
-             "word_accuracy")
+             "word_accuracy", "quota_admission")
 # Kinds counted from the bucket's count columns alone (no latency histogram).
-COUNT_KINDS = ("availability", "stream_completion", "underrun_free", "endpointing", "word_accuracy")
+COUNT_KINDS = ("availability", "stream_completion", "underrun_free", "endpointing", "word_accuracy", "quota_admission")
 # Kinds over a field only some runtimes report: a bucket whose requests did not report it is
 # not the SLO's (no slice, no status row, no no-data alert).
 REPORTED_KINDS = ("underrun_free", "endpointing", "word_accuracy")
@@ -172,6 +176,10 @@ class WordAccuracySli(ConfigStruct):
     """Good: evaluated reference words not in error; valid: evaluated reference words (1 − WER)."""
 
 
+class QuotaAdmissionSli(ConfigStruct):
+    """Good: attempts not refused for the tenant's quota or rate limit; valid: attempts except cancellations."""
+
+
 class StageBudgetSli(ConfigStruct):
     threshold: str | float  # the turn's target
     budgets: dict[Literal[STAGE_NAMES], str | float]  # stage → its share of the target, a duration
@@ -187,6 +195,7 @@ class SliEntry(ConfigStruct):
     underrun_free: UnderrunFreeSli | None | UnsetType = UNSET
     endpointing: EndpointingSli | None | UnsetType = UNSET
     word_accuracy: WordAccuracySli | None | UnsetType = UNSET
+    quota_admission: QuotaAdmissionSli | None | UnsetType = UNSET
 
     def __post_init__(self):
         if sum(getattr(self, k) is not UNSET for k in SLI_KINDS) != 1:

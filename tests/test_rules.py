@@ -59,3 +59,19 @@ def test_the_cross_check_can_fail(generated, tmp_path):
     shutil.copy(generated / f"{name}.test.yml", tmp_path)
     r = subprocess.run([PROMTOOL, "test", "rules", f"{name}.test.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0 and "FAILED" in (r.stdout + r.stderr)
+
+
+def test_the_tenant_quota_example_tickets_and_never_pages(tmp_path):
+    """The quota SLO's rules pass promtool and its unit test; it has ticket windows only."""
+    need(PROMTOOL is not None, "promtool (Debian package prometheus)")
+    example = DEFAULT_SLOS.parent / "examples" / "tenant-quota.yaml"
+    (spec,) = load_slos(example)
+    assert spec.sli_kind == "quota_admission" and {w.severity for w in spec.alert_windows} == {"ticket"}
+    r = subprocess.run([sys.executable, "-m", "tailwatch", "rules", "generate", "--slos", str(example), "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rules = yaml.safe_load((tmp_path / f"{spec.name}.rules.yml").read_text())
+    alerts = [rule for g in rules["groups"] for rule in g["rules"] if "alert" in rule]
+    assert alerts and all(a["labels"]["severity"] != "page" for a in alerts)
+    r = subprocess.run([PROMTOOL, "test", "rules", f"{spec.name}.test.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

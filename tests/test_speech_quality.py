@@ -11,13 +11,14 @@ import duckdb
 import msgspec
 import store
 from ingest.schema import RequestV1
-from ingest.simulator import FleetSimulator
+from ingest.simulator import TENANTS, FleetSimulator
 from ingest.validate import BatchDecoder
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.frames import REQUEST_COLUMNS, records_to_frame
 from streams.slo_stage import SloStage
 from tests.test_pipeline import publish, run_worker
 
+TENANT_QUOTA_SLOS = DEFAULT_SLOS.parent / "examples" / "tenant-quota.yaml"
 BASE = {"schema": "request.v1", "event_id": "e1", "ts": 1_767_225_600_000, "tenant": "acme", "model": "tts-1",
         "workload": "tts", "status": "ok"}
 
@@ -48,7 +49,7 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, t
     events = [e for e in sim.events() if isinstance(e, RequestV1)]
     publish(kafka, events)
     store_path = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store_path, slos=load_slos(DEFAULT_SLOS))
+    w = run_worker(kafka, store_path, slos=load_slos(DEFAULT_SLOS) + load_slos(TENANT_QUOTA_SLOS))
 
     con = duckdb.connect(str(store_path), read_only=True)
     frame = store.query_frame(con,
@@ -103,4 +104,14 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, t
     llm_valid = sum(v.sums(v.spec.window_minutes)[1] for v in llm)
     realtime_llm = [e for e in events if e.workload == "llm" and e.traffic_class == "realtime"]
     assert llm_valid == sum(e.status not in ("cancelled",) and e.status_reason != "quota" for e in realtime_llm)
+    # ...and the quota SLO counts exactly them, per tenant: its error ratio is the tenant's rejection rate.
+    quota = {v.labels["tenant"]: v.sums(v.spec.window_minutes) for v in slo.states()
+             if v.spec.name == "llm-tenant-quota-admission"}
+    llm = [e for e in events if e.workload == "llm"]
+    assert set(quota) == {e.tenant for e in llm}
+    for tenant, (good, valid) in quota.items():
+        attempts = [e for e in llm if e.tenant == tenant and e.status != "cancelled"]
+        refused = sum(e.status_reason in ("quota", "rate_limit") for e in attempts)
+        assert (good, valid) == (len(attempts) - refused, len(attempts)), tenant
+        assert (refused > 0) == (tenant == TENANTS[0]), tenant  # the simulator's biggest tenant alone runs over
     con.close()
