@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from collections import Counter
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,6 +53,8 @@ def test_a_real_vllm_page_becomes_its_requests_with_their_cached_and_drafted_tok
     assert len(requests) == moved("vllm:e2e_request_latency_seconds_count") == moved("vllm:request_success_total") == 24
     assert {r["model"] for r in requests} == {"tiny-llama"} and {r["status"] for r in requests} == {"ok"}
     assert {(r["zone"], r["pool"]) for r in requests} == {("eu-west-4a", "llm-a")}
+    # How each ended, from request_success_total{finished_reason}: this page's requests all hit their max tokens.
+    assert [r["finish_reason"] for r in requests] == ["length"] * 24
     assert sum(r["prompt_tokens"] for r in requests) == moved("vllm:request_prompt_tokens_sum")
     assert sum(r["output_tokens"] for r in requests) == moved("vllm:request_generation_tokens_sum")
     # The page has the cached total and the local hits (equal here, no external cache): one is read.
@@ -112,3 +115,31 @@ def test_an_impossible_token_counter_is_refused_alone():
                                              cumulative=True)])
     assert [reason for reason, _ in mapped.refused] == ["otlp_metric_invalid"]
     assert len(mapped.events) == 2 and all(r.draft_tokens is None for r in mapped.events)
+
+
+def test_aborted_and_failed_requests_come_from_the_finished_reason_counter():
+    """vLLM counts each finished request once under its finished_reason in the same loop that
+    observes its latencies: the interval's requests take those endings, an abort as a client
+    cancellation and an error as a failure cut by the server, the counts exact."""
+    mapper = HistogramRequests(OtlpMapping().requests)
+    labels, t0 = {"model_name": "m", "engine": "0"}, 1_795_000_000_000
+
+    def scrape(ts_ms: int, ended: dict[str, float], started: int):
+        finished = int(sum(ended.values()))
+        points = [HistogramPoint("vllm:e2e_request_latency_seconds", labels, (1.0,), (finished, 0), 0.5 * finished,
+                                 0, t0 + ts_ms, cumulative=True),
+                  HistogramPoint("vllm:time_to_first_token_seconds", labels, (0.1,), (started, 0), 0.05 * started,
+                                 0, t0 + ts_ms, cumulative=True)]
+        counters = [Sample("vllm:request_success", {**labels, "finished_reason": reason}, n, t0 + ts_ms, cumulative=True)
+                    for reason, n in ended.items()]
+        return mapper.map(points, counters).events
+
+    assert scrape(0, {"stop": 10, "length": 2, "abort": 1, "error": 0}, 11) == []  # the base
+    got = scrape(15_000, {"stop": 16, "length": 3, "abort": 3, "error": 1}, 17)  # 6 stop, 1 length, 2 abort, 1 error
+    assert len(got) == 10
+    assert Counter(r.finish_reason for r in got) == {"stop": 6, "length": 1, "client_cancel": 2, "server_cut": 1}
+    assert Counter(r.status for r in got) == {"ok": 7, "cancelled": 2, "error": 1}
+    # An abort or an error goes to a request that never had a first token (6 of the 10 had one).
+    failed = [r for r in got if r.status != "ok"]
+    assert all(r.first_output_ms is None for r in failed) and all(r.e2e_ms is None for r in failed if r.status == "cancelled")
+    assert all(r.finish_reason in ("stop", "length") for r in got if r.status == "ok")

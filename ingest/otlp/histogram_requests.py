@@ -22,6 +22,12 @@ SLIs, budgets, dashboards and reports need no second path:
   joins an error with a latency) is an estimate.
 - Event ids are the series, the interval and the request's place in it, so a batch read
   twice gives the same ids, which the worker drops as duplicates.
+- vLLM's finished-request counter (`vllm:request_success_total{finished_reason}`) says how
+  many of the interval's requests ended by stop, length, abort or error; those endings are
+  given to its requests as `finish_reason` (an abort also makes the request `cancelled`, an
+  error `error`), so stream completion and errors exist for a fleet that is only scraped.
+  The counts are exact; which request ended how is not known (failures go to requests
+  without a first output first).
 - vLLM's token counters (`TOKEN_COUNTERS`: prompt tokens found in the prefix cache,
   speculative decoding's drafted and accepted tokens) are shared out over the requests of
   the interval with the same labels, in proportion to their prompt or output tokens, as
@@ -114,10 +120,20 @@ TOKEN_COUNTERS: dict[str, tuple[str, str]] = {
 }
 TOKEN_FIELD_WEIGHT = {"cached_prompt_tokens": "prompt_tokens", "draft_tokens": "output_tokens",
                       "accepted_tokens": "output_tokens"}  # what a request's share is in proportion to
+# vLLM's finished requests by how they ended (`finished_reason`), as `finish_reason` and, for
+# an abort or an error, the request's status: a scraped fleet's stream completion and errors.
+FINISH_COUNTER = "vllm:request_success"
+FINISH_LABEL = "finished_reason"
+VLLM_FINISH: dict[str, tuple[str, str]] = {
+    "stop": ("stop", "ok"), "length": ("length", "ok"),
+    "repetition": ("stop", "ok"),  # the request asked vLLM to stop a repeating answer
+    "abort": ("client_cancel", "cancelled"), "error": ("server_cut", "error"),
+}
 TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
 TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
 NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})",
-                **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()}}
+                **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
+                f"{FINISH_COUNTER}_total": VLLM_V1}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
 SPLIT_LABELS = ("error.type", "gen_ai.token.type")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
@@ -161,6 +177,7 @@ class HistogramRequests:
         self._previous: dict[tuple, HistogramPoint] = {}
         self._previous_totals: dict[tuple, float] = {}  # token counters' last readings
         self._pending: dict[tuple, dict[str, float]] = {}  # per labels, token counts not yet shared out
+        self._pending_finish: dict[tuple, dict[str, int]] = {}  # per labels, finished requests not yet given out
 
     def map(self, points: list[HistogramPoint], counters: list[Sample] = ()) -> MappedHistograms:
         """Requests from a batch's histogram points; `counters`, the batch's other samples,
@@ -207,6 +224,8 @@ class HistogramRequests:
         found: dict[tuple, dict[str, dict[str, float]]] = {}  # labels → field → name → increase
         for c in counters:
             known = TOKEN_COUNTERS.get(c.name)
+            if c.name == FINISH_COUNTER and c.labels.get(FINISH_LABEL) in VLLM_FINISH:
+                known = (FINISH_LABEL, VLLM_V1)
             if known is None or not math.isfinite(c.value) or c.value < 0:
                 continue
             increase = c.value
@@ -222,8 +241,15 @@ class HistogramRequests:
                 out.refused.append(("otlp_metric_invalid", f"{c.name}: an increase of {increase:.3g} tokens in one "
                                     f"interval (at most {MAX_COUNT:,})"))
                 continue
-            labels = tuple(sorted((k, v) for k, v in c.labels.items() if k not in SPLIT_LABELS))
+            labels = tuple(sorted((k, v) for k, v in c.labels.items() if k not in SPLIT_LABELS and k != FINISH_LABEL))
+            if known[0] == FINISH_LABEL:
+                ended = self._pending_finish.pop(labels, {})
+                self._pending_finish[labels] = ended
+                reason = c.labels[FINISH_LABEL]
+                ended[reason] = ended.get(reason, 0) + int(round(increase))
+                continue
             found.setdefault(labels, {}).setdefault(known[0], {})[c.name] = increase
+        _forget_oldest(self._pending_finish)
         for labels, fields in found.items():
             pending = self._pending.pop(labels, {})
             self._pending[labels] = pending
@@ -243,6 +269,34 @@ class HistogramRequests:
             for f, share in zip(fields, _shares(int(round(amount)), weights if sum(weights) else [1] * len(fields))):
                 f[fld] = share
         del self._pending[labels]
+
+    def _share_finishes(self, labels: tuple, fields: list[dict], order: list[int]) -> None:
+        """Tell these requests how they ended, from what vLLM's finished-request counter counted
+        for their labels. Which request ended how is unknowable from counters: an abort or error
+        goes to a request without a first output where there is one (a request that failed
+        rarely started its answer), a normal end to the others. More endings than requests wait
+        for the next interval's requests; requests beyond them say nothing of their ending."""
+        ended = self._pending_finish.get(labels)
+        if not ended or not fields:
+            return
+        failing = [r for r in VLLM_FINISH if VLLM_FINISH[r][1] != "ok"]
+        back = [i for i in reversed(order) if fields[i]["status"] == "ok"]
+        front = [i for i in order if fields[i]["status"] == "ok"] + [i for i in order if fields[i]["status"] != "ok"]
+        taken: set[int] = set()
+        for reason in [*failing, *(r for r in VLLM_FINISH if r not in failing)]:
+            queue = back if reason in failing else front
+            while ended.get(reason, 0) > 0 and queue:
+                i = queue.pop(0)
+                if i in taken:
+                    continue
+                taken.add(i)
+                finish, status = VLLM_FINISH[reason]
+                fields[i]["finish_reason"] = finish
+                if status != "ok" and fields[i]["status"] == "ok":
+                    fields[i]["status"] = status
+                ended[reason] -= 1
+        if not any(ended.values()):
+            del self._pending_finish[labels]
 
     def _delta(self, point: HistogramPoint, role: Role, scale: float, per_request: bool) -> _Delta | None:
         error_type = point.labels.get("error.type", "")
@@ -294,6 +348,7 @@ class HistogramRequests:
         for role in ("prompt_tokens", "output_tokens"):
             _assign(fields, order, role, [v for d in by_role.get(role, []) for v in _tokens(d)])
         self._share_tokens(key[0], fields)
+        self._share_finishes(key[0], fields, order)
         labels = group.labels
         base = {name: value for name in RequestRules.__struct_fields__ if (value := getattr(self.rules, name).pick(labels))}
         digest = hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()
