@@ -24,6 +24,7 @@ from ingest.simulator import DEFAULT_START, REGION, TENANT_WEIGHTS, TENANTS, ZON
 
 PREFILL_MS_PER_TOKEN = 0.12
 DECODE_MS_PER_TOKEN = 28.0
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per `hash_ids` block in the Mooncake traces
 
 
 class TraceError(ValueError):
@@ -85,6 +86,24 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
     rows.sort(key=lambda r: r[0])  # stable: rows of one millisecond keep their file order
     t0 = rows[0][0]
     return [(t - t0, c, g, k) for t, c, g, k in rows]
+
+
+PREFIX_WARMUP_MS = 5 * 60_000
+
+
+def read_prefix_reuse(path: str | Path, warmup_ms: int = PREFIX_WARMUP_MS) -> list[tuple[int, int, int, float]]:
+    """(arrival ms, prompt tokens, output tokens, cached prompt tokens) in arrival order: the
+    prompt's prefix already seen in the trace, in whole blocks and at most the prompt (the
+    reuse a prefix cache large enough to keep the trace's hour would serve), from a Mooncake
+    trace; NaN (not reported) for a trace that has no block ids (the Azure traces).
+
+    A trace starts with its cache empty (its first minute reuses 5% of prompt tokens, its
+    hour 37%), which no running fleet sees: the requests of the first `warmup_ms` only warm
+    the cache and are left out, and the rest arrive from 0."""
+    if Path(path).name.removesuffix(".gz").endswith(".csv"):
+        return [(t, c, g, math.nan) for t, c, g in read_trace(path)]
+    return [(t - warmup_ms, c, g, float(min(c, k * MOONCAKE_BLOCK_TOKENS)))
+            for t, c, g, k in read_mooncake(path) if t >= warmup_ms]
 
 
 def _open_text(path: Path):

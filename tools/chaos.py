@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 import duckdb
 import numpy as np
 
-from ingest.trace import read_mooncake, read_trace
+from ingest.trace import MOONCAKE_BLOCK_TOKENS, read_mooncake, read_trace
 from slo import histogram  # constants only: the bin and quantile formulas are rewritten in SQL below
 from ingest.broker import BrokerError, EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, ensure_topics
@@ -595,7 +595,7 @@ def _requests(rng: np.random.Generator, azure, mooncake, burst: tuple[int, int])
                 traffic = "batch" if u[i, 0] < 0.15 else "realtime"
                 reports_success = False  # code-completion runtimes never send task_success
             else:
-                cached_tokens = min(ctx, row[3] * 512)
+                cached_tokens = min(ctx, row[3] * MOONCAKE_BLOCK_TOKENS)
                 first = 80 + (ctx - cached_tokens) * 0.025 + row[3] * 0.4  # prefill only what the KV cache lacks
                 traffic = "realtime"
                 if u[i, 0] < 0.12:

@@ -215,6 +215,14 @@ TRACE_MIN_SLOTS = 16  # sequences batched per replica at least: a light trace is
 TRACE_KINDS: tuple[str, ...] = ("retry_storm", "queue_age", "busy_but_slow", "idle_but_slow", "kv_cache_pressure",
                "prompt_growth", "cold_start", "cost_regression", "anomaly")
 TRACE_EVAL_START = "2026-11-02T00:00:00Z"
+# Kinds only a trace that says how much of each prompt its prefix cache could serve can carry.
+REUSE_KINDS: tuple[str, ...] = ("prompt_cache_collapse",)
+
+
+def trace_kinds(path: str | Path) -> tuple[str, ...]:
+    """The incident kinds a trace day carries: every trace's, and the prefix-cache collapse for a
+    trace with prefix block ids (Mooncake), whose real reuse is the quiet baseline."""
+    return TRACE_KINDS + (REUSE_KINDS if not Path(path).name.removesuffix(".gz").endswith(".csv") else ())
 
 
 def trace_model_names(path: str | Path) -> tuple[str, str]:
@@ -253,7 +261,7 @@ def diurnal(minute: int) -> float:
 
 
 def trace_incidents(pools: list[TracePool], minutes: int, seed: int, repeats: int = 3,
-                    first_minute: int = 120, gap_minutes: int = 25) -> list:
+                    first_minute: int = 120, gap_minutes: int = 25, kinds: tuple[str, ...] = TRACE_KINDS) -> list:
     """Each detector's kind `repeats` times, one after another from `first_minute`, on
     seeded slices, with the same effects (and `related` kinds) as the simulator's scenarios.
     Incidents that would end past `minutes` are left out."""
@@ -266,9 +274,10 @@ def trace_incidents(pools: list[TracePool], minutes: int, seed: int, repeats: in
     out = []
     t = first_minute
     for r in range(repeats):
-        for kind in rng.permutation(TRACE_KINDS):
+        for kind in rng.permutation(kinds):
             p = pools[int(rng.integers(0, len(pools)))]
-            model = p.model if kind not in ("prompt_growth", "cost_regression", "anomaly") else models[r % len(models)]
+            model = p.model if kind not in ("prompt_growth", "cost_regression", "anomaly", "prompt_cache_collapse") \
+                else models[r % len(models)]
             pool_sel = {"pool": p.pool, "model": p.model}
             name = f"{kind}-{r + 1}"
             if kind == "retry_storm":
@@ -293,6 +302,8 @@ def trace_incidents(pools: list[TracePool], minutes: int, seed: int, repeats: in
             elif kind == "cold_start":
                 inc = Incident(name, kind, t, t + 9, pool_sel, cold_replicas=3, queue_ms=600,
                                related=("queue_age", "busy_but_slow", "idle_but_slow", "anomaly"))
+            elif kind == "prompt_cache_collapse":
+                inc = Incident(name, kind, t, t + 20, {"model": model}, prompt_cache_factor=0.05, related=("anomaly",))
             elif kind == "cost_regression":
                 inc = Incident(name, kind, t, t + 35, {"model": model}, cost_factor=1.6, related=("anomaly",))
             else:
@@ -411,12 +422,12 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
     import polars as pl
 
     from ingest.simulator import parse_start
-    from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_any_trace
+    from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_prefix_reuse
     from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS
 
-    trace = np.array(read_any_trace(path), dtype=float)
+    trace = np.array(read_prefix_reuse(path), dtype=float)  # arrival, prompt, output, cached (NaN: unknown)
     pools = trace_pools(path)
-    incs = trace_incidents(pools, minutes, seed, repeats) if incidents else []
+    incs = trace_incidents(pools, minutes, seed, repeats, kinds=trace_kinds(path)) if incidents else []
     start_ms = parse_start(start)
     rng = np.random.default_rng(seed)
     span_s = (float(trace[-1, 0]) + 1.0) / 1000
@@ -434,6 +445,8 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
         minute = (arrival // 60_000).astype(np.int64)
         per_min = lambda attr, op: np.array([op([getattr(i, attr) for i in a]) if a else 0.0 for a in act])
         prod = lambda attr: np.array([math.prod(getattr(i, attr) for i in a) for a in act])
+        # The trace's own prefix reuse (a longer prompt keeps its cached prefix; a collapse loses it).
+        cached = np.floor(rows[:, 3] * prod("prompt_cache_factor")[minute])
         prompt = np.round(prompt * prod("prompt_tokens_factor")[minute])
         output = np.round(output * prod("output_tokens_factor")[minute])
         tclass = np.full(len(arrival), "realtime", dtype=object)
@@ -443,12 +456,14 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
             leak = rng.random(len(arrival)) < extra[minute]
             arrival = np.concatenate([arrival, arrival[leak] + rng.uniform(0, 500, leak.sum())])
             prompt, output = np.concatenate([prompt, prompt[leak]]), np.concatenate([output, output[leak]])
+            cached = np.concatenate([cached, cached[leak]])
             classes = [next((i.leak_traffic_class for i in a if i.leak_traffic_class), "realtime") for a in act]
             tclass = np.concatenate([tclass, np.array([classes[m] for m in minute[leak]], dtype=object)])
             order = np.argsort(arrival, kind="stable")
-            arrival, prompt, output, tclass = arrival[order], prompt[order], output[order], tclass[order]
+            arrival, prompt, output, tclass, cached = (arrival[order], prompt[order], output[order], tclass[order],
+                                                       cached[order])
             keep = arrival < minutes * 60_000
-            arrival, prompt, output, tclass = arrival[keep], prompt[keep], output[keep], tclass[keep]
+            arrival, prompt, output, tclass, cached = arrival[keep], prompt[keep], output[keep], tclass[keep], cached[keep]
             minute = (arrival // 60_000).astype(np.int64)
         n = len(arrival)
         first_ms = 60 + prompt * PREFILL_MS_PER_TOKEN
@@ -505,11 +520,12 @@ def build_trace_day(path: str | Path, minutes: int = 1440, seed: int = 7, incide
             "first_output_ms": np.where(ok, np.round(first[i], 2), np.nan),
             "e2e_ms": np.round(e2e[i], 2),
             "prompt_tokens": prompt[i].astype(np.int64),
+            "cached_prompt_tokens": cached[i],
             "output_tokens": np.where(ok, output[i], 0).astype(np.int64),
             "gpu_seconds": np.round(gpu_s[i] * np.where(ok, 1.0, 0.5), 5),
             "deployment": np.where(is_canary[i], "canary", "stable").tolist(),
             "model_version": np.where(is_canary[i], canary.version if canary else "", TRACE_VERSION).tolist(),
-        }).with_columns(pl.col("first_output_ms").fill_nan(None))
+        }).with_columns(pl.col("first_output_ms").fill_nan(None), pl.col("cached_prompt_tokens").fill_nan(None))
         frame = frame.filter(pl.col("ts_ms") < start_ms + minutes * 60_000)
         frame = frame.with_columns(
             pl.lit("trace").alias("tenant"), pl.lit(p.model).alias("model"),
