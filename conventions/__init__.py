@@ -109,6 +109,9 @@ SPECULATIVE_ACCEPTED_TOKENS_TOTAL = "tailwatch_speculative_accepted_tokens_total
 # Sampled evaluations (eval.v1): ASR word errors over the references' words (WER as a ratio of sums).
 ASR_WORD_ERRORS_TOTAL = "tailwatch_asr_word_errors_total"
 ASR_REFERENCE_WORDS_TOTAL = "tailwatch_asr_reference_words_total"
+# ... and TTS MOS proxies: their number and the sum of their scores (mean MOS as a ratio of sums).
+TTS_MOS_EVALUATIONS_TOTAL = "tailwatch_tts_mos_evaluations_total"
+TTS_MOS_SCORE_TOTAL = "tailwatch_tts_mos_score_total"
 REQUEST_LATENCY_SECONDS = "tailwatch_request_latency_seconds"  # histogram
 GPU_SECONDS_TOTAL = "tailwatch_gpu_seconds_total"
 GPU_XID_ERRORS_TOTAL = "tailwatch_gpu_xid_errors_total"

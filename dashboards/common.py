@@ -38,7 +38,7 @@ from conventions import (
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
     SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
     TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_UNDERRUNS_TOTAL,
-    TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL,
+    TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL, TTS_MOS_EVALUATIONS_TOTAL, TTS_MOS_SCORE_TOTAL,
 )
 
 # The quality counts (streams/fleet_metrics.py TRAFFIC_COUNTERS), each with what a fleet must send for it.
@@ -55,6 +55,7 @@ _QUALITY_NEEDS = {
     CACHED_PROMPT_TOKENS_TOTAL: "cached_prompt_tokens on LLM requests (vLLM's prefix cache)",
     **dict.fromkeys((ASR_WORD_ERRORS_TOTAL, ASR_REFERENCE_WORDS_TOTAL),
                     "eval.v1 evaluations with word_errors and reference_words"),
+    **dict.fromkeys((TTS_MOS_EVALUATIONS_TOTAL, TTS_MOS_SCORE_TOTAL), "eval.v1 evaluations with mos (TTS)"),
     **dict.fromkeys((SPECULATIVE_DRAFT_TOKENS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL),
                     "draft_tokens and accepted_tokens on LLM requests (speculative decoding)"),
 }

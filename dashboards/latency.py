@@ -25,7 +25,7 @@ from conventions import (
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, PROMPT_TOKENS_TOTAL,
     QUOTA_REJECTIONS_TOTAL, REQUESTS_TOTAL, SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL,
     TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL, TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL,
-    TTS_VOICE_CACHE_LOOKUPS_TOTAL,
+    TTS_VOICE_CACHE_LOOKUPS_TOTAL, TTS_MOS_EVALUATIONS_TOTAL, TTS_MOS_SCORE_TOTAL,
 )
 
 
@@ -72,6 +72,10 @@ def quality_panels() -> list:
         timeseries("TTS warm-voice cache hits by model", "percentunit", [Q(
             per_unit(rate(TTS_VOICE_CACHE_HITS_TOTAL, "model"), TTS_VOICE_CACHE_LOOKUPS_TOTAL, "model"), "{{model}}")],
             description="A falling hit ratio with rising first audio is a cold-voice storm."),
+        timeseries("TTS MOS proxy by model", "none", [Q(
+            per_unit(rate(TTS_MOS_SCORE_TOTAL, "model"), TTS_MOS_EVALUATIONS_TOTAL, "model"), "{{model}}")],
+            description="Mean MOS proxy (1 to 5) of sampled evaluations (eval.v1): the sum of scores over their "
+                        "number. The voice_quality_drop detector watches it per voice."),
         timeseries("TTS fallbacks by model", "reqps", [Q(rate(TTS_FALLBACKS_TOTAL, "model"), "{{model}}")],
                    description="Requests served by a neutral voice or a smaller model instead of the one asked for."),
         timeseries("LLM prefix-cache hit ratio by model", "percentunit", [Q(

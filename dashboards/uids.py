@@ -30,4 +30,5 @@ DETECTOR_DASHBOARD = {
     "tenant_starving": UID_LATENCY,  # queue age and quota refusals per tenant
     "partial_churn": UID_LATENCY,
     "prompt_cache_collapse": UID_LATENCY,
+    "voice_quality_drop": UID_LATENCY,  # the MOS proxy per voice
 }

@@ -33,12 +33,15 @@ from detectors.quality import (
     COLD_VOICE,
     PARTIAL_CHURN,
     PROMPT_CACHE,
+    VOICE_QUALITY,
     ColdVoiceStormConfig,
     ColdVoiceStormDetector,
     PartialChurnConfig,
     PartialChurnDetector,
     PromptCacheCollapseConfig,
     PromptCacheCollapseDetector,
+    VoiceQualityDropConfig,
+    VoiceQualityDropDetector,
 )
 from detectors.tenants import TENANT_STARVING, TenantStarvingConfig, TenantStarvingDetector
 from detectors.queue_age import NAME as QUEUE
@@ -71,6 +74,7 @@ REGISTRY: dict[str, tuple[type, type]] = {
     COLD_VOICE: (ColdVoiceStormConfig, ColdVoiceStormDetector),
     PARTIAL_CHURN: (PartialChurnConfig, PartialChurnDetector),
     PROMPT_CACHE: (PromptCacheCollapseConfig, PromptCacheCollapseDetector),
+    VOICE_QUALITY: (VoiceQualityDropConfig, VoiceQualityDropDetector),
     TENANT_STARVING: (TenantStarvingConfig, TenantStarvingDetector),
 }
 DETECTOR_NAMES = tuple(REGISTRY)

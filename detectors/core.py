@@ -112,7 +112,7 @@ REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "suc
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 # Quality counts the quality detectors read (detectors/quality.py); rows from before them count 0.
 QUALITY_SUMS = ("voice_cache_hits", "voice_cache_lookups", "partial_revisions", "asr_partials_reported",
-                "cached_prompt_tokens")
+                "cached_prompt_tokens", "mos_samples", "mos_milli")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
 LatencyP95 = Literal[LATENCY_P95]
 # The sli_minute columns MinuteBatch reads: labels, sums and p95s. Not the histograms,
@@ -148,6 +148,8 @@ class SliceMinute:
     partial_revisions: int = 0
     asr_partials_reported: int = 0
     cached_prompt_tokens: int = 0
+    mos_samples: int = 0  # sampled evaluations with a MOS proxy (eval.v1) ...
+    mos_milli: int = 0  # ... and their scores' sum in thousandths
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,9 @@ def summarise(requests: pl.DataFrame, by: tuple[str, ...]) -> pl.DataFrame:
     weighted sum and weight of its requests-weighted mean. Summing summaries again by the
     same labels gives the summary of their rows (rows of one minute may close in several
     checkpoints)."""
-    return requests.group_by(MINUTE_COL, *[pl.col(b).fill_null("") for b in by]).agg(
+    # A label rows were written without (language and voice came later) is empty, as in the store.
+    return requests.group_by(MINUTE_COL, *[pl.col(b).fill_null("") if b in requests.columns else pl.lit("").alias(b)
+                                           for b in by]).agg(
         *[pl.col(c).sum() for c in REQUEST_SUMS], *[pl.col(c).sum() for c in QUALITY_SUMS if c in requests.columns],
         *_weighted_p95s(requests))
 

@@ -8,6 +8,10 @@
 - Partial-churn regression, per ASR model and version: partial transcripts revised per
   reporting turn at least `rise_factor` times the baseline (a decoder or endpointing change
   that makes captions flicker).
+- Voice-quality drop, per TTS model and voice: the mean MOS proxy of sampled evaluations
+  (eval.v1; the sum of scores over their number) over the window at least `drop_points` below
+  the baseline's mean: a vocoder, voice or model change that users hear as worse speech
+  while latency and errors stay clean.
 - Prompt-cache collapse, per LLM model: the share of prompt tokens served from the prefix
   cache at most `(1 − drop_ratio)` times the baseline (a prompt template that moved its
   variable part to the front, a router that stopped pinning sessions): prefill cost and first
@@ -21,6 +25,9 @@ average of per-minute ratios.
 from __future__ import annotations
 
 import statistics
+from typing import Annotated
+
+from msgspec import Meta
 
 from config import ConfigStruct, Count, Factor, Fraction, Minutes
 from detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
@@ -28,6 +35,7 @@ from detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
 COLD_VOICE = "cold_voice_storm"
 PARTIAL_CHURN = "partial_churn"
 PROMPT_CACHE = "prompt_cache_collapse"
+VOICE_QUALITY = "voice_quality_drop"
 
 
 class ColdVoiceStormConfig(ConfigStruct):
@@ -64,6 +72,17 @@ class PromptCacheCollapseConfig(ConfigStruct):
     min_baseline_minutes: Minutes = 15
     slice_by: SliceBy = ("model",)
     clear_minutes: Minutes = 3
+
+
+class VoiceQualityDropConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 10
+    drop_points: Annotated[float, Meta(gt=0, le=4)] = 0.3  # mean MOS at least this far below the baseline's
+    min_samples: Count = 40  # evaluations in the window (and at least this many in the baseline)
+    baseline_minutes: Minutes = 120
+    min_baseline_minutes: Minutes = 30
+    slice_by: SliceBy = ("model", "voice")
+    clear_minutes: Minutes = 5
 
 
 def _sums(rows: list[tuple]) -> tuple:
@@ -129,4 +148,21 @@ class PromptCacheCollapseDetector(BaselineDetector):
         if before >= self.cfg.baseline_share_min and now <= (1 - self.cfg.drop_ratio) * before:
             return {"cached_prompt_share": round(now, 4), "cached_prompt_share_baseline": round(before, 4),
                     "prompt_tokens": prompt}
+        return None
+
+
+class VoiceQualityDropDetector(BaselineDetector):
+    name = VOICE_QUALITY
+    cfg: VoiceQualityDropConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        return (s.mos_samples, s.mos_milli) if s.mos_samples else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        (samples, milli), (base_samples, base_milli) = _sums(window), _sums(base)
+        if samples < self.cfg.min_samples or base_samples < self.cfg.min_samples:
+            return None
+        now, before = milli / samples / 1000, base_milli / base_samples / 1000
+        if now <= before - self.cfg.drop_points:
+            return {"mos_mean": round(now, 3), "mos_mean_baseline": round(before, 3), "evaluations": samples}
         return None

@@ -102,6 +102,7 @@ class Incident:
     underrun_factor: float = 1.0  # TTS playback underruns per stream × this
     partial_revisions_factor: float = 1.0  # ASR partial revisions per turn × this (partial churn)
     prompt_cache_factor: float = 1.0  # LLM share of prompt tokens from the prefix cache × this (a collapse)
+    mos_shift: float = 0.0  # TTS MOS proxies of sampled evaluations move by this (a voice-quality drop)
     # Zone-loss drill: a pool gone, replicas promoted from a warm pool, queueing by load.
     down: bool = False  # the pool is gone (its zone lost): no requests, no GPU samples
     extra_gpus: int = 0  # replicas added to the pool while it lasts (promoted from a warm pool)
@@ -256,6 +257,13 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
             Incident("llm-prefix-cache-halved", "prompt_cache_collapse", 140, 160, {"model": "llama-3.1-70b"},
                      prompt_cache_factor=0.3, related=("anomaly",)),
         ],
+        # A vocoder update that sounds worse: every voice of the model, heard in sampled MOS alone.
+        "voice-quality-drop": [
+            Incident("tts-vocoder-regression", "voice_quality_drop", 80, 110, {"workload": "tts", "model": "voice-tts-2"},
+                     mos_shift=-0.7, related=("anomaly",)),
+            Incident("tts-vocoder-slight", "voice_quality_drop", 140, 170, {"workload": "tts", "model": "voice-tts-2"},
+                     mos_shift=-0.5, related=("anomaly",)),
+        ],
         # A tenant floods a pool with no tenant-aware quota: its share of the GPU time climbs and
         # everyone queues behind it (waits by load, M/M/c).
         "tenant-starving": [
@@ -296,6 +304,8 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
                      latency_factor=1.6, related=("anomaly", "idle_but_slow", "busy_but_slow")),
             Incident("suite-partial-churn", "partial_churn", 160, 180, {"model": "whisper-large-v3", "model_version": "v3.1"},
                      partial_revisions_factor=2.5, related=("anomaly",)),
+            Incident("suite-voice-quality", "voice_quality_drop", 185, 215, {"workload": "tts", "model": "voice-tts-2"},
+                     mos_shift=-0.7, related=("anomaly",)),
             Incident("suite-tenant-flood", "tenant_starving", 135, 150,
                      {"pool": "llm-us-east-1c-realtime", "model": "llama-3.1-70b"}, flood_tenant="hooli",
                      extra_rate_factor=1.2, queueing=True,
@@ -641,7 +651,8 @@ class FleetSimulator:
                                                "traffic_class", "deployment", "language", "voice")}
         if req.workload == "tts":
             return EvalV1(schema="eval.v1", event_id=eid, ts=req.ts, request_id=req.event_id, **labels,
-                          mos=round(float(np.clip(rng.normal(4.2, 0.3), 1.0, 5.0)), 3))
+                          mos=round(float(np.clip(rng.normal(4.2 + sum(inc.mos_shift for inc in active), 0.3),
+                                                  1.0, 5.0)), 3))
         factor = 1.0
         for inc in active:
             table = dict(inc.wer_factors)

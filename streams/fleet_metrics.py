@@ -92,7 +92,7 @@ from conventions import (
     SUCCESSFUL_AUDIO_SECONDS_TOTAL, SUCCESSFUL_TURNS_TOTAL, TURNS_TOTAL, GPU_TIME_LABELS, LATENCY_LABELS,
     POOL_LABELS, TRAFFIC_LABELS,
     ASR_ENDPOINTING_ERRORS_TOTAL, ASR_PARTIAL_REVISIONS_TOTAL, ASR_TURNS_REPORTING_ENDPOINTING_TOTAL,
-    ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL,
+    ASR_REFERENCE_WORDS_TOTAL, ASR_WORD_ERRORS_TOTAL, TTS_MOS_EVALUATIONS_TOTAL, TTS_MOS_SCORE_TOTAL,
     ASR_TURNS_REPORTING_PARTIALS_TOTAL, CACHED_PROMPT_TOKENS_TOTAL, OOM_FAILURES_TOTAL, QUOTA_REJECTIONS_TOTAL,
     SPECULATIVE_ACCEPTED_TOKENS_TOTAL, SPECULATIVE_DRAFT_TOKENS_TOTAL, TTS_FALLBACKS_TOTAL, TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
     TTS_STREAMS_WITH_UNDERRUNS_TOTAL, TTS_UNDERRUNS_TOTAL, TTS_VOICE_CACHE_HITS_TOTAL, TTS_VOICE_CACHE_LOOKUPS_TOTAL,
@@ -134,6 +134,9 @@ TRAFFIC_COUNTERS = {
     SPECULATIVE_ACCEPTED_TOKENS_TOTAL: ("accepted_tokens", "Drafted tokens the target model accepted."),
     ASR_WORD_ERRORS_TOTAL: ("word_errors", "Word errors (substitutions, deletions, insertions) in sampled ASR evaluations."),
     ASR_REFERENCE_WORDS_TOTAL: ("reference_words", "Reference words of sampled ASR evaluations (WER's denominator)."),
+    TTS_MOS_EVALUATIONS_TOTAL: ("mos_samples", "Sampled TTS evaluations with a MOS proxy (eval.v1 mos)."),
+    TTS_MOS_SCORE_TOTAL: ("mos_score", "Sum of the sampled TTS evaluations' MOS proxies (1 to 5 each): over the "
+                                       "evaluations, the mean MOS."),
 }
 LATENCY_FIELDS = {"queue": "queue_ms_hist", "first_output": "first_output_ms_hist", "e2e": "e2e_ms_hist",
                   "inter_token": "inter_token_ms_hist", "finalization": "finalization_ms_hist"}
@@ -393,7 +396,9 @@ class FleetMetrics:
         rows = self._cap_tenants(rows)
         # Counted in whole milliseconds (an exact sum); the counter is in seconds.
         rows = rows.with_columns((pl.col("successful_audio_ms").fill_null(0) / 1000 if "successful_audio_ms" in rows.columns
-                                  else pl.lit(0.0)).alias("successful_audio_seconds"))
+                                  else pl.lit(0.0)).alias("successful_audio_seconds"),
+                                 (pl.col("mos_milli").fill_null(0) / 1000 if "mos_milli" in rows.columns
+                                  else pl.lit(0.0)).alias("mos_score"))
         sums = [*OUTCOME_COLUMNS.values(), *(col for col, _ in TRAFFIC_COUNTERS.values())]
         traffic = _busiest_first(rows.group_by(TRAFFIC_LABELS).agg(
             pl.len().alias("_buckets"), pl.col("requests").sum(), *[pl.col(s).fill_null(0).sum() for s in sums]),

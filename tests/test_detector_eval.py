@@ -18,6 +18,7 @@ import pytest
 from detectors.config import DETECTOR_NAMES
 from ingest.simulator import FleetSimulator
 from tools.eval_detectors import (
+    DEFAULT_EVAL_SHARE,
     DEFAULT_GPU_SAMPLES,
     DEFAULT_RATE_SCALE,
     INCIDENT_START,
@@ -70,7 +71,7 @@ def test_anomaly_model_and_detections_survive_a_worker_restart(kafka, tmp_path):
     restarted = KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix + "r.")
     ensure_topics(restarted, partitions=2)
     sim = FleetSimulator(SUITE, reference.minutes, FIXED_SEED, INCIDENT_START, DEFAULT_RATE_SCALE,
-                         gpu_samples_per_minute=DEFAULT_GPU_SAMPLES)
+                         gpu_samples_per_minute=DEFAULT_GPU_SAMPLES, eval_share=DEFAULT_EVAL_SHARE)
     split_ms = sim.start_ms + 215 * 60_000  # ten minutes into the output-token collapse (205-230)
     events = list(sim.events())
     first = [e for e in events if e.ts < split_ms]

@@ -871,6 +871,31 @@ def test_prompt_cache_collapse_reads_the_cached_share_of_prompt_tokens():
     assert not raised(run(PromptCacheCollapseDetector(PromptCacheCollapseConfig()), none))
 
 
+def test_voice_quality_drop_reads_the_mean_mos_of_sampled_evaluations_per_voice():
+    from detectors.quality import VoiceQualityDropConfig, VoiceQualityDropDetector
+
+    def tts(m, samples, mean, voice="premium-1"):
+        return minute(m, [req_rows(m, model="tts-1", workload="tts", voice=voice, requests=50, mos_samples=samples,
+                                   mos_milli=round(samples * mean * 1000))])
+
+    base = [tts(m, 8, 4.2) for m in range(40)]
+    # 0.2 points down: inside the allowed drop.
+    assert not raised(run(VoiceQualityDropDetector(VoiceQualityDropConfig()), base + [tts(40 + i, 8, 4.0) for i in range(12)]))
+    events = raised(run(VoiceQualityDropDetector(VoiceQualityDropConfig()), base + [tts(40 + i, 8, 3.5) for i in range(12)]))
+    # The 10-minute window's mean first reaches 0.3 below 4.2 at the fifth worse minute: (5 × 4.2 + 5 × 3.5) / 10.
+    assert len(events) == 1 and events[0].at_minute == T0 + 44
+    ev = events[0].evidence
+    assert (ev["mos_mean"], ev["mos_mean_baseline"], ev["evaluations"]) == (3.85, 4.2, 80)
+    assert events[0].detection.labels == {"model": "tts-1", "voice": "premium-1"}
+    # Too few evaluations in the window to judge (2 a minute: 20 < 40), however bad they sound.
+    thin = [tts(m, 2, 4.2) for m in range(40)] + [tts(40 + i, 2, 2.0) for i in range(12)]
+    assert not raised(run(VoiceQualityDropDetector(VoiceQualityDropConfig()), thin))
+    # A fleet that samples no MOS has no slice to judge.
+    det = VoiceQualityDropDetector(VoiceQualityDropConfig())
+    assert not run(det, [minute(m, [req_rows(m, model="tts-1", workload="tts", requests=50)]) for m in range(60)])
+    assert not det.history.values
+
+
 def test_tenant_starving_needs_a_rising_share_and_the_others_waiting_together():
     from detectors.tenants import TenantStarvingConfig, TenantStarvingDetector
 

@@ -41,12 +41,15 @@ from ingest.kafka import KafkaSettings, ensure_topics
 # detectors' minimum-sample floors are met at 0.3) so a run takes seconds, not minutes.
 EVAL_SCENARIOS = ("retry-storm", "queue-saturation", "busy-but-slow", "idle-but-slow", "kv-pressure",
                   "prompt-growth", "cold-start", "cost-regression", "silent-degradation", "cold-voice-storm",
-                  "partial-churn", "prompt-cache-collapse", "tenant-starving", "quiet-day")
+                  "partial-churn", "prompt-cache-collapse", "voice-quality-drop", "tenant-starving", "quiet-day")
 SUITE = "detector-suite"  # every kind once, in 240 minutes: the test suite's scenario
 INCIDENT_START = "2026-11-02T08:00:00Z"
 DAY_START = "2026-11-02T00:00:00Z"
 DEFAULT_RATE_SCALE = 0.3
 DEFAULT_GPU_SAMPLES = 2
+# Answered ASR and TTS requests sampled for evaluation (eval.v1: WER counts, MOS proxies), as a
+# fleet's scorer would: the voice-quality detector reads nothing else.
+DEFAULT_EVAL_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def run_scenario(scenario: str, seed: int = 7, minutes: int | None = None, rate_
     say = progress or (lambda _line: None)
     minutes = minutes or default_minutes(scenario)
     start = DAY_START if scenario == "quiet-day" else INCIDENT_START
-    sim = FleetSimulator(scenario, minutes, seed, start, rate_scale, gpu_samples_per_minute=DEFAULT_GPU_SAMPLES)
+    sim = FleetSimulator(scenario, minutes, seed, start, rate_scale, gpu_samples_per_minute=DEFAULT_GPU_SAMPLES,
+                         eval_share=DEFAULT_EVAL_SHARE)
     broker = None
     scratch = None
     if store_path is None:
