@@ -46,6 +46,15 @@ PathName = typing.Annotated[str, Parameter(min_length=_NAME.min_length, max_leng
                                            pattern=_NAME.pattern, description=_NAME.description)]
 
 
+def header(scope: dict, name: bytes) -> str | None:
+    """A request header from the ASGI scope, read without building Litestar's `Headers`
+    (which took a fifth of a small answer's time)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def no_route(path: str) -> ApiError:
     return ApiError(f"no route {path[:100]}", hint="GET /openapi.json lists them")
 
@@ -72,7 +81,7 @@ def make_app(api: SignalApi) -> Litestar:
     """The ASGI app of the signal API over `api` (its config, snapshot and clocks)."""
 
     def who(request: Request):
-        return api.principal(request.headers.get("authorization"))
+        return api.principal(header(request.scope, b"authorization"))
 
     @get("/v1/autoscale/{pool:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
          summary="Desired replicas for a pool, with its signals and reasons")
@@ -107,7 +116,7 @@ def make_app(api: SignalApi) -> Litestar:
                   "confirm-traffic-increase and confirm-promotion (gates), post-rollout (always passes), rollback "
                   "(2xx rolls back)")
     def flagger(request: Request, check: FlaggerCheck, data: JSONBody[FlaggerPayload]) -> Response[Verdict | Inconclusive]:
-        status, answer = api.flagger(None, check, data, request.headers.get("authorization"))
+        status, answer = api.flagger(None, check, data, header(request.scope, b"authorization"))
         return _json(status, answer)
 
     @get("/v1/slos", sync_to_thread=False, security=SECURED, responses=_errors(401, 503), summary="Every SLO with its slices")

@@ -57,7 +57,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from signals.answers import ApiError
 from signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi
 from signals.config import ApiConfig
-from signals.routes import PARAMETER_TEXT, TOO_LARGE, make_app as make_api_app, no_route, not_allowed, takes_body
+from signals.routes import PARAMETER_TEXT, TOO_LARGE, header, make_app as make_api_app, no_route, not_allowed, takes_body
 from signals.live import SignalSnapshot
 from streams.metrics import HttpMetrics
 
@@ -316,13 +316,6 @@ async def _read_body(receive, declared: int | None) -> tuple[bytes | None, str |
             return b"".join(chunks), None
 
 
-def _header(scope: dict, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def make_app(served: _Served):
     """The ASGI app: the scrapes and the body guards here, then the signal API's routes."""
     routes = served.routes
@@ -331,7 +324,7 @@ def make_app(served: _Served):
         if scope["type"] != "http":
             return  # lifespan is off; a websocket upgrade is refused by uvicorn's h11 protocol
         method, path = scope["method"], scope["path"]
-        authorization = _header(scope, b"authorization")
+        authorization = header(scope, b"authorization")
         if path in _SCRAPES and method == "GET":  # a scrape waits on the worker (up to 10 s): off the event loop
             answer = await asyncio.get_running_loop().run_in_executor(None, served.answer_scrape, path, authorization)
             await _send(send, answer)
@@ -349,7 +342,7 @@ def make_app(served: _Served):
                 served.metrics.refused.labels("refused_before_body").inc()
                 await _send(send, early, close=True)
                 return
-            declared = _header(scope, b"content-length")
+            declared = header(scope, b"content-length")
             body, refusal = await _read_body(receive, int(declared) if declared and declared.isdigit() else None)
             if refusal is not None:
                 served.metrics.refused.labels(refusal).inc()
