@@ -31,4 +31,6 @@ DETECTOR_DASHBOARD = {
     "partial_churn": UID_LATENCY,
     "prompt_cache_collapse": UID_LATENCY,
     "voice_quality_drop": UID_LATENCY,  # the MOS proxy per voice
+    "voice_fallback_surge": UID_LATENCY,  # TTS fallbacks by model
+    "speculative_acceptance_drop": UID_LATENCY,  # speculative acceptance by model
 }

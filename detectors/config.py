@@ -33,6 +33,8 @@ from detectors.quality import (
     COLD_VOICE,
     PARTIAL_CHURN,
     PROMPT_CACHE,
+    SPECULATIVE,
+    VOICE_FALLBACK,
     VOICE_QUALITY,
     ColdVoiceStormConfig,
     ColdVoiceStormDetector,
@@ -40,6 +42,10 @@ from detectors.quality import (
     PartialChurnDetector,
     PromptCacheCollapseConfig,
     PromptCacheCollapseDetector,
+    SpeculativeAcceptanceDropConfig,
+    SpeculativeAcceptanceDropDetector,
+    VoiceFallbackSurgeConfig,
+    VoiceFallbackSurgeDetector,
     VoiceQualityDropConfig,
     VoiceQualityDropDetector,
 )
@@ -75,6 +81,8 @@ REGISTRY: dict[str, tuple[type, type]] = {
     PARTIAL_CHURN: (PartialChurnConfig, PartialChurnDetector),
     PROMPT_CACHE: (PromptCacheCollapseConfig, PromptCacheCollapseDetector),
     VOICE_QUALITY: (VoiceQualityDropConfig, VoiceQualityDropDetector),
+    VOICE_FALLBACK: (VoiceFallbackSurgeConfig, VoiceFallbackSurgeDetector),
+    SPECULATIVE: (SpeculativeAcceptanceDropConfig, SpeculativeAcceptanceDropDetector),
     TENANT_STARVING: (TenantStarvingConfig, TenantStarvingDetector),
 }
 DETECTOR_NAMES = tuple(REGISTRY)

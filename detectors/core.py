@@ -112,7 +112,7 @@ REQUEST_SUMS = ("requests", "ok", "errors", "timeouts", "retries", "turns", "suc
                 "prompt_tokens", "output_tokens", "gpu_seconds")
 # Quality counts the quality detectors read (detectors/quality.py); rows from before them count 0.
 QUALITY_SUMS = ("voice_cache_hits", "voice_cache_lookups", "partial_revisions", "asr_partials_reported",
-                "cached_prompt_tokens", "mos_samples", "mos_milli")
+                "cached_prompt_tokens", "draft_tokens", "accepted_tokens", "fallbacks", "mos_samples", "mos_milli")
 LATENCY_P95 = ("queue_ms_p95", "first_output_ms_p95", "e2e_ms_p95")
 LatencyP95 = Literal[LATENCY_P95]
 # The sli_minute columns MinuteBatch reads: labels, sums and p95s. Not the histograms,
@@ -148,6 +148,9 @@ class SliceMinute:
     partial_revisions: int = 0
     asr_partials_reported: int = 0
     cached_prompt_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted ...
+    accepted_tokens: int = 0  # ... and those the target model accepted
+    fallbacks: int = 0  # TTS attempts served by a neutral voice or a smaller model
     mos_samples: int = 0  # sampled evaluations with a MOS proxy (eval.v1) ...
     mos_milli: int = 0  # ... and their scores' sum in thousandths
 

@@ -12,6 +12,14 @@
   (eval.v1; the sum of scores over their number) over the window at least `drop_points` below
   the baseline's mean: a vocoder, voice or model change that users hear as worse speech
   while latency and errors stay clean.
+- Voice-fallback surge, per TTS model and zone: the share of attempts served by a neutral
+  voice or a smaller model (`fallback`) over the window at least `rise_factor` times its
+  baseline and over `ratio_min`: memory pressure or a failing voice store, heard as the wrong
+  voice before any error shows.
+- Speculative-acceptance drop, per LLM model and version: drafted tokens the target model
+  accepted, over those drafted, at most `(1 − drop_ratio)` times the baseline: a draft model
+  out of step with its target (a new target version, a changed prompt mix) costs decode time
+  and GPU-seconds while answers stay right.
 - Prompt-cache collapse, per LLM model: the share of prompt tokens served from the prefix
   cache at most `(1 − drop_ratio)` times the baseline (a prompt template that moved its
   variable part to the front, a router that stopped pinning sessions): prefill cost and first
@@ -36,6 +44,8 @@ COLD_VOICE = "cold_voice_storm"
 PARTIAL_CHURN = "partial_churn"
 PROMPT_CACHE = "prompt_cache_collapse"
 VOICE_QUALITY = "voice_quality_drop"
+VOICE_FALLBACK = "voice_fallback_surge"
+SPECULATIVE = "speculative_acceptance_drop"
 
 
 class ColdVoiceStormConfig(ConfigStruct):
@@ -85,8 +95,57 @@ class VoiceQualityDropConfig(ConfigStruct):
     clear_minutes: Minutes = 5
 
 
+class VoiceFallbackSurgeConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 5
+    rise_factor: Factor = 3.0  # fallback share of attempts at or above this multiple of the baseline's ...
+    ratio_min: Fraction = 0.05  # ... and at or above this
+    min_requests: Count = 100  # TTS attempts in the window
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model", "zone")
+    clear_minutes: Minutes = 3
+
+
+class SpeculativeAcceptanceDropConfig(ConfigStruct):
+    enabled: bool = True
+    window_minutes: Minutes = 5
+    drop_ratio: Fraction = 0.3  # acceptance at or below (1 − this) × the baseline's
+    min_draft_tokens: Count = 20_000  # drafted tokens in the window
+    baseline_acceptance_min: Fraction = 0.1  # below this there is no acceptance to lose
+    baseline_minutes: Minutes = 60
+    min_baseline_minutes: Minutes = 15
+    slice_by: SliceBy = ("model", "model_version")
+    clear_minutes: Minutes = 3
+
+
 def _sums(rows: list[tuple]) -> tuple:
     return tuple(sum(col) for col in zip(*rows))
+
+
+def _shares(window: list, base: list, min_whole: int) -> tuple[float, float, int] | None:
+    """Over readings (whole, part): the part's share of the whole in the window and in the
+    baseline (ratios of sums), and the window's whole; None below `min_whole`."""
+    (whole, part), (base_whole, base_part) = _sums(window), _sums(base)
+    if whole < min_whole:
+        return None
+    return part / whole, ratio(base_part, base_whole) or 0.0, whole
+
+
+def _share_dropped(window: list, base: list, min_whole: int, baseline_min: float,
+                   drop_ratio: float) -> tuple[float, float, int] | None:
+    """(share, baseline share, whole) when the share fell to at most (1 − drop_ratio) of a
+    baseline of at least `baseline_min`."""
+    got = _shares(window, base, min_whole)
+    return got if got and got[1] >= baseline_min and got[0] <= (1 - drop_ratio) * got[1] else None
+
+
+def _share_rose(window: list, base: list, min_whole: int, rise_factor: float,
+                floor: float) -> tuple[float, float, int] | None:
+    """(share, baseline share, whole) when the share rose to at least `rise_factor` times the
+    baseline's and to at least `floor`."""
+    got = _shares(window, base, min_whole)
+    return got if got and got[0] >= floor and got[0] >= rise_factor * got[1] else None
 
 
 class ColdVoiceStormDetector(BaselineDetector):
@@ -122,13 +181,10 @@ class PartialChurnDetector(BaselineDetector):
         return (s.asr_partials_reported, s.partial_revisions) if s.asr_partials_reported else None
 
     def judge(self, window: list, base: list) -> dict | None:
-        (turns, revisions), (base_turns, base_revisions) = _sums(window), _sums(base)
-        if turns < self.cfg.min_turns:
-            return None
-        now, before = revisions / turns, ratio(base_revisions, base_turns) or 0.0
-        if before > 0 and now >= self.cfg.rise_factor * before:
-            return {"partial_revisions_per_turn": round(now, 4), "partial_revisions_per_turn_baseline": round(before, 4),
-                    "turns": turns}
+        got = _shares(window, base, self.cfg.min_turns)
+        if got and got[1] > 0 and got[0] >= self.cfg.rise_factor * got[1]:
+            return {"partial_revisions_per_turn": round(got[0], 4), "partial_revisions_per_turn_baseline": round(got[1], 4),
+                    "turns": got[2]}
         return None
 
 
@@ -141,14 +197,10 @@ class PromptCacheCollapseDetector(BaselineDetector):
         return (s.prompt_tokens, s.cached_prompt_tokens) if s.prompt_tokens and (s.cached_prompt_tokens or seen) else None
 
     def judge(self, window: list, base: list) -> dict | None:
-        (prompt, cached), (base_prompt, base_cached) = _sums(window), _sums(base)
-        if prompt < self.cfg.min_prompt_tokens:
-            return None
-        now, before = cached / prompt, ratio(base_cached, base_prompt) or 0.0
-        if before >= self.cfg.baseline_share_min and now <= (1 - self.cfg.drop_ratio) * before:
-            return {"cached_prompt_share": round(now, 4), "cached_prompt_share_baseline": round(before, 4),
-                    "prompt_tokens": prompt}
-        return None
+        cfg = self.cfg
+        got = _share_dropped(window, base, cfg.min_prompt_tokens, cfg.baseline_share_min, cfg.drop_ratio)
+        return {"cached_prompt_share": round(got[0], 4), "cached_prompt_share_baseline": round(got[1], 4),
+                "prompt_tokens": got[2]} if got else None
 
 
 class VoiceQualityDropDetector(BaselineDetector):
@@ -166,3 +218,32 @@ class VoiceQualityDropDetector(BaselineDetector):
         if now <= before - self.cfg.drop_points:
             return {"mos_mean": round(now, 3), "mos_mean_baseline": round(before, 3), "evaluations": samples}
         return None
+
+
+class VoiceFallbackSurgeDetector(BaselineDetector):
+    name = VOICE_FALLBACK
+    cfg: VoiceFallbackSurgeConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        # TTS attempts only; once a slice has fallen back, its minutes without any are evidence too.
+        return (s.requests, s.fallbacks) if s.requests and (s.fallbacks or seen) else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        cfg = self.cfg
+        got = _share_rose(window, base, cfg.min_requests, cfg.rise_factor, cfg.ratio_min)
+        return {"fallback_ratio": round(got[0], 4), "fallback_ratio_baseline": round(got[1], 4),
+                "requests": got[2]} if got else None
+
+
+class SpeculativeAcceptanceDropDetector(BaselineDetector):
+    name = SPECULATIVE
+    cfg: SpeculativeAcceptanceDropConfig
+
+    def reading(self, s: SliceMinute, seen: bool) -> tuple | None:
+        return (s.draft_tokens, s.accepted_tokens) if s.draft_tokens else None
+
+    def judge(self, window: list, base: list) -> dict | None:
+        cfg = self.cfg
+        got = _share_dropped(window, base, cfg.min_draft_tokens, cfg.baseline_acceptance_min, cfg.drop_ratio)
+        return {"acceptance_ratio": round(got[0], 4), "acceptance_ratio_baseline": round(got[1], 4),
+                "draft_tokens": got[2]} if got else None

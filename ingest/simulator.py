@@ -103,6 +103,8 @@ class Incident:
     partial_revisions_factor: float = 1.0  # ASR partial revisions per turn × this (partial churn)
     prompt_cache_factor: float = 1.0  # LLM share of prompt tokens from the prefix cache × this (a collapse)
     mos_shift: float = 0.0  # TTS MOS proxies of sampled evaluations move by this (a voice-quality drop)
+    fallback_ratio: float = 0.0  # about this share of TTS attempts served by a smaller model (memory pressure)
+    acceptance_factor: float = 1.0  # speculative decoding's accepted share of drafted tokens × this
     # Zone-loss drill: a pool gone, replicas promoted from a warm pool, queueing by load.
     down: bool = False  # the pool is gone (its zone lost): no requests, no GPU samples
     extra_gpus: int = 0  # replicas added to the pool while it lasts (promoted from a warm pool)
@@ -264,6 +266,20 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
             Incident("tts-vocoder-slight", "voice_quality_drop", 140, 170, {"workload": "tts", "model": "voice-tts-2"},
                      mos_shift=-0.5, related=("anomaly",)),
         ],
+        # A TTS pool short of memory serves a smaller model; a draft model out of step with its target.
+        "voice-fallback-surge": [
+            Incident("tts-1b-model-fallbacks", "voice_fallback_surge", 80, 95,
+                     {"workload": "tts", "model": "voice-tts-2", "zone": "us-east-1b"}, fallback_ratio=0.15,
+                     related=("anomaly",)),
+            Incident("tts-1c-model-fallbacks", "voice_fallback_surge", 130, 145, tts_c, fallback_ratio=0.10,
+                     related=("anomaly",)),
+        ],
+        "speculative-acceptance-drop": [
+            Incident("llm-draft-out-of-step", "speculative_acceptance_drop", 80, 100,
+                     {"model": "llama-3.1-70b", "model_version": "2024-07"}, acceptance_factor=0.4, related=("anomaly",)),
+            Incident("llm-draft-drifting", "speculative_acceptance_drop", 165, 185,  # a baseline clear of the first
+                     {"model": "llama-3.1-70b", "model_version": "2024-07"}, acceptance_factor=0.6, related=("anomaly",)),
+        ],
         # A tenant floods a pool with no tenant-aware quota: its share of the GPU time climbs and
         # everyone queues behind it (waits by load, M/M/c).
         "tenant-starving": [
@@ -306,6 +322,11 @@ def _detector_scenarios() -> dict[str, list[Incident]]:
                      partial_revisions_factor=2.5, related=("anomaly",)),
             Incident("suite-voice-quality", "voice_quality_drop", 185, 215, {"workload": "tts", "model": "voice-tts-2"},
                      mos_shift=-0.7, related=("anomaly",)),
+            Incident("suite-fallbacks", "voice_fallback_surge", 40, 55,
+                     {"workload": "tts", "model": "voice-tts-2", "zone": "us-east-1b"}, fallback_ratio=0.15,
+                     related=("anomaly",)),
+            Incident("suite-draft", "speculative_acceptance_drop", 55, 75,
+                     {"model": "llama-3.1-70b", "model_version": "2024-07"}, acceptance_factor=0.4, related=("anomaly",)),
             Incident("suite-tenant-flood", "tenant_starving", 135, 150,
                      {"pool": "llm-us-east-1c-realtime", "model": "llama-3.1-70b"}, flood_tenant="hooli",
                      extra_rate_factor=1.2, queueing=True,
@@ -691,12 +712,15 @@ class FleetSimulator:
                 out["underruns"] = int(rng.poisson(0.002 * math.prod(inc.underrun_factor for inc in active)))
             if not out["voice_cache_hit"] and u[3] < 0.05:
                 out["fallback"] = "voice"
+            elif u[3] < sum(inc.fallback_ratio for inc in active):
+                out["fallback"] = "model"
         if prof.workload == "llm" and prompt:
             reuse = math.prod(inc.prompt_cache_factor for inc in active)
             out["cached_prompt_tokens"] = int(prompt * float(rng.uniform(0.3, 0.7)) * reuse)
             if status == "ok":
                 draft = int(rng.integers(50, 300))
-                out.update(draft_tokens=draft, accepted_tokens=int(draft * float(rng.uniform(0.55, 0.8))))
+                accept = float(rng.uniform(0.55, 0.8)) * math.prod(inc.acceptance_factor for inc in active)
+                out.update(draft_tokens=draft, accepted_tokens=int(draft * accept))
         return out
 
     def _finish_reason(self, prof: ModelProfile, status: str, active: list[Incident]) -> str | None:

@@ -896,6 +896,47 @@ def test_voice_quality_drop_reads_the_mean_mos_of_sampled_evaluations_per_voice(
     assert not det.history.values
 
 
+def test_voice_fallback_surge_is_the_share_of_attempts_served_by_a_fallback():
+    from detectors.quality import VoiceFallbackSurgeConfig, VoiceFallbackSurgeDetector
+
+    def tts(m, requests, fallbacks):
+        return minute(m, [req_rows(m, model="tts-1", workload="tts", requests=requests, fallbacks=fallbacks)])
+
+    base = [tts(m, 40, 1 if m % 10 == 0 else 0) for m in range(30)]  # 0.25% of attempts
+    # 3.5% of attempts: over 3× the baseline, under the 5% floor.
+    assert not raised(run(VoiceFallbackSurgeDetector(VoiceFallbackSurgeConfig()), base + [tts(30 + i, 40, 1) for i in range(6)]
+                          + [tts(36 + i, 40, 2) for i in range(3)]))
+    events = raised(run(VoiceFallbackSurgeDetector(VoiceFallbackSurgeConfig()), base + [tts(30 + i, 40, 6) for i in range(6)]))
+    # Raised at the second minute of the surge: 12 fallbacks in the window's 200 attempts (6%), over 20× the baseline.
+    assert len(events) == 1 and events[0].at_minute == T0 + 31
+    ev = events[0].evidence
+    assert (ev["fallback_ratio"], ev["fallback_ratio_baseline"], ev["requests"]) == (0.06, 0.0028, 200)  # 3 in 1,080
+    assert events[0].detection.labels == {"model": "tts-1", "zone": "z1"}
+    # Too few attempts to judge.
+    thin = [tts(m, 5, 0) for m in range(30)] + [tts(30 + i, 5, 3) for i in range(6)]
+    assert not raised(run(VoiceFallbackSurgeDetector(VoiceFallbackSurgeConfig()), thin))
+
+
+def test_speculative_acceptance_drop_reads_accepted_over_drafted_tokens_per_version():
+    from detectors.quality import SpeculativeAcceptanceDropConfig, SpeculativeAcceptanceDropDetector
+
+    def llm(m, drafted, accepted, version="v1"):
+        return minute(m, [req_rows(m, model_version=version, requests=20, draft_tokens=drafted, accepted_tokens=accepted)])
+
+    base = [llm(m, 8_000, 5_600) for m in range(30)]  # 70% accepted
+    # 55%: worse, but not by 30% of the baseline.
+    assert not raised(run(SpeculativeAcceptanceDropDetector(SpeculativeAcceptanceDropConfig()),
+                          base + [llm(30 + i, 8_000, 4_400) for i in range(6)]))
+    events = raised(run(SpeculativeAcceptanceDropDetector(SpeculativeAcceptanceDropConfig()),
+                        base + [llm(30 + i, 8_000, 2_000) for i in range(6)]))
+    assert len(events) == 1 and events[0].detection.labels == {"model": "m", "model_version": "v1"}
+    ev = events[0].evidence
+    assert ev["acceptance_ratio_baseline"] == 0.7 and ev["acceptance_ratio"] <= 0.49 and ev["draft_tokens"] >= 20_000
+    # A fleet without speculative decoding has no slice to judge.
+    det = SpeculativeAcceptanceDropDetector(SpeculativeAcceptanceDropConfig())
+    assert not run(det, [minute(m, [req_rows(m, requests=20)]) for m in range(40)]) and not det.history.values
+
+
 def test_tenant_starving_needs_a_rising_share_and_the_others_waiting_together():
     from detectors.tenants import TenantStarvingConfig, TenantStarvingDetector
 

@@ -41,7 +41,8 @@ from ingest.kafka import KafkaSettings, ensure_topics
 # detectors' minimum-sample floors are met at 0.3) so a run takes seconds, not minutes.
 EVAL_SCENARIOS = ("retry-storm", "queue-saturation", "busy-but-slow", "idle-but-slow", "kv-pressure",
                   "prompt-growth", "cold-start", "cost-regression", "silent-degradation", "cold-voice-storm",
-                  "partial-churn", "prompt-cache-collapse", "voice-quality-drop", "tenant-starving", "quiet-day")
+                  "partial-churn", "prompt-cache-collapse", "voice-quality-drop", "voice-fallback-surge",
+                  "speculative-acceptance-drop", "tenant-starving", "quiet-day")
 SUITE = "detector-suite"  # every kind once, in 240 minutes: the test suite's scenario
 INCIDENT_START = "2026-11-02T08:00:00Z"
 DAY_START = "2026-11-02T00:00:00Z"
