@@ -143,3 +143,21 @@ def test_aborted_and_failed_requests_come_from_the_finished_reason_counter():
     failed = [r for r in got if r.status != "ok"]
     assert all(r.first_output_ms is None for r in failed) and all(r.e2e_ms is None for r in failed if r.status == "cancelled")
     assert all(r.finish_reason in ("stop", "length") for r in got if r.status == "ok")
+
+
+def test_a_full_interval_of_endings_is_given_out_in_one_pass():
+    """An interval may hold MAX_REQUESTS_PER_POINT requests: at that bound every ending is given
+    out, each count exact."""
+    from ingest.otlp.histogram_requests import MAX_REQUESTS_PER_POINT
+
+    mapper = HistogramRequests(OtlpMapping().requests)
+    labels, t0, n = {"model_name": "m"}, 1_795_000_000_000, MAX_REQUESTS_PER_POINT
+    endings = {"stop": n // 2, "abort": n // 4, "error": n // 4}
+    for i, scale in enumerate((0, 1)):
+        point = HistogramPoint("vllm:e2e_request_latency_seconds", labels, (1.0,), (n * scale, 0), 0.5 * n * scale,
+                               0, t0 + 15_000 * i, cumulative=True)
+        counters = [Sample("vllm:request_success", {**labels, "finished_reason": r}, k * scale, t0 + 15_000 * i,
+                           cumulative=True) for r, k in endings.items()]
+        mapped = mapper.map([point], counters)
+    assert len(mapped.events) == n and not mapped.refused
+    assert Counter(r.status for r in mapped.events) == {"ok": n // 2, "cancelled": n // 4, "error": n // 4}

@@ -238,7 +238,8 @@ class HistogramRequests:
                     continue  # the first reading is the base
                 increase = c.value - before if c.value >= before else c.value  # smaller: a reset
             if increase > MAX_COUNT:
-                out.refused.append(("otlp_metric_invalid", f"{c.name}: an increase of {increase:.3g} tokens in one "
+                unit = "requests" if known[0] == FINISH_LABEL else "tokens"
+                out.refused.append(("otlp_metric_invalid", f"{c.name}: an increase of {increase:.3g} {unit} in one "
                                     f"interval (at most {MAX_COUNT:,})"))
                 continue
             labels = tuple(sorted((k, v) for k, v in c.labels.items() if k not in SPLIT_LABELS and k != FINISH_LABEL))
@@ -280,13 +281,16 @@ class HistogramRequests:
         if not ended or not fields:
             return
         failing = [r for r in VLLM_FINISH if VLLM_FINISH[r][1] != "ok"]
-        back = [i for i in reversed(order) if fields[i]["status"] == "ok"]
-        front = [i for i in order if fields[i]["status"] == "ok"] + [i for i in order if fields[i]["status"] != "ok"]
+        # One pass each way over the requests (an interval may hold 200,000 of them).
+        back = iter([i for i in reversed(order) if fields[i]["status"] == "ok"])
+        front = iter([i for i in order if fields[i]["status"] == "ok"] + [i for i in order if fields[i]["status"] != "ok"])
         taken: set[int] = set()
         for reason in [*failing, *(r for r in VLLM_FINISH if r not in failing)]:
             queue = back if reason in failing else front
-            while ended.get(reason, 0) > 0 and queue:
-                i = queue.pop(0)
+            while ended.get(reason, 0) > 0:
+                i = next(queue, None)
+                if i is None:
+                    break
                 if i in taken:
                     continue
                 taken.add(i)
