@@ -91,6 +91,11 @@ def read_mooncake(path: str | Path) -> list[tuple[int, int, int, int]]:
 PREFIX_WARMUP_MS = 5 * 60_000
 
 
+def is_azure_csv(path: str | Path) -> bool:
+    """An Azure LLM inference trace (CSV, no prefix blocks); otherwise a Mooncake JSONL trace."""
+    return Path(path).name.removesuffix(".gz").endswith(".csv")
+
+
 def read_prefix_reuse(path: str | Path, warmup_ms: int = PREFIX_WARMUP_MS) -> list[tuple[int, int, int, float]]:
     """(arrival ms, prompt tokens, output tokens, cached prompt tokens) in arrival order: the
     prompt's prefix already seen in the trace, in whole blocks and at most the prompt (the
@@ -100,7 +105,7 @@ def read_prefix_reuse(path: str | Path, warmup_ms: int = PREFIX_WARMUP_MS) -> li
     A trace starts with its cache empty (its first minute reuses 5% of prompt tokens, its
     hour 37%), which no running fleet sees: the requests of the first `warmup_ms` only warm
     the cache and are left out, and the rest arrive from 0."""
-    if Path(path).name.removesuffix(".gz").endswith(".csv"):
+    if is_azure_csv(path):
         return [(t, c, g, math.nan) for t, c, g in read_trace(path)]
     return [(t - warmup_ms, c, g, float(min(c, k * MOONCAKE_BLOCK_TOKENS)))
             for t, c, g, k in read_mooncake(path) if t >= warmup_ms]
@@ -116,7 +121,7 @@ def _open_text(path: Path):
 def read_any_trace(path: str | Path) -> list[tuple[int, int, int]]:
     """(arrival ms from the first request, prompt tokens, output tokens) of an Azure LLM
     inference trace CSV or a Mooncake JSONL trace (either gzip-compressed or not), in arrival order."""
-    if Path(path).name.removesuffix(".gz").endswith(".csv"):
+    if is_azure_csv(path):
         return read_trace(path)
     return [(t, c, g) for t, c, g, _cached in read_mooncake(path)]
 

@@ -40,10 +40,13 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
     """The SLO's good and valid counts of one bucket row. `sums_as_columns`: the rows already
     hold `histogram_sums(spec)` as columns."""
     not_cancelled = pl.col("requests") - pl.col("cancelled")
-    if spec.sli_kind == "availability":  # a tenant over its quota is refused by policy, not by a fault
-        return pl.col("ok"), not_cancelled - pl.col("rejected_quota").fill_null(0)
+    # A tenant over its quota is refused by policy, not by a fault: availability's valid
+    # attempts are quota_admission's good ones.
+    admitted = not_cancelled - pl.col("rejected_quota").fill_null(0)
+    if spec.sli_kind == "availability":
+        return pl.col("ok"), admitted
     if spec.sli_kind == "quota_admission":
-        return not_cancelled - pl.col("rejected_quota").fill_null(0), not_cancelled
+        return admitted, not_cancelled
     if spec.sli_kind == "underrun_free":
         reported = pl.col("underrun_reported").fill_null(0)
         return reported - pl.col("underrun_streams").fill_null(0), reported

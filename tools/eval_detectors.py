@@ -227,7 +227,9 @@ REUSE_KINDS: tuple[str, ...] = ("prompt_cache_collapse",)
 def trace_kinds(path: str | Path) -> tuple[str, ...]:
     """The incident kinds a trace day carries: every trace's, and the prefix-cache collapse for a
     trace with prefix block ids (Mooncake), whose real reuse is the quiet baseline."""
-    return TRACE_KINDS + (REUSE_KINDS if not Path(path).name.removesuffix(".gz").endswith(".csv") else ())
+    from ingest.trace import is_azure_csv
+
+    return TRACE_KINDS + (() if is_azure_csv(path) else REUSE_KINDS)
 
 
 def trace_model_names(path: str | Path) -> tuple[str, str]:
