@@ -74,6 +74,13 @@ _API_CLIENTS: dict[int, object] = {}
 def call_api(api, method: str, path: str, authorization: str | None = None, body: bytes = b"") -> tuple[int, str, bytes]:
     """One request through the signal API's real routes (Litestar, in process): (status,
     content type, body)."""
+    headers = {"authorization": authorization} if authorization else {}
+    r = api_client(api).request(method, path, headers=headers, content=body or None)
+    return r.status_code, r.headers.get("content-type", ""), r.content
+
+
+def api_client(api):
+    """Litestar's test client over the signal API's real routes for `api`, made once."""
     from litestar.testing import TestClient
 
     from signals.routes import make_app
@@ -83,6 +90,4 @@ def call_api(api, method: str, path: str, authorization: str | None = None, body
         app = make_app(api)
         app.state["api"] = api
         client = _API_CLIENTS[id(api)] = TestClient(app)
-    headers = {"authorization": authorization} if authorization else {}
-    r = client.request(method, path, headers=headers, content=body or None)
-    return r.status_code, r.headers.get("content-type", ""), r.content
+    return client

@@ -25,7 +25,7 @@ import yaml
 
 from ingest.producer import EventPublisher
 from ingest.schema import GpuV1, RequestV1
-from tests.conftest import call_api, free_port
+from tests.conftest import api_client, call_api, free_port
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
 MINUTES = 20
@@ -558,3 +558,22 @@ def test_an_http_process_that_dies_is_started_again_on_its_port_and_the_worker_g
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKENS['ops']}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         assert b"tailwatch_http_restarts_total 1.0" in r.read()
+
+
+@pytest.mark.parametrize("method, path, authorization, status", [
+    ("GET", "/v1/rollout/m/v2", "tok", 200),
+    ("GET", "/v1/rollout/m/v2", "wrong", 401),
+    ("GET", "/v1/rollout/m/v9", "tok", 404),
+    ("GET", "/v1/nothing", "tok", 404),
+    ("POST", "/v1/alerts", "tok", 405),
+])
+def test_every_answer_has_one_json_head(method, path, authorization, status):
+    """The app writes each answer's head itself (`JsonResponse`): one content type, the body's
+    exact length, the bearer challenge on a 401 and nothing else, whoever answered."""
+    api, _token = _controller_api({"v2": "promote"}, built_wall_s=1000.0, now_s=1001.0)
+    r = api_client(api).request(method, path, headers={"authorization": f"Bearer {authorization}"})
+    assert r.status_code == status and r.json()
+    expected = {("content-type", "application/json"), ("content-length", str(len(r.content)))}
+    if status == 401:
+        expected.add(("www-authenticate", 'Bearer realm="tailwatch"'))
+    assert sorted(r.headers.multi_items()) == sorted(expected)
