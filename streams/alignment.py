@@ -51,6 +51,11 @@ class WatermarkAlignment:
         self.paused = want
         return pause, resume
 
+    def forget(self, part) -> None:
+        """A partition no longer read here (revoked): neither paused nor watched."""
+        self.paused.discard(part)
+        self._moved.pop(part, None)
+
     def wanted(self, watermarks_ms: dict[int, int], to_read: set[int], now_s: float) -> set[int]:
         live = [p for p in to_read if now_s - self._moved[p][1] < self.stalled_after_s]
         if len(live) < 2:

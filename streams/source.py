@@ -82,6 +82,12 @@ class KafkaSource:
         self.refresh_partitions(assign_new=False)
         self._take(partitions)
         consumer.assign(partitions)
+        # A pause outlives the assignment in librdkafka: a partition the alignment paused,
+        # then lost to a rebalance (a worker stopped past its session timeout), came back
+        # paused, and no one resumed it (the alignment lets go of a partition when it is
+        # revoked). It was never read again and the topic's minutes never closed. Taken
+        # unpaused; the alignment pauses it again if it is still ahead.
+        consumer.resume(partitions)
 
     def _take(self, partitions: list[TopicPartition]) -> None:
         by_topic: dict[str, list[int]] = {}

@@ -84,7 +84,10 @@ class MinuteWindowOperator:
         return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
 
     def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
-        """The windows keep the partition's open state: it is in the store with its offsets."""
+        """The windows keep the partition's open state: it is in the store with its offsets.
+        The alignment forgets it: a partition comes back unpaused (`KafkaSource._on_assign`)."""
+        if self.alignment is not None:
+            self.alignment.forget((topic, partition))
 
     # ---- the hot path ---------------------------------------------------------------------
     def process(self, topic: str, batch: list) -> None:
