@@ -108,6 +108,10 @@ class OtlpRepublisher:
         assigned_at: list[float] = []  # idle time counts from the first assignment, not from the group join
 
         def on_assign(consumer, partitions) -> None:
+            # A pause outlives the assignment in librdkafka, and the alignment forgot the
+            # partition at its revocation: taken unpaused (streams/source.py, the same).
+            consumer.assign(partitions)
+            consumer.resume(partitions)
             self.alignment.assign([(p.topic, p.partition) for p in partitions])
             if partitions and not assigned_at:
                 assigned_at.append(time.monotonic())
