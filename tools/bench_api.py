@@ -35,6 +35,7 @@ from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, ensure_topics
+from tools.bench_tiers import _cpu_seconds
 
 TOKEN = "bench-token"
 PATHS = ("/v1/autoscale/llm-us-east-1a-realtime", "/v1/autoscale/asr-us-east-1b-realtime",
@@ -55,7 +56,10 @@ class BenchError(Exception):
     pass
 
 
-def _wrk(port: int, rate: int, connections: int, seconds: int, workdir: Path) -> dict:
+def _wrk(port: int, rate: int, connections: int, seconds: int, workdir: Path, server_pid: int | None = None) -> dict:
+    """wrk's percentiles and rate, and the HTTP process's CPU per request: the figure that
+    contention on a small machine moves least (a p99 there is mostly the scheduler's)."""
+    cpu_before = _cpu_seconds(server_pid) if server_pid else None
     script = workdir / "pace.lua"
     script.write_text(LUA % {"paths": ", ".join(f'"{p}"' for p in PATHS), "token": TOKEN,
                              "delay_ms": max(1, int(connections / rate * 1000) - 1)})
@@ -63,9 +67,19 @@ def _wrk(port: int, rate: int, connections: int, seconds: int, workdir: Path) ->
                           f"http://127.0.0.1:{port}"], capture_output=True, text=True, check=True).stdout
     pct = {m.group(1): _ms(m.group(2), m.group(3)) for m in re.finditer(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    cpu_us = (1e6 * (_cpu_seconds(server_pid) - cpu_before) / requests) if cpu_before is not None and requests else None
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     return {"p50_ms": pct.get("50"), "p90_ms": pct.get("90"), "p99_ms": pct.get("99"), "rps": rps,
-            "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+            "non_2xx": int(non2xx.group(1)) if non2xx else 0, "cpu_us": cpu_us}
+
+
+def _http_process(worker_pid: int) -> int | None:
+    """The worker's HTTP child (multiprocessing's spawn), not its resource tracker."""
+    for child in Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split():
+        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    return None
 
 
 def _ms(value: str, unit: str) -> float:
@@ -100,8 +114,8 @@ def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: 
 
 
 def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int = 3) -> list[str]:
-    """This tree's worker against REF's, interleaved ABAB in one session: each phase's p99 per
-    round and the ratio of after to before."""
+    """This tree's worker against REF's, interleaved ABAB in one session: each phase's p99 and
+    the HTTP process's CPU per request, per round, and the ratio of after to before."""
     root = Path(__file__).resolve().parents[1]
     tree = Path(tempfile.mkdtemp(prefix="tailwatch-bench-ref-"))
     subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref], check=True,
@@ -116,15 +130,19 @@ def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int
                 runs[side].append(_measure(rate, seconds, 8, 240, lambda m: say(f"  {m}"), 20_000, code))
     finally:
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], capture_output=True)
-    lines = [f"signal API p99 (ms), {sha} (before) and this tree (after), interleaved ABAB, "
-             f"wrk ~{rate} req/s, {seconds} s each:"]
-    for k, name in enumerate(("worker idle", "under slow bodies", "worker under load")):
-        before = [r[k]["p99_ms"] for r in runs["before"]]
-        after = [r[k]["p99_ms"] for r in runs["after"]]
-        ratio = math.prod(a / b for a, b in zip(after, before)) ** (1 / len(before))
-        lines.append(f"  {name:<18} before {' '.join(f'{v:.2f}' for v in before):<20} after "
-                     f"{' '.join(f'{v:.2f}' for v in after):<20} medians {statistics.median(before):.2f} and "
-                     f"{statistics.median(after):.2f}, after/before {ratio:.2f}x (geometric mean of rounds)")
+    lines = [f"signal API, {sha} (before) and this tree (after), interleaved ABAB, wrk ~{rate} req/s, {seconds} s each:"]
+    for figure, unit, key in (("p99", "ms", "p99_ms"), ("HTTP process CPU per request", "µs", "cpu_us")):
+        lines.append(f"  {figure} ({unit}):")
+        for k, name in enumerate(("worker idle", "under slow bodies", "worker under load")):
+            before = [r[k][key] for r in runs["before"]]
+            after = [r[k][key] for r in runs["after"]]
+            if None in before or None in after:
+                lines.append(f"    {name:<18} not measured")
+                continue
+            ratio = math.prod(a / b for a, b in zip(after, before)) ** (1 / len(before))
+            lines.append(f"    {name:<18} before {' '.join(f'{v:.2f}' for v in before):<20} after "
+                         f"{' '.join(f'{v:.2f}' for v in after):<20} medians {statistics.median(before):.2f} and "
+                         f"{statistics.median(after):.2f}, after/before {ratio:.2f}x (geometric mean of rounds)")
     return lines
 
 
@@ -161,14 +179,15 @@ def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, 
             tail = (workdir / "worker.log").read_text()[-1500:]
             raise BenchError(f"the worker's signal API did not answer within 90 s; worker log ends: {tail}") from None
         time.sleep(3)  # let the first 30 minutes drain: the baseline is an idle worker
+        server = _http_process(worker.pid)
         say(f"[2/5] baseline: wrk at about {rate} requests/s for {seconds} s, worker idle")
-        baseline = _wrk(port, rate, connections, seconds, workdir)
+        baseline = _wrk(port, rate, connections, seconds, workdir, server)
         say(f"[3/5] attack: {attackers:,} connections dripping POST bodies a byte every 2 s while wrk runs again")
         attack = subprocess.Popen([sys.executable, "-m", "tools.slow_clients", "--port", str(port), "--connections",
                                    str(attackers), "--rate", "500", "--seconds", str(seconds + 6)], stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, env=env, cwd=Path(__file__).resolve().parents[1])
         time.sleep(3)  # the attackers are connected and dripping before wrk measures
-        attacked = _wrk(port, rate, connections, seconds, workdir)
+        attacked = _wrk(port, rate, connections, seconds, workdir, server)
         out, _ = attack.communicate(timeout=60)
         attack_counts = json.loads(out or b"{}")
         say(f"[4/5] load: publishing {load_minutes} simulated minutes while wrk runs again")
@@ -177,7 +196,7 @@ def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, 
              "--start", "2026-11-02T00:30:00Z"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         time.sleep(5)  # the publisher's start-up, so wrk measures while events flow
         before, t0 = _events_seen(port), time.monotonic()
-        loaded = _wrk(port, rate, connections, seconds, workdir)
+        loaded = _wrk(port, rate, connections, seconds, workdir, server)
         processed = (_events_seen(port) - before) / (time.monotonic() - t0)
         say("[5/5] done")
     finally:
@@ -190,6 +209,10 @@ def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, 
     return baseline, attacked, loaded, attack_counts, processed
 
 
+def _cpu_text(step: dict) -> str:
+    return "CPU per request unknown" if step.get("cpu_us") is None else f"{step['cpu_us']:.0f} µs CPU per request"
+
+
 def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, processed: float, rate: int,
             seconds: int, connections: int) -> list[str]:
     ratio = loaded["p99_ms"] / baseline["p99_ms"] if baseline["p99_ms"] else float("nan")
@@ -197,14 +220,17 @@ def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, p
         f"signal API under wrk ({connections} keep-alive connections paced to ~{rate} req/s, {seconds} s each, "
         f"paths rotating over autoscale, rollout, SLO and alert reads):",
         f"  worker idle:        {baseline['rps']:,.0f} req/s   p50 {baseline['p50_ms']:.2f} ms   "
-        f"p90 {baseline['p90_ms']:.2f} ms   p99 {baseline['p99_ms']:.2f} ms   non-2xx {baseline['non_2xx']}",
+        f"p90 {baseline['p90_ms']:.2f} ms   p99 {baseline['p99_ms']:.2f} ms   non-2xx {baseline['non_2xx']}   "
+        f"HTTP process {_cpu_text(baseline)}",
         f"  under slow bodies:  {attacked['rps']:,.0f} req/s   p50 {attacked['p50_ms']:.2f} ms   "
         f"p90 {attacked['p90_ms']:.2f} ms   p99 {attacked['p99_ms']:.2f} ms   non-2xx {attacked['non_2xx']}   "
+        f"HTTP process {_cpu_text(attacked)} (the attack's connections included)   "
         f"(attackers opened {attack_counts.get('opened', 0):,} connections, the server cut "
         f"{attack_counts.get('cut', 0):,}, refused {attack_counts.get('refused', 0):,})",
         f"  p99 under attack ÷ p99 idle: {attacked['p99_ms'] / baseline['p99_ms'] if baseline['p99_ms'] else float('nan'):.2f}x",
         f"  worker under load:  {loaded['rps']:,.0f} req/s   p50 {loaded['p50_ms']:.2f} ms   "
         f"p90 {loaded['p90_ms']:.2f} ms   p99 {loaded['p99_ms']:.2f} ms   non-2xx {loaded['non_2xx']}   "
+        f"HTTP process {_cpu_text(loaded)}   "
         f"(the worker processed {processed:,.0f} events/s meanwhile)",
         f"  p99 under load ÷ p99 idle: {ratio:.2f}x   target: p99 under 20 ms at 500 req/s "
         f"({'met' if loaded['p99_ms'] < 20 and loaded['rps'] >= 0.9 * rate else 'NOT met'})",
