@@ -156,7 +156,10 @@ def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | Non
         "heartbeat.interval.ms": 1000,
         "fetch.max.bytes": 52_428_800,
         "max.partition.fetch.bytes": 10_485_760,
-        "queued.max.messages.kbytes": 262_144,
+        # The prefetch queue, for all partitions together: a worker behind its topics keeps it
+        # full, so all of it is RSS. librdkafka's default (64 MiB) holds seconds of events at
+        # the worker's rate; more buys nothing but memory.
+        "queued.max.messages.kbytes": 65_536,
         **settings.base_config(),
     })
 

@@ -131,6 +131,7 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
             f"{1000 * result['cpu_seconds_processing'] / minutes:.1f} ms per event-minute), {wall:,.0f} s wall",
             "  RSS at event-time day (median of the samples within a quarter day of it): "
             + ", ".join(f"day {d}: worker {w:,.0f} MiB, broker {b:,.0f} MiB" for d, w, b in _marks(samples, per_minute)),
+            _spread(samples, per_minute),
             "  CPU per event-minute by stage: " + ", ".join(
                 f"{name} {1000 * cpu / minutes:.2f} ms" for name, cpu in sorted(
                     result.get("stage_cpu_seconds", {}).items(), key=lambda kv: -kv[1])),
@@ -141,6 +142,24 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
         return lines
     finally:
         broker.stop()
+
+
+def _spread(samples: list[tuple[float, int, int]], per_minute: int, first_day: int = 3) -> str:
+    """The flatness figure: the worker's median RSS per event-time day from `first_day` on,
+    lowest and highest. Medians, because a batch in flight moves a one-second sample by
+    a hundred MiB either way; a trend moves every sample of later days."""
+    by_day: dict[int, list[int]] = {}
+    for seen, rss, _ in samples:
+        day = int(seen / per_minute / DAY_MINUTES)
+        if day >= first_day:
+            by_day.setdefault(day, []).append(rss)
+    if not by_day:
+        return f"  worker RSS from day {first_day}: no samples"
+    medians = {day: float(np.median(v)) / 2**20 for day, v in by_day.items()}
+    low, high = min(medians, key=medians.get), max(medians, key=medians.get)
+    return (f"  worker RSS, median of each event-time day from day {first_day} ({len(medians)} days): lowest "
+            f"{medians[low]:,.0f} MiB (day {low}), highest {medians[high]:,.0f} MiB (day {high}), "
+            f"spread {medians[high] - medians[low]:,.0f} MiB")
 
 
 def _marks(samples: list[tuple[float, int, int]], per_minute: int) -> list[tuple[int, float, float]]:
