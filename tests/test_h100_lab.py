@@ -71,13 +71,18 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
          "--http-port", str(port), "--allowed-lateness", "30s", "--checkpoint-interval", "0.5"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 90
+        deadline, waiting = time.time() + 150, {}
         while time.time() < deadline:
             status, body = get(port, "/metrics")
-            if status == 200 and sum(metric(body, "tailwatch_events_total", outcome="accepted")) >= len(requests) + len(samples) \
-                    and get(port, "/readyz")[0] == 200 and metric(body, "tailwatch_gpu_replicas", state="warm"):
+            accepted = sum(metric(body, "tailwatch_events_total", outcome="accepted")) if status == 200 else 0
+            ready = get(port, "/readyz")
+            waiting = {"accepted": f"{accepted:.0f} of {len(requests) + len(samples)}", "readyz": ready,
+                       "warm replicas": metric(body, "tailwatch_gpu_replicas", state="warm")}
+            if accepted >= len(requests) + len(samples) and ready[0] == 200 and waiting["warm replicas"]:
                 break
             time.sleep(0.5)
+        else:
+            raise AssertionError(f"the worker did not catch up within 150 s: {waiting}")
         assert proc.poll() is None
 
         # The replica that served all along is one warm replica, not zero and not "unknown".
