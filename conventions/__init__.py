@@ -56,6 +56,7 @@ FLAGGER_EVENT_TYPES = ("Normal", "Warning")  # Kubernetes event types
 LATE_EVENTS_TOTAL = "tailwatch_late_events_total"
 CORRECTED_EVENTS_TOTAL = "tailwatch_corrected_events_total"
 STATE_BYTES = "tailwatch_state_bytes"
+PROCESS_MEMORY_BYTES = "tailwatch_process_memory_bytes"
 UNKNOWN_FIELDS_DROPPED_TOTAL = "tailwatch_unknown_fields_dropped_total"
 BUCKETS_CLOSED_TOTAL = "tailwatch_buckets_closed_total"
 BUCKET_CLOSE_DELAY_SECONDS = "tailwatch_bucket_close_delay_seconds"  # histogram

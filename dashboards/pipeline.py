@@ -17,7 +17,8 @@ from dashboards.common import (
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS, CONSUMER_LAG_MESSAGES,
     DEAD_LETTERS_TOTAL, EVENTS_TOTAL, FLAGGER_EVENTS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, HTTP_REFUSED_TOTAL,
-    CORRECTED_EVENTS_TOTAL, LATE_EVENTS_TOTAL, OPEN_BUCKETS, UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
+    CORRECTED_EVENTS_TOTAL, LATE_EVENTS_TOTAL, OPEN_BUCKETS, PROCESS_MEMORY_BYTES, STATE_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
+    WATERMARK_TIMESTAMP_SECONDS,
 )
 
 
@@ -69,6 +70,13 @@ def build(specs=None):
                    description="Events Flagger sent to POST /v1/flagger/event: a canary's phases (Progressing, "
                                "Promoting, Failed ...) beside the SLIs it is judged on; Warning events are its halts "
                                "and rollbacks."),
+        timeseries("Worker memory by holder", "bytes",
+                   [Q(f"sum by (holder) ({PROCESS_MEMORY_BYTES})", "{{holder}}"),
+                    Q(f"sum({STATE_BYTES})", "state the worker names")], w=12,
+                   description="The resident set split by who holds it (file-backed code, glibc's heap in use and "
+                               "held free, the store's cache, other anonymous memory), beside what the worker's own "
+                               "state adds up to: a rise in the holders that the state does not share is the "
+                               "allocators or the batches in flight, not data the worker keeps."),
         timeseries("Fleet metric label sets against their limit", "short",
                    [Q(f"max by (family) ({FLEET_LABEL_SETS})", "{{family}}"),
                     Q(f"max by (family) ({FLEET_LABEL_SETS_LIMIT})", "{{family}} limit")], w=12,

@@ -270,6 +270,15 @@ class StoreSession:
             self.con.close()
             self.con = None
 
+    def cache_bytes(self) -> int:
+        """What DuckDB's buffer pool holds for the open file (0 while it is let go)."""
+        if self.con is None:
+            return 0
+        try:
+            return int(self.con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()[0])
+        except duckdb.Error:
+            return 0
+
 
 @dataclass
 class TopicCheckpoint:

@@ -13,7 +13,7 @@ from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
     CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
     FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES, HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
-    PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
+    PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, PROCESS_MEMORY_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
     WATERMARK_TIMESTAMP_SECONDS,
 )
 
@@ -62,6 +62,10 @@ class WorkerMetrics:
         self.state_bytes = Gauge(
             STATE_BYTES, "Memory held by each part of the worker (open minutes, each stage, the signal view), "
             "estimated from its objects about once a minute (streams/state_size.py).", ["component"], registry=r)
+        self.process_memory = Gauge(
+            PROCESS_MEMORY_BYTES, "The worker's resident memory by holder (file-backed pages, glibc's heap in use "
+            "and held free, the store's cache, other anonymous memory), about once a minute "
+            "(streams/process_memory.py).", ["holder"], registry=r)
         self.open_minutes = Gauge(
             OPEN_BUCKETS, "One-minute buckets of event time still open.", ["topic"], registry=r)
         self.partitions_paused = Gauge(

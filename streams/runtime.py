@@ -40,7 +40,7 @@ from streams.metrics import CpuAccount, WorkerMetrics
 from streams.operator import Operator
 from streams.signal_stage import SignalStage
 from streams.source import KafkaSource
-from streams import state_size
+from streams import process_memory, state_size
 from streams.store_sink import StoreSink
 from streams.topic_sink import TopicSink
 
@@ -132,7 +132,7 @@ class Runtime:
         self.last_event_wall: float | None = None
         self._caught_up_wall: float | None = None
         self._view_dirty = True  # events or closed minutes since the signal view was last built
-        self._state_measured = time.monotonic()
+        self._state_measured = float("-inf")  # measured at the first checkpoint, then every STATE_EVERY_S
         self._stop = False
 
     @property
@@ -299,6 +299,8 @@ class Runtime:
         if time.monotonic() - self._state_measured >= self.STATE_EVERY_S:
             for component, size in self.state_bytes().items():
                 self.metrics.state_bytes.labels(component).set(size)
+            for holder, size in self.process_memory().items():
+                self.metrics.process_memory.labels(holder).set(size)
 
     def state_bytes(self) -> dict[str, int]:
         """Memory each part holds: open minutes (the operator), each stage, the signal view."""
@@ -306,6 +308,11 @@ class Runtime:
         stages = [s for s in (self.store.stages if self.store is not None else []) if s is not self.signals]
         return state_size.state_bytes({"open_minutes": self.operator, **{s.name: s for s in stages},
                                        "signal_view": (self.signals, self.signal_snapshot)})
+
+    def process_memory(self) -> dict[str, int]:
+        """The process's resident memory by holder (streams/process_memory.py)."""
+        session = self.store.session if self.store is not None else None
+        return process_memory.process_memory(session.cache_bytes() if session is not None else 0)
 
     def _update_lag(self) -> None:
         lag, known = self.source.lag()
@@ -360,4 +367,5 @@ class Runtime:
                 "stage_cpu_seconds": self.cpu.seconds,
                 "minutes_closed": self.operator.minutes_closed,
                 "state_bytes": self.state_bytes(),
+                "process_memory_bytes": self.process_memory(),
             }, fh)

@@ -493,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")
     p.add_argument("--seed", type=int, default=7, help="chaos: the fault schedule's seed")
     p.add_argument("--minutes", type=_positive_int, default=120, help="chaos: event-minutes of traffic (default 120)")
-    p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir)")
+    p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir); month: where its "
+                        "memory chart goes (default: none drawn)")
     return parser
 
 

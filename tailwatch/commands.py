@@ -251,6 +251,9 @@ WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwa
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.process_memory import settle_malloc
+
+    settle_malloc()  # before the consumer's threads start, so they share glibc's two arenas
     overrides = {}
     if args.group is None:
         overrides["group_id"] = WORKER_GROUPS[args.tier]
@@ -547,7 +550,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.month:
         from tools.bench_month import run_month
 
-        print("\n".join(run_month(args.busy_slices, args.days, args.every_minutes)))
+        print("\n".join(run_month(args.busy_slices, args.days, args.every_minutes,
+                                   out=Path(args.out) if args.out else None)))
         return 0
     if args.slo:
         from tools.bench_slo import run

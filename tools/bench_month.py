@@ -18,18 +18,21 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 import duckdb
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, make_producer, send
 from slo.spec import DEFAULT_SLOS, load_slos
+from streams.process_memory import HOLDERS
 from tailwatch.cli import progress, progress_done
 from tools.bench import T0_MS, _accepted, _rss_bytes, fresh
-from conventions import TOPIC_REQUESTS
+from conventions import PROCESS_MEMORY_BYTES, STATE_BYTES, TOPIC_REQUESTS
 
 WORKLOADS = ("asr", "tts", "llm", "s2s")
 DAY_MINUTES = 1440
@@ -65,7 +68,8 @@ def month_events(slices: int, minutes: int, every_minutes: int, seed: int):
                 f'"output_tokens":120,"gpu_seconds":0.2,"gpu_sku":"H100"}}').encode()
 
 
-def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed: int = 1) -> list[str]:
+def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed: int = 1,
+              out: Path | None = None) -> list[str]:
     minutes = days * DAY_MINUTES + 17
     per_residue = [len(range(r, slices, every_minutes)) for r in range(every_minutes)]
     total = sum(per_residue[m % every_minutes] for m in range(minutes))
@@ -104,9 +108,13 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
         started = time.monotonic()
         threading.Thread(target=produce, daemon=True).start()
         samples: list[tuple[float, int, int]] = []  # (events seen, worker RSS, broker RSS)
+        holders: dict[int, dict[str, float]] = {}  # event-time day → the worker's memory by holder
         seen = 0.0
         while worker.poll() is None:
             seen = _accepted(port) or seen
+            day = int(seen / per_minute / DAY_MINUTES)
+            if day not in holders:
+                holders[day] = _memory_by_holder(port)
             rss, broker_rss = _rss_bytes(worker.pid), _rss_bytes(broker.proc.pid) if broker.proc else 0
             if rss:
                 samples.append((seen, rss, broker_rss))
@@ -137,8 +145,17 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
                     result.get("stage_cpu_seconds", {}).items(), key=lambda kv: -kv[1])),
             f"  store: {store_bytes / 2**20:,.0f} MiB on disk after the month",
             "  state at the end: " + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in result.get("state_bytes", {}).items()),
+            *_holder_lines(holders),
         ]
         lines += _budgets(store_path, minute_of, slice_of, error_of, slices)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "month-memory.csv", "w") as fh:  # the chart's data, to redraw or compare runs
+                fh.write("event_day,worker_rss_mib,broker_rss_mib\n")
+                fh.writelines(f"{seen / per_minute / DAY_MINUTES:.4f},{w / 2**20:.1f},{b / 2**20:.1f}\n"
+                              for seen, w, b in samples)
+            lines.append(f"  chart: {_chart(samples, holders, per_minute, out / 'month-memory.png')} "
+                         f"(its data: {out / 'month-memory.csv'})")
         return lines
     finally:
         broker.stop()
@@ -160,6 +177,68 @@ def _spread(samples: list[tuple[float, int, int]], per_minute: int, first_day: i
     return (f"  worker RSS, median of each event-time day from day {first_day} ({len(medians)} days): lowest "
             f"{medians[low]:,.0f} MiB (day {low}), highest {medians[high]:,.0f} MiB (day {high}), "
             f"spread {medians[high] - medians[low]:,.0f} MiB")
+
+
+def _memory_by_holder(port: int) -> dict[str, float]:
+    """The worker's memory by holder and its state's total (MiB), from one /metrics scrape
+    (once per event-time day: the exposition of a thousand slices is not free)."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except (OSError, ValueError):
+        return out
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == PROCESS_MEMORY_BYTES:
+                out[sample.labels["holder"]] = sample.value / 2**20
+            elif sample.name == STATE_BYTES:
+                out["state"] = out.get("state", 0.0) + sample.value / 2**20
+    return out
+
+
+def _holder_lines(holders: dict[int, dict[str, float]]) -> list[str]:
+    """A line per event-time day: what held the worker's memory as the day began (MiB), so a
+    rise has a name (streams/process_memory.py says what each holder is)."""
+    names = [*HOLDERS, "state"]
+    lines = ["  worker memory by holder as each event-time day began (MiB): " + ", ".join(names)]
+    for day in sorted(holders):
+        if holders[day]:
+            lines.append(f"    day {day:2d}: " + ", ".join(f"{holders[day].get(n, 0.0):,.0f}" for n in names))
+    return lines
+
+
+def _chart(samples: list[tuple[float, int, int]], holders: dict[int, dict[str, float]], per_minute: float,
+           path: Path) -> Path:
+    """The month's memory as a picture: the worker's RSS sampled each second with its daily
+    median, what held it as each day began (stacked), and the embedded broker's RSS below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    day = np.array([seen / per_minute / DAY_MINUTES for seen, _, _ in samples])
+    worker = np.array([rss for _, rss, _ in samples]) / 2**20
+    broker = np.array([b for _, _, b in samples]) / 2**20
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(3, 1.4))
+    days = sorted(d for d in holders if holders[d])
+    if days:  # each day's holders drawn across that day (the last one repeated to close its step)
+        xs = [*days, days[-1] + 1]
+        top.stackplot(xs, *[[holders[d].get(h, 0.0) for d in [*days, days[-1]]] for h in HOLDERS], labels=HOLDERS,
+                      step="post", alpha=0.45)
+    top.plot(day, worker, color="#616161", lw=0.4, alpha=0.6, label="worker RSS (each second)")
+    whole = sorted({int(d) for d in day})
+    medians = [float(np.median(worker[day.astype(int) == d])) for d in whole]
+    top.plot([d + 0.5 for d in whole], medians, color="#c62828", lw=2, marker="o", ms=3, label="its median per day")
+    top.set_ylabel("MiB")
+    top.set_title("tailwatch worker over a month of event time: resident memory, and what held it")
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    bottom.plot(day, broker, color="#3b6ea8", lw=0.8)
+    bottom.set_ylabel("broker MiB")
+    bottom.set_xlabel("event-time day")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def _marks(samples: list[tuple[float, int, int]], per_minute: int) -> list[tuple[int, float, float]]:

@@ -1,0 +1,104 @@
+"""The worker process's resident memory by holder, so that growth outside its state has a name.
+
+`streams/state_size.py` counts what the worker's own objects hold; this splits the process's
+RSS as the kernel and the C allocator see it:
+
+- `file`: pages mapped from files (the interpreter's and the libraries' code), shared memory;
+- `malloc_in_use` and `malloc_free`: glibc's heap, what its callers hold and what it keeps
+  free for reuse (fragmentation shows here). librdkafka's fetch buffers and the prefetch
+  queue, numpy's arrays and Python's large objects come from it;
+- `store_cache`: the store's buffer pool (DuckDB's own accounting, while the worker has the
+  file open; DuckDB allocates it with its bundled jemalloc);
+- `other_anonymous`: the rest of the anonymous memory: Python's small-object arenas, the
+  allocators bundled with polars and DuckDB (jemalloc) and Arrow (mimalloc), thread stacks.
+
+Reading it costs a /proc read and one pass over glibc's arenas (well under a millisecond);
+the runtime does it when it measures its state. On a system without glibc (musl) the two
+malloc figures are absent and their bytes count as `other_anonymous`.
+
+`settle_malloc()` sets glibc's heap up for a process that lives for months: measured on
+`tailwatch bench --month`, glibc's default held 170-300 MiB free between batches, rising and
+falling by a hundred MiB within an event-day (`malloc_free`), because its mmap threshold
+grows with every large block freed until batch-sized arrays come from the heap and fragment
+it, and each thread gets an arena of its own; with the settings below, 20-80 MiB (measured with a 1 MiB threshold;
+4 MiB held the same and costs no CPU on the sparse replay, where 1 MiB cost a tenth).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from pathlib import Path
+
+HOLDERS = ("file", "malloc_in_use", "malloc_free", "store_cache", "other_anonymous")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2  # glibc 2.33 and later
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+# mallopt(3) parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+
+
+def settle_malloc() -> bool:
+    """Blocks of 4 MiB and more straight from the kernel and back to it when freed (a fixed
+    threshold: glibc stops raising it), free heap tops over 4 MiB returned, at most two arenas
+    (librdkafka's threads would each grow one). Called once, early, by the worker; False where
+    the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in (
+        (_M_MMAP_THRESHOLD, 4 << 20), (_M_TRIM_THRESHOLD, 4 << 20), (_M_ARENA_MAX, 2)))
+
+
+def rss_parts(status_text: str) -> dict[str, int]:
+    """RssAnon, RssFile and RssShmem from /proc/<pid>/status, in bytes."""
+    out = {}
+    for line in status_text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem", "VmRSS"):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def process_memory(store_cache_bytes: int = 0) -> dict[str, int]:
+    """This process's RSS by holder (HOLDERS, in bytes); `store_cache_bytes` from the store's
+    own accounting (store.cache_bytes), 0 while the file is let go."""
+    try:
+        rss = rss_parts(Path("/proc/self/status").read_text())
+    except OSError:
+        return {}
+    anonymous = rss.get("RssAnon", 0)
+    out = {"file": rss.get("RssFile", 0) + rss.get("RssShmem", 0)}
+    malloc_held = 0
+    if _MALLINFO2 is not None:
+        info = _MALLINFO2()
+        out["malloc_in_use"] = info.uordblks + info.hblkhd
+        out["malloc_free"] = info.fordblks
+        malloc_held = info.arena + info.hblkhd
+    out["store_cache"] = store_cache_bytes
+    # glibc counts free heap it has handed back to the kernel (malloc_trim) as its own, so
+    # the remainder is clamped rather than allowed below zero.
+    out["other_anonymous"] = max(0, anonymous - malloc_held - store_cache_bytes)
+    return out

@@ -1,0 +1,86 @@
+"""The worker's memory by holder: the holders add up to the process's RSS, and memory taken
+by each kind of allocation lands under the holder that names it."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import store
+from streams.process_memory import HOLDERS, process_memory, rss_parts
+from streams.state_size import state_bytes
+
+
+def _rss() -> int:
+    parts = rss_parts(Path("/proc/self/status").read_text())
+    return parts["VmRSS"]
+
+
+def test_the_holders_add_up_to_the_resident_set():
+    held = process_memory()
+    assert set(held) == set(HOLDERS)
+    assert all(v >= 0 for v in held.values())
+    rss = _rss()
+    # glibc's heap counts pages it holds free but the kernel may not have touched yet, so the
+    # sum may run a little over; it may not miss a tenth of the process.
+    assert 0.9 * rss <= sum(held.values()) <= 1.1 * rss + (8 << 20), (held, rss)
+
+
+def test_a_large_array_is_glibc_memory_in_use_and_leaves_with_it():
+    before = process_memory()["malloc_in_use"]
+    block = np.ones(40_000_000 // 8 * 8)  # 320 MB, touched
+    during = process_memory()["malloc_in_use"]
+    del block
+    gc.collect()
+    after = process_memory()["malloc_in_use"]
+    assert during - before >= 300_000_000
+    assert during - after >= 300_000_000
+
+
+def test_the_store_cache_is_the_open_files_buffer_pool(tmp_path):
+    session = store.StoreSession(tmp_path / "s.duckdb", release_every_s=3600)
+    with session as con:
+        con.execute("CREATE TABLE t AS SELECT random() AS x FROM range(2000000)")  # 16 MB that do not compress
+        con.execute("SELECT sum(x) FROM t").fetchall()
+    cached = session.cache_bytes()
+    assert cached > 10_000_000
+    assert process_memory(cached)["store_cache"] == cached
+    session.close()
+    assert session.cache_bytes() == 0
+
+
+def test_state_counts_a_view_once_with_its_base():
+    base = np.zeros(1_000_000, dtype=np.int64)
+    parts = state_bytes({"a": {"column": base}, "b": [base[:10], base[5:]]})
+    assert parts["a"] >= base.nbytes
+    assert parts["b"] < 10_000  # views of an array counted by "a": only the list and view headers
+
+
+_BATCH = """
+import sys, numpy as np
+from streams.process_memory import process_memory, settle_malloc
+if sys.argv[1] == "settled":
+    assert settle_malloc()
+big = np.ones(24 << 17)  # 24 MiB
+del big  # glibc's default now serves blocks up to 24 MiB from its heap and keeps up to 48 MiB free
+block = np.ones(16 << 17)  # 16 MiB: a batch's column
+del block
+print(process_memory()["malloc_free"])
+"""
+
+
+def _free_after_a_batch(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", _BATCH, mode], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return int(out.stdout.strip())
+
+
+def test_a_settled_heap_gives_a_freed_batch_back_to_the_kernel():
+    """With glibc's defaults a batch-sized block, once a larger one has been freed, comes
+    from the heap and stays there free; settled, it comes from the kernel and goes back."""
+    assert _free_after_a_batch("default") >= 15 << 20
+    assert _free_after_a_batch("settled") < 1 << 20
