@@ -132,7 +132,7 @@ class Runtime:
         self.last_event_wall: float | None = None
         self._caught_up_wall: float | None = None
         self._view_dirty = True  # events or closed minutes since the signal view was last built
-        self._state_measured = float("-inf")  # measured at the first checkpoint, then every STATE_EVERY_S
+        self._state_measured = time.monotonic()
         self._stop = False
 
     @property
@@ -190,6 +190,7 @@ class Runtime:
         # Collected first, so that no garbage is frozen with them.
         gc.collect()
         gc.freeze()
+        self._measure_memory()  # from the first scrape on: the restored state, and what starting took
         undrained: list[str] = []
         started = time.monotonic()
         try:
@@ -297,10 +298,13 @@ class Runtime:
         self.operator.update_gauges()
         self._update_lag()
         if time.monotonic() - self._state_measured >= self.STATE_EVERY_S:
-            for component, size in self.state_bytes().items():
-                self.metrics.state_bytes.labels(component).set(size)
-            for holder, size in self.process_memory().items():
-                self.metrics.process_memory.labels(holder).set(size)
+            self._measure_memory()
+
+    def _measure_memory(self) -> None:
+        for component, size in self.state_bytes().items():
+            self.metrics.state_bytes.labels(component).set(size)
+        for holder, size in self.process_memory().items():
+            self.metrics.process_memory.labels(holder).set(size)
 
     def state_bytes(self) -> dict[str, int]:
         """Memory each part holds: open minutes (the operator), each stage, the signal view."""
