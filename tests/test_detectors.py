@@ -966,3 +966,46 @@ def test_tenant_starving_needs_a_rising_share_and_the_others_waiting_together():
     # A tenant that has always held most of the pool is not a new neighbour.
     always = [pool_minute(m, 300.0, 40.0) for m in range(30)] + [pool_minute(30 + i, 300.0, 900.0) for i in range(5)]
     assert not raised(run(TenantStarvingDetector(TenantStarvingConfig()), always))
+
+
+def test_slice_summaries_equal_a_brute_force_sum_per_minute_and_labels():
+    """MinuteBatch.slices against sums done row by row in Python: nulls count 0, a missing
+    label is empty, each p95 is the requests-weighted mean of the rows that have one."""
+    import random
+
+    from detectors.core import LATENCY_P95, MinuteBatch, QUALITY_SUMS, REQUEST_SUMS, SliceMinute
+
+    rng = random.Random(11)
+    rows = []
+    for _ in range(300):
+        row = req_rows(rng.randint(0, 4), tenant=rng.choice(["a", "b", None]), model=rng.choice(["m1", "m2"]),
+                       pool=rng.choice(["p1", "p2"]), gpu_seconds=rng.choice([None, 0.0, rng.random()]),
+                       **{c: rng.choice([None, rng.randint(0, 40)]) for c in REQUEST_SUMS if c != "gpu_seconds"},
+                       **{c: rng.choice([None, 100 * rng.random()]) for c in LATENCY_P95},
+                       **{c: rng.choice([None, rng.randint(0, 5)]) for c in QUALITY_SUMS})
+        rows.append(row)
+    frame = pl.DataFrame(rows, schema_overrides={**REQ_SCHEMA, **{c: pl.Int64 for c in QUALITY_SUMS}})
+    for by in (("tenant",), ("model", "pool"), ("pool", "tenant", "model")):
+        expected: dict[int, dict[tuple, dict]] = {}
+        for row in rows:
+            minute = (row["window_start"] - _ts(0)) // timedelta(minutes=1)
+            labels = tuple(row[b] if row[b] is not None else "" for b in by)
+            acc = expected.setdefault(minute, {}).setdefault(labels, {"w": {}, "n": {}})
+            for c in (*REQUEST_SUMS, *QUALITY_SUMS):
+                acc[c] = acc.get(c, 0) + (row[c] or 0)
+            for c in LATENCY_P95:
+                if row[c] is not None:
+                    acc["w"][c] = acc["w"].get(c, 0.0) + row[c] * (row["requests"] or 0)
+                    acc["n"][c] = acc["n"].get(c, 0) + (row["requests"] or 0)
+        got = MinuteBatch(frame, None).slices(by)
+        assert sorted(got) == sorted(expected)
+        for minute, slices in expected.items():
+            assert len(got[minute]) == len(slices)
+            for labels, acc in slices.items():
+                s = got[minute][tuple(sorted(zip(by, labels)))]
+                assert isinstance(s, SliceMinute) and s.labels == dict(zip(by, labels))
+                for c in (*REQUEST_SUMS, *QUALITY_SUMS):
+                    assert getattr(s, c) == pytest.approx(acc[c]), (by, labels, c)
+                for c in LATENCY_P95:
+                    want = acc["w"][c] / acc["n"][c] if acc["n"].get(c) else None
+                    assert getattr(s, c) == (pytest.approx(want) if want is not None else None), (by, labels, c)
