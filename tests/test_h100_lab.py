@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 from confluent_kafka import Producer
 
-from streams.process_memory import HOLDERS
+from streams.process_memory import HOLDERS, rss_parts
 from tests.conftest import H100_LAB, free_port, need
 
 LAB = H100_LAB
@@ -104,7 +104,8 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
         held = {h: metric(exposition, "tailwatch_process_memory_bytes", holder=h) for h in HOLDERS}
         assert all(len(v) == 1 for v in held.values()), held
         assert held["file"][0] > 0 and held["malloc_in_use"][0] > 0 and held["other_anonymous"][0] > 0, held
-        assert 0.5 * _rss_bytes(proc.pid) < sum(v[0] for v in held.values()) < 1.5 * _rss_bytes(proc.pid), held
+        rss = rss_parts(open(f"/proc/{proc.pid}/status").read())["VmRSS"]
+        assert 0.5 * rss < sum(v[0] for v in held.values()) < 1.5 * rss, (held, rss)
 
         # Caught up and idle: the view is not rebuilt (the heartbeat keeps the API fresh).
         view_cpu = sum(metric(exposition, "tailwatch_stage_cpu_seconds_total", stage="signals_view"))
@@ -140,11 +141,6 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
     assert cost["attributed_cost_usd"].sum() <= cost["fully_loaded_cost_usd"].sum() + 1e-9
     gap = (cost["attributed_cost_usd"] + cost["idle_cost_usd"] - cost["fully_loaded_cost_usd"]).abs().max()
     assert gap < 1e-9
-
-
-def _rss_bytes(pid: int) -> int:
-    status = open(f"/proc/{pid}/status").read()
-    return int(status.split("VmRSS:", 1)[1].split()[0]) * 1024
 
 
 def _cpu_seconds(pid: int) -> float:
