@@ -187,4 +187,7 @@ class CostRegressionDetector(BaselineDetector):
         return CostSums(s.gpu_seconds, s.turns, s.successful_turns, s.prompt_tokens + s.output_tokens)
 
     def judge(self, window: list, base: list) -> dict | None:
-        return regression(_total(window), baseline(base, self.cfg.window_minutes), self.cfg)
+        total = _total(window)
+        if total.successful_turns < self.cfg.min_successful_turns:
+            return None  # too thin to judge: regression() would say so after the baseline's cost
+        return regression(total, baseline(base, self.cfg.window_minutes), self.cfg)
