@@ -20,8 +20,9 @@ malloc figures are absent and their bytes count as `other_anonymous`.
 `tailwatch bench --month`, glibc's default held 170-300 MiB free between batches, rising and
 falling by a hundred MiB within an event-day (`malloc_free`), because its mmap threshold
 grows with every large block freed until batch-sized arrays come from the heap and fragment
-it, and each thread gets an arena of its own; with the settings below, 20-80 MiB (measured with a 1 MiB threshold;
-4 MiB held the same and costs no CPU on the sparse replay, where 1 MiB cost a tenth).
+it, and each thread gets an arena of its own. With the settings below it held 20-41 MiB free
+through a month of the same traffic; a 1 MiB threshold held about as little but cost a tenth
+of the sparse replay's CPU, 4 MiB none.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def settle_malloc() -> bool:
 
 
 def rss_parts(status_text: str) -> dict[str, int]:
-    """RssAnon, RssFile and RssShmem from /proc/<pid>/status, in bytes."""
+    """VmRSS, RssAnon, RssFile and RssShmem from /proc/<pid>/status, in bytes."""
     out = {}
     for line in status_text.splitlines():
         key, _, rest = line.partition(":")
