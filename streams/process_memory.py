@@ -39,11 +39,19 @@ class _MallInfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def _mallinfo2():
+def _libc():
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallinfo2  # glibc 2.33 and later
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _mallinfo2():
+    fn = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33 and later
+    if fn is None:
         return None
     fn.restype = _MallInfo2
     fn.argtypes = []
@@ -62,10 +70,8 @@ def settle_malloc() -> bool:
     threshold: glibc stops raising it), free heap tops over 4 MiB returned, at most two arenas
     (librdkafka's threads would each grow one). Called once, early, by the worker; False where
     the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

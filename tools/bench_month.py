@@ -165,18 +165,21 @@ def _spread(samples: list[tuple[float, int, int]], per_minute: int, first_day: i
     """The flatness figure: the worker's median RSS per event-time day from `first_day` on,
     lowest and highest. Medians, because a batch in flight moves a one-second sample by
     a hundred MiB either way; a trend moves every sample of later days."""
-    by_day: dict[int, list[int]] = {}
-    for seen, rss, _ in samples:
-        day = int(seen / per_minute / DAY_MINUTES)
-        if day >= first_day:
-            by_day.setdefault(day, []).append(rss)
-    if not by_day:
+    medians = {day: m for day, m in _daily_medians(samples, per_minute).items() if day >= first_day}
+    if not medians:
         return f"  worker RSS from day {first_day}: no samples"
-    medians = {day: float(np.median(v)) / 2**20 for day, v in by_day.items()}
     low, high = min(medians, key=medians.get), max(medians, key=medians.get)
     return (f"  worker RSS, median of each event-time day from day {first_day} ({len(medians)} days): lowest "
             f"{medians[low]:,.0f} MiB (day {low}), highest {medians[high]:,.0f} MiB (day {high}), "
             f"spread {medians[high] - medians[low]:,.0f} MiB")
+
+
+def _daily_medians(samples: list[tuple[float, int, int]], per_minute: float) -> dict[int, float]:
+    """The worker's median RSS (MiB) for each event-time day that has samples."""
+    by_day: dict[int, list[int]] = {}
+    for seen, rss, _ in samples:
+        by_day.setdefault(int(seen / per_minute / DAY_MINUTES), []).append(rss)
+    return {day: float(np.median(v)) / 2**20 for day, v in sorted(by_day.items())}
 
 
 def _memory_by_holder(port: int) -> dict[str, float]:
@@ -227,9 +230,9 @@ def _chart(samples: list[tuple[float, int, int]], holders: dict[int, dict[str, f
         top.stackplot(xs, *[[holders[d].get(h, 0.0) for d in [*days, days[-1]]] for h in HOLDERS], labels=HOLDERS,
                       step="post", alpha=0.45)
     top.plot(day, worker, color="#616161", lw=0.4, alpha=0.6, label="worker RSS (each second)")
-    whole = sorted({int(d) for d in day})
-    medians = [float(np.median(worker[day.astype(int) == d])) for d in whole]
-    top.plot([d + 0.5 for d in whole], medians, color="#c62828", lw=2, marker="o", ms=3, label="its median per day")
+    medians = _daily_medians(samples, per_minute)
+    top.plot([d + 0.5 for d in medians], list(medians.values()), color="#c62828", lw=2, marker="o", ms=3,
+             label="its median per day")
     top.set_ylabel("MiB")
     top.set_title("tailwatch worker over a month of event time: resident memory, and what held it")
     top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
