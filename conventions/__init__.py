@@ -57,6 +57,7 @@ LATE_EVENTS_TOTAL = "tailwatch_late_events_total"
 CORRECTED_EVENTS_TOTAL = "tailwatch_corrected_events_total"
 STATE_BYTES = "tailwatch_state_bytes"
 PROCESS_MEMORY_BYTES = "tailwatch_process_memory_bytes"
+STORE_MEMORY_LIMIT_BYTES = "tailwatch_store_memory_limit_bytes"
 UNKNOWN_FIELDS_DROPPED_TOTAL = "tailwatch_unknown_fields_dropped_total"
 BUCKETS_CLOSED_TOTAL = "tailwatch_buckets_closed_total"
 BUCKET_CLOSE_DELAY_SECONDS = "tailwatch_bucket_close_delay_seconds"  # histogram

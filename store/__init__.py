@@ -10,17 +10,21 @@ exactly the buckets and state that match the offsets it resumes from.
 from __future__ import annotations
 
 import io
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_STORE = "data/tailwatch.duckdb"
 
@@ -182,10 +186,21 @@ def migrate(con: duckdb.DuckDBPyConnection, path: str | Path) -> int:
     return found
 
 
-def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> duckdb.DuckDBPyConnection:
+# The worker's store is written in small transactions; DuckDB's default buffer pool (80% of
+# RAM) would let its cache dwarf the worker's own state. A transaction's inserted rows and a
+# query's working set must fit: 64 MiB failed a month bench's first checkpoint after its
+# start-up backlog. A checkpoint that needs more doubles it, at most MEMORY_LIMIT_DOUBLINGS
+# times (StoreSession.run).
+STORE_MEMORY_LIMIT_MIB = 256
+MEMORY_LIMIT_DOUBLINGS = 2
+
+
+def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0,
+            memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB) -> duckdb.DuckDBPyConnection:
     """Open the store. DuckDB lets one process write a file and nobody read it meanwhile;
     the worker holds it only while it writes a checkpoint, so a lock conflict is retried
-    for up to `wait_s` seconds. Any other failure is a StoreError of one line."""
+    for up to `wait_s` seconds. Any other failure is a StoreError of one line. A writer's
+    buffer pool is held to `memory_limit_mib`."""
     path = Path(path)
     if read_only and not path.exists():
         raise StoreError(f"no store at {path}: run `tailwatch worker --store {path}` (or `tailwatch demo`) first")
@@ -210,9 +225,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 5.0) -> d
         if read_only:
             _check_not_newer(path, schema_version(con))
         else:
-            # The worker's store is written in small transactions; DuckDB's default buffer pool
-            # (80% of RAM) would let its cache dwarf the worker's own state.
-            con.execute("SET memory_limit = '256MB'")
+            con.execute(f"SET memory_limit = '{int(memory_limit_mib)}MiB'")
             migrate(con, path)
     except duckdb.Error as exc:
         con.close()
@@ -230,6 +243,9 @@ def store_failure(path: str | Path, exc: BaseException) -> StoreError:
     if "not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text:
         return StoreError(f"{path} is not a DuckDB store, or is corrupt ({first[:120]}): move it away and start the "
                           "worker again, which rebuilds the store from Kafka as far back as the topics' retention reaches")
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return StoreError(f"store {path}: DuckDB ran out of its memory limit ({first[:160]}): start the worker with a "
+                          "larger --store-memory-limit")
     if "No space left on device" in text or getattr(exc, "errno", None) == 28:
         return StoreError(f"no space left on device for store {path}: free space there (or move --store) and start the "
                           "worker again; it resumes from its last checkpoint")
@@ -245,17 +261,43 @@ class StoreSession:
     keeps the file and releases it periodically, and readers wait for that moment.
     """
 
-    def __init__(self, path: str | Path, release_every_s: float = 20.0):
+    def __init__(self, path: str | Path, release_every_s: float = 20.0, memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB,
+                 on_memory_limit: Callable[[int], None] | None = None):
         self.path = path
         self.release_every_s = release_every_s
+        self.memory_limit_mib = memory_limit_mib
+        self.max_memory_limit_mib = memory_limit_mib << MEMORY_LIMIT_DOUBLINGS
+        self.on_memory_limit = on_memory_limit  # told each limit in MiB, the first at construction
         self.con: duckdb.DuckDBPyConnection | None = None
         self._opened_at = 0.0
+        if on_memory_limit is not None:
+            on_memory_limit(memory_limit_mib)
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:
         if self.con is None:
-            self.con = connect(self.path, wait_s=60.0)
+            self.con = connect(self.path, wait_s=60.0, memory_limit_mib=self.memory_limit_mib)
             self._opened_at = time.monotonic()
         return self.con
+
+    def run(self, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """`work(con)`: a transaction that rolls itself back when it fails, or reads. One that
+        runs out of DuckDB's memory limit runs again with the limit doubled, up to
+        `max_memory_limit_mib`, so that a checkpoint too big for the limit (a long backlog
+        at a big fleet) is not a crash at every restart; the raise is logged and kept."""
+        while True:
+            with self as con:
+                try:
+                    return work(con)
+                except duckdb.OutOfMemoryException:
+                    if self.memory_limit_mib >= self.max_memory_limit_mib:
+                        raise
+                    self.memory_limit_mib *= 2
+                    con.execute(f"SET memory_limit = '{self.memory_limit_mib}MiB'")
+                    log.warning("store %s: a checkpoint needed more than DuckDB's memory limit; raised to %d MiB "
+                                "(at most %d; --store-memory-limit sets where it starts)", self.path,
+                                self.memory_limit_mib, self.max_memory_limit_mib)
+                    if self.on_memory_limit is not None:
+                        self.on_memory_limit(self.memory_limit_mib)
 
     def __exit__(self, *exc) -> None:
         self.release_if_due()

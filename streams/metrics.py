@@ -13,8 +13,8 @@ from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
     CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
     FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES, HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
-    PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, PROCESS_MEMORY_BYTES, UNKNOWN_FIELDS_DROPPED_TOTAL,
-    WATERMARK_TIMESTAMP_SECONDS,
+    PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, PROCESS_MEMORY_BYTES, STORE_MEMORY_LIMIT_BYTES,
+    UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
 )
 
 # `_created` series would double the exposition for a timestamp no dashboard reads.
@@ -66,6 +66,9 @@ class WorkerMetrics:
             PROCESS_MEMORY_BYTES, "The worker's resident memory by holder (file-backed pages, glibc's heap in use "
             "and held free, the store's cache, other anonymous memory), about once a minute "
             "(streams/process_memory.py).", ["holder"], registry=r)
+        self.store_memory_limit = Gauge(
+            STORE_MEMORY_LIMIT_BYTES, "DuckDB's memory limit for the store: --store-memory-limit, doubled for a "
+            "checkpoint that needed more (at most four times it).", registry=r)
         self.open_minutes = Gauge(
             OPEN_BUCKETS, "One-minute buckets of event time still open.", ["topic"], registry=r)
         self.partitions_paused = Gauge(

@@ -71,6 +71,7 @@ class WorkerSettings:
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
     alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
     store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
+    store_memory_limit_mib: int = store.STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
     stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
     http_host: str = "127.0.0.1"
     api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port

@@ -23,8 +23,11 @@ from store.lock import StoreLock
 
 class StoreSink:
     def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount,
-                 rollup: RollUp | None = None):
+                 rollup: RollUp | None = None, memory_limit_mib: int = store.STORE_MEMORY_LIMIT_MIB,
+                 on_memory_limit=None):
         self.path = path
+        self.memory_limit_mib = memory_limit_mib
+        self.on_memory_limit = on_memory_limit  # told the store's memory limit in MiB, and each raise
         self.rollup = rollup
         self._rollup_checked_hours: tuple = ()
         self.release_s = release_s
@@ -38,7 +41,7 @@ class StoreSink:
         """Take the file, let `restore(con)` put the operator back, rebuild every stage."""
         self._lock.acquire()
         try:
-            self.session = store.StoreSession(self.path, self.release_s)
+            self.session = store.StoreSession(self.path, self.release_s, self.memory_limit_mib, self.on_memory_limit)
             with self.session as con:
                 restore(con)
                 for stage in self.stages:
@@ -77,8 +80,7 @@ class StoreSink:
                 cp.upkeep.append(self.rollup.roll)
         began = self.cpu.began()
         try:
-            with self.session as con:
-                store.write_checkpoint(con, cp)
+            self.session.run(lambda con: store.write_checkpoint(con, cp))
         except duckdb.Error as exc:  # the disk filled, the file broke: one line, not a traceback
             raise store.store_failure(self.path, exc) from None
         self.cpu.spent("checkpoint_write", began)
@@ -93,12 +95,11 @@ class StoreSink:
         began = self.cpu.began()
         delta = None
         try:
-            with self.session as con:
-                for t in cp.topics:
-                    if t.late is not None:
-                        t.corrected = t.late.resolve(con, t.seen)
-                        if t.table == "sli_minute" and t.corrected.delta.height:
-                            delta = t.corrected.delta
+            for t in cp.topics:
+                if t.late is not None:
+                    t.corrected = self.session.run(lambda con: t.late.resolve(con, t.seen))
+                    if t.table == "sli_minute" and t.corrected.delta.height:
+                        delta = t.corrected.delta
         except duckdb.Error as exc:
             raise store.store_failure(self.path, exc) from None
         self.cpu.spent("corrections", began)

@@ -192,7 +192,7 @@ def load_prices_option(path: str | None):
 def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
-    from store import DEFAULT_STORE
+    from store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
     from streams.runtime import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
@@ -214,6 +214,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         allowed_lateness_s=args.allowed_lateness,
         correction_horizon_s=getattr(args, "correction_horizon", 86400.0),
         minute_retention_s=getattr(args, "minute_retention", 35 * 86400.0),
+        store_memory_limit_mib=getattr(args, "store_memory_limit", None) or STORE_MEMORY_LIMIT_MIB,
         idle_timeout_s=args.idle_timeout,
         max_watermark_drift_s=args.max_watermark_drift,
         drain_timeout_s=args.drain_timeout,

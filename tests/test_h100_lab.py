@@ -106,6 +106,9 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
         assert held["file"][0] > 0 and held["malloc_in_use"][0] > 0 and held["other_anonymous"][0] > 0, held
         rss = rss_parts(open(f"/proc/{proc.pid}/status").read())["VmRSS"]
         assert 0.5 * rss < sum(v[0] for v in held.values()) < 1.5 * rss, (held, rss)
+        limit = [float(line.split()[1]) for line in exposition.splitlines()
+                 if line.startswith("tailwatch_store_memory_limit_bytes ")]
+        assert limit == [256 * 2**20], limit  # the store's DuckDB memory limit as started (no checkpoint needed more)
 
         # Caught up and idle: the view is not rebuilt (the heartbeat keeps the API fresh).
         view_cpu = sum(metric(exposition, "tailwatch_stage_cpu_seconds_total", stage="signals_view"))
