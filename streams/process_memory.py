@@ -98,14 +98,16 @@ def process_memory(store_cache_bytes: int = 0) -> dict[str, int]:
         return {}
     anonymous = rss.get("RssAnon", 0)
     out = {"file": rss.get("RssFile", 0) + rss.get("RssShmem", 0)}
-    malloc_held = 0
+    left = max(0, anonymous - store_cache_bytes)
     if _MALLINFO2 is not None:
         info = _MALLINFO2()
-        out["malloc_in_use"] = info.uordblks + info.hblkhd
-        out["malloc_free"] = info.fordblks
-        malloc_held = info.arena + info.hblkhd
+        # glibc counts as its own heap pages that are not resident: free chunks it has given
+        # back page by page (a trim), blocks never yet touched. The holders are of the
+        # resident set, so each takes at most what is left of the anonymous memory.
+        out["malloc_in_use"] = min(info.uordblks + info.hblkhd, left)
+        left -= out["malloc_in_use"]
+        out["malloc_free"] = min(info.fordblks, left)
+        left -= out["malloc_free"]
     out["store_cache"] = store_cache_bytes
-    # glibc counts free heap it has handed back to the kernel (malloc_trim) as its own, so
-    # the remainder is clamped rather than allowed below zero.
-    out["other_anonymous"] = max(0, anonymous - malloc_held - store_cache_bytes)
+    out["other_anonymous"] = left
     return out
