@@ -57,6 +57,15 @@ FROM gpu_minute WHERE window_start >= $1 AND window_start < $2 GROUP BY ALL
 """
 
 
+def topics_ready(topics) -> bool:
+    """Whether a checkpoint of these topics (store.TopicCheckpoint) may roll hours: each has
+    closed a minute, or has read its partitions to the end and seen nothing. A topic whose
+    first minutes are still open or unread (GPU samples a day behind the requests in a
+    backlog) would find its hours rolled without it, and a rolled hour's cost attribution is
+    computed once."""
+    return all(t.closed_before_minute is not None or (not t.backlogged and not t.watermarks) for t in topics)
+
+
 class RollUp:
     """Rolls the store's old minutes into hours; the store sink calls it in each checkpoint."""
 

@@ -16,7 +16,7 @@ import polars as pl
 
 import store
 from streams.metrics import CpuAccount
-from streams.rollup import RollUp
+from streams.rollup import RollUp, topics_ready
 from streams.stages import Stage
 from store.lock import StoreLock
 
@@ -70,7 +70,7 @@ class StoreSink:
             self.cpu.spent(stage.name, began)
         for outbox in self.outboxes:
             cp.stage_rows.extend(outbox.delivery_rows())
-        if self.rollup is not None:
+        if self.rollup is not None and topics_ready(cp.topics):
             # Old minutes fall due only when a new hour closes in either table (or the last roll
             # stopped at its limit).
             hours = tuple(int(f["window_start"].dt.epoch("s").max()) // 3600 if f.height else None

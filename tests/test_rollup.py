@@ -13,7 +13,7 @@ from polars.testing import assert_frame_equal
 from ingest.simulator import FleetSimulator
 from planning.prices import GpuPrices
 from reports.cost_report import build_report
-from streams.rollup import RollUp
+from streams.rollup import RollUp, topics_ready
 import store
 from tests.test_pipeline import publish, run_worker
 
@@ -118,3 +118,15 @@ def test_a_replay_reaching_into_rolled_hours_is_refused_in_one_line(two_stores):
         read_buckets(str(rolled), edge - dt.timedelta(hours=2), edge + dt.timedelta(hours=1))
     requests, _ = read_buckets(str(rolled), edge + dt.timedelta(minutes=5), edge + dt.timedelta(hours=1))
     assert requests.height > 0
+
+
+def test_no_hour_is_rolled_while_a_topic_has_not_closed_its_first_minute():
+    """In a backlog the GPU topic can trail the requests by more than the retention: an hour
+    rolled before its GPU minutes closed would keep no cost attribution for them."""
+    from types import SimpleNamespace as T
+
+    closed = T(closed_before_minute=29_000_000, backlogged=False, watermarks={0: 1})
+    assert topics_ready([closed, T(closed_before_minute=28_000_000, backlogged=True, watermarks={0: 1})])
+    assert not topics_ready([closed, T(closed_before_minute=None, backlogged=True, watermarks={})])  # unread yet
+    assert not topics_ready([closed, T(closed_before_minute=None, backlogged=False, watermarks={0: 1})])  # open minutes
+    assert topics_ready([closed, T(closed_before_minute=None, backlogged=False, watermarks={})])  # read, empty: no GPUs
