@@ -293,7 +293,7 @@ class StoreSession:
                         raise
                     self.memory_limit_mib *= 2
                     con.execute(f"SET memory_limit = '{self.memory_limit_mib}MiB'")
-                    log.warning("store %s: a checkpoint needed more than DuckDB's memory limit; raised to %d MiB "
+                    log.warning("store %s: a checkpoint or lookup needed more than DuckDB's memory limit; raised to %d MiB "
                                 "(at most %d; --store-memory-limit sets where it starts)", self.path,
                                 self.memory_limit_mib, self.max_memory_limit_mib)
                     if self.on_memory_limit is not None:

@@ -178,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request later than the allowed lateness but within this still corrects its minute in the "
                         "store, SLO budgets and reports; older ones are dead letters `too_late` (default 24h; 0: "
                         "late requests are dead letters `late`)")
-    p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=256,
+    p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=None,
                    metavar="MiB", help="DuckDB's memory for the store: its cache, and what one checkpoint inserts and "
-                   "reads; a checkpoint that needs more doubles it, at most to four times this (default 256)")
+                   "reads; a checkpoint that needs more doubles it, at most to four times this (default 256 MiB)")
     p.add_argument("--max-event-ahead", type=_duration_s, default=300.0, metavar="DURATION",
                    help="event time an event may lead the timestamp of the Kafka record carrying it; later events "
                         "are dead letters (`future`) and never move a watermark (default 5m)")
