@@ -42,7 +42,7 @@ from streams.signal_stage import SignalStage
 from streams.source import KafkaSource
 from streams import process_memory, state_size
 from streams.store_sink import StoreSink
-from streams.topic_sink import TopicSink
+from streams.topic_sink import TopicSink, Undelivered
 
 log = logging.getLogger("tailwatch.worker")
 
@@ -195,8 +195,11 @@ class Runtime:
         undrained: list[str] = []
         started = time.monotonic()
         try:
-            undrained = self._loop(http, started)
-            self._checkpoint(close_all=s.until_idle_s is not None and not self._stop and not undrained)
+            try:
+                undrained = self._loop(http, started)
+                self._checkpoint(close_all=s.until_idle_s is not None and not self._stop and not undrained)
+            except Undelivered as exc:  # stopping, and Kafka takes nothing: the store stays where it was
+                log.error("%s", exc)
             if self.store is not None:
                 self.store.drain(wait_s=10.0)
             if s.progress:

@@ -6,7 +6,9 @@ for good is counted and logged once per kind, never fatal. Records that must lan
 1's partials, frontier markers and dead letters, which only tier 2's store will hold): a
 refusal is remembered, and the operator stops before its resume points move past them.
 `flush` waits for a paused or unreachable broker rather than let a checkpoint commit past
-records never delivered.
+records never delivered; a worker told to stop waits `STOP_FLUSH_S`, then leaves that
+checkpoint uncommitted (`Undelivered`): its records are read again at the next start and
+sent then, and the stop fits a container's grace period.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from streams.metrics import WorkerMetrics
 
 log = logging.getLogger("tailwatch.sink")
 
+STOP_FLUSH_S = 10.0  # how long a stopping worker waits for Kafka to take what it sent
+
+
+class Undelivered(Exception):
+    """Stopping with records Kafka has not taken: the checkpoint covering them is not committed."""
+
 
 class TopicSink:
     def __init__(self, kafka: KafkaSettings, metrics: WorkerMetrics, stopping: Callable[[], bool]):
@@ -29,6 +37,7 @@ class TopicSink:
         self.refused: dict[tuple[str, str], int] = {}  # (topic, reason) → records that had to land
         self.must_land: set[str] = set()  # topics whose refusals are remembered (see above)
         self.producer = make_producer(kafka, on_refused=lambda topic, reason: self._failed(topic)(reason))
+        self.gave_up = False  # a stopping flush left records behind: closing waits for nothing more
 
     def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
         send(self.producer, topic, value, key, on_error=self._failed(topic), partition=partition)
@@ -44,17 +53,21 @@ class TopicSink:
         return failed
 
     def flush(self) -> None:
-        """Everything sent reaches Kafka (or is refused for good) before this returns: a
-        stopping worker gives up after 30 s, one line in the log."""
-        waited_s = 0.0
-        while self.producer.flush(5.0) > 0:
-            waited_s += 5.0
-            if self._stopping() and waited_s >= 30.0:
-                log.error("stopping with %d records not delivered to Kafka", len(self.producer))
-                return
-            if waited_s % 30.0 == 0:
+        """Everything sent reaches Kafka (or is refused for good) before this returns; a
+        stopping worker raises `Undelivered` after `STOP_FLUSH_S` instead."""
+        waited_s = stopping_s = 0.0
+        while self.producer.flush(1.0) > 0:  # in steps of a second, so that a stop is heard at once
+            waited_s += 1.0
+            if self._stopping():
+                stopping_s += 1.0
+                if stopping_s >= STOP_FLUSH_S:
+                    self.gave_up = True
+                    raise Undelivered(f"stopping with {len(self.producer):,} records Kafka has not taken: the last "
+                                      "checkpoint is left uncommitted, and the next start reads its records again")
+            elif waited_s % 30.0 == 0:
                 log.warning("waiting %.0f s for Kafka to take %d records", waited_s, len(self.producer))
 
     def close(self) -> None:
-        self.producer.flush(10)
+        if not self.gave_up:
+            self.producer.flush(10)
         self.producer = None  # its threads would keep dialling a broker that may be gone

@@ -141,3 +141,51 @@ def test_a_partition_owned_elsewhere_holds_minutes_open_and_nothing_turns_late(k
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 240
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
+
+
+def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, tmp_path):
+    """The broker that leads tw.sli is gone while the one leading tw.requests is not: the
+    worker reads and closes minutes, and Kafka takes none of their copies. Told to stop, it
+    leaves within a container's grace period (30 s) and commits no minute whose copy Kafka
+    did not take; the next start sends them all. Requests from a public trace."""
+    import msgspec
+
+    from ingest.kafka import KafkaSettings, make_producer
+    from ingest.trace import TraceReplay
+    from tests.conftest import free_port
+    from tests.test_late_backlog import TRACE
+
+    events = list(TraceReplay(TRACE, minutes=20, seed=5).events())
+    enc = msgspec.json.Encoder()
+    produce(kafka, [(i % 2, enc.encode(e)) for i, e in enumerate(events)])
+    store = tmp_path / "tw.duckdb"
+    w = build(settings(kafka, store))
+    # Where the copies go, nobody answers (a real librdkafka producer; a port nobody listens on).
+    w.topics.producer = make_producer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and w.events_seen < len(events):
+        time.sleep(0.1)
+    assert w.events_seen == len(events)
+    time.sleep(1.0)  # a checkpoint with closed minutes now waits for their copies
+    stopped = time.monotonic()
+    w.stop()
+    t.join(60)
+    assert not t.is_alive()
+    took_s = time.monotonic() - stopped
+    assert took_s < 25.0, took_s  # 41 s before: 30 s flushing, then 10 s more in closing
+    assert w.buckets_closed > 0
+    con = duckdb.connect(str(store), read_only=True)
+    assert con.execute("SELECT count(*) FROM sli_minute").fetchone()[0] == 0
+    con.close()
+    # The next start, with Kafka taking them: every request lands, and every minute's copy.
+    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    con = duckdb.connect(str(store), read_only=True)
+    requests, rows = con.execute("SELECT sum(requests), count(*) FROM sli_minute").fetchone()
+    con.close()
+    assert requests == len(events)
+    copies = [json.loads(v) for v in read_topic(kafka, "sli", rows)]
+    requests_copies = {(c["window_start"], c["tenant"], c["model"], c["zone"], c["pool"], c["deployment"])
+                       for c in copies if c["schema"] == "requests_minute.v1"}
+    assert len(requests_copies) == rows
