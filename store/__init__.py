@@ -292,12 +292,29 @@ class StoreSession:
                     if self.memory_limit_mib >= self.max_memory_limit_mib:
                         raise
                     self.memory_limit_mib *= 2
-                    con.execute(f"SET memory_limit = '{self.memory_limit_mib}MiB'")
+                    self._tell_limit(con, self.memory_limit_mib)
                     log.warning("store %s: a checkpoint or lookup needed more than DuckDB's memory limit; raised to %d MiB "
                                 "(at most %d; --store-memory-limit sets where it starts)", self.path,
                                 self.memory_limit_mib, self.max_memory_limit_mib)
-                    if self.on_memory_limit is not None:
-                        self.on_memory_limit(self.memory_limit_mib)
+
+    def start(self, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """Start-up's `work(con)` (restoring the worker's state, rebuilding its stages) with the
+        limit at its ceiling: it fills Python state as it reads, so it cannot be run again the
+        way `run` runs a checkpoint, and a restart at the same limit would fail the same way.
+        Then the limit is back where checkpoints start (the blocks start-up cached are let go)."""
+        with self as con:
+            self._tell_limit(con, self.max_memory_limit_mib)
+            result = work(con)
+            try:
+                self._tell_limit(con, self.memory_limit_mib)
+            except duckdb.OutOfMemoryException:  # pinned by something still open: the next connection sets it
+                self.close()
+            return result
+
+    def _tell_limit(self, con: duckdb.DuckDBPyConnection, mib: int) -> None:
+        con.execute(f"SET memory_limit = '{mib}MiB'")
+        if self.on_memory_limit is not None:
+            self.on_memory_limit(mib)
 
     def __exit__(self, *exc) -> None:
         self.release_if_due()

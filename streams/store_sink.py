@@ -42,10 +42,16 @@ class StoreSink:
         self._lock.acquire()
         try:
             self.session = store.StoreSession(self.path, self.release_s, self.memory_limit_mib, self.on_memory_limit)
-            with self.session as con:
+
+            def start(con) -> None:
                 restore(con)
                 for stage in self.stages:
                     stage.rebuild(con)
+
+            try:
+                self.session.start(start)
+            except duckdb.Error as exc:  # out of memory at the ceiling, a broken file: one line
+                raise store.store_failure(self.path, exc) from None
         except BaseException:
             self.close()
             raise

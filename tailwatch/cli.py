@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "late requests are dead letters `late`)")
     p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=None,
                    metavar="MiB", help="DuckDB's memory for the store: its cache, and what one checkpoint inserts and "
-                   "reads; a checkpoint that needs more doubles it, at most to four times this (default 256 MiB)")
+                   "reads; a checkpoint that needs more doubles it, at most to four times this, and a start runs at four "
+                   "times this (default 256 MiB)")
     p.add_argument("--max-event-ahead", type=_duration_s, default=300.0, metavar="DURATION",
                    help="event time an event may lead the timestamp of the Kafka record carrying it; later events "
                         "are dead letters (`future`) and never move a watermark (default 5m)")
@@ -465,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
+    p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=None,
+                   metavar="MIB", help="month bench: the worker's --store-memory-limit (default: the worker's)")
     p.add_argument("--rollup", default=None, metavar="STORE",
                    help="roll a copy of STORE up to --retention-days of minutes: time taken, rows, store size")
     p.add_argument("--retention-days", type=_positive_int, default=7, help="roll-up bench: days of minutes kept")

@@ -552,7 +552,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tools.bench_month import run_month
 
         print("\n".join(run_month(args.busy_slices, args.days, args.every_minutes,
-                                   out=Path(args.out) if args.out else None)))
+                                   out=Path(args.out) if args.out else None,
+                                   store_memory_limit_mib=args.store_memory_limit)))
         return 0
     if args.slo:
         from tools.bench_slo import run

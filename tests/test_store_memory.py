@@ -65,3 +65,37 @@ def test_reads_run_again_too_and_other_errors_do_not(tmp_path):
         session.run(broken)
     assert calls == [1] and session.memory_limit_mib == 32
     session.close()
+
+
+def test_start_up_reads_at_the_ceiling_then_the_limit_comes_back(tmp_path):
+    # A restart's restore and rebuild fill Python state as they read, so they are not run
+    # twice: they get the ceiling at once, and checkpoints start from the flag again.
+    limits: list[int] = []
+    session = store.StoreSession(tmp_path / "s.duckdb", memory_limit_mib=16, on_memory_limit=limits.append)
+    rebuilt = []
+
+    def rebuild(con):
+        rebuilt.append(con.execute(NEEDS_32_MIB).fetchone()[0])
+        return "restored"
+
+    assert session.start(rebuild) == "restored" and rebuilt == [1_000_000]
+    assert limits == [16, 64, 16] and session.memory_limit_mib == 16
+    with session as con:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "16.0 MiB"
+    session.close()
+
+
+def test_a_start_up_past_the_ceiling_is_one_line_naming_the_flag(tmp_path):
+    from streams.metrics import CpuAccount, WorkerMetrics
+    from streams.store_sink import StoreSink
+
+    path = tmp_path / "s.duckdb"
+    sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=4)
+    with pytest.raises(store.StoreError) as caught:
+        sink.open(lambda con: con.execute(NEEDS_32_MIB).fetchone())
+    said = str(caught.value)
+    assert "\n" not in said and "--store-memory-limit" in said and str(path) in said, said
+    # The file was let go: the next start (with a larger limit) takes it.
+    sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=16)
+    sink.open(lambda con: con.execute(NEEDS_32_MIB).fetchone())
+    sink.close()

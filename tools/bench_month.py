@@ -32,7 +32,7 @@ from slo.spec import DEFAULT_SLOS, load_slos
 from streams.process_memory import HOLDERS
 from tailwatch.cli import progress, progress_done
 from tools.bench import T0_MS, _accepted, _rss_bytes, fresh
-from conventions import PROCESS_MEMORY_BYTES, STATE_BYTES, TOPIC_REQUESTS
+from conventions import PROCESS_MEMORY_BYTES, STATE_BYTES, STORE_MEMORY_LIMIT_BYTES, TOPIC_REQUESTS
 
 WORKLOADS = ("asr", "tts", "llm", "s2s")
 DAY_MINUTES = 1440
@@ -69,7 +69,7 @@ def month_events(slices: int, minutes: int, every_minutes: int, seed: int):
 
 
 def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed: int = 1,
-              out: Path | None = None) -> list[str]:
+              out: Path | None = None, store_memory_limit_mib: int | None = None) -> list[str]:
     minutes = days * DAY_MINUTES + 17
     per_residue = [len(range(r, slices, every_minutes)) for r in range(every_minutes)]
     total = sum(per_residue[m % every_minutes] for m in range(minutes))
@@ -85,7 +85,8 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
         worker = subprocess.Popen(
             [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
              "--topic-prefix", settings.topic_prefix, "--store", str(store_path), "--group", f"month-{uuid.uuid4().hex[:6]}",
-             "--http-port", str(port), "--until-idle", "20", "--stats-file", str(stats)],
+             "--http-port", str(port), "--until-idle", "20", "--stats-file", str(stats),
+             *(["--store-memory-limit", str(store_memory_limit_mib)] if store_memory_limit_mib else [])],
             stdout=subprocess.DEVNULL, stderr=open(workdir / "worker.log", "wb"))
         truth: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         published = threading.Event()
@@ -197,13 +198,16 @@ def _memory_by_holder(port: int) -> dict[str, float]:
                 out[sample.labels["holder"]] = sample.value / 2**20
             elif sample.name == STATE_BYTES:
                 out["state"] = out.get("state", 0.0) + sample.value / 2**20
+            elif sample.name == STORE_MEMORY_LIMIT_BYTES:
+                out["store_limit"] = sample.value / 2**20
     return out
 
 
 def _holder_lines(holders: dict[int, dict[str, float]]) -> list[str]:
     """A line per event-time day: what held the worker's memory as the day began (MiB), so a
-    rise has a name (streams/process_memory.py says what each holder is)."""
-    names = [*HOLDERS, "state"]
+    rise has a name (streams/process_memory.py says what each holder is), and the store's
+    memory limit then (raised where a checkpoint needed more)."""
+    names = [*HOLDERS, "state", "store_limit"]
     lines = ["  worker memory by holder as each event-time day began (MiB): " + ", ".join(names)]
     for day in sorted(holders):
         if holders[day]:
