@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conventions import TOPIC_GPU, TOPIC_REQUESTS, TOPIC_SUFFIXES
+from ingest.kafka_log import KAFKA_LOG
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 INPUT_SUFFIXES = (TOPIC_REQUESTS, TOPIC_GPU)  # what producers outside tailwatch write
@@ -40,9 +41,11 @@ class KafkaSettings:
     def topic(self, suffix: str) -> str:
         return f"{self.topic_prefix}{suffix}"
 
-    def base_config(self) -> dict[str, str]:
-        # Idle connections closed by the broker are routine; librdkafka would log each one.
-        return {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False, **self.client_config}
+    def base_config(self) -> dict:
+        # Idle connections closed by the broker are routine; librdkafka would log each one. What
+        # it logs goes through Python's logging, its repeats folded (a broker down: ingest/kafka_log.py).
+        return {"bootstrap.servers": self.bootstrap_servers, "log.connection.close": False, "logger": KAFKA_LOG,
+                **self.client_config}
 
 
 def read_client_config(path: str | None) -> dict[str, str]:

@@ -6,6 +6,7 @@ someone else. The randomised mix of all of them is tests/test_chaos.py.
 
 import hashlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -189,3 +190,48 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     requests_copies = {(c["window_start"], c["tenant"], c["model"], c["zone"], c["pool"], c["deployment"])
                        for c in copies if c["schema"] == "requests_minute.v1"}
     assert len(requests_copies) == rows
+
+
+def test_a_broker_down_is_a_log_line_a_window_not_twenty_a_second(caplog, monkeypatch):
+    """librdkafka logs every failed connection: with nobody on the port, one consumer tried 19
+    times a second. The worker's log gets the first, then one per window that counts the rest."""
+    import logging
+
+    from ingest import kafka_log
+    from ingest.kafka import KafkaSettings, make_consumer
+    from tests.conftest import free_port
+
+    monkeypatch.setattr(kafka_log, "REPEAT_WINDOW_S", 1.5)
+    caplog.set_level(logging.DEBUG, logger="tailwatch.kafka")
+    consumer = make_consumer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"), f"g-{uuid.uuid4().hex[:6]}")
+    consumer.subscribe(["tw.requests"])
+    began = time.monotonic()
+    while time.monotonic() - began < 4.5:
+        consumer.consume(100, 0.5)
+    consumer.close()
+    refused = [r.getMessage() for r in caplog.records if r.name == "tailwatch.kafka" and "Connection refused" in r.getMessage()]
+    assert 2 <= len(refused) <= 4, refused
+    folded = [int(m.group(1).replace(",", "")) for m in (re.search(r"\(([\d,]+) more like it", t) for t in refused) if m]
+    assert folded and max(folded) >= 10, refused
+
+
+def test_repeats_fold_by_kind_and_say_how_many():
+    import logging
+
+    from ingest.kafka_log import RepeatFold
+
+    now = [0.0]
+    fold = RepeatFold(lambda: 60.0, clock=lambda: now[0])
+
+    def say(text: str) -> str | None:
+        record = logging.LogRecord("tailwatch.kafka", logging.ERROR, __file__, 1, "%s", (text,), None)
+        return record.getMessage() if fold.filter(record) else None
+
+    assert say("broker 10.0.0.1:9092 down after 3ms") == "broker 10.0.0.1:9092 down after 3ms"
+    assert say("group rebalanced") == "group rebalanced"  # another kind: its own first line
+    for ms in range(5):
+        now[0] += 1.0
+        assert say(f"broker 10.0.0.1:9092 down after {ms}ms") is None
+    now[0] = 61.0
+    assert say("broker 10.0.0.2:9092 down after 7ms") == "broker 10.0.0.2:9092 down after 7ms (5 more like it in the last 61 s)"
+    assert say("group rebalanced") == "group rebalanced"
