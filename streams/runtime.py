@@ -277,6 +277,7 @@ class Runtime:
                 s.progress(self.operator.progress_line(self.events_seen, now - started))
                 last_progress = now
             self.source.tick(now)
+            self.topics.tick()
             assigned_at = self.source.assigned_at
             if assigned_at is None:
                 if now - started > 60:

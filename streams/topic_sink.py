@@ -67,6 +67,11 @@ class TopicSink:
             elif waited_s % 30.0 == 0:
                 log.warning("waiting %.0f s for Kafka to take %d records", waited_s, len(self.producer))
 
+    def tick(self) -> None:
+        """From the loop: serve the producer's queue, where librdkafka's log lines wait (a broker
+        down adds some twenty a second, and an idle worker sends nothing that would serve them)."""
+        self.producer.poll(0)
+
     def close(self) -> None:
         if not self.gave_up:
             self.producer.flush(10)

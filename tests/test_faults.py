@@ -235,3 +235,29 @@ def test_repeats_fold_by_kind_and_say_how_many():
     now[0] = 61.0
     assert say("broker 10.0.0.2:9092 down after 7ms") == "broker 10.0.0.2:9092 down after 7ms (5 more like it in the last 61 s)"
     assert say("group rebalanced") == "group rebalanced"
+
+
+def test_an_idle_worker_serves_its_producer_log_queue(caplog, monkeypatch):
+    """librdkafka queues a client's log lines until the client is polled: the worker's loop
+    polls its producer even when it sends nothing, so an outage's lines neither pile up in
+    memory nor go unseen."""
+    import logging
+
+    from ingest import kafka_log
+    from ingest.kafka import KafkaSettings
+    from streams.metrics import WorkerMetrics
+    from streams.topic_sink import TopicSink
+    from tests.conftest import free_port
+
+    monkeypatch.setattr(kafka_log, "REPEAT_WINDOW_S", 0.5)
+    caplog.set_level(logging.DEBUG, logger="tailwatch.kafka")
+    sink = TopicSink(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"), WorkerMetrics(), stopping=lambda: True)
+    sink.send("tw.sli", b"{}")  # something to deliver, so the producer dials the broker
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0 and not any("producer" in r.getMessage() for r in caplog.records):
+        sink.tick()
+        time.sleep(0.1)
+    said = [r.getMessage() for r in caplog.records if r.name == "tailwatch.kafka"]
+    assert any("rdkafka#producer" in t and "Connection refused" in t for t in said), said
+    sink.gave_up = True  # nothing to wait for in closing
+    sink.close()
