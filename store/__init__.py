@@ -149,6 +149,10 @@ class StoreError(Exception):
     """The store cannot be opened or written (a one-line message for the user)."""
 
 
+class StoreBusy(StoreError):
+    """Another process holds the store's file (DuckDB's lock) past the wait."""
+
+
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """The version a store was written at (1: before stores carried one; 0: an empty file)."""
     tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
@@ -243,6 +247,8 @@ def store_failure(path: str | Path, exc: BaseException) -> StoreError:
     if "not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text:
         return StoreError(f"{path} is not a DuckDB store, or is corrupt ({first[:120]}): move it away and start the "
                           "worker again, which rebuilds the store from Kafka as far back as the topics' retention reaches")
+    if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
+        return StoreBusy(f"store {path} is held by another process ({first[:200]})")
     if isinstance(exc, duckdb.OutOfMemoryException):
         return StoreError(f"store {path}: DuckDB ran out of its memory limit ({first[:160]}): start the worker with a "
                           "larger --store-memory-limit")
@@ -261,9 +267,13 @@ class StoreSession:
     keeps the file and releases it periodically, and readers wait for that moment.
     """
 
+    LOCK_WARN_S = 60.0  # while another process holds the file: a warning this often
+    STOP_WAIT_S = 10.0  # told to stop while waiting for the file: how much longer to wait
+
     def __init__(self, path: str | Path, release_every_s: float = 20.0, memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB,
-                 on_memory_limit: Callable[[int], None] | None = None):
+                 on_memory_limit: Callable[[int], None] | None = None, stopping: Callable[[], bool] = lambda: False):
         self.path = path
+        self.stopping = stopping
         self.release_every_s = release_every_s
         self.memory_limit_mib = memory_limit_mib
         self.max_memory_limit_mib = memory_limit_mib << MEMORY_LIMIT_DOUBLINGS
@@ -275,9 +285,31 @@ class StoreSession:
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:
         if self.con is None:
-            self.con = connect(self.path, wait_s=60.0, memory_limit_mib=self.memory_limit_mib)
+            self.con = self._take()
             self._opened_at = time.monotonic()
         return self.con
+
+    def _take(self) -> duckdb.DuckDBPyConnection:
+        """The file, however long another process holds it: a reader (`tailwatch sql`, a
+        report, someone's DuckDB shell) between two releases may take minutes, and the
+        worker cannot checkpoint without the file, but giving up would stop it for the
+        length of a query. It waits, warning each LOCK_WARN_S; told to stop, it waits
+        STOP_WAIT_S more, then raises StoreBusy."""
+        began = warned = time.monotonic()
+        stop_seen = None
+        while True:
+            try:
+                return connect(self.path, wait_s=1.0, memory_limit_mib=self.memory_limit_mib)
+            except StoreBusy as exc:
+                now = time.monotonic()
+                if self.stopping():
+                    stop_seen = stop_seen or now
+                    if now - stop_seen >= self.STOP_WAIT_S:
+                        raise StoreBusy(f"{exc}: stopping without writing to it; the next start resumes from its "
+                                        "last checkpoint") from None
+                elif now - warned >= self.LOCK_WARN_S:
+                    log.warning("%s for %.0f s: the worker waits for it (no checkpoint meanwhile)", exc, now - began)
+                    warned = now
 
     def run(self, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """`work(con)`: a transaction that rolls itself back when it fails, or reads. One that

@@ -179,11 +179,15 @@ class Runtime:
             else:
                 self.operator.start(self.source, None)
             self.source.start(self.operator)
-        except BaseException:
+        except BaseException as exc:
             if http:
                 http.stop()
             if self.store is not None:
                 self.store.close()
+            if isinstance(exc, store.StoreBusy) and self._stop:  # stopped while another process held the file
+                log.error("%s", exc)
+                self.topics.close()
+                return 0
             raise
         # Modules, the restored state and the clients live as long as the run: out of the
         # collector's sight, a full collection costs milliseconds rather than 40 (measured on
@@ -195,13 +199,22 @@ class Runtime:
         undrained: list[str] = []
         started = time.monotonic()
         try:
+            store_busy = False
             try:
                 undrained = self._loop(http, started)
                 self._checkpoint(close_all=s.until_idle_s is not None and not self._stop and not undrained)
-            except Undelivered as exc:  # stopping, and Kafka takes nothing: the store stays where it was
+            except (Undelivered, store.StoreBusy) as exc:
+                # Stopping, and Kafka takes nothing or another process holds the store: the
+                # store stays at its last checkpoint, which the next start resumes from.
                 log.error("%s", exc)
+                store_busy = isinstance(exc, store.StoreBusy)
             if self.store is not None:
-                self.store.drain(wait_s=10.0)
+                # Pages still go out; with the store held, what was delivered is not recorded
+                # and the next start sends it again (Alertmanager takes a page twice as once).
+                try:
+                    self.store.drain(wait_s=10.0, record=not store_busy)
+                except store.StoreBusy as exc:
+                    log.error("%s", exc)
             if s.progress:
                 s.progress(self.operator.progress_line(self.events_seen, time.monotonic() - started))
         finally:

@@ -24,8 +24,9 @@ from store.lock import StoreLock
 class StoreSink:
     def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount,
                  rollup: RollUp | None = None, memory_limit_mib: int = store.STORE_MEMORY_LIMIT_MIB,
-                 on_memory_limit=None):
+                 on_memory_limit=None, stopping=lambda: False):
         self.path = path
+        self.stopping = stopping  # the worker was told to stop: waits for the file are cut short
         self.memory_limit_mib = memory_limit_mib
         self.on_memory_limit = on_memory_limit  # told the store's memory limit in MiB, and each raise
         self.rollup = rollup
@@ -41,7 +42,8 @@ class StoreSink:
         """Take the file, let `restore(con)` put the operator back, rebuild every stage."""
         self._lock.acquire()
         try:
-            self.session = store.StoreSession(self.path, self.release_s, self.memory_limit_mib, self.on_memory_limit)
+            self.session = store.StoreSession(self.path, self.release_s, self.memory_limit_mib, self.on_memory_limit,
+                                              self.stopping)
 
             def start(con) -> None:
                 restore(con)
@@ -118,14 +120,14 @@ class StoreSink:
                 outbox.deliver()
         self.session.release_if_due()
 
-    def drain(self, wait_s: float) -> None:
+    def drain(self, wait_s: float, record: bool = True) -> None:
         """At exit: wait up to `wait_s` for the outboxes' senders, then record what they
         delivered (a restart resends only what is past these marks)."""
         deadline = time.monotonic() + wait_s
         for outbox in self.outboxes:
             outbox.deliver(max(0.0, deadline - time.monotonic()))
         marks = [row for outbox in self.outboxes for row in outbox.delivery_rows()]
-        if marks:
+        if marks and record:
             with self.session as con:
                 store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=marks))
 

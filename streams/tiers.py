@@ -53,7 +53,8 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
             stages.append(parts.signals)
         parts.store = StoreSink(settings.store_path, settings.store_release_s, stages, cpu,
                                 RollUp(int(settings.minute_retention_s // 60)), settings.store_memory_limit_mib,
-                                on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20))
+                                on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20),
+                                stopping=lambda: runtime is not None and runtime.stopping)
     source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,
                          by_group=operator.by_group, instance_id=settings.instance_id,
                          on_group_rescued=metrics.group_rescues.inc)
