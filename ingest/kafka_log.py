@@ -52,4 +52,4 @@ KAFKA_LOG = logging.getLogger("tailwatch.kafka")
 # librdkafka decides what to log (its `debug` property included): nothing it sends is held back
 # for its level, only for being a repeat.
 KAFKA_LOG.setLevel(logging.DEBUG)
-KAFKA_LOG.addFilter(RepeatFold(lambda: REPEAT_WINDOW_S))
+KAFKA_LOG.addFilter(RepeatFold())

@@ -59,6 +59,9 @@ def _number(kind: type, low: float | None = None, high: float | None = None, low
     return parse
 
 
+_MIB = _number(int, 16, 65536, what="a size in MiB")  # --store-memory-limit, the worker's and the month bench's
+
+
 _positive_int = _number(int, 0, low_open=True, what="a count")
 _count = _number(int, 0, what="a count")
 _port = _number(int, 0, 65535, what="a TCP port, 0 for any free one")
@@ -178,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request later than the allowed lateness but within this still corrects its minute in the "
                         "store, SLO budgets and reports; older ones are dead letters `too_late` (default 24h; 0: "
                         "late requests are dead letters `late`)")
-    p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=None,
+    p.add_argument("--store-memory-limit", type=_MIB, default=None,
                    metavar="MiB", help="DuckDB's memory for the store: its cache, and what one checkpoint inserts and "
                    "reads; a checkpoint that needs more doubles it, at most to four times this, and a start runs at four "
                    "times this (default 256 MiB)")
@@ -466,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
-    p.add_argument("--store-memory-limit", type=_number(int, 16, 65536, what="a size in MiB"), default=None,
+    p.add_argument("--store-memory-limit", type=_MIB, default=None,
                    metavar="MIB", help="month bench: the worker's --store-memory-limit (default: the worker's)")
     p.add_argument("--rollup", default=None, metavar="STORE",
                    help="roll a copy of STORE up to --retention-days of minutes: time taken, rows, store size")
