@@ -292,8 +292,9 @@ class MinuteBatch:
             # Column by column, then one object per row: named rows and keyword arguments cost
             # more than the sums themselves on a month of a thousand slices.
             g = summarise(f, by).sort(MINUTE_COL, *by)
+            have = set(g.columns)
             values = g.select(
-                *[(pl.col(c).fill_null(0) if c in g.columns else pl.lit(0)).alias(c) for c in (*REQUEST_SUMS, *QUALITY_SUMS)],
+                *[(pl.col(c).fill_null(0) if c in have else pl.lit(0)).alias(c) for c in (*REQUEST_SUMS, *QUALITY_SUMS)],
                 *[pl.when(pl.col(f"_n_{c}") != 0).then(pl.col(f"_w_{c}") / pl.col(f"_n_{c}")).alias(c) for c in LATENCY_P95],
             ).select(_SLICE_MINUTE_FIELDS)
             order = sorted(range(len(by)), key=by.__getitem__)  # a SliceKey's labels are sorted by name

@@ -33,27 +33,34 @@ MIN_ROWS = 64  # a chunk's first allocation
 
 class _Ring:
     """One resolution: per slice, `slots` blocks of `block` minutes (a ring by block number),
-    each block a (good, valid) pair of counts."""
+    each block a (good, valid) pair of counts. Slot-major ((slots, rows, 2) per chunk), so a
+    block of every slice is one contiguous run: reading the few blocks a minute needs copies
+    whole runs, and emptying a block writes one."""
 
     def __init__(self, block: int, slots: int):
         self.block, self.slots = block, slots
-        self.chunks: list[np.ndarray] = []  # (rows, slots, 2) uint32 each
+        self.chunks: list[np.ndarray] = []  # (slots, rows, 2) uint32 each
+
+    @staticmethod
+    def rows_of(chunk: np.ndarray) -> int:
+        return chunk.shape[1]
 
     def make_room(self, n: int) -> None:
         """Rows for n slices: the last chunk grows by doubling up to CHUNK rows, then a new one
         begins (a copy never moves more than one chunk)."""
         while len(self.chunks) * CHUNK < n:
-            if self.chunks and len(self.chunks[-1]) < CHUNK:
+            if self.chunks and self.rows_of(self.chunks[-1]) < CHUNK:
                 self._grow_last(CHUNK)
             else:
-                self.chunks.append(np.zeros((MIN_ROWS, self.slots, 2), np.uint32))
+                self.chunks.append(np.zeros((self.slots, MIN_ROWS, 2), np.uint32))
         need = n - (len(self.chunks) - 1) * CHUNK
-        if len(self.chunks[-1]) < need:
-            self._grow_last(min(CHUNK, max(need, 2 * len(self.chunks[-1]))))
+        if self.rows_of(self.chunks[-1]) < need:
+            self._grow_last(min(CHUNK, max(need, 2 * self.rows_of(self.chunks[-1]))))
 
     def _grow_last(self, rows: int) -> None:
-        grown = np.zeros((rows, self.slots, 2), np.uint32)
-        grown[:len(self.chunks[-1])] = self.chunks[-1]
+        last = self.chunks[-1]
+        grown = np.zeros((self.slots, rows, 2), np.uint32)
+        grown[:, :last.shape[1]] = last
         self.chunks[-1] = grown
 
     def _rows(self, n: int):
@@ -71,33 +78,35 @@ class _Ring:
         spans = _slot_spans(first_block % self.slots, count, self.slots)
         for c, rows in self._rows(n):
             for a, b in spans:
-                c[:rows, a:b] = 0
+                c[a:b, :rows] = 0
 
     def add(self, cols: np.ndarray, block: int, counts: np.ndarray) -> None:
-        """Add (good, valid) pairs, one row per slice in `cols`, to a block."""
+        """Add (good, valid) pairs (uint32), one row per slice in `cols`, to a block."""
         slot = block % self.slots
         if len(self.chunks) == 1:
-            self.chunks[0][cols, slot] += counts.astype(np.uint32)
+            self.chunks[0][slot, cols] += counts
             return
         chunk_of = cols // CHUNK
         for k in np.unique(chunk_of):
             pick = chunk_of == k
-            self.chunks[k][cols[pick] - k * CHUNK, slot] += counts[pick].astype(np.uint32)
+            self.chunks[k][slot, cols[pick] - k * CHUNK] += counts[pick]
 
     def columns(self, blocks: list[int], n: int) -> np.ndarray:
-        """Per slice, the (good, valid) of each of these blocks: (n, len(blocks), 2) int64."""
-        slots = [b % self.slots for b in blocks]
-        parts = [c[:rows, slots] for c, rows in self._rows(n)]
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros((0, len(slots), 2), np.uint32)
-        return out.astype(np.int64)
+        """Per block, the (good, valid) of every slice: (len(blocks), n, 2) floats (counts,
+        exact: a window's sums stay far below 2**53)."""
+        slots = np.array([b % self.slots for b in blocks])
+        parts = [c.take(slots, axis=0)[:, :rows] for c, rows in self._rows(n)]
+        if not parts:
+            return np.zeros((len(slots), 0, 2))
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)).astype(np.float64)
 
     def total(self, first_block: int, last_block: int, n: int) -> np.ndarray:
         """Per slice, the (good, valid) sums of blocks first..last (an empty range sums to zero): (n, 2)."""
         if last_block < first_block:
-            return np.zeros((n, 2), np.int64)
+            return np.zeros((n, 2))
         spans = _slot_spans(first_block % self.slots, last_block - first_block + 1, self.slots)
-        parts = [sum(c[:rows, x:y].sum(axis=1, dtype=np.int64) for x, y in spans) for c, rows in self._rows(n)]
-        return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+        parts = [sum(c[x:y, :rows].sum(axis=0, dtype=np.int64) for x, y in spans) for c, rows in self._rows(n)]
+        return np.concatenate(parts).astype(np.float64) if parts else np.zeros((0, 2))
 
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.chunks)
@@ -125,8 +134,9 @@ class BlockWindows:
                 self._members.append(mine)
         self.n = 0  # slices
         self.now: int | None = None  # the newest minute inside the windows
-        self._middle: dict[int, tuple[list, np.ndarray]] = {}  # ring → (per window (tail, head), sums (n, windows, 2))
+        self._middle: dict[int, tuple[list, np.ndarray]] = {}  # ring → (per window (tail, head), sums (windows, n, 2))
         self._sums: np.ndarray | None = None  # (n, lengths, 2) as of now, until something moves
+        self._weight: dict[tuple[int, int], np.ndarray] = {}  # (ring, now's place in its block) → see _weights
 
     def add_slices(self, count: int) -> None:
         self.n += count
@@ -152,7 +162,8 @@ class BlockWindows:
             raise ValueError(f"minute {minute} is after now ({self.now}): advance first")
         if not len(cols):
             return
-        counts = np.stack([good, valid], axis=1)
+        counts = np.empty((len(cols), 2), np.uint32)  # the rings' own type: added without a cast
+        counts[:, 0], counts[:, 1] = good, valid
         for ring in self.rings:
             block = minute // ring.block
             if block > self.now // ring.block - ring.slots:
@@ -167,28 +178,44 @@ class BlockWindows:
         if self._sums is not None:
             return self._sums
         n, now = self.n, self.now
-        out = np.zeros((n, len(self.lengths), 2))
-        if now is None:
-            self._sums = out
-            return out
-        for r, (ring, members) in enumerate(zip(self.rings, self._members)):
-            b = ring.block
+        out = np.zeros((len(self.lengths), n, 2))
+        if now is not None:
+            for r, (ring, members) in enumerate(zip(self.rings, self._members)):
+                head = now // ring.block
+                tails = [(now - self.lengths[k] + 1) // ring.block for k in members]
+                # One gather a ring: the head, the block before it (what enters the middles
+                # when the windows move one block) and each window's oldest block.
+                blocks = ring.columns([head, head - 1, *tails], n)  # (2 + windows, n, 2)
+                middle = self._middles(r, ring, tails, head, n, blocks)
+                # The head whole (unless a window lies inside it) and the share of each
+                # window's oldest block inside it: one product over the gathered blocks.
+                weights = self._weights(r, now)
+                out[members[0]:members[-1] + 1] = middle + (weights @ blocks.reshape(len(blocks), -1)).reshape(middle.shape)
+        self._sums = out.transpose(1, 0, 2)
+        return self._sums
+
+    def _weights(self, r: int, now: int) -> np.ndarray:
+        """For ring r at `now`, per window, its weight on each gathered block (head, the block
+        before it, each window's oldest): 1 on the head (0 where the window lies inside it)
+        and the share of the oldest block inside the window (1 at minute resolution; inside
+        the head, its share of what the head holds so far). They depend only on `now`'s place
+        in its block, so they are kept per place."""
+        ring = self.rings[r]
+        b = ring.block
+        key = (r, now % b)
+        cached = self._weight.get(key)
+        if cached is None:
+            members = self._members[r]
             head = now // b
-            oldest = [now - self.lengths[k] + 1 for k in members]
-            tails = [m // b for m in oldest]
-            blocks = ring.columns([head, *tails], n)  # (n, 1 + members, 2)
-            middle = self._middles(r, ring, tails, head, n)
-            # The share of each window's oldest block inside it (1 at minute resolution); a
-            # window inside the newest block holds its share of what that block holds so far.
-            inside = [t == head for t in tails]
-            share = np.array([(now - o + 1) / (now - head * b + 1) if i else ((t + 1) * b - o) / b
-                              for o, t, i in zip(oldest, tails, inside)])[None, :, None]
-            whole = blocks[:, :1] + middle
-            if any(inside):
-                whole = np.where(np.array(inside)[None, :, None], 0.0, whole)
-            out[:, members] = whole + blocks[:, 1:] * share
-        self._sums = out
-        return out
+            cached = np.zeros((len(members), 2 + len(members)))
+            for j, k in enumerate(members):
+                oldest = now - self.lengths[k] + 1
+                tail = oldest // b
+                inside = tail == head
+                cached[j, 0] = 0.0 if inside else 1.0
+                cached[j, 2 + j] = (now - oldest + 1) / (now - head * b + 1) if inside else ((tail + 1) * b - oldest) / b
+            self._weight[key] = cached
+        return cached
 
     def sums(self, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Per slice, (good, valid) over the `length` minutes ending at `now`."""
@@ -196,27 +223,29 @@ class BlockWindows:
         s = self.all_sums()
         return s[:, k, 0], s[:, k, 1]
 
-    def _middles(self, r: int, ring: _Ring, tails: list[int], head: int, n: int) -> np.ndarray:
-        """Per slice and window of ring r, the sums of the whole blocks strictly between its
-        tail and the head: (n, windows, 2), kept from minute to minute. A window whose blocks
-        moved (a block boundary) adds the blocks that entered and takes away those that left
-        when only a few moved and those that left are still in the ring; else it is summed
-        afresh."""
+    def _middles(self, r: int, ring: _Ring, tails: list[int], head: int, n: int, blocks: np.ndarray) -> np.ndarray:
+        """Per window of ring r and slice, the sums of the whole blocks strictly between its
+        tail and the head: (windows, n, 2), kept from minute to minute. `blocks` holds the
+        head, the block before it and each tail. A window whose blocks moved (a block
+        boundary) adds the blocks that entered and takes away those that left when only a
+        few moved and those that left are still in the ring; else it is summed afresh."""
         cached = self._middle.get(r)
         if cached is None:
-            keys, sums = [None] * len(tails), np.zeros((n, len(tails), 2), np.int64)
+            keys, sums = [None] * len(tails), np.zeros((len(tails), n, 2))
         else:
             keys, sums = cached
-            if len(sums) < n:  # slices added since: none of theirs lie in the middle yet
-                sums = np.pad(sums, ((0, n - len(sums)), (0, 0), (0, 0)))
-        keys = list(keys)
+            if sums.shape[1] < n:  # slices added since: none of theirs lie in the middle yet
+                sums = np.pad(sums, ((0, 0), (0, n - sums.shape[1]), (0, 0)))
+        if cached is not None and all(k == (t, head) for k, t in zip(keys, tails)):
+            self._middle[r] = (keys, sums)
+            return sums  # nothing moved since (inside a block of a coarse ring)
         if all(k is not None and k == (t - 1, head - 1) and t < head - 1 for k, t in zip(keys, tails)):
             # Every window moved one block (each minute at minute resolution): the old head
-            # enters each middle, each new tail leaves it; one gather for all of them.
-            moved = ring.columns([head - 1, *tails], n)
-            sums = sums + moved[:, :1] - moved[:, 1:]
+            # enters each middle, each new tail leaves it.
+            sums = sums + blocks[1] - blocks[2:]
             self._middle[r] = ([(t, head) for t in tails], sums)
             return sums
+        keys = list(keys)
         for j, tail in enumerate(tails):
             if keys[j] == (tail, head):
                 continue
@@ -226,10 +255,10 @@ class BlockWindows:
                 leave = (old_tail + 1, min(tail, old_head - 1))
                 if (enter[1] - enter[0] < 4 and leave[1] - leave[0] < 4
                         and (leave[1] < leave[0] or leave[0] > head - ring.slots)):
-                    sums[:, j] += ring.total(*enter, n) - ring.total(*leave, n)
+                    sums[j] += ring.total(*enter, n) - ring.total(*leave, n)
                     keys[j] = (tail, head)
                     continue
-            sums[:, j] = ring.total(tail + 1, head - 1, n)
+            sums[j] = ring.total(tail + 1, head - 1, n)
             keys[j] = (tail, head)
         self._middle[r] = (keys, sums)
         return sums

@@ -164,8 +164,8 @@ class SloTable:
         self._texts: list[str] = []  # a slice's labels as `slo_status.slice` writes them
         self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.window_minutes))
                         for aw in spec.alert_windows]
-        self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows])
-        self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows])
+        self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows], np.int64)
+        self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows], np.int64)
         self._factors = np.array([factor for _, _, factor in self._alerts])
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
@@ -237,7 +237,7 @@ class SloTable:
         most once): alert changes, in column order. A minute the table has passed corrects
         its windows and budget, and changes no alert."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
-        if len(cols) and ((good < 0) | (valid < 0) | (good > valid)).any():
+        if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
             k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
             raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
         late = self.now is not None and minute <= self.now
@@ -266,7 +266,9 @@ class SloTable:
             changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
             self.no_data_since[i] = -1
         changes += self._evaluate(minute, cols)
-        order = {c: k for k, c in enumerate(cols.tolist())}
+        if not changes:
+            return []
+        order = {c: k for k, c in enumerate(cols.tolist())}  # a minute of many slices and no change builds none
         return [c for _, _, c in sorted(changes, key=lambda t: (order[t[0]], t[1]))]
 
     def check_silence(self, now_minute: int) -> list[AlertChange]:
@@ -310,7 +312,7 @@ class SloTable:
                                      self.spec.window_minutes)
 
     def firing_count(self, cols: np.ndarray) -> np.ndarray:
-        return (self.fired_at[:, cols] >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
+        return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
 
     def overspent(self, i: int) -> StageSpend | None:
         budgets = dict(self.spec.stage_budgets_ms)
@@ -335,14 +337,20 @@ class SloTable:
     def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
         """Every alert window of the slices in `cols` at once: (slices × alert windows) masks."""
         burns, valids, remaining = self.rates()
-        burns, valids = burns[cols], valids[cols]
-        long_b, short_b = burns[:, self._long_at], burns[:, self._short_at]
-        enough = np.minimum(valids[:, self._long_at], valids[:, self._short_at]) >= self.spec.min_events
-        hot = (long_b > self._factors) & (short_b > self._factors) & enough
-        firing = self.fired_at[:, cols].T >= 0
-        fire, resolve = hot & ~firing, firing & ~(short_b > self._factors)
+        # `take`, not fancy indexing: on a thin minute the calls' fixed costs are the stage's
+        # cost, and fancy indexing along the second axis costs several times as much.
+        burns, valids = burns.take(cols, axis=0), valids.take(cols, axis=0)
+        long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
+        enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
+        short_hot = short_b > self._factors
+        hot = (long_b > self._factors) & short_hot & enough
+        firing = self.fired_at.take(cols, axis=1).T >= 0
+        fire, resolve = hot & ~firing, firing & ~short_hot
+        changed = fire | resolve
         out = []
-        for k, j in zip(*np.nonzero(fire | resolve)):
+        if not changed.any():
+            return out
+        for k, j in zip(*np.nonzero(changed)):
             i, (aw, name, _) = int(cols[k]), self._alerts[j]
             if fire[k, j]:
                 self.fired_at[j, i] = minute

@@ -83,7 +83,8 @@ _LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "end
 
 
 def with_later_counts(buckets: pl.DataFrame) -> pl.DataFrame:
-    missing = [c for c in _LATER_COUNTS if c not in buckets.columns]
+    have = set(buckets.columns)
+    missing = [c for c in _LATER_COUNTS if c not in have]
     return buckets.with_columns(pl.lit(0, pl.Int64).alias(c) for c in missing) if missing else buckets
 
 

@@ -331,8 +331,9 @@ class MinuteWindows:
     def _conform(self, frame: pl.DataFrame) -> pl.DataFrame:
         """A partial from an older version (a checkpoint blob, or a tier-1 worker not yet
         upgraded) lacks the merge columns added since: they are added empty (a sum of nothing)."""
-        missing = [c for c in self.spec.merge if c not in frame.columns]
-        keys = [k for k in self.spec.later_keys if k not in frame.columns]
+        have = set(frame.columns)  # a list built anew on every access: once, not once per column
+        missing = [c for c in self.spec.merge if c not in have]
+        keys = [k for k in self.spec.later_keys if k not in have]
         if not missing and not keys:
             return frame
         return frame.with_columns(*[pl.lit(None, dtype=pl.Int64).alias(c) for c in missing],
