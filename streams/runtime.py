@@ -63,6 +63,7 @@ class WorkerSettings:
     max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
     batch_size: int = 20_000
     checkpoint_interval_s: float = 2.0
+    state_every_s: float = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     partitions: int = 4
     publish_sli: bool = True
@@ -103,7 +104,6 @@ class Parts:
 
 class Runtime:
     MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
-    STATE_EVERY_S = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
     HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
     # (or a quarter of the staleness bound, if that is shorter: a view between heartbeats must
     # never look stale, or a pool that went quiet would be reported as a stale worker)
@@ -315,7 +315,7 @@ class Runtime:
             self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self.operator.update_gauges()
         self._update_lag()
-        if time.monotonic() - self._state_measured >= self.STATE_EVERY_S:
+        if time.monotonic() - self._state_measured >= self.settings.state_every_s:
             self._measure_memory()
 
     def _measure_memory(self) -> None:

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from conventions import STATE_BYTES
 from streams.runtime import NotDrained, Runtime, WorkerSettings
 from streams.tiers import build
 from tests.test_pipeline import read_topic
@@ -353,3 +354,20 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
+
+
+def test_the_state_is_measured_as_often_as_settings_say(kafka, tmp_path):
+    # 2,000 events of 200 tenants in one minute that stays open (nothing later moves the
+    # frontier past it).
+    produce(kafka, [(0, request(i, T0_MS + i * 25, tenant=f"t{i % 200}")) for i in range(2000)])
+
+    def measured(w) -> float:
+        return w.metrics.registry.get_sample_value(STATE_BYTES, {"component": "open_minutes"}) or 0.0
+
+    # The default walks the state at start, then once a minute: a short run keeps the start's.
+    seldom = run_live(kafka, tmp_path / "seldom.duckdb", lambda w: w.events_seen >= 2000, timeout_s=20.0)
+    at_start = measured(seldom)
+    assert seldom.events_seen == 2000 and at_start > 0
+    often = run_live(kafka, tmp_path / "often.duckdb", lambda w: measured(w) > at_start + 50_000, state_every_s=0.0)
+    assert often.events_seen == 2000 and measured(often) > at_start + 50_000
+    assert measured(seldom) == at_start

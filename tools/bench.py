@@ -22,12 +22,13 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from signals.live import SignalWindows
 from ingest.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from ingest.kafka import KafkaSettings, ensure_topics, make_producer, send
-from conventions import TOPIC_REQUESTS
+from conventions import PROCESS_MEMORY_BYTES, STATE_BYTES, STORE_MEMORY_LIMIT_BYTES, TOPIC_REQUESTS
 
 T0_MS = 1_793_577_600_000
 WORKLOADS = ("asr", "tts", "llm", "s2s")
@@ -84,11 +85,14 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
 
 
 def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False,
-                     all_stages: bool = False, extra: tuple[str, ...] = (), publish_after_join=None) -> dict:
+                     all_stages: bool = False, extra: tuple[str, ...] = (), publish_after_join=None,
+                     holders_at: tuple[int, ...] = ()) -> dict:
     """`count` worker processes in one fresh group, run until idle; `extra`: more flags
     (`--tier 1`: tier-1 workers, which drain their share, so exit 0 is required).
     `publish_after_join`: called once every worker holds partitions (so that no start-up
-    rebalance moves partitions mid-stream, whose re-reads are not what is measured)."""
+    rebalance moves partitions mid-stream, whose re-reads are not what is measured).
+    `holders_at` (with `sample_memory`): event counts at which the first worker's memory by
+    holder and by part of its state is scraped (`memory_by_holder`), returned as `holders`."""
     tiered = "--tier" in extra
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
@@ -113,11 +117,15 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
         publish_after_join()
     rss_samples: list[tuple[float, int]] = []
     accepted = {port: 0.0 for port in ports}
+    holders: dict[int, dict[str, float]] = {}
     while any(p.poll() is None for p in procs):
         if sample_memory:
             for port in ports:  # a busy worker may not answer a scrape in time: keep its last count
                 accepted[port] = _accepted(port) or accepted[port]
             done = sum(accepted.values())
+            for mark in holders_at:
+                if done >= mark and mark not in holders and procs[0].poll() is None:
+                    holders[mark] = memory_by_holder(ports[0])
             rss = sum(_rss_bytes(p.pid) for p in procs if p.poll() is None)
             if rss:
                 rss_samples.append((done, rss))
@@ -133,7 +141,7 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
     last = max(r["last_event_monotonic"] for r in results if r["last_event_monotonic"])
     cpu = sum(r["cpu_seconds_processing"] for r in results)
     return {"events": events, "wall_s": last - first, "cpu_s": cpu, "per_worker": results, "rss": rss_samples,
-            "stores": [workdir / f"{group}-{i}.duckdb" for i in range(count)]}
+            "holders": holders, "stores": [workdir / f"{group}-{i}.duckdb" for i in range(count)]}
 
 
 def _wait_for_group(ports: list[int], timeout_s: float = 90.0) -> None:
@@ -162,6 +170,41 @@ def _accepted(port: int) -> float | None:
     which is the measurement disturbing what it measures."""
     seen = _health(port).get("events_seen")
     return float(seen) if seen is not None else None
+
+
+def _holder_table(holders: dict[int, dict[str, float]]) -> list[str]:
+    """What held the worker's memory at each mark (MiB): the process by holder, then each part
+    of its state as last measured (the memory run has the worker measure it every 5 s)."""
+    if not holders:
+        return []
+    names = list(dict.fromkeys(n for h in holders.values() for n in h if n not in ("state", "store_limit")))
+    lines = ["worker memory by holder and by part of its state (MiB) at: "
+             + ", ".join(f"{mark / 1e6:,.2f} M" for mark in sorted(holders))]
+    for name in names:
+        lines.append(f"  {name}: " + ", ".join(f"{holders[mark].get(name, 0.0):,.0f}" for mark in sorted(holders)))
+    return lines
+
+
+def memory_by_holder(port: int) -> dict[str, float]:
+    """The worker's memory (MiB) from one /metrics scrape: by holder (streams/process_memory.py),
+    its state's total (`state`) and each part of it (`state:<component>`, as last measured), and
+    the store's memory limit (`store_limit`). Seldom: the exposition of many slices is not free."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    except (OSError, ValueError):
+        return out
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == PROCESS_MEMORY_BYTES:
+                out[sample.labels["holder"]] = sample.value / 2**20
+            elif sample.name == STATE_BYTES:
+                out["state"] = out.get("state", 0.0) + sample.value / 2**20
+                out[f"state:{sample.labels['component']}"] = sample.value / 2**20
+            elif sample.name == STORE_MEMORY_LIMIT_BYTES:
+                out["store_limit"] = sample.value / 2**20
+    return out
 
 
 def _rss_bytes(pid: int) -> int:
@@ -238,7 +281,10 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
     print(f"memory: {args.events:,} events over {args.slices:,} slices, RSS sampled each second", file=sys.stderr)
     s = fresh(broker)
     publish(s, args.events, args.slices, seed=4, events_per_minute=args.events_per_minute)
-    mem = worker_processes(s, 1, workdir, args.events, sample_memory=True)
+    marks = (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0)))
+    # The end's scrape comes a moment before the last event: the worker exits once drained.
+    mem = worker_processes(s, 1, workdir, args.events, sample_memory=True, extra=("--state-every", "5s"),
+                           holders_at=tuple(sorted({*marks[:-1], int(0.98 * args.events)})))
     samples = mem["rss"]
     lines.append(f"worker: {mem['events']:,} events, {mem['events'] / mem['cpu_s']:,.0f} events/CPU-s")
     if samples:
@@ -248,13 +294,14 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
             near = sorted(rss for done, rss in samples if abs(done - events) <= 0.05 * args.events)
             return near[len(near) // 2] / 2**20 if near else None
 
-        marks = {events: median_near(events) for events in (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0)))}
+        marks = {events: median_near(events) for events in marks}
         lines.append("worker RSS (median of the samples within 5% of the run around each mark): "
                      + ", ".join(f"{mib:,.0f} MiB at {events / 1e6:,.2f} M" for events, mib in marks.items() if mib)
                      + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
         if marks[1_000_000] and marks[args.events]:
             # The bound held to: RSS at the end within 10% of RSS at 1 M events.
             lines.append(f"RSS at the end against RSS at 1 M events: {marks[args.events] / marks[1_000_000] - 1:+.1%}")
+        lines += _holder_table(mem["holders"])
         history = SignalWindows().history_minutes
         lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "
                      f"+ the newest, + up to 5 of watermark drift) fill after about {6 * args.events_per_minute / 1e6:,.1f} M "

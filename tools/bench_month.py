@@ -18,21 +18,19 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import duckdb
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, make_producer, send
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.process_memory import HOLDERS
 from tailwatch.cli import progress, progress_done
-from tools.bench import T0_MS, _accepted, _rss_bytes, fresh
-from conventions import PROCESS_MEMORY_BYTES, STATE_BYTES, STORE_MEMORY_LIMIT_BYTES, TOPIC_REQUESTS
+from tools.bench import T0_MS, _accepted, _rss_bytes, fresh, memory_by_holder
+from conventions import TOPIC_REQUESTS
 
 WORKLOADS = ("asr", "tts", "llm", "s2s")
 DAY_MINUTES = 1440
@@ -115,7 +113,7 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
             seen = _accepted(port) or seen
             day = int(seen / per_minute / DAY_MINUTES)
             if day not in holders:
-                holders[day] = _memory_by_holder(port)
+                holders[day] = memory_by_holder(port)
             rss, broker_rss = _rss_bytes(worker.pid), _rss_bytes(broker.proc.pid) if broker.proc else 0
             if rss:
                 samples.append((seen, rss, broker_rss))
@@ -181,26 +179,6 @@ def _daily_medians(samples: list[tuple[float, int, int]], per_minute: float) -> 
     for seen, rss, _ in samples:
         by_day.setdefault(int(seen / per_minute / DAY_MINUTES), []).append(rss)
     return {day: float(np.median(v)) / 2**20 for day, v in sorted(by_day.items())}
-
-
-def _memory_by_holder(port: int) -> dict[str, float]:
-    """The worker's memory by holder and its state's total (MiB), from one /metrics scrape
-    (once per event-time day: the exposition of a thousand slices is not free)."""
-    out: dict[str, float] = {}
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-    except (OSError, ValueError):
-        return out
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == PROCESS_MEMORY_BYTES:
-                out[sample.labels["holder"]] = sample.value / 2**20
-            elif sample.name == STATE_BYTES:
-                out["state"] = out.get("state", 0.0) + sample.value / 2**20
-            elif sample.name == STORE_MEMORY_LIMIT_BYTES:
-                out["store_limit"] = sample.value / 2**20
-    return out
 
 
 def _holder_lines(holders: dict[int, dict[str, float]]) -> list[str]:
