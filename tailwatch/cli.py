@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
     p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
                    help="how often the worker measures what each part of its state holds "
-                        "(tailwatch_state_bytes, a walk of its objects; default 1m)")
+                        "for /metrics (a walk of its objects; default 1m)")
     p.add_argument("--stats-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--slos", default="default", metavar="FILE",
                    help="SLOs evaluated on every closed minute: a file, `default` (built-in set) or `none`")
