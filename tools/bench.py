@@ -294,13 +294,13 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
             near = sorted(rss for done, rss in samples if abs(done - events) <= 0.05 * args.events)
             return near[len(near) // 2] / 2**20 if near else None
 
-        marks = {events: median_near(events) for events in marks}
+        rss_at = {events: median_near(events) for events in marks}
         lines.append("worker RSS (median of the samples within 5% of the run around each mark): "
-                     + ", ".join(f"{mib:,.0f} MiB at {events / 1e6:,.2f} M" for events, mib in marks.items() if mib)
+                     + ", ".join(f"{mib:,.0f} MiB at {events / 1e6:,.2f} M" for events, mib in rss_at.items() if mib)
                      + f"; peak {max(rss for _, rss in samples) / 2**20:,.0f} MiB")
-        if marks[1_000_000] and marks[args.events]:
+        if rss_at[1_000_000] and rss_at[args.events]:
             # The bound held to: RSS at the end within 10% of RSS at 1 M events.
-            lines.append(f"RSS at the end against RSS at 1 M events: {marks[args.events] / marks[1_000_000] - 1:+.1%}")
+            lines.append(f"RSS at the end against RSS at 1 M events: {rss_at[args.events] / rss_at[1_000_000] - 1:+.1%}")
         lines += _holder_table(mem["holders"])
         history = SignalWindows().history_minutes
         lines.append(f"at {args.events_per_minute:,} events per event-minute the open minutes (allowed lateness 5 min "
