@@ -148,12 +148,18 @@ class Runtime:
         self._stop = True
 
     def health(self) -> dict:
-        return {
+        out = {
             "status": "ok",
             "events_seen": self.events_seen,
             "partitions_owned": sum(len(parts) for parts in self.source.assigned.values()),
             "seconds_since_last_batch": round(time.monotonic() - self.last_batch_wall, 3),
         }
+        if self.signals is not None:
+            # False between reading events (or closing minutes) and the next rebuild of the API's
+            # view, which waits up to a tenth of the worker's time: what the API answers then
+            # does not yet hold everything read.
+            out["view_current"] = not self._view_dirty
+        return out
 
     # ---- lifecycle --------------------------------------------------------------------
     def run(self) -> int:

@@ -146,13 +146,27 @@ def _without_ages(answer: dict) -> dict:
     return {k: v for k, v in answer.items() if not k.endswith("data_age_s")}
 
 
+def _view_current(port: int) -> bool:
+    """The worker's view holds everything it has read (/healthz): the API's view is rebuilt
+    at most every 2 s, and less often where a rebuild is slow, so equal reads alone could
+    both come from a view built before the last batch."""
+    import json
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            return json.loads(r.read())["view_current"]
+    except OSError:
+        return False
+
+
 def _settled_answers(proc, port: int, pools, canaries, timeout_s: float = 240.0) -> dict[str, object]:
-    """The answers once the worker has read the whole log and two reads a few seconds apart agree."""
+    """The answers once the worker has read the whole log, its view holds all of it, and two
+    reads a few seconds apart agree."""
     deadline = time.time() + timeout_s
     previous = None
     while time.time() < deadline:
         assert proc.poll() is None, "the worker exited"
-        if _lag(port) == 0:
+        if _lag(port) == 0 and _view_current(port):
             got = _answers(port, pools, canaries)
             if got == previous and all(status == 200 for status, _ in got.values()):
                 return got
