@@ -48,16 +48,27 @@ def utc_text(ms: int) -> str:
     return f"{np.datetime64(ms, 'ms')}Z"
 
 
-def _by_minute(frame: pl.DataFrame) -> list[tuple[int, pl.DataFrame]]:
-    """The frame's rows by `_minute`. Most batches of thin traffic hold one minute, and
-    polars' `partition_by` costs about 100 µs even then: the single-minute case is free."""
+def _by_minute(frame: pl.DataFrame, keep_minute: bool = True) -> list[tuple[int, pl.DataFrame]]:
+    """The frame's rows by `_minute` (without the column where not `keep_minute`). Most
+    batches of thin traffic hold one minute, and polars' `partition_by` costs about 100 µs
+    even then: the single-minute case is free."""
     if frame.is_empty():
         return []
     column = frame["_minute"]
     first, last = column.min(), column.max()
     if first == last:
-        return [(first, frame)]
-    return [(minute, part) for (minute,), part in frame.partition_by("_minute", as_dict=True).items()]
+        return [(first, frame if keep_minute else frame.drop("_minute"))]
+    return [(minute, part) for (minute,), part in
+            frame.partition_by("_minute", as_dict=True, include_key=keep_minute).items()]
+
+
+def _dated(parts: list[tuple[int, pl.DataFrame]]) -> pl.DataFrame:
+    """Open minutes' histogram partials as one frame with their `_minute` again, as closed
+    ones carry it: one concatenation and one column, however many minutes."""
+    frames = [f for _, f in parts]
+    minutes = np.repeat(np.array([m for m, _ in parts], dtype=np.int64), [f.height for f in frames])
+    out = pl.concat(frames) if len(frames) > 1 else frames[0]
+    return out.select(pl.Series("_minute", minutes), pl.all())
 
 
 @dataclass(frozen=True)
@@ -110,10 +121,13 @@ def _tiered(parts: list, merge: Callable[[list], object], fan_in: int) -> list:
 
 @dataclass
 class OpenMinute:
-    """The partial state of one open minute: appended per batch, merged now and then."""
+    """The partial state of one open minute: appended per batch, merged now and then.
+    Histogram partials leave out `_minute` (every row is this minute's): at thousands of
+    slices they are most of an open minute, a row a latency field per event, and the column
+    was a third of each row."""
 
     counts: list[pl.DataFrame] = field(default_factory=list)
-    hist: list[pl.DataFrame] = field(default_factory=list)
+    hist: list[pl.DataFrame] = field(default_factory=list)  # _slice, field, bin, n
     seen: list[np.ndarray] = field(default_factory=list)  # sorted runs of dedupe hashes
 
 
@@ -264,7 +278,7 @@ class MinuteWindows:
             if partial is None:
                 continue
             getattr(self.unsaved, kind).append(partial)
-            for minute, part in _by_minute(partial):
+            for minute, part in _by_minute(partial, keep_minute=kind == "counts"):
                 parts = getattr(self._minute(minute), kind)
                 parts.append(part)
                 if len(parts) > limit:
@@ -340,9 +354,11 @@ class MinuteWindows:
                                   *[pl.lit("", dtype=pl.String).alias(k) for k in keys])
 
     def _merge_hist(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
+        """One row per (minute, slice, field, bin); an open minute's partials have no `_minute`."""
         if len(frames) == 1 and grouped:
             return frames[0]
-        return pl.concat(frames).group_by("_minute", "_slice", "field", "bin").agg(pl.col("n").sum())
+        keys = ["_minute", "_slice", "field", "bin"] if "_minute" in frames[0].columns else ["_slice", "field", "bin"]
+        return pl.concat(frames).group_by(keys).agg(pl.col("n").sum())
 
     # ---- closing ------------------------------------------------------------------
     def open_minutes(self) -> list[int]:
@@ -352,16 +368,16 @@ class MinuteWindows:
         """Rows of every open minute as they would close now: the live view for readers
         that cannot wait for the lateness window (the signal API). Each minute's partials
         are merged in place, which changes nothing they mean and saves the next merge."""
-        states = [s for _, s in sorted(self._open.items()) if s.counts]
+        states = [(m, s) for m, s in sorted(self._open.items()) if s.counts]
         if not states:
             return pl.DataFrame()
-        for s in states:
+        for _, s in states:
             s.counts = [self._merge_counts(s.counts)]
             if s.hist:
                 s.hist = [self._merge_hist(s.hist)]
-        counts = pl.concat([s.counts[0] for s in states], how="diagonal_relaxed")
-        hists = [s.hist[0] for s in states if s.hist]
-        hist = pl.concat(hists) if hists and self.spec.histogram_fields else None
+        counts = pl.concat([s.counts[0] for _, s in states], how="diagonal_relaxed")
+        hists = [(m, s.hist[0]) for m, s in states if s.hist]
+        hist = _dated(hists) if hists and self.spec.histogram_fields else None
         return self._finish(counts, hist)
 
     def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
@@ -413,7 +429,11 @@ class MinuteWindows:
         # Every closing minute in one group-by (keys include the minute), not one per minute:
         # on thin traffic a checkpoint closes many minutes of a few rows each.
         counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
-        hist = self._merge_all([s.hist for s in states], self._merge_hist) if any(s.hist for s in states) else None
+        hist = None
+        if any(s.hist for s in states):
+            hist = _dated([(m, h) for m, s in zip(closing, states) for h in s.hist])
+            if any(len(s.hist) > 1 for s in states):
+                hist = self._merge_hist([hist], grouped=False)
         return counts, hist, closing
 
     @staticmethod
@@ -529,7 +549,7 @@ class MinuteWindows:
         for frames, attr in ((counts, "counts"), (hist, "hist")):
             for f in frames:
                 # A delta spans the minutes open at its checkpoint; some have closed since.
-                for minute, part in _by_minute(f.filter(pl.col("_minute") >= closed)):
+                for minute, part in _by_minute(f.filter(pl.col("_minute") >= closed), keep_minute=attr == "counts"):
                     getattr(self._minute(minute), attr).append(part)
         for minute, hashes in seen:
             if minute >= closed:
