@@ -460,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=None)
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
+    p.add_argument("--state-every", type=_duration_s, default=5.0, metavar="DURATION",
+                   help="memory run: the worker's --state-every (default 5s; at tens of thousands of slices "
+                        "each measure walks every detector's history, so a long run may want 1m)")
     p.add_argument("--slo", action="store_true",
                    help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
     p.add_argument("--slo-count", type=_positive_int, default=100)

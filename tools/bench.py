@@ -174,7 +174,7 @@ def _accepted(port: int) -> float | None:
 
 def _holder_table(holders: dict[int, dict[str, float]]) -> list[str]:
     """What held the worker's memory at each mark (MiB): the process by holder, then each part
-    of its state as last measured (the memory run has the worker measure it every 5 s)."""
+    of its state as last measured (the memory run has the worker measure it every `--state-every`, 5 s by default)."""
     if not holders:
         return []
     names = list(dict.fromkeys(n for h in holders.values() for n in h if n not in ("state", "store_limit")))
@@ -283,7 +283,8 @@ def _memory_run(args, broker: EmbeddedBroker, workdir: Path, lines: list[str]) -
     publish(s, args.events, args.slices, seed=4, events_per_minute=args.events_per_minute)
     marks = (1_000_000, *(int(f * args.events) for f in (0.25, 0.5, 0.75, 1.0)))
     # The end's scrape comes a moment before the last event: the worker exits once drained.
-    mem = worker_processes(s, 1, workdir, args.events, sample_memory=True, extra=("--state-every", "5s"),
+    mem = worker_processes(s, 1, workdir, args.events, sample_memory=True,
+                           extra=("--state-every", f"{args.state_every:g}s"),
                            holders_at=tuple(sorted({*marks[:-1], int(0.98 * args.events)})))
     samples = mem["rss"]
     lines.append(f"worker: {mem['events']:,} events, {mem['events'] / mem['cpu_s']:,.0f} events/CPU-s")
