@@ -39,7 +39,8 @@ def produce(kafka, placed: list[tuple[int, bytes]], topic_suffix: str = "request
 
 def settings(kafka, store, **kw) -> WorkerSettings:
     kw.setdefault("group_id", f"g-{uuid.uuid4().hex[:6]}")
-    return WorkerSettings(kafka=kafka, store_path=str(store), http_port=None, checkpoint_interval_s=0.2, **kw)
+    kw.setdefault("http_port", None)
+    return WorkerSettings(kafka=kafka, store_path=str(store), checkpoint_interval_s=0.2, **kw)
 
 
 def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Runtime:
@@ -371,3 +372,18 @@ def test_the_state_is_measured_as_often_as_settings_say(kafka, tmp_path):
     often = run_live(kafka, tmp_path / "often.duckdb", lambda w: measured(w) > at_start + 50_000, state_every_s=0.0)
     assert often.events_seen == 2000 and measured(often) > at_start + 50_000
     assert measured(seldom) == at_start
+
+
+def test_healthz_says_when_the_api_view_stands_on_less_than_was_read(kafka, tmp_path):
+    # Read in batches of 100, so the view's first rebuild comes before the last event.
+    produce(kafka, [(0, request(i, T0_MS + i * 25)) for i in range(2000)])
+    # The view rebuilt once an hour at most: after the first rebuild it falls behind and says so.
+    behind = run_live(kafka, tmp_path / "behind.duckdb", lambda w: w.events_seen >= 2000,
+                      http_port=0, batch_size=100, signals_refresh_s=3600.0)
+    assert behind.events_seen == 2000 and behind.health()["view_current"] is False
+    # At the default pace it catches up with what was read.
+    current = run_live(kafka, tmp_path / "current.duckdb",
+                       lambda w: w.events_seen >= 2000 and w.health()["view_current"], http_port=0, batch_size=100)
+    assert current.events_seen == 2000 and current.health()["view_current"] is True
+    # A worker without the signal API (tier 1) has no view to speak of.
+    assert "view_current" not in build(settings(kafka, tmp_path / "t1.duckdb"), tier="1").health()
