@@ -133,6 +133,7 @@ class SliceStatus:
 
 
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
+NO_DATA_WINDOW = "no-data"  # the no-data alert's window name, as `alerts.alert_window` stores it
 
 
 def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
@@ -232,10 +233,12 @@ class SloTable:
         self._version += 1
 
     def advance(self, minute: int, cols, good, valid,
-                stage_spends: dict[int, list[tuple[str, int, int]]] | None = None) -> list[AlertChange]:
+                stage_spends: dict[int, list[tuple[str, int, int]]] | None = None,
+                judge: bool = True) -> list[AlertChange]:
         """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
         most once): alert changes, in column order. A minute the table has passed corrects
-        its windows and budget, and changes no alert."""
+        its windows and budget, and changes no alert; nor does any minute where not `judge`
+        (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
         if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
             k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
@@ -259,9 +262,11 @@ class SloTable:
                 w = windows.setdefault(stage, RollingWindows((self._fastest_long_minutes,)))
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
+        self.last_data[cols[data]] = minute
+        if not judge:
+            return []
         changes: list[tuple[int, int, AlertChange]] = []
         back = cols[data & (self.no_data_since[cols] >= 0)]
-        self.last_data[cols[data]] = minute
         for i in back.tolist():
             changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
             self.no_data_since[i] = -1
@@ -281,6 +286,22 @@ class SloTable:
             self.no_data_since[i] = now_minute
             out.append(self._no_data_change("firing", i, now_minute))
         return out
+
+    def adopt_firing(self, window: str, values: tuple[str, ...], minute: int) -> bool:
+        """Mark an alert as firing since `minute` (`window`: an alert window's name, or the
+        no-data alert's): what a restart takes from the store instead of judging every minute
+        of the replay again. False where the table has no such slice or window."""
+        i = self.index.get(values)
+        if i is None:
+            return False
+        if window == NO_DATA_WINDOW:
+            self.no_data_since[i] = minute
+            return True
+        for j, (aw, _, _) in enumerate(self._alerts):
+            if aw.name == window:
+                self.fired_at[j, i] = minute
+                return True
+        return False
 
     # ---- reads -------------------------------------------------------------------------------
     def rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -368,7 +389,7 @@ class SloTable:
         return out
 
     def _no_data_change(self, state: str, i: int, minute: int) -> AlertChange:
-        window = AlertWindow("no-data", "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
+        window = AlertWindow(NO_DATA_WINDOW, "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
         since = int(self.no_data_since[i])
         return AlertChange(state, self.fingerprint_of(_NO_DATA, i), "SLONoData", "ticket", self.spec.name,
                            self.views[i].labels, minute, since if since >= 0 else minute, window, None, None,

@@ -219,9 +219,12 @@ class SloEvaluator:
     def views(self) -> list[SliceView]:
         return [v for t in self.tables.values() for v in t.views]
 
-    def feed(self, buckets: pl.DataFrame, until_minute: int | None = None, with_status: bool = True) -> Evaluation:
+    def feed(self, buckets: pl.DataFrame, until_minute: int | None = None, with_status: bool = True,
+             judge: bool = True) -> Evaluation:
         """Close the buckets' minutes, in order, for every SLO. A minute an SLO has already
-        closed corrects its windows (late data) without judging alerts for the past."""
+        closed corrects its windows (late data) without judging alerts for the past. Where
+        not `judge`, no minute judges alerts or silences (a restart's replay of the store:
+        it adopts the alerts the store holds as firing)."""
         out = Evaluation()
         if until_minute is not None:
             buckets = buckets.filter(pl.col("window_start").dt.epoch("s") // 60 <= until_minute)
@@ -232,7 +235,7 @@ class SloEvaluator:
             while at < buckets.height:
                 end = min(at + FEED_ROWS, buckets.height)
                 end = int(starts.search_sorted(starts[end - 1], side="right"))
-                part = self.feed(buckets.slice(at, end - at), with_status=with_status)
+                part = self.feed(buckets.slice(at, end - at), with_status=with_status, judge=judge)
                 out.changes += part.changes
                 out.status += part.status
                 at = end
@@ -253,10 +256,10 @@ class SloEvaluator:
                 spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
                           if (minute, rows.keys[k]) in spends} if spends else None)
                 late = table.now is not None and minute <= table.now
-                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent))
+                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent, judge))
                 if with_status and not late:
                     out.status.append(status_part(table, cols[a:b]))
-            if int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
+            if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
                 out.changes.extend(table.check_silence(int(rows.minutes[-1])))
         return out
 

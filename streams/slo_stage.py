@@ -1,10 +1,12 @@
 """The worker's SLO stage: closed minutes → SLO engine → `slo_status`, `alerts`, Alertmanager.
 
-The engine's state is a function of `sli_minute`, so on start it is rebuilt by replaying
-the store's buckets (the compliance window's worth), and a restart or a replay gives the
-same alerts at the same event-time minutes. Alert changes are written in the checkpoint
-transaction and only then handed to the Alertmanager outbox; on start, alerts still
-firing in the store are sent again (Alertmanager treats a repeat as the same alert).
+The engine's windows are a function of `sli_minute`, so on start they are rebuilt by
+replaying the store's buckets (the compliance window's worth) without judging alerts at
+each minute; which alerts fire is taken from the store's `alerts` (what was decided live),
+so a restart goes on to the same alerts at the same event-time minutes as a worker that
+never stopped. Alert changes are written in the checkpoint transaction and only then
+handed to the Alertmanager outbox; on start, alerts still firing in the store are sent
+again (Alertmanager treats a repeat as the same alert).
 """
 
 from __future__ import annotations
@@ -118,10 +120,21 @@ class SloStage:
         return self._details
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The windows from the store's minutes of the longest SLO window, without judging any
+        of those minutes: the alerts firing are the store's, which say what was decided live
+        (a late correction never re-decides the past), and judging every minute of a 30-day
+        replay again was most of a restart's time."""
         longest = max(s.window_minutes for s in self.specs.values())
         for rows in store.recent_bucket_chunks(con, longest):
-            self.evaluator.feed(rows, with_status=False)
+            self.evaluator.feed(rows, with_status=False, judge=False)
         self.evaluator.reset_event_counts()
+        for slo, window, labels, fired_at in con.execute(
+                "SELECT slo, alert_window, labels, fired_at FROM alerts WHERE resolved_at IS NULL").fetchall():
+            table = self.evaluator.tables.get(slo)
+            if table is not None:
+                named = json.loads(labels)
+                table.adopt_firing(window, tuple(named.get(k, "None") for k in table.spec.slice_by),
+                                   int((fired_at - _EPOCH).total_seconds()) // 60)
         self._details = {fp: detail for fp, detail in con.execute(
             "SELECT fingerprint, detail FROM alerts WHERE resolved_at IS NULL AND detail IS NOT NULL").fetchall()}
         if not self.alerts.enabled:

@@ -387,3 +387,54 @@ def test_the_alert_windows_come_from_the_catalog_of_the_slo_period(tmp_path):
     assert [round(w.factor(four_weeks.window_minutes), 2) for w in four_weeks.alert_windows] == [13.44, 5.6, 2.8, 0.93]
     (week,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: 7d")))
     assert [w.long_minutes for w in week.alert_windows] == [14, 84, 336, 1008]
+
+
+def test_a_restart_takes_the_alerts_firing_from_the_store_and_then_decides_as_a_run_that_never_stopped(tmp_path):
+    """A restart rebuilds the windows from the store's minutes without judging each of them
+    again, and adopts the alerts the store holds as firing: from then on it decides what a
+    worker that never stopped decides (pages resolve, silences end, at the same minutes)."""
+    from datetime import datetime, timedelta
+
+    import polars as pl
+
+    import store
+    from streams.slo_stage import SloStage
+
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 10\n    no_data_after: 5m\n    slice_by: [zone]")))
+    t0 = datetime(2026, 11, 2)
+
+    def minute(m: int) -> pl.DataFrame:
+        # Zone a burns its budget from minute 100 to 160; zone b is silent from 120 to 200.
+        rows = [{"window_start": t0 + timedelta(minutes=m), "workload": "llm", "zone": zone, "requests": 100,
+                 "ok": 70 if zone == "a" and 100 <= m < 160 else 100, "cancelled": 0}
+                for zone in ("a", "b", "c") if not (zone == "b" and 120 <= m < 200)]
+        return pl.DataFrame(rows)
+
+    con = store.connect(tmp_path / "live.duckdb")
+    live = SloStage([spec])
+    for m in range(150):
+        rows = minute(m)
+        out = live.on_closed(rows, pl.DataFrame())
+        con.register("closed", rows.to_arrow())
+        con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM closed")
+        store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", out["alerts"])]))
+
+    def firing(stage: SloStage) -> dict[str, tuple[str, int]]:
+        return {fp: (aw.name, at) for v in stage.states() for fp, (aw, at) in v.firing.items()} | \
+            {f"no-data:{v.labels['zone']}": ("no-data", v.no_data_since) for v in stage.states() if v.no_data_since is not None}
+
+    restarted = SloStage([spec])
+    restarted.rebuild(con)
+    before = firing(live)
+    assert {name for name, _ in before.values()} >= {"page-fast", "no-data"}, before  # a page and a silence open
+    assert firing(restarted) == before
+    assert [v.burn_rates() for v in restarted.states()] == [v.burn_rates() for v in live.states()]
+
+    def decided(stage: SloStage, m: int) -> list[tuple]:
+        return [(c.fingerprint, c.state, c.at_minute, c.started_minute) for c in stage.evaluator.feed(minute(m)).changes]
+
+    after_live = [c for m in range(150, 600) for c in decided(live, m)]
+    after_restart = [c for m in range(150, 600) for c in decided(restarted, m)]
+    assert after_restart == after_live
+    # What was open at the restart closes after it, in both: the page resolves, the silence ends.
+    assert {(state, started) for _, state, _, started in after_live} >= {("resolved", at) for _, at in before.values()}
