@@ -128,30 +128,26 @@ class SloStage:
         for rows in store.recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
         self.evaluator.reset_event_counts()
-        for slo, window, labels, fired_at in con.execute(
-                "SELECT slo, alert_window, labels, fired_at FROM alerts WHERE resolved_at IS NULL").fetchall():
-            table = self.evaluator.tables.get(slo)
-            if table is not None:
-                named = json.loads(labels)
-                table.adopt_firing(window, tuple(named.get(k, "None") for k in table.spec.slice_by),
-                                   int((fired_at - _EPOCH).total_seconds()) // 60)
-        self._details = {fp: detail for fp, detail in con.execute(
-            "SELECT fingerprint, detail FROM alerts WHERE resolved_at IS NULL AND detail IS NOT NULL").fetchall()}
-        if not self.alerts.enabled:
-            return
-        for row in con.execute(
+        details = {}
+        for fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left, detail in con.execute(
             "SELECT fingerprint, alertname, severity, slo, alert_window, labels, fired_at, long_burn_rate, "
             "short_burn_rate, error_budget_remaining, detail FROM alerts WHERE resolved_at IS NULL"
         ).fetchall():
-            fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left, detail = row
+            if detail is not None:
+                details[fp] = detail
+            table, named = self.evaluator.tables.get(slo), json.loads(labels)
+            minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
+            if table is not None:
+                table.adopt_firing(window, tuple(named.get(k, "None") for k in table.spec.slice_by), minute)
             spec = self.specs.get(slo)
             aw = next((w for w in spec.alert_windows if w.name == window), None) if spec else None
-            if aw is None:
-                continue
-            minute = int((fired_at - _EPOCH).total_seconds()) // 60  # stored as naive UTC
-            change = AlertChange("firing", fp, name, sev, slo, json.loads(labels), minute, minute, aw, long_b, short_b, left,
-                                 detail or "")
-            self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
+            if aw is not None and self.alerts.enabled:
+                change = AlertChange("firing", fp, name, sev, slo, named, minute, minute, aw, long_b, short_b, left,
+                                     detail or "")
+                self.alerts.change(fp, True, to_alertmanager(change, spec.runbook, self.links))
+        self._details = details
+        if not self.alerts.enabled:
+            return
         self.alerts.restore(con)
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
