@@ -46,42 +46,50 @@ def top_contributors(spec: SloSpec, buckets: pl.DataFrame, slice_labels: dict[st
 def contributors_by_slice(spec: SloSpec, buckets: pl.DataFrame, minute: int, most: int = 3,
                           min_bad_share: float = 0.5) -> dict[tuple, list[Contributor]]:
     """`top_contributors` for every slice of the SLO at `minute` at once, keyed by the slice's
-    values of `spec.slice_by` (the labels the rows carry), in a few group-bys over the minute's
-    rows: a checkpoint where thousands of pages fire costs what one does."""
+    values of `spec.slice_by` (the labels the rows carry)."""
+    return contributors_by_minute(spec, buckets, [minute], most, min_bad_share).get(minute, {})
+
+
+def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[int], most: int = 3,
+                           min_bad_share: float = 0.5) -> dict[int, dict[tuple, list[Contributor]]]:
+    """`contributors_by_slice` for each of `minutes`, in a few group-bys over those minutes'
+    rows: a checkpoint where thousands of pages fire, over hundreds of minutes of a backlog,
+    costs what one does."""
     rows = spec.selected(with_later_counts(buckets))
     if not rows.height:
         return {}
     keys = [label for label in spec.slice_by if label in rows.columns]
     good, valid = good_valid_exprs(spec)
     labels = [label for label in CONTRIBUTOR_LABELS if label in rows.columns and label not in spec.slice_by]
-    counted = rows.filter((pl.col("window_start").dt.epoch("s") // 60) == minute).select(
-        *keys, *labels, (valid - good).alias("_bad"), valid.alias("_valid"))
+    minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+    counted = rows.select(minute, *keys, *labels, (valid - good).alias("_bad"), valid.alias("_valid")).filter(
+        pl.col("_minute").is_in(minutes))
     if not counted.height:
         return {}
-    by = keys or [pl.lit(0).alias("_all")]
-    slice_key = [pl.col(k) for k in keys] if keys else [pl.col("_all")]
-    totals = {tuple(r[:-2]) if keys else (): (r[-2], r[-1]) for r in counted.group_by(by).agg(
+    by = ["_minute", *keys]
+    totals = {tuple(r[:-2]): (r[-2], r[-1]) for r in counted.group_by(by).agg(
         pl.col("_bad").sum(), pl.col("_valid").sum()).iter_rows()}
-    found: dict[tuple, list[Contributor]] = {}
+    found: dict[int, dict[tuple, list[Contributor]]] = {}
     for label in labels:
         per_value = counted.group_by(*by, label).agg(pl.col("_bad").sum(), pl.col("_valid").sum())
         # Where the label has one value in the slice it says nothing; otherwise its value with the most bad events.
-        top = (per_value.filter(pl.len().over(slice_key) >= 2)
-               .sort([*(k if isinstance(k, str) else "_all" for k in by), "_bad", label],
-                     descending=[*(False for _ in by), True, False], nulls_last=True)
-               .group_by(slice_key, maintain_order=True).first())
+        top = (per_value.filter(pl.len().over(by) >= 2)
+               .sort([*by, "_bad", label], descending=[*(False for _ in by), True, False], nulls_last=True)
+               .group_by(by, maintain_order=True).first())
         for r in top.iter_rows(named=True):
-            key = tuple(r[k] for k in keys)
-            bad_total, valid_total = totals.get(key, (0, 0))
+            at, key = r["_minute"], tuple(r[k] for k in keys)
+            bad_total, valid_total = totals.get((at, *key), (0, 0))
             value, bad, traffic = r[label], r["_bad"], r["_valid"]
             if not bad_total or not valid_total or value is None:
                 continue
             bad_share, traffic_share = bad / bad_total, traffic / valid_total
             if bad_share >= min_bad_share and bad_share > traffic_share:
-                found.setdefault(key, []).append(Contributor(label, str(value), int(bad), bad_share, traffic_share))
-    for key, items in found.items():
-        items.sort(key=lambda c: (-(c.bad_share - c.traffic_share), CONTRIBUTOR_LABELS.index(c.label)))
-        found[key] = items[:most]
+                found.setdefault(at, {}).setdefault(key, []).append(
+                    Contributor(label, str(value), int(bad), bad_share, traffic_share))
+    for per_slice in found.values():
+        for key, items in per_slice.items():
+            items.sort(key=lambda c: (-(c.bad_share - c.traffic_share), CONTRIBUTOR_LABELS.index(c.label)))
+            per_slice[key] = items[:most]
     return found
 
 

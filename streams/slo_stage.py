@@ -20,7 +20,7 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from slo.contributors import contributors_by_slice, explain
+from slo.contributors import contributors_by_minute, explain
 from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
@@ -173,15 +173,18 @@ class SloStage:
     def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
         """A page that fires names who holds the slice's bad events at that minute (the
         minute's rows are in this checkpoint: it is what fired it), worked out once per SLO
-        and minute for all its slices."""
-        wanted = {(c.slo, c.at_minute) for c in changes if c.state == "firing" and not c.detail}
-        found = {(slo, minute): contributors_by_slice(self.specs[slo], requests, minute) for slo, minute in wanted}
+        for all its slices and minutes."""
+        wanted: dict[str, set[int]] = {}
+        for c in changes:
+            if c.state == "firing" and not c.detail:
+                wanted.setdefault(c.slo, set()).add(c.at_minute)
+        found = {slo: contributors_by_minute(self.specs[slo], requests, sorted(minutes)) for slo, minutes in wanted.items()}
         out = []
         for c in changes:
-            if (c.slo, c.at_minute) in wanted and c.state == "firing" and not c.detail:
+            if c.state == "firing" and not c.detail:
                 spec = self.specs[c.slo]
                 key = tuple(c.labels.get(k) for k in spec.slice_by if k in requests.columns)
-                named = found[(c.slo, c.at_minute)].get(key)
+                named = found[c.slo].get(c.at_minute, {}).get(key)
                 if named:
                     c = dataclasses.replace(c, detail=explain(named))
             out.append(c)
