@@ -105,6 +105,7 @@ class Parts:
 class Runtime:
     MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
     HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
+    HEAP_CHECK_EVERY_S = 10.0  # how often glibc's free heap is looked at, and trimmed past its bound
     # (or a quarter of the staleness bound, if that is shorter: a view between heartbeats must
     # never look stale, or a pool that went quiet would be reported as a stale worker)
 
@@ -133,7 +134,7 @@ class Runtime:
         self.last_event_wall: float | None = None
         self._caught_up_wall: float | None = None
         self._view_dirty = True  # events or closed minutes since the signal view was last built
-        self._state_measured = time.monotonic()
+        self._state_measured = self._heap_checked = time.monotonic()
         self._stop = False
 
     @property
@@ -323,6 +324,11 @@ class Runtime:
         self._update_lag()
         if time.monotonic() - self._state_measured >= self.settings.state_every_s:
             self._measure_memory()
+        elif time.monotonic() - self._heap_checked >= self.HEAP_CHECK_EVERY_S:
+            self._heap_checked = time.monotonic()
+            free = process_memory.free_heap_bytes()
+            if free is not None and free > process_memory.TRIM_ABOVE_BYTES:
+                process_memory.trim_heap()
 
     def _measure_memory(self) -> None:
         for component, size in self.state_bytes().items():
@@ -338,9 +344,12 @@ class Runtime:
                                        "signal_view": (self.signals, self.signal_snapshot)})
 
     def process_memory(self) -> dict[str, int]:
-        """The process's resident memory by holder (streams/process_memory.py)."""
+        """The process's resident memory by holder (streams/process_memory.py), read just after
+        a trim of the heap: free heap is then only what stays resident."""
         session = self.store.session if self.store is not None else None
-        return process_memory.process_memory(session.cache_bytes() if session is not None else 0)
+        trimmed = process_memory.trim_heap()
+        self._heap_checked = time.monotonic()
+        return process_memory.process_memory(session.cache_bytes() if session is not None else 0, trimmed=trimmed)
 
     def _update_lag(self) -> None:
         lag, known = self.source.lag()

@@ -4,6 +4,7 @@ by each kind of allocation lands under the holder that names it."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,32 @@ def test_a_settled_heap_gives_a_freed_batch_back_to_the_kernel():
     from the heap and stays there free; settled, it comes from the kernel and goes back."""
     assert _free_after_a_batch("default") >= 15 << 20
     assert _free_after_a_batch("settled") < 1 << 20
+
+
+_FRAGMENTED = """
+import json
+from pathlib import Path
+from streams.process_memory import process_memory, rss_parts, settle_malloc, trim_heap
+settle_malloc()
+blocks = [bytearray(4000) for _ in range(40_000)]  # 160 MB of heap, every page touched
+kept = blocks[::8]  # one block in eight stays in use: the heap cannot shrink from its top
+del blocks
+before = process_memory(), rss_parts(Path("/proc/self/status").read_text())["VmRSS"]
+trimmed = trim_heap()
+after = process_memory(trimmed=trimmed), rss_parts(Path("/proc/self/status").read_text())["VmRSS"]
+print(json.dumps([trimmed, before, after]))
+"""
+
+
+def test_a_trim_gives_back_the_free_pages_between_blocks_in_use_and_the_holders_still_add_up():
+    """Free chunks between live blocks are what no threshold returns: a trim gives their whole
+    pages back, and the free heap then counts only what can still be resident."""
+    out = subprocess.run([sys.executable, "-c", _FRAGMENTED], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    trimmed, (held_before, rss_before), (held_after, rss_after) = json.loads(out.stdout)
+    assert trimmed
+    assert held_before["malloc_free"] >= 100 << 20  # 140 MB free, resident, before
+    assert rss_before - rss_after >= 100 << 20
+    assert held_after["malloc_free"] <= 48 << 20  # glibc still counts 134 MB free
+    assert abs(sum(held_after.values()) - rss_after) <= 8 << 20, (held_after, rss_after)
+    assert held_after["other_anonymous"] <= held_before["other_anonymous"] + (8 << 20)
