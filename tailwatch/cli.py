@@ -482,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-days", type=_positive_int, default=7, help="roll-up bench: days of minutes kept")
     p.add_argument("--restore", default=None, metavar="STORE",
                    help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
+    p.add_argument("--restore-fleet", action="store_true",
+                   help="the same on a store of --days of history at --slices busy slices (a request each every "
+                        "--every-minutes), its minutes closed by the worker's window operator")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
     p.add_argument("--against", default=None, metavar="REF",

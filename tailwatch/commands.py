@@ -514,6 +514,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print("\n".join(run_restore(args.restore, say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
+    if args.restore_fleet:
+        from tools.bench_restore import run_fleet
+
+        print("\n".join(run_fleet(args.slices, args.days, args.every_minutes,
+                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
+        return 0
     if args.tiers:
         from tools.bench_tiers import run as run_tiers
 

@@ -91,3 +91,28 @@ def test_a_snapshot_from_a_newer_release_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "new.duckdb").exists()
     with pytest.raises(snapshot.SnapshotError, match="not a tailwatch snapshot"):
         snapshot.restore(tmp_path, tmp_path / "other.duckdb")
+
+
+def test_the_restore_bench_builds_a_fleets_month_with_the_window_operator_and_times_a_start_on_it(tmp_path):
+    """`tailwatch bench --restore-fleet`'s store: every slice's request of every hour closed
+    into its own minute row, the frontier past the newest minute; the restore bench then
+    snapshots, restores and starts a worker on it."""
+    from tools.bench_restore import fleet_month_store, run
+
+    path = tmp_path / "fleet.duckdb"
+    assert fleet_month_store(path, slices=300, days=2, every_minutes=60) == 300 * 48
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        per_slice = con.execute("SELECT count(*), min(n), max(n), sum(errors) FROM (SELECT tenant, model, model_version, "
+                                "zone, workload, traffic_class, pool, count(*) AS n, sum(requests) AS requests, "
+                                "sum(errors) AS errors FROM sli_minute GROUP BY ALL)").fetchone()
+        minutes = con.execute("SELECT count(DISTINCT window_start), max(requests) FROM sli_minute").fetchone()
+        (frontier,) = con.execute("SELECT closed_before_minute FROM _tw_frontier").fetchone()
+        (newest,) = con.execute("SELECT epoch(max(window_start)) // 60 FROM sli_minute").fetchone()
+    finally:
+        con.close()
+    assert per_slice[:3] == (300, 48, 48)  # each slice once an hour, each in a minute of its own
+    assert minutes == (2 * 1440, 1)  # staggered: every minute closes with traffic
+    assert frontier == newest + 1
+    lines = run(str(path))
+    assert "14,400 sli_minute rows" in lines[0] and "ready before catch-up" in lines[-1]

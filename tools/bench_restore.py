@@ -1,5 +1,5 @@
 """`tailwatch bench --restore STORE`: how long a new replica takes to be ready from another's
-snapshot.
+snapshot (`--restore-fleet`: of a store of a month at --slices busy slices, built here).
 
 Three steps, each timed: `tailwatch store snapshot` of STORE (Parquet and offsets), the
 restore into a new store file (`worker --restore-from`), and the worker's start on it: the
@@ -11,11 +11,14 @@ published since the snapshot, at the worker's throughput (`tailwatch bench`).
 
 from __future__ import annotations
 
+import multiprocessing
 import resource
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from ingest.kafka import KafkaSettings
 from slo.spec import DEFAULT_SLOS, load_slos
@@ -36,7 +39,10 @@ def run(store_path: str, say=lambda line: None) -> list[str]:
         folder, restored = work / "snapshot", work / "replica.duckdb"
         say(f"snapshot of {source} ({_size(source) / 2**20:,.0f} MiB)")
         began = time.perf_counter()
-        manifest = snapshot.write(source, folder)
+        # On the replica it is taken from, not the new one: a process of its own, so that the
+        # peak RSS reported is the new replica's (its restore and start).
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            manifest = pool.apply(snapshot.write, (source, folder))
         snap_s = time.perf_counter() - began
         say(f"restore into {restored}")
         began = time.perf_counter()
@@ -60,8 +66,27 @@ def run(store_path: str, say=lambda line: None) -> list[str]:
             f"  restore into a new store:      {restore_s:8.1f} s, {_size(restored) / 2**20:,.0f} MiB",
             f"  worker start on it (rebuild):  {rebuild_s:8.1f} s",
             f"  ready before catch-up:         {snap_s + restore_s + rebuild_s:8.1f} s "
-            f"(peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)",
+            f"(the new replica's peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)",
         ]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_fleet(slices: int, days: int, every_minutes: int, say=lambda line: None) -> list[str]:
+    """`run` on a store built by `fleet_month_store`, removed afterwards."""
+    from tailwatch.cli import progress, progress_done
+
+    work = Path(tempfile.mkdtemp(prefix="tailwatch-fleet-"))
+    try:
+        path = work / "fleet.duckdb"
+        say(f"a store of {days} days at {slices:,} busy slices, a request each every {every_minutes} minutes")
+        began = time.perf_counter()
+        # Built in a process of its own, so that the peak RSS reported is the replica's.
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            rows = pool.apply(fleet_month_store, (path, slices, days, every_minutes, progress))
+        progress_done()
+        built = f"store built: {rows:,} sli_minute rows in {time.perf_counter() - began:.0f} s"
+        return [built, *run(str(path), say)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -108,3 +133,63 @@ def run_rollup(store_path: str, retention_days: int, say=lambda line: None) -> l
         ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, say=lambda line: None) -> int:
+    """A store holding `days` of `slices` busy slices (each with a request every `every_minutes`
+    minutes, staggered, the labels of `tailwatch bench --month`), closed by the worker's own
+    window operator and written by its checkpoint: what a replica of a fleet that size has
+    after a month, without a month of broker log to replay. Only the minutes' rows (and the
+    frontier) are written; the stages' own tables stay empty. Returns the rows written."""
+    import polars as pl
+
+    import store
+    from conventions import TOPIC_REQUESTS
+    from streams.aggregates import REQUESTS
+    from streams.frames import REQUEST_COLUMNS
+    from streams.windows import MINUTE_MS, MinuteWindows
+    from tools.bench import T0_MS
+    from tools.bench_month import slice_labels
+
+    labels = pl.DataFrame([slice_labels(i) for i in range(slices)])
+    columns = {c: t for c, t in REQUEST_COLUMNS.items() if c != "stages"}
+    topic = KafkaSettings().topic(TOPIC_REQUESTS)
+    rng = np.random.default_rng(1)
+    con = store.connect(path)
+    # The month ends where the other benches' event time begins: in the past whenever this runs
+    # (a start forgets event time ahead of the wall clock: nothing accepted can stand on it).
+    first_minute = T0_MS // MINUTE_MS - days * 1440
+    written = 0
+    for day in range(days):
+        minutes = range(first_minute + day * 1440, first_minute + (day + 1) * 1440)
+        busy = [np.arange(m % every_minutes, slices, every_minutes) for m in minutes]
+        minute = np.repeat(np.asarray(minutes, dtype=np.int64), [len(b) for b in busy])
+        which = np.concatenate(busy)
+        n = len(which)
+        ts = minute * MINUTE_MS + rng.integers(0, MINUTE_MS, n)
+        order = np.argsort(ts, kind="stable")  # in event-time order, as one partition delivers them
+        ts, which = ts[order], which[order]
+        first_output = rng.lognormal(5.8, 0.4, n)
+        events = labels[which].with_columns(
+            pl.Series("event_id", [f"f{day}-{k:x}" for k in range(n)]),
+            pl.Series("status", np.where(rng.random(n) < 0.002, "error", "ok")),
+            pl.lit(1, pl.Int32).alias("attempt"), pl.lit(True).alias("task_success"),
+            pl.lit(12.5).alias("queue_ms"), pl.Series("first_output_ms", first_output),
+            pl.Series("e2e_ms", first_output + 900), pl.lit(256, pl.Int64).alias("prompt_tokens"),
+            pl.lit(120, pl.Int64).alias("output_tokens"), pl.lit(0.2).alias("gpu_seconds"),
+        )
+        events = events.with_columns(*[pl.lit(None, t).alias(c) for c, t in columns.items() if c not in events.columns])
+        events = events.select(*[pl.col(c).cast(t) for c, t in columns.items()]).with_columns(
+            pl.Series("ts_ms", ts), pl.lit(0, pl.Int32).alias("_partition"),
+            pl.Series("_offset", np.arange(written, written + n)), pl.Series("_index", np.arange(n)))
+        windows = MinuteWindows(REQUESTS, 0)
+        windows.add(events)
+        rows, closed = windows.close(None)
+        cp = store.Checkpoint(topics=[store.TopicCheckpoint(
+            topic=topic, table="sli_minute", closed=rows, closed_minutes=closed, counts=[], hist=[], seen=[],
+            watermarks={0: int(ts.max())}, closed_before_minute=minutes[-1] + 1)], next_offsets={})
+        store.write_checkpoint(con, cp)
+        written += rows.height
+        say(f"  day {day + 1}/{days}: {written:,} sli_minute rows")
+    con.close()
+    return written
