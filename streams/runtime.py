@@ -105,9 +105,9 @@ class Parts:
 class Runtime:
     MAX_VIEW_AGE_S = 30.0  # while draining a backlog, the signal API's view is rebuilt at least this often
     HEARTBEAT_S = 10.0  # an idle worker tells its HTTP process this often that the view still holds
-    HEAP_CHECK_EVERY_S = 10.0  # how often glibc's free heap is looked at, and trimmed past its bound
     # (or a quarter of the staleness bound, if that is shorter: a view between heartbeats must
     # never look stale, or a pool that went quiet would be reported as a stale worker)
+    HEAP_CHECK_EVERY_S = 10.0  # how often glibc's free heap is looked at, and trimmed past its bound
 
     def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics, cpu: CpuAccount, parts: Parts,
                  source: KafkaSource):
