@@ -117,11 +117,14 @@ def ensure_topics(settings: KafkaSettings, partitions: int = 4, others: tuple[st
                 raise
 
 
-def make_producer(settings: KafkaSettings, on_refused: Callable[[str, str], None] | None = None) -> Producer:
+def make_producer(settings: KafkaSettings, on_refused: Callable[[str, str], None] | None = None,
+                  queue_max_kbytes: int | None = None) -> Producer:
     """A producer for batches of records. `on_refused(topic, reason)` hears of each record
     that failed on delivery: one callback for the producer, because a callback per record
     costs librdkafka's binding a state object each (measured on the embedded broker,
-    producing and delivering tw.sli-sized records: 3.5 against 2.1 µs a record)."""
+    producing and delivering tw.sli-sized records: 3.5 against 2.1 µs a record).
+    `queue_max_kbytes` bounds the records waiting for delivery (librdkafka's default, 1 GiB,
+    otherwise); only for a producer fed through `send`, which waits for room."""
     def delivered(err, msg) -> None:
         if err is not None:
             on_refused(msg.topic(), _reason(err))
@@ -131,6 +134,7 @@ def make_producer(settings: KafkaSettings, on_refused: Callable[[str, str], None
         "linger.ms": 20,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
+        **({"queue.buffering.max.kbytes": queue_max_kbytes} if queue_max_kbytes else {}),
         "enable.idempotence": False,
         # Every caller wants to hear of failures only (`send`'s on_error): without this each
         # delivered record calls back into Python at the next poll (measured: produce 2.4 →
@@ -168,7 +172,8 @@ def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | Non
 
 
 def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
-         on_error: Callable[[str], None] | None = None, partition: int | None = None) -> None:
+         on_error: Callable[[str], None] | None = None, partition: int | None = None,
+         while_full: Callable[[], None] | None = None) -> None:
     """Produce, waiting for room in librdkafka's queue instead of failing when it is full.
 
     Without `on_error` a record refused at once (larger than the producer's
@@ -183,6 +188,8 @@ def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
             producer.produce(topic, value, key=key, **where)
             return
         except BufferError:
+            if while_full is not None:
+                while_full()  # may raise: a stopping worker gives up on a broker that takes nothing
             producer.poll(0.05)
         except KafkaException as exc:
             if on_error is None:

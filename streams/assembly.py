@@ -64,6 +64,7 @@ class MinuteAssembly:
         self._saved_frontiers: dict[tuple[str, int, int], Frontier] = {}  # as the store holds them
         self.buckets_closed = 0
         self.minutes_closed = 0
+        self.closing_behind = False
 
     # ---- start ------------------------------------------------------------------------
     def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection) -> None:

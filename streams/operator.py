@@ -27,6 +27,7 @@ class Operator(Protocol):
     by_group: bool  # the source joins a consumer group (partitions shared); else it reads every partition
     buckets_closed: int
     minutes_closed: int  # request minutes closed (the bench's cost per closed minute)
+    closing_behind: bool  # the last checkpoint left closable minutes open (its bound): the next comes before more is read
 
     def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection | None) -> None:
         """Before the first record: put the state back where the last run left it, from the

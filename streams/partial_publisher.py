@@ -101,6 +101,7 @@ class PartialPublisher:
         self.partials_published = 0
         self.buckets_closed = 0
         self.minutes_closed = 0
+        self.closing_behind = False
 
     # ---- start and ownership ----------------------------------------------------------
     def start(self, source: KafkaSource, con: None) -> None:

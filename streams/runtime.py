@@ -12,7 +12,9 @@ Parts plug into it (streams/tiers.py puts them together):
 
 The loop: consume a batch, hand it to the operator, and every `checkpoint_interval_s` (or
 at once, when the topics went quiet with something unsaved) take the operator's checkpoint
-into the store sink. Delivery: the store, not Kafka's group offsets, is where a worker
+into the store sink. A checkpoint closes at most about `checkpoint_max_rows` rows; while it
+left closable minutes open, the loop checkpoints again instead of reading, so a backlog
+closes in steps of bounded memory. Delivery: the store, not Kafka's group offsets, is where a worker
 resumes; copies to topics are flushed before the checkpoint that covers them commits.
 """
 
@@ -63,6 +65,9 @@ class WorkerSettings:
     max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
     batch_size: int = 20_000
     checkpoint_interval_s: float = 2.0
+    # A checkpoint closes minutes of at most about this many rows; the rest close at the next,
+    # before more is read. A backlog then closes in steps whose memory does not grow with it.
+    checkpoint_max_rows: int = 20_000
     state_every_s: float = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     partitions: int = 4
@@ -247,7 +252,9 @@ class Runtime:
         refresh_every_s = s.signals_refresh_s
         last_progress = idle_since = time.monotonic()
         while not self._stop:
-            by_topic = self.source.consume(s.batch_size, 0.5)
+            # Minutes left open by a checkpoint's bound close before more is read.
+            closing_behind = self.operator.closing_behind
+            by_topic = {} if closing_behind else self.source.consume(s.batch_size, 0.5)
             got = 0
             for topic, batch in by_topic.items():
                 self.operator.process(topic, batch)
@@ -255,13 +262,16 @@ class Runtime:
             self.events_seen += got
             now = time.monotonic()
             self.operator.tick(self.source, now)
+            if closing_behind:
+                idle_since = now  # closing a backlog is work, not idleness
             if got:
                 self._view_dirty = True
                 idle_since = self.last_batch_wall = self.last_event_wall = now
                 if self.first_event_wall is None:
                     self.first_event_wall = now
                     self.cpu_at_first_event = time.process_time()
-            if now - last_checkpoint >= s.checkpoint_interval_s or (not got and self.operator.has_unsaved(self.source)):
+            if now - last_checkpoint >= s.checkpoint_interval_s or closing_behind or (
+                    not got and self.operator.has_unsaved(self.source)):
                 self._checkpoint(close_all=False)
                 last_checkpoint = now
             if http is not None:

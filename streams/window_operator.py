@@ -27,7 +27,7 @@ from streams.alignment import WatermarkAlignment
 from streams.corrections import LateEvents
 from streams.decode_step import DecodeStep, InputTopic, input_topics, window_gauges
 from streams.metrics import CpuAccount, WorkerMetrics
-from streams.partials import sli_keys
+from streams.partials import sli_records
 from streams.source import KafkaSource
 from streams.topic_sink import TopicSink
 from streams.windows import MINUTE_MS, MinuteWindows, utc_text
@@ -63,6 +63,8 @@ class MinuteWindowOperator:
         self.stored_frontiers: dict[str, int | None] = {}
         self.buckets_closed = 0
         self.minutes_closed = 0
+        self.closing_behind = False
+        self.max_rows = s.checkpoint_max_rows
         self.events_corrected = 0
 
     # ---- start and ownership ----------------------------------------------------------
@@ -123,6 +125,7 @@ class MinuteWindowOperator:
 
     def checkpoint(self, source: KafkaSource, close_all: bool) -> store.Checkpoint | None:
         topics = []
+        self.closing_behind = False
         for p in self.inputs.values():
             w = p.windows
             waited_for, read_to_end = self._partitions_of(source, p), source.read_to_end(p.topic)
@@ -134,8 +137,10 @@ class MinuteWindowOperator:
                 before = w.closable_before(waited_for, read_to_end)
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
                 began = self.cpu.began()
-                rows, minutes = w.close(before)
+                rows, minutes = w.close(before, None if close_all else self.max_rows)
                 self.cpu.spent("close_buckets", began)
+                if before is not None and w.open_before(before):
+                    self.closing_behind = True
                 if rows.height:
                     self._publish_closed(p, rows)
                     self.metrics.buckets_closed.labels(p.topic).inc(rows.height)
@@ -188,12 +193,7 @@ class MinuteWindowOperator:
     def _publish_closed(self, p: InputTopic, rows: pl.DataFrame) -> None:
         if self.sli_topic is None:
             return
-        keys = [k for k in p.windows.spec.keys if k in rows.columns]
-        lines = rows.with_columns(
-            pl.lit(f"{p.windows.spec.name}_minute.v1").alias("schema"),
-            pl.col("window_start").dt.epoch("ms").alias("window_start"),
-        ).write_ndjson().encode().splitlines()
-        for key, line in zip(sli_keys(rows, keys), lines):
+        for key, line in sli_records(rows, p.windows.spec):
             self.sink.send(self.sli_topic, line, key)
 
     # ---- draining, the view, telemetry ----------------------------------------------------

@@ -404,18 +404,33 @@ class MinuteWindows:
         return {p for p in partitions & read_to_end
                 if self.watermark_ms.get(p) is None or self.watermark_ms[p] < newest - self.idle_timeout_ms}
 
-    def close(self, before_minute: int | None) -> tuple[pl.DataFrame, list[int]]:
-        """Close every open minute < before_minute (None: all). Returns rows and the minutes closed."""
-        counts, hist, closing = self.close_partials(before_minute)
+    def close(self, before_minute: int | None, max_rows: int | None = None) -> tuple[pl.DataFrame, list[int]]:
+        """Close every open minute < before_minute (None: all), oldest first, stopping after
+        the minute that reaches `max_rows` partial rows (at least one minute closes; the rest
+        stay open, `open_before` says so). Returns rows and the minutes closed."""
+        counts, hist, closing = self.close_partials(before_minute, max_rows)
         if counts is None:
             return pl.DataFrame(), []
         return self.finish(counts, hist), closing
 
-    def close_partials(self, before_minute: int | None) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[int]]:
+    def open_before(self, minute: int) -> bool:
+        """Whether an open minute precedes `minute` (a bounded close left it open)."""
+        return any(m < minute for m in self._open)
+
+    def close_partials(self, before_minute: int | None, max_rows: int | None = None
+                       ) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[int]]:
         """Like `close`, but the minutes' merged partial state (counts, histogram bins), not
         finished rows: what `finish` (here or downstream, after more partials) turns into rows."""
         closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
-        if before_minute is None:
+        bounded = False
+        if max_rows is not None:
+            rows = 0
+            for i, minute in enumerate(closing[:-1]):
+                rows += sum(part.height for part in self._open[minute].counts)
+                if rows >= max_rows:
+                    closing, bounded = closing[:i + 1], True
+                    break
+        if before_minute is None or bounded:
             cut = closing[-1] + 1 if closing else self.closed_before_minute
         else:
             cut = before_minute

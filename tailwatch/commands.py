@@ -222,6 +222,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         partitions=args.partitions,
         batch_size=args.batch_size,
         checkpoint_interval_s=args.checkpoint_interval,
+        checkpoint_max_rows=args.checkpoint_max_rows,
         state_every_s=args.state_every,
         stats_file=args.stats_file,
         progress=progress,

@@ -265,6 +265,37 @@ def test_an_idle_worker_serves_its_producer_log_queue(caplog, monkeypatch):
     sink.close()
 
 
+def test_a_stopping_worker_whose_sink_queue_is_full_gives_up_instead_of_hanging(monkeypatch):
+    """The sink's queue is bounded; with the broker gone it fills, and `send` waits for room.
+    A worker told to stop waits STOP_FLUSH_S for it, as a flush does, then leaves the
+    checkpoint uncommitted; until then (and while not stopping) it keeps waiting."""
+    from ingest.kafka import KafkaSettings
+    from streams import topic_sink
+    from streams.metrics import WorkerMetrics
+    from streams.topic_sink import TopicSink, Undelivered
+    from tests.conftest import free_port
+
+    monkeypatch.setattr(topic_sink, "STOP_FLUSH_S", 1.0)
+    monkeypatch.setattr(TopicSink, "QUEUE_MAX_KBYTES", 64)
+    stopping = {"now": False}
+    sink = TopicSink(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"), WorkerMetrics(),
+                     stopping=lambda: stopping["now"])
+    record = b"x" * 4096
+    sent = 0
+    with pytest.raises(BufferError):  # the queue is full at 64 KiB of 4 KiB records
+        while sent <= 100:
+            sink.producer.produce("tw.sli", record)
+            sent += 1
+    assert 8 <= sent <= 16, f"the queue took {sent} records of 4 KiB against a bound of 64 KiB"
+    stopping["now"] = True
+    began = time.monotonic()
+    with pytest.raises(Undelivered):
+        sink.send("tw.sli", record)
+    assert 0.9 <= time.monotonic() - began < 5.0
+    assert sink.gave_up
+    sink.close()
+
+
 def _hold_store(path, seconds: float):
     """Another process that opens the store to read and keeps it `seconds` (a long query)."""
     import subprocess

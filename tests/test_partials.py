@@ -187,3 +187,24 @@ def test_a_worker_whose_partitions_all_went_quiet_moves_them_on_with_the_topics_
     assert quiet.closable_before(read_to_end={2}, newest_elsewhere_ms=busy_newest_ms)[3] == alone[3]
     near = quiet.closable_before(read_to_end={2, 3}, newest_elsewhere_ms=max(quiet.watermark(2), quiet.watermark(3)) + idle_ms // 2)
     assert near == alone
+
+
+def test_closed_rows_become_one_tw_sli_record_each_whatever_the_chunk_they_are_serialised_in(monkeypatch):
+    """A backlog's checkpoint serialises its closed rows a chunk at a time (bounded memory);
+    the records are those of the whole frame serialised at once, in order, one per row, each
+    keyed by its slice labels."""
+    from streams import partials
+
+    rows = single_worker(REQUESTS, REQUEST_COLUMNS, RequestV1, partitioned(azure_values(40), 2, keyed=True))
+    assert rows.height > 250
+    monkeypatch.setattr(partials, "SLI_CHUNK_ROWS", 97)  # chunks of uneven length, the last one short
+    chunked = list(partials.sli_records(rows, REQUESTS))
+    whole = rows.with_columns(pl.lit("requests_minute.v1").alias("schema"),
+                              pl.col("window_start").dt.epoch("ms").alias("window_start"))
+    assert [value for _, value in chunked] == whole.write_ndjson().encode().splitlines()
+    labels = [k for k in REQUESTS.keys if k in rows.columns]
+    assert [key for key, _ in chunked] == partials.sli_keys(rows, labels)
+    first = msgspec.json.decode(chunked[0][1])
+    assert first["schema"] == "requests_minute.v1"
+    assert first["window_start"] == rows["window_start"][0].timestamp() * 1000
+    assert chunked[0][0] == "|".join("" if rows[k][0] is None else str(rows[k][0]) for k in labels).encode()

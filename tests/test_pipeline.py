@@ -225,3 +225,29 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
                  "tailwatch_consumer_lag_messages", "tailwatch_bucket_close_delay_seconds"):
         assert name in body
     assert accepted in body
+
+
+def test_a_backlog_closes_in_checkpoints_of_bounded_rows_and_the_store_is_the_same(kafka, tmp_path):
+    """A worker started behind a backlog closes at most about `checkpoint_max_rows` rows a
+    checkpoint (its memory bound), reading nothing more until the closable minutes are closed;
+    the store holds exactly what the producers sent, one row per slice and minute."""
+    BOUND = 500
+    sim = FleetSimulator("mixed-fleet", minutes=20, seed=12, rate_scale=0.5)
+    publish(kafka, list(sim.events()))
+    store = tmp_path / "tw.duckdb"
+    w = run_worker(kafka, store, checkpoint_max_rows=BOUND, checkpoint_interval_s=30.0)
+    con = duckdb.connect(str(store), read_only=True)
+    t = sim.totals
+    assert con.execute("SELECT sum(requests), sum(errors) FROM sli_minute").fetchone() == (
+        t.requests, t.by_status["error"])
+    assert con.execute("SELECT sum(samples) FROM gpu_minute").fetchone()[0] == t.gpu_samples
+    assert con.execute("SELECT count(DISTINCT window_start) FROM sli_minute").fetchone()[0] == 20
+    dup = con.execute("""SELECT count(*) FROM (SELECT window_start, tenant, model, model_version, zone, workload,
+                         traffic_class, deployment, pool, language, voice, count(*) c FROM sli_minute GROUP BY ALL HAVING c > 1)""").fetchone()[0]
+    assert dup == 0
+    rows, widest = con.execute("SELECT sum(n), max(n) FROM (SELECT window_start, count(*) n FROM sli_minute GROUP BY 1)").fetchone()
+    checkpoints = next(x.value for x in w.metrics.checkpoint_seconds.collect()[0].samples if x.name.endswith("_count"))
+    # Every checkpoint but the drain's closes at most the bound plus one minute; the interval
+    # (30 s) alone would have closed the backlog's minutes in one or two.
+    assert rows > 4 * (BOUND + widest)
+    assert checkpoints >= rows / (BOUND + widest), (checkpoints, rows, widest)

@@ -242,3 +242,33 @@ def test_compacted_strings_keep_their_values_and_nulls():
     copied = compact_strings(cut)
     assert copied.schema == cut.schema
     assert copied.to_dict(as_series=False) == {"model": [long_name, None, long_name * 3], "n": [1, 2, 4]}
+
+
+def test_a_bounded_close_takes_the_oldest_minutes_up_to_its_rows_and_the_rest_as_one_close_would():
+    """A backlog closes in steps of about `max_rows` rows (the checkpoint's memory bound): each
+    step the oldest minutes up to the one that reaches the bound, the frontier just past them;
+    together the steps close exactly the minutes and rows of one unbounded close."""
+    events = [(f"e{i}", T0 + (i // 30) * MINUTE_MS + i, 0, "ok" if i % 9 else "error", float(i % 40 + 1))
+              for i in range(360)]  # 12 minutes of 30 requests, in order
+    f = frame(events)
+    f = f.with_columns((pl.lit("t") + (pl.col("_index") % 5).cast(pl.String)).cast(f.schema["tenant"]).alias("tenant"))
+    whole, bounded = windows(), windows()
+    whole.add(f)
+    bounded.add(f)
+    first = T0 // MINUTE_MS
+    before = first + 10
+    expect, expect_minutes = whole.close(before)
+    parts, steps, frontiers = [], [], []
+    while True:
+        rows, minutes = bounded.close(before, max_rows=12)
+        parts.append(rows)
+        steps.append(minutes)
+        frontiers.append(bounded.closed_before_minute)
+        if not bounded.open_before(before):
+            break
+    assert [len(m) for m in steps] == [3, 3, 3, 1]  # 5 rows a minute: each step ends at the minute reaching 12
+    assert frontiers == [first + 3, first + 6, first + 9, before]
+    assert [m for step in steps for m in step] == expect_minutes
+    order = ["window_start", "tenant"]
+    assert pl.concat(parts).sort(order).equals(expect.sort(order))
+    assert bounded.open_minutes() == whole.open_minutes() == [first + 10, first + 11]

@@ -35,6 +35,7 @@ from conventions import TOPIC_REQUESTS
 WORKLOADS = ("asr", "tts", "llm", "s2s")
 DAY_MINUTES = 1440
 SAMPLES_PER_SECOND = 10  # the worker's and the broker's RSS
+MIN_DAY_S = 10  # a day counts in the flatness figure when the worker spent this long reading it
 
 
 def slice_labels(i: int) -> dict[str, str]:
@@ -145,7 +146,7 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
             f"{1000 * result['cpu_seconds_processing'] / minutes:.1f} ms per event-minute), {wall:,.0f} s wall",
             "  RSS at event-time day (median of the samples within a quarter day of it): "
             + ", ".join(f"day {d}: worker {w:,.0f} MiB, broker {b:,.0f} MiB" for d, w, b in _marks(samples, per_minute)),
-            _spread(samples, per_minute),
+            _spread(samples, per_minute, total),
             "  CPU per event-minute by stage: " + ", ".join(
                 f"{name} {1000 * cpu / minutes:.2f} ms" for name, cpu in sorted(
                     result.get("stage_cpu_seconds", {}).items(), key=lambda kv: -kv[1])),
@@ -167,17 +168,29 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
         broker.stop()
 
 
-def _spread(samples: list[tuple[float, int, int]], per_minute: int, first_day: int = 3) -> str:
+def _spread(samples: list[tuple[float, int, int]], per_minute: float, total: int, first_day: int = 3) -> str:
     """The flatness figure: the worker's median RSS per event-time day from `first_day` on,
-    lowest and highest. Medians, because a batch in flight moves a one-second sample by
-    a hundred MiB either way; a trend moves every sample of later days."""
-    medians = {day: m for day, m in _daily_medians(samples, per_minute).items() if day >= first_day}
+    lowest and highest, over the days it spent at least `MIN_DAY_S` reading (once the
+    publisher is done, the last days of the backlog pass in a few seconds each, a handful of
+    samples) and before it had read everything (the drained worker idles lower). Medians,
+    because a batch in flight moves a sample by a hundred MiB either way; a trend moves every
+    sample of later days."""
+    reading = [s for s in samples if s[0] < total]
+    counts: dict[int, int] = {}
+    for seen, _, _ in reading:
+        day = int(seen / per_minute / DAY_MINUTES)
+        counts[day] = counts.get(day, 0) + 1
+    enough = MIN_DAY_S * SAMPLES_PER_SECOND
+    medians = {day: m for day, m in _daily_medians(reading, per_minute).items()
+               if day >= first_day and counts[day] >= enough}
+    brief = sorted(day for day in counts if day >= first_day and counts[day] < enough)
     if not medians:
-        return f"  worker RSS from day {first_day}: no samples"
+        return f"  worker RSS from day {first_day}: no day read for {MIN_DAY_S} s or more"
     low, high = min(medians, key=medians.get), max(medians, key=medians.get)
-    return (f"  worker RSS, median of each event-time day from day {first_day} ({len(medians)} days): lowest "
-            f"{medians[low]:,.0f} MiB (day {low}), highest {medians[high]:,.0f} MiB (day {high}), "
-            f"spread {medians[high] - medians[low]:,.0f} MiB")
+    return (f"  worker RSS, median of each event-time day from day {first_day} read for {MIN_DAY_S} s or more "
+            f"({len(medians)} days): lowest {medians[low]:,.0f} MiB (day {low}), highest {medians[high]:,.0f} MiB "
+            f"(day {high}), spread {medians[high] - medians[low]:,.0f} MiB"
+            + (f"; days read in less: {', '.join(map(str, brief))}" if brief else ""))
 
 
 def _daily_medians(samples: list[tuple[float, int, int]], per_minute: float) -> dict[int, float]:
