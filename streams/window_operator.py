@@ -64,7 +64,7 @@ class MinuteWindowOperator:
         self.buckets_closed = 0
         self.minutes_closed = 0
         self.closing_behind = False
-        self.max_rows = s.checkpoint_max_rows
+        self.checkpoint_max_rows = s.checkpoint_max_rows
         self.events_corrected = 0
 
     # ---- start and ownership ----------------------------------------------------------
@@ -137,7 +137,7 @@ class MinuteWindowOperator:
                 before = w.closable_before(waited_for, read_to_end)
             if close_all or (before is not None and (w.closed_before_minute is None or before > w.closed_before_minute)):
                 began = self.cpu.began()
-                rows, minutes = w.close(before, None if close_all else self.max_rows)
+                rows, minutes = w.close(before, None if close_all else self.checkpoint_max_rows)
                 self.cpu.spent("close_buckets", began)
                 if before is not None and w.open_before(before):
                     self.closing_behind = True

@@ -175,15 +175,10 @@ def _spread(samples: list[tuple[float, int, int]], per_minute: float, total: int
     samples) and before it had read everything (the drained worker idles lower). Medians,
     because a batch in flight moves a sample by a hundred MiB either way; a trend moves every
     sample of later days."""
-    reading = [s for s in samples if s[0] < total]
-    counts: dict[int, int] = {}
-    for seen, _, _ in reading:
-        day = int(seen / per_minute / DAY_MINUTES)
-        counts[day] = counts.get(day, 0) + 1
+    by_day = _by_day([s for s in samples if s[0] < total], per_minute)
     enough = MIN_DAY_S * SAMPLES_PER_SECOND
-    medians = {day: m for day, m in _daily_medians(reading, per_minute).items()
-               if day >= first_day and counts[day] >= enough}
-    brief = sorted(day for day in counts if day >= first_day and counts[day] < enough)
+    medians = {day: float(np.median(v)) / 2**20 for day, v in by_day.items() if day >= first_day and len(v) >= enough}
+    brief = [day for day, v in by_day.items() if day >= first_day and len(v) < enough]
     if not medians:
         return f"  worker RSS from day {first_day}: no day read for {MIN_DAY_S} s or more"
     low, high = min(medians, key=medians.get), max(medians, key=medians.get)
@@ -193,12 +188,17 @@ def _spread(samples: list[tuple[float, int, int]], per_minute: float, total: int
             + (f"; days read in less: {', '.join(map(str, brief))}" if brief else ""))
 
 
-def _daily_medians(samples: list[tuple[float, int, int]], per_minute: float) -> dict[int, float]:
-    """The worker's median RSS (MiB) for each event-time day that has samples."""
+def _by_day(samples: list[tuple[float, int, int]], per_minute: float) -> dict[int, list[int]]:
+    """The worker's RSS samples (bytes) by event-time day, days in order."""
     by_day: dict[int, list[int]] = {}
     for seen, rss, _ in samples:
         by_day.setdefault(int(seen / per_minute / DAY_MINUTES), []).append(rss)
-    return {day: float(np.median(v)) / 2**20 for day, v in sorted(by_day.items())}
+    return dict(sorted(by_day.items()))
+
+
+def _daily_medians(samples: list[tuple[float, int, int]], per_minute: float) -> dict[int, float]:
+    """The worker's median RSS (MiB) for each event-time day that has samples."""
+    return {day: float(np.median(v)) / 2**20 for day, v in _by_day(samples, per_minute).items()}
 
 
 def _holder_lines(holders: dict[int, dict[str, float]]) -> list[str]:
