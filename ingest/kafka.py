@@ -180,7 +180,9 @@ def send(producer: Producer, topic: str, value: bytes, key: bytes | None = None,
     `message.max.bytes`, unknown topic) raises; with it, the record is handed to `on_error`
     with the reason, so a caller for whom the topic is a copy (dead letters, closed buckets:
     the store holds the truth) can count it and go on. A record that fails later, on
-    delivery, goes to the producer's `on_refused` (see `make_producer`).
+    delivery, goes to the producer's `on_refused` (see `make_producer`). While the queue is
+    full, `while_full` is called before each wait; it may raise to stop waiting (a stopping
+    worker's sink does, once it has waited long enough).
     """
     where = {} if partition is None else {"partition": partition}
     while True:

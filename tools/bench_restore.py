@@ -149,7 +149,8 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
     from streams.frames import REQUEST_COLUMNS
     from streams.windows import MINUTE_MS, MinuteWindows
     from tools.bench import T0_MS
-    from tools.bench_month import slice_labels
+    from tools.bench_month import (E2E_AFTER_FIRST_OUTPUT_MS, ERROR_RATE, FIRST_OUTPUT_LOGNORMAL, FIXED_FIELDS,
+                                   slice_labels)
 
     labels = pl.DataFrame([slice_labels(i) for i in range(slices)])
     columns = {c: t for c, t in REQUEST_COLUMNS.items() if c != "stages"}
@@ -169,14 +170,12 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
         ts = minute * MINUTE_MS + rng.integers(0, MINUTE_MS, n)
         order = np.argsort(ts, kind="stable")  # in event-time order, as one partition delivers them
         ts, which = ts[order], which[order]
-        first_output = rng.lognormal(5.8, 0.4, n)
+        first_output = rng.lognormal(*FIRST_OUTPUT_LOGNORMAL, n)
         events = labels[which].with_columns(
             pl.Series("event_id", [f"f{day}-{k:x}" for k in range(n)]),
-            pl.Series("status", np.where(rng.random(n) < 0.002, "error", "ok")),
-            pl.lit(1, pl.Int32).alias("attempt"), pl.lit(True).alias("task_success"),
-            pl.lit(12.5).alias("queue_ms"), pl.Series("first_output_ms", first_output),
-            pl.Series("e2e_ms", first_output + 900), pl.lit(256, pl.Int64).alias("prompt_tokens"),
-            pl.lit(120, pl.Int64).alias("output_tokens"), pl.lit(0.2).alias("gpu_seconds"),
+            pl.Series("status", np.where(rng.random(n) < ERROR_RATE, "error", "ok")),
+            pl.Series("first_output_ms", first_output), pl.Series("e2e_ms", first_output + E2E_AFTER_FIRST_OUTPUT_MS),
+            *[pl.lit(v, columns[k]).alias(k) for k, v in FIXED_FIELDS.items()],
         )
         events = events.with_columns(*[pl.lit(None, t).alias(c) for c, t in columns.items() if c not in events.columns])
         events = events.select(*[pl.col(c).cast(t) for c, t in columns.items()]).with_columns(
