@@ -206,7 +206,7 @@ class AnomalyDetector:
             if s.requests < cfg.min_requests:
                 continue
             now = raw_features(s)
-            base = [v for mm, v in sorted(self.raw.values.get(key, {}).items()) if mm < m.minute]
+            base = self.raw.before(key, m.minute, 1, cfg.baseline_minutes + 1)  # every minute kept, before this one
             self.labels[key] = s.labels
             if len(base) >= cfg.min_baseline_minutes:
                 scored.append((key, relative_features(now, base[-cfg.baseline_minutes:])))

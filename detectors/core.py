@@ -14,9 +14,10 @@ that flickers for a minute does not page twice.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from typing import Annotated, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, NamedTuple
 
 import polars as pl
 from msgspec import Meta
@@ -123,9 +124,11 @@ POOL_CLASSES = ("pool", "traffic_class")  # the label set behind MinuteBatch.tra
 SliceBy = Annotated[tuple[Literal[SLICE_LABELS], ...], Meta(min_length=1)]
 
 
-@dataclass(frozen=True)
-class SliceMinute:
-    """Request counts of one slice (some subset of the SLI labels) in one minute."""
+class SliceMinute(NamedTuple):
+    """Request counts of one slice (some subset of the SLI labels) in one minute.
+
+    A named tuple: a checkpoint of a busy fleet builds one per slice, label set and minute
+    (hundreds of thousands in a month's backlog), and a tuple is made in one call."""
 
     labels: dict[str, str]
     requests: int = 0
@@ -156,15 +159,11 @@ class SliceMinute:
 
     @classmethod
     def of(cls, labels: dict[str, str], values: tuple) -> SliceMinute:
-        """One from its labels and the rest of its fields in order (_SLICE_MINUTE_FIELDS),
-        without the frozen __init__'s attribute-by-attribute setting: a checkpoint of a busy
-        fleet builds thousands."""
-        obj = object.__new__(cls)
-        obj.__dict__.update(zip(_SLICE_MINUTE_FIELDS, values), labels=labels)
-        return obj
+        """One from its labels and the rest of its fields in order (_SLICE_MINUTE_FIELDS)."""
+        return tuple.__new__(cls, (labels, *values))
 
 
-_SLICE_MINUTE_FIELDS = tuple(f.name for f in fields(SliceMinute) if f.name != "labels")
+_SLICE_MINUTE_FIELDS = SliceMinute._fields[1:]
 
 
 @dataclass(frozen=True)
@@ -297,11 +296,20 @@ class MinuteBatch:
                 *[(pl.col(c).fill_null(0) if c in have else pl.lit(0)).alias(c) for c in (*REQUEST_SUMS, *QUALITY_SUMS)],
                 *[pl.when(pl.col(f"_n_{c}") != 0).then(pl.col(f"_w_{c}") / pl.col(f"_n_{c}")).alias(c) for c in LATENCY_P95],
             ).select(_SLICE_MINUTE_FIELDS)
-            order = sorted(range(len(by)), key=by.__getitem__)  # a SliceKey's labels are sorted by name
-            for minute, *labels, row in zip(g.get_column(MINUTE_COL).to_list(), *[g.get_column(b).to_list() for b in by],
-                                            values.iter_rows()):
-                key = tuple((by[i], str(labels[i])) for i in order)
-                out.setdefault(minute, {})[key] = SliceMinute.of(dict(zip(by, labels)), row)
+            # A slice's key and labels are made once for all its minutes (and shared by them).
+            made: dict[tuple[str, ...], tuple[SliceKey, dict[str, str]]] = {}
+            at: dict[SliceKey, SliceMinute] = {}
+            current = None
+            for minute, label_values, row in zip(g.get_column(MINUTE_COL).to_list(),
+                                                 zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]),
+                                                 zip(*[values.get_column(c).to_list() for c in values.columns])):
+                if minute != current:  # rows come sorted by minute
+                    current, at = minute, out.setdefault(minute, {})
+                key_labels = made.get(label_values)
+                if key_labels is None:
+                    labels = dict(zip(by, label_values))
+                    key_labels = made[label_values] = (slice_key(labels), labels)
+                at[key_labels[0]] = SliceMinute.of(key_labels[1], row)
         self._slices[by] = out
         return out
 
@@ -382,31 +390,34 @@ def ratio(num: float, den: float) -> float | None:
 
 
 class History:
-    """Per key, the values of recent minutes (minute → value), trimmed to `keep_minutes`.
+    """Per key, the values of recent minutes, trimmed to `keep_minutes`.
 
     `window(key, minute, k)` is the values of minutes [minute-k+1, minute] that exist,
     or None while the key has been seen for fewer than k minutes (a window must span k
     minutes of the stream before it can breach: "k larger than the input" never fires).
+    A key's minutes are held in order (`MinuteSeries`), so a window or a baseline is one
+    slice of a list, not a lookup per minute: every detector reads them for every key and
+    minute, and a cost baseline is 120 minutes long.
     """
 
     def __init__(self, keep_minutes: int):
         self.keep_minutes = max(1, keep_minutes)
-        self.values: dict[SliceKey, dict[int, object]] = {}
+        self.values: dict[SliceKey, MinuteSeries] = {}
         self.first_minute: dict[SliceKey, int] = {}
         self.labels: dict[SliceKey, dict[str, str]] = {}
 
     def add(self, key: SliceKey, labels: dict[str, str], minute: int, value: object) -> None:
         self.first_minute.setdefault(key, minute)
         self.labels[key] = labels
-        self.values.setdefault(key, {})[minute] = value
+        series = self.values.get(key)
+        if series is None:
+            series = self.values[key] = MinuteSeries()
+        series.put(minute, value)
 
     def trim(self, minute: int) -> None:
         oldest = minute - self.keep_minutes + 1
-        for key in list(self.values):
-            vals = self.values[key]
-            for m in [m for m in vals if m < oldest]:
-                del vals[m]
-            if not vals:
+        for key, series in list(self.values.items()):
+            if series.minutes[0] < oldest and not series.drop_before(oldest):
                 del self.values[key]
                 self.first_minute.pop(key, None)
                 self.labels.pop(key, None)
@@ -415,14 +426,49 @@ class History:
         first = self.first_minute.get(key)
         if first is None or minute - first + 1 < k:
             return None
-        vals = self.values.get(key, {})
-        return [vals[m] for m in range(minute - k + 1, minute + 1) if m in vals]
+        series = self.values.get(key)
+        return series.between(minute - k + 1, minute) if series is not None else []
 
     def before(self, key: SliceKey, minute: int, k: int, n: int) -> list:
         """Values of the n minutes before the window [minute-k+1, minute]: a trailing baseline."""
-        vals = self.values.get(key, {})
+        series = self.values.get(key)
         end = minute - k + 1
-        return [vals[m] for m in range(end - n, end) if m in vals]
+        return series.between(end - n, end - 1) if series is not None else []
+
+
+class MinuteSeries:
+    """One key's values by minute, in minute order: two parallel lists."""
+
+    __slots__ = ("minutes", "values")
+
+    def __init__(self):
+        self.minutes: list[int] = []
+        self.values: list = []
+
+    def put(self, minute: int, value: object) -> None:
+        """Set the value of `minute` (minutes come in order; one out of order is put in its place)."""
+        ms = self.minutes
+        if not ms or minute > ms[-1]:
+            ms.append(minute)
+            self.values.append(value)
+            return
+        i = bisect_left(ms, minute)
+        if ms[i] == minute:
+            self.values[i] = value
+        else:
+            ms.insert(i, minute)
+            self.values.insert(i, value)
+
+    def between(self, first: int, last: int) -> list:
+        """The values of minutes first..last, oldest first."""
+        ms = self.minutes
+        return self.values[bisect_left(ms, first):bisect_right(ms, last)]
+
+    def drop_before(self, minute: int) -> int:
+        """Forget minutes before `minute`; how many are left."""
+        i = bisect_left(self.minutes, minute)
+        del self.minutes[:i], self.values[:i]
+        return len(self.minutes)
 
 
 class BaselineDetector:

@@ -91,7 +91,8 @@ class RetryStormDetector:
         findings = []
         for key in sorted(self.history.values):
             counts = self.history.window(key, m.minute, cfg.window_minutes)
-            if not counts:
+            # A window breaches only with retries and `min_requests` in it; a shorter one has fewer.
+            if not counts or not any(x for _, x in counts) or sum(r for r, _ in counts) < cfg.min_requests:
                 continue
             # The trailing j minutes for j = 1..k: the shortest that breaches decides (a storm's
             # first minute is not diluted by the quiet minutes before it); evidence is the k-minute window's.

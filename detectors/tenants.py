@@ -39,10 +39,15 @@ Reading = tuple[float, int, float, int]
 def _totals(minutes: list[dict[str, Reading]]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for tenants in minutes:
-        for tenant, reading in tenants.items():
-            acc = out.setdefault(tenant, [0.0, 0.0, 0.0, 0.0])
-            for i, x in enumerate(reading):
-                acc[i] += x
+        for tenant, (gpu_s, requests, weighted, weight) in tenants.items():
+            acc = out.get(tenant)
+            if acc is None:
+                out[tenant] = [gpu_s, requests, weighted, weight]
+            else:
+                acc[0] += gpu_s
+                acc[1] += requests
+                acc[2] += weighted
+                acc[3] += weight
     return out
 
 

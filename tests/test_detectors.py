@@ -13,12 +13,14 @@ import duckdb
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from alerts.alertmanager import AlertLinks, detection_to_alertmanager
 from detectors import config as C
 from detectors.anomaly import AnomalyConfig, AnomalyDetector, AnomalyModel
 from detectors.cold_start import ColdStartConfig, ColdStartDetector
-from detectors.core import Detection, Finding, Minute, Tracker
+from detectors.core import Detection, Finding, History, Minute, Tracker
 from detectors.cost import (
     CostBaseline,
     CostRegressionConfig,
@@ -1009,3 +1011,30 @@ def test_slice_summaries_equal_a_brute_force_sum_per_minute_and_labels():
                 for c in LATENCY_P95:
                     want = acc["w"][c] / acc["n"][c] if acc["n"].get(c) else None
                     assert getattr(s, c) == (pytest.approx(want) if want is not None else None), (by, labels, c)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 40), st.integers(0, 9)), max_size=120),
+       st.integers(1, 12), st.integers(1, 6), st.integers(1, 15))
+def test_a_history_reads_the_minutes_a_dict_per_minute_would(ops, keep, k, n):
+    """Windows and baselines read from minutes held in order equal those read minute by minute
+    from a plain dict, whatever order the minutes come in (a minute put twice keeps its last value)."""
+    h, truth, first = History(keep), {}, {}
+    for step, (key, minute, value) in enumerate(ops):
+        sk = (("slice", key),)
+        h.add(sk, {"slice": key}, minute, value)
+        truth.setdefault(sk, {})[minute] = value
+        first.setdefault(sk, minute)
+        if step % 7 == 6:  # trim now and then, at the newest minute seen
+            now = max(m for vals in truth.values() for m in vals)
+            h.trim(now)
+            truth = {s: {m: v for m, v in vals.items() if m > now - keep} for s, vals in truth.items()}
+            truth = {s: vals for s, vals in truth.items() if vals}
+            first = {s: m for s, m in first.items() if s in truth}
+    assert set(h.values) == set(truth)
+    for sk, vals in truth.items():
+        for at in range(0, 45):
+            want_window = None if at - first[sk] + 1 < k else [vals[m] for m in range(at - k + 1, at + 1) if m in vals]
+            assert h.window(sk, at, k) == want_window
+            end = at - k + 1
+            assert h.before(sk, at, k, n) == [vals[m] for m in range(end - n, end) if m in vals]
