@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=20_000)
     p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
-    p.add_argument("--checkpoint-max-rows", type=int, default=20_000, metavar="N",
+    p.add_argument("--checkpoint-max-rows", type=_positive_int, default=20_000, metavar="N",
                    help="a checkpoint closes minutes of at most about N rows; a backlog's other closable "
                         "minutes close at the next ones, before more is read (default 20000)")
     p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
