@@ -155,5 +155,7 @@ SLO_EVENTS_INCREASE_RULE = "tailwatch_slo:events:increase"
 # ---- anomaly and fleet detectors (streams/detector_stage.py) -------------------------------
 DETECTIONS_TOTAL = "tailwatch_detections_total"
 DETECTIONS_ACTIVE = "tailwatch_detections_active"
+# One series per open detection: detector, the slice labels, and `evidence` (fixed at raise).
+DETECTION_STARTED_TIMESTAMP_SECONDS = "tailwatch_detection_started_timestamp_seconds"
 DETECTOR_PROCESSED_TIMESTAMP_SECONDS = "tailwatch_detector_processed_timestamp_seconds"
 ANOMALY_MODEL_VERSION = "tailwatch_anomaly_model_version"
