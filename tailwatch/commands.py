@@ -600,7 +600,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     from signals.recipes import argo_rollout, argo_templates, flagger_canary
 
-    target = args.target or args.model
+    from config.kubernetes import RULE, is_kubernetes_name, kubernetes_name
+
+    if args.target and not is_kubernetes_name(args.target):
+        raise CliError(f"--target {args.target!r} is not {RULE}; '{kubernetes_name(args.target)}' would do")
+    try:
+        target = args.target or kubernetes_name(args.model)  # Flagger names Services after it
+    except ValueError as exc:
+        raise CliError(f"--model: {exc}; pass --target NAME") from None
     if args.controller == "flagger":
         docs = [flagger_canary(target, args.namespace, args.model, args.version, args.url, args.token)]
     else:
@@ -764,7 +771,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = plan_stages(profiles, constraints, prices, cpu_usd_per_worker_hour=setup.cpu_usd_per_worker_hour)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if args.json:
+    if args.format == "json":
         print(json.dumps({"workload": args.workload, "minutes": measured.minutes, "turns": measured.turns,
                           "left_out": measured.left_out, "profiles": [dataclasses.asdict(p) for p in profiles],
                           "bottleneck": dataclasses.asdict(neck), "plan": dataclasses.asdict(plan)}, indent=2))
