@@ -335,10 +335,10 @@ def _capacity_measured(args: argparse.Namespace) -> int:
     con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         rows = load_pool_capacity(con, args.days) if store.has_table(con, "pool_capacity") else None
+        if rows is None or rows.height == 0:
+            raise CliError(f"no capacity measured yet: {_why_no_capacity(con, rows is not None)}")
     finally:
         con.close()
-    if rows is None or rows.height == 0:
-        raise CliError("no capacity measured yet: a worker serving the signal API (--http-port) records it as minutes close")
     if args.pool:
         rows = rows.filter(rows["pool"] == args.pool)
         if rows.height == 0:
@@ -352,6 +352,23 @@ def _capacity_measured(args: argparse.Namespace) -> int:
     print("work per warm replica (GPU-s/s), sustained with queue age and first output within SLO; best day per pool")
     print(render(["pool", "capacity", "best_day", "days_measured"], table))
     return 0
+
+
+def _why_no_capacity(con, signal_stage_ran: bool) -> str:
+    """What the store says about why no pool's capacity is measured, in the order a user
+    would look: the stage that measures it, the GPU samples it reads, the sustained minutes."""
+    import store
+
+    if not signal_stage_ran:
+        return ("no worker with the signal stage has written this store: a worker serving the signal API "
+                "(--http-port) measures it as minutes close")
+    gpu = con.execute("SELECT count(DISTINCT pool), count(DISTINCT window_start) FROM gpu_minute").fetchone() \
+        if store.has_table(con, "gpu_minute") else (0, 0)
+    if not gpu[0]:
+        return "the store holds no GPU samples (tw.gpu): capacity is work per warm replica, read from them"
+    return (f"the store holds {gpu[1]:,} minutes of GPU samples over {gpu[0]:,} pools, but no pool held 3 "
+            "consecutive minutes with work on warm replicas and its queue age and first output within the SLO "
+            "(a pool that breached all along, or sent no replica states, has no held capacity)")
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
