@@ -366,7 +366,8 @@ def _why_no_capacity(con, signal_stage_ran: bool) -> str:
         if store.has_table(con, "gpu_minute") else (0, 0)
     if not gpu[0]:
         return "the store holds no GPU samples (tw.gpu): capacity is work per warm replica, read from them"
-    return (f"the store holds {gpu[1]:,} minutes of GPU samples over {gpu[0]:,} pools, but no pool held 3 "
+    pools = f"{gpu[0]:,} pool" + ("s" if gpu[0] != 1 else "")
+    return (f"the store holds {gpu[1]:,} minutes of GPU samples over {pools}, but no pool held 3 "
             "consecutive minutes with work on warm replicas and its queue age and first output within the SLO "
             "(a pool that breached all along, or sent no replica states, has no held capacity)")
 

@@ -187,5 +187,5 @@ def test_capacity_measured_says_what_the_store_lacks(tmp_path):
                 "('2026-11-02 00:00', 'n1', 0, 'z', 'llm-a'), ('2026-11-02 00:01', 'n1', 0, 'z', 'llm-a')")
     con.close()
     err = measured()
-    assert "2 minutes of GPU samples over 1 pools" in err and "3 consecutive minutes" in err
+    assert "2 minutes of GPU samples over 1 pool, " in err and "3 consecutive minutes" in err
     assert "--http-port" not in err  # the worker that wrote it had one: not the reason
