@@ -75,6 +75,7 @@ import numpy as np
 from msgspec import Meta
 from scipy.special import betaincinv
 
+from signals.evidence import Power, count_power
 from slo import histogram
 from config import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
 
@@ -187,6 +188,8 @@ class RolloutPolicy(ConfigStruct):
     wer_min_words: Count = 500  # reference words per side and language slice, likewise
     rollback_wer_factor: Factor = 1.2  # rollback needs evidence the canary's WER in a language is over this × stable's
     wer_alpha: Alpha = 0.001  # always-valid, split across the language slices
+    wer_detectable_factor: Factor = 1.5  # a language passes only once a canary WER this × stable's would have shown
+    gate_beta: Alpha = 0.2  # a gate passes only where the harm it states would show with probability 1 − this
     underrun_min_streams: Count = 500  # TTS streams that reported underruns, per side, before a pass
     rollback_underrun_factor: Factor = 1.5  # rollback needs evidence the canary's share of stuttering streams is over this × stable's
     underrun_alpha: Alpha = 0.001  # always-valid
@@ -662,8 +665,20 @@ def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) ->
             verdicts[name] = MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, not yet shown "
                                            f"over {p.rollback_wer_factor:g}x", p_worse, row)
         else:
-            row["verdict"] = "pass"
-            verdicts[name] = MetricVerdict("pass", f"{words}: no evidence it is worse (p = {p_worse:.2g})", p_worse, row)
+            # No harm seen: a pass only if a canary worse by the detectable factor would have been seen.
+            power = count_power(float(nc.sum()), float(ns.sum()), s_err / s_words, p.wer_detectable_factor, alpha,
+                                p.gate_beta, sequential_error_p_value)
+            row["detectable_factor"] = p.wer_detectable_factor
+            if power.detectable:
+                row["verdict"] = "pass"
+                verdicts[name] = MetricVerdict("pass", f"{words}: no evidence it is worse (p = {p_worse:.2g}), and "
+                                               f"{p.wer_detectable_factor:g}x would have shown", p_worse, row)
+            else:
+                more = power.more_canary * phi if power.more_canary is not None else None  # words, not φ-units
+                needed = Power(False, power.factor, more).needed("words")
+                row.update(verdict="insufficient", evidence_needed=needed)
+                verdicts[name] = MetricVerdict("continue", f"{words}: no harm seen, but too little to see "
+                                               f"{p.wer_detectable_factor:g}x: {needed}", p_worse, row)
     c_err, c_words, s_err, s_words = totals
     global_words = (f"global WER canary {100 * c_err / c_words:.1f}% vs stable {100 * s_err / s_words:.1f}%"
                     if c_words and s_words else "no global WER yet")

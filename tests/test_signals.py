@@ -342,7 +342,7 @@ def test_the_wer_gate_judges_each_language_with_its_own_evidence():
     """Pure: per-minute evaluations per language on each side (signals/rollout.py wer_verdict)."""
     from signals.rollout import QualityMinute, RolloutPolicy, overdispersion, wer_verdict
 
-    def side(version, per_language: dict[str, tuple[int, int]], minutes=30, evaluations=5):
+    def side(version, per_language: dict[str, tuple[int, int]], minutes=40, evaluations=5):
         return VersionStats(version, 3000, 0, 0, None, None, 0.0, 0, 0.0, languages={
             lang: tuple(QualityMinute(m, evaluations, errors, words) for m in range(minutes))
             for lang, (errors, words) in per_language.items()})
