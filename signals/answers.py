@@ -195,6 +195,11 @@ class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     p_value: Number
     method: str | UnsetType = UNSET
     alpha: float | UnsetType = UNSET
+    # the power rule: a pass needs the data to have been able to show this canary ÷ stable factor
+    detectable_factor: float | UnsetType = UNSET
+    evidence: Annotated[Literal["insufficient"], Meta(description="no harm seen, on too little data to call it a pass")] \
+        | UnsetType = UNSET
+    evidence_needed: Annotated[str, Meta(description="how much more canary evidence a pass needs")] | UnsetType = UNSET
     # errors (sequential test)
     p_value_worse_than_stable: Number | UnsetType = UNSET
     rate_ratio: float | UnsetType = UNSET

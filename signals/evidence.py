@@ -20,6 +20,11 @@ own alpha, with probability at least 1 − beta. Below that the gate's answer is
   √((n₁ + n₂ + 1) ÷ (12 n₁ n₂)); the sample has power when (AUC − ½) ÷ that error reaches
   z(1 − alpha) + z(1 − beta).
 
+- Cost per unit, judged by a one-sided interval on the log of the canary ÷ stable ratio: a
+  pass needs the interval's upper bound under the factor that pauses (the data tells this
+  canary from one that costs that much more). The interval's half-width shrinks as
+  √minutes, which says how many more minutes it needs.
+
 "Evidence still needed" scales the canary's exposure (and stable's beside it, in the
 proportion the window shows) until the sample would have the power, and says how much
 more canary exposure that is.
@@ -49,8 +54,8 @@ class Power:
         if self.detectable:
             return ""
         if self.more_canary is None:
-            return f"cannot show {self.factor:g}x at this traffic"
-        return f"needs ~{_round_up(self.more_canary):,} more canary {unit} to show {self.factor:g}x"
+            return f"cannot show {self.factor:.3g}x at this traffic"
+        return f"needs ~{_round_up(self.more_canary):,} more canary {unit} to show {self.factor:.3g}x"
 
 
 def _round_up(x: float) -> int:
@@ -124,3 +129,14 @@ def rank_power(canary_n: float, stable_n: float, sigma_log: float, factor: float
         return (auc - 0.5) / math.sqrt((n1 + n2 + 1) / (12 * n1 * n2)) >= z_needed
 
     return Power(has_power(1.0), factor, _more_needed(has_power, canary_n))
+
+
+def cost_minutes_needed(ratio: float, sd_log: float, factor: float, confidence: float, minutes: int) -> int | None:
+    """More minutes before the upper bound of a cost ratio (estimate `ratio`, standard error
+    `sd_log` of its log over `minutes`) falls under `factor`; None when the estimate itself is not under it."""
+    gap = math.log(factor) - math.log(ratio)
+    if gap <= 0 or sd_log <= 0:
+        return None if gap <= 0 else 0
+    z = _STD_NORMAL.inv_cdf(confidence)
+    total = minutes * (z * sd_log / gap) ** 2
+    return max(0, math.ceil(total - minutes))
