@@ -59,6 +59,13 @@ Methods, and why:
   `underrun_tolerance`, with `underrun_min_streams` reporting streams per side; until then it
   continues and is not promoted on silence.
 
+No harm seen is a pass only where the data would have shown the harm that matters
+(`signals/evidence.py`): each gate states a minimum detectable effect (errors: 2× stable's or a
+canary burning its budget at 6×; WER per language: 1.5×; latency: `pause_latency_factor`;
+cost: `pause_cost_factor`) and passes only if its own test, at its own alpha, would have
+seen it with probability 1 − `gate_beta`. Below that the metric continues with `evidence:
+insufficient` and the evidence it still needs; a WER slice says `insufficient`.
+
 Latency and cost tests are fixed-sample tests repeated each minute; their small alpha and
 the effect-size gates keep repeated looks from turning noise into verdicts. Callers with
 totals only (no per-minute counts, no histograms) get the same rules on point estimates.

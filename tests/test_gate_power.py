@@ -49,3 +49,33 @@ def test_the_latency_power_rule_scales_with_the_spread_of_latency():
     # Spread log latency (σ 1.0) needs far more values to show 1.15x than tight latency (σ 0.2).
     wide, tight = rank_power(500, 2_000, 1.0, 1.15, 0.001, 0.2), rank_power(500, 2_000, 0.2, 1.15, 0.001, 0.2)
     assert tight.detectable and not wide.detectable and wide.more_canary > 400
+
+
+def test_latency_and_cost_pass_only_on_the_evidence_to_see_the_harm():
+    """Pure, through the rollout judge: few values of widely spread latency, and cost per unit
+    that swings minute to minute, say nothing against a 1.15x slowdown or a 1.25x cost; the
+    same canary with enough minutes and values passes both."""
+    from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
+    from slo import histogram
+
+    def side(version, minutes, per_minute, seed, cost_swing):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for m in range(minutes):
+            tokens = 20_000
+            rows.append(MinuteCounts(m, per_minute, 0, 1e-4 * tokens * (1 + cost_swing * (-1) ** m), tokens,
+                                     0.0, histogram.from_values(rng.lognormal(np.log(800), 1.2, per_minute))))
+        return VersionStats(version, sum(r.requests for r in rows), 0, 0, None, None, sum(r.gpu_cost for r in rows),
+                            sum(r.output_tokens for r in rows), 0.0, tuple(rows),
+                            histogram.merge(r.first_output_hist for r in rows))
+
+    # No errors anywhere, and a burn that would be noticed on any traffic: errors are not what this tests.
+    policy = RolloutPolicy(promote_min_requests=100, min_requests=100, error_detectable_burn=1000.0)
+    thin = verdict(side("v2", 12, 12, 1, 0.5), side("v1", 12, 60, 2, 0.5), 12, policy)
+    assert thin.verdict == "continue", thin.reasons
+    assert thin.metrics["first_output"]["evidence"] == "insufficient"
+    assert "more canary values to show 1.15x" in thin.metrics["first_output"]["evidence_needed"]
+    assert thin.metrics["cost"]["evidence"] == "insufficient" and thin.metrics["cost"]["upper"] >= 1.25
+    assert "more minutes with work" in thin.metrics["cost"]["evidence_needed"]
+    rich = verdict(side("v2", 30, 400, 3, 0.1), side("v1", 30, 1200, 4, 0.1), 30, policy)
+    assert rich.metrics["first_output"]["verdict"] == "pass" and rich.metrics["cost"]["verdict"] == "pass"
