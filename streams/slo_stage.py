@@ -171,7 +171,7 @@ class SloStage:
         return out
 
     def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
-        """A page that fires names who holds the slice's bad events at that minute (the
+        """A page that fires names who and what holds the slice's bad events at that minute (the
         minute's rows are in this checkpoint: it is what fired it), worked out once per SLO
         for all its slices and minutes."""
         wanted: dict[str, set[int]] = {}
@@ -184,9 +184,9 @@ class SloStage:
             if c.state == "firing" and not c.detail:
                 spec = self.specs[c.slo]
                 key = tuple(c.labels.get(k) for k in spec.slice_by if k in requests.columns)
-                named = found[c.slo].get(c.at_minute, {}).get(key)
-                if named:
-                    c = dataclasses.replace(c, detail=explain(named))
+                detail = explain(found[c.slo].get(c.at_minute, {}).get(key))
+                if detail:
+                    c = dataclasses.replace(c, detail=detail)
             out.append(c)
         return out
 
