@@ -207,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-max-rows", type=_positive_int, default=20_000, metavar="N",
                    help="a checkpoint closes minutes of at most about N rows; a backlog's other closable "
                         "minutes close at the next ones, before more is read (default 20000)")
+    p.add_argument("--max-label-values", type=_positive_int, default=5_000, metavar="N",
+                   help="values kept apart per open-ended slice label (tenant, model, model_version, zone, pool, "
+                        "language, voice; a GPU's node), first seen first; later values are counted under __other__ "
+                        "(default 5000)")
+    p.add_argument("--max-slices", type=_positive_int, default=20_000, metavar="N",
+                   help="slices (label combinations) kept apart per input topic; later ones are counted with their "
+                        "open-ended labels __other__ (default 20000)")
+    p.add_argument("--label-values-forget-after", type=_duration_s, default=86400.0, metavar="DURATION",
+                   help="event time after which a label value or slice not seen again frees its place "
+                        "(default 24h; 0: never)")
     p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
                    help="how often the worker measures what each part of its state holds "
                         "for /metrics (a walk of its objects; default 1m)")
