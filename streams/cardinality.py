@@ -9,7 +9,10 @@ no clock.
 - **First seen wins.** A value is admitted when it arrives while its label holds fewer than
   `max_values_per_label` values; later ones are folded into `__other__` and counted. The
   values admitted first stay exact whatever floods in after them. Within one batch, values
-  compete in the order their records were read.
+  compete in event-time order (their first event, then the value), not in the order the
+  partitions happened to be read, so a worker that drains a backlog of several partitions
+  admits the tenants that were there first, and a replay admits the same values whenever
+  the contenders for the last places arrive in one batch.
 - **Slices too.** After the labels are capped, a slice (the tuple of slice labels) past
   `max_slices` has all its open-ended labels folded into `__other__`: admitted tenants times
   admitted models cannot multiply past the cap. The fully folded slices (one per set of the
@@ -85,7 +88,9 @@ class CardinalityLimiter:
         out = Overflowed()
         if frame.height == 0:
             return frame, out
+        # Per value: its newest hour (ageing) and its first event time (who came first).
         hour = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
+        first = pl.col("ts_ms").min().alias("_first")
         newest = int(frame["ts_ms"].max()) // HOUR_MS
         if self.newest_hour is None or newest > self.newest_hour:
             self.newest_hour = newest
@@ -93,7 +98,8 @@ class CardinalityLimiter:
         for label in self.capped:
             if label not in frame.columns:
                 continue
-            refused = self._admit_values(label, frame.group_by(label, maintain_order=True).agg(hour).iter_rows())
+            seen = frame.group_by(label).agg(hour, first).sort("_first", label)
+            refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
             if refused:
                 mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
                 out.events_by_label[label] = int(frame.select(mask.sum()).item())
@@ -101,8 +107,8 @@ class CardinalityLimiter:
                                            .alias(label))
         keys = [k for k in self.slice_labels if k in frame.columns]
         key_hash = pl.struct(keys).hash().alias("_key")
-        combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key", maintain_order=True).agg(
-            *[pl.col(k).first() for k in keys], hour)
+        combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
+            *[pl.col(k).first() for k in keys], hour, first).sort("_first", *keys).drop("_first")
         refused_keys = self._admit_slices(keys, combos)
         if refused_keys:
             mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())

@@ -485,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a month of event time (sparse: --busy-slices slices, a request each every --every-minutes) "
                         "through the embedded broker and a worker with every default stage: RSS at days 2, 10, 20 "
                         "and 30, CPU, store size and the 30-day budgets against an exact count")
+    p.add_argument("--label-flood", action="store_true",
+                   help="a producer bug: --flood-requests requests with a new tenant and model each, among a steady "
+                        "tenant's, through one worker with its default caps: peak RSS, /metrics latency, overflow counts")
+    p.add_argument("--flood-requests", type=_positive_int, default=200_000, help="label-flood bench: flood requests")
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")

@@ -559,6 +559,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise CliError(str(exc)) from None
         return 0
+    if args.label_flood:
+        from tools.bench_flood import run_flood
+
+        print("\n".join(run_flood(args.flood_requests)))
+        return 0
     if args.month:
         from tools.bench_month import run_month
 

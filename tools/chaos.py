@@ -9,11 +9,13 @@ worker` processes and a real Alertmanager. Faults are drawn from a seeded
 `random.Random`: SIGKILLs (some before the worker's first checkpoint), a second group
 member that joins and leaves, poison records of every kind in random partitions
 (2 MB ones included), partitions left silent for minutes, the broker stopped with
-SIGSTOP, Alertmanager taken down and brought back.
+SIGSTOP, Alertmanager taken down and brought back; and, where `label_flood` asks, a label
+flood: requests each with a tenant never seen before, past the workers' cardinality cap.
 
 At the end a fresh worker drains with `--until-idle`, and the store is compared with an
 aggregation of what was produced, computed here in DuckDB SQL from the delivered bytes:
-every `sli_minute` and `gpu_minute` row, `EXCEPT ALL` both ways. No worker code is
+every `sli_minute` and `gpu_minute` row, `EXCEPT ALL` both ways (a flood tenant that found no
+room expected under `__other__`). No worker code is
 imported for that; only `slo/histogram.py`'s constants are shared, and the bin formula,
 quantiles and fixed-point sums are written again in SQL. Dead letters are matched to the
 poison records by source offset, and every alert in the store's `alerts` table is looked
@@ -57,7 +59,7 @@ from slo import histogram  # constants only: the bin and quantile formulas are r
 from ingest.broker import BrokerError, EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, ensure_topics
 from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
-from conventions import CHECKPOINT_DURATION_SECONDS, EVENTS_TOTAL
+from conventions import CHECKPOINT_DURATION_SECONDS, EVENTS_TOTAL, OVERFLOW_LABEL_VALUE
 
 
 START_MS = int(datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp() * 1000)  # fixed: runs are replayable
@@ -150,6 +152,7 @@ class ChaosConfig:
     worker_command: Sequence[str] = ()  # replaces `python -m tailwatch` (empty: that)
     worker_env: dict[str, str] = field(default_factory=dict)  # added to the workers' environment
     instance_ids: bool = False  # pass --instance-id chaos-a / chaos-b instead of the worker's default
+    label_flood: int = 0  # requests each with a tenant never seen before (0: no flood)
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -318,6 +321,11 @@ class ChaosReport:
     alertmanager_checked: bool = False
     verification_error: str | None = None  # the comparison itself could not run
     notes: list[str] = field(default_factory=list)
+    # The label flood: its requests delivered, the flood tenants that found room (exact in the
+    # store), and the requests the store holds under tenant `__other__` (None: not checked).
+    flood_requests: int = 0
+    flood_tenants_admitted: list[str] = field(default_factory=list)
+    flood_in_overflow: int | None = None
 
     @property
     def poison_total(self) -> int:
@@ -349,6 +357,10 @@ class ChaosReport:
             out.append(f"{self.late_dead_letters} events dead-lettered as late")
         if self.undelivered:
             out.append(f"{self.undelivered} records were not delivered by the test producer")
+        expected_overflow = self.flood_requests - len(self.flood_tenants_admitted)
+        if self.flood_requests and self.flood_in_overflow != expected_overflow:
+            out.append(f"label flood: {self.flood_in_overflow} requests under {OVERFLOW_LABEL_VALUE}, "
+                       f"{expected_overflow} expected")
         if self.alertmanager_checked:
             if not self.burst_paged:
                 out.append("no llm-realtime-availability page fired for the injected error burst")
@@ -391,6 +403,7 @@ class ChaosReport:
             f"  Alertmanager outages         {len(self.alertmanager_outages)} ({outages or '-'})",
             f"  worker exits on its own      {len(self.worker_crashes)}",
             f"  wedged group rescued         {self.group_rescues} (the broker named a departed leader)",
+            *self._flood_lines(),
             "result",
         ]
         if self.verification_error:
@@ -456,6 +469,14 @@ class ChaosReport:
             lines += ["", "notes", *(f"  - {n}" for n in self.notes)]
         lines.append(f"\nfiles: {self.out_dir}")
         return "\n".join(lines)
+
+    def _flood_lines(self) -> list[str]:
+        if not self.flood_requests:
+            return []
+        return [f"  label flood                  {self.flood_requests:,} requests with new tenants; "
+                f"{len(self.flood_tenants_admitted)} found room ({', '.join(self.flood_tenants_admitted) or '-'}), "
+                f"{self.flood_in_overflow if self.flood_in_overflow is not None else '?'} counted under "
+                f"{OVERFLOW_LABEL_VALUE}"]
 
 
 # ---- the stream ---------------------------------------------------------------------------
@@ -860,6 +881,63 @@ def add_poison(stream: Stream, rng: random.Random, per_kind: int,
     return added
 
 
+@dataclass
+class LabelFlood:
+    """A producer bug: requests each stamped with a tenant never seen before."""
+
+    records: list[Outgoing]
+    cap: int  # the workers' --max-label-values: what the stream's own busiest label holds
+    known_tenants: int  # tenants of the stream itself: they take their places first
+
+
+FLOOD_KEY = b"flood"  # one key, so one partition: the log's order says which flood tenants find room
+
+
+def add_label_flood(stream: Stream, rng: random.Random, requests: int) -> LabelFlood:
+    """`requests` copies of the stream's own requests, each with a new event id and a tenant
+    never seen before, spread over the middle third of the run (every value of the stream has
+    been read by then). The workers' cap is the most values any capped label of the stream
+    holds, so the stream's values all have room and the flood fills what is left: its first
+    tenants in the log's order are admitted, the rest are counted under `__other__`."""
+    valid = [o for chunk in stream.chunks for o in chunk if o.kind in ("request", "gpu") and not o.duplicate]
+    docs = [json.loads(o.value) for o in valid if o.kind == "request"]
+    values = {label: {d.get(label) for d in docs} - {None, ""} for label in SLICE_LABELS}
+    values["node"] = {json.loads(o.value)["node"] for o in valid if o.kind == "gpu"}
+    cap = max(len(v) for v in values.values())
+    n = len(stream.chunks)
+    first, last = n // 3, max(n // 3, 2 * n // 3 - 1)
+    records = []
+    for i in range(requests):
+        chunk = rng.randint(first, last)
+        own = [o for o in stream.chunks[chunk] if o.kind == "request" and not o.duplicate]
+        if not own:
+            continue
+        source = rng.choice(own)
+        doc = json.loads(source.value)
+        doc.update({"event_id": f"flood-{i:05d}", "tenant": f"flood-{i:05d}"})
+        doc.pop("retry_of", None)  # its own turn: the original's chain is not this tenant's
+        doc["attempt"] = 1
+        o = Outgoing(source.ts_ms, "requests", FLOOD_KEY, _dumps(doc), "request")
+        stream.chunks[chunk].insert(rng.randint(0, len(stream.chunks[chunk])), o)
+        records.append(o)
+    return LabelFlood(records, cap, len(values["tenant"]))
+
+
+def _flood_truth(flood: LabelFlood) -> tuple[dict[int, bytes], list[str]]:
+    """What the store should hold of the flood: each flood record's bytes with its tenant
+    `__other__` unless it is among the first tenants (by offset) that found room, by the
+    record's id; and those tenants."""
+    delivered = sorted((o for o in flood.records if o.delivered_offset is not None), key=lambda o: o.delivered_offset)
+    admitted = [json.loads(o.value)["tenant"] for o in delivered[:max(0, flood.cap - flood.known_tenants)]]
+    out = {}
+    for o in delivered:
+        doc = json.loads(o.value)
+        if doc["tenant"] not in admitted:
+            doc["tenant"] = OVERFLOW_LABEL_VALUE
+        out[id(o)] = _dumps(doc)
+    return out, admitted
+
+
 # ---- real processes ------------------------------------------------------------------------
 
 
@@ -1155,6 +1233,8 @@ class _Chaos:
             argv += ["--until-idle", f"{until_idle_s:g}"]
             if "--drain-timeout" in self.flags:
                 argv += ["--drain-timeout", "60s"]  # bounded, so a run that cannot drain fails in CI time
+        if self.flood is not None:
+            argv += ["--max-label-values", str(self.flood.cap)]
         return argv + list(self.conf.worker_args)
 
     def _spawn(self, name: str, store: Path, instance: str, until_idle_s: float | None = None) -> WorkerProc:
@@ -1243,6 +1323,7 @@ class _Chaos:
         self.say("chaos: building the stream from the Azure code and Mooncake traces")
         self.stream = build_stream(self.seed, self.minutes, Path(self.azure_csv), Path(self.mooncake), self.rng)
         self.poison = add_poison(self.stream, self.rng, self.conf.poison_per_kind, self.conf.poison_kinds)
+        self.flood = add_label_flood(self.stream, self.rng, self.conf.label_flood) if self.conf.label_flood else None
         self.broker = EmbeddedBroker(port=free_port(), log_path=self.out / "broker.log")
         try:
             self.broker.start()
@@ -1489,11 +1570,13 @@ class _Chaos:
         truth.mkdir(exist_ok=True)
         files = {"requests": truth / "requests.jsonl", "gpu": truth / "gpu.jsonl"}
         handles = {k: open(v, "wb") for k, v in files.items()}
+        flood_truth, r.flood_tenants_admitted = _flood_truth(self.flood) if self.flood else ({}, [])
+        r.flood_requests = len(flood_truth)
         try:
             for o in valid:
                 if o.delivered_offset is None:
                     continue  # never in the log: not expected in the store either
-                handles[o.topic].write(o.value + b"\n")
+                handles[o.topic].write(flood_truth.get(id(o), o.value) + b"\n")
                 r.duplicates_published += o.duplicate
                 if o.topic == "requests":
                     r.requests_published += 1
@@ -1522,6 +1605,9 @@ class _Chaos:
         try:
             con.execute(f"ATTACH '{self.store_a}' AS got (READ_ONLY)")
             self._compare_tables(con, files)
+            if self.flood is not None:
+                r.flood_in_overflow = con.execute("SELECT coalesce(sum(requests), 0) FROM got.sli_minute WHERE tenant = ?",
+                                                  [OVERFLOW_LABEL_VALUE]).fetchone()[0]
             self._check_dead_letters(con)
             if self.am is not None:
                 self._check_alerts(con)
