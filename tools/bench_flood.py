@@ -123,7 +123,7 @@ def run_flood(flood: int = 200_000, flood_minutes: int = 5, worker_args: tuple[s
         started = time.monotonic()
         rss: list[int] = []
         peak = [0]
-        scrapes: list[tuple[int | None, float]] = []
+        scrapes: list[tuple[int | None, float, float]] = []  # status (None: refused), latency, when
         last = [""]
         stop = threading.Event()
 
@@ -132,7 +132,7 @@ def run_flood(flood: int = 200_000, flood_minutes: int = 5, worker_args: tuple[s
                 status, took, text = _scrape(port)
                 # Before the port first answers the worker is starting; after it exits, gone: neither is a failure.
                 if (status is not None or scrapes) and worker.poll() is None:
-                    scrapes.append((status, took))
+                    scrapes.append((status, took, time.monotonic() - started))
                 if text:
                     last[0] = text
                 stop.wait(SCRAPE_EVERY_S)
@@ -169,10 +169,9 @@ def run_flood(flood: int = 200_000, flood_minutes: int = 5, worker_args: tuple[s
             letters, = con.execute("SELECT count(*) FROM dead_letter").fetchone()
         finally:
             con.close()
-        answered = [took for status, took in scrapes if status == 200]
-        failed = sum(1 for status, _ in scrapes if status != 200)
-        statuses = ", ".join(f"{n} {s or 'refused'}" for s, n in sorted(
-            {s: sum(1 for t, _ in scrapes if t == s) for s, _ in scrapes if s != 200}.items(), key=str))
+        answered = [took for status, took, _ in scrapes if status == 200]
+        failed = sum(1 for status, _, _ in scrapes if status != 200)
+        statuses = ", ".join(f"{s or 'refused'} at {at:.0f} s" for s, _, at in scrapes if s != 200)
         text = last[0]
         series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
         lat = np.array(answered) if answered else np.array([float("nan")])
@@ -181,7 +180,7 @@ def run_flood(flood: int = 200_000, flood_minutes: int = 5, worker_args: tuple[s
             f"{steady:,} of a steady tenant before and among them; one worker, caps "
             f"{' '.join(worker_args) or 'at their defaults'}; {wall:,.0f} s wall",
             f"  worker RSS: peak {peak[0] / 2**20:,.0f} MiB (VmHWM), median of samples {np.median(rss) / 2**20:,.0f} MiB",
-            f"  /metrics: {len(scrapes)} scrapes every {SCRAPE_EVERY_S} s while it drained, {failed} not 200{f' ({statuses})' if failed else ''}; latency "
+            f"  /metrics: {len(scrapes)} scrapes every {SCRAPE_EVERY_S} s while it drained, {failed} not 200{f' ({statuses} of {wall:.0f})' if failed else ''}; latency "
             f"p50 {np.percentile(lat, 50) * 1000:,.0f} ms, p99 {np.percentile(lat, 99) * 1000:,.0f} ms, "
             f"max {lat.max() * 1000:,.0f} ms; {series:,} series in the last answer",
             f"  overflow: tenant {_sum(text, LABEL_VALUES_OVERFLOWED_TOTAL, 'tenant'):,.0f}, model "

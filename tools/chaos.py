@@ -322,10 +322,13 @@ class ChaosReport:
     verification_error: str | None = None  # the comparison itself could not run
     notes: list[str] = field(default_factory=list)
     # The label flood: its requests delivered, the flood tenants that found room (exact in the
-    # store), and the requests the store holds under tenant `__other__` (None: not checked).
+    # store), the stream's own label values that did not, and the requests the store holds
+    # under tenant `__other__` (None: not checked).
     flood_requests: int = 0
     flood_tenants_admitted: list[str] = field(default_factory=list)
+    stream_values_folded: list[str] = field(default_factory=list)
     flood_in_overflow: int | None = None
+    stream_folded_requests: int = 0  # the stream's own requests counted under `__other__` (folded values)
 
     @property
     def poison_total(self) -> int:
@@ -358,9 +361,9 @@ class ChaosReport:
         if self.undelivered:
             out.append(f"{self.undelivered} records were not delivered by the test producer")
         expected_overflow = self.flood_requests - len(self.flood_tenants_admitted)
-        if self.flood_requests and self.flood_in_overflow != expected_overflow:
+        if self.flood_requests and self.flood_in_overflow != expected_overflow + self.stream_folded_requests:
             out.append(f"label flood: {self.flood_in_overflow} requests under {OVERFLOW_LABEL_VALUE}, "
-                       f"{expected_overflow} expected")
+                       f"{expected_overflow + self.stream_folded_requests} expected")
         if self.alertmanager_checked:
             if not self.burst_paged:
                 out.append("no llm-realtime-availability page fired for the injected error burst")
@@ -475,8 +478,9 @@ class ChaosReport:
             return []
         return [f"  label flood                  {self.flood_requests:,} requests with new tenants; "
                 f"{len(self.flood_tenants_admitted)} found room ({', '.join(self.flood_tenants_admitted) or '-'}), "
-                f"{self.flood_in_overflow if self.flood_in_overflow is not None else '?'} counted under "
-                f"{OVERFLOW_LABEL_VALUE}"]
+                f"{self.flood_in_overflow if self.flood_in_overflow is not None else '?'} requests counted under "
+                f"{OVERFLOW_LABEL_VALUE} ({self.stream_folded_requests} of them the stream's own: "
+                f"{', '.join(self.stream_values_folded) or 'none'})"]
 
 
 # ---- the stream ---------------------------------------------------------------------------
@@ -887,10 +891,9 @@ class LabelFlood:
 
     records: list[Outgoing]
     cap: int  # the workers' --max-label-values: what the stream's own busiest label holds
-    known_tenants: int  # tenants of the stream itself: they take their places first
 
 
-FLOOD_KEY = b"flood"  # one key, so one partition: the log's order says which flood tenants find room
+FLOOD_KEY = b"flood"  # one key, one partition: as one misbehaving producer's records land
 
 
 def add_label_flood(stream: Stream, rng: random.Random, requests: int) -> LabelFlood:
@@ -898,7 +901,7 @@ def add_label_flood(stream: Stream, rng: random.Random, requests: int) -> LabelF
     never seen before, spread over the middle third of the run (every value of the stream has
     been read by then). The workers' cap is the most values any capped label of the stream
     holds, so the stream's values all have room and the flood fills what is left: its first
-    tenants in the log's order are admitted, the rest are counted under `__other__`."""
+    tenants to be read are admitted, the rest are counted under `__other__`."""
     valid = [o for chunk in stream.chunks for o in chunk if o.kind in ("request", "gpu") and not o.duplicate]
     docs = [json.loads(o.value) for o in valid if o.kind == "request"]
     values = {label: {d.get(label) for d in docs} - {None, ""} for label in SLICE_LABELS}
@@ -906,36 +909,58 @@ def add_label_flood(stream: Stream, rng: random.Random, requests: int) -> LabelF
     cap = max(len(v) for v in values.values())
     n = len(stream.chunks)
     first, last = n // 3, max(n // 3, 2 * n // 3 - 1)
-    records = []
-    for i in range(requests):
+    picks = []  # (event time, draw, chunk, the request copied)
+    for draw in range(requests):
         chunk = rng.randint(first, last)
         own = [o for o in stream.chunks[chunk] if o.kind == "request" and not o.duplicate]
-        if not own:
-            continue
-        source = rng.choice(own)
+        if own:
+            source = rng.choice(own)
+            picks.append((source.ts_ms, draw, chunk, source))
+    # Named and published in event-time order, each at the end of its chunk (within the
+    # allowed lateness of the chunk's other records).
+    records = []
+    for i, (ts_ms, _, chunk, source) in enumerate(sorted(picks, key=lambda p: p[:2])):
         doc = json.loads(source.value)
         doc.update({"event_id": f"flood-{i:05d}", "tenant": f"flood-{i:05d}"})
         doc.pop("retry_of", None)  # its own turn: the original's chain is not this tenant's
         doc["attempt"] = 1
-        o = Outgoing(source.ts_ms, "requests", FLOOD_KEY, _dumps(doc), "request")
-        stream.chunks[chunk].insert(rng.randint(0, len(stream.chunks[chunk])), o)
+        o = Outgoing(ts_ms, "requests", FLOOD_KEY, _dumps(doc), "request")
+        stream.chunks[chunk].append(o)
         records.append(o)
-    return LabelFlood(records, cap, len(values["tenant"]))
+    return LabelFlood(records, cap)
 
 
-def _flood_truth(flood: LabelFlood) -> tuple[dict[int, bytes], list[str]]:
-    """What the store should hold of the flood: each flood record's bytes with its tenant
-    `__other__` unless it is among the first tenants (by offset) that found room, by the
-    record's id; and those tenants."""
-    delivered = sorted((o for o in flood.records if o.delivered_offset is not None), key=lambda o: o.delivered_offset)
-    admitted = [json.loads(o.value)["tenant"] for o in delivered[:max(0, flood.cap - flood.known_tenants)]]
+CAPPED = {"requests": ("tenant", "model", "model_version", "zone", "pool"), "gpu": ("node",)}
+
+
+def admitted_values(store_path: Path, topics: dict[str, str]) -> dict[str, dict[str, set[str]]]:
+    """The values the worker's cardinality limiter admitted, per topic suffix and label, as its
+    last checkpoint stored them (its msgpack state: version, newest hour, values, slices)."""
+    import msgspec
+
+    con = duckdb.connect(str(store_path), read_only=True)
+    try:
+        rows = dict(con.execute("SELECT topic, state FROM _tw_label_limits").fetchall())
+    finally:
+        con.close()
     out = {}
-    for o in delivered:
-        doc = json.loads(o.value)
-        if doc["tenant"] not in admitted:
-            doc["tenant"] = OVERFLOW_LABEL_VALUE
-        out[id(o)] = _dumps(doc)
-    return out, admitted
+    for suffix, topic in topics.items():
+        state = msgspec.msgpack.decode(rows[topic]) if topic in rows else [0, None, {}, []]
+        out[suffix] = {label: {value for value, _hour in state[2].get(label, [])} for label in CAPPED[suffix]}
+    return out
+
+
+def as_counted(o: Outgoing, admitted: dict[str, dict[str, set[str]]]) -> tuple[bytes, list[str]]:
+    """A record as the worker counts it: each capped label whose value found no room reads
+    `__other__`. Returns the bytes and the values folded."""
+    doc = json.loads(o.value)
+    folded = [doc[label] for label in CAPPED[o.topic] if doc.get(label) and doc[label] not in admitted[o.topic][label]]
+    if not folded:
+        return o.value, []
+    for label in CAPPED[o.topic]:
+        if doc.get(label) and doc[label] not in admitted[o.topic][label]:
+            doc[label] = OVERFLOW_LABEL_VALUE
+    return _dumps(doc), folded
 
 
 # ---- real processes ------------------------------------------------------------------------
@@ -1570,13 +1595,26 @@ class _Chaos:
         truth.mkdir(exist_ok=True)
         files = {"requests": truth / "requests.jsonl", "gpu": truth / "gpu.jsonl"}
         handles = {k: open(v, "wb") for k, v in files.items()}
-        flood_truth, r.flood_tenants_admitted = _flood_truth(self.flood) if self.flood else ({}, [])
-        r.flood_requests = len(flood_truth)
+        # With a label flood, the store holds each value the worker found room for under its
+        # name, the rest under `__other__`: which ones is the worker's first-come order, so the
+        # expectation takes the admitted sets from the store and checks what they hold.
+        admitted = admitted_values(self.store_a, {s: self.kafka.topic(s) for s in CAPPED}) \
+            if self.flood is not None and self.store_a.exists() else None
+        flood_ids = {id(o) for o in self.flood.records} if self.flood is not None else set()
+        stream_folded: set[str] = set()
         try:
             for o in valid:
                 if o.delivered_offset is None:
                     continue  # never in the log: not expected in the store either
-                handles[o.topic].write(flood_truth.get(id(o), o.value) + b"\n")
+                value = o.value
+                if admitted is not None:
+                    value, folded = as_counted(o, admitted)
+                    if id(o) in flood_ids:
+                        r.flood_requests += 1
+                    elif folded:
+                        stream_folded.update(folded)
+                        r.stream_folded_requests += o.topic == "requests" and not o.duplicate
+                handles[o.topic].write(value + b"\n")
                 r.duplicates_published += o.duplicate
                 if o.topic == "requests":
                     r.requests_published += 1
@@ -1585,6 +1623,14 @@ class _Chaos:
         finally:
             for h in handles.values():
                 h.close()
+        if admitted is not None:
+            r.flood_tenants_admitted = sorted(admitted["requests"]["tenant"] - {
+                json.loads(o.value)["tenant"] for chunk in self.stream.chunks for o in chunk
+                if o.kind == "request" and id(o) not in flood_ids})
+            r.stream_values_folded = sorted(stream_folded)
+            if stream_folded:
+                r.notes.append(f"the stream's own values counted under {OVERFLOW_LABEL_VALUE}: {sorted(stream_folded)} "
+                               "(the worker read a flood tenant before them: first come, first admitted)")
         mismatched = sum(1 for o in valid if o.delivered_partition is not None
                          and o.delivered_partition != _crc_partition(o.key.decode()))
         if mismatched:
