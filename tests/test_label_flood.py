@@ -15,15 +15,16 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import duckdb
 import msgspec
 import pytest
 from confluent_kafka import Producer
 
 from conventions import OVERFLOW_LABEL_VALUE
-from ingest.kafka import KafkaSettings, ensure_topics
+from ingest.kafka import KafkaSettings
 from ingest.schema import RequestV1
 from tests.conftest import free_port
+# One partition (`kafka`): the order values arrive in, and so the admitted set, is the log's.
+from tests.test_hostile import kafka, rows  # noqa: F401 (a fixture)
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z, in the past of every record's timestamp
 FLOOD = 3_000
@@ -65,21 +66,6 @@ def sample(text: str, name: str, **labels: str) -> float:
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
-
-
-def rows(store: Path, sql: str) -> list[tuple]:
-    con = duckdb.connect(str(store), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
-@pytest.fixture
-def kafka(broker) -> KafkaSettings:
-    settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(settings, 1)  # one partition: the order values arrive in, and so the admitted set, is the log's
-    return settings
 
 
 @pytest.mark.broker

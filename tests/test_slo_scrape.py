@@ -10,17 +10,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from slo.spec import load_slos
 from streams.slo_stage import SloStage
+from tests.test_slo import AVAIL
 
-SPEC = """
-slos:
-  - name: llm-avail
-    selector: {workload: llm}
-    sli: {availability: {}}
-    objective: 99.9%
-    window: 30d
-    min_events: 10
-    slice_by: [zone]
-"""
+SPEC = AVAIL + "    slice_by: [zone]\n"
 
 
 def test_a_slice_added_while_a_scrape_reads_the_tables_waits_for_the_next_scrape(tmp_path):
