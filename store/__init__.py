@@ -129,6 +129,7 @@ CREATE TABLE IF NOT EXISTS _tw_assembly (
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);
+CREATE TABLE IF NOT EXISTS _tw_label_limits (topic VARCHAR PRIMARY KEY, state BLOB);
 """
 
 
@@ -392,6 +393,8 @@ class TopicCheckpoint:
     # Dedupe hashes are kept this many minutes behind the closed frontier (the correction
     # horizon), so a late copy of an event a closed minute counted is known as one.
     keep_seen_minutes: int = 0
+    # The cardinality limiter's state (streams/cardinality.py) where it changed; None: unchanged.
+    label_limits: bytes | None = None
 
 
 @dataclass
@@ -441,6 +444,8 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             if t.corrected is not None and t.corrected.rows.height:
                 _replace_rows(con, t.table, t.corrected)
             _append_open(con, t)
+            if t.label_limits is not None:
+                con.execute("INSERT OR REPLACE INTO _tw_label_limits VALUES (?, ?)", [t.topic, t.label_limits])
             if t.closed_before_minute is not None:
                 # Closed minutes left memory with this checkpoint; their partial state goes too,
                 # and their dedupe hashes once they pass the correction horizon.
@@ -641,6 +646,12 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
         watermarks=wms,
         closed_before_minute=closed,
     )
+
+
+def load_label_limits(con: duckdb.DuckDBPyConnection, topic: str) -> bytes | None:
+    """The cardinality limiter's state as the last checkpoint left it (None: none stored)."""
+    row = con.execute("SELECT state FROM _tw_label_limits WHERE topic = ?", [topic]).fetchone()
+    return None if row is None else bytes(row[0])
 
 
 def load_assembly(con: duckdb.DuckDBPyConnection, source_topic: str) -> tuple[int | None, list[tuple]]:

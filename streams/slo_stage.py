@@ -57,7 +57,11 @@ class SloCollector:
             burns, valids, remaining = table.rates()
             goods = table.windows.all_sums()[..., 0]
             severities = [aw.severity for aw in table.spec.alert_windows]
-            for st in table.views:
+            # Scrapes run on their own thread: a slice the worker adds meanwhile (a flood of new
+            # ones adds many) is past the arrays read above. It is in the next scrape.
+            known = min(len(remaining), valids.shape[0], goods.shape[0], table.fired_at.shape[1],
+                        len(table.events_good), len(table.events_valid))
+            for st in table.views[:known]:
                 i = st.i
                 values = [table.spec.name, *(st.labels.get(k, "") for k in self.labels)]
                 objective.add_metric(values, table.spec.objective)

@@ -291,6 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-max-rows", type=_positive_int, default=20_000, metavar="N",
                    help="a checkpoint closes minutes of at most about N rows; a backlog's other closable "
                         "minutes close at the next ones, before more is read (default 20000)")
+    p.add_argument("--max-label-values", type=_positive_int, default=5_000, metavar="N",
+                   help="values kept apart per open-ended slice label (tenant, model, model_version, zone, pool, "
+                        "language, voice; a GPU's node), first seen first; later values are counted under __other__ "
+                        "(default 5000)")
+    p.add_argument("--max-slices", type=_positive_int, default=20_000, metavar="N",
+                   help="slices (label combinations) kept apart per input topic; later ones are counted with their "
+                        "open-ended labels __other__ (default 20000)")
+    p.add_argument("--label-values-forget-after", type=_duration_s, default=86400.0, metavar="DURATION",
+                   help="event time after which a label value or slice not seen again frees its place "
+                        "(default 24h; 0: never)")
     p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
                    help="how often the worker measures what each part of its state holds "
                         "for /metrics (a walk of its objects; default 1m)")
@@ -560,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a month of event time (sparse: --busy-slices slices, a request each every --every-minutes) "
                         "through the embedded broker and a worker with every default stage: RSS at days 2, 10, 20 "
                         "and 30, CPU, store size and the 30-day budgets against an exact count")
+    p.add_argument("--label-flood", action="store_true",
+                   help="a producer bug: --flood-requests requests with a new tenant and model each, among a steady "
+                        "tenant's, through one worker with its default caps: peak RSS, /metrics latency, overflow counts")
+    p.add_argument("--flood-requests", type=_positive_int, default=200_000, help="label-flood bench: flood requests")
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")

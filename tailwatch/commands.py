@@ -193,6 +193,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
     from store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
+    from streams.cardinality import CardinalityLimits
     from streams.runtime import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
@@ -223,6 +224,8 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         batch_size=args.batch_size,
         checkpoint_interval_s=args.checkpoint_interval,
         checkpoint_max_rows=args.checkpoint_max_rows,
+        cardinality=CardinalityLimits(max_values_per_label=args.max_label_values, max_slices=args.max_slices,
+                                      forget_after_ms=int(args.label_values_forget_after * 1000)),
         state_every_s=args.state_every,
         stats_file=args.stats_file,
         progress=progress,
@@ -573,6 +576,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                       args.baseline_events, args.skip_baseline)))
         except TraceError as exc:
             raise CliError(str(exc)) from None
+        return 0
+    if args.label_flood:
+        from tools.bench_flood import run_flood
+
+        print("\n".join(run_flood(args.flood_requests)))
         return 0
     if args.month:
         from tools.bench_month import run_month
