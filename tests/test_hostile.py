@@ -383,6 +383,26 @@ def test_a_corrupt_store_is_one_line_naming_the_file_and_the_way_out(kafka, tmp_
 
 
 @pytest.mark.broker
+def test_a_truncated_store_is_the_same_one_line_and_way_out_as_a_corrupt_one(kafka, tmp_path):
+    import store as tw_store
+
+    path = tmp_path / "tw.duckdb"
+    con = tw_store.connect(path)  # a real store: the worker's own schema, then a month of minutes in it
+    con.execute("INSERT INTO sli_minute (window_start, tenant, model, requests, ok) "
+                "SELECT TIMESTAMP '2026-11-01' + INTERVAL (i) MINUTE, 'acme', 'chat-70b', i, i FROM range(200000) t(i)")
+    con.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)  # a copy stopped half-way
+    for cmd in (["worker", "--store", str(path), "--http-port", "0", "--bootstrap-servers", kafka.bootstrap_servers],
+                ["sql", "SELECT count(*) FROM sli_minute", "--store", str(path)]):
+        got = subprocess.run([sys.executable, "-m", "tailwatch", *cmd], capture_output=True, text=True, timeout=60)
+        lines = got.stderr.strip().splitlines()
+        assert got.returncode == 2 and len(lines) == 1, (cmd[0], got.returncode, got.stderr)
+        assert str(path) in lines[0] and "truncated" in lines[0] and "move it away" in lines[0] and "rebuild" in lines[0], lines
+
+
+@pytest.mark.broker
 def test_a_full_disk_is_one_line_saying_so_not_a_rollback_error(kafka, tmp_path):
     """A full disk used to end in `cannot rollback - no transaction is active`, hiding
     `No space left on device`. A 3 MB tmpfs stands in for the full disk."""
