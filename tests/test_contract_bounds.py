@@ -10,7 +10,7 @@ import pytest
 
 from ingest.kafka import KafkaSettings, ensure_topics
 from ingest.schema import MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS
-from tests.test_hostile import produce, request, rows, worker
+from tests.test_hostile import drain, produce, request, rows
 
 
 @pytest.fixture
@@ -38,14 +38,7 @@ def test_numbers_past_the_bounds_are_dead_letters_and_at_the_bounds_sum_exactly(
     after = [request(n + 10 + i, 2 + i // 20, gpu_seconds=0.25, audio_seconds=1.5) for i in range(60)]
     produce(kafka, [request(i, 1, **top) for i in range(n)] + past + after)
     store = tmp_path / "tw.duckdb"
-    if tier == "all":
-        assert worker(kafka, store, tmp_path / "w.log", "--until-idle", "3").wait(timeout=180) == 0, \
-            (tmp_path / "w.log").read_text()[-3000:]
-    else:
-        t1 = worker(kafka, tmp_path / "unused.duckdb", tmp_path / "t1.log", "--tier", "1", "--until-idle", "4")
-        t2 = worker(kafka, store, tmp_path / "t2.log", "--tier", "2", "--until-idle", "4")
-        assert t1.wait(timeout=180) == 0, (tmp_path / "t1.log").read_text()[-3000:]
-        assert t2.wait(timeout=180) == 0, (tmp_path / "t2.log").read_text()[-3000:]
+    drain(kafka, store, tmp_path, tier, timeout=180)
     letters = rows(store, "SELECT source_offset, reason, detail FROM dead_letter ORDER BY source_offset")
     assert [(o, r) for o, r, _ in letters] == [(n, "out_of_range"), (n + 1, "out_of_range"), (n + 2, "out_of_range")]
     assert "gpu_seconds" in letters[0][2] and "audio_seconds" in letters[1][2], letters

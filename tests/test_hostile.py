@@ -59,6 +59,19 @@ def worker(kafka: KafkaSettings, store: Path, log: Path, *args: str) -> subproce
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def drain(kafka: KafkaSettings, store: Path, tmp_path: Path, tier: str, timeout: float = 120) -> None:
+    """Read the topics into `store` until idle: one worker (tier `all`), or a tier-1 and a tier-2
+    worker; each must exit 0."""
+    if tier == "all":
+        assert worker(kafka, store, tmp_path / "w.log", "--until-idle", "3").wait(timeout=timeout) == 0, \
+            (tmp_path / "w.log").read_text()[-3000:]
+        return
+    t1 = worker(kafka, tmp_path / "unused.duckdb", tmp_path / "t1.log", "--tier", "1", "--until-idle", "4")
+    t2 = worker(kafka, store, tmp_path / "t2.log", "--tier", "2", "--until-idle", "4")
+    assert t1.wait(timeout=timeout) == 0, (tmp_path / "t1.log").read_text()[-3000:]
+    assert t2.wait(timeout=timeout) == 0, (tmp_path / "t2.log").read_text()[-3000:]
+
+
 @pytest.fixture
 def kafka(broker) -> KafkaSettings:
     settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
@@ -85,14 +98,7 @@ def test_records_nested_past_the_recursion_limit_are_dead_letters_not_a_crash_lo
     values = [request(1, 1), deep_field, b"[" * 2048, b'{"a":' * 1500, request(3, 2)]
     produce(kafka, values)
     store = tmp_path / "tw.duckdb"
-    if tier == "all":
-        assert worker(kafka, store, tmp_path / "w.log", "--until-idle", "3").wait(timeout=120) == 0, \
-            (tmp_path / "w.log").read_text()[-3000:]
-    else:
-        t1 = worker(kafka, tmp_path / "unused.duckdb", tmp_path / "t1.log", "--tier", "1", "--until-idle", "4")
-        t2 = worker(kafka, store, tmp_path / "t2.log", "--tier", "2", "--until-idle", "4")
-        assert t1.wait(timeout=120) == 0, (tmp_path / "t1.log").read_text()[-3000:]
-        assert t2.wait(timeout=120) == 0, (tmp_path / "t2.log").read_text()[-3000:]
+    drain(kafka, store, tmp_path, tier)
     assert rows(store, "SELECT sum(requests) FROM sli_minute") == [(2,)]
     assert sorted(rows(store, "SELECT source_offset, reason FROM dead_letter")) == [
         (1, "too_deep"), (2, "too_deep"), (3, "too_deep")]
