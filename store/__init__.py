@@ -245,8 +245,10 @@ def store_failure(path: str | Path, exc: BaseException) -> StoreError:
     """What went wrong with a store file, in one line that names the file and the way out."""
     text = str(exc)
     first = text.splitlines()[0] if text else type(exc).__name__
-    if "not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text:
-        return StoreError(f"{path} is not a DuckDB store, or is corrupt ({first[:120]}): move it away and start the "
+    # A file cut short (a full disk, a copy stopped half-way) fails as a read past its end.
+    if ("not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text
+            or "Could not read enough bytes" in text):
+        return StoreError(f"{path} is not a DuckDB store, or is corrupt or truncated ({first[:120]}): move it away and start the "
                           "worker again, which rebuilds the store from Kafka as far back as the topics' retention reaches")
     if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
         return StoreBusy(f"store {path} is held by another process ({first[:200]})")

@@ -272,3 +272,17 @@ def test_a_bounded_close_takes_the_oldest_minutes_up_to_its_rows_and_the_rest_as
     order = ["window_start", "tenant"]
     assert pl.concat(parts).sort(order).equals(expect.sort(order))
     assert bounded.open_minutes() == whole.open_minutes() == [first + 10, first + 11]
+
+
+def test_an_open_minute_checkpointed_with_int64_fixed_sums_merges_with_int128_partials():
+    """Checkpoints written before GPU- and audio-seconds were Int128 sums hold them as Int64: a
+    restored minute takes new partials past 2⁶³ micro-seconds and closes with the exact sum."""
+    old = windows()
+    old.add(frame([("a", T0, 0, "ok", 1.0)]).with_columns(pl.lit(1.5).alias("gpu_seconds")))
+    saved = old.take_unsaved()
+    blob = saved.counts[0].with_columns(pl.col("_gpu_seconds_fixed", "_audio_seconds_fixed").cast(pl.Int64))
+    w = windows()
+    w.restore([blob], saved.hist, saved.seen, dict(old.watermark_ms), None)
+    w.add(frame([(f"e{i}", T0 + i, 0, "ok", 1.0) for i in range(10_000)]).with_columns(pl.lit(1e9).alias("gpu_seconds")))
+    rows, _ = w.close(None)
+    assert rows.select("requests", "gpu_seconds").rows() == [(10_001, 10_000 * 10**9 + 1.5)]
