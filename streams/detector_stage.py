@@ -51,7 +51,7 @@ from detectors.core import (
     summaries,
     with_minute,
 )
-from slo.windows import minute_start_utc
+from slo.windows import minute_start_utc, minutes_text
 import store
 from slo.columns import compact_strings
 from conventions import (
@@ -117,8 +117,8 @@ class PendingMinutes:
         if not_before is not None and f[MINUTE_COL].min() < not_before:
             # Only when the table was taken as absent: the detectors have moved on.
             late = f.filter(pl.col(MINUTE_COL) < not_before)[MINUTE_COL].unique().sort().to_list()
-            log.warning("%s rows of minutes %s closed after the detectors passed them: not seen by detectors",
-                        self.table, ", ".join(map(str, late)))
+            log.warning("%s rows of minutes %s (UTC) closed after the detectors passed them: not seen by detectors",
+                        self.table, minutes_text(late))
             f = f.filter(pl.col(MINUTE_COL) >= not_before)
         if self.hold is not None and f.height:
             f = self.hold(f)

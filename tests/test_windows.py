@@ -286,3 +286,15 @@ def test_an_open_minute_checkpointed_with_int64_fixed_sums_merges_with_int128_pa
     w.add(frame([(f"e{i}", T0 + i, 0, "ok", 1.0) for i in range(10_000)]).with_columns(pl.lit(1e9).alias("gpu_seconds")))
     rows, _ = w.close(None)
     assert rows.select("requests", "gpu_seconds").rows() == [(10_001, 10_000 * 10**9 + 1.5)]
+
+
+def test_minutes_are_printed_as_times_with_runs_as_ranges():
+    from slo.windows import minutes_text
+
+    m = 29_892_964  # 2026-11-02 00:04 UTC
+    assert minutes_text([m + 2, m, m + 1, m + 10, m + 2000]) == \
+        "2026-11-02 00:04–00:06, 2026-11-02 00:14, 2026-11-03 09:24"
+    midnight = m - 4
+    assert minutes_text([midnight + 1439, midnight + 1440]) == "2026-11-02 23:59–2026-11-03 00:00"  # a run across days
+    assert minutes_text(list(range(m, m + 40, 2)), most=3).endswith("and 17 more runs")
+    assert str(m) not in minutes_text([m])
