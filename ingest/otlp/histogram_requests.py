@@ -36,6 +36,11 @@ SLIs, budgets, dashboards and reports need no second path:
   request finished waits for the next one that has some: no token is lost, some are
   counted an interval late. The prefix-cache hit ratio is then `cached_prompt_tokens` over
   `prompt_tokens` like any request's, with no second path.
+- TGI and Triton count finished requests by outcome (`REQUEST_COUNTERS`); their histograms
+  count successes only (TGI) or exist only when enabled (Triton). For them the counters'
+  increases are the interval's requests, failures with their status and no latency; the
+  histograms give the successes their latencies. A latency a runtime does not export stays
+  absent.
 
 Bounds on what one record may ask for: a point must be a well-formed histogram (bounds
 increasing, counts adding up) and count at most `MAX_REQUESTS_PER_POINT` requests in its
@@ -129,11 +134,40 @@ VLLM_FINISH: dict[str, tuple[str, str]] = {
     "repetition": ("stop", "ok"),  # the request asked vLLM to stop a repeating answer
     "abort": ("client_cancel", "cancelled"), "error": ("server_cut", "error"),
 }
+# Runtimes that count finished requests by outcome, failures included, where their latency
+# histograms count successes only (TGI) or there are none by default (Triton): the counters'
+# increases are the interval's requests, exact; the histograms only give them latencies. A
+# failure carries no latency, as neither runtime measures one for it.
+@dataclass(frozen=True)
+class RequestCounter:
+    outcome_label: str  # the label naming how a request failed; "" for a success counter
+    statuses: dict[str, tuple[str, int | None]]  # outcome → (status, the HTTP status the runtime answers)
+    source: str
+
+
+TGI_SOURCE = "TGI /metrics (router/src/server.rs, router/src/infer/mod.rs, backends/v3)"
+TRITON_SOURCE = "Triton /metrics (core src/metrics.cc, src/metric_model_reporter.cc)"
+REQUEST_COUNTERS: dict[str, RequestCounter] = {
+    "tgi_request_success": RequestCounter("", {"": ("ok", None)}, TGI_SOURCE),
+    # TGI's answers to each failure (its InferError → StatusCode): overload 429, a request it
+    # cannot take 422, a generation that failed or stopped early 424 or 500; `dropped` is a
+    # client that went away before its answer.
+    "tgi_request_failure": RequestCounter("err", {
+        "overloaded": ("shed", 429), "validation": ("error", 422), "template": ("error", 422),
+        "generation": ("error", 424), "incomplete": ("error", 500), "dropped": ("cancelled", None)}, TGI_SOURCE),
+    "nv_inference_request_success": RequestCounter("", {"": ("ok", None)}, TRITON_SOURCE),
+    # Triton's failure reasons: REJECTED by the queue policy (full, or timed out in the queue),
+    # CANCELED by the client, BACKEND (the model failed), OTHER.
+    "nv_inference_request_failure": RequestCounter("reason", {
+        "REJECTED": ("shed", None), "CANCELED": ("cancelled", None), "BACKEND": ("error", None),
+        "OTHER": ("error", None)}, TRITON_SOURCE),
+}
+UNKNOWN_FAILURE = ("error", None)  # an outcome a newer runtime adds: a failure all the same
 TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
 TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
 NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})",
                 **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
-                f"{FINISH_COUNTER}_total": VLLM_V1}
+                f"{FINISH_COUNTER}_total": VLLM_V1, **{n: c.source for n, c in REQUEST_COUNTERS.items()}}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
 SPLIT_LABELS = ("error.type", "gen_ai.token.type")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
@@ -167,6 +201,7 @@ class _Group:
     start_ms: int
     end_ms: int
     deltas: list[_Delta] = field(default_factory=list)
+    counted: dict[tuple[str, int | None], int] | None = None  # (status, HTTP status) → requests, from REQUEST_COUNTERS
 
 
 class HistogramRequests:
@@ -178,6 +213,8 @@ class HistogramRequests:
         self._previous_totals: dict[tuple, float] = {}  # token counters' last readings
         self._pending: dict[tuple, dict[str, float]] = {}  # per labels, token counts not yet shared out
         self._pending_finish: dict[tuple, dict[str, int]] = {}  # per labels, finished requests not yet given out
+        self._previous_requests: dict[tuple, tuple[float, int]] = {}  # request counters' last (reading, time)
+        self._requests_read: dict[tuple, int] = {}  # per labels (less the outcome), when a request counter was last read
 
     def map(self, points: list[HistogramPoint], counters: list[Sample] = ()) -> MappedHistograms:
         """Requests from a batch's histogram points; `counters`, the batch's other samples,
@@ -213,9 +250,57 @@ class HistogramRequests:
             group = groups.setdefault(key, _Group(labels, delta.start_ms, point.ts_ms))
             group.start_ms = min(group.start_ms, delta.start_ms)
             group.deltas.append(delta)
+        for key, (start_ms, end_ms, counted) in self._take_request_counters(counters, out).items():
+            budget -= sum(counted.values())
+            if budget < 0:
+                out.refused.append(("otlp_metric_invalid", f"request counters: more than {MAX_REQUESTS_PER_BATCH:,} "
+                                    "requests in one batch"))
+                continue
+            # A runtime that has no latency histogram (Triton by default) still has its requests.
+            group = groups.setdefault(key, _Group(dict(key[0]), start_ms, end_ms))
+            group.start_ms = min(group.start_ms, start_ms)
+            group.counted = counted
         for key, group in groups.items():
             self._requests(key, group, out)
         return out
+
+    def _take_request_counters(self, counters: list[Sample], out: MappedHistograms
+                               ) -> dict[tuple, tuple[int, int, dict[tuple[str, int | None], int]]]:
+        """Each request counter's increase since its last reading, by labels (less the outcome
+        label) and scrape time: the interval's start, its end and its requests by outcome."""
+        found: dict[tuple, tuple[int, int, dict[tuple[str, int | None], int]]] = {}
+        read_now: dict[tuple, int] = {}
+        for c in counters:
+            known = REQUEST_COUNTERS.get(c.name)
+            if known is None or not c.cumulative or not math.isfinite(c.value) or c.value < 0:
+                continue
+            labels = tuple(sorted((k, v) for k, v in c.labels.items()
+                                  if k not in SPLIT_LABELS and k != known.outcome_label))
+            series = (c.name, tuple(sorted(c.labels.items())))
+            before = self._previous_requests.pop(series, None)
+            self._previous_requests[series] = (c.value, c.ts_ms)  # re-inserted: least recently read first
+            _forget_oldest(self._previous_requests)
+            read_before = self._requests_read.get(labels)
+            read_now[labels] = max(c.ts_ms, read_now.get(labels, 0))
+            if before is None and read_before is not None and read_before < c.ts_ms:
+                # A new outcome on a target already read: TGI (the Rust metrics crate) writes a
+                # series only once it has counted something, so it started from zero since then.
+                before = (0.0, read_before)
+            if before is None or c.ts_ms <= before[1]:
+                continue  # the first reading is the base; an older or repeated one adds nothing
+            increase = c.value - before[0] if c.value >= before[0] else c.value  # smaller: a reset
+            if increase > MAX_REQUESTS_PER_POINT:
+                out.refused.append(("otlp_metric_invalid", f"{c.name}: {increase:.3g} requests in one interval "
+                                    f"(at most {MAX_REQUESTS_PER_POINT:,})"))
+                continue
+            outcome = known.statuses.get(c.labels.get(known.outcome_label, ""), UNKNOWN_FAILURE)
+            start, _, counted = found.setdefault((labels, c.ts_ms), (before[1], c.ts_ms, {}))
+            found[(labels, c.ts_ms)] = (min(start, before[1]), c.ts_ms, counted)
+            counted[outcome] = counted.get(outcome, 0) + int(round(increase))
+        for key, ts_ms in read_now.items():  # after the batch: its other series are not new to it
+            self._requests_read[key] = max(ts_ms, self._requests_read.pop(key, 0))  # re-inserted: newest last
+        _forget_oldest(self._requests_read)
+        return found
 
     def _take_token_counters(self, counters: list[Sample], out: MappedHistograms) -> None:
         """Each token counter's increase since its last reading, added to what its labels'
@@ -332,14 +417,25 @@ class HistogramRequests:
             e2e += values
             statuses += [_status(d.error_type)] * len(values)
         first_output = [v for d in by_role.get("first_output", []) for v in _latencies(d)]
-        n = max(len(e2e), len(first_output))
+        failed: list[tuple[str, int | None]] = []
+        if group.counted is None:
+            n = max(len(e2e), len(first_output))
+        else:
+            # The runtime's counters are the number of requests; its histograms (successes only
+            # for TGI, every first response for Triton) only give them latencies.
+            failed = [outcome for outcome, k in sorted(group.counted.items(), key=str) if outcome[0] != "ok"
+                      for _ in range(k)]
+            n = max(len(e2e), group.counted.get(("ok", None), 0)) + len(failed)
         if n == 0:
             return  # tokens alone, or an interval without requests: nothing to count
-        statuses += ["ok"] * (n - len(statuses))
+        statuses += ["ok"] * (n - len(failed) - len(statuses))
+        http_statuses = [None] * len(statuses) + [code for _, code in failed]
+        statuses += [status for status, _ in failed]
         # The first-output histograms count answers that started (the server's: successful ones), so
         # their values go to the requests that ended ok first.
         order = sorted(range(n), key=lambda i: statuses[i] != "ok")
-        fields: list[dict] = [{"status": statuses[i]} for i in range(n)]
+        fields: list[dict] = [{"status": statuses[i]} if http_statuses[i] is None else
+                              {"status": statuses[i], "http_status": http_statuses[i]} for i in range(n)]
         for i, value in enumerate(e2e):
             fields[i]["e2e_ms"] = value
         _assign(fields, order, "first_output_ms", first_output)
