@@ -29,7 +29,8 @@ SLIs, budgets, dashboards and reports need no second path:
   The counts are exact; which request ended how is not known (failures go to requests
   without a first output first).
 - vLLM's token counters (`TOKEN_COUNTERS`: prompt tokens found in the prefix cache,
-  speculative decoding's drafted and accepted tokens) are shared out over the requests of
+  speculative decoding's drafted and accepted tokens) and the GenAI counter of cache-read
+  input tokens are shared out over the requests of
   the interval with the same labels, in proportion to their prompt or output tokens, as
   whole tokens adding up to the counter's increase. vLLM counts them when a request is
   scheduled and the histograms when it finishes, so an increase in an interval where no
@@ -58,6 +59,7 @@ from typing import Literal
 
 import msgspec
 
+from ingest.otlp.genai_versions import defined_by
 from ingest.otlp.mapping import RequestRules
 from ingest.otlp.samples import HistogramPoint, Sample
 from ingest.otlp.spans import failure_status
@@ -75,23 +77,27 @@ class HistogramName:
 
 
 S = 1000.0  # seconds → ms
-# OpenTelemetry GenAI semantic conventions: semantic-conventions v1.27 to v1.41 (the last
-# release there), then their own repository, semantic-conventions-genai (v0.1.0).
-OTEL = "OpenTelemetry semantic-conventions v1.27–v1.41"
-OTEL_STREAMING = "OpenTelemetry semantic-conventions, streaming metrics added before v1.41"
-GENAI = "OpenTelemetry semantic-conventions-genai v0.1.0"
+# OpenTelemetry GenAI names: which release defines each is in genai_versions.py (checked
+# against the registry text in tests/test_semconv_versions.py).
 NAMES: dict[str, HistogramName] = {
-    "gen_ai.server.request.duration": HistogramName("e2e", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.duration": HistogramName("e2e", S, f"{OTEL} (inference; other operations in {GENAI})"),
-    "gen_ai.client.inference.duration": HistogramName("e2e", S, GENAI),
-    "gen_ai.server.time_to_first_token": HistogramName("first_output", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.time_to_first_chunk": HistogramName("first_output", S, OTEL_STREAMING),
-    "gen_ai.client.inference.time_to_first_chunk": HistogramName("first_output", S, GENAI),
-    "gen_ai.server.time_per_output_token": HistogramName("inter_token", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.time_per_output_chunk": HistogramName("inter_token", S, OTEL_STREAMING, per_request=False),
-    "gen_ai.client.inference.time_per_output_chunk": HistogramName("inter_token", S, GENAI, per_request=False),
-    "gen_ai.client.inference.operation.input_tokens": HistogramName("prompt_tokens", 1.0, GENAI),
-    "gen_ai.client.inference.operation.output_tokens": HistogramName("output_tokens", 1.0, GENAI),
+    "gen_ai.server.request.duration": HistogramName("e2e", S, defined_by("gen_ai.server.request.duration")),
+    "gen_ai.client.operation.duration": HistogramName("e2e", S, defined_by("gen_ai.client.operation.duration")),
+    "gen_ai.client.inference.duration": HistogramName("e2e", S, defined_by("gen_ai.client.inference.duration")),
+    "gen_ai.server.time_to_first_token": HistogramName("first_output", S, defined_by("gen_ai.server.time_to_first_token")),
+    "gen_ai.client.operation.time_to_first_chunk": HistogramName(
+        "first_output", S, defined_by("gen_ai.client.operation.time_to_first_chunk")),
+    "gen_ai.client.inference.time_to_first_chunk": HistogramName(
+        "first_output", S, defined_by("gen_ai.client.inference.time_to_first_chunk")),
+    "gen_ai.server.time_per_output_token": HistogramName(
+        "inter_token", S, defined_by("gen_ai.server.time_per_output_token")),
+    "gen_ai.client.operation.time_per_output_chunk": HistogramName(
+        "inter_token", S, defined_by("gen_ai.client.operation.time_per_output_chunk"), per_request=False),
+    "gen_ai.client.inference.time_per_output_chunk": HistogramName(
+        "inter_token", S, defined_by("gen_ai.client.inference.time_per_output_chunk"), per_request=False),
+    "gen_ai.client.inference.operation.input_tokens": HistogramName(
+        "prompt_tokens", 1.0, defined_by("gen_ai.client.inference.operation.input_tokens")),
+    "gen_ai.client.inference.operation.output_tokens": HistogramName(
+        "output_tokens", 1.0, defined_by("gen_ai.client.inference.operation.output_tokens")),
     # (gen_ai.client.token.usage, split by gen_ai.token.type, is read in TOKEN_USAGE below)
     # vLLM's /metrics (v0.6 to v0.11): one observation per finished request.
     "vllm:e2e_request_latency_seconds": HistogramName("e2e", S, "vLLM /metrics"),
@@ -122,6 +128,17 @@ TOKEN_COUNTERS: dict[str, tuple[str, str]] = {
     "vllm:gpu_prefix_cache_hits": ("cached_prompt_tokens", "vLLM /metrics, V1 engine before the `gpu_` prefix was dropped"),
     "vllm:spec_decode_num_draft_tokens": ("draft_tokens", VLLM_V1),
     "vllm:spec_decode_num_accepted_tokens": ("accepted_tokens", VLLM_V1),
+    # The GenAI counters of input tokens served from the provider's cache (per series also split
+    # by `gen_ai.token.modality`, summed here). A counter knows no request: like vLLM's, its
+    # increase is shared over the interval's requests of the same labels, so per minute and
+    # slice the cached total is exact and each request holds a share in proportion to its
+    # input tokens. The sibling counters of input, output, cache-write and reasoning tokens
+    # are not read: the per-operation token histograms give each request its input and output
+    # tokens, and no request field holds cache writes or reasoning tokens.
+    "gen_ai.client.inference.usage.cache_read.input_tokens": (
+        "cached_prompt_tokens", defined_by("gen_ai.client.inference.usage.cache_read.input_tokens")),
+    "gen_ai.client.inference.usage.detailed.cache_read.input_tokens": (
+        "cached_prompt_tokens", defined_by("gen_ai.client.inference.usage.detailed.cache_read.input_tokens")),
 }
 TOKEN_FIELD_WEIGHT = {"cached_prompt_tokens": "prompt_tokens", "draft_tokens": "output_tokens",
                       "accepted_tokens": "output_tokens"}  # what a request's share is in proportion to
@@ -165,11 +182,12 @@ REQUEST_COUNTERS: dict[str, RequestCounter] = {
 UNKNOWN_FAILURE = ("error", None)  # an outcome a newer runtime adds: a failure all the same
 TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
 TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
-NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})",
-                **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
+NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: defined_by(TOKEN_USAGE),
+                # Prometheus names as a page shows them (with `_total`); OTLP names as sent
+                **{n if n.startswith("gen_ai.") else f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
                 f"{FINISH_COUNTER}_total": VLLM_V1, **{n: c.source for n, c in REQUEST_COUNTERS.items()}}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
-SPLIT_LABELS = ("error.type", "gen_ai.token.type")
+SPLIT_LABELS = ("error.type", "gen_ai.token.type", "gen_ai.token.modality")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
 MAX_REQUESTS_PER_BATCH = 1_000_000  # one record; points past it are refused, so no record can exhaust memory
 MAX_BUCKETS = 512
@@ -334,7 +352,8 @@ class HistogramRequests:
                 reason = c.labels[FINISH_LABEL]
                 ended[reason] = ended.get(reason, 0) + int(round(increase))
                 continue
-            found.setdefault(labels, {}).setdefault(known[0], {})[c.name] = increase
+            by_name = found.setdefault(labels, {}).setdefault(known[0], {})
+            by_name[c.name] = by_name.get(c.name, 0.0) + increase  # summed over a split label (modality)
         _forget_oldest(self._pending_finish)
         for labels, fields in found.items():
             pending = self._pending.pop(labels, {})
