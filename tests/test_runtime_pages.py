@@ -134,3 +134,15 @@ def test_each_runtime_failure_becomes_its_status():
                   ("shed", None): 2}
     assert all(t0 <= r.ts <= t0 + 15_000 and r.e2e_ms is None for r in got.events if r.status != "ok")
     assert scrape(t0 + 30_000, 3).events == []  # nothing moved
+
+
+def test_request_counters_sent_as_deltas_are_the_requests_of_their_point():
+    """A Collector that turns running totals into deltas (cumulativetodelta) sends each
+    interval's requests as they are: no base reading is needed."""
+    mapper = HistogramRequests(OtlpMapping().requests)
+    labels, t0 = {"model": "m", "version": "2"}, 1_795_000_000_000
+    counters = [Sample("nv_inference_request_success", labels, 7.0, t0, cumulative=False),
+                Sample("nv_inference_request_failure", {**labels, "reason": "REJECTED"}, 2.0, t0, cumulative=False)]
+    got = mapper.map([], counters).events
+    assert Counter(r.status for r in got) == {"ok": 7, "shed": 2}
+    assert {(r.model, r.model_version) for r in got} == {("m", "2")}

@@ -290,22 +290,16 @@ class HistogramRequests:
         read_now: dict[tuple, int] = {}
         for c in counters:
             known = REQUEST_COUNTERS.get(c.name)
-            if known is None or not c.cumulative or not math.isfinite(c.value) or c.value < 0:
+            if known is None or not math.isfinite(c.value) or c.value < 0:
                 continue
             labels = tuple(sorted((k, v) for k, v in c.labels.items()
                                   if k not in SPLIT_LABELS and k != known.outcome_label))
-            series = (c.name, tuple(sorted(c.labels.items())))
-            before = self._previous_requests.pop(series, None)
-            self._previous_requests[series] = (c.value, c.ts_ms)  # re-inserted: least recently read first
-            _forget_oldest(self._previous_requests)
-            read_before = self._requests_read.get(labels)
-            read_now[labels] = max(c.ts_ms, read_now.get(labels, 0))
-            if before is None and read_before is not None and read_before < c.ts_ms:
-                # A new outcome on a target already read: TGI (the Rust metrics crate) writes a
-                # series only once it has counted something, so it started from zero since then.
-                before = (0.0, read_before)
-            if before is None or c.ts_ms <= before[1]:
-                continue  # the first reading is the base; an older or repeated one adds nothing
+            if not c.cumulative:  # a delta (a Collector's cumulativetodelta): the requests of the point
+                before = (0.0, c.ts_ms)
+            else:
+                before = self._running_total(c, labels, read_now)
+            if before is None:
+                continue
             increase = c.value - before[0] if c.value >= before[0] else c.value  # smaller: a reset
             if increase > MAX_REQUESTS_PER_POINT:
                 out.refused.append(("otlp_metric_invalid", f"{c.name}: {increase:.3g} requests in one interval "
@@ -319,6 +313,22 @@ class HistogramRequests:
             self._requests_read[key] = max(ts_ms, self._requests_read.pop(key, 0))  # re-inserted: newest last
         _forget_oldest(self._requests_read)
         return found
+
+    def _running_total(self, c: Sample, labels: tuple, read_now: dict[tuple, int]) -> tuple[float, int] | None:
+        """The previous (reading, time) of a request counter's series, or None for a base reading."""
+        series = (c.name, tuple(sorted(c.labels.items())))
+        before = self._previous_requests.pop(series, None)
+        self._previous_requests[series] = (c.value, c.ts_ms)  # re-inserted: least recently read first
+        _forget_oldest(self._previous_requests)
+        read_before = self._requests_read.get(labels)
+        read_now[labels] = max(c.ts_ms, read_now.get(labels, 0))
+        if before is None and read_before is not None and read_before < c.ts_ms:
+            # A new outcome on a target already read: TGI (the Rust metrics crate) writes a
+            # series only once it has counted something, so it started from zero since then.
+            before = (0.0, read_before)
+        if before is None or c.ts_ms <= before[1]:
+            return None  # the first reading is the base; an older or repeated one adds nothing
+        return before
 
     def _take_token_counters(self, counters: list[Sample], out: MappedHistograms) -> None:
         """Each token counter's increase since its last reading, added to what its labels'
