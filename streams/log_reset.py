@@ -47,21 +47,23 @@ class LogReset:
         what = {PAST_END: "is past the log's end", BEFORE_START: "is before the log's start",
                 TOPIC_RECREATED: "points into a log that is gone: the topic was created again (its id changed)"}
         return (f"{self.topic} partition {self.partition}: the stored read position {self.stored_offset:,} "
-                f"{what[self.reason]} (the log now holds offsets {_offsets(self)}); reading the partition again "
+                f"{what[self.reason]} (the log now holds {_offsets(self)}); reading the partition again "
                 "from its start and marking the gap with a dead letter (reason log_reset)")
 
     def dead_letter(self, kafka_ts_ms: int) -> deadletter.DeadLetter:
         """The gap's mark: where it was (topic, partition, the stored position) and why."""
-        detail = (f"{self.reason}: stored read position {self.stored_offset}, log offsets now {_offsets(self)}; "
+        detail = (f"{self.reason}: stored read position {self.stored_offset}, the log holds {_offsets(self)}; "
                   "records the old log held from this position on, and any before the log's start, were not read")
         return deadletter.make(self.topic, self.partition, self.stored_offset, LOG_RESET, detail, None, kafka_ts_ms)
 
 
 def _offsets(r: LogReset) -> str:
     if r.log_end_offset < 0:
-        return "not known yet"
-    return f"{max(r.log_start_offset, 0):,} to {r.log_end_offset:,}" if r.log_end_offset > max(r.log_start_offset, 0) \
-        else f"none (empty, next offset {r.log_end_offset:,})"
+        return "offsets not known yet"
+    start = max(r.log_start_offset, 0)
+    if r.log_end_offset > start:
+        return f"offsets {start:,} to {r.log_end_offset - 1:,}"
+    return f"no record, next offset {r.log_end_offset:,}"
 
 
 def judge(topic: str, partition: int, stored_offset: int, log_start_offset: int, log_end_offset: int,

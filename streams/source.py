@@ -75,6 +75,8 @@ class KafkaSource:
         self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
         self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
         self._unsought: dict[tuple[str, int], LogReset] = {}  # reset, the seek not taken yet (retried each tick)
+        self._was_reset: set[tuple[str, int]] = set()  # until the policy's saved offsets are of the new log
+        self._read_in_unnamed_log: set[tuple[str, int]] = set()  # reset while the topic's new id was not known
         self._ids_checked_at = 0.0
         self._admin: AdminClient | None = None
         self.consumer = None
@@ -113,7 +115,14 @@ class KafkaSource:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         starts = self._policy.start_offsets(self, by_topic)
         for tp in partitions:
-            start = starts.get((tp.topic, tp.partition))
+            key = (tp.topic, tp.partition)
+            start, read = starts.get(key), self.next_offsets.get(key)
+            if key in self._was_reset:
+                if start is not None and read is not None and read < start:
+                    # Reset since the policy saved its offset, which points into the log that is gone.
+                    start = read or None
+                else:
+                    self._was_reset.discard(key)
             tp.offset = OFFSET_BEGINNING if start is None else start
             self.assigned[tp.topic].add(tp.partition)
 
@@ -286,6 +295,8 @@ class KafkaSource:
             found = self._judge_all(ids)
         for reset in found:
             self._reset(reset)
+            if reset.topic not in (ids or {}):
+                self._read_in_unnamed_log.add((reset.topic, reset.partition))
         self.topic_ids.update(ids or {})
         for key, reset in list(self._unsought.items()):
             self._seek_start(key, reset)
@@ -301,7 +312,13 @@ class KafkaSource:
                 if position is None or (topic, part) in self._unsought:
                     continue
                 low, high = self._cached_watermarks(topic, part)
-                reset = judge(topic, part, position, low, high, self.topic_ids.get(topic), ids.get(topic))
+                known = self.topic_ids.get(topic)
+                if (topic, part) in self._read_in_unnamed_log and topic in ids:
+                    # Reset while the cluster did not say the topic's id: its position is in the
+                    # log the id now names, not in the one the old id named.
+                    self._read_in_unnamed_log.discard((topic, part))
+                    known = None
+                reset = judge(topic, part, position, low, high, known, ids.get(topic))
                 if reset is not None:
                     out.append(reset)
         return out
@@ -343,12 +360,14 @@ class KafkaSource:
         self._on_log_reset(reset)
         self.next_offsets[(topic, part)] = max(low, 0)  # librdkafka already reads from the start
         self.resetting[(topic, part)] = reset
+        self._was_reset.add((topic, part))
 
     def _reset(self, reset: LogReset) -> None:
         key = (reset.topic, reset.partition)
         log.warning("%s", reset.line())
         self._on_log_reset(reset)
         self.resetting[key] = reset
+        self._was_reset.add(key)
         self._seek_start(key, reset)
 
     def _seek_start(self, key: tuple[str, int], reset: LogReset) -> None:

@@ -19,11 +19,11 @@ import duckdb
 import pytest
 from confluent_kafka import Producer
 
-from conventions import LOG_RESETS_TOTAL
-from ingest.broker import BrokerError, EmbeddedBroker, free_port
+from conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
+from ingest.broker import EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, ensure_topics
 from streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
-from tests.conftest import need
+from tests.conftest import start_broker
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 PARTITIONS = 4
@@ -50,21 +50,18 @@ def worker(kafka: KafkaSettings, store, port: int, log_path, until_idle: str | N
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
 
 
-def metric(port: int, name: str) -> float:
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
-        return -1.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{"))
-
-
-def accepted(port: int) -> float:
+def metric(port: int, name: str, label: str = "") -> float:
+    """The sum of the worker's `name{...}` series holding `label` (-1: /metrics did not answer)."""
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return -1.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("tailwatch_events_total{") and 'outcome="accepted"' in line)
+               if line.startswith(name + "{") and label in line)
+
+
+def accepted(port: int) -> float:
+    return metric(port, EVENTS_TOTAL, 'outcome="accepted"')
 
 
 def wait_for(what, timeout_s: float, proc: subprocess.Popen, port: int) -> None:
@@ -87,11 +84,8 @@ def stored(store) -> tuple[int, int, list[tuple]]:
 
 @pytest.fixture
 def own_broker():
-    b = EmbeddedBroker(port=free_port())
-    try:
-        b.start()
-    except BrokerError as exc:
-        need(False, f"the embedded broker ({exc})")
+    """A broker of the test's own: restarting the session's would empty every other test's topics."""
+    b = start_broker()
     yield b
     b.stop()
 
@@ -117,7 +111,7 @@ def test_a_position_the_log_has_is_left_alone_and_one_it_lacks_is_named():
     assert judge("t", 0, 100, 0, 500, None, "b") is None  # the first id seen is no change
     r = judge("tw.requests", 3, 1_000, 0, 250)
     line = r.line()
-    assert "tw.requests partition 3" in line and "1,000" in line and "0 to 250" in line
+    assert "tw.requests partition 3" in line and "1,000" in line and "offsets 0 to 249" in line
     letter = r.dead_letter(T0_MS)
     assert (letter.reason, letter.source_partition, letter.source_offset) == (LOG_RESET, 3, 1_000)
 
