@@ -162,3 +162,18 @@ def test_a_stopped_worker_whose_positions_are_past_the_end_reads_the_new_log(own
     assert all(d.startswith(PAST_END) for *_x, d in gaps)
     lines = reset_lines(log_path)
     assert len(lines) == PARTITIONS and all("past the log's end" in line and "1,000" in line for line in lines)
+
+
+def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
+    """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
+    from streams.runtime import WorkerSettings
+    from streams.tiers import build
+
+    w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
+                             http_port=free_port()))
+    w.source.assigned_at = time.monotonic()
+    w.source.resetting[("lr.requests", 2)] = judge("lr.requests", 2, 1_000, 0, 250)
+    ready, why = w.readiness()
+    assert not ready and "lr.requests partition 2 again from the start" in why
+    del w.source.resetting[("lr.requests", 2)]
+    assert "again from the start" not in w.readiness()[1]
