@@ -50,6 +50,7 @@ EVENTS_TOTAL = "tailwatch_events_total"
 DEAD_LETTERS_TOTAL = "tailwatch_dead_letters_total"
 PUBLISH_FAILURES_TOTAL = "tailwatch_publish_failures_total"
 CONSUMER_GROUP_RESCUES_TOTAL = "tailwatch_consumer_group_rescues_total"
+LOG_RESETS_TOTAL = "tailwatch_log_resets_total"  # labels topic, reason: streams/log_reset.py REASONS
 HTTP_RESTARTS_TOTAL = "tailwatch_http_restarts_total"
 HTTP_REFUSED_TOTAL = "tailwatch_http_refused_total"
 FLAGGER_EVENTS_TOTAL = "tailwatch_flagger_events_total"  # labels phase, event_type: these sets, or `other`

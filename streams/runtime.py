@@ -388,6 +388,10 @@ class Runtime:
         bound = self.settings.api_config.stale_after_s
         if self.source.assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
+        if self.source.resetting:
+            where = ", ".join(f"{t} partition {q}" for t, q in sorted(self.source.resetting))
+            return False, (f"reading {where} again from the start: the log no longer has the stored read "
+                           "position (a dead letter of reason log_reset marks the gap)")
         whole = self.operator.whole_topic
         owned = len(self.source.assigned.get(whole, ()))
         total = len(self.source.partitions.get(whole, ()))
