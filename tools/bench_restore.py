@@ -72,18 +72,23 @@ def run(store_path: str, say=lambda line: None) -> list[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_fleet(slices: int, days: int, every_minutes: int, say=lambda line: None) -> list[str]:
-    """`run` on a store built by `fleet_month_store`, removed afterwards."""
+def run_fleet(slices: int, days: int, every_minutes: int, say=lambda line: None, hours: int | None = None) -> list[str]:
+    """`run` on a store built by `fleet_month_store` (or, given `hours`, by `busy_fleet_store`), removed afterwards."""
     from tailwatch.cli import progress, progress_done
 
     work = Path(tempfile.mkdtemp(prefix="tailwatch-fleet-"))
     try:
         path = work / "fleet.duckdb"
-        say(f"a store of {days} days at {slices:,} busy slices, a request each every {every_minutes} minutes")
+        if hours:
+            say(f"a store of {hours} hours at {slices:,} slices busy every minute")
+            build, build_args = busy_fleet_store, (path, slices, hours, progress)
+        else:
+            say(f"a store of {days} days at {slices:,} busy slices, a request each every {every_minutes} minutes")
+            build, build_args = fleet_month_store, (path, slices, days, every_minutes, progress)
         began = time.perf_counter()
         # Built in a process of its own, so that the peak RSS reported is the replica's.
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            rows = pool.apply(fleet_month_store, (path, slices, days, every_minutes, progress))
+            rows = pool.apply(build, build_args)
         progress_done()
         built = f"store built: {rows:,} sli_minute rows in {time.perf_counter() - began:.0f} s"
         return [built, *run(str(path), say)]
@@ -192,3 +197,47 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
         say(f"  day {day + 1}/{days}: {written:,} sli_minute rows")
     con.close()
     return written
+
+
+# Minutes of a busy fleet's rows written by one statement (100,000 slices: a million rows).
+BUSY_STEP_ROWS = 1_000_000
+
+
+def busy_fleet_store(path: Path, slices: int, hours: int, say=lambda line: None) -> int:
+    """A store holding `hours` of `slices` slices busy every minute (the labels of `tailwatch
+    bench --month`; a request each minute, 0.2% of them errors, first outputs spread over
+    bins around 330 ms), written straight into `sli_minute` by DuckDB: the window operator
+    closes a million events a minute here far too slowly for a fleet of 100,000 slices, and
+    a start reads rows, however they were made. The frontier is set past the newest minute,
+    as a checkpoint would leave it. Returns the rows written."""
+    import store
+    from conventions import TOPIC_REQUESTS
+    from streams.windows import MINUTE_MS
+    from tools.bench import T0_MS
+    from tools.bench_month import WORKLOADS
+
+    first_minute, minutes = T0_MS // MINUTE_MS - hours * 60, hours * 60
+    step = max(1, BUSY_STEP_ROWS // slices)
+    workload = "[" + ", ".join(f"'{w}'" for w in WORKLOADS) + f"][i % {len(WORKLOADS)} + 1]"
+    con = store.connect(path)
+    for at in range(0, minutes, step):
+        con.execute(f"""
+            INSERT INTO sli_minute BY NAME
+            SELECT make_timestamp((m + {first_minute})::BIGINT * 60000000) AS window_start,
+                   'tenant-' || lpad((i % 97)::VARCHAR, 3, '0') AS tenant, 'model-' || (i % 13) AS model,
+                   'v' || (i % 7) AS model_version, 'zone-' || (i % 3) AS zone, {workload} AS workload,
+                   CASE WHEN i % 5 = 0 THEN 'batch' ELSE 'realtime' END AS traffic_class,
+                   'stable' AS deployment, {workload} || '-pool-' || (i % 29) AS pool,
+                   1::BIGINT AS requests, 1 - e AS ok, e AS errors, 0::BIGINT AS timeouts, 0::BIGINT AS shed,
+                   0::BIGINT AS cancelled, 0::BIGINT AS retries, 1::BIGINT AS turns, 1 - e AS successful_turns,
+                   256::BIGINT AS prompt_tokens, 120::BIGINT AS output_tokens, 0.2 AS gpu_seconds,
+                   [{{'bin': b, 'n': 1}}]::STRUCT(bin SMALLINT, n BIGINT)[] AS first_output_ms_hist,
+                   [{{'bin': b + 34, 'n': 1}}]::STRUCT(bin SMALLINT, n BIGINT)[] AS e2e_ms_hist
+            FROM (SELECT m, i, (hash(m, i) % 500 = 0)::BIGINT AS e, 139 + (hash(i, m) % 21)::INTEGER AS b
+                  FROM range({at}, {min(at + step, minutes)}) r(m), range({slices}) s(i))""")
+        say(f"  minute {min(at + step, minutes):,}/{minutes:,}")
+    con.execute("INSERT INTO _tw_frontier VALUES (?, ?) ON CONFLICT (topic) DO UPDATE SET closed_before_minute = "
+                "excluded.closed_before_minute", [KafkaSettings().topic(TOPIC_REQUESTS), first_minute + minutes])
+    (written,) = con.execute("SELECT count(*) FROM sli_minute").fetchone()
+    con.close()
+    return int(written)
