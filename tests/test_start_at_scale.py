@@ -124,3 +124,24 @@ def _budgets(metrics: str, slo: str) -> dict[tuple[str, str], float]:
         if named.get("slo") == slo:
             out[(named["zone"], named["model_version"])] = float(value)
     return out
+
+
+def test_the_restore_bench_writes_a_busy_fleets_hours_one_row_per_slice_and_minute(tmp_path):
+    """`tailwatch bench --restore-fleet --hours`: every slice in every minute, the frontier past the newest."""
+    from tools.bench_restore import busy_fleet_store
+
+    path = tmp_path / "busy.duckdb"
+    assert busy_fleet_store(path, slices=300, hours=2) == 300 * 120
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        per_minute = con.execute("SELECT min(n), max(n), count(*) FROM (SELECT window_start, count(DISTINCT (tenant, "
+                                 "model, model_version, zone, workload, traffic_class, pool)) AS n FROM sli_minute "
+                                 "GROUP BY ALL)").fetchone()
+        requests, errors = con.execute("SELECT sum(requests), sum(errors) FROM sli_minute").fetchone()
+        (frontier,) = con.execute("SELECT closed_before_minute FROM _tw_frontier").fetchone()
+        (newest,) = con.execute("SELECT epoch(max(window_start)) // 60 FROM sli_minute").fetchone()
+    finally:
+        con.close()
+    assert per_minute == (300, 300, 120)
+    assert requests == 36_000 and 0 < errors < 36_000 * 0.01  # about 0.2% errors
+    assert frontier == newest + 1
