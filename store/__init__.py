@@ -722,6 +722,27 @@ def bucket_pieces(rows_by_minute: list[tuple[int, int]], max_rows: int) -> list[
     return pieces
 
 
+def _rows_by_minute(con: duckdb.DuckDBPyConnection, table: str, since_minute: int) -> list[tuple[int, int]]:
+    """(minute, rows) of a bucket table from `since_minute` on, in minute order."""
+    if table not in ("sli_minute", "gpu_minute"):
+        raise ValueError(f"not a bucket table: {table}")
+    return [(int(m), int(n)) for m, n in con.execute(
+        f"SELECT epoch(window_start)::BIGINT // 60 AS minute, count(*) FROM {table} "
+        "WHERE window_start >= make_timestamp($1::BIGINT * 60000000) GROUP BY minute ORDER BY minute",
+        [since_minute]).fetchall()]
+
+
+def minute_runs(con: duckdb.DuckDBPyConnection, since_minute: int, max_rows: int = BUCKET_CHUNK_ROWS,
+                table: str = "sli_minute") -> list[tuple[int, int | None]]:
+    """[first, end) runs of whole minutes from `since_minute` on, each holding at most about
+    `max_rows` rows of `table` (a minute that alone holds more is a run of its own), together
+    covering every minute from `since_minute` on (the last run's end is None: open), so that
+    rows of other tables in the same minutes are read with them."""
+    pieces = bucket_pieces(_rows_by_minute(con, table, since_minute), max_rows)
+    firsts = [since_minute, *sorted({p.first_minute for p in pieces if p.first_minute > since_minute})]
+    return list(zip(firsts, [*firsts[1:], None]))
+
+
 def recent_bucket_chunks(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute",
                          max_rows: int = BUCKET_CHUNK_ROWS) -> Iterator[pl.DataFrame]:
     """`recent_buckets`, in event-time order, at most about `max_rows` rows at a time (whole
@@ -733,10 +754,7 @@ def recent_bucket_chunks(con: duckdb.DuckDBPyConnection, minutes: int, table: st
     newest = newest_minute(con, table)
     if newest is None:
         return
-    counts = con.execute(f"SELECT epoch(window_start)::BIGINT // 60 AS minute, count(*) FROM {table} "
-                         "WHERE window_start >= make_timestamp($1::BIGINT * 60000000) GROUP BY minute ORDER BY minute",
-                         [newest - minutes]).fetchall()
-    for piece in bucket_pieces([(int(m), int(n)) for m, n in counts], max_rows):
+    for piece in bucket_pieces(_rows_by_minute(con, table, newest - minutes), max_rows):
         # rowid: any split of the minute's rows serves (the SLO engine adds a minute's shares up).
         share = "" if piece.parts == 1 else f" AND rowid % {piece.parts} = {piece.part}"
         yield query_frame(con, f"SELECT * FROM {table} WHERE window_start >= make_timestamp($1::BIGINT * 60000000) "

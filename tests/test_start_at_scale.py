@@ -145,3 +145,43 @@ def test_the_restore_bench_writes_a_busy_fleets_hours_one_row_per_slice_and_minu
     assert per_minute == (300, 300, 120)
     assert requests == 36_000 and 0 < errors < 36_000 * 0.01  # about 0.2% errors
     assert frontier == newest + 1
+
+
+def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_holds(tmp_path, monkeypatch):
+    """The detectors' start reads their history in runs of whole minutes (a big fleet's hours
+    at once took gigabytes): a run a minute gives the state of one run for everything, seen
+    in the next minute's detections."""
+    import functools
+
+    import polars as pl
+
+    from streams.detector_stage import DetectorStage
+    from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, T0, gpu_row, req_rows
+
+    con = store.connect(tmp_path / "d.duckdb")
+    reqs = pl.DataFrame([req_rows(T0 + i, tenant=t, requests=100, ok=100 - 30 * (i >= 25), retries=50 * (i >= 25),
+                                  turns=100, successful_turns=90, output_tokens=5_000, gpu_seconds=20.0)
+                         for i in range(30) for t in ("acme", "globex")], schema_overrides=REQ_SCHEMA)
+    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(30)], schema_overrides=GPU_SCHEMA)
+    con.register("_r", reqs.to_arrow())
+    con.register("_g", gpu.to_arrow())
+    con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")
+    con.execute("INSERT INTO gpu_minute BY NAME SELECT * FROM _g")
+
+    def started(runs):
+        with monkeypatch.context() as m:
+            m.setattr(store, "minute_runs", runs)
+            stage = DetectorStage()
+            stage.rebuild(con)
+        out = stage.on_closed(pl.DataFrame([req_rows(T0 + 30, tenant="acme", requests=100, ok=70, retries=50)],
+                                           schema_overrides=REQ_SCHEMA),
+                              pl.DataFrame([gpu_row(T0 + 30)], schema_overrides=GPU_SCHEMA))
+        return (out["detection_events"].to_dicts(), stage.processed_before, stage.max_request_minute,
+                stage.max_gpu_minute)
+
+    whole = started(store.minute_runs)
+    assert len(store.minute_runs(con, T0, max_rows=1)) == 30
+    by_minute = started(functools.partial(store.minute_runs, max_rows=1))
+    con.close()
+    assert by_minute == whole
+    assert whole[1] == T0 + 31 and any(e["detector"] == "retry_storm" for e in whole[0])
