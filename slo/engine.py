@@ -237,13 +237,16 @@ class SloTable:
                 judge: bool = True) -> list[AlertChange]:
         """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
         most once): alert changes, in column order. A minute the table has passed corrects
-        its windows and budget, and changes no alert; nor does any minute where not `judge`
+        its windows and budget, and changes no alert (the newest minute's rows may come in
+        several calls: each adds to it); nor does any minute where not `judge`
         (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
         if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
             k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
             raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
         late = self.now is not None and minute <= self.now
+        # The newest minute again: more of its rows (a restart reads a big minute in shares).
+        again = late and minute == self.now
         if not late:
             self.retire_until(minute)
         data = valid > 0
@@ -254,7 +257,7 @@ class SloTable:
         self.events_good[cols] += good
         self.events_valid[cols] += valid
         self._version += 1
-        if late:
+        if late and not again:
             return []
         for i, spends in (stage_spends or {}).items():
             windows = self.stage_windows.setdefault(i, {})
@@ -263,7 +266,7 @@ class SloTable:
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
         self.last_data[cols[data]] = minute
-        if not judge:
+        if not judge or again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
         back = cols[data & (self.no_data_since[cols] >= 0)]

@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", default=None, metavar="STORE",
                    help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
     p.add_argument("--restore-fleet", action="store_true",
-                   help="the same on a store of --days of history at --slices busy slices (a request each every "
+                   help="the same on a store of --days (or --hours) of history at --slices busy slices (a request each every "
                         "--every-minutes), its minutes closed by the worker's window operator")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
@@ -601,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
     p.add_argument("--hours", type=_positive_int, default=None,
-                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse)")
+                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse); restore-fleet: hours "
+                        "of history of --slices slices busy every minute, in place of --days")
     p.add_argument("--otlp", action="store_true",
                    help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
     p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")

@@ -540,7 +540,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tools.bench_restore import run_fleet
 
         print("\n".join(run_fleet(args.slices, args.days, args.every_minutes,
-                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
+                                  say=lambda m: print(m, file=sys.stderr, flush=True), hours=args.hours)))
         return 0
     if args.tiers:
         from tools.bench_tiers import run as run_tiers
