@@ -14,6 +14,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -754,6 +755,22 @@ def minute_runs(con: duckdb.DuckDBPyConnection, since_minute: int, max_rows: int
     pieces = bucket_pieces(_rows_by_minute(con, table, since_minute), max_rows)
     firsts = [since_minute, *sorted({p.first_minute for p in pieces if p.first_minute > since_minute})]
     return list(zip(firsts, [*firsts[1:], None]))
+
+
+def bucket_runs(con: duckdb.DuckDBPyConnection, since_minute: int, request_columns: str = "*",
+                max_rows: int = BUCKET_CHUNK_ROWS) -> Iterator[tuple[int, int | None, pl.DataFrame, pl.DataFrame]]:
+    """(first, end, sli_minute rows, gpu_minute rows) of `minute_runs` from `since_minute` on,
+    in event-time order: both tables' rows of the same whole minutes, at most about `max_rows`
+    request rows at a time, for a stage that rebuilds from them as the minutes closed."""
+    for lo, hi in minute_runs(con, since_minute, max_rows=max_rows):
+        within = "window_start >= $1" + ("" if hi is None else " AND window_start < $2")
+        bounds = [_minute_utc(lo)] + ([] if hi is None else [_minute_utc(hi)])
+        yield (lo, hi, query_frame(con, f"SELECT {request_columns} FROM sli_minute WHERE {within}", bounds),
+               query_frame(con, f"SELECT * FROM gpu_minute WHERE {within}", bounds))
+
+
+def _minute_utc(minute: int) -> datetime:
+    return datetime.fromtimestamp(minute * 60, tz=timezone.utc).replace(tzinfo=None)
 
 
 def recent_bucket_chunks(con: duckdb.DuckDBPyConnection, minutes: int, table: str = "sli_minute",

@@ -271,12 +271,8 @@ class DetectorStage:
         first = None  # the oldest minute with rows: the replay begins there
         # Runs of whole minutes of bounded rows: a big fleet's history (its rows, then a
         # summary object per label-set slice and minute) held at once took gigabytes.
-        for lo, hi in store.minute_runs(con, start):
-            within = "window_start >= $1" + ("" if hi is None else " AND window_start < $2")
-            bounds = [minute_start_utc(lo)] + ([] if hi is None else [minute_start_utc(hi)])
-            requests = with_minute(store.query_frame(
-                con, f"SELECT {', '.join(sorted(REQUEST_COLUMNS_READ))} FROM sli_minute WHERE {within}", bounds))
-            gpu = with_minute(store.query_frame(con, f"SELECT * FROM gpu_minute WHERE {within}", bounds))
+        for lo, hi, request_rows, gpu_rows in store.bucket_runs(con, start, ", ".join(sorted(REQUEST_COLUMNS_READ))):
+            requests, gpu = with_minute(request_rows), with_minute(gpu_rows)
             end = processed_before if hi is None else min(hi, processed_before)
             if requests is not None:
                 self.max_request_minute = requests[MINUTE_COL].max()

@@ -72,13 +72,16 @@ def test_error_spike_rolls_back():
 
 
 def test_cheaper_and_as_fast_is_promoted():
-    # 0.2% errors on each side: 60,000 requests a side can show a doubling; 5,000 cannot.
+    # 0.2% errors on each side: the harm that matters is the larger of 2x stable and the canary
+    # burning a 99.9% objective's budget at 6x (0.6%, 3x stable's 0.2%); 60,000 requests a side
+    # can show it, 5,000 cannot.
     v = verdict(side("v2", requests=60_000, bad=120, cost=40.0), side("v1", requests=60_000, bad=120), 30)
     assert v.verdict == "promote"
     thin = verdict(side("v2", cost=40.0), side("v1"), 30)
     assert thin.verdict == "continue" and thin.decided_by == ["errors"]
     assert thin.metrics["errors"]["evidence"] == "insufficient"
-    assert "more canary requests to show 2x" in thin.metrics["errors"]["evidence_needed"]
+    assert "more canary requests to show 3x" in thin.metrics["errors"]["evidence_needed"]
+    assert thin.metrics["errors"]["detectable_factor"] == 3.0
     assert v.canary["cost_per_unit"] < v.stable["cost_per_unit"] and v.canary["cost_unit"] == "per 1k output tokens"
 
 

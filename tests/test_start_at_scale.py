@@ -170,7 +170,7 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
 
     def started(runs):
         with monkeypatch.context() as m:
-            m.setattr(store, "minute_runs", runs)
+            m.setattr(store, "bucket_runs", runs)
             stage = DetectorStage()
             stage.rebuild(con)
         out = stage.on_closed(pl.DataFrame([req_rows(T0 + 30, tenant="acme", requests=100, ok=70, retries=50)],
@@ -179,9 +179,55 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
         return (out["detection_events"].to_dicts(), stage.processed_before, stage.max_request_minute,
                 stage.max_gpu_minute)
 
-    whole = started(store.minute_runs)
+    whole = started(store.bucket_runs)
     assert len(store.minute_runs(con, T0, max_rows=1)) == 30
-    by_minute = started(functools.partial(store.minute_runs, max_rows=1))
+    by_minute = started(functools.partial(store.bucket_runs, max_rows=1))
     con.close()
     assert by_minute == whole
     assert whole[1] == T0 + 31 and any(e["detector"] == "retry_storm" for e in whole[0])
+
+
+def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp_path, monkeypatch):
+    """The signal view's start reads its 30 minutes in runs of whole minutes (at 100,000 busy
+    slices one read held 7 GiB): a run a minute gives the same answers and measured capacity."""
+    import functools
+
+    import polars as pl
+
+    from planning.prices import GpuPrices
+    from signals.live import LiveSignals, SignalPolicy
+    from streams.signal_stage import SignalStage
+    from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, T0, gpu_row, req_rows
+
+    con = store.connect(tmp_path / "v.duckdb")
+    reqs = pl.DataFrame([req_rows(T0 + i, tenant=t, requests=100, ok=99, turns=100, successful_turns=99,
+                                  output_tokens=5_000, gpu_seconds=20.0)
+                         for i in range(40) for t in ("acme", "globex")], schema_overrides=REQ_SCHEMA)
+    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(40)], schema_overrides=GPU_SCHEMA)
+    con.register("_r", reqs.to_arrow())
+    con.register("_g", gpu.to_arrow())
+    con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")
+    con.execute("INSERT INTO gpu_minute BY NAME SELECT * FROM _g")
+
+    def answers(runs):
+        with monkeypatch.context() as m:
+            m.setattr(store, "bucket_runs", runs)
+            stage = SignalStage(LiveSignals(SignalPolicy(), [], GpuPrices()))
+            stage.rebuild(con)
+        snap = stage.snapshot(pl.DataFrame(), pl.DataFrame(), wall_s=0.0)
+        return snap.as_of_minute, sorted(snap.pools), stage.live.capacity_observed_through, \
+            stage.live.recent.requests.newest_minute()
+
+    reads: list[int] = []
+    bucket_runs = store.bucket_runs
+
+    def counted(con, since, *args, **kwargs):
+        for run in bucket_runs(con, since, *args, **kwargs):
+            reads.append(run[2].height)
+            yield run
+
+    whole = answers(counted)
+    assert len(reads) == 1 and reads[0] == 62  # the newest minute and the 30 before it, two slices each
+    by_minute = answers(functools.partial(store.bucket_runs, max_rows=2))
+    con.close()
+    assert by_minute == whole and whole[0] == T0 + 39
