@@ -17,6 +17,7 @@ from dashboards.common import (
     thresholds,
     timeseries,
 )
+from dashboards.links import data_link
 from slo.sli import span
 from slo.spec import SloSpec
 from conventions import (
@@ -31,7 +32,7 @@ def build(specs: list[SloSpec]):
     page_factor = min((w.factor(s.window_minutes) for s in specs for w in s.alert_windows if w.severity == "page"),
                       default=14.4)
     burn_columns = [Q(f'max by (slo) ({SLO_BURN_RATE}{{window="{span(m)}"}})', instant=True) for m in page_windows]
-    slo_link = [{"title": "SLO detail", "url": f"/d/{UID_SLO}?var-slo=${{__data.fields.slo}}&${{__url_time_range}}"}]
+    slo_link = [{"title": "SLO detail", "url": data_link(UID_SLO, {"slo": "slo"})}]
     by_slice = ", ".join(["slo", *slice_labels])
     panels = [
         table("SLOs: budget left, burn rate, alerts firing", "percentunit", [
