@@ -58,7 +58,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from signals.answers import ApiError
 from signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi
 from signals.config import ApiConfig
-from signals.routes import PARAMETER_TEXT, TOO_LARGE, header, make_app as make_api_app, no_route, not_allowed, takes_body
+from signals.routes import (PARAMETER_TEXT, TOO_LARGE, header, make_app as make_api_app, needs_token, no_route,
+                            not_allowed, takes_body)
 from signals.live import SignalSnapshot
 from streams.connections import ConnectionTable
 from streams.metrics import HttpMetrics
@@ -148,6 +149,20 @@ class _Served:
         if path == "/metrics" and (refused := metrics_refusal(self.api.config, authorization)):
             return refused
         return self.scrape(path[1:])
+
+    def refuse_unauthorised(self, method: str, path: str, authorization: str | None) -> Response | None:
+        """The 401 for a request without a valid token to a route that needs one, answered
+        here: the routes' own answer costs about 45 times the CPU (356 µs against 8 µs), and
+        a flood of wrong tokens would spend it on every request. None: no refusal."""
+        config = self.api.config
+        if not config.auth_required or config.authenticate(authorization) is not None \
+                or not needs_token(self.routes, method, path):
+            return None
+        try:
+            self.api.principal(authorization)
+        except ApiFailure as failure:
+            return json_response(failure.status, failure.answer)
+        return None
 
     def refuse_before_body(self, method: str, path: str, authorization: str | None) -> Response | None:
         """For a request that carries a body: its answer now, before a byte of the body is
@@ -337,6 +352,9 @@ def make_app(served: _Served):
             return
         if b"%2f" in (scope.get("raw_path") or b"").lower():  # a slash inside a name: no name has one
             await _send(send, json_response(400, ApiError(PARAMETER_TEXT)))
+            return
+        if method != "POST" and (refused := served.refuse_unauthorised(method, path, authorization)) is not None:
+            await _send(send, refused)  # a 401: the connection closes after it
             return
         if method == "POST":
             # Before a byte of the body: a path that takes none, or a wrong token, is refused now.

@@ -5,7 +5,6 @@ with the cap set low (64) so that a few hundred connections stand for thousands.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import socket
@@ -15,38 +14,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
-from ingest.kafka import KafkaSettings, ensure_topics
-from tests.conftest import free_port
-from tests.test_hostile import TOKEN, _refused, _status, produce, request, worker
+from tests.test_hostile import TOKEN, _refused, api_port  # noqa: F401 (api_port: a fixture)
 
 CAP = 64
 
 
 @pytest.fixture(scope="module")
-def port(broker, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("auth-flood")
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, 1)
-    produce(kafka, [request(i, 1 + i // 50) for i in range(200)])
-    (tmp / "api.yaml").write_text(yaml.safe_dump({
-        "stale_after": "10m", "max_connections": CAP,
-        "tokens": [{"name": "ops", "sha256": hashlib.sha256(TOKEN.encode()).hexdigest(), "tenants": "*"}]}))
-    port = free_port()
-    log = tmp / "worker.log"
-    proc = worker(kafka, tmp / "tw.duckdb", log, "--api-config", str(tmp / "api.yaml"), "--http-port", str(port))
-    deadline = time.monotonic() + 60
-    while _status(port, "/v1/slos") != 200:
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.3)
-    yield port
-    proc.terminate()
-    proc.wait(timeout=30)
+def port(api_port) -> int:
+    """A real worker whose API has one token and a cap of 64 connections (tests/test_hostile.py)."""
+    return api_port[0]
 
 
 def _answer_then_eof(port: int, raw: bytes, within_s: float = 2.0) -> tuple[bytes, bool]:

@@ -41,16 +41,25 @@ class _Pace:
             await asyncio.sleep(self.next - now)
 
 
+async def _connect(port: int, counts: dict[str, int], pace: _Pace):
+    """A new connection when the pace allows, counted; None when refused (after a pause)."""
+    await pace.wait()
+    try:
+        opened = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        counts["refused"] += 1
+        await asyncio.sleep(0.1)
+        return None
+    counts["opened"] += 1
+    return opened
+
+
 async def _one(port: int, drip_s: float, until: float, counts: dict[str, int], pace: _Pace) -> None:
     while time.monotonic() < until:
-        await pace.wait()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            counts["refused"] += 1
-            await asyncio.sleep(0.1)
+        opened = await _connect(port, counts, pace)
+        if opened is None:
             continue
-        counts["opened"] += 1
+        reader, writer = opened
         try:
             writer.write(HEAD)
             await writer.drain()
@@ -74,14 +83,10 @@ async def _polling(port: int, poll_s: float, until: float, counts: dict[str, int
     """One wrong-token poller: a request now and every `poll_s` on the same connection, until
     the server closes it; then a new connection."""
     while time.monotonic() < until:
-        await pace.wait()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            counts["refused"] += 1
-            await asyncio.sleep(0.1)
+        opened = await _connect(port, counts, pace)
+        if opened is None:
             continue
-        counts["opened"] += 1
+        reader, writer = opened
         try:
             while time.monotonic() < until:
                 writer.write(WRONG_TOKEN_POLL)
