@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/tailwatch demo
 
+# Every test, the 25 slowest printed at the end.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=25
+
+# The edit loop: the tests that need no broker and are not marked slow.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not broker and not slow and not gpu" --durations=10
 
 bench: $(STAMP)
 	$(VENV)/bin/tailwatch bench

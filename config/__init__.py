@@ -57,9 +57,19 @@ def convert(raw: Any, kind: type[T], where: str, error: type[Exception], at: str
 
 
 def describe(exc: msgspec.ValidationError, raw: Any, kind: Any, at: str = "") -> str:
-    """A conversion error as "place: what is wrong", the place under `at`."""
+    """A conversion error as "place: what is wrong", the place under `at`; a Kubernetes name
+    that is none is said in words, with the name that would do."""
+    from config.kubernetes import PATTERN, RULE, kubernetes_name
+
     m = _AT.match(str(exc))
     message, place = (m.group(1), m.group(2).lstrip(".")) if m else (str(exc), "")
+    value = _value_at(raw, place) if PATTERN in message else None
+    if isinstance(value, str):
+        try:
+            hint = f"; '{kubernetes_name(value)}' would do"
+        except ValueError:
+            hint = ""
+        message = f"{value!r} is not {RULE}{hint}"
     place = ".".join(p for p in (at, _name_key(place, raw, kind)) if p).replace(".[", "[")
     return f"{place + ': ' if place else ''}{message[:1].lower()}{message[1:]}"
 
@@ -85,6 +95,19 @@ def every_problem(raw: Any, kind: type[ConfigStruct], at: str) -> list[str]:
         except msgspec.ValidationError as exc:
             out.append(describe(exc, raw, kind, at))
     return out
+
+
+def _value_at(raw: Any, place: str) -> Any:
+    """The value at msgspec's `$.canaries[0].target` place in `raw`, or None."""
+    value = raw
+    for key, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", place):
+        if index and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        elif key and isinstance(value, dict):
+            value = value.get(key)
+        else:
+            return None
+    return value
 
 
 def _name_key(place: str, raw: Any, kind: Any) -> str:

@@ -23,6 +23,9 @@ WORKLOADS = ("asr", "tts", "llm", "s2s", "embed")
 TRAFFIC_CLASSES = ("realtime", "batch", "eval", "replay", "shadow")
 DEPLOYMENTS = ("stable", "canary", "shadow")
 CLOSED_LABELS = {"workload": WORKLOADS, "traffic_class": TRAFFIC_CLASSES, "deployment": DEPLOYMENTS}
+# The value a slice label takes past its cardinality cap (streams/cardinality.py): every value
+# the worker had no room for is counted under it, in one overflow slice per closed-label set.
+OVERFLOW_LABEL_VALUE = "__other__"
 # Appended only: checkpoints number histogram fields by their place here.
 LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms", "finalization_ms")
 # Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
@@ -67,6 +70,11 @@ OPEN_BUCKETS = "tailwatch_open_buckets"
 PARTITIONS_PAUSED = "tailwatch_partitions_paused"
 DEDUPE_IDS = "tailwatch_dedupe_ids"
 STAGE_CPU_SECONDS_TOTAL = "tailwatch_stage_cpu_seconds_total"
+# Cardinality caps (streams/cardinality.py): events whose label value had no room (label: a
+# slice label), events whose slice had no room, and the values each label holds now.
+LABEL_VALUES_OVERFLOWED_TOTAL = "tailwatch_label_values_overflowed_total"
+SLICES_OVERFLOWED_TOTAL = "tailwatch_slices_overflowed_total"
+LABEL_VALUES = "tailwatch_label_values"
 CHECKPOINT_DURATION_SECONDS = "tailwatch_checkpoint_duration_seconds"  # histogram
 
 # ---- the fleet: traffic, latency, GPUs, cost (streams/fleet_metrics.py) ----------------------
@@ -155,5 +163,7 @@ SLO_EVENTS_INCREASE_RULE = "tailwatch_slo:events:increase"
 # ---- anomaly and fleet detectors (streams/detector_stage.py) -------------------------------
 DETECTIONS_TOTAL = "tailwatch_detections_total"
 DETECTIONS_ACTIVE = "tailwatch_detections_active"
+# One series per open detection: detector, the slice labels, and `evidence` (fixed at raise).
+DETECTION_STARTED_TIMESTAMP_SECONDS = "tailwatch_detection_started_timestamp_seconds"
 DETECTOR_PROCESSED_TIMESTAMP_SECONDS = "tailwatch_detector_processed_timestamp_seconds"
 ANOMALY_MODEL_VERSION = "tailwatch_anomaly_model_version"

@@ -135,6 +135,7 @@ class Q:
     expr: str
     legend: str = ""
     instant: bool = False
+    column: str = ""  # in a table: the header of this query's value column
 
 
 # What a family needs that a fleet may not send: a panel reading it says so where it has no
@@ -191,8 +192,9 @@ def thresholds(*steps: tuple[float, str], base: str = "green") -> list[dict]:
     return [{"color": base, "value": None}, *({"color": c, "value": v} for v, c in steps)]
 
 
-def timeseries(title: str, unit: str, queries: list[Q], w: int = 8, h: int = 8, description: str = "",
+def timeseries(title: str, unit: str, queries: list[Q], *, description: str, w: int = 8, h: int = 8,
                threshold_steps: list[dict] | None = None, stacked: bool = False, **extra) -> g.TimeSeries:
+    _described(title, description)
     return _with_no_value(g.TimeSeries(
         title=title, unit=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
         gridPos=g.GridPos(h=h, w=w, x=0, y=0),
@@ -206,8 +208,9 @@ def timeseries(title: str, unit: str, queries: list[Q], w: int = 8, h: int = 8, 
     ), queries)
 
 
-def stat(title: str, unit: str, queries: list[Q], w: int = 4, h: int = 4, description: str = "",
+def stat(title: str, unit: str, queries: list[Q], *, description: str, w: int = 4, h: int = 4,
          threshold_steps: list[dict] | None = None) -> g.Stat:
+    _described(title, description)
     return g.Stat(
         title=title, format=unit, dataSource=DATASOURCE, targets=_targets(queries), description=description,
         gridPos=g.GridPos(h=h, w=w, x=0, y=0), thresholds=threshold_steps or thresholds(),
@@ -216,23 +219,62 @@ def stat(title: str, unit: str, queries: list[Q], w: int = 4, h: int = 4, descri
     )
 
 
-def table(title: str, unit: str, queries: list[Q], w: int = 12, h: int = 8, description: str = "",
-          column_units: dict[str, str] | None = None, links: list[dict] | None = None,
-          hidden: tuple[str, ...] = ("Time",)) -> g.Table:
-    """Instant queries in table format, merged on their labels into one row per series."""
+def table(title: str, unit: str, queries: list[Q], *, description: str, w: int = 12, h: int = 8,
+          column_units: dict[str, str] | None = None, column_thresholds: dict[str, list[dict]] | None = None,
+          links: list[dict] | None = None, hidden: tuple[str, ...] = ("Time",), quiet: str = "") -> g.Table:
+    """Instant queries in table format, merged on their labels into one row per series.
+
+    Each query names its value column (`Q.column`): Grafana calls a lone query's column
+    "Value" and several queries' "Value #A", "Value #B", …, which tell a reader nothing.
+    `column_units` and `column_thresholds` are keyed by those names; a thresholded column
+    colours its cells. `quiet`: what an empty table means when all is well (no detection
+    open, no page firing), shown instead of "No data"; it starts with QUIET."""
+    _described(title, description)
+    unnamed = [q.expr for q in queries if not q.column]
+    if unnamed:
+        raise ValueError(f"table {title!r}: every query needs a column name (Q.column): {unnamed[0]}")
+    renames = ({"Value": queries[0].column} if len(queries) == 1
+               else {f"Value #{chr(ord('A') + i)}": q.column for i, q in enumerate(queries)})
     overrides = [
         {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": u}]}
         for name, u in (column_units or {}).items()
     ]
+    overrides += [
+        {"matcher": {"id": "byName", "options": name},
+         "properties": [{"id": "thresholds", "value": {"mode": "absolute", "steps": steps}},
+                        {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}
+        for name, steps in (column_thresholds or {}).items()
+    ]
+    known = set(renames.values())
+    for name in [*(column_units or {}), *(column_thresholds or {})]:
+        if name not in known:
+            raise ValueError(f"table {title!r}: no column named {name!r} (columns: {sorted(known)})")
     panel = g.Table(
         title=title, unit=unit, dataSource=DATASOURCE, targets=_targets(queries, table=True), description=description,
         gridPos=g.GridPos(h=h, w=w, x=0, y=0), overrides=overrides,
         transformations=[{"id": "merge", "options": {}},
-                         {"id": "organize", "options": {"excludeByName": {n: True for n in hidden}}}],
+                         {"id": "organize", "options": {"excludeByName": {n: True for n in hidden},
+                                                        "renameByName": renames}}],
     )
+    defaults: dict = {}
     if links:
-        panel.extraJson = {"fieldConfig": {"defaults": {"links": links}}}
+        defaults["links"] = links
+    if quiet:
+        if not quiet.startswith(QUIET):
+            raise ValueError(f"table {title!r}: a quiet text starts with {QUIET!r}")
+        defaults["noValue"] = quiet
+    if defaults:
+        panel.extraJson = {"fieldConfig": {"defaults": defaults}}
     return _with_no_value(panel, queries)
+
+
+QUIET = "None now"  # how a panel that is empty when all is well starts its "no data" text
+
+
+def _described(title: str, description: str) -> None:
+    """Every panel says what it shows and how to read it (Grafana's ⓘ beside the title)."""
+    if not description.strip():
+        raise ValueError(f"panel {title!r} has no description")
 
 
 def layout(panels: list) -> list:

@@ -71,6 +71,15 @@ def problems(dashboard: dict) -> list[str]:
             out.append(f"{where}: no query")
         if not p.get("fieldConfig", {}).get("defaults", {}).get("unit"):
             out.append(f"{where}: no unit")
+        if not (p.get("description") or "").strip():
+            out.append(f"{where}: no description")
+        if p.get("type") == "table":
+            targets = p.get("targets", [])
+            shown = ["Value"] if len(targets) == 1 else [f"Value #{t.get('refId')}" for t in targets]
+            renamed = {k for tr in p.get("transformations", []) if tr.get("id") == "organize"
+                       for k in tr.get("options", {}).get("renameByName", {})}
+            if set(shown) - renamed:
+                out.append(f"{where}: columns {sorted(set(shown) - renamed)} have no name")
         gp = p.get("gridPos") or {}
         if not all(isinstance(gp.get(k), int) for k in "xywh") or gp["x"] < 0 or gp["x"] + gp["w"] > 24 or gp["w"] <= 0 or gp["h"] <= 0:
             out.append(f"{where}: gridPos {gp} outside the 24-column grid")

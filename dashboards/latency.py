@@ -68,7 +68,8 @@ def quality_panels() -> list:
                         "slices on the SLO dashboard, and the rollout gate by language."),
         timeseries("TTS streams with underruns by model and zone", "percentunit", [Q(
             per_unit(rate(TTS_STREAMS_WITH_UNDERRUNS_TOTAL, "model, zone"), TTS_STREAMS_REPORTING_UNDERRUNS_TOTAL,
-                     "model, zone"), "{{model}} {{zone}}")]),
+                     "model, zone"), "{{model}} {{zone}}")],
+            description="TTS streams that starved the player at least once, of the streams that reported underruns."),
         timeseries("TTS warm-voice cache hits by model", "percentunit", [Q(
             per_unit(rate(TTS_VOICE_CACHE_HITS_TOTAL, "model"), TTS_VOICE_CACHE_LOOKUPS_TOTAL, "model"), "{{model}}")],
             description="A falling hit ratio with rising first audio is a cold-voice storm."),
@@ -83,7 +84,9 @@ def quality_panels() -> list:
             description="Prompt tokens served from the prefix cache: a collapse raises prefill cost and first token."),
         timeseries("LLM speculative acceptance by model", "percentunit", [Q(
             per_unit(rate(SPECULATIVE_ACCEPTED_TOKENS_TOTAL, "model"), SPECULATIVE_DRAFT_TOKENS_TOTAL, "model"),
-            "{{model}}")]),
+            "{{model}}")],
+            description="Draft tokens the target model accepted, over draft tokens proposed: a drop wastes the draft "
+                        "model's GPU time."),
         timeseries("Quota refusals by tenant; OOM failures by model", "reqps", [
             Q(rate(QUOTA_REJECTIONS_TOTAL, "tenant"), "quota {{tenant}}"),
             Q(rate(OOM_FAILURES_TOTAL, "model"), "oom {{model}}")],
@@ -104,17 +107,24 @@ def quality_panels() -> list:
 def build(specs=None):
     panels = [
         timeseries("First output p95 by workload and model version", "s",
-                   [Q(pct("first_output", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
+                   [Q(pct("first_output", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")],
+                   description="95th percentile time to first token or audio, per workload and version, from the "
+                               "summed histogram (exact to the bucket bounds)."),
         timeseries("First output p95 by zone", "s",
-                   [Q(pct("first_output", "0.95", "workload, zone"), "{{workload}} {{zone}}")]),
+                   [Q(pct("first_output", "0.95", "workload, zone"), "{{workload}} {{zone}}")],
+                   description="95th percentile time to first output per zone: one zone apart is a zone problem."),
         timeseries("First output p95 by traffic class", "s",
-                   [Q(pct("first_output", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")]),
+                   [Q(pct("first_output", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")],
+                   description="Realtime beside batch: batch slow is fine, realtime slow while batch runs is not."),
         timeseries("Queue p95 by workload and traffic class", "s",
-                   [Q(pct("queue", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")]),
+                   [Q(pct("queue", "0.95", "workload, traffic_class"), "{{workload}} {{traffic_class}}")],
+                   description="95th percentile time requests waited before a GPU took them."),
         timeseries("End-to-end p95 by workload and model version", "s",
-                   [Q(pct("e2e", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")]),
+                   [Q(pct("e2e", "0.95", "workload, model_version"), "{{workload}} {{model_version}}")],
+                   description="95th percentile of a request's whole duration per workload and version."),
         timeseries("End-to-end p99 by zone", "s",
-                   [Q(pct("e2e", "0.99", "workload, zone"), "{{workload}} {{zone}}")]),
+                   [Q(pct("e2e", "0.99", "workload, zone"), "{{workload}} {{zone}}")],
+                   description="99th percentile of a request's whole duration per zone."),
         timeseries("Inter-token latency p95 by model and version", "s",
                    [Q(pct("inter_token", "0.95", "model, model_version"), "{{model}} {{model_version}}")], w=12,
                    description="The mean gap between tokens of each answer, after the first token: slow decode "
@@ -127,7 +137,8 @@ def build(specs=None):
                         "behind an HTTP 200 counts against it."),
         timeseries("First output p50 / p95 / p99 (all selected slices)", "s", [
             Q(pct("first_output", q, ""), f"p{q[2:].ljust(2, '0')}") for q in ("0.5", "0.95", "0.99")
-        ], w=12),
+        ], w=12, description="Median, 95th and 99th percentile time to first output over every selected slice: a "
+                             "p99 apart from the p50 is a tail, not the whole fleet slowing."),
         timeseries("Retried attempts by workload and zone", "reqps",
                    [Q(rate(REQUEST_RETRIES_TOTAL, "workload, zone"), "{{workload}} {{zone}}")], w=12,
                    description="A retry storm multiplies load while users wait: compare with queue age below."),

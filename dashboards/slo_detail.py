@@ -8,6 +8,7 @@ so every slice label of every SLO is a variable of this dashboard.
 
 from __future__ import annotations
 
+from dashboards.overview import why_panels
 from dashboards.common import (
     RATE,
     UID_SLO,
@@ -47,10 +48,12 @@ def build(specs: list[SloSpec]):
         ], w=12, description="Good ÷ valid events over the SLO's compliance window, per slice; the objective as a line."),
         stat("Error budget left (worst slice)", "percentunit",
              [Q(f"min({SLO_ERROR_BUDGET_REMAINING_RATIO}{{{match}}})", instant=True)], w=6, h=8,
-             threshold_steps=thresholds((0.25, "orange"), (0.5, "green"), base="red")),
+             threshold_steps=thresholds((0.25, "orange"), (0.5, "green"), base="red"),
+             description="The selected slices' smallest share of error budget left over the compliance window."),
         stat("Alerts firing", "short",
              [Q(f"sum({ALERTS_FIRING}{{{match}}})", instant=True)], w=6, h=8,
-             threshold_steps=thresholds((1, "red"))),
+             threshold_steps=thresholds((1, "red")),
+             description="Pages and tickets firing now on the selected slices."),
         timeseries("Error budget burn-down", "percentunit",
                    [Q(f"{SLO_ERROR_BUDGET_REMAINING_RATIO}{{{match}}}", legend or "{{slo}}")], w=24,
                    timeFrom=span(max(compliance)),
@@ -74,9 +77,12 @@ def build(specs: list[SloSpec]):
         ))
     panels += [
         timeseries("Alerts firing by severity", "short",
-                   [Q(f"sum by (severity) ({ALERTS_FIRING}{{{match}}})", "{{severity}}")], w=12),
+                   [Q(f"sum by (severity) ({ALERTS_FIRING}{{{match}}})", "{{severity}}")], w=12,
+                   description="Pages and tickets firing over time on the selected slices."),
         timeseries("SLI events by outcome", "cps",
-                   [Q(f"sum by (outcome) (rate({SLO_EVENTS_TOTAL}{{{match}}}[{RATE}]))", "{{outcome}}")], w=12),
+                   [Q(f"sum by (outcome) (rate({SLO_EVENTS_TOTAL}{{{match}}}[{RATE}]))", "{{outcome}}")], w=12,
+                   description="Good and bad SLI events per second: a burn with few events is noise, not an outage."),
+        *why_panels(labels, match.replace('slo=~"$slo", ', "").replace('slo=~"$slo"', "")),
     ]
     variables = [datasource_variable(),
                  label_variable("slo", SLO_OBJECTIVE_RATIO, "SLO", include_all=False),

@@ -26,9 +26,10 @@ from typing import Annotated
 from msgspec import Meta
 
 from config import ConfigStruct, PositiveCount, load_struct
+from config.kubernetes import MAX_LENGTH as K8S_MAX_LENGTH, PATTERN as K8S_PATTERN
 
 # A Kubernetes object name (RFC 1123 label): what every name below becomes part of.
-K8sName = Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+K8sName = Annotated[str, Meta(pattern=K8S_PATTERN, max_length=K8S_MAX_LENGTH)]
 Quantity = Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 TOKEN_NAMES = ("keda", "argo", "flagger", "prometheus")  # the callers of the API a deployment wires up
 

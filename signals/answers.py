@@ -171,7 +171,7 @@ class Side(Struct, forbid_unknown_fields=True):
 class WerSlice(Struct, omit_defaults=True, forbid_unknown_fields=True):
     """One language slice of the WER gate: each side's word error rate and evidence."""
 
-    verdict: Literal["pass", "continue", "pause", "rollback", "unjudged"]
+    verdict: Literal["pass", "continue", "pause", "rollback", "unjudged", "insufficient"]
     canary_wer: Number
     stable_wer: Number
     canary_evaluations: int
@@ -181,6 +181,10 @@ class WerSlice(Struct, omit_defaults=True, forbid_unknown_fields=True):
     overdispersion: float | UnsetType = UNSET
     p_value_worse_than_stable: Number | UnsetType = UNSET
     alpha: float | UnsetType = UNSET
+    detectable_factor: Annotated[float, Meta(description="the canary ÷ stable WER a pass must have been able to show")] \
+        | UnsetType = UNSET
+    evidence_needed: Annotated[str, Meta(description="insufficient: how much more canary evidence a judgement needs")] \
+        | UnsetType = UNSET
 
 
 class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -191,6 +195,11 @@ class MetricAnswer(Struct, omit_defaults=True, forbid_unknown_fields=True):
     p_value: Number
     method: str | UnsetType = UNSET
     alpha: float | UnsetType = UNSET
+    # the power rule: a pass needs the data to have been able to show this canary ÷ stable factor
+    detectable_factor: float | UnsetType = UNSET
+    evidence: Annotated[Literal["insufficient"], Meta(description="no harm seen, on too little data to call it a pass")] \
+        | UnsetType = UNSET
+    evidence_needed: Annotated[str, Meta(description="how much more canary evidence a pass needs")] | UnsetType = UNSET
     # errors (sequential test)
     p_value_worse_than_stable: Number | UnsetType = UNSET
     rate_ratio: float | UnsetType = UNSET

@@ -59,6 +59,13 @@ Methods, and why:
   `underrun_tolerance`, with `underrun_min_streams` reporting streams per side; until then it
   continues and is not promoted on silence.
 
+No harm seen is a pass only where the data would have shown the harm that matters
+(`signals/evidence.py`): each gate states a minimum detectable effect (errors: 2× stable's or a
+canary burning its budget at 6×; WER per language: 1.5×; latency: `pause_latency_factor`;
+cost: `pause_cost_factor`) and passes only if its own test, at its own alpha, would have
+seen it with probability 1 − `gate_beta`. Below that the metric continues with `evidence:
+insufficient` and the evidence it still needs; a WER slice says `insufficient`.
+
 Latency and cost tests are fixed-sample tests repeated each minute; their small alpha and
 the effect-size gates keep repeated looks from turning noise into verdicts. Callers with
 totals only (no per-minute counts, no histograms) get the same rules on point estimates.
@@ -75,6 +82,7 @@ import numpy as np
 from msgspec import Meta
 from scipy.special import betaincinv
 
+from signals.evidence import Power, cost_minutes_needed, count_power, log_spread, rank_power
 from slo import histogram
 from config import Alpha, ConfigStruct, Count, Factor, Fraction, Objective, Positive, WindowMinutes
 
@@ -175,9 +183,14 @@ class RolloutPolicy(ConfigStruct):
     rollback_error_factor: Factor = 2.0  # rollback needs evidence the canary errs more than this × stable…
     rollback_error_abs: Fraction = 0.0  # …and at least this much more in absolute terms (0: any)
     error_alpha: Alpha = 0.001  # always-valid: the chance a canary no worse than that is ever rolled back
+    # A pass needs the power to have seen a canary erring this × stable's or burning its error budget
+    # at this rate (the workbook's 6-hour page), whichever is more: on rare errors a doubling of
+    # 0.02% is not the harm that matters, a canary that would page on its own is.
+    error_detectable_factor: Factor = 2.0
+    error_detectable_burn: Positive = 6.0
     rollback_latency_factor: Factor = 1.5  # median or p99, first output or e2e, vs stable
     pause_latency_factor: Factor = 1.15
-    latency_alpha: Alpha = 0.001
+    latency_alpha: Alpha = 0.001  # a pass needs the power to have seen a shift by pause_latency_factor
     pause_cost_factor: Positive = 1.25  # confidently over this: pause
     rollback_cost_factor: Positive = math.inf  # confidently over this: rollback (off unless set)
     promote_cost_factor: Positive = 1.10  # estimated over this: not promoted
@@ -187,6 +200,8 @@ class RolloutPolicy(ConfigStruct):
     wer_min_words: Count = 500  # reference words per side and language slice, likewise
     rollback_wer_factor: Factor = 1.2  # rollback needs evidence the canary's WER in a language is over this × stable's
     wer_alpha: Alpha = 0.001  # always-valid, split across the language slices
+    wer_detectable_factor: Factor = 1.5  # a language passes only once a canary WER this × stable's would have shown
+    gate_beta: Alpha = 0.2  # a gate passes only where the harm it states would show with probability 1 − this
     underrun_min_streams: Count = 500  # TTS streams that reported underruns, per side, before a pass
     rollback_underrun_factor: Factor = 1.5  # rollback needs evidence the canary's share of stuttering streams is over this × stable's
     underrun_alpha: Alpha = 0.001  # always-valid
@@ -444,7 +459,19 @@ def error_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) 
     if p_worse <= p.error_alpha:
         why = "within its error budget" if burn < 1.0 else f"not yet shown over {p.rollback_error_factor:g}x"
         return MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, {why}", p_worse, detail)
-    return MetricVerdict("pass", f"{words}: no evidence it errs more (p = {p_worse:.2g})", p_worse, detail)
+    # No harm seen: a pass only if the harm that matters would have shown (stable's rate, add-half
+    # where it had no errors, so that a clean stable asks for evidence rather than none).
+    s_rate = max(s_err, 0.5 / max(float(ns.sum()), 1.0))
+    factor = max(p.error_detectable_factor, p.error_detectable_burn * (1 - p.objective) / s_rate)
+    power = count_power(float(nc.sum()), float(ns.sum()), s_rate, factor, p.error_alpha, p.gate_beta,
+                        sequential_error_p_value)
+    detail["detectable_factor"] = round(factor, 3)
+    if not power.detectable:
+        detail.update(evidence="insufficient", evidence_needed=power.needed("requests"))
+        return MetricVerdict("continue", f"{words}: no harm seen, but too little to see {factor:.3g}x: "
+                             f"{power.needed('requests')}", p_worse, detail)
+    return MetricVerdict("pass", f"{words}: no evidence it errs more (p = {p_worse:.2g}), and {factor:.3g}x would "
+                         "have shown", p_worse, detail)
 
 
 def burn_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy, window_minutes: int) -> MetricVerdict:
@@ -527,7 +554,17 @@ def latency_verdict(name: str, strata: Strata | None, c_p99: float | None, s_p99
         if p_val <= p.latency_alpha and effect > p.pause_latency_factor:
             return MetricVerdict("pause", f"{words}, p = {p_val:.2g}", p_val, detail)
         # Not significant, or too small to matter: no evidence of harm. A large ratio
-        # without significance is the noise of a tail quantile from few requests.
+        # without significance is the noise of a tail quantile from few requests. A pass
+        # needs the power to have seen a shift by the pause factor, at the rank test's share
+        # of the alpha (Bonferroni over the two tests).
+        sigma = log_spread(lambda q: histogram.quantile_ms(s_hist, q))
+        power = rank_power(n1, n2, sigma, p.pause_latency_factor, p.latency_alpha / 2, p.gate_beta) \
+            if sigma else Power(True, p.pause_latency_factor, 0.0)  # one bin: any shift moves values across it
+        detail["detectable_factor"] = p.pause_latency_factor
+        if not power.detectable:
+            detail.update(evidence="insufficient", evidence_needed=power.needed("values"))
+            return MetricVerdict("continue", f"{words}: no harm seen, but too little to see "
+                                 f"{p.pause_latency_factor:g}x: {power.needed('values')}", p_val, detail)
         return MetricVerdict("pass", f"{words}: no significant regression over {p.pause_latency_factor:g}x "
                              f"(p = {p_val:.2g})", p_val, detail)
     # Totals only: the p99 ratio once both sides have enough requests.
@@ -590,7 +627,17 @@ def cost_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) -
     if point > p.promote_cost_factor:
         return MetricVerdict("continue", f"{words}, {bounds}: may cost more than {p.promote_cost_factor:g}x, keep "
                              "watching, not promoted", p_over(p.promote_cost_factor), detail)
-    return MetricVerdict("pass", f"{words}, {bounds}", p_over(p.promote_cost_factor), detail)
+    detail["detectable_factor"] = p.pause_cost_factor
+    if ci.upper >= p.pause_cost_factor:
+        # The interval still reaches the harm that pauses: the data cannot tell this canary from
+        # one that costs that much more. Its width shrinks as √minutes.
+        more = cost_minutes_needed(point, sd, p.pause_cost_factor, ci.confidence, min(ci.minutes))
+        needed = f"needs ~{more:,} more minutes with work" if more is not None else "cannot show it at this spread"
+        detail.update(evidence="insufficient", evidence_needed=needed)
+        return MetricVerdict("continue", f"{words}, {bounds}: too little to rule out {p.pause_cost_factor:g}x: {needed}",
+                             p_over(p.promote_cost_factor), detail)
+    return MetricVerdict("pass", f"{words}, {bounds}: under {p.pause_cost_factor:g}x", p_over(p.promote_cost_factor),
+                         detail)
 
 
 def _quality_sums(rows: Sequence[QualityMinute]) -> tuple[int, int, int]:
@@ -662,8 +709,20 @@ def wer_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolicy) ->
             verdicts[name] = MetricVerdict("pause", f"{words}: worse than stable with p = {p_worse:.2g}, not yet shown "
                                            f"over {p.rollback_wer_factor:g}x", p_worse, row)
         else:
-            row["verdict"] = "pass"
-            verdicts[name] = MetricVerdict("pass", f"{words}: no evidence it is worse (p = {p_worse:.2g})", p_worse, row)
+            # No harm seen: a pass only if a canary worse by the detectable factor would have been seen.
+            power = count_power(float(nc.sum()), float(ns.sum()), s_err / s_words, p.wer_detectable_factor, alpha,
+                                p.gate_beta, sequential_error_p_value)
+            row["detectable_factor"] = p.wer_detectable_factor
+            if power.detectable:
+                row["verdict"] = "pass"
+                verdicts[name] = MetricVerdict("pass", f"{words}: no evidence it is worse (p = {p_worse:.2g}), and "
+                                               f"{p.wer_detectable_factor:g}x would have shown", p_worse, row)
+            else:
+                more = power.more_canary * phi if power.more_canary is not None else None  # words, not φ-units
+                needed = Power(False, power.factor, more).needed("words")
+                row.update(verdict="insufficient", evidence_needed=needed)
+                verdicts[name] = MetricVerdict("continue", f"{words}: no harm seen, but too little to see "
+                                               f"{p.wer_detectable_factor:g}x: {needed}", p_worse, row)
     c_err, c_words, s_err, s_words = totals
     global_words = (f"global WER canary {100 * c_err / c_words:.1f}% vs stable {100 * s_err / s_words:.1f}%"
                     if c_words and s_words else "no global WER yet")

@@ -31,6 +31,27 @@ def minute_text(minute: int) -> str:
     return minute_start_utc(minute).strftime("%Y-%m-%d %H:%M")
 
 
+def minutes_text(minutes: list[int], most: int = 8) -> str:
+    """Event-time minutes as a person reads them: runs of consecutive minutes as ranges,
+    `2026-11-02 00:55–01:03, 2026-11-02 01:10`, at most `most` runs and a count of the rest."""
+    runs: list[tuple[int, int]] = []
+    for m in sorted(set(minutes)):
+        if runs and m == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], m)
+        else:
+            runs.append((m, m))
+
+    def run_text(first: int, last: int) -> str:
+        if first == last:
+            return minute_text(first)
+        end = minute_start_utc(last)
+        same_day = minute_start_utc(first).date() == end.date()
+        return f"{minute_text(first)}–{end.strftime('%H:%M') if same_day else minute_text(last)}"
+
+    shown = ", ".join(run_text(a, b) for a, b in runs[:most])
+    return shown + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
+
+
 @dataclass(frozen=True)
 class AlertWindow:
     name: str

@@ -129,6 +129,7 @@ CREATE TABLE IF NOT EXISTS _tw_assembly (
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);
+CREATE TABLE IF NOT EXISTS _tw_label_limits (topic VARCHAR PRIMARY KEY, state BLOB);
 """
 
 
@@ -244,8 +245,10 @@ def store_failure(path: str | Path, exc: BaseException) -> StoreError:
     """What went wrong with a store file, in one line that names the file and the way out."""
     text = str(exc)
     first = text.splitlines()[0] if text else type(exc).__name__
-    if "not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text:
-        return StoreError(f"{path} is not a DuckDB store, or is corrupt ({first[:120]}): move it away and start the "
+    # A file cut short (a full disk, a copy stopped half-way) fails as a read past its end.
+    if ("not a valid DuckDB database" in text or "Corrupt" in text or "checksum" in text.lower() or "Serialization" in text
+            or "Could not read enough bytes" in text):
+        return StoreError(f"{path} is not a DuckDB store, or is corrupt or truncated ({first[:120]}): move it away and start the "
                           "worker again, which rebuilds the store from Kafka as far back as the topics' retention reaches")
     if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
         return StoreBusy(f"store {path} is held by another process ({first[:200]})")
@@ -392,6 +395,8 @@ class TopicCheckpoint:
     # Dedupe hashes are kept this many minutes behind the closed frontier (the correction
     # horizon), so a late copy of an event a closed minute counted is known as one.
     keep_seen_minutes: int = 0
+    # The cardinality limiter's state (streams/cardinality.py) where it changed; None: unchanged.
+    label_limits: bytes | None = None
 
 
 @dataclass
@@ -441,6 +446,8 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             if t.corrected is not None and t.corrected.rows.height:
                 _replace_rows(con, t.table, t.corrected)
             _append_open(con, t)
+            if t.label_limits is not None:
+                con.execute("INSERT OR REPLACE INTO _tw_label_limits VALUES (?, ?)", [t.topic, t.label_limits])
             if t.closed_before_minute is not None:
                 # Closed minutes left memory with this checkpoint; their partial state goes too,
                 # and their dedupe hashes once they pass the correction horizon.
@@ -641,6 +648,12 @@ def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopi
         watermarks=wms,
         closed_before_minute=closed,
     )
+
+
+def load_label_limits(con: duckdb.DuckDBPyConnection, topic: str) -> bytes | None:
+    """The cardinality limiter's state as the last checkpoint left it (None: none stored)."""
+    row = con.execute("SELECT state FROM _tw_label_limits WHERE topic = ?", [topic]).fetchone()
+    return None if row is None else bytes(row[0])
 
 
 def load_assembly(con: duckdb.DuckDBPyConnection, source_topic: str) -> tuple[int | None, list[tuple]]:

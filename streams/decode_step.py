@@ -5,7 +5,9 @@ One per worker that reads the producers' topics (tier `all` and tier 1). Each re
 decoded and validated on its own (ingest/validate.py), its event time bounded by its
 Kafka record's timestamp (streams/frames.py), and the frame goes into the topic's windows,
 which are the tier's: minute windows over the whole topic, or one set per partition.
-Whatever a record holds, it becomes its events or one dead letter with a reason.
+Whatever a record holds, it becomes its events or one dead letter with a reason. Where the
+worker caps cardinality (streams/cardinality.py), the decoded frame passes the topic's limiter
+here, before its windows: a value past a cap is counted under `__other__`, not refused.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from ingest.kafka import KafkaSettings
 from ingest.schema import EvalV1, GpuV1, RequestV1
 from ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from streams.aggregates import GPU, REQUESTS
+from streams.cardinality import CardinalityLimiter, CardinalityLimits
 from streams.windows import AggregateSpec
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.metrics import WorkerMetrics
-from conventions import TOPIC_GPU, TOPIC_REQUESTS
+from conventions import CLOSED_LABELS, TOPIC_GPU, TOPIC_REQUESTS
 
 
 @dataclass
@@ -35,6 +38,7 @@ class InputTopic:
     decoder: BatchDecoder
     columns: dict[str, pl.DataType]
     windows: object  # streams.windows.MinuteWindows or streams.partition_windows.PartitionWindows
+    limiter: CardinalityLimiter | None = None  # None: the topic's labels are not capped
 
 
 # The producers' topics: (topic suffix, event types, columns taken, aggregate, store table).
@@ -46,13 +50,22 @@ PRODUCER_TOPICS = (
 
 
 def input_topics(kafka: KafkaSettings, max_record_bytes: int,
-                 windows: Callable[[AggregateSpec], object]) -> dict[str, InputTopic]:
-    """`tw.requests` and `tw.gpu`, each with windows from `windows(spec)`."""
+                 windows: Callable[[AggregateSpec], object],
+                 limits: CardinalityLimits | None = None) -> dict[str, InputTopic]:
+    """`tw.requests` and `tw.gpu`, each with windows from `windows(spec)`, and with `limits`
+    a cardinality limiter over its slice key's open-ended labels."""
     out = {}
     for suffix, (event_type, *also), columns, spec, table in PRODUCER_TOPICS:
         topic = kafka.topic(suffix)
-        out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes, also), columns, windows(spec))
+        limiter = None if limits is None else CardinalityLimiter(capped_labels(spec, columns), spec.keys, limits)
+        out[topic] = InputTopic(topic, table, BatchDecoder(event_type, max_record_bytes, also), columns, windows(spec),
+                                limiter)
     return out
+
+
+def capped_labels(spec: AggregateSpec, columns: dict[str, pl.DataType]) -> tuple[str, ...]:
+    """The slice labels a producer can fill with anything: strings outside the closed sets."""
+    return tuple(k for k in spec.keys if k not in CLOSED_LABELS and columns.get(k) == pl.String)
 
 
 class DecodeStep:
@@ -73,8 +86,14 @@ class DecodeStep:
         frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices,
                                          record_ts, self.max_ahead_ms)
         rejected = decoded.rejected + bad_ts
-        outcome = p.windows.add(frame)
         m = self.metrics
+        if p.limiter is not None:
+            frame, overflowed = p.limiter.admit(frame)
+            for label, n in overflowed.events_by_label.items():
+                m.label_values_overflowed.labels(p.topic, label).inc(n)
+            if overflowed.slice_events:
+                m.slices_overflowed.labels(p.topic).inc(overflowed.slice_events)
+        outcome = p.windows.add(frame)
         for r in rejected:
             self.dead_letter(p, batch[r.index], r.reason, r.detail)
         reason, detail = ((TOO_LATE, "older than the correction horizon") if outcome.past_horizon
@@ -94,6 +113,10 @@ class DecodeStep:
             m.unknown_fields_dropped.labels(p.topic)
             for known in REASONS:
                 m.dead_letters.labels(p.topic, known)
+            if p.limiter is not None:
+                m.slices_overflowed.labels(p.topic)
+                for label in p.limiter.capped:
+                    m.label_values_overflowed.labels(p.topic, label)
         if decoded.unknown_fields_dropped:
             m.unknown_fields_dropped.labels(p.topic).inc(decoded.unknown_fields_dropped)
 
@@ -117,3 +140,6 @@ def window_gauges(metrics: WorkerMetrics, inputs) -> None:
             metrics.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
         metrics.open_minutes.labels(p.topic).set(len(w.open_minutes()))
         metrics.dedupe_ids.labels(p.topic).set(w.dedupe_ids)
+        if p.limiter is not None:
+            for label, n in p.limiter.sizes().items():
+                metrics.label_values.labels(p.topic, label).set(n)

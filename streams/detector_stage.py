@@ -51,11 +51,12 @@ from detectors.core import (
     summaries,
     with_minute,
 )
-from slo.windows import minute_start_utc
+from slo.windows import minute_start_utc, minutes_text
 import store
 from slo.columns import compact_strings
 from conventions import (
-    ANOMALY_MODEL_VERSION, DETECTIONS_ACTIVE, DETECTIONS_TOTAL, DETECTOR_PROCESSED_TIMESTAMP_SECONDS,
+    ANOMALY_MODEL_VERSION, DETECTION_STARTED_TIMESTAMP_SECONDS, DETECTIONS_ACTIVE, DETECTIONS_TOTAL,
+    DETECTOR_PROCESSED_TIMESTAMP_SECONDS, SLICE_LABELS,
 )
 
 log = logging.getLogger("tailwatch.detectors")
@@ -116,8 +117,8 @@ class PendingMinutes:
         if not_before is not None and f[MINUTE_COL].min() < not_before:
             # Only when the table was taken as absent: the detectors have moved on.
             late = f.filter(pl.col(MINUTE_COL) < not_before)[MINUTE_COL].unique().sort().to_list()
-            log.warning("%s rows of minutes %s closed after the detectors passed them: not seen by detectors",
-                        self.table, ", ".join(map(str, late)))
+            log.warning("%s rows of minutes %s (UTC) closed after the detectors passed them: not seen by detectors",
+                        self.table, minutes_text(late))
             f = f.filter(pl.col(MINUTE_COL) >= not_before)
         if self.hold is not None and f.height:
             f = self.hold(f)
@@ -145,15 +146,42 @@ class PendingMinutes:
         return pl.concat(taken, how="diagonal_relaxed") if taken else None
 
 
+OPEN_DETECTION_SERIES = 200
+
+
+def evidence_text(evidence: dict[str, float | str], limit: int = 160) -> str:
+    """A detection's evidence in one short line: `retry_ratio=0.31 requests=1.2e+03`."""
+    parts = [f"{k}={v:.3g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in sorted(evidence.items())]
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def open_detection_family(open_detections: list[Detection]) -> GaugeMetricFamily:
+    """One series per open detection (the newest OPEN_DETECTION_SERIES): its start in Unix
+    seconds, labelled by detector, every slice label (empty where it does not slice by one)
+    and its evidence."""
+    family = GaugeMetricFamily(DETECTION_STARTED_TIMESTAMP_SECONDS,
+                               "When each open detection started (event time), with its slice and evidence.",
+                               labels=["detector", *SLICE_LABELS, "evidence"])
+    newest = sorted(open_detections, key=lambda d: (-d.started_at, d.detection_id))[:OPEN_DETECTION_SERIES]
+    for d in newest:
+        family.add_metric([d.detector, *(str(d.labels.get(k, "")) for k in SLICE_LABELS), evidence_text(d.evidence)],
+                          d.started_at * 60)
+    return family
+
+
 class DetectorCollector:
     """Prometheus view: detections raised (counter) and open (gauge) per detector, the
-    event-time minute processed, and the anomaly model version. Label: `detector` only
-    (nine values), so the series count stays bounded whatever the fleet's slices."""
+    event-time minute processed, and the anomaly model version, each labelled by `detector`
+    alone; and one series per open detection (when it started, with its slice and the
+    evidence it was raised on), so a dashboard can say who hurts and why. Those series are
+    as many as the open detections, and at most OPEN_DETECTION_SERIES (the newest)."""
 
     def __init__(self, names: list[str]):
         self.names = names
         self.raised: dict[str, int] = {n: 0 for n in names}
         self.active: dict[str, int] = {n: 0 for n in names}
+        self.open: list[Detection] = []  # replaced whole, never mutated: /metrics reads it from another thread
         self.processed_before_minute: int | None = None
         self.model_version = 0
 
@@ -169,6 +197,7 @@ class DetectorCollector:
             active.add_metric([n], self.active[n])
         yield total
         yield active
+        yield open_detection_family(self.open)
         if self.processed_before_minute is not None:
             yield GaugeMetricFamily(DETECTOR_PROCESSED_TIMESTAMP_SECONDS,
                                     "Event time up to which the detectors have processed closed minutes.",
@@ -278,7 +307,12 @@ class DetectorStage:
             for d in stored.get(det.name, {}).values():
                 det.tracker.adopt(d)
                 self.alerts.change(d.detection_id, True, detection_to_alertmanager(d, d.evidence, self.links))
+        self._publish_open()
+
+    def _publish_open(self) -> None:
+        for det in self.set.detectors:
             self.collector.active[det.name] = len(det.tracker.open)
+        self.collector.open = [d for det in self.set.detectors for d in det.tracker.open.values()]
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
                   backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
@@ -315,8 +349,7 @@ class DetectorStage:
                 for mdl in anomaly.new_models], schema=MODEL_SCHEMA)
             self.collector.model_version = anomaly.new_models[-1].version
             anomaly.new_models = []
-        for det in self.set.detectors:
-            self.collector.active[det.name] = len(det.tracker.open)
+        self._publish_open()
         for e in events:
             if e.state == "raised":
                 self.collector.raised[e.detection.detector] += 1

@@ -37,6 +37,7 @@ its own limits here (docs/signal-api.md lists them):
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import multiprocessing
@@ -497,6 +498,10 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
     make_server(sock, served).run(sockets=[sock])
 
 
+
+class PortInUse(OSError):
+    """The HTTP port asked for is taken: said in one line with the flag that changes it."""
+
 class WorkerHttp:
     """The worker's side: starts the HTTP process, publishes state to it, stops it.
 
@@ -530,6 +535,9 @@ class WorkerHttp:
         if kind == "error":
             self._process.join(5)
             conn.close()
+            if value == errno.EADDRINUSE:
+                raise PortInUse(value, f"{self._host}:{port} is in use by another process: start with --http-port set to "
+                                       "another port, or --http-port 0 for any free one (the start line names it)")
             raise OSError(value, message)
         self._conn, self.port = conn, value
         threading.Thread(target=self._answer_scrapes, args=(self._scrape_conn,), name="http-scrapes", daemon=True).start()

@@ -1,7 +1,7 @@
 """The worker's own Prometheus metrics: every name in one place, labels bounded.
 
-Labels are topic (a handful), outcome and reason (closed sets), and partition (bounded
-by the topic's partition count).
+Labels are topic (a handful), outcome and reason (closed sets), partition (bounded
+by the topic's partition count), and label (the slice labels).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from conventions import (
     CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
     FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES, HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
     PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, PROCESS_MEMORY_BYTES, STORE_MEMORY_LIMIT_BYTES,
-    UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS,
+    UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS, LABEL_VALUES, LABEL_VALUES_OVERFLOWED_TOTAL,
+    SLICES_OVERFLOWED_TOTAL,
 )
 
 # `_created` series would double the exposition for a timestamp no dashboard reads.
@@ -83,6 +84,16 @@ class WorkerMetrics:
             ["stage"], registry=r)
         self.checkpoint_seconds = Histogram(
             CHECKPOINT_DURATION_SECONDS, "Time to write one checkpoint transaction.", registry=r)
+        # label: the capped slice labels of the topic (streams/cardinality.py), and `slice`.
+        self.label_values_overflowed = Counter(
+            LABEL_VALUES_OVERFLOWED_TOTAL, "Events counted under __other__ because their value of this label "
+            "came when the label held --max-label-values values.", ["topic", "label"], registry=r)
+        self.slices_overflowed = Counter(
+            SLICES_OVERFLOWED_TOTAL, "Events counted in a slice folded into __other__ because the worker held "
+            "--max-slices slices.", ["topic"], registry=r)
+        self.label_values = Gauge(
+            LABEL_VALUES, "Values each capped label holds (label slice: slices held), against "
+            "--max-label-values and --max-slices.", ["topic", "label"], registry=r)
 
 
 # Why the HTTP process refused or cut a connection or request (streams/http.py): a closed set.

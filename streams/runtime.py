@@ -37,6 +37,7 @@ from planning.prices import GpuPrices
 from signals.config import ApiConfig
 from signals.live import SignalSnapshot
 from streams.frames import DEFAULT_MAX_AHEAD_MS
+from streams.cardinality import CardinalityLimits
 from streams.http import HttpState, WorkerHttp
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.operator import Operator
@@ -68,6 +69,8 @@ class WorkerSettings:
     # A checkpoint closes minutes of at most about this many rows; the rest close at the next,
     # before more is read. A backlog then closes in steps whose memory does not grow with it.
     checkpoint_max_rows: int = 20_000
+    # Values per open-ended slice label and slices kept apart; the rest count under `__other__`.
+    cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
     state_every_s: float = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     partitions: int = 4

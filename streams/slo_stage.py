@@ -57,7 +57,11 @@ class SloCollector:
             burns, valids, remaining = table.rates()
             goods = table.windows.all_sums()[..., 0]
             severities = [aw.severity for aw in table.spec.alert_windows]
-            for st in table.views:
+            # Scrapes run on their own thread: a slice the worker adds meanwhile (a flood of new
+            # ones adds many) is past the arrays read above. It is in the next scrape.
+            known = min(len(remaining), valids.shape[0], goods.shape[0], table.fired_at.shape[1],
+                        len(table.events_good), len(table.events_valid))
+            for st in table.views[:known]:
                 i = st.i
                 values = [table.spec.name, *(st.labels.get(k, "") for k in self.labels)]
                 objective.add_metric(values, table.spec.objective)
@@ -171,7 +175,7 @@ class SloStage:
         return out
 
     def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
-        """A page that fires names who holds the slice's bad events at that minute (the
+        """A page that fires names who and what holds the slice's bad events at that minute (the
         minute's rows are in this checkpoint: it is what fired it), worked out once per SLO
         for all its slices and minutes."""
         wanted: dict[str, set[int]] = {}
@@ -184,9 +188,9 @@ class SloStage:
             if c.state == "firing" and not c.detail:
                 spec = self.specs[c.slo]
                 key = tuple(c.labels.get(k) for k in spec.slice_by if k in requests.columns)
-                named = found[c.slo].get(c.at_minute, {}).get(key)
-                if named:
-                    c = dataclasses.replace(c, detail=explain(named))
+                detail = explain(found[c.slo].get(c.at_minute, {}).get(key))
+                if detail:
+                    c = dataclasses.replace(c, detail=detail)
             out.append(c)
         return out
 

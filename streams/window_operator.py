@@ -47,7 +47,8 @@ class MinuteWindowOperator:
         horizon_ms = int(s.correction_horizon_s * 1000)
         self.inputs: dict[str, InputTopic] = input_topics(
             s.kafka, s.max_record_bytes,
-            lambda spec: MinuteWindows(spec, lateness_ms, int(s.idle_timeout_s * 1000), correction_horizon_ms=horizon_ms))
+            lambda spec: MinuteWindows(spec, lateness_ms, int(s.idle_timeout_s * 1000), correction_horizon_ms=horizon_ms),
+            s.cardinality)
         # One alignment group over both topics' partitions (as Flink's groups span sources): a
         # backlog drained topic by topic would close one topic's minutes an hour ahead of the
         # other's, and the detectors would take the other as absent.
@@ -76,6 +77,8 @@ class MinuteWindowOperator:
         for p in self.inputs.values():
             r = store.load_topic_state(con, p.topic)
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
+            if p.limiter is not None:
+                p.limiter.restore(store.load_label_limits(con, p.topic))
             for line in p.windows.repair_event_time(bound_ms, store.newest_minute(con, p.table)):
                 log.warning("%s: %s (event time past %s cannot come from an accepted event)", p.topic, line,
                             utc_text(bound_ms))
@@ -162,11 +165,14 @@ class MinuteWindowOperator:
                 late=None if late is None else LateEvents(p.topic, p.table, w, late,
                                                           lambda merged, p=p: self._publish_corrected(p, merged)),
                 keep_seen_minutes=-(-w.correction_horizon_ms // MINUTE_MS),
+                # With the offsets the admitted values came from, so a restart admits the same.
+                label_limits=p.limiter.to_bytes() if p.limiter is not None and p.limiter.changed else None,
             ))
         frontiers = {t.topic: t.closed_before_minute for t in topics}
         nothing_new = not self.decode.dead_letters and source.next_offsets == self.stored_offsets \
             and frontiers == self.stored_frontiers \
-            and all(not t.closed.height and not t.counts and not t.seen and t.late is None for t in topics)
+            and all(not t.closed.height and not t.counts and not t.seen and t.late is None and t.label_limits is None
+                    for t in topics)
         if nothing_new and not close_all:
             return None  # idle: leave the store file to its readers
         letters = self.decode.take()

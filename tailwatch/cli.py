@@ -95,11 +95,93 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     )
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "default" not in text and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad flag said in one line (the usage is a `--help` away)."""
+    """argparse with tailwatch's manners: a bad flag said in one line (the usage is a
+    `--help` away), a mistyped command answered with the nearest one, every default shown,
+    and each command's examples under its help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {message}{_did_you_mean(message)} (see {self.prog} --help)\n")
+
+
+def _did_you_mean(message: str) -> str:
+    """"; did you mean 'status'?" for argparse's "invalid choice: 'stauts' (choose from …)"."""
+    import difflib
+    import re
+
+    m = re.match(r"argument \S+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return ""
+    choices = re.findall(r"'([^']*)'", m.group(2))
+    near = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+    return f"; did you mean '{near[0]}'?" if near else ""
+
+
+# One example (or a few) per command, shown under its --help.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "broker": ("tailwatch broker --port 9092",),
+    "simulate": ("tailwatch simulate --scenario retry-storm --minutes 60    # into the tw.* topics",
+                 "tailwatch simulate --minutes 30 --out events.jsonl --truth incidents.jsonl",
+                 "tailwatch simulate --scenario nope    # prints the known scenarios"),
+    "ingest otlp": ("tailwatch ingest otlp --until-idle 30s",),
+    "otlp check": ("tailwatch otlp check ingest/otlp/mapping.yaml",),
+    "produce": ("tailwatch produce events.jsonl",),
+    "worker": ("tailwatch worker --store data/tailwatch.duckdb --http-port 8080",
+               "tailwatch worker --until-idle 10s    # drain what Kafka holds, then exit"),
+    "store snapshot": ("tailwatch store snapshot --store data/tailwatch.duckdb /backups/snap-1",),
+    "sql": ("tailwatch sql \"SELECT slo, fired_at FROM alerts ORDER BY fired_at\"",
+            "tailwatch sql --format csv \"SELECT * FROM detections\" > detections.csv"),
+    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",),
+    "slo status": ("tailwatch slo status --at \"2026-11-02 01:20\"",
+                   "tailwatch slo status --slo llm-realtime-first-token"),
+    "rules generate": ("tailwatch rules generate --out rules/",),
+    "rollout recipe": ("tailwatch rollout recipe flagger --model llama-3.1-70b --version 2024-11",),
+    "deploy generate": ("tailwatch deploy generate --out k8s/ --settings deploy.yaml",),
+    "dashboards generate": ("tailwatch dashboards generate --out dashboards/",),
+    "report cost": ("tailwatch report cost --from 2026-11-01 --to 2026-11-08 --out reports/week-45",),
+    "report readiness": ("tailwatch report readiness --model llama-3.1-70b",),
+    "capacity replicas": ("tailwatch capacity replicas --tokens-per-second 50000 --gpu-seconds-per-unit 0.0004 --zones 3",),
+    "capacity kv-cache": ("tailwatch capacity kv-cache --layers 80 --kv-heads 8 --head-dim 128 --tokens 8192 "
+                          "--gpu-memory-gib 141 --weights-gib 70",),
+    "capacity measured": ("tailwatch capacity measured --days 7",),
+    "plan stages": ("tailwatch plan stages --workload s2s --target-rps 20 --format json",),
+    "collect gpu": ("tailwatch collect gpu --zone us-east-1a --pool llm-realtime --interval 10",
+                    "tailwatch collect gpu --count 1 --print    # one sample to stdout, no Kafka"),
+    "collect prometheus": ("tailwatch collect prometheus --url http://dcgm-exporter:9400/metrics --print --count 1",),
+    "eval detectors": ("tailwatch eval detectors --scenario retry-storm --scenario queue-saturation",),
+    "fuzz decode": ("tailwatch fuzz decode --records 100000 --seed 3",),
+    "backtest autoscale": ("tailwatch backtest autoscale --pool llm-us-east-1a-realtime --per-minute",),
+    "backtest rollout": ("tailwatch backtest rollout llama-3.1-70b 2024-11",),
+    "drill zone-loss": ("tailwatch drill zone-loss --zone us-east-1b",),
+    "demo": ("tailwatch demo", "tailwatch demo --seed 11 --store /tmp/demo.duckdb"),
+    "bench": ("tailwatch bench --shape both", "tailwatch bench --api --seconds 10"),
+}
+
+
+def _add_examples(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> None:
+    """Each command's examples as its help's epilog (EXAMPLES); nested commands walked."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs and path:
+        lines = EXAMPLES[" ".join(path)]
+        parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+    for action in subs:
+        for name, child in action.choices.items():
+            _add_examples(child, (*path, name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,12 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground")
-    p.add_argument("--port", type=_port, default=9092)
+    p.add_argument("--port", type=_port, default=9092, help="TCP port to listen on, on 127.0.0.1")
 
     p = sub.add_parser("simulate", help="simulate a GPU inference fleet with scripted incidents")
-    p.add_argument("--scenario", default="mixed-fleet")
+    p.add_argument("--scenario", default="mixed-fleet",
+                   help="the scripted fleet and its incidents: mixed-fleet, retry-storm, queue-saturation, zone-loss, "
+                        "… (an unknown name prints every scenario)")
     p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default 120; zone-loss 75)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7, help="random seed: the same seed, scenario and minutes give byte-identical events")
     p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z; "
                    "zone-loss 13:00, before the diurnal peak)")
     p.add_argument("--rate-scale", type=_positive, default=None, help="multiply every request rate (default 1; zone-loss 0.33)")
@@ -128,14 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("json", "otlp"), default="json",
                    help="json: request.v1/gpu.v1 to tw.* topics; otlp: spans and metrics batches as an "
                         "OpenTelemetry Collector's kafka exporter writes them")
-    p.add_argument("--otlp-encoding", choices=("otlp_proto", "otlp_json"), default="otlp_proto")
+    p.add_argument("--otlp-encoding", choices=("otlp_proto", "otlp_json"), default="otlp_proto", help="with --format otlp: protobuf or JSON encoding of the OTLP messages")
     _otlp_topic_args(p)
     _kafka_args(p)
 
     p = sub.add_parser("ingest", help="adapters from standard telemetry")
     isub = p.add_subparsers(dest="ingest_command", required=True, metavar="SOURCE")
     c = isub.add_parser("otlp", help="the Collector's otlp_spans / otlp_metrics topics → tw.requests / tw.gpu")
-    c.add_argument("--mapping", default=None, metavar="FILE", help="where tenant, pool, zone ... come from (docs: README)")
+    c.add_argument("--mapping", default=None, metavar="FILE", help="where tenant, pool, zone ... come from (docs/configuration.md, 'OTLP mapping file')")
     c.add_argument("--group", default="tailwatch-otlp", help="consumer group id")
     c.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
                    help="stop after this long without a record (default: run until stopped)")
@@ -148,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("otlp", help="the OTLP mapping file")
     osub = p.add_subparsers(dest="otlp_command", required=True, metavar="ACTION")
     c = osub.add_parser("check", help="validate a mapping file; exit 1 on problems")
-    c.add_argument("file")
+    c.add_argument("file", help="the OTLP mapping file (YAML)")
 
     p = sub.add_parser("produce", help="validate JSON Lines events and publish them to their topics")
     p.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files, or - for standard input")
@@ -201,12 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --until-idle: how long to wait for partitions not owned or not read to their end "
                         "before exiting 3 (default 2m)")
     p.add_argument("--partitions", type=_positive_int, default=4, help="partitions for topics the worker creates")
-    p.add_argument("--batch-size", type=_positive_int, default=20_000)
+    p.add_argument("--batch-size", type=_positive_int, default=20_000, help="records consumed and processed together at most")
     p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
     p.add_argument("--checkpoint-max-rows", type=_positive_int, default=20_000, metavar="N",
                    help="a checkpoint closes minutes of at most about N rows; a backlog's other closable "
                         "minutes close at the next ones, before more is read (default 20000)")
+    p.add_argument("--max-label-values", type=_positive_int, default=5_000, metavar="N",
+                   help="values kept apart per open-ended slice label (tenant, model, model_version, zone, pool, "
+                        "language, voice; a GPU's node), first seen first; later values are counted under __other__ "
+                        "(default 5000)")
+    p.add_argument("--max-slices", type=_positive_int, default=20_000, metavar="N",
+                   help="slices (label combinations) kept apart per input topic; later ones are counted with their "
+                        "open-ended labels __other__ (default 20000)")
+    p.add_argument("--label-values-forget-after", type=_duration_s, default=86400.0, metavar="DURATION",
+                   help="event time after which a label value or slice not seen again frees its place "
+                        "(default 24h; 0: never)")
     p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
                    help="how often the worker measures what each part of its state holds "
                         "for /metrics (a walk of its objects; default 1m)")
@@ -236,22 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
     c = stsub.add_parser("snapshot", help="every table as Parquet plus the offsets it covers, for a new replica's "
                                           "`worker --restore-from DIR`")
     c.add_argument("dir", metavar="DIR", help="a new or empty folder")
-    c.add_argument("--store", default=None)
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
 
     p = sub.add_parser("sql", help="query the store")
-    p.add_argument("query")
-    p.add_argument("--store", default=None)
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("query", help="SQL for DuckDB over the store's tables (read-only)")
+    p.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
 
     p = sub.add_parser("slo", help="SLO specifications and status")
     ssub = p.add_subparsers(dest="slo_command", required=True, metavar="ACTION")
     c = ssub.add_parser("check", help="validate an SLO file (tailwatch YAML or OpenSLO v1); exit 1 on problems")
-    c.add_argument("file")
+    c.add_argument("file", help="tailwatch SLO YAML or OpenSLO v1 file")
     c = ssub.add_parser("status", help="each SLO and slice: SLI, budget left, burn rates, firing alerts")
     c.add_argument("--slos", default=None, help="SLO file (default: the built-in set)")
     c.add_argument("--slo", default=None, help="only this SLO")
     c.add_argument("--at", default=None, help="RFC 3339 event time to evaluate at (default: the newest bucket)")
-    c.add_argument("--store", default=None)
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
 
     p = sub.add_parser("rules", help="Prometheus rules equivalent to the SLO engine")
     rsub = p.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
@@ -263,12 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
     rosub = p.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
     c = rosub.add_parser("recipe", help="manifests for Flagger (a Canary with every webhook) or Argo Rollouts (analysis "
                          "templates and the Rollout's strategy), whose only success at the last step is promote")
-    c.add_argument("controller", choices=("flagger", "argo"))
-    c.add_argument("--model", required=True)
+    c.add_argument("controller", choices=("flagger", "argo"), help="which rollout controller the manifests are for")
+    c.add_argument("--model", required=True, help="the model, as in request.v1's `model` (any name: Kubernetes names are made from it)")
     c.add_argument("--version", required=True, help="the canary's model_version")
     c.add_argument("--url", default="http://tailwatch.monitoring:8000", help="the signal API as the controller reaches it")
-    c.add_argument("--target", default="", help="the Deployment the Canary or Rollout drives (default: the model)")
-    c.add_argument("--namespace", default="default")
+    c.add_argument("--target", default="", help="the Deployment the Canary or Rollout drives, and their name (default: the model as a Kubernetes name: llama-3.1-70b → llama-3-1-70b)")
+    c.add_argument("--namespace", default="default", help="Kubernetes namespace of the Canary or Rollout")
     c.add_argument("--token", default=None, help="Flagger: a bearer token for the hooks' metadata (scope it to the "
                    "model's tenants; it is plain text in the Canary)")
 
@@ -326,21 +420,21 @@ def build_parser() -> argparse.ArgumentParser:
     demand.add_argument("--tokens-per-second", type=_non_negative, help="tokens per second")
     c.add_argument("--gpu-seconds-per-unit", type=_positive, required=True,
                    help="GPU-seconds per unit of work (per audio-second of a stream, or per token)")
-    c.add_argument("--target-utilization", type=_utilization, default=0.7)
-    c.add_argument("--zones", type=_positive_int, default=1)
-    c.add_argument("--gpus-per-replica", type=_positive, default=1.0)
+    c.add_argument("--target-utilization", type=_utilization, default=0.7, help="plan each replica at most this busy")
+    c.add_argument("--zones", type=_positive_int, default=1, help="zones to spread over, with headroom to lose one")
+    c.add_argument("--gpus-per-replica", type=_positive, default=1.0, help="GPUs one replica holds")
     c = capsub.add_parser("kv-cache", help="KV-cache bytes per request, and how many fit beside the weights")
-    c.add_argument("--layers", type=_positive_int, required=True)
-    c.add_argument("--kv-heads", type=_positive_int, required=True)
-    c.add_argument("--head-dim", type=_positive_int, required=True)
+    c.add_argument("--layers", type=_positive_int, required=True, help="the model's transformer layers")
+    c.add_argument("--kv-heads", type=_positive_int, required=True, help="key-value heads per layer (GQA: fewer than query heads)")
+    c.add_argument("--head-dim", type=_positive_int, required=True, help="dimension of one head")
     c.add_argument("--tokens", type=_positive_int, required=True, help="context tokens per request")
     c.add_argument("--bytes-per-value", type=_positive, default=2.0, help="2 for fp16/bf16, 1 for fp8")
-    c.add_argument("--gpu-memory-gib", type=_positive, default=None)
-    c.add_argument("--weights-gib", type=_non_negative, default=None)
+    c.add_argument("--gpu-memory-gib", type=_positive, default=None, help="one GPU's memory in GiB (with --weights-gib: requests that fit beside the weights)")
+    c.add_argument("--weights-gib", type=_non_negative, default=None, help="the model's weights in GiB on one GPU")
     c.add_argument("--overhead-gib", type=_non_negative, default=0.0, help="activations, CUDA context, fragmentation")
 
     c = capsub.add_parser("measured", help="per-replica capacity each pool sustained with its latency SLOs held (from the store)")
-    c.add_argument("--store", default=None)
+    c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
     c.add_argument("--days", type=_positive_int, default=7, help="newest days of measurements to show (default 7)")
     c.add_argument("--pool", default=None, help="one pool only")
 
@@ -359,18 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpu-types", default=None, help="GPU SKUs GPU stages may run on, e.g. H100,L4 (cheapest per request)")
     c.add_argument("--target-utilization", type=_utilization, default=0.8, help="plan each stage at most this busy (default 0.8)")
     c.add_argument("--stage-setup", default=None, metavar="FILE",
-                   help="YAML: per stage device (cpu, gpu, none), batch_size, workers, gpu_sku (see README)")
+                   help="YAML: per stage device (cpu, gpu, none), batch_size, workers, gpu_sku (docs/configuration.md, 'Stage setup')")
     c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
-    c.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    c.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    c.add_argument("--json", action="store_const", const="json", dest="format", help=argparse.SUPPRESS)  # the old spelling
 
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")
-    g.add_argument("--interval", type=_duration_s, default=10.0)
+    g.add_argument("--interval", type=_duration_s, default=10.0, help="seconds between samples (e.g. 10s, 1m)")
     g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
-    g.add_argument("--node", default=None)
-    g.add_argument("--zone", default="")
-    g.add_argument("--pool", default="")
+    g.add_argument("--node", default=None, help="node name on the samples (default: this host's name)")
+    g.add_argument("--zone", default="", help="zone label on the samples")
+    g.add_argument("--pool", default="", help="pool label on the samples")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
     _kafka_args(g)
     g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, TGI, Triton /metrics → tw.gpu, and their latency "
@@ -380,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--targets", default=None, metavar="FILE", help="a targets file in the shape of Prometheus's "
                    "file_sd (JSON or YAML: [{targets: [host:port], labels: {node: n1, zone: z1, gpu: '0'}}]); "
                    "read again each round")
-    g.add_argument("--interval", type=_duration_s, default=10.0)
+    g.add_argument("--interval", type=_duration_s, default=10.0, help="seconds between scrapes (e.g. 10s, 1m)")
     g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--mapping", default=None, metavar="FILE", help="OTLP mapping file (its gpu: section)")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
@@ -391,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = esub.add_parser("detectors", help="a scenario through broker + worker: recall, false alerts per day, delay")
     c.add_argument("--scenario", action="append", default=None, metavar="NAME",
                    help="a detector scenario (repeatable), or `all` (default: all)")
-    c.add_argument("--seed", type=int, default=7)
+    c.add_argument("--seed", type=int, default=7, help="the scenario's random seed")
     c.add_argument("--minutes", type=_positive_int, default=None,
                    help="simulated minutes (default: 200, and 1440 for quiet-day)")
     c.add_argument("--rate-scale", type=_positive, default=0.3, help="multiply every request rate (default 0.3)")
@@ -405,9 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     fsub = p.add_subparsers(dest="fuzz_command", required=True, metavar="WHAT")
     c = fsub.add_parser("decode", help="generated and mutated records through the decoder as the worker calls it: "
                                        "nothing raises, every record is its events or one dead letter")
-    c.add_argument("--records", type=_positive_int, default=1_000_000)
-    c.add_argument("--seed", type=int, default=1)
-    c.add_argument("--batch-size", type=_positive_int, default=500)
+    c.add_argument("--records", type=_positive_int, default=1_000_000, help="records to generate and mutate")
+    c.add_argument("--seed", type=int, default=1, help="random seed (a failure names the seed and record that reproduce it)")
+    c.add_argument("--batch-size", type=_positive_int, default=500, help="records per decode call, as the worker batches them")
 
     p = sub.add_parser("backtest", help="replay the store through the autoscaler or the rollout verdict")
     bsub = p.add_subparsers(dest="backtest_command", required=True, metavar="WHAT")
@@ -418,14 +513,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
     c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose first-output thresholds say who waited")
     c.add_argument("--per-minute", action="store_true", help="also print every minute's desired and running replicas")
-    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     c = bsub.add_parser("rollout", help="the verdict minute by minute for a canary version")
-    c.add_argument("model")
-    c.add_argument("version")
+    c.add_argument("model", help="the model, as in request.v1's `model`")
+    c.add_argument("version", help="the canary's model_version")
     c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb), opened read-only")
     c.add_argument("--from", dest="start", default=None, metavar="T", help="RFC 3339 start (default: the first bucket)")
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
-    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
 
     p = sub.add_parser("drill", help="what tailwatch would have said, minute by minute, in a failure the store holds")
     dsub = p.add_subparsers(dest="drill_command", required=True, metavar="FAILURE")
@@ -438,14 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", action="append", default=None, metavar="M", help="minute-by-minute table for this model only (repeatable)")
     c.add_argument("--minutes-after", type=_positive_int, default=15, metavar="N",
                    help="minutes after the loss in the minute-by-minute tables (default 15)")
-    c.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
 
     p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
     p.add_argument("--scenario", default="mixed-fleet", help="the simulator's scenario (default mixed-fleet; "
                    "zone-loss for the drill)")
     p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default: the scenario's, 120 for mixed-fleet)")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--store", default=None)
+    p.add_argument("--seed", type=int, default=7, help="the simulation's random seed")
+    p.add_argument("--store", default=None, help="DuckDB file the demo writes (default data/tailwatch.duckdb)")
     p.add_argument("--port", type=_port, default=None, help="broker port (default: 9092, or a free one)")
     p.add_argument("--otlp", action="store_true",
                    help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
@@ -454,27 +549,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N > 1: N tier-1 worker processes and a tier-2 replica instead of one worker")
 
     p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
-    p.add_argument("--events", type=_positive_int, default=1_000_000)
-    p.add_argument("--slices", type=_positive_int, default=20_000)
+    p.add_argument("--events", type=_positive_int, default=1_000_000, help="synthetic events to replay through the worker")
+    p.add_argument("--slices", type=_positive_int, default=20_000, help="distinct slices the events fall into")
     p.add_argument("--events-per-minute", type=_positive_int, default=600_000,
                    help="event-time density of the synthetic traffic (default 600,000: 10,000 requests/s)")
-    p.add_argument("--baseline-events", type=_positive_int, default=60_000)
+    p.add_argument("--baseline-events", type=_positive_int, default=60_000, help="events for the faust baseline (it is slower: its rate is per event)")
     p.add_argument("--workers", type=_positive_int, default=1, help="also measure with this many worker processes")
-    p.add_argument("--port", type=_port, default=None)
-    p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--port", type=_port, default=None, help="broker port (default: a free one)")
+    p.add_argument("--skip-baseline", action="store_true", help="measure the worker only, not the faust baseline")
     p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
     p.add_argument("--state-every", type=_duration_s, default=5.0, metavar="DURATION",
                    help="memory run: the worker's --state-every (default 5s; at tens of thousands of slices "
                         "each measure walks every detector's history, so a long run may want 1m)")
     p.add_argument("--slo", action="store_true",
                    help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
-    p.add_argument("--slo-count", type=_positive_int, default=100)
+    p.add_argument("--slo-count", type=_positive_int, default=100, help="SLO bench: SLOs to judge")
     p.add_argument("--history-minutes", type=_positive_int, default=120,
                    help="SLO bench: minutes of history first (43200: a full 30-day window, fed a minute every 6 hours)")
     p.add_argument("--month", action="store_true",
                    help="a month of event time (sparse: --busy-slices slices, a request each every --every-minutes) "
                         "through the embedded broker and a worker with every default stage: RSS at days 2, 10, 20 "
                         "and 30, CPU, store size and the 30-day budgets against an exact count")
+    p.add_argument("--label-flood", action="store_true",
+                   help="a producer bug: --flood-requests requests with a new tenant and model each, among a steady "
+                        "tenant's, through one worker with its default caps: peak RSS, /metrics latency, overflow counts")
+    p.add_argument("--flood-requests", type=_positive_int, default=200_000, help="label-flood bench: flood requests")
     p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
     p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
     p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
@@ -519,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=_positive_int, default=120, help="chaos: event-minutes of traffic (default 120)")
     p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir); month: where its "
                         "memory chart goes (default: none drawn)")
+    _add_examples(parser)
     return parser
 
 
@@ -539,6 +639,14 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`tailwatch slo status | head -2`): stop quietly, as a Unix tool
+        # killed by SIGPIPE would, and keep Python from complaining about the closed stdout.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except (CliError, ConfigError, KafkaUnavailable) as exc:
         print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -547,8 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         from ingest.trace import TraceError
         from store import StoreError
         from ingest.broker import BrokerError
+        from streams.http import PortInUse
 
-        if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError)):
+        if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError, PortInUse)):
             print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
             return 2
         raise

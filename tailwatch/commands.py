@@ -193,6 +193,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
     from streams.fleet_metrics import FleetMetricsConfig
     from streams.stages import default_stages
     from store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
+    from streams.cardinality import CardinalityLimits
     from streams.runtime import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
@@ -223,6 +224,8 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         batch_size=args.batch_size,
         checkpoint_interval_s=args.checkpoint_interval,
         checkpoint_max_rows=args.checkpoint_max_rows,
+        cardinality=CardinalityLimits(max_values_per_label=args.max_label_values, max_slices=args.max_slices,
+                                      forget_after_ms=int(args.label_values_forget_after * 1000)),
         state_every_s=args.state_every,
         stats_file=args.stats_file,
         progress=progress,
@@ -335,10 +338,10 @@ def _capacity_measured(args: argparse.Namespace) -> int:
     con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         rows = load_pool_capacity(con, args.days) if store.has_table(con, "pool_capacity") else None
+        if rows is None or rows.height == 0:
+            raise CliError(f"no capacity measured yet: {_why_no_capacity(con, rows is not None)}")
     finally:
         con.close()
-    if rows is None or rows.height == 0:
-        raise CliError("no capacity measured yet: a worker serving the signal API (--http-port) records it as minutes close")
     if args.pool:
         rows = rows.filter(rows["pool"] == args.pool)
         if rows.height == 0:
@@ -352,6 +355,24 @@ def _capacity_measured(args: argparse.Namespace) -> int:
     print("work per warm replica (GPU-s/s), sustained with queue age and first output within SLO; best day per pool")
     print(render(["pool", "capacity", "best_day", "days_measured"], table))
     return 0
+
+
+def _why_no_capacity(con, signal_stage_ran: bool) -> str:
+    """What the store says about why no pool's capacity is measured, in the order a user
+    would look: the stage that measures it, the GPU samples it reads, the sustained minutes."""
+    import store
+
+    if not signal_stage_ran:
+        return ("no worker with the signal stage has written this store: a worker serving the signal API "
+                "(--http-port) measures it as minutes close")
+    gpu = con.execute("SELECT count(DISTINCT pool), count(DISTINCT window_start) FROM gpu_minute").fetchone() \
+        if store.has_table(con, "gpu_minute") else (0, 0)
+    if not gpu[0]:
+        return "the store holds no GPU samples (tw.gpu): capacity is work per warm replica, read from them"
+    pools = f"{gpu[0]:,} pool" + ("s" if gpu[0] != 1 else "")
+    return (f"the store holds {gpu[1]:,} minutes of GPU samples over {pools}, but no pool held 3 "
+            "consecutive minutes with work on warm replicas and its queue age and first output within the SLO "
+            "(a pool that breached all along, or sent no replica states, has no held capacity)")
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -556,6 +577,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise CliError(str(exc)) from None
         return 0
+    if args.label_flood:
+        from tools.bench_flood import run_flood
+
+        print("\n".join(run_flood(args.flood_requests)))
+        return 0
     if args.month:
         from tools.bench_month import run_month
 
@@ -600,7 +626,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     from signals.recipes import argo_rollout, argo_templates, flagger_canary
 
-    target = args.target or args.model
+    from config.kubernetes import RULE, is_kubernetes_name, kubernetes_name
+
+    if args.target and not is_kubernetes_name(args.target):
+        raise CliError(f"--target {args.target!r} is not {RULE}; '{kubernetes_name(args.target)}' would do")
+    try:
+        target = args.target or kubernetes_name(args.model)  # Flagger names Services after it
+    except ValueError as exc:
+        raise CliError(f"--model: {exc}; pass --target NAME") from None
     if args.controller == "flagger":
         docs = [flagger_canary(target, args.namespace, args.model, args.version, args.url, args.token)]
     else:
@@ -764,7 +797,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = plan_stages(profiles, constraints, prices, cpu_usd_per_worker_hour=setup.cpu_usd_per_worker_hour)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if args.json:
+    if args.format == "json":
         print(json.dumps({"workload": args.workload, "minutes": measured.minutes, "turns": measured.turns,
                           "left_out": measured.left_out, "profiles": [dataclasses.asdict(p) for p in profiles],
                           "bottleneck": dataclasses.asdict(neck), "plan": dataclasses.asdict(plan)}, indent=2))

@@ -17,6 +17,17 @@ from ingest.kafka import KafkaSettings, ensure_topics
 from tools.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 
+BROKER_FIXTURES = {"broker", "kafka"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for the broker is a `broker` test whether or not it says so, so that
+    `make test-fast` (-m "not broker and not slow") starts no broker."""
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
 def need(condition: bool, what: str) -> None:
     """Skip when a real component is missing, except under CI, where that is a failure."""
     if condition:

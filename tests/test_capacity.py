@@ -156,3 +156,36 @@ def test_a_pool_without_breach_under_its_planning_target_is_never_told_to_grow(
     sat = Autoscaler(policy).decide(_pool(work, current, 2500.0, 300.0, now, prompt_per_gpu_s, output_per_gpu_s),
                                     estimate)
     assert sat.desired_replicas > current >= d.desired_replicas
+
+
+def test_capacity_measured_says_what_the_store_lacks(tmp_path):
+    """No capacity measured is explained by what the store holds: no signal stage, no GPU
+    samples, or GPU minutes that never held 3 sustained minutes within the SLO."""
+    import subprocess
+    import sys
+
+    import store
+    from streams.signal_stage import SCHEMA_SQL
+
+    path = tmp_path / "s.duckdb"
+
+    def measured() -> str:
+        r = subprocess.run([sys.executable, "-m", "tailwatch", "capacity", "measured", "--store", str(path)],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 2 and b"Traceback" not in r.stderr
+        return r.stderr.decode()
+
+    con = store.connect(path)
+    con.close()
+    assert "no worker with the signal stage has written this store" in measured()
+    con = store.connect(path)
+    con.execute(SCHEMA_SQL)
+    con.close()
+    assert "no GPU samples" in measured()
+    con = store.connect(path)
+    con.execute("INSERT INTO gpu_minute (window_start, node, gpu_index, zone, pool) VALUES "
+                "('2026-11-02 00:00', 'n1', 0, 'z', 'llm-a'), ('2026-11-02 00:01', 'n1', 0, 'z', 'llm-a')")
+    con.close()
+    err = measured()
+    assert "2 minutes of GPU samples over 1 pool, " in err and "3 consecutive minutes" in err
+    assert "--http-port" not in err  # the worker that wrote it had one: not the reason

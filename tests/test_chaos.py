@@ -5,8 +5,9 @@ Alertmanager. The stream comes from the public traces in tests/data. Faults: SIG
 (two before any checkpoint), a second group member joining and leaving, poison records of
 every kind (2 MB ones included) and a hostile producer's (nested past the recursion limit,
 stamped 2099 or year 9999, absurd record timestamps, control characters, records that only
-parse when joined), silent partitions, the broker stopped for seconds, and
-Alertmanager taken down and up. Afterwards the store must equal the aggregation of the
+parse when joined), silent partitions, the broker stopped for seconds,
+Alertmanager taken down and up, and a label flood (requests each with a tenant never seen
+before, past the workers' cardinality cap). Afterwards the store must equal the aggregation of the
 log that the harness computes itself, row for row, and every poison record and every
 alert must be accounted for. The report is printed either way (pytest -s shows it on
 success) and is in every assertion message.
@@ -25,6 +26,7 @@ from tests.conftest import need
 
 SEED = 7
 MINUTES = 40  # event-minutes of the traces: about 14,400 requests and 4,700 GPU samples in 41 s of publishing
+LABEL_FLOOD = 1_500  # requests, each with a new tenant
 
 
 def _broker_available() -> bool:
@@ -44,7 +46,8 @@ def test_chaos_run_keeps_the_store_exact(tmp_path):
     need(AZURE_CODE_TRACE.is_file() and MOONCAKE_TRACE.is_file(), "the public traces in tests/data")
 
     try:
-        report = run_chaos(SEED, MINUTES, tmp_path / "chaos", progress=print, alertmanager_bin=alertmanager)
+        report = run_chaos(SEED, MINUTES, tmp_path / "chaos", progress=print, alertmanager_bin=alertmanager,
+                           label_flood=LABEL_FLOOD)
     except ChaosSetupError as exc:
         need(False, str(exc))
     text = report.table()
@@ -87,3 +90,9 @@ def test_chaos_run_keeps_the_store_exact(tmp_path):
         <= set(report.poison_by_kind), why
     assert sum(s.topic.endswith("requests") for s in report.silent_partitions) >= 2, why
     assert report.duplicates_published > 0 and report.undelivered == 0, why
+    # The label flood: values that found room are exact and the rest are under __other__ (the
+    # tables above, against the admitted sets); a stream of 9 pools makes the cap 9, so at most
+    # 9 tenants have names and the flood is all but a few places under __other__, counted.
+    assert report.flood_requests == LABEL_FLOOD, why
+    assert report.flood_in_overflow == LABEL_FLOOD - len(report.flood_tenants_admitted) + report.stream_folded_requests
+    assert len(report.flood_tenants_admitted) <= 9 and report.flood_in_overflow >= LABEL_FLOOD - 9, why

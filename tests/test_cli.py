@@ -229,3 +229,106 @@ def test_bench_shapes_replay_a_public_trace_through_every_stage():
     per_minute = next(line for line in r.stdout.splitlines() if "per closed minute" in line)
     for stage in ("detectors", "slo", "checkpoint_write", "fleet_metrics", "signals_view"):
         assert f"{stage} " in per_minute, per_minute
+
+
+def _leaf_parsers():
+    import argparse
+
+    from tailwatch.cli import build_parser
+
+    def walk(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield " ".join(path), parser
+        for a in subs:
+            for name, child in a.choices.items():
+                yield from walk(child, (*path, name))
+
+    return list(walk(build_parser(), ()))
+
+
+def test_every_command_has_examples_and_every_option_its_help_and_default():
+    import argparse
+
+    leaves = _leaf_parsers()
+    assert len(leaves) >= 29
+    for path, parser in leaves:
+        text = parser.format_help()
+        examples = text.split("examples:\n", 1)[-1] if "examples:\n" in text else ""
+        assert f"  tailwatch {path}" in examples, f"`tailwatch {path} --help` has no example"
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help, f"tailwatch {path}: {action.option_strings or action.dest} has no help"
+            if action.option_strings and action.default not in (None, False):
+                said = parser._get_formatter()._get_help_string(action)
+                assert "default" in said, f"tailwatch {path}: {action.option_strings} does not say its default"
+    # Every example parses as written (up to a comment or a redirection).
+    import shlex
+
+    from tailwatch.cli import EXAMPLES, build_parser
+
+    for path, lines in EXAMPLES.items():
+        for line in lines:
+            words = shlex.split(line.split("#")[0].split(">")[0])
+            assert words[0] == "tailwatch" and " ".join(words[1:]).startswith(path), line
+            build_parser().parse_args(words[1:])
+    # The default shows in the help text itself, once.
+    sql = dict(leaves)["sql"].format_help()
+    assert "output format (default: table)" in " ".join(sql.split())
+
+
+def test_a_mistyped_command_gets_the_nearest_one():
+    r = tw("slo", "stauts")
+    err = one_line_error(r)
+    assert "did you mean 'status'?" in err and len(err.splitlines()) == 1
+    assert "did you mean 'worker'?" in one_line_error(tw("wroker"))
+    assert "did you mean" not in one_line_error(tw("zzzzzz"))
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """`tailwatch … | head -2`: no BrokenPipeError traceback, the exit a Unix tool gives."""
+    proc = subprocess.Popen([sys.executable, "-m", "tailwatch", "simulate", "--minutes", "30", "--out", "/dev/stdout"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, err
+    assert all(line.startswith(b"{") for line in first)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_plan_stages_takes_format_like_every_other_command():
+    from tailwatch.cli import build_parser
+
+    assert build_parser().parse_args(["plan", "stages", "--format", "json"]).format == "json"
+    assert build_parser().parse_args(["plan", "stages", "--json"]).format == "json"  # the old spelling still works
+    assert "--json" not in dict(_leaf_parsers())["plan stages"].format_help()
+
+
+def test_a_port_in_use_names_the_flag_that_changes_it(kafka, tmp_path):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        r = tw("worker", "--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix,
+               "--store", str(tmp_path / "s.duckdb"), "--http-port", str(port), "--until-idle", "1s")
+    finally:
+        taken.close()
+    err = one_line_error(r)
+    assert f"127.0.0.1:{port} is in use" in err and "--http-port 0" in err
+
+
+def test_helps_point_at_the_page_that_documents_the_topic():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "tailwatch" / "cli.py").read_text()
+    assert "README)" not in text  # flags' topics live in docs/configuration.md, which names each section
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    sections = re.findall(r"docs/configuration\.md, '([^']+)'", text)
+    assert len(sections) >= 2
+    for section in sections:
+        assert f"## {section}" in doc, section

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+import pytest
 
 from slo.contributors import explain, top_contributors
 from slo.spec import load_slos
@@ -28,15 +29,16 @@ def test_the_tenant_holding_the_bad_events_is_named_with_its_traffic_share(tmp_p
     frame = pl.DataFrame(_rows(10, {"acme": (300, 240), "globex": (400, 10), "initech": (300, 10)})
                          + _rows(10, {"acme": (50, 50)}, zone="b"))  # another slice: not counted
     found = top_contributors(spec, frame, {"zone": "a"}, M0 + 10)
-    assert [(c.label, c.value) for c in found] == [("tenant", "acme")]  # one version: it says nothing
-    (acme,) = found
+    assert [(c.label, c.value) for c in found.named] == [("tenant", "acme")]  # one version: it says nothing
+    (acme,) = found.named
     assert acme.bad_events == 240 and abs(acme.bad_share - 240 / 260) < 1e-9 and abs(acme.traffic_share - 0.3) < 1e-9
-    assert explain(found) == "tenant=acme holds 92% of the bad events (30% of the traffic)"
+    assert acme.bad_total == 260 and acme.p_value < 1e-50
+    assert explain(found) == f"tenant=acme holds 92% of the bad events (240 of 260; 30% of the traffic, p = {acme.p_value:.1g})"
     # Bad events spread as traffic is: nobody stands out.
     even = pl.DataFrame(_rows(10, {"acme": (300, 30), "globex": (300, 30)}))
-    assert top_contributors(spec, even, {"zone": "a"}, M0 + 10) == []
+    assert top_contributors(spec, even, {"zone": "a"}, M0 + 10).named == ()
     # Another minute: nothing to name.
-    assert top_contributors(spec, frame, {"zone": "a"}, M0 + 11) == []
+    assert top_contributors(spec, frame, {"zone": "a"}, M0 + 11) is None
 
 
 def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_store(tmp_path):
@@ -51,8 +53,8 @@ def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_stor
     fired = out["alerts"].filter(pl.col("state") == "firing")
     assert fired.height >= 1
     detail = fired["detail"][0]
-    assert detail.startswith("tenant=acme holds 100% of the bad events (50% of the traffic)"), detail
-    assert "model_version=v2 holds 100%" in detail
+    assert detail.startswith("tenant=acme holds 100% of the bad events (200 of 200; 50% of the traffic, p = 6e-61)"), detail
+    assert "model_version=v2 holds 100% of the bad events (200 of 200; 50% of the traffic" in detail
     stage.committed()  # the checkpoint holding them is durable: handed to the outbox
     payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
     assert payloads and payloads[0]["annotations"]["description"] == detail
@@ -65,8 +67,11 @@ def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_stor
     assert [a.detail for a in view.alerts if a.fingerprint == fired["fingerprint"][0]] == [detail]
 
 
-def _one_slice_at_a_time(spec, buckets, slice_labels, minute, most=3, min_bad_share=0.5):
-    """The reference: one slice filtered out of the minute's rows, each label grouped."""
+def _one_slice_at_a_time(spec, buckets, slice_labels, minute, most=3, alpha=0.01, min_bad_events=5):
+    """The reference: one slice filtered out of the minute's rows, each label grouped, each
+    value's binomial tail worked out one at a time."""
+    from scipy.stats import binom
+
     from slo.contributors import CONTRIBUTOR_LABELS, Contributor
     from slo.sli import good_valid_exprs, with_later_counts
 
@@ -78,16 +83,24 @@ def _one_slice_at_a_time(spec, buckets, slice_labels, minute, most=3, min_bad_sh
     labels = [lb for lb in CONTRIBUTOR_LABELS if lb in rows.columns and lb not in spec.slice_by]
     counted = rows.filter(picked).select(*labels, (valid - good).alias("_bad"), valid.alias("_valid"))
     bad_total, valid_total = counted["_bad"].sum(), counted["_valid"].sum()
+    if not bad_total or not valid_total:
+        return None
+    candidates = []
+    for label in labels:
+        g = counted.group_by(label).agg(pl.col("_bad").sum(), pl.col("_valid").sum()).drop_nulls(label)
+        if g.height >= 2:
+            candidates += [(label, value, bad, traffic) for value, bad, traffic in g.iter_rows() if bad > 0]
     found = []
-    for label in labels if bad_total and valid_total else []:
-        g = counted.group_by(label).agg(pl.col("_bad").sum(), pl.col("_valid").sum())
-        if g.height < 2:
-            continue
-        value, bad, traffic = g.sort(["_bad", label], descending=[True, False], nulls_last=True).row(0)
-        if value is not None and bad / bad_total >= min_bad_share and bad / bad_total > traffic / valid_total:
-            found.append(Contributor(label, str(value), int(bad), bad / bad_total, traffic / valid_total))
-    found.sort(key=lambda c: (-(c.bad_share - c.traffic_share), CONTRIBUTOR_LABELS.index(c.label)))
-    return found[:most]
+    for label, value, bad, traffic in candidates:
+        share = traffic / valid_total
+        p = float(binom.sf(bad - 1, bad_total, share))
+        if bad >= min_bad_events and p * len(candidates) <= alpha and bad / bad_total > share:
+            found.append(Contributor(label, str(value), int(bad), bad / bad_total, share, int(bad_total), p))
+    found.sort(key=lambda c: (c.p_value, -(c.bad_share - c.traffic_share), CONTRIBUTOR_LABELS.index(c.label)))
+    named = {c.label for c in found}
+    holding = [label for label, *_ in candidates]
+    spread = tuple((label, holding.count(label)) for label in labels if label not in named and holding.count(label) >= 2)
+    return found[:most], spread
 
 
 def test_every_slice_and_minute_at_once_names_what_one_slice_at_a_time_names(tmp_path):
@@ -116,9 +129,11 @@ def test_every_slice_and_minute_at_once_names_what_one_slice_at_a_time_names(tmp
         every = contributors_by_slice(spec, frame, M0 + minute)
         for zone in "abcdefgh":
             want = _one_slice_at_a_time(spec, frame, {"zone": zone}, M0 + minute)
-            assert every.get((zone,), []) == want, (minute, zone)
-            assert by_minute.get(M0 + minute, {}).get((zone,), []) == want, (minute, zone)
-            named += bool(want)
+            for got in (every.get((zone,)), by_minute.get(M0 + minute, {}).get((zone,))):
+                assert (got is None) == (want is None), (minute, zone)
+                if got is not None:
+                    assert list(got.named) == want[0] and got.spread == want[1], (minute, zone)
+            named += bool(want and want[0])
     assert named >= 6
 
 
@@ -142,8 +157,8 @@ def test_a_page_names_the_language_and_the_voice_that_hold_the_bad_events(tmp_pa
     fired = out["alerts"].filter(pl.col("state") == "firing")
     assert fired.height >= 1
     detail = fired["detail"][0]
-    assert "language=de-de holds 100% of the bad events (20% of the traffic)" in detail, detail
-    assert "voice=premium-2 holds 100% of the bad events (20% of the traffic)" in detail, detail
+    assert "language=de-de holds 100% of the bad events (100 of 100; 20% of the traffic, p = 1e-70)" in detail, detail
+    assert "voice=premium-2 holds 100% of the bad events (100 of 100; 20% of the traffic, p = 1e-70)" in detail, detail
     stage.committed()
     payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
     assert payloads and payloads[0]["annotations"]["description"] == detail
@@ -153,3 +168,68 @@ def test_a_page_names_the_language_and_the_voice_that_hold_the_bad_events(tmp_pa
     view = LiveSignals(SignalPolicy(), [spec], GpuPrices()).snapshot(
         pl.DataFrame(), pl.DataFrame(), stage.states(), wall_s=0.0, alert_details=stage.details())
     assert [a.detail for a in view.alerts if a.fingerprint == fired["fingerprint"][0]] == [detail]
+
+
+def _failing_rows(minute: int, per_tenant: dict[str, tuple[int, int]], ooms: bool = False) -> list[dict]:
+    """(requests, errors) per tenant in one minute of one zone, with the status columns the
+    worker's buckets carry; `ooms`: every error ran out of memory."""
+    return [{**r, "errors": errors, "timeouts": 0, "shed": 0, "ooms": errors if ooms else 0}
+            for r, (_, errors) in zip(_rows(minute, per_tenant), per_tenant.values())]
+
+
+def _page_detail(spec, healthy: list[dict], failing: list[dict]) -> str:
+    stage = SloStage([spec], alertmanager_urls=("http://127.0.0.1:9",))
+    stage.on_closed(pl.DataFrame(healthy), pl.DataFrame())
+    out = stage.on_closed(pl.DataFrame(failing), pl.DataFrame())
+    fired = out["alerts"].filter(pl.col("state") == "firing")
+    assert fired.height >= 1
+    return fired["detail"][0]
+
+
+TENANTS = ("acme", "globex", "initech", "hooli", "umbrella")
+
+
+def test_bad_events_spread_evenly_over_tenants_name_no_tenant(tmp_path):
+    """9% of one model's requests fail evenly across five tenants: the page names nobody
+    and says over how many tenants the bad events are spread; 2 bad events on one tenant
+    (100% of the bad events) are no evidence either."""
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    healthy = [r for m in range(60) for r in _failing_rows(m, {t: (20, 0) for t in TENANTS})]
+    # 9 bad events a minute over 100 requests, the extra one moving round the tenants.
+    failing = [r for m in range(60, 75)
+               for r in _failing_rows(m, {t: (20, 2 if i != m % 5 else 1) for i, t in enumerate(TENANTS)})]
+    detail = _page_detail(spec, healthy, failing)
+    assert "tenant=" not in detail, detail
+    assert "bad events are spread as traffic is over 5 tenants: no value stands out" in detail, detail
+    # Two bad events, both on one tenant of five: a tie broken by nothing but chance.
+    two = pl.DataFrame(_failing_rows(10, {t: (20, 2 if t == "hooli" else 0) for t in TENANTS}))
+    culprits = top_contributors(spec, two, {"zone": "a"}, M0 + 10)
+    assert culprits.named == () and culprits.bad_events == 2
+    assert "hooli" not in explain(culprits)
+
+
+def test_a_tenant_holding_more_bad_events_than_its_traffic_is_named_with_its_share_and_p(tmp_path):
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    # acme: 20% of the traffic, 30 of the 39 bad events.
+    frame = pl.DataFrame(_failing_rows(10, {"acme": (40, 30), "globex": (40, 3), "initech": (40, 2), "hooli": (40, 2),
+                                            "umbrella": (40, 2)}))
+    culprits = top_contributors(spec, frame, {"zone": "a"}, M0 + 10)
+    (acme,) = culprits.named
+    assert (acme.label, acme.value, acme.bad_events, acme.bad_total) == ("tenant", "acme", 30, 39)
+    assert acme.traffic_share == pytest.approx(0.2) and acme.p_value < 1e-10
+    assert explain(culprits).startswith(f"tenant=acme holds 77% of the bad events (30 of 39; 20% of the traffic, "
+                                        f"p = {acme.p_value:.1g})")
+    # Below the minimum count, however lopsided: 4 of 4 on one tenant is not named.
+    few = pl.DataFrame(_failing_rows(10, {"acme": (40, 4), "globex": (40, 0), "initech": (40, 0)}))
+    assert top_contributors(spec, few, {"zone": "a"}, M0 + 10).named == ()
+
+
+def test_an_oom_burst_page_says_oom(tmp_path):
+    """OOMs hit every tenant alike: no tenant stands out, and the page's description names
+    the status reason."""
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    healthy = [r for m in range(60) for r in _failing_rows(m, {t: (100, 0) for t in TENANTS})]
+    failing = [r for m in range(60, 75) for r in _failing_rows(m, {t: (100, 20) for t in TENANTS}, ooms=True)]
+    detail = _page_detail(spec, healthy, failing)
+    assert detail.startswith("status_reason=oom on 100 of the 100 bad events"), detail
+    assert "tenant=" not in detail

@@ -119,11 +119,13 @@ def test_a_canary_better_in_every_language_goes_on_to_promotion(broker, tmp_path
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka, partitions=2)
-    sim = FleetSimulator("asr-canary-better", minutes=40, seed=6, eval_share=0.3)
+    sim = FleetSimulator("asr-canary-better", minutes=40, seed=6, eval_share=1.0, rate_scale=1.6)
     publish(kafka, [e for e in sim.events() if isinstance(e, (RequestV1, EvalV1)) and e.workload == "asr"])
     run_worker(kafka, tmp_path / "tw.duckdb")
     requests, gpu = read_buckets(str(tmp_path / "tw.duckdb"))
-    # 10% of the ASR fleet at night: about 1,600 canary requests in the 30-minute window.
+    # 10% of the ASR fleet at night, at 1.6x the simulator's rate and every answer scored:
+    # about 2,600 canary requests in the 30-minute window, enough to have shown a canary erring
+    # enough to page on its own and a language 1.5x worse (1,600 were not).
     run = backtest_rollout(requests, gpu, "whisper-large-v3", "v3.2",
                            SignalPolicy(rollout=RolloutPolicy(promote_min_requests=1_000)))
     assert not [s for s in run.steps if s.verdict in ("rollback", "pause")], run.steps

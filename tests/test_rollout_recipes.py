@@ -307,3 +307,44 @@ def test_the_recipe_command_writes_what_the_docs_show(capsys):
         assert out.rstrip() in doc, controller  # the docs show the command's own output
         kinds = [d["kind"] for d in yaml.safe_load_all(out)]
         assert kinds == (["AnalysisTemplate", "AnalysisTemplate", "Rollout"] if controller == "argo" else ["Canary"])
+
+
+def test_kubernetes_names_are_made_the_same_way_everywhere(capsys, tmp_path):
+    """A model's name is no Kubernetes name (`llama-3.1-70b`: Flagger names Services after the
+    Canary, and a Service name holds no dot): the recipe makes one, the deployment file's
+    refusal says in words what would do, and the rule always gives a valid label."""
+    from hypothesis import given, settings, strategies as st
+
+    from config.kubernetes import is_kubernetes_name, kubernetes_name
+    from deploy.settings import DeployError, load_settings
+
+    for controller in ("flagger", "argo"):
+        assert main(["rollout", "recipe", controller, "--model", MODEL, "--version", VERSION]) == 0
+        docs = list(yaml.safe_load_all(capsys.readouterr().out))
+        named = [d["metadata"]["name"] for d in docs if d["kind"] in ("Canary", "Rollout")]
+        assert named == ["llama-3-1-70b"]
+    assert main(["rollout", "recipe", "flagger", "--model", MODEL, "--version", VERSION, "--target", "Chat.v2"]) == 2
+    assert "'chat-v2' would do" in capsys.readouterr().err
+    f = tmp_path / "deploy.yaml"
+    f.write_text(f"canaries:\n  - {{model: {MODEL}, version: '2', target: {MODEL}}}\n")
+    with pytest.raises(DeployError) as refused:
+        load_settings(f)
+    message = str(refused.value)
+    assert "canaries[0].target: 'llama-3.1-70b' is not a Kubernetes name" in message
+    assert "'llama-3-1-70b' would do" in message and "regex" not in message and "^[a-z0-9]" not in message
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(min_size=1, max_size=120))
+    def made_names_are_valid(text):
+        try:
+            name = kubernetes_name(text)
+        except ValueError:
+            assert not any(c.isascii() and c.isalnum() for c in text.lower())
+            return
+        assert is_kubernetes_name(name) and kubernetes_name(name) == name
+        if is_kubernetes_name(text):
+            assert name == text  # a valid name is kept as it is
+
+    made_names_are_valid()
+    long_a, long_b = "m" * 70 + "a", "m" * 70 + "b"
+    assert kubernetes_name(long_a) != kubernetes_name(long_b) and len(kubernetes_name(long_a)) == 63

@@ -46,7 +46,9 @@ def fleet_events(seed: int = 3) -> list:
                 version = ("v1", "v1", "v1", "v2-slow", "v3-cheap")[i % 5]
                 slow = 3.0 if version == "v2-slow" else 1.0
                 gpu_s = 0.4 if version == "v3-cheap" else 0.8
-                status = "error" if rng.random() < 0.001 else "ok"
+                # 0.02% failing: 2,400 canary requests can show a canary erring enough to page on its
+                # own (at 0.1%, the rule would rightly keep v3-cheap at continue).
+                status = "error" if rng.random() < 0.0002 else "ok"
                 events.append(RequestV1(
                     schema="request.v1", event_id=f"r{n}", ts=t0 + int(rng.integers(0, 60_000)),
                     tenant=("acme", "globex")[i % 2], model="chat-70b", workload="llm", status=status,

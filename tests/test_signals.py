@@ -72,8 +72,13 @@ def test_error_spike_rolls_back():
 
 
 def test_cheaper_and_as_fast_is_promoted():
-    v = verdict(side("v2", cost=40.0), side("v1"), 30)
+    # 0.2% errors on each side: 60,000 requests a side can show a doubling; 5,000 cannot.
+    v = verdict(side("v2", requests=60_000, bad=120, cost=40.0), side("v1", requests=60_000, bad=120), 30)
     assert v.verdict == "promote"
+    thin = verdict(side("v2", cost=40.0), side("v1"), 30)
+    assert thin.verdict == "continue" and thin.decided_by == ["errors"]
+    assert thin.metrics["errors"]["evidence"] == "insufficient"
+    assert "more canary requests to show 2x" in thin.metrics["errors"]["evidence_needed"]
     assert v.canary["cost_per_unit"] < v.stable["cost_per_unit"] and v.canary["cost_unit"] == "per 1k output tokens"
 
 
@@ -166,7 +171,8 @@ def test_the_verdict_carries_per_metric_verdicts_and_the_confidence_it_acted_on(
     assert all({"verdict", "reason", "p_value"} <= set(m) for m in costly.metrics.values())
     body = costly.to_json()
     assert {"metrics", "decided_by", "confidence"} <= set(body) and "per_minute" not in body["canary"]
-    same = verdict(_with_minutes("v3", _minutes(30, 80, 0, 1e-4, seed=3)), stable, 30)
+    # No errors on either side: a pass needs the traffic to have shown a budget's worth (0.1%) more.
+    same = verdict(_with_minutes("v3", _minutes(30, 800, 0, 1e-4, seed=3)), _with_minutes("v1", _minutes(30, 1200, 0, 1e-4, seed=1)), 30)
     assert same.verdict == "promote" and same.confidence is None
     slow = verdict(_with_minutes("v4", _minutes(30, 20, 0, 1e-4, seed=4, latency_ms=1600.0)), stable, 30)
     assert slow.verdict == "rollback" and "first_output" in slow.decided_by and slow.confidence > 0.999
@@ -342,7 +348,7 @@ def test_the_wer_gate_judges_each_language_with_its_own_evidence():
     """Pure: per-minute evaluations per language on each side (signals/rollout.py wer_verdict)."""
     from signals.rollout import QualityMinute, RolloutPolicy, overdispersion, wer_verdict
 
-    def side(version, per_language: dict[str, tuple[int, int]], minutes=30, evaluations=5):
+    def side(version, per_language: dict[str, tuple[int, int]], minutes=40, evaluations=5):
         return VersionStats(version, 3000, 0, 0, None, None, 0.0, 0, 0.0, languages={
             lang: tuple(QualityMinute(m, evaluations, errors, words) for m in range(minutes))
             for lang, (errors, words) in per_language.items()})

@@ -9,11 +9,13 @@ worker` processes and a real Alertmanager. Faults are drawn from a seeded
 `random.Random`: SIGKILLs (some before the worker's first checkpoint), a second group
 member that joins and leaves, poison records of every kind in random partitions
 (2 MB ones included), partitions left silent for minutes, the broker stopped with
-SIGSTOP, Alertmanager taken down and brought back.
+SIGSTOP, Alertmanager taken down and brought back; and, where `label_flood` asks, a label
+flood: requests each with a tenant never seen before, past the workers' cardinality cap.
 
 At the end a fresh worker drains with `--until-idle`, and the store is compared with an
 aggregation of what was produced, computed here in DuckDB SQL from the delivered bytes:
-every `sli_minute` and `gpu_minute` row, `EXCEPT ALL` both ways. No worker code is
+every `sli_minute` and `gpu_minute` row, `EXCEPT ALL` both ways (a flood tenant that found no
+room expected under `__other__`). No worker code is
 imported for that; only `slo/histogram.py`'s constants are shared, and the bin formula,
 quantiles and fixed-point sums are written again in SQL. Dead letters are matched to the
 poison records by source offset, and every alert in the store's `alerts` table is looked
@@ -57,7 +59,7 @@ from slo import histogram  # constants only: the bin and quantile formulas are r
 from ingest.broker import BrokerError, EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, ensure_topics
 from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
-from conventions import CHECKPOINT_DURATION_SECONDS, EVENTS_TOTAL
+from conventions import CHECKPOINT_DURATION_SECONDS, EVENTS_TOTAL, OVERFLOW_LABEL_VALUE
 
 
 START_MS = int(datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp() * 1000)  # fixed: runs are replayable
@@ -150,6 +152,7 @@ class ChaosConfig:
     worker_command: Sequence[str] = ()  # replaces `python -m tailwatch` (empty: that)
     worker_env: dict[str, str] = field(default_factory=dict)  # added to the workers' environment
     instance_ids: bool = False  # pass --instance-id chaos-a / chaos-b instead of the worker's default
+    label_flood: int = 0  # requests each with a tenant never seen before (0: no flood)
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -318,6 +321,14 @@ class ChaosReport:
     alertmanager_checked: bool = False
     verification_error: str | None = None  # the comparison itself could not run
     notes: list[str] = field(default_factory=list)
+    # The label flood: its requests delivered, the flood tenants that found room (exact in the
+    # store), the stream's own label values that did not, and the requests the store holds
+    # under tenant `__other__` (None: not checked).
+    flood_requests: int = 0
+    flood_tenants_admitted: list[str] = field(default_factory=list)
+    stream_values_folded: list[str] = field(default_factory=list)
+    flood_in_overflow: int | None = None
+    stream_folded_requests: int = 0  # the stream's own requests counted under `__other__` (folded values)
 
     @property
     def poison_total(self) -> int:
@@ -349,6 +360,10 @@ class ChaosReport:
             out.append(f"{self.late_dead_letters} events dead-lettered as late")
         if self.undelivered:
             out.append(f"{self.undelivered} records were not delivered by the test producer")
+        expected_overflow = self.flood_requests - len(self.flood_tenants_admitted)
+        if self.flood_requests and self.flood_in_overflow != expected_overflow + self.stream_folded_requests:
+            out.append(f"label flood: {self.flood_in_overflow} requests under {OVERFLOW_LABEL_VALUE}, "
+                       f"{expected_overflow + self.stream_folded_requests} expected")
         if self.alertmanager_checked:
             if not self.burst_paged:
                 out.append("no llm-realtime-availability page fired for the injected error burst")
@@ -391,6 +406,7 @@ class ChaosReport:
             f"  Alertmanager outages         {len(self.alertmanager_outages)} ({outages or '-'})",
             f"  worker exits on its own      {len(self.worker_crashes)}",
             f"  wedged group rescued         {self.group_rescues} (the broker named a departed leader)",
+            *self._flood_lines(),
             "result",
         ]
         if self.verification_error:
@@ -456,6 +472,15 @@ class ChaosReport:
             lines += ["", "notes", *(f"  - {n}" for n in self.notes)]
         lines.append(f"\nfiles: {self.out_dir}")
         return "\n".join(lines)
+
+    def _flood_lines(self) -> list[str]:
+        if not self.flood_requests:
+            return []
+        return [f"  label flood                  {self.flood_requests:,} requests with new tenants; "
+                f"{len(self.flood_tenants_admitted)} found room ({', '.join(self.flood_tenants_admitted) or '-'}), "
+                f"{self.flood_in_overflow if self.flood_in_overflow is not None else '?'} requests counted under "
+                f"{OVERFLOW_LABEL_VALUE} ({self.stream_folded_requests} of them the stream's own: "
+                f"{', '.join(self.stream_values_folded) or 'none'})"]
 
 
 # ---- the stream ---------------------------------------------------------------------------
@@ -860,6 +885,84 @@ def add_poison(stream: Stream, rng: random.Random, per_kind: int,
     return added
 
 
+@dataclass
+class LabelFlood:
+    """A producer bug: requests each stamped with a tenant never seen before."""
+
+    records: list[Outgoing]
+    cap: int  # the workers' --max-label-values: what the stream's own busiest label holds
+
+
+FLOOD_KEY = b"flood"  # one key, one partition: as one misbehaving producer's records land
+
+
+def add_label_flood(stream: Stream, rng: random.Random, requests: int) -> LabelFlood:
+    """`requests` copies of the stream's own requests, each with a new event id and a tenant
+    never seen before, spread over the middle third of the run (every value of the stream has
+    been read by then). The workers' cap is the most values any capped label of the stream
+    holds, so the stream's values all have room and the flood fills what is left: its first
+    tenants to be read are admitted, the rest are counted under `__other__`."""
+    valid = [o for chunk in stream.chunks for o in chunk if o.kind in ("request", "gpu") and not o.duplicate]
+    docs = [json.loads(o.value) for o in valid if o.kind == "request"]
+    values = {label: {d.get(label) for d in docs} - {None, ""} for label in SLICE_LABELS}
+    values["node"] = {json.loads(o.value)["node"] for o in valid if o.kind == "gpu"}
+    cap = max(len(v) for v in values.values())
+    n = len(stream.chunks)
+    first, last = n // 3, max(n // 3, 2 * n // 3 - 1)
+    picks = []  # (event time, draw, chunk, the request copied)
+    for draw in range(requests):
+        chunk = rng.randint(first, last)
+        own = [o for o in stream.chunks[chunk] if o.kind == "request" and not o.duplicate]
+        if own:
+            source = rng.choice(own)
+            picks.append((source.ts_ms, draw, chunk, source))
+    # Named and published in event-time order, each at the end of its chunk (within the
+    # allowed lateness of the chunk's other records).
+    records = []
+    for i, (ts_ms, _, chunk, source) in enumerate(sorted(picks, key=lambda p: p[:2])):
+        doc = json.loads(source.value)
+        doc.update({"event_id": f"flood-{i:05d}", "tenant": f"flood-{i:05d}"})
+        doc.pop("retry_of", None)  # its own turn: the original's chain is not this tenant's
+        doc["attempt"] = 1
+        o = Outgoing(ts_ms, "requests", FLOOD_KEY, _dumps(doc), "request")
+        stream.chunks[chunk].append(o)
+        records.append(o)
+    return LabelFlood(records, cap)
+
+
+CAPPED = {"requests": ("tenant", "model", "model_version", "zone", "pool"), "gpu": ("node",)}
+
+
+def admitted_values(store_path: Path, topics: dict[str, str]) -> dict[str, dict[str, set[str]]]:
+    """The values the worker's cardinality limiter admitted, per topic suffix and label, as its
+    last checkpoint stored them (its msgpack state: version, newest hour, values, slices)."""
+    import msgspec
+
+    con = duckdb.connect(str(store_path), read_only=True)
+    try:
+        rows = dict(con.execute("SELECT topic, state FROM _tw_label_limits").fetchall())
+    finally:
+        con.close()
+    out = {}
+    for suffix, topic in topics.items():
+        state = msgspec.msgpack.decode(rows[topic]) if topic in rows else [0, None, {}, []]
+        out[suffix] = {label: {value for value, _hour in state[2].get(label, [])} for label in CAPPED[suffix]}
+    return out
+
+
+def as_counted(o: Outgoing, admitted: dict[str, dict[str, set[str]]]) -> tuple[bytes, list[str]]:
+    """A record as the worker counts it: each capped label whose value found no room reads
+    `__other__`. Returns the bytes and the values folded."""
+    doc = json.loads(o.value)
+    folded = [doc[label] for label in CAPPED[o.topic] if doc.get(label) and doc[label] not in admitted[o.topic][label]]
+    if not folded:
+        return o.value, []
+    for label in CAPPED[o.topic]:
+        if doc.get(label) and doc[label] not in admitted[o.topic][label]:
+            doc[label] = OVERFLOW_LABEL_VALUE
+    return _dumps(doc), folded
+
+
 # ---- real processes ------------------------------------------------------------------------
 
 
@@ -1155,6 +1258,8 @@ class _Chaos:
             argv += ["--until-idle", f"{until_idle_s:g}"]
             if "--drain-timeout" in self.flags:
                 argv += ["--drain-timeout", "60s"]  # bounded, so a run that cannot drain fails in CI time
+        if self.flood is not None:
+            argv += ["--max-label-values", str(self.flood.cap)]
         return argv + list(self.conf.worker_args)
 
     def _spawn(self, name: str, store: Path, instance: str, until_idle_s: float | None = None) -> WorkerProc:
@@ -1243,6 +1348,7 @@ class _Chaos:
         self.say("chaos: building the stream from the Azure code and Mooncake traces")
         self.stream = build_stream(self.seed, self.minutes, Path(self.azure_csv), Path(self.mooncake), self.rng)
         self.poison = add_poison(self.stream, self.rng, self.conf.poison_per_kind, self.conf.poison_kinds)
+        self.flood = add_label_flood(self.stream, self.rng, self.conf.label_flood) if self.conf.label_flood else None
         self.broker = EmbeddedBroker(port=free_port(), log_path=self.out / "broker.log")
         try:
             self.broker.start()
@@ -1489,11 +1595,26 @@ class _Chaos:
         truth.mkdir(exist_ok=True)
         files = {"requests": truth / "requests.jsonl", "gpu": truth / "gpu.jsonl"}
         handles = {k: open(v, "wb") for k, v in files.items()}
+        # With a label flood, the store holds each value the worker found room for under its
+        # name, the rest under `__other__`: which ones is the worker's first-come order, so the
+        # expectation takes the admitted sets from the store and checks what they hold.
+        admitted = admitted_values(self.store_a, {s: self.kafka.topic(s) for s in CAPPED}) \
+            if self.flood is not None and self.store_a.exists() else None
+        flood_ids = {id(o) for o in self.flood.records} if self.flood is not None else set()
+        stream_folded: set[str] = set()
         try:
             for o in valid:
                 if o.delivered_offset is None:
                     continue  # never in the log: not expected in the store either
-                handles[o.topic].write(o.value + b"\n")
+                value = o.value
+                if admitted is not None:
+                    value, folded = as_counted(o, admitted)
+                    if id(o) in flood_ids:
+                        r.flood_requests += 1
+                    elif folded:
+                        stream_folded.update(folded)
+                        r.stream_folded_requests += o.topic == "requests" and not o.duplicate
+                handles[o.topic].write(value + b"\n")
                 r.duplicates_published += o.duplicate
                 if o.topic == "requests":
                     r.requests_published += 1
@@ -1502,6 +1623,14 @@ class _Chaos:
         finally:
             for h in handles.values():
                 h.close()
+        if admitted is not None:
+            r.flood_tenants_admitted = sorted(admitted["requests"]["tenant"] - {
+                json.loads(o.value)["tenant"] for chunk in self.stream.chunks for o in chunk
+                if o.kind == "request" and id(o) not in flood_ids})
+            r.stream_values_folded = sorted(stream_folded)
+            if stream_folded:
+                r.notes.append(f"the stream's own values counted under {OVERFLOW_LABEL_VALUE}: {sorted(stream_folded)} "
+                               "(the worker read a flood tenant before them: first come, first admitted)")
         mismatched = sum(1 for o in valid if o.delivered_partition is not None
                          and o.delivered_partition != _crc_partition(o.key.decode()))
         if mismatched:
@@ -1522,6 +1651,9 @@ class _Chaos:
         try:
             con.execute(f"ATTACH '{self.store_a}' AS got (READ_ONLY)")
             self._compare_tables(con, files)
+            if self.flood is not None:
+                r.flood_in_overflow = con.execute("SELECT coalesce(sum(requests), 0) FROM got.sli_minute WHERE tenant = ?",
+                                                  [OVERFLOW_LABEL_VALUE]).fetchone()[0]
             self._check_dead_letters(con)
             if self.am is not None:
                 self._check_alerts(con)
