@@ -59,6 +59,14 @@ def _fresh_poll(port: int, timeout_s: float = 2.0) -> float | None:
     return took if ok and took <= timeout_s else None
 
 
+def _poll_on(connection: http.client.HTTPConnection) -> int:
+    """An authorised poll on a kept connection: its status."""
+    connection.request("GET", "/v1/slos", headers={"Authorization": f"Bearer {TOKEN}"})
+    answer = connection.getresponse()
+    answer.read()
+    return answer.status
+
+
 @pytest.mark.broker
 def test_a_401_says_close_and_the_server_closes_the_socket(port):
     for auth in (b"Authorization: Bearer wrong\r\n", b""):
@@ -79,14 +87,7 @@ def test_a_401_says_close_and_the_server_closes_the_socket(port):
 def test_at_the_cap_a_connection_that_never_authenticated_goes_first(port):
     before = _refused(port)
     kept = http.client.HTTPConnection("127.0.0.1", port, timeout=5)  # an authorised poller's connection
-
-    def poll_kept() -> int:
-        kept.request("GET", "/v1/slos", headers={"Authorization": f"Bearer {TOKEN}"})
-        answer = kept.getresponse()
-        answer.read()
-        return answer.status
-
-    assert poll_kept() == 200
+    assert _poll_on(kept) == 200
     # Probes without a token (answered 200, kept alive) fill the cap and more.
     probes = []
     for _ in range(CAP + 6):
@@ -97,7 +98,7 @@ def test_at_the_cap_a_connection_that_never_authenticated_goes_first(port):
     try:
         # A new authorised poll gets in: an unauthenticated probe makes room for it, not the poller.
         assert _fresh_poll(port) is not None
-        assert poll_kept() == 200
+        assert _poll_on(kept) == 200
     finally:
         for probe in probes:
             probe.close()
@@ -127,10 +128,7 @@ def test_wrong_token_pollers_beyond_the_cap_never_lock_out_authorised_polls(port
             pollers.append(threading.Thread(target=lambda: fresh.append(_fresh_poll(port))))
             pollers[-1].start()
             if i % 5 == 0:
-                kept.request("GET", "/v1/slos", headers={"Authorization": f"Bearer {TOKEN}"})
-                answer = kept.getresponse()
-                answer.read()
-                kept_status.append(answer.status)
+                kept_status.append(_poll_on(kept))
             time.sleep(0.1)
         for poller in pollers:
             poller.join(timeout=5)

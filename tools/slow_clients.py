@@ -54,69 +54,69 @@ async def _connect(port: int, counts: dict[str, int], pace: _Pace):
     return opened
 
 
-async def _one(port: int, drip_s: float, until: float, counts: dict[str, int], pace: _Pace) -> None:
+async def _client(port: int, until: float, counts: dict[str, int], pace: _Pace, converse) -> None:
+    """Connections one after another until `until`, each opened when the pace allows and spent
+    on `converse(reader, writer)`, which says whether the server ended it (counted as cut)."""
     while time.monotonic() < until:
         opened = await _connect(port, counts, pace)
         if opened is None:
             continue
         reader, writer = opened
         try:
-            writer.write(HEAD)
-            await writer.drain()
-            while time.monotonic() < until:
-                try:
-                    if await asyncio.wait_for(reader.read(4096), drip_s) == b"":
-                        break  # answered and closed, or cut
-                except asyncio.TimeoutError:
-                    writer.write(b" ")
-                    await writer.drain()
-            else:
-                continue
-            counts["cut"] += 1
+            if await converse(reader, writer):
+                counts["cut"] += 1
         except OSError:
             counts["cut"] += 1
         finally:
             writer.close()
 
 
-async def _polling(port: int, poll_s: float, until: float, counts: dict[str, int], pace: _Pace) -> None:
-    """One wrong-token poller: a request now and every `poll_s` on the same connection, until
-    the server closes it; then a new connection."""
-    while time.monotonic() < until:
-        opened = await _connect(port, counts, pace)
-        if opened is None:
-            continue
-        reader, writer = opened
-        try:
-            while time.monotonic() < until:
-                writer.write(WRONG_TOKEN_POLL)
+def _dripping(drip_s: float, until: float, counts: dict[str, int]):
+    """A slow body: a POST head, then a body byte every `drip_s`."""
+
+    async def converse(reader, writer) -> bool:
+        writer.write(HEAD)
+        await writer.drain()
+        while time.monotonic() < until:
+            try:
+                if await asyncio.wait_for(reader.read(4096), drip_s) == b"":
+                    return True  # answered and closed, or cut
+            except asyncio.TimeoutError:
+                writer.write(b" ")
                 await writer.drain()
-                next_poll = time.monotonic() + poll_s
-                closed = False
-                while (left := next_poll - time.monotonic()) > 0:
-                    try:
-                        got = await asyncio.wait_for(reader.read(4096), left)
-                    except asyncio.TimeoutError:
-                        break
-                    if got == b"":
-                        closed = True
-                        break
-                    counts["answers"] += got.count(b"HTTP/1.1 ")
-                if closed:
-                    counts["cut"] += 1
+        return False
+
+    return converse
+
+
+def _polling(poll_s: float, until: float, counts: dict[str, int]):
+    """A wrong-token poller: a request now and every `poll_s` on the same connection, until
+    the server closes it."""
+
+    async def converse(reader, writer) -> bool:
+        while time.monotonic() < until:
+            writer.write(WRONG_TOKEN_POLL)
+            await writer.drain()
+            next_poll = time.monotonic() + poll_s
+            while (left := next_poll - time.monotonic()) > 0:
+                try:
+                    got = await asyncio.wait_for(reader.read(4096), left)
+                except asyncio.TimeoutError:
                     break
-        except OSError:
-            counts["cut"] += 1
-        finally:
-            writer.close()
+                if got == b"":
+                    return True
+                counts["answers"] += got.count(b"HTTP/1.1 ")
+        return False
+
+    return converse
 
 
 async def attack(port: int, connections: int, seconds: float, drip_s: float, rate: float,
                  wrong_token: bool = False) -> dict[str, int]:
     counts = {"opened": 0, "cut": 0, "refused": 0, "answers": 0}
     until, pace = time.monotonic() + seconds, _Pace(rate)
-    client = _polling if wrong_token else _one
-    await asyncio.gather(*(client(port, drip_s, until, counts, pace) for _ in range(connections)))
+    kind = _polling if wrong_token else _dripping
+    await asyncio.gather(*(_client(port, until, counts, pace, kind(drip_s, until, counts)) for _ in range(connections)))
     return counts
 
 
