@@ -265,3 +265,12 @@ def takes_body(app: Litestar, method: str, path: str) -> typing.Literal["yes", "
     except HTTPException:  # 405
         return "wrong method"
     return "yes" if "data" in handler.parsed_fn_signature.parameters else "no body"
+
+
+def needs_token(app: Litestar, method: str, path: str) -> bool:
+    """Whether the route a request goes to asks for a bearer token (the OpenAPI `security`)."""
+    try:
+        _app, handler, *_ = app.asgi_router.handle_routing(path, method)  # type: ignore[arg-type]
+    except HTTPException:  # no route (404) or not this method (405): the routes answer
+        return False
+    return bool(handler.security)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from streams.connections import EVICTED_SLOW, EVICTED_UNAUTHENTICATED
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
     CONSUMER_GROUP_RESCUES_TOTAL, LOG_RESETS_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
@@ -101,8 +102,8 @@ class WorkerMetrics:
 
 # Why the HTTP process refused or cut a connection or request (streams/http.py): a closed set.
 HTTP_REFUSALS = ("head_timeout", "idle_head_timeout", "body_timeout", "body_too_large", "client_disconnected",
-                 "refused_before_body", "malformed_request", "evicted_slow_connection", "connection_limit",
-                 "accept_failed")
+                 "refused_before_body", "malformed_request", EVICTED_SLOW, EVICTED_UNAUTHENTICATED,
+                 "connection_limit", "accept_failed")
 
 
 class HttpMetrics:
@@ -113,7 +114,7 @@ class HttpMetrics:
         self.refused = Counter(
             HTTP_REFUSED_TOTAL, "Connections and requests the HTTP port refused or cut, by reason "
             "(slow heads and bodies, oversized or malformed requests, bodies refused before reading, the "
-            "connection cap).", ["reason"], registry=self.registry)
+            "connection cap and the connections evicted at it).", ["reason"], registry=self.registry)
         for reason in HTTP_REFUSALS:  # known label sets start at 0
             self.refused.labels(reason)
         self.flagger_events = Counter(

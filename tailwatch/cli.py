@@ -595,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
     p.add_argument("--rounds", type=_positive_int, default=3,
                    help="API bench with --against: rounds of each tree, interleaved (default 3)")
+    p.add_argument("--unauthenticated", type=_count, default=2_500, metavar="N",
+                   help="API bench: connections polling with a wrong token while authorised clients poll on new "
+                        "connections (default 2,500; 0: skip)")
     p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,
                    help="replay a public trace through a worker with every default stage: each trace-hour in one "
                         "event-minute (dense), at its own pace (sparse), or both")

@@ -555,7 +555,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.against:
                 print("\n".join(compare(args.against, args.rate, args.seconds, say=say, rounds=args.rounds)))
             else:
-                print("\n".join(run_api(args.rate, args.seconds, say=say)))
+                print("\n".join(run_api(args.rate, args.seconds, say=say, unauthenticated=args.unauthenticated)))
         except BenchError as exc:
             raise CliError(str(exc)) from None
         return 0
