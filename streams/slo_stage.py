@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from datetime import datetime
 
 import duckdb
@@ -24,11 +25,14 @@ from slo.contributors import contributors_by_minute, explain
 from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
+from slo.unmatched import UnmatchedSelectors
 import store
 from conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
     SLO_SLI_RATIO,
 )
+
+log = logging.getLogger("tailwatch.slo")
 
 class SloCollector:
     """Prometheus view of the SLO tables. Labels: `slo` and the SLO's slice labels (a label
@@ -111,6 +115,7 @@ class SloStage:
         self.collector = SloCollector(specs)
         self.collector.tables = list(self.evaluator.tables.values())
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
+        self.unmatched = UnmatchedSelectors(specs)
 
     def collectors(self) -> list:
         return [self.collector]
@@ -131,6 +136,7 @@ class SloStage:
         longest = max(s.window_minutes for s in self.specs.values())
         for rows in store.recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
+            self._warn_unmatched(rows)
         self.evaluator.reset_event_counts()
         details = {}
         for fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left, detail in con.execute(
@@ -159,6 +165,7 @@ class SloStage:
         if requests.height == 0:
             return {}
         result = self.evaluator.feed(requests)
+        self._warn_unmatched(requests)
         changes = self._explained(result.changes, requests)
         if changes:
             details = dict(self._details)
@@ -173,6 +180,10 @@ class SloStage:
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
              for c in changes]))
         return out
+
+    def _warn_unmatched(self, buckets: pl.DataFrame) -> None:
+        for warning in self.unmatched.observe(buckets):
+            log.warning(warning)
 
     def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
         """A page that fires names who and what holds the slice's bad events at that minute (the
