@@ -18,7 +18,8 @@ UNMATCHED_AFTER_MINUTES = 5
 
 
 class UnmatchedSelectors:
-    """Per SLO: whether its selector has matched a row yet, and the minutes it has missed."""
+    """Per SLO: whether its selector has matched a row yet (`matched`, read by the worker's
+    gauge), and the minutes it has missed."""
 
     def __init__(self, specs: list[SloSpec], after_minutes: int = UNMATCHED_AFTER_MINUTES):
         self.specs = specs
@@ -29,14 +30,18 @@ class UnmatchedSelectors:
 
     def observe(self, buckets: pl.DataFrame) -> list[str]:
         """Closed minutes' `sli_minute` rows; returns the warnings now due (each SLO at most once)."""
-        waiting = [s for s in self.specs if not self.matched[s.name] and s.name not in self.warned]
+        waiting = [s for s in self.specs if not self.matched[s.name]]
         if not waiting or buckets.height == 0:
             return []
-        minutes_of = {s.name: set(s.selected(buckets).get_column("window_start").to_list()) for s in self.specs}
+        judging = any(s.name not in self.warned for s in waiting)  # else only "matched at last?" is asked
+        minutes_of = {s.name: set(s.selected(buckets).get_column("window_start").to_list())
+                      for s in (self.specs if judging else waiting)}
         out = []
         for spec in waiting:
             if minutes_of[spec.name]:
                 self.matched[spec.name] = True
+                continue
+            if spec.name in self.warned:
                 continue
             others = set().union(*(m for name, m in minutes_of.items() if name != spec.name))
             self.missed_minutes[spec.name] |= others

@@ -29,7 +29,7 @@ from slo.unmatched import UnmatchedSelectors
 import store
 from conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
-    SLO_SLI_RATIO,
+    SLO_SELECTOR_MATCHED, SLO_SLI_RATIO,
 )
 
 log = logging.getLogger("tailwatch.slo")
@@ -43,6 +43,7 @@ class SloCollector:
     def __init__(self, specs: list[SloSpec]):
         self.labels = sorted({label for s in specs for label in s.slice_by})
         self.tables: list[SloTable] = []
+        self.selector_matched: dict[str, bool] = {}  # the stage's UnmatchedSelectors.matched
 
     def describe(self):
         return []
@@ -79,7 +80,12 @@ class SloCollector:
                         1 for j, sev in enumerate(severities) if sev == severity and table.fired_at[j, i] >= 0))
                 events.add_metric([*values, "good"], int(table.events_good[i]))
                 events.add_metric([*values, "bad"], int(table.events_valid[i] - table.events_good[i]))
-        yield from (objective, sli, burn, budget, firing, events)
+        matched = GaugeMetricFamily(SLO_SELECTOR_MATCHED, "1 once the SLO's selector has matched a bucket since the "
+                                    "worker started; 0: a selector that matches nothing (no slice, never pages).",
+                                    labels=["slo"])
+        for name, yes in list(self.selector_matched.items()):
+            matched.add_metric([name], 1.0 if yes else 0.0)
+        yield from (objective, sli, burn, budget, firing, events, matched)
 
 
 def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
@@ -116,6 +122,7 @@ class SloStage:
         self.collector.tables = list(self.evaluator.tables.values())
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
         self.unmatched = UnmatchedSelectors(specs)
+        self.collector.selector_matched = self.unmatched.matched
 
     def collectors(self) -> list:
         return [self.collector]

@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 
 from slo.sli import replay, span
-from slo.spec import SloSpec
+from slo.spec import REPORTED_KINDS, SloSpec
 from slo.windows import minute_start_utc, minute_text
 import store
 from tailwatch.cli import CliError
@@ -70,5 +70,6 @@ def unmatched_lines(specs: list[SloSpec], with_slices: set[str]) -> list[str]:
     for spec in specs:
         if spec.name not in with_slices:
             selector = ", ".join(f"{k}={v}" for k, v in spec.selector.items())
-            out.append(f"{spec.name}: selector {{{selector}}} matched no data in the store (no slice to show)")
+            why = " (or no request it picked reported the SLI's field)" if spec.sli_kind in REPORTED_KINDS else ""
+            out.append(f"{spec.name}: selector {{{selector}}} matched no data in the store{why}; no slice to show")
     return out

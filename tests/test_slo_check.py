@@ -10,24 +10,20 @@ from slo.spec import load_slos
 SIX_MISTAKES = """
 slos:
   - name: a
-    selector: {workload: llm, colour: red}
-    sli: {latency: {field: first_output_ms, threshold: 300}}
-    objective: 99%
     runbook: runbooks/nope.md
-  - name: b
-    sli: {availability: {}}
-    objective: 100%
-    no_data_afer: 5m
-    min_events: zero
+    objective: 99%
+    sli: {latency: {field: first_output_ms, threshold: 300}}
+    selector: {workload: llm, colour: red}
+  - {name: b, sli: {availability: {}}, objective: 100%, no_data_afer: 5m, min_events: zero}
 """
 
 TWO = """
 slos:
   - name: llm-avail
-    selector: {workload: llm}
-    sli: {availability: {}}
     objective: 99%
+    sli: {availability: {}}
     slice_by: [zone]
+    selector: {workload: llm}
   - name: typo-avail
     selector: {model: no-such-model}
     sli: {availability: {}}
@@ -97,6 +93,30 @@ def test_an_slo_that_matches_nothing_is_named_after_minutes_with_other_slos_data
     again = UnmatchedSelectors(specs, after_minutes=3)
     assert again.observe(minute(0)) == [] and again.observe(minute(1, "no-such-model")) == []
     assert again.matched["typo-avail"] and again.observe(minute(2)) == [] and again.observe(minute(3)) == []
+
+
+def test_the_worker_exposes_whether_each_selector_matched(tmp_path):
+    from datetime import datetime
+
+    import polars as pl
+
+    from conventions import SLO_SELECTOR_MATCHED
+    from streams.slo_stage import SloStage
+
+    path = tmp_path / "slos.yaml"
+    path.write_text(TWO)
+    stage = SloStage(load_slos(path))
+    row = {"window_start": [datetime(2026, 11, 2)], "workload": ["llm"], "model": ["llama"], "zone": ["a"]}
+
+    def gauge():
+        (family,) = [f for f in stage.collector.collect() if f.name == SLO_SELECTOR_MATCHED]
+        return {s.labels["slo"]: s.value for s in family.samples}
+
+    assert gauge() == {"llm-avail": 0.0, "typo-avail": 0.0}
+    stage.unmatched.observe(pl.DataFrame(row))
+    assert gauge() == {"llm-avail": 1.0, "typo-avail": 0.0}
+    stage.unmatched.observe(pl.DataFrame({**row, "model": ["no-such-model"]}))
+    assert gauge() == {"llm-avail": 1.0, "typo-avail": 1.0}
 
 
 def test_a_selector_matching_nothing_is_warned_of_by_worker_check_and_status(kafka, tmp_path):
