@@ -9,6 +9,7 @@ by pure functions over what was read.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def check_file(path: str | Path) -> SloCheck:
         problem = runbook_problem(where, name, runbook, p.resolve().parent)
         if problem:
             report.problems.append(problem)
+    report.problems.sort(key=_entry_order)  # each SLO's problems together, in file order
     for spec in read.specs:
         report.understood += understood_lines(spec)
     return report
@@ -81,3 +83,9 @@ def unmatched_selector_warning(spec: SloSpec, rows: int, store_rows: int, store_
     selector = ", ".join(f"{k}={v}" for k, v in spec.selector.items())
     return (f"{spec.name}: selector {{{selector}}} matched no data in {store_name} "
             f"(0 of its {store_rows:,} sli_minute rows); check the label values")
+
+
+def _entry_order(problem: str) -> int:
+    """The entry a problem is of (`slos[2]…`, `file.yaml[doc 1]…`); the file's own problems last."""
+    m = re.match(r"^[^\s:]*?\[(?:doc )?(\d+)\]", problem)
+    return int(m.group(1)) if m else 1 << 30

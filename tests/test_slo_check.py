@@ -45,6 +45,7 @@ def test_six_mistakes_in_two_slos_are_all_reported_in_one_run(tmp_path):
     for place in ("slos[0].selector.colour", "slos[0].sli.latency.threshold", "slos[0].runbook: runbooks/nope.md",
                   "slos[1]: unknown field `no_data_afer`", "slos[1].min_events", "slos[1].objective: 100%"):
         assert any(p.startswith(place) for p in problems), (place, problems)
+    assert [p[:7] for p in problems] == ["slos[0]"] * 3 + ["slos[1]"] * 3  # each SLO's problems together
     assert r.stderr.splitlines()[-1].endswith("6 problems")
 
 
