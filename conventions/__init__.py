@@ -153,6 +153,8 @@ SLO_SLI_RATIO = "tailwatch_slo_sli_ratio"
 SLO_BURN_RATE = "tailwatch_slo_burn_rate"
 SLO_ERROR_BUDGET_REMAINING_RATIO = "tailwatch_slo_error_budget_remaining_ratio"
 SLO_EVENTS_TOTAL = "tailwatch_slo_events_total"
+# 1 once an SLO's selector has matched a bucket since the worker started (its rebuild included).
+SLO_SELECTOR_MATCHED = "tailwatch_slo_selector_matched"
 ALERTS_FIRING = "tailwatch_alerts_firing"
 ALERTS_DELIVERED_TOTAL = "tailwatch_alerts_delivered_total"
 ALERTS_REFUSED_TOTAL = "tailwatch_alerts_refused_total"

@@ -119,36 +119,53 @@ def _objective(value: Any) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class SloFileRead:
+    """An SLO file as read: the SLOs without problems, every problem with its place, and
+    (place, name, runbook) of every entry that could be read at all."""
+
+    specs: list[SloSpec]
+    problems: list[str]
+    entries: list[tuple[str, str, str]]
+
+
 def load_slos(path: str | Path) -> list[SloSpec]:
+    read = read_slos(path)
+    if read.problems:
+        raise SpecErrors(read.problems)
+    return read.specs
+
+
+def read_slos(path: str | Path) -> SloFileRead:
+    """Every SLO and every problem of the file at once (`tailwatch slo check`)."""
     p = Path(path)
     try:
         docs = [d for d in yaml.safe_load_all(read_text(p, ValueError)) if d is not None]
     except ValueError as exc:
-        raise SpecErrors([str(exc)]) from None
+        return SloFileRead([], [str(exc)], [])
     except yaml.YAMLError as exc:
-        raise SpecErrors([yaml_problem(exc)]) from None
+        return SloFileRead([], [yaml_problem(exc)], [])
     if not docs:
-        raise SpecErrors(["no SLOs (the file is empty)"])
+        return SloFileRead([], ["no SLOs (the file is empty)"], [])
     errors: list[str] = []
     specs: list[SloSpec] = []
+    seen: list[tuple[str, str, str]] = []
     for di, doc in enumerate(docs):
         if isinstance(doc, dict) and doc.get("apiVersion", "").startswith("openslo/"):
-            spec = _from_openslo(doc, f"{p.name}[doc {di}]", errors)
+            spec = _from_openslo(doc, f"{p.name}[doc {di}]", errors, seen)
             if spec:
                 specs.append(spec)
         elif isinstance(doc, dict) and isinstance(doc.get("slos"), list):
             for i, raw in enumerate(doc["slos"]):
-                spec = _from_native(raw, f"slos[{i}]", errors)
+                spec = _from_native(raw, f"slos[{i}]", errors, seen)
                 if spec:
                     specs.append(spec)
         else:
             errors.append(f"{p.name}[doc {di}]: expected a `slos:` list or an OpenSLO `kind: SLO` document")
-    names = [s.name for s in specs]
+    names = [name for _, name, _ in seen]
     for n in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"slo {n!r}: defined more than once")
-    if errors:
-        raise SpecErrors(errors)
-    return specs
+    return SloFileRead(specs, errors, seen)
 
 
 class AvailabilitySli(ConfigStruct):
@@ -226,13 +243,36 @@ class SloEntry(ConfigStruct):
     alert_windows: Literal["default"] | list[AlertWindowEntry] = "default"
 
 
-def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
-    problems = every_problem(raw, SloEntry, where)
-    if problems:
-        errors.extend(problems)
+# Stand-ins for required fields that are missing or wrong, so that the other fields' checks
+# still run and one `slo check` lists every problem; an entry using one is never returned.
+_STAND_INS = {"name": "x", "sli": {"availability": {}}, "objective": 0.99}
+
+
+def _salvaged(raw: dict, problems: list[str], where: str) -> SloEntry | None:
+    """The entry with its refused fields left out (stand-ins for required ones), or None."""
+    if not isinstance(raw, dict):
         return None
-    e = msgspec.convert(raw, SloEntry)
-    before = len(errors)
+    bad = {p[len(where) + 1:].split(":")[0].split(".")[0].split("[")[0] for p in problems if p.startswith(where + ".")}
+    known = {f.encode_name for f in msgspec.structs.fields(SloEntry)}
+    kept = {k: v for k, v in raw.items() if k in known and k not in bad}
+    try:
+        return msgspec.convert({**{k: v for k, v in _STAND_INS.items() if k not in kept}, **kept}, SloEntry)
+    except msgspec.ValidationError:
+        return None
+
+
+def _from_native(raw: Any, where: str, errors: list[str],
+                 seen: list[tuple[str, str, str]] | None = None) -> SloSpec | None:
+    """The SLO in `raw`, or None with every problem of it appended to `errors`; `seen` gets
+    (place, name, runbook) of every entry that could be read at all, for checks over files."""
+    problems = every_problem(raw, SloEntry, where)
+    errors.extend(problems)
+    e = _salvaged(raw, problems, where) if problems else msgspec.convert(raw, SloEntry)
+    if e is None:
+        return None
+    if seen is not None:
+        seen.append((where, raw.get("name") if isinstance(raw.get("name"), str) else where, e.runbook))
+    before = len(errors) - len(problems)
     for label, value in e.selector.items():
         if label not in SLICE_LABELS:
             errors.append(f"{where}.selector.{label}: unknown label (known: {', '.join(SLICE_LABELS)})")
@@ -338,7 +378,8 @@ def _alert_windows(entries: str | list[AlertWindowEntry], period_minutes: int, w
     return tuple(out) or (catalog_for(period_minutes) or ())
 
 
-def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
+def _from_openslo(doc: dict, where: str, errors: list[str],
+                  seen: list[tuple[str, str, str]] | None = None) -> SloSpec | None:
     """OpenSLO v1 `kind: SLO` with an inline ratio or threshold indicator over our fields.
 
     ratioMetric: good/total (or bad/total) queries name our counters (`ok`, `requests`,
@@ -378,4 +419,4 @@ def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
         return None
     labels = raw["selector"]
     raw["selector"] = {k: v for k, v in labels.items() if k in SLICE_LABELS}
-    return _from_native(raw, where, errors)
+    return _from_native(raw, where, errors, seen)

@@ -23,6 +23,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from conventions import SLICE_LABELS
+
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -681,6 +683,15 @@ def oldest_minute(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
         raise ValueError(f"not a bucket table: {table}")
     row = con.execute(f"SELECT epoch(min(window_start)) FROM {table}").fetchall()[0]
     return int(row[0]) // 60 if row and row[0] is not None else None
+
+
+def selector_rows(con: duckdb.DuckDBPyConnection, selector: dict[str, str]) -> int:
+    """How many rows of `sli_minute` an SLO's selector picks (label names as the spec checked
+    them against conventions.SLICE_LABELS)."""
+    labels = [label for label in selector if label in SLICE_LABELS]
+    where = " AND ".join(f'"{label}" = ?' for label in labels) or "TRUE"
+    return int(con.execute(f"SELECT count(*) FROM sli_minute WHERE {where}",
+                           [selector[k] for k in labels]).fetchall()[0][0])
 
 
 def has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:

@@ -146,7 +146,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "store snapshot": ("tailwatch store snapshot --store data/tailwatch.duckdb /backups/snap-1",),
     "sql": ("tailwatch sql \"SELECT slo, fired_at FROM alerts ORDER BY fired_at\"",
             "tailwatch sql --format csv \"SELECT * FROM detections\" > detections.csv"),
-    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",),
+    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",
+                  "tailwatch slo check my-slos.yaml --store data/tailwatch.duckdb"),
     "slo status": ("tailwatch slo status --at \"2026-11-02 01:20\"",
                    "tailwatch slo status --slo llm-realtime-first-token"),
     "rules generate": ("tailwatch rules generate --out rules/",),
@@ -341,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = p.add_subparsers(dest="slo_command", required=True, metavar="ACTION")
     c = ssub.add_parser("check", help="validate an SLO file (tailwatch YAML or OpenSLO v1); exit 1 on problems")
     c.add_argument("file", help="tailwatch SLO YAML or OpenSLO v1 file")
+    c.add_argument("--store", default=None, help="DuckDB file whose sli_minute rows each selector is counted in, "
+                   "warning of selectors that match nothing (default: no store is read)")
     c = ssub.add_parser("status", help="each SLO and slice: SLI, budget left, burn rates, firing alerts")
     c.add_argument("--slos", default=None, help="SLO file (default: the built-in set)")
     c.add_argument("--slo", default=None, help="only this SLO")

@@ -599,18 +599,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def slo_check(path: str, store_path: str | None) -> int:
+    """What was understood of each SLO, then every warning and problem; 1 when there are problems."""
+    from slo.check import check_file, unmatched_selector_warning
+
+    report = check_file(path)
+    if store_path and report.specs:
+        import store
+
+        con = store.connect(store_path, read_only=True)
+        try:
+            total = store.selector_rows(con, {})
+            for spec in report.specs:
+                warning = unmatched_selector_warning(spec, store.selector_rows(con, spec.selector), total,
+                                                     Path(store_path).name)
+                if warning:
+                    report.warnings.append(warning)
+        finally:
+            con.close()
+    for line in report.understood:
+        print(line)
+    for warning in report.warnings:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+    for problem in report.problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if report.problems:
+        print(f"{path}: {len(report.problems)} problems", file=sys.stderr)
+        return 1
+    print(f"{path}: {len(report.specs)} SLOs, no problems" + (f", {len(report.warnings)} warnings" if report.warnings else ""))
+    return 0
+
+
 def cmd_slo(args: argparse.Namespace) -> int:
-    from slo.spec import SpecErrors, load_slos
 
     if args.slo_command == "check":
-        try:
-            specs = load_slos(args.file)
-        except SpecErrors as exc:
-            for problem in exc.problems:
-                print(f"{args.file}: {problem}", file=sys.stderr)
-            return 1
-        print(f"{args.file}: {len(specs)} SLOs, no problems")
-        return 0
+        return slo_check(args.file, args.store)
     specs = load_slo_option(args.slos or "default")
     if args.slo:
         specs = [s for s in specs if s.name == args.slo]

@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 
 from slo.sli import replay, span
-from slo.spec import SloSpec
+from slo.spec import REPORTED_KINDS, SloSpec
 from slo.windows import minute_start_utc, minute_text
 import store
 from tailwatch.cli import CliError
@@ -55,12 +55,21 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
             ", ".join(st.firing) or "-",
         ])
     print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing"], rows))
+    unmatched = unmatched_lines(specs, {name for name, _key in result.evaluator.states})
+    if unmatched:
+        print("\n" + "\n".join(unmatched))
     fired = [c for c in result.changes if c.state == "firing"]
     print(f"\n{len(fired)} alerts fired over the replayed buckets "
           f"({sum(1 for c in result.changes if c.state == 'resolved')} resolved)")
     return 0
 
 
-
-
-
+def unmatched_lines(specs: list[SloSpec], with_slices: set[str]) -> list[str]:
+    """An SLO with no slice at all: its selector picked none of the store's buckets."""
+    out = []
+    for spec in specs:
+        if spec.name not in with_slices:
+            selector = ", ".join(f"{k}={v}" for k, v in spec.selector.items())
+            why = " (or no request it picked reported the SLI's field)" if spec.sli_kind in REPORTED_KINDS else ""
+            out.append(f"{spec.name}: selector {{{selector}}} matched no data in the store{why}; no slice to show")
+    return out
