@@ -111,11 +111,21 @@ class SignalApi:
 
     # ---- handlers -------------------------------------------------------------------
     def _pool_answer(self, who: Principal, pool: str, answers: str) -> Autoscale | Shed:
-        """A pool's answer from the snapshot's `answers` table, if visible and fresh."""
-        entry = getattr(self._fresh_snapshot(), answers).get(pool)
-        if entry is None or not who.sees(entry.tenants):
+        """A pool's answer from the snapshot's `answers` table, if visible, every input it
+        reads caught up and present, and fresh."""
+        snap = self._fresh_snapshot()
+        entry = getattr(snap, answers).get(pool)
+        absent = snap.absent.get(pool)
+        if (entry is None or not who.sees(entry.tenants)) and (absent is None or not who.sees(absent.tenants)):
             raise ApiFailure(404, f"no pool named {pool!r} is visible to this token",
                              hint="pools are the `pool` field of request.v1 and gpu.v1 events")
+        # An input not read to its end, or empty in the pool's window: no answer rather than
+        # one on part of the data (KEDA applies its fallback, which holds the replicas).
+        if snap.inputs_behind:
+            raise ApiFailure(503, "an input of this answer is behind: " + "; ".join(
+                f"{topic}: {why}" for topic, why in sorted(snap.inputs_behind.items())), reason="behind")
+        if absent is not None:
+            raise ApiFailure(503, absent.body.reason, reason="no_data", as_of=absent.body.as_of)
         age = self.wall_clock() - entry.changed_wall_s
         if age > self.config.stale_after_s:
             # KEDA treats an error as a failed scaler and applies its fallback replicas,
