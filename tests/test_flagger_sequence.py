@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 
@@ -42,6 +41,7 @@ from signals.answers import Alert, Slo, SloSlice
 from signals.first_step import StableSide, first_step
 from signals.recipes import flagger_canary
 from tests.conftest import free_port
+from tests.test_signal_api import get
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
 TOKEN = "flagger-secret-token"
@@ -83,14 +83,7 @@ class Traffic:
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    req.add_header("Authorization", f"Bearer {TOKEN}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return get(port, path, TOKEN, method, None if body is None else json.dumps(body).encode())
 
 
 class FlaggerScheduler:
@@ -193,7 +186,7 @@ def worker(broker, tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + 90
         while True:
             try:
                 _, slos = call(port, "GET", "/v1/slos")
@@ -216,7 +209,7 @@ def worker(broker, tmp_path_factory):
 def wait_for_minute(port: int, through: int) -> None:
     """Until every model's answer holds the newest published minute (the view peeks at open minutes)."""
     as_of = datetime.fromtimestamp((START_MS + through * 60_000) / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if all(call(port, "GET", f"/v1/rollout/{m}/v1")[1].get("as_of") == as_of for m in MODELS):
             return

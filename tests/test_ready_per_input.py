@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 import uuid
 
 import numpy as np
@@ -28,6 +27,7 @@ from ingest.schema import GpuV1, RequestV1
 from signals.autoscale import PoolInputs, absent_input
 from streams.input_catch_up import InputCatchUp
 from tests.conftest import free_port
+from tests.test_signal_api import get
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
 MINUTES = 12
@@ -54,22 +54,12 @@ def gpu_backlog() -> list[GpuV1]:
             for m in range(MINUTES) for s in range(6) for r in range(REPLICAS)]
 
 
-def get(port: int, path: str) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
-    req.add_header("Authorization", f"Bearer {TOKEN}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def until(port: int, path: str, done, timeout_s: float = 30.0) -> tuple[int, dict]:
     deadline = time.monotonic() + timeout_s
     got = (0, {})
     while time.monotonic() < deadline:
         try:
-            got = get(port, path)
+            got = get(port, path, TOKEN)
             if done(*got):
                 return got
         except (urllib.error.URLError, ConnectionError):
@@ -100,15 +90,18 @@ def test_a_pool_without_its_gpu_input_is_503_naming_it_then_counts_the_replicas_
         # (Starting, catching up, or the pool not in the view yet are passing states; a
         # decision or a refusal naming an input is the answer.)
         status, body = until(port, f"/v1/autoscale/{POOL}", lambda st, b: st == 200 or b.get("reason") == "no_data",
-                             timeout_s=40)
+                             timeout_s=90)
         assert status == 503 and body["reason"] == "no_data" and "no GPU samples" in body["error"], body
         assert POOL in body["error"] and "replica" in body["error"], body
-        status, shed = get(port, f"/v1/shed/{POOL}")
+        status, shed = get(port, f"/v1/shed/{POOL}", TOKEN)
         assert status == 503 and "no GPU samples" in shed["error"], shed
-        assert get(port, "/v1/autoscale/no-such-pool")[0] == 404
+        assert get(port, "/v1/autoscale/no-such-pool", TOKEN)[0] == 404
 
         publisher.publish_events(gpu_backlog())
-        status, body = until(port, f"/v1/autoscale/{POOL}", lambda st, b: st == 200)
+        until(port, f"/v1/autoscale/{POOL}", lambda st, b: st == 200, timeout_s=60)
+        until(port, "/healthz", lambda st, b: b.get("view_current") is True)  # the view holds all it read
+        status, body = get(port, f"/v1/autoscale/{POOL}", TOKEN)
+        assert status == 200, body
         assert body["current_replicas"] == REPLICAS, body
         assert body["signals"]["replicas_by_state"] == {"warm": REPLICAS}, body
         assert body["signals"]["queue_age_p95_ms"] == 4000.0 and body["desired_replicas"] > REPLICAS, body
@@ -149,3 +142,25 @@ def test_a_pool_answer_needs_gpu_samples_and_requests_unless_idle():
     assert busy is not None and busy[0] == "requests"
     assert absent_input(PoolInputs("p", 5, requests=0.0, gpu_samples=120, newest_gpu_minute=50, gpu_busy=False)) is None
     assert absent_input(PoolInputs("p", 5, requests=10.0, gpu_samples=120, newest_gpu_minute=50, gpu_busy=True)) is None
+
+
+def test_a_view_built_while_an_input_is_behind_answers_pools_503_naming_it():
+    from signals.answers import InputAbsent
+    from signals.api import SignalApi
+    from signals.config import ApiConfig
+    from signals.live import Scoped, SignalSnapshot
+    from tests.conftest import call_api
+
+    absent = {POOL: Scoped(InputAbsent(POOL, "gpu", "no GPU samples for pool llm-a-realtime ...", "2026-11-02T00:12:00Z"),
+                           frozenset({"acme"}), 11, 1000.0)}
+    behind = SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent,
+                            inputs_behind={"tw.gpu": "not read to its end yet (5,000 messages behind)"})
+    api = SignalApi(ApiConfig(stale_after_s=60.0), lambda: behind, lambda: (False, ""), wall_clock=lambda: 1001.0)
+    status, _ct, body = call_api(api, "GET", f"/v1/autoscale/{POOL}")
+    answer = json.loads(body)
+    assert status == 503 and answer["reason"] == "behind" and "tw.gpu: not read to its end" in answer["error"], answer
+    caught_up = SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent)
+    api = SignalApi(ApiConfig(stale_after_s=60.0), lambda: caught_up, lambda: (True, ""), wall_clock=lambda: 1001.0)
+    status, _ct, body = call_api(api, "GET", f"/v1/shed/{POOL}")
+    assert status == 503 and json.loads(body)["reason"] == "no_data", body
+    assert call_api(api, "GET", "/v1/autoscale/other")[0] == 404
