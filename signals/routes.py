@@ -36,7 +36,8 @@ ERROR_TEXT = {
     401: "No bearer token, or an unknown one.",
     404: "Unknown, or outside this token's tenants (the same answer for both).",
     413: "Body over 64 KiB.",
-    503: "No data yet, or the data is older than the staleness bound.",
+    503: "No data yet, the data is older than the staleness bound, an input is behind, or a pool input holds "
+         "nothing in its window (`reason` says which).",
 }
 PARAMETER_TEXT = "path parameters are 1 to 128 characters of letters, digits and . _ : @ + -"
 _ENCODER = msgspec.json.Encoder()
