@@ -263,6 +263,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.tier == "1":
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
+    from slo.spec import spec_warnings
+
+    for spec in settings.slos or ():
+        for warning in spec_warnings(spec):
+            print(f"tailwatch worker: warning: {warning}", file=sys.stderr)
     ensure_reachable(settings.kafka)
     if args.restore_from:
         _restore_store(args.restore_from, settings.store_path, args.tier)
@@ -574,7 +579,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_slo(args: argparse.Namespace) -> int:
-    from slo.spec import SpecErrors, load_slos
+    from slo.spec import SpecErrors, load_slos, spec_warnings
 
     if args.slo_command == "check":
         try:
@@ -583,7 +588,10 @@ def cmd_slo(args: argparse.Namespace) -> int:
             for problem in exc.problems:
                 print(f"{args.file}: {problem}", file=sys.stderr)
             return 1
-        print(f"{args.file}: {len(specs)} SLOs, no problems")
+        warnings = [w for spec in specs for w in spec_warnings(spec)]
+        for warning in warnings:
+            print(f"{args.file}: warning: {warning}")
+        print(f"{args.file}: {len(specs)} SLOs, no problems" + (f", {len(warnings)} warning(s)" if warnings else ""))
         return 0
     specs = load_slo_option(args.slos or "default")
     if args.slo:
