@@ -62,6 +62,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
+from slo.runtime_buckets import split_buckets
 from slo.windows import YOUNG_SHARE, AlertWindow, catalog_for, catalog_periods, reachable
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
@@ -397,9 +398,16 @@ def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
 
 
 def spec_warnings(spec: SloSpec) -> list[str]:
-    """What `slo check` and the worker say about an SLO that loads but alerts other than its
-    catalog reads: a window capped to stay reachable (`slo.windows.reachable`)."""
+    """What `slo check` and the worker say about an SLO that loads but does not read as
+    written: a window capped to stay reachable (`slo.windows.reachable`), and a latency
+    threshold strictly inside a bucket of a runtime's default histogram (`slo.runtime_buckets`)."""
     out = []
+    if spec.latency_field is not None and spec.threshold_ms is not None:
+        for split in split_buckets(spec.latency_field, spec.threshold_ms, spec.selector.get("workload")):
+            out.append(f"SLO {spec.name}: its threshold {_seconds(spec.threshold_ms)} falls between the bucket bounds "
+                       f"{_seconds(split.lower_ms)} and {_seconds(split.upper_ms)} of {split.histogram.runtime}'s "
+                       f"{split.histogram.metric}: for a fleet scraped from it, requests in that bucket count as bad, "
+                       f"so the SLI is a lower bound and can page on requests that all met the threshold")
     for w in spec.alert_windows:
         if w.max_factor is not None:
             uncapped = w.budget_share * spec.window_minutes / w.long_minutes
@@ -408,3 +416,7 @@ def spec_warnings(spec: SloSpec) -> list[str]:
                        f"{w.factor(spec.window_minutes):g} (fires above an error ratio of "
                        f"{w.error_ratio_needed(spec.window_minutes, spec.objective):.0%})")
     return out
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:g} s"
