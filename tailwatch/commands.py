@@ -467,6 +467,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
+    if args.backtest_command == "autoscale" and args.trace:
+        from tailwatch.backtest_trace import cmd_backtest_trace
+
+        if args.store or args.pool or args.start or args.end or args.per_minute:
+            raise CliError("--trace replays a trace through a simulated pool: --store, --pool, --from, --to and "
+                           "--per-minute are for the store's replay")
+        if not args.rate_scale > 0 or args.startup_minutes < 0:
+            raise CliError("--rate-scale must be above 0 and --startup-minutes at least 0")
+        return cmd_backtest_trace(args.trace, args.week, args.rate_scale, args.startup_minutes, args.format)
     if args.backtest_command == "autoscale":
         return cmd_backtest_autoscale(path, args.pool, args.start, args.end, load_slo_option(args.slos),
                                       args.per_minute, args.format)
