@@ -12,6 +12,7 @@ import pytest
 from slo.engine import SloTable
 from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos, spec_warnings
 from slo.windows import MAX_ALERT_ERROR_RATIO, YOUNG_SHARE
+from tests.test_slo import AVAIL
 
 
 def _advance(table: SloTable, minute: int, good: int, valid: int):
@@ -56,14 +57,7 @@ slos:
     assert defaults.returncode == 0 and "warning: SLO asr-wer, window page-fast" in defaults.stdout
 
 
-TICKETS = """
-slos:
-  - name: llm-avail
-    selector: {workload: llm}
-    sli: {availability: {}}
-    objective: 99%
-    min_events: 100
-"""
+TICKETS = AVAIL.replace("99.9%", "99%").replace("min_events: 10", "min_events: 100")  # 1% budget, 100 events
 
 
 def test_a_new_slice_does_not_ticket_on_minutes_of_a_three_day_window(tmp_path):
