@@ -96,7 +96,7 @@ def default_scenario(spec: SloSpec) -> list[Phase]:
     budget = 1 - spec.objective
     fast_bad = max(1, round(1000 * min(0.9, 30 * budget)))  # 30x budget: pages on every pair
     slow_bad = max(1, round(1000 * min(0.9, 4 * budget)))  # 4x: tickets, no fast page
-    return [Phase(90, 1000, 0), Phase(30, 1000, fast_bad), Phase(240, 1000, 0),
+    return [Phase(60, 1000, 0), Phase(30, 1000, fast_bad), Phase(240, 1000, 0),
             Phase(480, 1000, slow_bad), Phase(420, 1000, 0)]  # 420 min: past the 6 h short window
 
 

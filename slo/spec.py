@@ -14,7 +14,7 @@ them all at once.
         slice_by: [zone, model_version]
         min_events: 50         # per alert window, for low-traffic slices
         no_data_after: 10m     # a slice silent this long raises SLONoData
-        young_window_share: 25%  # an alert window is judged once the slice's history covers this share of it
+        young_window_share: 8.33%  # an alert window is judged once the slice's history covers this share of it
         runbook: runbooks/slo-burn.md
         alert_windows: default # or a list of {name, severity, budget_share, long, short}
 
@@ -227,7 +227,7 @@ class SloEntry(ConfigStruct):
     no_data_after: str = "10m"
     runbook: str = "runbooks/slo-burn.md"
     alert_windows: Literal["default"] | list[AlertWindowEntry] = "default"
-    young_window_share: str | float = "25%"  # judge a window once the slice's history covers this share of it
+    young_window_share: str | float = YOUNG_SHARE  # judge a window once the slice's history covers this share of it
 
 
 def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:

@@ -36,8 +36,10 @@ MINUTE_S = 60
 # The error ratio above which a capped catalog window fires: half the valid events bad is an
 # outage under any objective, and 0.5 leaves room for the short window to prove it.
 MAX_ALERT_ERROR_RATIO = 0.5
-# The share of a long window's span a slice's history must cover before the window is judged.
-YOUNG_SHARE = 0.25
+# The share of a long window's span a slice's history must cover before the window is judged:
+# a twelfth, which for the 30- and 28-day catalogs is the pair's short window (a pair is judged
+# once its short window is full; before that both windows read the same few minutes).
+YOUNG_SHARE = 1 / 12
 
 
 def minute_start_utc(minute: int) -> datetime:

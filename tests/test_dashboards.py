@@ -138,7 +138,7 @@ def live_worker(broker, tmp, feed_class, prefix: str):
     ensure_topics(kafka, partitions=1)
     http_port = free_port()
     # The feed is 45 minutes of a new store: its tickets are judged without the young-window
-    # rule, which would hold the 1-day and 3-day windows for 6 and 18 hours of history.
+    # rule, which would hold the 1-day and 3-day windows for 2 and 6 hours of history.
     specs = [dataclasses.replace(s, young_share=0.0) for s in load_slos(DEFAULT_SLOS)]
     worker = build(WorkerSettings(
         kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,

@@ -63,12 +63,12 @@ TICKETS = AVAIL.replace("99.9%", "99%").replace("min_events: 10", "min_events: 1
 def test_a_new_slice_does_not_ticket_on_minutes_of_a_three_day_window(tmp_path):
     """150 events over 30 minutes with 2% bad burn the 3-day window at 2× (its factor is 1): on
     30 minutes of history that is noise. The pair is judged once the slice's history covers a
-    quarter of the window (18 h); then the same traffic tickets."""
+    twelfth of the window (6 h, its short window); then the same traffic tickets."""
     path = tmp_path / "slos.yaml"
     path.write_text(TICKETS)
     (spec,) = load_slos(path)
     slow = next(w for w in spec.alert_windows if w.name == "ticket-slow")
-    assert slow.history_needed_minutes() == int(YOUNG_SHARE * 3 * 1440) == 1080
+    assert slow.history_needed_minutes() == round(YOUNG_SHARE * 3 * 1440) == slow.short_minutes == 360
     table = SloTable(spec)
 
     def minute(m: int):  # 5 events a minute, one bad every 10 minutes: 2%
@@ -79,9 +79,9 @@ def test_a_new_slice_does_not_ticket_on_minutes_of_a_three_day_window(tmp_path):
     status = table.views[0].status()
     assert "ticket-slow" in status.young and "ticket-fast" in status.young
     assert status.burn_rates[3 * 1440] == pytest.approx(2.0)  # the burn is there, the history is not
-    later = [c for m in range(30, 1080) for c in minute(m)]
+    later = [c for m in range(30, 400) for c in minute(m)]
     fired = [(c.window.name, c.at_minute) for c in later if c.state == "firing"]
-    assert fired == [("ticket-slow", 1079)]  # history 0..1079 = 1,080 minutes
+    assert fired == [("ticket-slow", 359)]  # history 0..359 = 360 minutes
     assert "ticket-slow" not in table.views[0].status().young
 
 
