@@ -14,6 +14,7 @@ them all at once.
         slice_by: [zone, model_version]
         min_events: 50         # per alert window, for low-traffic slices
         no_data_after: 10m     # a slice silent this long raises SLONoData
+        young_window_share: 8.33%  # an alert window is judged once the slice's history covers this share of it
         runbook: runbooks/slo-burn.md
         alert_windows: default # or a list of {name, severity, budget_share, long, short}
 
@@ -61,7 +62,8 @@ from msgspec import UNSET, Meta, UnsetType
 
 from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
-from slo.windows import AlertWindow, catalog_for, catalog_periods
+from slo.runtime_buckets import split_buckets
+from slo.windows import YOUNG_SHARE, AlertWindow, catalog_for, catalog_periods, reachable
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
              "word_accuracy", "quota_admission")
@@ -89,6 +91,7 @@ class SloSpec:
     threshold_ms: float | None = None
     runbook: str = "runbooks/slo-burn.md"
     stage_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (stage, budget) in pipeline order
+    young_share: float = YOUNG_SHARE  # a window is judged once the slice's history covers this share of it
 
     def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
         """The buckets that the selector picks."""
@@ -241,6 +244,7 @@ class SloEntry(ConfigStruct):
     no_data_after: str = "10m"
     runbook: str = "runbooks/slo-burn.md"
     alert_windows: Literal["default"] | list[AlertWindowEntry] = "default"
+    young_window_share: str | float = YOUNG_SHARE  # judge a window once the slice's history covers this share of it
 
 
 # Stand-ins for required fields that are missing or wrong, so that the other fields' checks
@@ -315,6 +319,18 @@ def _from_native(raw: Any, where: str, errors: list[str],
     for w in windows:
         if w.long_minutes > window_minutes:
             errors.append(f"{where}.window: {e.window} is shorter than alert window {w.name} ({w.long_minutes} min)")
+    if objective is not None and 0 < objective < 1:
+        if e.alert_windows == "default" or not e.alert_windows:
+            windows = tuple(reachable(w, window_minutes, objective) for w in windows)
+        for w in windows:
+            needed = w.error_ratio_needed(window_minutes, objective)
+            if needed >= 1:
+                errors.append(f"{where}.alert_windows: SLO {e.name}, window {w.name} can never fire: it needs an "
+                              f"error ratio above {needed:.1%} (burn factor {w.factor(window_minutes):g} × error "
+                              f"budget {1 - objective:.3g}); lower its budget_share or lengthen its long window")
+    young_share = _objective(e.young_window_share)
+    if young_share is None or not 0 <= young_share <= 1:
+        errors.append(f"{where}.young_window_share: a share of a window's span from 0% to 100%")
     no_data_s = parse_duration_s(e.no_data_after)
     if no_data_s is None or no_data_s < 60:
         errors.append(f"{where}.no_data_after: a duration of at least 1m")
@@ -326,7 +342,7 @@ def _from_native(raw: Any, where: str, errors: list[str],
         name=e.name, description=e.description, selector=dict(e.selector),
         sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
         slice_by=tuple(e.slice_by), alert_windows=windows, min_events=e.min_events, latency_field=latency_field,
-        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets,
+        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets, young_share=young_share,  # type: ignore[arg-type]
     )
 
 
@@ -420,3 +436,28 @@ def _from_openslo(doc: dict, where: str, errors: list[str],
     labels = raw["selector"]
     raw["selector"] = {k: v for k, v in labels.items() if k in SLICE_LABELS}
     return _from_native(raw, where, errors, seen)
+
+
+def spec_warnings(spec: SloSpec) -> list[str]:
+    """What `slo check` and the worker say about an SLO that loads but does not read as
+    written: a window capped to stay reachable (`slo.windows.reachable`), and a latency
+    threshold strictly inside a bucket of a runtime's default histogram (`slo.runtime_buckets`)."""
+    out = []
+    if spec.latency_field is not None and spec.threshold_ms is not None:
+        for split in split_buckets(spec.latency_field, spec.threshold_ms, spec.selector.get("workload")):
+            out.append(f"SLO {spec.name}: its threshold {_seconds(spec.threshold_ms)} falls between the bucket bounds "
+                       f"{_seconds(split.lower_ms)} and {_seconds(split.upper_ms)} of {split.histogram.runtime}'s "
+                       f"{split.histogram.metric}: for a fleet scraped from it, requests in that bucket count as bad, "
+                       f"so the SLI is a lower bound and can page on requests that all met the threshold")
+    for w in spec.alert_windows:
+        if w.max_factor is not None:
+            uncapped = w.budget_share * spec.window_minutes / w.long_minutes
+            out.append(f"SLO {spec.name}, window {w.name}: the catalog's burn factor {uncapped:g} would need an error "
+                       f"ratio above {uncapped * (1 - spec.objective):.1%}, which can never happen; capped at "
+                       f"{w.factor(spec.window_minutes):g} (fires above an error ratio of "
+                       f"{w.error_ratio_needed(spec.window_minutes, spec.objective):.0%})")
+    return out
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:g} s"

@@ -516,6 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
     c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose first-output thresholds say who waited")
     c.add_argument("--per-minute", action="store_true", help="also print every minute's desired and running replicas")
+    c.add_argument("--trace", default=None, metavar="NAME|FILE",
+                   help="instead of the store: a public trace (azure-code, mooncake, or an Azure CSV / Mooncake JSONL "
+                        "file) served by a simulated pool under tailwatch's autoscaler and the HPA on GPU utilisation")
+    c.add_argument("--week", action="store_true", help="with --trace: a diurnal week built from the trace's hour")
+    c.add_argument("--rate-scale", type=_positive, default=1.0, metavar="X", help="with --trace: arrivals × X (default 1)")
+    c.add_argument("--startup-minutes", type=_count, default=2, metavar="N",
+                   help="with --trace: minutes a new replica loads before it serves (default 2)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     c = bsub.add_parser("rollout", help="the verdict minute by minute for a canary version")
     c.add_argument("model", help="the model, as in request.v1's `model`")

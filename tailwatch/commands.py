@@ -266,6 +266,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.tier == "1":
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
+    from slo.spec import spec_warnings
+
+    for spec in settings.slos or ():
+        for warning in spec_warnings(spec):
+            print(f"tailwatch worker: warning: {warning}", file=sys.stderr)
     ensure_reachable(settings.kafka)
     if args.restore_from:
         _restore_store(args.restore_from, settings.store_path, args.tier)
@@ -483,6 +488,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
+    if args.backtest_command == "autoscale" and args.trace:
+        from tailwatch.backtest_trace import cmd_backtest_trace
+
+        if args.store or args.pool or args.start or args.end or args.per_minute:
+            raise CliError("--trace replays a trace through a simulated pool: --store, --pool, --from, --to and "
+                           "--per-minute are for the store's replay")
+        if not args.rate_scale > 0 or args.startup_minutes < 0:
+            raise CliError("--rate-scale must be above 0 and --startup-minutes at least 0")
+        return cmd_backtest_trace(args.trace, args.week, args.rate_scale, args.startup_minutes, args.format)
     if args.backtest_command == "autoscale":
         return cmd_backtest_autoscale(path, args.pool, args.start, args.end, load_slo_option(args.slos),
                                       args.per_minute, args.format)
@@ -602,8 +616,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def slo_check(path: str, store_path: str | None) -> int:
     """What was understood of each SLO, then every warning and problem; 1 when there are problems."""
     from slo.check import check_file, unmatched_selector_warning
+    from slo.spec import spec_warnings
 
     report = check_file(path)
+    report.warnings.extend(w for spec in report.specs for w in spec_warnings(spec))
     if store_path and report.specs:
         import store
 
@@ -620,7 +636,7 @@ def slo_check(path: str, store_path: str | None) -> int:
     for line in report.understood:
         print(line)
     for warning in report.warnings:
-        print(f"{path}: warning: {warning}", file=sys.stderr)
+        print(f"{path}: warning: {warning}")
     for problem in report.problems:
         print(f"{path}: {problem}", file=sys.stderr)
     if report.problems:

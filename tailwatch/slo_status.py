@@ -1,5 +1,6 @@
 """`tailwatch slo status`: replay the store's buckets through the SLO engine and print
-each SLO and slice with its SLI, budget left, burn rates per window and firing alerts."""
+each SLO and slice with its SLI, budget left, burn rates per window, firing alerts and the alert
+windows its history is still too short to judge."""
 
 from __future__ import annotations
 
@@ -53,8 +54,10 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
             None if st.sli is None else round(100 * st.sli, 3), round(100 * st.error_budget_remaining, 1),
             " ".join(f"{span(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
             ", ".join(st.firing) or "-",
+            ", ".join(st.young) or "-",
         ])
-    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing"], rows))
+    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing",
+                  "young (not judged yet)"], rows))
     unmatched = unmatched_lines(specs, {name for name, _key in result.evaluator.states})
     if unmatched:
         print("\n" + "\n".join(unmatched))

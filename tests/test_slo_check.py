@@ -137,7 +137,7 @@ def test_a_selector_matching_nothing_is_warned_of_by_worker_check_and_status(kaf
 
     r = tw("slo", "check", str(slos), "--store", str(store))
     assert r.returncode == 0, r.stderr  # a warning, not a problem
-    assert "warning: typo-avail: selector {model=no-such-model} matched no data in s.duckdb (0 of its" in r.stderr
+    assert "warning: typo-avail: selector {model=no-such-model} matched no data in s.duckdb (0 of its" in r.stdout
     assert "llm-avail" not in r.stderr
 
     r = tw("slo", "status", "--slos", str(slos), "--store", str(store))

@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import Producer
 
 import store
+from slo.spec import DEFAULT_SLOS
 from streams.partial_publisher import progress_topic
 from ingest.kafka import KafkaSettings, ensure_topics, read_latest
 from ingest.schema import GpuV1
@@ -51,10 +52,20 @@ COMPARED = {
 }
 
 
+def _eager_slos(tmp_path: Path) -> Path:
+    """The default SLOs judged from their first minute: the trace is 40 minutes of a new store,
+    and the alerts it fires (tickets on its 0.5% of errors) would wait hours of history under
+    the young-window rule."""
+    path = tmp_path / "slos-eager.yaml"
+    if not path.exists():
+        path.write_text(re.sub(r"(\n    min_events: \d+)", r"\1\n    young_window_share: 0%", DEFAULT_SLOS.read_text()))
+    return path
+
+
 def _worker(kafka, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "tailwatch", "--verbose", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
             "--topic-prefix", kafka.topic_prefix, "--http-port", "0", "--checkpoint-interval", "0.3",
-            "--batch-size", "700", "--drain-timeout", "120", *args]
+            "--batch-size", "700", "--drain-timeout", "120", "--slos", str(_eager_slos(tmp_path)), *args]
     log = open(tmp_path / f"{name}.log", "ab")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
