@@ -185,7 +185,7 @@ class MinuteAssembly:
     def update_gauges(self) -> None:
         """Its lag is the source's; it holds no open windows."""
 
-    def progress_line(self, events: int, elapsed_s: float) -> str:
+    def progress_line(self, events: int, rate_per_s: float) -> str:
         held = sum(len(a.held) for a in self.assemblers.values())
         dropped = sum(a.redelivered for a in self.assemblers.values())
         return (f"tier 2: {events:,} tw.sli records, {self.buckets_closed:,} buckets landed, {held} minutes "

@@ -79,5 +79,5 @@ class Operator(Protocol):
     def update_gauges(self) -> None:
         ...
 
-    def progress_line(self, events: int, elapsed_s: float) -> str:
+    def progress_line(self, events: int, rate_per_s: float) -> str:
         ...

@@ -263,6 +263,5 @@ class PartialPublisher:
     def update_gauges(self) -> None:
         window_gauges(self.metrics, self.inputs.values())
 
-    def progress_line(self, events: int, elapsed_s: float) -> str:
-        rate = events / elapsed_s if elapsed_s > 0 else 0.0
-        return f"tier 1: {events:,} events ({rate:,.0f}/s), {self.partials_published:,} partials published"
+    def progress_line(self, events: int, rate_per_s: float) -> str:
+        return f"tier 1: {events:,} events ({rate_per_s:,.0f}/s), {self.partials_published:,} partials published"

@@ -78,7 +78,8 @@ class WorkerSettings:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     partitions: int = 4
     publish_sli: bool = True
-    progress: Callable[[str], None] | None = None
+    progress: Callable[[str], None] | None = None  # a status line, when what it says changed
+    announce: Callable[[str], None] | None = None  # the start and stop lines
     stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
     alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
@@ -217,6 +218,8 @@ class Runtime:
         self._measure_memory()  # from the first scrape on: the restored state, and what starting took
         undrained: list[str] = []
         started = time.monotonic()
+        if s.announce:
+            s.announce(self._start_line(http))
         try:
             store_busy = False
             try:
@@ -235,7 +238,13 @@ class Runtime:
                 except store.StoreBusy as exc:
                     log.error("%s", exc)
             if s.progress:
-                s.progress(self.operator.progress_line(self.events_seen, time.monotonic() - started))
+                elapsed = time.monotonic() - started
+                s.progress(self.operator.progress_line(self.events_seen, self.events_seen / elapsed if elapsed else 0.0))
+            if s.announce:
+                why = ("stopped by a signal" if self._stop else "not drained" if undrained
+                       else "drained" if s.until_idle_s is not None else "stopped")
+                s.announce(f"stopped ({why}): {self.events_seen:,} events in {_duration_text(time.monotonic() - started)}"
+                           + (f"; store {s.store_path} at its last checkpoint" if self.store is not None else ""))
         finally:
             gc.unfreeze()  # a run inside a longer process (tests, the demo) hands them back
             self.source.close()
@@ -250,6 +259,16 @@ class Runtime:
             raise NotDrained(f"not drained after {s.until_idle_s + s.drain_timeout_s:.0f} s: " + "; ".join(undrained))
         return 0
 
+    def _start_line(self, http: WorkerHttp | None) -> str:
+        s = self.settings
+        parts = [f"started: reading {', '.join(self.source.topics)} from {s.kafka.bootstrap_servers} as group {s.group_id}"]
+        if self.store is not None:
+            parts.append(f"store {s.store_path}")
+        if s.slos is not None:
+            parts.append(f"{len(s.slos)} SLOs")
+        parts.append(f"HTTP on http://{s.http_host}:{http.port}" if http else "no HTTP port")
+        return "; ".join(parts)
+
     def _loop(self, http: WorkerHttp | None, started: float) -> list[str]:
         """Until stopped or drained; returns why it is not drained (empty: it is, or it was stopped)."""
         s = self.settings
@@ -258,6 +277,7 @@ class Runtime:
         published_ready = False
         refresh_every_s = s.signals_refresh_s
         last_progress = idle_since = time.monotonic()
+        last_events, last_line = self.events_seen, ""
         while not self._stop:
             # Minutes left open by a checkpoint's bound close before more is read.
             closing_behind = self.operator.closing_behind
@@ -311,8 +331,12 @@ class Runtime:
                 # (sent one by one, an alert resolved meanwhile would fire again there).
                 self.store.tick(deliver=self._caught_up_wall is not None)
             if s.progress and now - last_progress >= 1.0:
-                s.progress(self.operator.progress_line(self.events_seen, now - started))
-                last_progress = now
+                # Only when something changed (an idle worker says nothing), at the rate since the last line.
+                line = self.operator.progress_line(self.events_seen, (self.events_seen - last_events) / (now - last_progress))
+                if line != last_line:
+                    s.progress(line)
+                    last_line = line
+                last_events, last_progress = self.events_seen, now
             self.source.tick(now)
             self.topics.tick()
             assigned_at = self.source.assigned_at
@@ -439,3 +463,12 @@ class Runtime:
                 "state_bytes": self.state_bytes(),
                 "process_memory_bytes": self.process_memory(),
             }, fh)
+
+
+def _duration_text(seconds: float) -> str:
+    """`42 s`, `3 min 5 s`, `2 h 4 min`: a run's length as a person reads it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"

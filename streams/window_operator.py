@@ -218,6 +218,5 @@ class MinuteWindowOperator:
     def update_gauges(self) -> None:
         window_gauges(self.metrics, self.inputs.values())
 
-    def progress_line(self, events: int, elapsed_s: float) -> str:
-        rate = events / elapsed_s if elapsed_s > 0 else 0.0
-        return f"worker: {events:,} events ({rate:,.0f}/s), {self.buckets_closed:,} buckets closed"
+    def progress_line(self, events: int, rate_per_s: float) -> str:
+        return f"worker: {events:,} events ({rate_per_s:,.0f}/s), {self.buckets_closed:,} buckets closed"

@@ -229,6 +229,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         state_every_s=args.state_every,
         stats_file=args.stats_file,
         progress=progress,
+        announce=_announce(f"tailwatch worker{' --tier ' + args.tier if args.tier != 'all' else ''}"),
         stages=default_stages(args.detectors, tuple(args.alertmanager_url or ()), links,
                               FleetMetricsConfig(max_tenants=args.metrics_max_tenants,
                                                  max_label_sets=args.metrics_max_label_sets,
@@ -254,6 +255,15 @@ def _check_retention(settings: dict) -> None:
 
 
 WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwatch-tier2"}
+
+
+def _announce(who: str):
+    """A worker's start and stop lines on stderr, always (a status line in progress is ended first)."""
+    def say(line: str) -> None:
+        progress_done()
+        print(f"{who}: {line}", file=sys.stderr, flush=True)
+
+    return say
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -111,8 +111,19 @@ def test_produce_and_sql_round_trip(kafka, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "rejected 1: missing_field" in out and "rejected 1: unknown_schema" in out
     store = tmp_path / "s.duckdb"
-    r = tw("worker", "--store", str(store), "--until-idle", "2", "--http-port", "0", *common)
+    r = tw("worker", "--store", str(store), "--until-idle", "6", "--http-port", "0", *common)
     assert r.returncode == 0, r.stderr
+    # The worker says where it reads, writes and serves (the port it got for --http-port 0),
+    # a status line only when something changed, and why it stopped.
+    err = r.stderr.decode().splitlines()
+    start = next(line for line in err if line.startswith("tailwatch worker: started: "))
+    assert kafka.bootstrap_servers in start and f"store {store}" in start and "SLOs" in start
+    port = int(re.search(r"HTTP on http://127\.0\.0\.1:(\d+)", start).group(1))
+    assert port > 0
+    assert err[-1].startswith("tailwatch worker: stopped (drained): ") and f"store {store}" in err[-1]
+    status = [line for line in err if line.startswith("worker: ")]
+    assert status and all(a != b for a, b in zip(status, status[1:]))  # never the same line twice running
+    assert len(status) <= 6, status  # a 6 s idle tail prints nothing new
     r = tw("sql", "SELECT count(DISTINCT window_start) AS minutes FROM sli_minute", "--store", str(store), "--format", "json")
     assert json.loads(r.stdout) == {"minutes": 3}
     r = tw("sql", "SELECT nope FROM sli_minute", "--store", str(store))
