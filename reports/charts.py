@@ -79,11 +79,12 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float]) -> str:
+def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float],
+                labels: list[str] | None = None) -> str:
     """Stacked bars per day (fully loaded: GPU time in use + idle GPU time); flagged days outlined
-    in red with their rise."""
+    in red with their rise. `labels` name the bars (a day the data covers in part says so)."""
     if not days or not any(a + i > 0 for a, i in zip(in_use, idle)):
-        return _no_data("Daily GPU spend, fully loaded", "no GPU cost in this range")
+        return _no_data("GPU spend by day, fully loaded", "no GPU cost in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     x = list(range(len(days)))
     ax.bar(x, in_use, color=ATTRIBUTED, label="GPU time used by requests")
@@ -94,10 +95,12 @@ def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], fla
             ax.bar([xi], [total], fill=False, edgecolor=FLAG, linewidth=2.2)
             ax.annotate(f"+{flagged[day] * 100:.0f}% spend,\nsuccess flat", (xi, total), textcoords="offset points",
                         xytext=(0, 4), ha="center", va="bottom", color=FLAG, fontweight="bold", fontsize=8.5)
-    ax.set_xticks(x, [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 8 else 45)
+    ax.set_xticks(x, labels or [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 4 else 45,
+                  ha="center" if len(days) <= 4 else "right")
     ax.yaxis.set_major_formatter(_Usd())
-    ax.set_ylabel("GPU cost per day (USD)")
-    ax.set_title("Daily GPU spend, fully loaded")
+    # The cost of the data each day holds: a bar of two hours is two hours' spend, not a day's.
+    ax.set_ylabel("GPU cost of the day's data (USD)")
+    ax.set_title("GPU spend by day, fully loaded")
     ax.set_ylim(0, max(totals + [1e-9]) * 1.28)
     ax.legend(loc="upper left", fontsize=7.5, frameon=False, ncol=2)
     return _png(fig)

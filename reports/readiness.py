@@ -29,7 +29,8 @@ from urllib.parse import quote
 import polars as pl
 
 from alerts.alertmanager import AlertLinks
-from reports import html
+from reports import html, period
+from reports.cost_report import BASIS as COST_BASIS  # one name for the cost basis in both reports
 from signals.rollout import CanaryStory
 from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
 from slo import histogram
@@ -76,12 +77,17 @@ class ReadinessReport:
     cost: list[dict]
     rollback_path: str
     charts: dict[str, str] = field(default_factory=dict)
+    # The first minute with this model's traffic and the end of the last: what the figures cover.
+    data_from: dt.datetime | None = None
+    data_to: dt.datetime | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
         out.pop("charts")
         out["start"] = self.start.isoformat() if self.start else None
         out["end"] = self.end.isoformat() if self.end else None
+        out["data_from"] = self.data_from.isoformat() if self.data_from else None
+        out["data_to"] = self.data_to.isoformat() if self.data_to else None
         return out
 
 
@@ -306,18 +312,22 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
                              on=["window_start", "pool"], how="left")
     else:
         priced = priced.with_columns(pl.lit(1.0).alias("attribution_scale"))
-    cost = priced.group_by("model_version").agg(
+    # One basis leads, as in the cost report and the budget judge: fully loaded. The attributed
+    # rows follow, each naming its basis, since only they split by version.
+    per_version = priced.group_by("model_version").agg(
         (pl.col("gpu_seconds").fill_null(0) * pl.col("attribution_scale").fill_null(1.0) * pl.col("_usd")).sum()
-        .alias("attributed cost USD"),
-        pl.col("successful_turns").sum().alias("successful turns")).with_columns(
-        (pl.col("attributed cost USD") / pl.col("successful turns")).alias("attributed cost per successful turn USD"),
-    ).sort("model_version").rename({"model_version": "version"})
-    cost_rows = cost.to_dicts()
+        .alias("cost USD"),
+        pl.col("successful_turns").sum().alias("successful turns")).sort("model_version")
+    cost_rows = []
     if model_cost:
-        cost_rows.append({"version": "all (as in the cost report)", "attributed cost USD": model_cost["attributed_cost_usd"],
+        cost_rows.append({"version": "all", "basis": f"{COST_BASIS} (as in the cost report; the budget's basis)",
+                          "cost USD": model_cost["fully_loaded_cost_usd"],
                           "successful turns": model_cost["successful_turns"],
-                          "attributed cost per successful turn USD": model_cost["attributed_cost_per_successful_turn_usd"],
-                          "fully loaded cost per successful turn USD": model_cost["cost_per_successful_turn_usd"]})
+                          "cost per successful turn USD": model_cost["cost_per_successful_turn_usd"]})
+    cost_rows += [{"version": r["model_version"], "basis": "attributed (its requests' own GPU time, no idle time)",
+                   "cost USD": r["cost USD"], "successful turns": r["successful turns"],
+                   "cost per successful turn USD": r["cost USD"] / r["successful turns"] if r["successful turns"] else None}
+                  for r in per_version.to_dicts()]
     if not sku_of_pool:
         missing.append("GPU prices: no SKU seen for this model's pools; the default price was used")
     if cost_budget_per_turn_usd is not None:
@@ -335,7 +345,8 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
     # What the store could not tell is listed, not judged: some of it no store of buckets can know.
     verdict = "blocked" if blocked else ("ready with risks" if findings else "ready")
     return ReadinessReport(model, start, end, verdict, findings, missing, contract, latency, cold, memory, quality,
-                           slos, canary_rows, saturated, cost_rows, rollback_path)
+                           slos, canary_rows, saturated, cost_rows, rollback_path,
+                           data_from=req["window_start"].min(), data_to=req["window_start"].max() + dt.timedelta(minutes=1))
 
 
 def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
@@ -376,7 +387,7 @@ def _fmt(key: str, v) -> str:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if "bytes" in key:
             return f"{v / 2**30:,.1f} GiB"
-        if key.endswith("ratio") or key in ("stream_completion", "budget_left", "error_budget_remaining"):
+        if key.endswith("ratio") or key.startswith("kv_cache_usage") or key in ("stream_completion", "budget_left", "error_budget_remaining"):
             return f"{100 * v:,.2f}%"
         if "usd" in key.lower():
             return f"${v:,.5f}" if abs(v) < 1 else f"${v:,.2f}"
@@ -389,8 +400,15 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
+# Columns that would read alike from their keys alone (a peak in % and in GiB), named apart with their unit.
+HEADERS = {"gpu_memory_peak_ratio": "GPU memory peak (% of the GPU's)", "gpu_memory_peak_bytes": "GPU memory peak (GiB)",
+           "kv_cache_usage_max": "KV cache use, max (%)", "kv_cache_usage_p95": "KV cache use, p95 (%)"}
+
+
 def _header(key: str) -> str:
-    """`gpu_memory_peak_bytes` → `GPU memory peak`: words, units said by the values."""
+    """`error_budget_remaining` → `Error budget remaining`: words, units said by the values."""
+    if key in HEADERS:
+        return HEADERS[key]
     words = key.replace("_bytes", "").replace("_ratio", "").replace("_usd", " USD").replace("_", " ")
     for short, long in (("gpu", "GPU"), ("kv", "KV"), (" ms", " (ms)"), ("p95", "p95"), ("slo", "SLO")):
         words = words.replace(short, long)
@@ -406,8 +424,12 @@ def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str
     def cells(rows: list[dict]) -> list[list[str]]:
         return [[_fmt(k, r[k]) for k in rows[0]] for r in rows]
 
+    covered = (f"data for {report.model} from {period.minute_range_text(report.data_from, report.data_to)} "
+               f"({period.span_text(report.data_to - report.data_from)})") if report.data_from and report.data_to \
+        else "no data for this model"
+    requested = f"requested {report.start or 'the first bucket'} to {report.end or 'the last'}"
     return html.render(
-        "readiness.html", r=report, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
+        "readiness.html", r=report, covered=covered, requested=requested, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
         rows_headers=headers, rows_cells=cells, dashboards=dashboards_for(report.model, links),
         runbooks=[(title, links.runbook(path)) for title, path in RUNBOOKS])
 
