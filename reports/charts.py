@@ -27,6 +27,7 @@ IDLE = "#b9c7d8"
 FLAG = "#c62828"
 GOOD = "#2e7d32"
 GREY = "#616161"
+PAUSE = "#ef6c00"
 
 plt.rcParams.update({
     "font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.titleweight": "bold",
@@ -185,9 +186,11 @@ def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful
 
 def series_over_time(title: str, ylabel: str, times: list[dt.datetime], series: dict[str, list[float | None]],
                      step: dt.timedelta = dt.timedelta(minutes=1), percent: bool = False,
-                     threshold: float | None = None, threshold_label: str = "") -> str:
+                     threshold: float | None = None, threshold_label: str = "",
+                     bands: list[tuple[dt.datetime, dt.datetime, str]] | None = None) -> str:
     """One line per named series (a model version, a pool) over event time; a dashed line at
-    `threshold` (an SLO target) when given."""
+    `threshold` (an SLO target) when given; `bands` shade spans (from, to, label), such as the
+    minutes a rollout verdict said pause or rollback (red for rollback, amber otherwise)."""
     if not times or not any(_finite(v) for v in series.values()):
         return _no_data(title, "nothing measured in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
@@ -195,6 +198,9 @@ def series_over_time(title: str, ylabel: str, times: list[dt.datetime], series: 
     for name, values in series.items():
         ax.plot(times, [v if v is not None else float("nan") for v in values], linewidth=1.4,
                 marker="o" if few else None, markersize=3, label=name)
+    for start, end, label in bands or []:
+        ax.axvspan(start, end, color=FLAG if label.endswith("rollback") else PAUSE, alpha=0.12, lw=0,
+                   label=label if label not in ax.get_legend_handles_labels()[1] else None)
     if threshold is not None:
         ax.axhline(threshold, color=FLAG, linestyle="--", linewidth=1.0, label=threshold_label or None)
     _time_axis(ax, times, step)

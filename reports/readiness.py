@@ -56,6 +56,7 @@ class CanaryHistory:
 
     version: str
     story: CanaryStory
+    verdicts: tuple[tuple[int, str], ...] = ()  # (minute, verdict) for every minute replayed, oldest first
 
 
 @dataclass
@@ -80,10 +81,13 @@ class ReadinessReport:
     # The first minute with this model's traffic and the end of the last: what the figures cover.
     data_from: dt.datetime | None = None
     data_to: dt.datetime | None = None
+    # Per canary version, the verdict of every minute replayed (for the verdict chart's bands).
+    verdicts: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out.pop("charts")
+        out.pop("verdicts")
         out["start"] = self.start.isoformat() if self.start else None
         out["end"] = self.end.isoformat() if self.end else None
         out["data_from"] = self.data_from.isoformat() if self.data_from else None
@@ -346,7 +350,8 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
     verdict = "blocked" if blocked else ("ready with risks" if findings else "ready")
     return ReadinessReport(model, start, end, verdict, findings, missing, contract, latency, cold, memory, quality,
                            slos, canary_rows, saturated, cost_rows, rollback_path,
-                           data_from=req["window_start"].min(), data_to=req["window_start"].max() + dt.timedelta(minutes=1))
+                           data_from=req["window_start"].min(), data_to=req["window_start"].max() + dt.timedelta(minutes=1),
+                           verdicts={c.version: c.verdicts for c in canaries if c.verdicts})
 
 
 def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
@@ -357,24 +362,64 @@ def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
 
 
 # ---- the page ---------------------------------------------------------------------------
-def _charts(report: ReadinessReport, requests: pl.DataFrame) -> dict[str, str]:
+HALTED = ("pause", "rollback")
+
+
+def judged_quantile(requests: pl.DataFrame, column: str, q: float, window_minutes: int) -> tuple[list[int], dict[str, list]]:
+    """Per version and minute, the `q` quantile of `column` over the trailing `window_minutes`
+    minutes up to and including that minute: the window the rollout verdict compares (its
+    newest `rollout_window_minutes`), so a canary that recovered at one minute still reads
+    slow until its slow minutes leave the window, as the verdict does."""
+    req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+    minutes = list(range(int(req["_m"].min()), int(req["_m"].max()) + 1))
+    out: dict[str, list] = {}
+    for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
+        by_m = {m: part for (m,), part in rows.partition_by("_m", as_dict=True).items()}
+        series = []
+        for m in minutes:
+            parts = [by_m[k] for k in range(m - window_minutes + 1, m + 1) if k in by_m]
+            series.append(_hist_q(pl.concat(parts), column, (q,))[0] if parts else None)
+        out[version or "(none)"] = series
+    return minutes, out
+
+
+def verdict_bands(verdicts: tuple[tuple[int, str], ...]) -> list[tuple[int, int, str]]:
+    """Runs of halted minutes: (first minute, first minute after, verdict), oldest first."""
+    bands: list[tuple[int, int, str]] = []
+    for minute, verdict in verdicts:
+        if verdict not in HALTED:
+            continue
+        if bands and bands[-1][2] == verdict and bands[-1][1] == minute:
+            bands[-1] = (bands[-1][0], minute + 1, verdict)
+        else:
+            bands.append((minute, minute + 1, verdict))
+    return bands
+
+
+def _time(minute: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(minute * 60, tz=dt.timezone.utc).replace(tzinfo=None)
+
+
+def _charts(report: ReadinessReport, requests: pl.DataFrame, window_minutes: int) -> dict[str, str]:
     from reports import charts
 
     if requests.height == 0:
         return {}
     req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
-    minutes = list(range(int(req["_m"].min()), int(req["_m"].max()) + 1))
-    times = [dt.datetime.fromtimestamp(m * 60, tz=dt.timezone.utc).replace(tzinfo=None) for m in minutes]
-    fo, err = {}, {}
+    minutes, judged = judged_quantile(requests, "first_output_ms_hist", 0.95, window_minutes)
+    times = [_time(m) for m in minutes]
+    err = {}
     for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
         by_m = {m: part for (m,), part in rows.partition_by("_m", as_dict=True).items()}
-        fo[version or "(none)"] = [(_hist_q(by_m[m], "first_output_ms_hist", (0.95,))[0] if m in by_m else None)
-                                   for m in minutes]
         err[version or "(none)"] = [(_ratio(float((by_m[m]["errors"] + by_m[m]["timeouts"]).sum()),
                                             float(by_m[m]["requests"].sum())) if m in by_m else None) for m in minutes]
+    bands = [(_time(a), _time(b), f"{version}: {verdict}") for version, steps in sorted(report.verdicts.items())
+             for a, b, verdict in verdict_bands(steps)]
     name = FIRST_OUTPUT_NAME.get(report.contract.get("workload", ""), "first output")
     return {
-        "latency": charts.series_over_time(f"{name.capitalize()} p95 by version", "ms", times, fo),
+        "latency": charts.series_over_time(
+            f"{name.capitalize()} p95 by version over the trailing {window_minutes} min the rollout verdict judges",
+            "ms", times, judged, bands=bands),
         "errors": charts.series_over_time("Error ratio by version (errors and timeouts)", "share of attempts",
                                           times, err, percent=True),
     }
@@ -415,7 +460,7 @@ def _header(key: str) -> str:
     return words[:1].upper() + words[1:]
 
 
-def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str:
+def render_html(report: ReadinessReport, links: AlertLinks | None = None, window_minutes: int = 30) -> str:
     links = links or AlertLinks()
 
     def headers(rows: list[dict]) -> list[tuple[str, bool]]:
@@ -429,7 +474,7 @@ def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str
         else "no data for this model"
     requested = f"requested {report.start or 'the first bucket'} to {report.end or 'the last'}"
     return html.render(
-        "readiness.html", r=report, covered=covered, requested=requested, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
+        "readiness.html", r=report, covered=covered, requested=requested, window_minutes=window_minutes, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
         rows_headers=headers, rows_cells=cells, dashboards=dashboards_for(report.model, links),
         runbooks=[(title, links.runbook(path)) for title, path in RUNBOOKS])
 
@@ -439,13 +484,15 @@ RUNBOOKS = (("An SLO burns its budget", "runbooks/slo-burn.md"), ("A queue grows
             ("A version behaves unlike itself", "runbooks/detector-anomaly.md"))
 
 
-def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir, links: AlertLinks | None = None) -> list:
+def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir, links: AlertLinks | None = None,
+                    window_minutes: int = 30) -> list:
+    """`window_minutes`: the rollout verdict's window (`rollout_window_minutes`), which the latency chart shows."""
     import json
     from pathlib import Path
 
     out = Path(out_dir)
-    report.charts = _charts(report, requests)
-    page = render_html(report, links)
+    report.charts = _charts(report, requests, window_minutes)
+    page = render_html(report, links, window_minutes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "readiness.html").write_text(page, encoding="utf-8")
     (out / "readiness.json").write_text(json.dumps(report.to_json(), indent=2, default=str), encoding="utf-8")

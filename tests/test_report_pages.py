@@ -23,7 +23,8 @@ MODEL = "llama-3.1-70b"
 @pytest.fixture(scope="module")
 def two_hour_store(broker, tmp_path_factory):
     """Two hours of the demo's mixed fleet: a slow canary from 00:55, batch jobs in a realtime pool."""
-    path, _ = _store_from(broker, tmp_path_factory, "mixed-fleet", 120, "2026-11-02T00:00:00Z")
+    # A tenth of the demo's traffic: enough requests for the rollout verdict to act on the canary.
+    path, _ = _store_from(broker, tmp_path_factory, "mixed-fleet", 120, "2026-11-02T00:00:00Z", rate_scale=0.1)
     return path
 
 
@@ -117,3 +118,27 @@ def test_every_table_fits_a_1400px_window_in_chromium(pages, tmp_path):
         assert len(tables) >= 5, (name, tables)
         wider = [t for t in tables if t["table_px"] > t["box_px"]]
         assert not wider, (name, wider)
+
+
+def test_verdict_chart_shows_the_window_the_verdict_judged(two_hour_store):
+    """The canary is slow from 00:55 to 01:25. Minute by minute its p95 recovers at 01:25; the
+    rollout verdict compares its trailing 30 minutes and says rollback for longer. The chart
+    plots that trailing window, so its line stays high while the verdict band lasts."""
+    from reports.readiness import judged_quantile, verdict_bands
+    from signals.live import SignalPolicy
+    from tailwatch.backtest import backtest_rollout, read_buckets
+
+    requests, gpu = read_buckets(str(two_hour_store), None, None, models=[MODEL])
+    policy = SignalPolicy()
+    minutes, judged = judged_quantile(requests, "first_output_ms_hist", 0.95, policy.rollout_window_minutes)
+    _, per_minute = judged_quantile(requests, "first_output_ms_hist", 0.95, 1)
+    steps = backtest_rollout(requests, gpu, MODEL, "2024-11", policy).steps
+    bands = verdict_bands(tuple((s.minute, s.verdict) for s in steps))
+    rollback = [b for b in bands if b[2] == "rollback"]
+    assert rollback, bands
+    start = minutes[0]
+    recovered = start + 90  # 01:30: five minutes after the slowdown ended
+    i = minutes.index(recovered)
+    assert per_minute["2024-11"][i] < 1.5 * per_minute["2024-07"][i]  # this minute alone looks healthy
+    assert judged["2024-11"][i] > 1.5 * judged["2024-07"][i]  # the window the verdict reads does not
+    assert any(a <= recovered < b for a, b, _ in rollback), (recovered, rollback)

@@ -238,10 +238,10 @@ def test_report_times_parse_as_utc():
 
 # ---- end to end: simulator → broker → worker → store → report ------------------------------
 
-def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: str):
+def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: str, rate_scale: float = 0.01):
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka, partitions=2)
-    sim = FleetSimulator(scenario, minutes, seed=5, start=start, rate_scale=0.01, gpu_samples_per_minute=1)
+    sim = FleetSimulator(scenario, minutes, seed=5, start=start, rate_scale=rate_scale, gpu_samples_per_minute=1)
     pub = EventPublisher(kafka)
     pub.publish_events(sim.events())
     pub.close()
