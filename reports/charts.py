@@ -27,6 +27,7 @@ IDLE = "#b9c7d8"
 FLAG = "#c62828"
 GOOD = "#2e7d32"
 GREY = "#616161"
+PAUSE = "#ef6c00"
 
 plt.rcParams.update({
     "font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.titleweight": "bold",
@@ -79,11 +80,12 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float]) -> str:
+def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], flagged: dict[dt.date, float],
+                labels: list[str] | None = None) -> str:
     """Stacked bars per day (fully loaded: GPU time in use + idle GPU time); flagged days outlined
-    in red with their rise."""
+    in red with their rise. `labels` name the bars (a day the data covers in part says so)."""
     if not days or not any(a + i > 0 for a, i in zip(in_use, idle)):
-        return _no_data("Daily GPU spend, fully loaded", "no GPU cost in this range")
+        return _no_data("GPU spend by day, fully loaded", "no GPU cost in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     x = list(range(len(days)))
     ax.bar(x, in_use, color=ATTRIBUTED, label="GPU time used by requests")
@@ -94,10 +96,12 @@ def daily_spend(days: list[dt.date], in_use: list[float], idle: list[float], fla
             ax.bar([xi], [total], fill=False, edgecolor=FLAG, linewidth=2.2)
             ax.annotate(f"+{flagged[day] * 100:.0f}% spend,\nsuccess flat", (xi, total), textcoords="offset points",
                         xytext=(0, 4), ha="center", va="bottom", color=FLAG, fontweight="bold", fontsize=8.5)
-    ax.set_xticks(x, [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 8 else 45)
+    ax.set_xticks(x, labels or [d.strftime("%a %d %b") for d in days], rotation=0 if len(days) <= 4 else 45,
+                  ha="center" if len(days) <= 4 else "right")
     ax.yaxis.set_major_formatter(_Usd())
-    ax.set_ylabel("GPU cost per day (USD)")
-    ax.set_title("Daily GPU spend, fully loaded")
+    # The cost of the data each day holds: a bar of two hours is two hours' spend, not a day's.
+    ax.set_ylabel("GPU cost of the day's data (USD)")
+    ax.set_title("GPU spend by day, fully loaded")
     ax.set_ylim(0, max(totals + [1e-9]) * 1.28)
     ax.legend(loc="upper left", fontsize=7.5, frameon=False, ncol=2)
     return _png(fig)
@@ -182,9 +186,11 @@ def goodput_vs_throughput(times: list[dt.datetime], turns: list[int], successful
 
 def series_over_time(title: str, ylabel: str, times: list[dt.datetime], series: dict[str, list[float | None]],
                      step: dt.timedelta = dt.timedelta(minutes=1), percent: bool = False,
-                     threshold: float | None = None, threshold_label: str = "") -> str:
+                     threshold: float | None = None, threshold_label: str = "",
+                     bands: list[tuple[dt.datetime, dt.datetime, str]] | None = None) -> str:
     """One line per named series (a model version, a pool) over event time; a dashed line at
-    `threshold` (an SLO target) when given."""
+    `threshold` (an SLO target) when given; `bands` shade spans (from, to, label), such as the
+    minutes a rollout verdict said pause or rollback (red for rollback, amber otherwise)."""
     if not times or not any(_finite(v) for v in series.values()):
         return _no_data(title, "nothing measured in this range")
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
@@ -192,6 +198,9 @@ def series_over_time(title: str, ylabel: str, times: list[dt.datetime], series: 
     for name, values in series.items():
         ax.plot(times, [v if v is not None else float("nan") for v in values], linewidth=1.4,
                 marker="o" if few else None, markersize=3, label=name)
+    for start, end, label in bands or []:
+        ax.axvspan(start, end, color=FLAG if label.endswith("rollback") else PAUSE, alpha=0.12, lw=0,
+                   label=label if label not in ax.get_legend_handles_labels()[1] else None)
     if threshold is not None:
         ax.axhline(threshold, color=FLAG, linestyle="--", linewidth=1.0, label=threshold_label or None)
     _time_axis(ax, times, step)

@@ -25,7 +25,7 @@ from markupsafe import Markup
 from planning import cost
 from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
 import store
-from reports import html
+from reports import html, period
 from reports.csv_out import write_frame
 from reports.html import count, note, pct, scale, usd
 from planning.work_estimate import DEFAULT_PROMPT_WEIGHT
@@ -100,6 +100,8 @@ class CostReport:
     flags: list[cost.SpendRise]
     scaling: cost.AttributionScaling  # when and by how much attributed GPU-seconds were scaled down
     bases: pl.DataFrame = field(default_factory=pl.DataFrame)  # per pool and basis (attribution_bases)
+    # The first minute with data in the range and the end of the last one: what the figures cover.
+    covered: tuple[dt.datetime, dt.datetime] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -126,6 +128,15 @@ def _data_range(con: duckdb.DuckDBPyConnection) -> tuple[dt.datetime, dt.datetim
         "SELECT min(lo), max(hi) FROM (SELECT min(window_start) lo, max(window_start) hi FROM sli_minute "
         f"UNION ALL SELECT min(window_start), max(window_start) FROM gpu_minute {rolled})").fetchall()[0]
     return None if lo is None else (lo, hi + dt.timedelta(minutes=1))
+
+
+def _covered(con: duckdb.DuckDBPyConnection, start: dt.datetime, end: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """The first minute with data in [start, end) and the end of the last one."""
+    rolled = "UNION ALL SELECT window_start FROM rolled_minute" if _rolled(con) else ""
+    lo, hi = con.execute(
+        "SELECT min(m), max(m) FROM (SELECT window_start AS m FROM sli_minute UNION ALL "
+        f"SELECT window_start FROM gpu_minute {rolled}) WHERE m >= ? AND m < ?", [start, end]).fetchall()[0]
+    return lo, hi + dt.timedelta(minutes=1)
 
 
 def _period(unit: str) -> str:
@@ -283,7 +294,7 @@ def build_report(con: duckdb.DuckDBPyConnection, store_path: str, start: dt.date
     timings["compute_s"] = time.perf_counter() - t1
     return CostReport(store_path=store_path, range=rng, data_range=data, prices=prices, prices_source=prices_source,
                       daily=daily, per_day=per_day, trend=trend, trend_unit=unit, flags=flags, scaling=scaling,
-                      bases=bases, timings=timings)
+                      bases=bases, covered=_covered(con, start, end), timings=timings)
 
 
 def model_costs(con: duckdb.DuckDBPyConnection, model: str, start: dt.datetime | None, end: dt.datetime | None,
@@ -370,6 +381,8 @@ def run_cost_report(store_path: str, start: dt.datetime | None, end: dt.datetime
 # ---- HTML (reports/templates/cost.html) ---------------------------------------------------------
 
 SCALE_HEADER = "Attribution scale (attributed ÷ reported GPU-s)"
+# The cost basis of the headline, the unit costs and the budget judge, named alike in both reports.
+BASIS = "fully loaded"
 
 
 def render_html(report: CostReport, say: Callable[[str], None]) -> str:
@@ -384,9 +397,10 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
 
     say("report cost: drawing charts (1/4, daily spend)")
     days = [r["period"] for r in per_day_rows]
+    labels = [period.day_label(r["period"], r["minutes_with_data"]) for r in per_day_rows]
     chart_daily = charts.daily_spend(
         days, [r["fully_loaded_cost_usd"] - r["idle_cost_usd"] for r in per_day_rows],
-        [r["idle_cost_usd"] for r in per_day_rows], flagged)
+        [r["idle_cost_usd"] for r in per_day_rows], flagged, labels=labels)
     say("report cost: drawing charts (2/4, cost per successful turn)")
     trend = report.trend.sort("period").to_dicts()
     times = [r["period"] if isinstance(r["period"], dt.datetime) else dt.datetime.combine(r["period"], dt.time())
@@ -406,14 +420,20 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
 
     fleet_gs = float(detail["fully_loaded_gpu_seconds"].sum()) if detail.height else 0.0
     idle_share = total["idle_cost_usd"] / total["fully_loaded_cost_usd"] if total["fully_loaded_cost_usd"] else None
-    # The fleet total carries its unrounded value, for scripts that check a report.
+    covered = report.covered or (max(report.range.start, report.data_range[0]), min(report.range.end, report.data_range[1]))
+    span = covered[1] - covered[0]
+    rate = period.per_day_rate(report.daily.fleet_total_usd, span)
+    # The fleet total carries its unrounded value, for scripts that check a report. It is the
+    # spend over the period with data, said with its length: never a day's unless a day is covered.
     cards = [
-        (f"${usd(report.daily.fleet_total_usd)}", "fleet GPU cost, fully loaded", "fleet-total-usd",
-         f"{report.daily.fleet_total_usd:.6f}"),
+        (f"${usd(report.daily.fleet_total_usd)}", f"fleet GPU cost, {BASIS}, over {period.span_text(span)} of data",
+         "fleet-total-usd", f"{report.daily.fleet_total_usd:.6f}"),
+        *([(f"${usd(rate)} per day", f"rate: {BASIS} cost ÷ {period.span_text(span)} × 24 h", "per-day-rate",
+            f"{rate:.6f}")] if rate is not None else []),
         (f"${usd(total['attributed_cost_usd'])}", "attributed to requests", "", ""),
         (f"${usd(total['idle_cost_usd'])} ({pct(idle_share, 0)}%)", "idle GPU cost", "", ""),
         (f"{fleet_gs / 3600:,.1f} GPU-h", "fleet GPU time", "", ""),
-        (f"${usd(total['cost_per_successful_turn_usd'], unit=True)}", "per successful turn, fully loaded", "", ""),
+        (f"${usd(total['cost_per_successful_turn_usd'], unit=True)}", f"per successful turn, {BASIS}", "", ""),
         (f"{pct(total['goodput_ratio'])}%", f"goodput ({count(total['successful_turns'])} of {count(total['turns'])} turns)",
          "", ""),
     ]
@@ -422,7 +442,7 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
     flag_of_day = {f.day: f for f in report.flags}
     for r in per_day_rows:
         f = flag_of_day.get(r["period"])
-        day = r["period"].isoformat()
+        day = period.day_label(r["period"], r["minutes_with_data"])
         day_rows.append([
             day if r["period"] in rng_days else Markup("{} {}").format(day, note("(baseline)")),
             f"{r['minutes_with_data'] / 60:.1f}", usd(r["fully_loaded_cost_usd"]), usd(r["attributed_cost_usd"]),
@@ -452,12 +472,14 @@ def render_html(report: CostReport, say: Callable[[str], None]) -> str:
 
     return html.render(
         "cost.html", range=str(report.range), store_path=report.store_path, data_from=_iso(report.data_range[0]),
-        data_to=_iso(report.data_range[1]), flags=[f.summary() for f in report.flags],
+        data_to=_iso(report.data_range[1]), covered=period.minute_range_text(*covered), covered_span=period.span_text(span),
+        partial=span < report.range.end - report.range.start, basis=BASIS, flags=[f.summary() for f in report.flags],
         biggest_rise=max((f.rise_ratio for f in report.flags), default=0.0), rise_threshold=RISE_THRESHOLD,
         baseline_days=BASELINE_DAYS, success_epsilon=SUCCESS_EPSILON, cards=cards,
         scaling_material=report.scaling.material, overall_scale=report.scaling.overall_scale or 1.0,
         scaling_sentence=report.scaling.sentence(),
-        charts=[(chart_daily, "Daily GPU spend, fully loaded, split into GPU time used by requests and idle GPU time"),
+        charts=[(chart_daily, "GPU spend by day, fully loaded, split into GPU time used by requests and idle GPU time; "
+                              "days the data covers in part say how many hours"),
                 (chart_trend, "Cost per successful turn over time, fully loaded and attributed"),
                 (chart_tenants, "Fully loaded GPU cost by tenant"),
                 (chart_goodput, "Goodput (successful turns) against throughput (all turns) over time")],

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from alerts.alertmanager import AlertLinks
-from reports import html
+from reports import html, period
+from reports.cost_report import BASIS as COST_BASIS  # one name for the cost basis in both reports
 from signals.rollout import CanaryStory
 from dashboards.uids import UID_CANARY, UID_GPU, UID_LATENCY, UID_SLO
 from slo import histogram
@@ -54,6 +55,7 @@ class CanaryHistory:
 
     version: str
     story: CanaryStory
+    verdicts: tuple[tuple[int, str], ...] = ()  # (minute, verdict) for every minute replayed, oldest first
 
 
 @dataclass
@@ -75,12 +77,20 @@ class ReadinessReport:
     cost: list[dict]
     rollback_path: str
     charts: dict[str, str] = field(default_factory=dict)
+    # The first minute with this model's traffic and the end of the last: what the figures cover.
+    data_from: dt.datetime | None = None
+    data_to: dt.datetime | None = None
+    # Per canary version, the verdict of every minute replayed (for the verdict chart's bands).
+    verdicts: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out.pop("charts")
+        out.pop("verdicts")
         out["start"] = self.start.isoformat() if self.start else None
         out["end"] = self.end.isoformat() if self.end else None
+        out["data_from"] = self.data_from.isoformat() if self.data_from else None
+        out["data_to"] = self.data_to.isoformat() if self.data_to else None
         return out
 
 
@@ -305,18 +315,22 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
                              on=["window_start", "pool"], how="left")
     else:
         priced = priced.with_columns(pl.lit(1.0).alias("attribution_scale"))
-    cost = priced.group_by("model_version").agg(
+    # One basis leads, as in the cost report and the budget judge: fully loaded. The attributed
+    # rows follow, each naming its basis, since only they split by version.
+    per_version = priced.group_by("model_version").agg(
         (pl.col("gpu_seconds").fill_null(0) * pl.col("attribution_scale").fill_null(1.0) * pl.col("_usd")).sum()
-        .alias("attributed cost USD"),
-        pl.col("successful_turns").sum().alias("successful turns")).with_columns(
-        (pl.col("attributed cost USD") / pl.col("successful turns")).alias("attributed cost per successful turn USD"),
-    ).sort("model_version").rename({"model_version": "version"})
-    cost_rows = cost.to_dicts()
+        .alias("cost USD"),
+        pl.col("successful_turns").sum().alias("successful turns")).sort("model_version")
+    cost_rows = []
     if model_cost:
-        cost_rows.append({"version": "all (as in the cost report)", "attributed cost USD": model_cost["attributed_cost_usd"],
+        cost_rows.append({"version": "all", "basis": f"{COST_BASIS} (as in the cost report; the budget's basis)",
+                          "cost USD": model_cost["fully_loaded_cost_usd"],
                           "successful turns": model_cost["successful_turns"],
-                          "attributed cost per successful turn USD": model_cost["attributed_cost_per_successful_turn_usd"],
-                          "fully loaded cost per successful turn USD": model_cost["cost_per_successful_turn_usd"]})
+                          "cost per successful turn USD": model_cost["cost_per_successful_turn_usd"]})
+    cost_rows += [{"version": r["model_version"], "basis": "attributed (its requests' own GPU time, no idle time)",
+                   "cost USD": r["cost USD"], "successful turns": r["successful turns"],
+                   "cost per successful turn USD": r["cost USD"] / r["successful turns"] if r["successful turns"] else None}
+                  for r in per_version.to_dicts()]
     if not sku_of_pool:
         missing.append("GPU prices: no SKU seen for this model's pools; the default price was used")
     if cost_budget_per_turn_usd is not None:
@@ -334,7 +348,9 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
     # What the store could not tell is listed, not judged: some of it no store of buckets can know.
     verdict = "blocked" if blocked else ("ready with risks" if findings else "ready")
     return ReadinessReport(model, start, end, verdict, findings, missing, contract, latency, cold, memory, quality,
-                           slos, canary_rows, saturated, cost_rows, rollback_path)
+                           slos, canary_rows, saturated, cost_rows, rollback_path,
+                           data_from=req["window_start"].min(), data_to=req["window_start"].max() + dt.timedelta(minutes=1),
+                           verdicts={c.version: c.verdicts for c in canaries if c.verdicts})
 
 
 def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
@@ -345,24 +361,64 @@ def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
 
 
 # ---- the page ---------------------------------------------------------------------------
-def _charts(report: ReadinessReport, requests: pl.DataFrame) -> dict[str, str]:
+HALTED = ("pause", "rollback")
+
+
+def judged_quantile(requests: pl.DataFrame, column: str, q: float, window_minutes: int) -> tuple[list[int], dict[str, list]]:
+    """Per version and minute, the `q` quantile of `column` over the trailing `window_minutes`
+    minutes up to and including that minute: the window the rollout verdict compares (its
+    newest `rollout_window_minutes`), so a canary that recovered at one minute still reads
+    slow until its slow minutes leave the window, as the verdict does."""
+    req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
+    minutes = list(range(int(req["_m"].min()), int(req["_m"].max()) + 1))
+    out: dict[str, list] = {}
+    for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
+        by_m = {m: part for (m,), part in rows.partition_by("_m", as_dict=True).items()}
+        series = []
+        for m in minutes:
+            parts = [by_m[k] for k in range(m - window_minutes + 1, m + 1) if k in by_m]
+            series.append(_hist_q(pl.concat(parts), column, (q,))[0] if parts else None)
+        out[version or "(none)"] = series
+    return minutes, out
+
+
+def verdict_bands(verdicts: tuple[tuple[int, str], ...]) -> list[tuple[int, int, str]]:
+    """Runs of halted minutes: (first minute, first minute after, verdict), oldest first."""
+    bands: list[tuple[int, int, str]] = []
+    for minute, verdict in verdicts:
+        if verdict not in HALTED:
+            continue
+        if bands and bands[-1][2] == verdict and bands[-1][1] == minute:
+            bands[-1] = (bands[-1][0], minute + 1, verdict)
+        else:
+            bands.append((minute, minute + 1, verdict))
+    return bands
+
+
+def _time(minute: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(minute * 60, tz=dt.timezone.utc).replace(tzinfo=None)
+
+
+def _charts(report: ReadinessReport, requests: pl.DataFrame, window_minutes: int) -> dict[str, str]:
     from reports import charts
 
     if requests.height == 0:
         return {}
     req = requests.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
-    minutes = list(range(int(req["_m"].min()), int(req["_m"].max()) + 1))
-    times = [dt.datetime.fromtimestamp(m * 60, tz=dt.timezone.utc).replace(tzinfo=None) for m in minutes]
-    fo, err = {}, {}
+    minutes, judged = judged_quantile(requests, "first_output_ms_hist", 0.95, window_minutes)
+    times = [_time(m) for m in minutes]
+    err = {}
     for (version,), rows in sorted(req.partition_by("model_version", as_dict=True).items()):
         by_m = {m: part for (m,), part in rows.partition_by("_m", as_dict=True).items()}
-        fo[version or "(none)"] = [(_hist_q(by_m[m], "first_output_ms_hist", (0.95,))[0] if m in by_m else None)
-                                   for m in minutes]
         err[version or "(none)"] = [(_ratio(float((by_m[m]["errors"] + by_m[m]["timeouts"]).sum()),
                                             float(by_m[m]["requests"].sum())) if m in by_m else None) for m in minutes]
+    bands = [(_time(a), _time(b), f"{version}: {verdict}") for version, steps in sorted(report.verdicts.items())
+             for a, b, verdict in verdict_bands(steps)]
     name = FIRST_OUTPUT_NAME.get(report.contract.get("workload", ""), "first output")
     return {
-        "latency": charts.series_over_time(f"{name.capitalize()} p95 by version", "ms", times, fo),
+        "latency": charts.series_over_time(
+            f"{name.capitalize()} p95 by version over the trailing {window_minutes} min the rollout verdict judges",
+            "ms", times, judged, bands=bands),
         "errors": charts.series_over_time("Error ratio by version (errors and timeouts)", "share of attempts",
                                           times, err, percent=True),
     }
@@ -375,7 +431,7 @@ def _fmt(key: str, v) -> str:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if "bytes" in key:
             return f"{v / 2**30:,.1f} GiB"
-        if key.endswith("ratio") or key in ("stream_completion", "budget_left", "error_budget_remaining"):
+        if key.endswith("ratio") or key.startswith("kv_cache_usage") or key in ("stream_completion", "budget_left", "error_budget_remaining"):
             return f"{100 * v:,.2f}%"
         if "usd" in key.lower():
             return f"${v:,.5f}" if abs(v) < 1 else f"${v:,.2f}"
@@ -388,15 +444,22 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
+# Columns that would read alike from their keys alone (a peak in % and in GiB), named apart with their unit.
+HEADERS = {"gpu_memory_peak_ratio": "GPU memory peak (% of the GPU's)", "gpu_memory_peak_bytes": "GPU memory peak (GiB)",
+           "kv_cache_usage_max": "KV cache use, max (%)", "kv_cache_usage_p95": "KV cache use, p95 (%)"}
+
+
 def _header(key: str) -> str:
-    """`gpu_memory_peak_bytes` → `GPU memory peak`: words, units said by the values."""
+    """`error_budget_remaining` → `Error budget remaining`: words, units said by the values."""
+    if key in HEADERS:
+        return HEADERS[key]
     words = key.replace("_bytes", "").replace("_ratio", "").replace("_usd", " USD").replace("_", " ")
     for short, long in (("gpu", "GPU"), ("kv", "KV"), (" ms", " (ms)"), ("p95", "p95"), ("slo", "SLO")):
         words = words.replace(short, long)
     return words[:1].upper() + words[1:]
 
 
-def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str:
+def render_html(report: ReadinessReport, links: AlertLinks | None = None, window_minutes: int = 30) -> str:
     links = links or AlertLinks()
 
     def headers(rows: list[dict]) -> list[tuple[str, bool]]:
@@ -405,8 +468,12 @@ def render_html(report: ReadinessReport, links: AlertLinks | None = None) -> str
     def cells(rows: list[dict]) -> list[list[str]]:
         return [[_fmt(k, r[k]) for k in rows[0]] for r in rows]
 
+    covered = (f"data for {report.model} from {period.minute_range_text(report.data_from, report.data_to)} "
+               f"({period.span_text(report.data_to - report.data_from)})") if report.data_from and report.data_to \
+        else "no data for this model"
+    requested = f"requested {report.start or 'the first bucket'} to {report.end or 'the last'}"
     return html.render(
-        "readiness.html", r=report, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
+        "readiness.html", r=report, covered=covered, requested=requested, window_minutes=window_minutes, box={"ready": "ok", "ready with risks": "scaled", "blocked": "callout"}[report.verdict],
         rows_headers=headers, rows_cells=cells, dashboards=dashboards_for(report.model, links),
         runbooks=[(title, links.runbook(path)) for title, path in RUNBOOKS])
 
@@ -416,13 +483,15 @@ RUNBOOKS = (("An SLO burns its budget", "runbooks/slo-burn.md"), ("A queue grows
             ("A version behaves unlike itself", "runbooks/detector-anomaly.md"))
 
 
-def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir, links: AlertLinks | None = None) -> list:
+def write_readiness(report: ReadinessReport, requests: pl.DataFrame, out_dir, links: AlertLinks | None = None,
+                    window_minutes: int = 30) -> list:
+    """`window_minutes`: the rollout verdict's window (`rollout_window_minutes`), which the latency chart shows."""
     import json
     from pathlib import Path
 
     out = Path(out_dir)
-    report.charts = _charts(report, requests)
-    page = render_html(report, links)
+    report.charts = _charts(report, requests, window_minutes)
+    page = render_html(report, links, window_minutes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "readiness.html").write_text(page, encoding="utf-8")
     (out / "readiness.json").write_text(json.dumps(report.to_json(), indent=2, default=str), encoding="utf-8")

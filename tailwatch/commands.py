@@ -917,9 +917,10 @@ def _report_readiness(args: argparse.Namespace) -> int:
         progress(f"report readiness: replaying {args.model}'s canaries through the rollout verdict")
         versions = requests.filter(requests["deployment"] != "stable")["model_version"].unique().sort().to_list()
         for version in (v for v in versions if v):
-            story = backtest_rollout(requests, gpu, args.model, version, policy, prices).story()
+            replayed = backtest_rollout(requests, gpu, args.model, version, policy, prices)
+            story = replayed.story()
             if story is not None:
-                canaries.append(CanaryHistory(version, story))
+                canaries.append(CanaryHistory(version, story, tuple((s.minute, s.verdict) for s in replayed.steps)))
         progress_done()
     from reports.cost_report import minute_scales, model_costs
     import store as tw_store
@@ -932,7 +933,7 @@ def _report_readiness(args: argparse.Namespace) -> int:
         con.close()
     report = build_readiness(args.model, requests, gpu, specs, prices, canaries, policy.autoscale.queue_age_slo_ms,
                              start, end, args.cost_budget_per_turn, scales, model_cost)
-    files = write_readiness(report, requests, args.out, alert_links(args))
+    files = write_readiness(report, requests, args.out, alert_links(args), policy.rollout_window_minutes)
     print(f"{args.model}: {report.verdict}; wrote {', '.join(str(f) for f in files)}")
     for f in report.findings:
         print(f"  {f.severity}: {f.what}")

@@ -215,8 +215,9 @@ def check_readiness_on_the_demo_store(store, tmp_path, demo_canary_line: str):
     import polars as pl
     rows = pl.read_csv(tmp_path / "cost" / "cost.csv").filter(pl.col("model") == "llama-3.1-70b")
     fully_loaded = rows["fully_loaded_cost_usd"].sum() / rows["successful_turns"].sum()
-    mine = next(r for r in report["cost"] if r["version"].startswith("all"))
-    assert abs(mine["fully loaded cost per successful turn USD"] - fully_loaded) < 1e-9, (mine, fully_loaded)
+    mine = report["cost"][0]
+    assert mine["version"] == "all" and mine["basis"].startswith("fully loaded"), mine
+    assert abs(mine["cost per successful turn USD"] - fully_loaded) < 1e-9, (mine, fully_loaded)
     unknown = subprocess.run([sys.executable, "-m", "tailwatch", "report", "readiness", "--model", "no-such-model",
                               "--store", str(store), "--out", str(tmp_path / "none")], capture_output=True, text=True)
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr

@@ -238,10 +238,10 @@ def test_report_times_parse_as_utc():
 
 # ---- end to end: simulator → broker → worker → store → report ------------------------------
 
-def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: str):
+def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: str, rate_scale: float = 0.01):
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka, partitions=2)
-    sim = FleetSimulator(scenario, minutes, seed=5, start=start, rate_scale=0.01, gpu_samples_per_minute=1)
+    sim = FleetSimulator(scenario, minutes, seed=5, start=start, rate_scale=rate_scale, gpu_samples_per_minute=1)
     pub = EventPublisher(kafka)
     pub.publish_events(sim.events())
     pub.close()
@@ -288,6 +288,11 @@ def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path,
     assert "<script" not in page.lower() and "<link" not in page.lower() and "@import" not in page
     assert "http://" not in page and "https://" not in page and "url(" not in page
     assert 'id="spend-rise"' in page and "Fully loaded" in page and "Attributed" in page
+    # Two whole days: the spend over them with their length, and a rate per day labelled as one.
+    assert "fleet GPU cost, fully loaded, over 2 d of data" in page and "2026-11-02 (" not in page
+    rate = re.search(r'id="per-day-rate" data-usd="([0-9.]+)">\$[0-9,.]+ per day<', page)
+    assert rate and float(rate.group(1)) * 2 == pytest.approx(
+        float(re.search(r'id="fleet-total-usd" data-usd="([0-9.]+)"', page).group(1)), rel=1e-6)
 
     prices = GpuPrices({**GpuPrices().usd_per_gpu_hour, "H100": 3.5})
     fleet_total = _fleet_total_from_store(path, prices)
