@@ -5,8 +5,10 @@ The GenAI conventions lived in open-telemetry/semantic-conventions until v1.41. 
 deprecated the whole gen-ai model there ("Moved to the OpenTelemetry GenAI semantic
 conventions repository"); v1.42 to v1.44 carry it only as deprecated. That repository,
 open-telemetry/semantic-conventions-genai, has made no release: it is cited as its main
-branch at the commits read (tests/data/semconv/genai-main). tests/test_semconv_versions.py
-checks every entry against excerpts of the registry text of each release (tests/data/semconv).
+branch at the commits read. Every entry was read in the registry text of semantic-conventions
+v1.26.0, v1.27.0, v1.39.0 to v1.42.0 and v1.44.0 (model/gen-ai/) and of that repository's
+model/gen-ai/*.yaml on 2026-11-28; tests/test_semconv_versions.py checks that every name the
+mapping reads has an entry here and that the docs say what this table says.
 """
 
 from __future__ import annotations
