@@ -9,6 +9,7 @@ and a dcgm-exporter counters file with the profiling fields on.
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -110,17 +111,47 @@ def dashboards(s: DeploySettings, specs: list[SloSpec]) -> list[dict]:
     return out
 
 
+# What the Collector writes into each scraped series, from the serving pod's labels (the
+# keys are settings): the names the OTLP mapping's built-in rules read.
+POD_LABEL_TARGETS = {"pool": "pool", "zone": "zone", "model": "model", "version": "model_version",
+                     "deployment": "deployment"}
+NODE_ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known: set on every node by its cloud provider
+
+
+def sd_label(prefix: str, key: str) -> str:
+    """The service-discovery meta label of a Kubernetes label key, as Prometheus names it
+    (every character outside [a-zA-Z0-9_] becomes `_`)."""
+    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def scrape_configs(s: DeploySettings) -> list[dict]:
+    """The Collector's Prometheus scrape jobs. `honor_labels: true` keeps each exporter's own
+    labels: dcgm-exporter's `pod` is the pod using the GPU (the join to the runtime's
+    gauges), Triton's `model` and `version` are its own; what the page lacks comes from the
+    target. Only serving pods give pool, zone, model, version and deployment: the exporter's
+    own pod labels say nothing of the GPUs' users. Node labels need `attach_metadata`."""
+    common = [{"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+              {"source_labels": [sd_label("__meta_kubernetes_node_label_", NODE_ZONE_LABEL)], "regex": "(.+)",
+               "target_label": "zone"}]
+    serving = [{"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]
+    for field, target in POD_LABEL_TARGETS.items():
+        # `(.+)`: a pod without the label leaves the target's value (the node's zone) as it is
+        serving.append({"source_labels": [sd_label("__meta_kubernetes_pod_label_", getattr(s.pod_labels, field))],
+                        "regex": "(.+)", "target_label": target})
+    out = []
+    for job, regex, own in (("dcgm", "dcgm-exporter", []), ("serving", "vllm|tgi|triton", serving)):
+        keep = {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": regex,
+                "action": "keep"}
+        out.append({"job_name": job, "scrape_interval": "10s", "honor_labels": True,
+                    "kubernetes_sd_configs": [{"role": "pod", "attach_metadata": {"node": True}}],
+                    "relabel_configs": [keep, *common, *own]})
+    return out
+
+
 def collector_config(s: DeploySettings) -> dict:
     """The Collector's config: OTLP in from the runtimes, DCGM and vLLM pages scraped, both
     out to Kafka on the topics `ingest otlp` reads, as `otlp_proto`."""
-    scrape = [{"job_name": job, "scrape_interval": "10s",
-               "kubernetes_sd_configs": [{"role": "pod"}],
-               "relabel_configs": [
-                   {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": regex,
-                    "action": "keep"},
-                   {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                   {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"}]}
-              for job, regex in (("dcgm", "dcgm-exporter"), ("serving", "vllm|tgi|triton"))]
+    scrape = scrape_configs(s)
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
                                              "http": {"endpoint": "0.0.0.0:4318"}}},

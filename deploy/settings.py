@@ -12,6 +12,7 @@ field with a default so an empty file deploys a working pair of tiers.
       - {name: llm-us-east-1a-realtime, target: vllm-llama-70b, namespace: serving, min_replicas: 2, max_replicas: 64}
     canaries:
       - {model: llama-70b, version: v2, target: vllm-llama-70b, namespace: serving}
+    pod_labels: {pool: example.com/pool}      # the serving pods' labels the Collector reads
 
 Secrets are referenced, never written: `tokens_secret` holds one key per token name (the
 signal API reads each from an environment variable), `kafka.client_config_secret` one key
@@ -82,6 +83,18 @@ class Canary(ConfigStruct):
     port: Annotated[int, Meta(ge=1, le=65535)] = 8000
 
 
+class PodLabels(ConfigStruct):
+    """The Kubernetes labels of a serving pod that name its pool, zone, model, version and
+    deployment: the Collector copies each into the series it scrapes from that pod. A pod
+    without the zone label takes its node's `topology.kubernetes.io/zone`."""
+
+    pool: str = "tailwatch.dev/pool"
+    zone: str = "tailwatch.dev/zone"
+    model: str = "tailwatch.dev/model"
+    version: str = "tailwatch.dev/model-version"
+    deployment: str = "tailwatch.dev/deployment"  # stable or canary
+
+
 class DeploySettings(ConfigStruct):
     namespace: K8sName = "monitoring"
     name: K8sName = "tailwatch"  # prefix of every object
@@ -96,6 +109,7 @@ class DeploySettings(ConfigStruct):
     stale_after: str = "2m"
     pools: list[Pool] = []
     canaries: list[Canary] = []
+    pod_labels: PodLabels = PodLabels()
 
 
 def load_settings(path: str | Path | None) -> DeploySettings:
