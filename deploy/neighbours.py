@@ -15,7 +15,7 @@ import yaml
 
 from dashboards.generate import build_all, problems
 from deploy.settings import Canary, DeploySettings, Pool
-from deploy.workloads import HTTP_PORT, SCRAPE_LABEL, labels
+from deploy.workloads import SCRAPE_LABEL, api_url, labels
 from ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
 from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
 from signals.recipes import argo_templates, flagger_canary
@@ -26,10 +26,6 @@ GRAFANA_SIDECAR_LABEL = "grafana_dashboard"  # the label kube-prometheus-stack's
 # the stock file) included, and GR_ENGINE_ACTIVE, which the stock file does enable.
 DCGM_TYPES = {**{name: "gauge" for name in DCGM_GAUGES}, **{name: "counter" for name in DCGM_COUNTERS},
               DCGM_XID: "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge"}
-
-
-def api_url(s: DeploySettings) -> str:
-    return f"http://{s.name}.{s.namespace}.svc:{HTTP_PORT}"
 
 
 def keda(s: DeploySettings, pool: Pool) -> list[dict]:

@@ -84,7 +84,8 @@ def _link_args(p: argparse.ArgumentParser) -> None:
                    help="Grafana base URL that pages and reports link to (dashboards from `tailwatch dashboards generate`)")
     p.add_argument("--runbook-url", default=None, metavar="URL",
                    help="base URL that runbook paths (runbooks/slo-burn.md, …) are appended to, where your team "
-                        "publishes them (default: this installation's files, as file:// URLs)")
+                        "publishes them (default: this installation's packaged files as file:// URLs; for the worker, its "
+                        "own HTTP port, which serves them at /runbooks/NAME.md)")
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:

@@ -198,7 +198,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
-    links = alert_links(args)
+    links = alert_links(args, worker_base_url(args.http_host, args.http_port))
     if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
         raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
     settings = dict(
@@ -831,10 +831,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def alert_links(args: argparse.Namespace):
+def alert_links(args: argparse.Namespace, served_at: str | None = None):
+    """`served_at`: the worker's own HTTP base URL, which serves the runbooks; the default
+    base for its pages when `--runbook-url` names none."""
     from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, AlertLinks
 
-    return AlertLinks(runbook_base_url=args.runbook_url or LOCAL_RUNBOOK_BASE_URL, grafana_url=args.grafana_url)
+    base = args.runbook_url or served_at or LOCAL_RUNBOOK_BASE_URL
+    return AlertLinks(runbook_base_url=base, grafana_url=args.grafana_url)
+
+
+def worker_base_url(host: str, port: int) -> str | None:
+    """Where others reach this worker's HTTP port: its host as given, or this machine's name
+    when it listens on every address; None for a port chosen at start (0)."""
+    if not port:
+        return None
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def known_models(store_path: str) -> list[str]:
