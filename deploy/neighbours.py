@@ -74,9 +74,13 @@ def flagger(s: DeploySettings, canary: Canary, token: str | None) -> dict:
 
 
 def prometheus_rule(s: DeploySettings, specs: list[SloSpec]) -> dict:
+    """`rules generate`'s groups; with the worker paging, only their recording rules (the
+    burn alerts would page a second time through Prometheus)."""
     from alerts.rules import rule_groups
 
     groups = [g for spec in specs for g in rule_groups(spec)["groups"]]
+    if s.paging == "worker":
+        groups = [{**g, "rules": kept} for g in groups if (kept := [r for r in g["rules"] if "alert" not in r])]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": f"{s.name}-slos", "namespace": s.namespace, "labels": labels(s, "rules")},
             "spec": {"groups": groups}}
@@ -174,9 +178,14 @@ def dcgm_counters_csv() -> str:
     return "\n".join(lines) + "\n"
 
 
+DCGM_COUNTERS_KEY = "dcgm-metrics.csv"
+
+
 def dcgm_counters(s: DeploySettings) -> dict:
-    """Mount it into dcgm-exporter and pass `-f /etc/dcgm-exporter/tailwatch.csv`."""
+    """In the GPU Operator's namespace, where its dcgm-exporter can mount it: set the
+    ClusterPolicy's `dcgmExporter.config.name` to this ConfigMap's name and the exporter's
+    `DCGM_EXPORTER_COLLECTORS` to `/etc/dcgm-exporter/dcgm-metrics.csv` (docs/deploy.md)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{s.name}-dcgm-counters", "namespace": s.namespace,
+            "metadata": {"name": f"{s.name}-dcgm-counters", "namespace": s.gpu_operator_namespace,
                          "labels": labels(s, "dcgm-exporter")},
-            "data": {"tailwatch.csv": dcgm_counters_csv()}}
+            "data": {DCGM_COUNTERS_KEY: dcgm_counters_csv()}}

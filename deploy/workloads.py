@@ -139,7 +139,8 @@ def tier2(s: DeploySettings) -> dict:
     args = [*_worker_args(s, "2"), "--store", f"{STORE_DIR}/tailwatch.duckdb",
             "--slos", f"{CONFIG_DIR}/slos.yaml", "--prices", f"{CONFIG_DIR}/prices.yaml",
             "--grafana-url", s.grafana_url, "--runbook-url", f"{api_url(s)}/"]
-    for url in s.alertmanager_urls:  # every replica pages every instance; Alertmanager deduplicates
+    for url in s.alertmanager_urls if s.paging != "prometheus_rule" else ():
+        # every replica pages every instance; Alertmanager deduplicates
         args += ["--alertmanager-url", url]
     claim = {"metadata": {"name": "store"},
              "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": s.tier2.storage}}}}

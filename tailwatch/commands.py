@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -647,7 +648,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     import yaml
 
-    from deploy.generate import write
+    from deploy.generate import FLAGGER_TOKEN_ENV, manifests, write
+    from deploy.preflight import ApiResourcesError, missing, served_kinds
     from deploy.settings import DeployError, load_settings
     from planning.prices import PriceFile
     from slo.spec import DEFAULT_SLOS
@@ -660,8 +662,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         prices_yaml = Path(args.prices).read_text() if args.prices else yaml.safe_dump(msgspec.to_builtins(PriceFile(
             usd_per_gpu_hour=dict(load_prices_option(None).usd_per_gpu_hour))), sort_keys=False)
         mapping_yaml = Path(args.otlp_mapping).read_text() if args.otlp_mapping else None
+        if args.deploy_command == "preflight":
+            # only the kinds are read: a Canary's token does not change them
+            token = os.environ.get(FLAGGER_TOKEN_ENV) or "preflight"
+            files = manifests(settings, specs, slos_yaml, prices_yaml, mapping_yaml, token)
+            absent = missing(files, served_kinds(Path(args.api_resources).read_text()))
+            for m in absent:
+                print(m.line())
+            kinds = len({(o["apiVersion"], o["kind"]) for objects in files.values() for o in objects})
+            print(f"{kinds - len(absent)} of {kinds} kinds the manifests use are served by the cluster")
+            return 1 if absent else 0
         written = write(settings, specs, slos_yaml, prices_yaml, mapping_yaml, args.out)
-    except (DeployError, OSError) as exc:
+    except (DeployError, OSError, ApiResourcesError) as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {written.objects} objects in {len(written.files)} files to {args.out}; "
           f"deploy with: kubectl apply -k {args.out}")
