@@ -28,7 +28,7 @@ from deploy.settings import DeploySettings, PodLabels
 from ingest.otlp.mapping import OtlpMapping
 from ingest.otlp.scrape import PrometheusScraper
 from tests.conftest import free_port
-from tests.test_otlp import DCGM_EXPOSITION
+from tests.test_otlp import DCGM_EXPOSITION, _Exposition
 from tests.test_signal_api import get
 
 POOL = "llm-us-east-1a-realtime"
@@ -63,33 +63,26 @@ DCGM = (DCGM_EXPOSITION.replace("{xid}", "0").replace("{ecc}", "2")
 
 
 class Pages:
-    """HTTP servers whose page the test sets between scrapes."""
+    """HTTP servers whose page the test sets between scrapes (`set`)."""
 
     def __init__(self):
-        self.text: dict[int, str] = {}
+        self.texts: dict[int, list[str]] = {}  # each handler's one-page list: it serves [0]
         self.servers = []
 
     def serve(self, text: str) -> int:
-        pages = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = pages.text[self.server.server_address[1]].encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        texts = [text]
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Exposition,), {"texts": texts}))
         port = server.server_address[1]
-        self.text[port] = text
+        self.texts[port] = texts
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self.servers.append(server)
         return port
+
+    def set(self, port: int, text: str) -> None:
+        self.texts[port][0] = text
+
+    def text(self, port: int) -> str:
+        return self.texts[port][0]
 
 
 def sd_label(prefix: str, key: str) -> str:
@@ -191,14 +184,14 @@ def test_dcgm_and_vllm_pages_through_the_generated_rules_answer_autoscale_and_ju
     # (stable fast, slow), (canary fast, slow) running totals, one state a minute
     states = [((0, 0), (0, 0)), ((290, 10), (150, 150)), ((580, 20), (300, 300)), ((870, 30), (450, 450))]
     for minute, ((sf, ss), (cf, cs)) in enumerate(states):
-        pages.text[ports["stable"]] = vllm_page(sf, ss, waiting=40)
-        pages.text[ports["canary"]] = vllm_page(cf, cs, waiting=40)
-        stored.text[page_port] = scraped_once(port, {STABLE_POD: str(sf + ss), CANARY_POD: str(cf + cs)})
+        pages.set(ports["stable"], vllm_page(sf, ss, waiting=40))
+        pages.set(ports["canary"], vllm_page(cf, cs, waiting=40))
+        stored.set(page_port, scraped_once(port, {STABLE_POD: str(sf + ss), CANARY_POD: str(cf + cs)}))
         got = scraper.round(T0_MS + minute * 60_000)
         assert not got.errors and not got.gpu.refused and not got.requests.refused, got
         rounds.append(got)
         events += got.gpu.samples + got.requests.events
-    page = stored.text[page_port]
+    page = stored.text(page_port)
     # dcgm-exporter's own `pod` kept (not `exported_pod`); the exporter's pod labels give no pool
     assert f'pod="{CANARY_POD}"' in next(l for l in page.splitlines() if l.startswith("DCGM_FI_DEV_GPU_UTIL{")
                                          and 'gpu="1"' in l)
