@@ -23,6 +23,7 @@ import httpx
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dashboards.links import dashboard_url, runbook_url
 from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from slo.engine import AlertChange
 from slo.sli import span
@@ -42,22 +43,24 @@ LOCAL_RUNBOOK_BASE_URL = runbooks.packaged_base_url()
 
 @dataclass(frozen=True)
 class AlertLinks:
-    """Where a page or a report points a person: the runbook and the dashboard, with the slice preset."""
+    """Where a page or a report points a person: the runbook and the dashboard, with the slice
+    preset (built by `dashboards.links`, every label value encoded)."""
 
     runbook_base_url: str = LOCAL_RUNBOOK_BASE_URL
     grafana_url: str = "http://grafana.local"
 
     def runbook(self, path: str) -> str:
         """`runbooks/slo-burn.md` under the runbook base."""
-        return self.runbook_base_url.rstrip("/") + "/" + path.lstrip("/")
+        return runbook_url(self.runbook_base_url, path)
 
     @property
     def dashboard_base_url(self) -> str:
         """The SLO detail dashboard, where SLO pages land with their slice preset."""
         return self.dashboard(UID_SLO)
 
-    def dashboard(self, uid: str) -> str:
-        return f"{self.grafana_url.rstrip('/')}/d/{uid}"
+    def dashboard(self, uid: str, variables: dict[str, str] | None = None) -> str:
+        """The dashboard `uid` with its variables preset (`var-<name>=<value>`)."""
+        return dashboard_url(self.grafana_url, uid, variables)
 
 
 def rfc3339(minute: int) -> str:
@@ -72,7 +75,7 @@ def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dic
     long_b = "no data" if change.long_burn_rate is None else f"{change.long_burn_rate:.1f}x"
     short_b = "no data" if change.short_burn_rate is None else f"{change.short_burn_rate:.1f}x"
     slice_text = ", ".join(f"{k}={v}" for k, v in change.labels.items()) or "all traffic"
-    query = "&".join([f"var-slo={change.slo}", *(f"var-{k}={v}" for k, v in change.labels.items())])
+    dashboard = links.dashboard(UID_SLO, {"slo": change.slo, **change.labels})
     alert = {
         "labels": {"alertname": change.alertname, "severity": change.severity, "slo": change.slo,
                    "window": w.name, **change.labels},
@@ -81,10 +84,10 @@ def to_alertmanager(change: AlertChange, runbook: str, links: AlertLinks) -> dic
                         f"{span(w.long_minutes)} and {short_b} over {span(w.short_minutes)}; "
                         f"{100 * change.error_budget_remaining:.1f}% of the budget left"),
             "runbook_url": links.runbook(runbook),
-            "dashboard_url": f"{links.dashboard_base_url}?{query}",
+            "dashboard_url": dashboard,
         },
         "startsAt": rfc3339(change.started_minute),
-        "generatorURL": f"{links.dashboard_base_url}?{query}",
+        "generatorURL": dashboard,
     }
     if change.detail:
         alert["annotations"]["description"] = change.detail
@@ -275,8 +278,8 @@ def detection_to_alertmanager(detection, evidence: dict[str, float | str], links
     slice_text = ", ".join(f"{k}={v}" for k, v in labels.items()) or "all traffic"
     numbers = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in evidence.items())
     # The evidence dashboard, preset to the detection's slice where it has that variable.
-    query = "&".join(f"var-{k}={v}" for k, v in labels.items() if k in FILTER_LABELS)
-    url = links.dashboard(DETECTOR_DASHBOARD.get(detection.detector, UID_FLEET)) + (f"?{query}" if query else "")
+    url = links.dashboard(DETECTOR_DASHBOARD.get(detection.detector, UID_FLEET),
+                          {k: v for k, v in labels.items() if k in FILTER_LABELS})
     alert = {
         "labels": {"alertname": detector_alertname(detection.detector),
                    "severity": DETECTOR_SEVERITY.get(detection.detector, "ticket"),

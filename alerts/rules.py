@@ -5,7 +5,9 @@ Over the exporter's counter `tailwatch_slo_events_total{slo, <slice labels>, out
 - recording rules `tailwatch_slo:error_ratio:rate<window>` and `tailwatch_slo:events:increase<window>`
   for every window of the catalog;
 - one alerting rule per window pair: both windows' error ratio above factor × (1 −
-  objective), and both windows holding at least `min_events` events.
+  objective), both windows holding at least `min_events` events, and the slice's counter
+  present `history_needed_minutes` − 1 minutes ago (the engine's young-window rule: a pair
+  is not judged on less history than that).
 
 `promtool_test` builds a `promtool test rules` file from a synthetic minute series: it
 runs the same series through the stream engine (`slo.engine.SloTable`) and expects,
@@ -67,9 +69,11 @@ def rule_groups(spec: SloSpec) -> dict:
             f'({SLO_ERROR_RATIO_RATE_RULE}{r}{{{_sel(spec)}}} > {threshold:.12g}'
             f' and {SLO_EVENTS_INCREASE_RULE}{r}{{{_sel(spec)}}} >= {spec.min_events})'
         )
+        needed = w.history_needed_minutes(spec.young_share)
+        grown = f"\nand sum by ({_by(spec)}) ({COUNTER}{{{_sel(spec)}}} offset {needed - 1}m)" if needed > 1 else ""
         alerting.append({
             "alert": f"SLOBurn{w.severity.capitalize()}",
-            "expr": f"{cond(long_r)}\nand {cond(short_r)}",
+            "expr": f"{cond(long_r)}\nand {cond(short_r)}{grown}",
             "labels": {"severity": w.severity, "window": w.name},
             "annotations": _annotations(spec, w),
         })
@@ -92,7 +96,7 @@ def default_scenario(spec: SloSpec) -> list[Phase]:
     budget = 1 - spec.objective
     fast_bad = max(1, round(1000 * min(0.9, 30 * budget)))  # 30x budget: pages on every pair
     slow_bad = max(1, round(1000 * min(0.9, 4 * budget)))  # 4x: tickets, no fast page
-    return [Phase(90, 1000, 0), Phase(30, 1000, fast_bad), Phase(240, 1000, 0),
+    return [Phase(60, 1000, 0), Phase(30, 1000, fast_bad), Phase(240, 1000, 0),
             Phase(480, 1000, slow_bad), Phase(420, 1000, 0)]  # 420 min: past the 6 h short window
 
 

@@ -50,6 +50,7 @@ EVENTS_TOTAL = "tailwatch_events_total"
 DEAD_LETTERS_TOTAL = "tailwatch_dead_letters_total"
 PUBLISH_FAILURES_TOTAL = "tailwatch_publish_failures_total"
 CONSUMER_GROUP_RESCUES_TOTAL = "tailwatch_consumer_group_rescues_total"
+LOG_RESETS_TOTAL = "tailwatch_log_resets_total"  # labels topic, reason: streams/log_reset.py REASONS
 HTTP_RESTARTS_TOTAL = "tailwatch_http_restarts_total"
 HTTP_REFUSED_TOTAL = "tailwatch_http_refused_total"
 FLAGGER_EVENTS_TOTAL = "tailwatch_flagger_events_total"  # labels phase, event_type: these sets, or `other`
@@ -152,6 +153,8 @@ SLO_SLI_RATIO = "tailwatch_slo_sli_ratio"
 SLO_BURN_RATE = "tailwatch_slo_burn_rate"
 SLO_ERROR_BUDGET_REMAINING_RATIO = "tailwatch_slo_error_budget_remaining_ratio"
 SLO_EVENTS_TOTAL = "tailwatch_slo_events_total"
+# 1 once an SLO's selector has matched a bucket since the worker started (its rebuild included).
+SLO_SELECTOR_MATCHED = "tailwatch_slo_selector_matched"
 ALERTS_FIRING = "tailwatch_alerts_firing"
 ALERTS_DELIVERED_TOTAL = "tailwatch_alerts_delivered_total"
 ALERTS_REFUSED_TOTAL = "tailwatch_alerts_refused_total"

@@ -18,6 +18,7 @@ from dashboards.common import (
     thresholds,
     timeseries,
 )
+from dashboards.links import data_link
 from slo.sli import span
 from slo.spec import SloSpec
 from conventions import (
@@ -45,9 +46,8 @@ def why_panels(slice_labels: list[str], matchers: str = "") -> list:
                           "numbers it was raised on (evidence). Runbook: runbooks/detector-<detector>.md."),
         table("Pages firing by slice", "short",
               [Q(f"{ALERTS_FIRING}{page_selector} > 0", instant=True, column="Pages")], w=10, h=8,
-              hidden=(*WHY_HIDDEN, "severity"), quiet=f"{QUIET}: no page firing", links=[{"title": "SLO detail", "url": (
-                  f"/d/{UID_SLO}?var-slo=${{__data.fields.slo}}&${{__url_time_range}}"
-                  + "".join(f"&var-{k}=${{__data.fields.{k}}}" for k in slice_labels))}],
+              hidden=(*WHY_HIDDEN, "severity"), quiet=f"{QUIET}: no page firing", links=[{"title": "SLO detail", "url": data_link(
+                  UID_SLO, {"slo": "slo", **{k: k for k in slice_labels}})}],
               description="The slices paging now, by SLO. Click a row for its burn rates; the page in Alertmanager "
                           "names the culprit (the tenant, zone, status reason or detection holding the bad events) "
                           "when one stands out."),
@@ -61,7 +61,7 @@ def build(specs: list[SloSpec]):
                       default=14.4)
     burn_columns = [Q(f'max by (slo) ({SLO_BURN_RATE}{{window="{span(m)}"}})', instant=True,
                       column=f"Burn {span(m)}") for m in page_windows]
-    slo_link = [{"title": "SLO detail", "url": f"/d/{UID_SLO}?var-slo=${{__data.fields.slo}}&${{__url_time_range}}"}]
+    slo_link = [{"title": "SLO detail", "url": data_link(UID_SLO, {"slo": "slo"})}]
     by_slice = ", ".join(["slo", *slice_labels])
     # Each burn column turns red at the page threshold of its own window (14.4× over 1h, 6× over 6h).
     factor_of = {m: min(w.factor(s.window_minutes) for s in specs for w in s.alert_windows

@@ -73,7 +73,7 @@ def build(specs: list[SloSpec]):
             w=12, threshold_steps=steps,
             description=(f"Fires a {severity} while both windows burn above "
                          + " or ".join(f"{f:g}×" for f in sorted(factors))
-                         + " (the line; one per distinct SLO period)."),
+                         + " (the line; one per distinct SLO period, or objective where a factor is capped to stay reachable)."),
         ))
     panels += [
         timeseries("Alerts firing by severity", "short",

@@ -21,6 +21,7 @@ from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
 from signals.recipes import argo_templates, flagger_canary
 from slo.spec import SloSpec
 
+KEDA_FAILURE_THRESHOLD = 3  # failed polls (15 s apart) before KEDA's fallback applies
 GRAFANA_SIDECAR_LABEL = "grafana_dashboard"  # the label kube-prometheus-stack's sidecar looks for
 # dcgm-exporter's counters file: the fields gpu.v1 reads, the profiling ones (commented out in
 # the stock file) included, and GR_ENGINE_ACTIVE, which the stock file does enable.
@@ -28,10 +29,24 @@ DCGM_TYPES = {**{name: "gauge" for name in DCGM_GAUGES}, **{name: "counter" for 
               DCGM_XID: "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge"}
 
 
+def keda_fallback(pool: Pool) -> dict:
+    """KEDA's `fallback` for a pool: after three failed polls (a 503 is a failed poll) the
+    pool keeps the replicas it runs (`currentReplicas`, KEDA >= 2.17), or with
+    `fallback_replicas` set keeps them but never fewer than that (`currentReplicasIfHigher`).
+    KEDA's default, `static`, would set every pool to `replicas`, scaling a busy pool in or an
+    idle one to its maximum. KEDA before 2.17 prunes `behavior` and applies `replicas`
+    statically, hence `replicas` there is the safe side: the pool's maximum unless set."""
+    if pool.fallback_replicas is not None:
+        return {"failureThreshold": KEDA_FAILURE_THRESHOLD, "replicas": pool.fallback_replicas,
+                "behavior": "currentReplicasIfHigher"}
+    return {"failureThreshold": KEDA_FAILURE_THRESHOLD, "replicas": pool.max_replicas, "behavior": "currentReplicas"}
+
+
 def keda(s: DeploySettings, pool: Pool) -> list[dict]:
     """A TriggerAuthentication (the `keda` token, from the Secret in the pool's namespace) and
     the ScaledObject: target value 1, since `desired_replicas` is the count itself; a 503
-    (stale data) is a scaler error, so `fallback` holds the replicas instead of scaling in."""
+    (stale or not ready data) is a scaler error, so `fallback` holds the replicas the pool
+    runs instead of scaling it in or out."""
     auth = f"{s.name}-keda"
     return [
         {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
@@ -44,7 +59,7 @@ def keda(s: DeploySettings, pool: Pool) -> list[dict]:
              "minReplicaCount": pool.min_replicas,
              "maxReplicaCount": pool.max_replicas,
              "pollingInterval": 15,
-             "fallback": {"failureThreshold": 3, "replicas": pool.fallback_replicas or pool.max_replicas},
+             "fallback": keda_fallback(pool),
              # tailwatch already holds scale-in for its stabilization window
              "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
                  "scaleDown": {"stabilizationWindowSeconds": 0}}}},

@@ -73,7 +73,8 @@ class Pool(ConfigStruct):
     namespace: K8sName = "default"
     min_replicas: Annotated[int, Meta(ge=0)] = 1
     max_replicas: PositiveCount = 32
-    fallback_replicas: PositiveCount | None = None  # while tailwatch answers 503 stale (default: max_replicas)
+    # while tailwatch answers 503 the pool keeps its replicas; set, it also keeps at least this many
+    fallback_replicas: PositiveCount | None = None
 
 
 class Canary(ConfigStruct):

@@ -16,11 +16,31 @@ import msgspec
 from conventions import DEPLOYMENTS, TOPIC_DEPLOYS, TOPIC_GPU, TOPIC_REQUESTS, TRAFFIC_CLASSES, WORKLOADS
 
 MAX_MS = 1e9  # about 11.6 days: beyond any request latency
+# An OTLP counter's increase in one interval, over a whole fleet (ingest/otlp): not one request's.
 MAX_COUNT = 10**12
 
+# What one record can hold, physically. Past these a value is a unit error or garbage, and the
+# record is one `out_of_range` dead letter. They also bound every sum the worker keeps: the
+# proof that no sum can wrap is in streams/aggregates.py (docs/data-contract.md, "Bounds").
+MAX_REQUEST_SECONDS = MAX_MS / 1000  # the longest request: 10⁶ s
+# GPUs that one request can hold: an NVL72 rack is 72, the widest expert-parallel deployments a
+# few hundred; 1,024 leaves room. A request's GPU-seconds then stay below 1.024 × 10⁹ (in
+# micro-seconds 1.024 × 10¹⁵ < 2⁵³: exact in a double, so its fixed-point cast rounds exactly).
+MAX_REQUEST_GPUS = 1024
+MAX_REQUEST_GPU_SECONDS = MAX_REQUEST_GPUS * MAX_REQUEST_SECONDS
+MAX_REQUEST_AUDIO_SECONDS = MAX_REQUEST_SECONDS  # 11.6 days of audio: a longer recording is split into requests
+MAX_RECORD_COUNT = 10**9  # tokens, revisions, underruns, errors, words: 100× the largest context window
+MAX_GPU_BYTES = 2**50  # 1 PiB of device memory
+MAX_GPU_WATTS = 1e5  # 100 kW: a whole 8-GPU node draws about 10 kW
+MAX_CLOCK_MHZ = 1e5
+
 NonNegMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_MS)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=1e15)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_RECORD_COUNT)]
+GpuSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_REQUEST_GPU_SECONDS)]
+AudioSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_REQUEST_AUDIO_SECONDS)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_BYTES)]
+Watts = Annotated[float, msgspec.Meta(ge=0, le=MAX_GPU_WATTS)]
+MHz = Annotated[float, msgspec.Meta(ge=0, le=MAX_CLOCK_MHZ)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Label = Annotated[str, msgspec.Meta(max_length=128)]
@@ -101,9 +121,9 @@ class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
     stages: Optional[Annotated[dict[StageName, NonNegMs], msgspec.Meta(max_length=MAX_STAGES)]] = None
     prompt_tokens: Optional[NonNegInt] = None
     output_tokens: Optional[NonNegInt] = None
-    audio_seconds: Optional[NonNegFloat] = None
+    audio_seconds: Optional[AudioSeconds] = None
     batch_size: Optional[NonNegInt] = None
-    gpu_seconds: Optional[NonNegFloat] = None
+    gpu_seconds: Optional[GpuSeconds] = None
     gpu_sku: Label = ""
     language: LanguageTag = ""
     voice: VoiceName = ""
@@ -136,11 +156,11 @@ class GpuV1(msgspec.Struct, gc=False, omit_defaults=True):
     gpu_uuid: Label = ""
     gpu_sku: Label = ""
     util_pct: Optional[Pct] = None
-    mem_used_bytes: Optional[NonNegInt] = None
-    mem_total_bytes: Optional[NonNegInt] = None
-    power_w: Optional[NonNegFloat] = None
+    mem_used_bytes: Optional[Bytes] = None
+    mem_total_bytes: Optional[Bytes] = None
+    power_w: Optional[Watts] = None
     temp_c: Optional[Annotated[float, msgspec.Meta(ge=-100, le=200)]] = None
-    sm_clock_mhz: Optional[NonNegFloat] = None
+    sm_clock_mhz: Optional[MHz] = None
     xid_errors: Optional[NonNegInt] = None
     ecc_errors: Optional[NonNegInt] = None
     model: Label = ""

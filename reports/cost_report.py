@@ -26,6 +26,7 @@ from planning import cost
 from planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
 import store
 from reports import html
+from reports.csv_out import write_frame
 from reports.html import count, note, pct, scale, usd
 from planning.work_estimate import DEFAULT_PROMPT_WEIGHT
 from store.attribution import attributed_sql
@@ -345,7 +346,7 @@ def write_report(report: CostReport, out_dir: str | Path, progress: Callable[[st
     say(f"report cost: writing {', '.join(FILES)} to {out}")
     out.mkdir(parents=True, exist_ok=True)
     frame = cost_frame(report)
-    frame.write_csv(out / "cost.csv")
+    write_frame(frame, out / "cost.csv")
     frame.write_parquet(out / "cost.parquet")
     (out / "report.html").write_text(page, encoding="utf-8")
     return [out / f for f in FILES]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field
-from urllib.parse import quote
 
 import polars as pl
 
@@ -340,7 +339,7 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
 
 def dashboards_for(model: str, links: AlertLinks) -> list[tuple[str, str]]:
     """Absolute links (`--grafana-url`): the page is a file opened anywhere, not a Grafana page."""
-    return [(title, f"{links.dashboard(uid)}?var-model={quote(model)}") for title, uid in
+    return [(title, links.dashboard(uid, {"model": model})) for title, uid in
             (("SLO detail", UID_SLO), ("Latency", UID_LATENCY), ("Model version and canary", UID_CANARY),
              ("GPUs", UID_GPU))]
 

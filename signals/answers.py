@@ -25,7 +25,10 @@ FlaggerCheck = Annotated[Literal["confirm-rollout", "pre-rollout", "rollout", "c
                          Meta(description="the Flagger hook type this URL serves (`event` has a route of its own)")]
 
 Timestamp = Annotated[str, Meta(description="RFC 3339, UTC, event time")]
-Reason = Literal["stale", "starting", "no_data"]
+# stale: the data stopped moving; starting: no view yet; no_data: nothing to answer from (a
+# version without traffic, a pool input empty in its window); behind: an input is not read
+# to its end yet (a backlog), so what the view holds of it is old.
+Reason = Literal["stale", "starting", "no_data", "behind"]
 CapacityBasis = Literal["physical", "breach", "measured-above-physical", "configured", "policy-default"]
 VerdictName = Literal["promote", "continue", "pause", "rollback"]
 MetricVerdictName = Literal["pass", "continue", "pause", "rollback"]
@@ -95,6 +98,15 @@ class Autoscale(Struct, forbid_unknown_fields=True):
     signals: PoolSignalsAnswer
     capacity_basis: Annotated[CapacityBasis, Meta(description="which bound decided the per-replica capacity")]
     capacity: Capacity
+    as_of: Timestamp
+
+
+class InputAbsent(Struct, forbid_unknown_fields=True):
+    """A pool answer (autoscale, shed) not given: an input it reads holds nothing in its window."""
+
+    pool: str
+    input: Literal["requests", "gpu"]
+    reason: str
     as_of: Timestamp
 
 

@@ -34,6 +34,7 @@ from signals.answers import (
 )
 from conventions import FLAGGER_EVENT_TYPES, FLAGGER_PHASES
 from signals.config import ApiConfig, Principal
+from signals.first_step import StableSide, first_step
 from signals.live import SignalSnapshot
 
 MAX_BODY_BYTES = 64 * 1024
@@ -45,7 +46,8 @@ MAX_BODY_BYTES = 64 * 1024
 # `rollback` hook's 2xx tells Flagger to roll back now; a failed `post-rollout` hook is only
 # logged, so it always passes and carries the final verdict. `confirm-rollout` runs before the
 # canary has traffic, so having no data yet passes; data that stopped moving (or a worker still
-# starting) holds the rollout until tailwatch can judge it.
+# starting) holds the rollout until tailwatch can judge it. `confirm-traffic-increase` with no
+# canary traffic yet (its first step) is judged on the stable side instead (SignalApi.flagger).
 INCONCLUSIVE = typing.get_args(Reason)
 FLAGGER_PASSES = {
     "confirm-rollout": ("promote", "continue", "pause", "no_data"),
@@ -109,11 +111,21 @@ class SignalApi:
 
     # ---- handlers -------------------------------------------------------------------
     def _pool_answer(self, who: Principal, pool: str, answers: str) -> Autoscale | Shed:
-        """A pool's answer from the snapshot's `answers` table, if visible and fresh."""
-        entry = getattr(self._fresh_snapshot(), answers).get(pool)
-        if entry is None or not who.sees(entry.tenants):
+        """A pool's answer from the snapshot's `answers` table, if visible, every input it
+        reads caught up and present, and fresh."""
+        snap = self._fresh_snapshot()
+        entry = getattr(snap, answers).get(pool)
+        absent = snap.absent.get(pool)
+        if (entry is None or not who.sees(entry.tenants)) and (absent is None or not who.sees(absent.tenants)):
             raise ApiFailure(404, f"no pool named {pool!r} is visible to this token",
                              hint="pools are the `pool` field of request.v1 and gpu.v1 events")
+        # An input not read to its end, or empty in the pool's window: no answer rather than
+        # one on part of the data (KEDA applies its fallback, which holds the replicas).
+        if snap.inputs_behind:
+            raise ApiFailure(503, "an input of this answer is behind: " + "; ".join(
+                f"{topic}: {why}" for topic, why in sorted(snap.inputs_behind.items())), reason="behind")
+        if absent is not None:
+            raise ApiFailure(503, absent.body.reason, reason="no_data", as_of=absent.body.as_of)
         age = self.wall_clock() - entry.changed_wall_s
         if age > self.config.stale_after_s:
             # KEDA treats an error as a failed scaler and applies its fallback replicas,
@@ -184,8 +196,27 @@ class SignalApi:
         # Flagger cannot send headers on webhooks; its metadata may carry the token instead.
         who = self.principal(authorization or (f"Bearer {meta.token}" if meta.token is not None else None))
         result = self.controller_verdict(who, meta.model, meta.version)
+        if check == "confirm-traffic-increase" and result.verdict == "inconclusive" and result.reason == "no_data":
+            # Flagger asks before the first step too, when the canary has no traffic and so
+            # no verdict: that step is judged on the stable side (signals/first_step.py).
+            side = self._stable_side(who, meta.model)
+            snap = self._fresh_snapshot()
+            step = first_step(side, [s for s in (_scoped_slo(s, who) for s in snap.slos) if s is not None],
+                              [a for a in snap.alerts if who.sees_labels(a.labels)], self.config.stale_after_s)
+            result = msgspec.structs.replace(result, error=step.reason,
+                                             data_age_s=round(side.data_age_s, 1) if side else None)
+            return (200 if step.passes else 412), result
         outcome = result.reason if result.verdict == "inconclusive" else result.verdict
         return (200 if outcome in FLAGGER_PASSES[check] else 412), result
+
+    def _stable_side(self, who: Principal, model: str) -> StableSide | None:
+        """The model's stable version in the view (its answer compares nothing and has no
+        baseline of its own) and how long ago its traffic moved."""
+        for (name, version), entry in self._fresh_snapshot().rollouts.items():
+            if (name == model and entry.baseline_changed_wall_s is None and entry.body.canary is msgspec.UNSET
+                    and who.sees(entry.tenants)):
+                return StableSide(model, version, self.wall_clock() - entry.changed_wall_s)
+        return None
 
     def flagger_event(self, _who: None, payload: FlaggerEventPayload) -> FlaggerEventCounted:
         """Flagger's `event` hook (every event it records for a canary): counted with bounded

@@ -46,6 +46,34 @@ class PoolSignals:
     sm_active_mean_pct: float | None = None
 
 
+@dataclass(frozen=True)
+class PoolInputs:
+    """What each input a pool's answer reads holds in the pool's window."""
+
+    pool: str
+    window_minutes: int
+    requests: float  # requests in the window
+    gpu_samples: int  # GPU samples (replica states, queue age, utilisation) in the window
+    newest_gpu_minute: int | None  # the pool's newest GPU sample, any minute kept
+    gpu_busy: bool  # its GPUs report work in the window (utilisation or active streams)
+
+
+def absent_input(i: PoolInputs) -> tuple[str, str] | None:
+    """(input, why) when an input the decision reads holds nothing in the pool's window:
+    no decision is made then. Without GPU samples the replica count, queue age and
+    utilisation are unknown, and "current 0" would be a guess that scales a busy pool in;
+    without requests while the GPUs work, demand is unknown. An idle pool (no requests, idle
+    GPUs) is a decision: its demand is zero."""
+    if i.gpu_samples == 0:
+        newest = "none kept" if i.newest_gpu_minute is None else f"the newest is from minute {i.newest_gpu_minute}"
+        return "gpu", (f"no GPU samples for pool {i.pool} in its {i.window_minutes}-minute window ({newest}): its "
+                       "replica states, queue age and utilisation are unknown, so no replica count is answered")
+    if i.requests == 0 and i.gpu_busy:
+        return "requests", (f"no requests from pool {i.pool} in its {i.window_minutes}-minute window while its GPUs "
+                            "report work: its demand is unknown, so no replica count is answered")
+    return None
+
+
 class AutoscalePolicy(ConfigStruct):
     """The `autoscale:` section of the API config file."""
 

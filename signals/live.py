@@ -16,8 +16,8 @@ import polars as pl
 from msgspec import Meta
 
 from alerts.alertmanager import rfc3339
-from signals.answers import Alert, Autoscale, Shed, Slo, Verdict, typed
-from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolSignals
+from signals.answers import Alert, Autoscale, InputAbsent, Shed, Slo, Verdict, typed
+from signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolInputs, PoolSignals, absent_input
 from signals.held import (EMPTY, MINUTE, NO_QUALITY, SPEECH_SUMS, WER_SUMS, VERSION_HISTOGRAMS, RequestRollup,
                           concat_frames, minute_col, summed_bins)
 from signals.shed import ShedAdvice, ShedPolicy, TrafficSlice, shed_advice
@@ -39,7 +39,7 @@ from signals.rollout import MinuteCounts, QualityMinute, RolloutPolicy, VersionS
 POOL_ATTRIBUTES = ("pool", "model", "zone", "workload", "traffic_class")
 
 
-Answer = TypeVar("Answer", Autoscale, Shed, Verdict)
+Answer = TypeVar("Answer", Autoscale, Shed, Verdict, InputAbsent)
 
 # Per-replica capacity a person configures for a pool (a load test's knee), GPU-s/s.
 CapacityGpuSPerS = Annotated[float, Meta(gt=0.0, lt=1e9)]
@@ -113,6 +113,12 @@ class SignalSnapshot(msgspec.Struct, frozen=True):
     slos: list[Slo]  # one per SLO, slices carry their labels
     alerts: list[Alert]
     shed: dict[str, Scoped[Shed]] = {}  # per pool: the degradation ladder and admission plan
+    # Per pool whose window holds nothing of an input its answers read: no autoscale or shed
+    # answer then (signals/autoscale.py, absent_input).
+    absent: dict[str, Scoped[InputAbsent]] = {}
+    # Input topic → why it is not caught up, as the worker judged when it built the view
+    # (streams/runtime.py): what the view holds of it is old, so pool answers wait.
+    inputs_behind: dict[str, str] = {}
 
 
 class RecentBuckets:
@@ -225,24 +231,32 @@ class LiveSignals:
         if gpu.height:
             gpu = gpu.with_columns(minute_col())
         newest = [m for m in (req.newest_minute(), int(gpu["_m"].max()) if gpu.height else None) if m is not None]
-        pools, shed = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else ({}, {})
+        pools, shed, absent = self._pools(req, gpu, slo_states, wall_s) if gpu.height or req.height else ({}, {}, {})
         rollouts, models = self._rollouts(req, gpu, wall_s) if req.height else ({}, {})
         return SignalSnapshot(
             built_wall_s=wall_s, as_of_minute=max(newest) if newest else None, pools=pools, rollouts=rollouts,
-            shed=shed,
+            shed=shed, absent=absent,
             models=models, slos=[answer(s, Slo) for s in slo_reads(slo_states)],
             alerts=[answer(a, Alert) for a in firing_alerts(slo_states, alert_details or {})],
         )
 
     # ---- autoscale ------------------------------------------------------------------
     def _pools(self, req: RequestRollup, gpu: pl.DataFrame, slo_states: list[SliceView],
-               wall_s: float) -> tuple[dict[str, Scoped], dict[str, Scoped]]:
+               wall_s: float) -> tuple[dict[str, Scoped], dict[str, Scoped], dict[str, Scoped]]:
         """One group-by per signal over all pools at once; the loop only decides. Returns the
-        autoscale answers and the shedding advice, per pool."""
+        autoscale answers, the shedding advice and the pools an input is absent from."""
         out: dict[str, Scoped] = {}
         shed: dict[str, Scoped] = {}
+        absent: dict[str, Scoped] = {}
         for pool, st in sorted(pool_stats(req, gpu, self.policy.pool_window_minutes).items()):
             changed = self._changed(("pool", pool), (st["newest"], st["seen_in_newest"]), wall_s)
+            missing = absent_input(PoolInputs(
+                pool, st["minutes"], st["requests"], st["gpu_samples"], st["newest_gpu"],
+                bool(st["active_streams"] or (st["gpu_util_mean_pct"] or 0.0) > 0.0)))
+            if missing is not None:
+                body = {"pool": pool, "input": missing[0], "reason": missing[1], "as_of": rfc3339(st["newest"] + 1)}
+                absent[pool] = Scoped(answer(body, InputAbsent), st["tenants"], st["newest"], changed)
+                continue  # no decision: the autoscaler's scale-in history is left as it was
             attrs, per_s = st["attrs"], 60 * st["minutes"]
             fo_slo = self.first_output_slo_ms(attrs)
             signals = PoolSignals(
@@ -269,7 +283,7 @@ class LiveSignals:
             advice = self._shed(st, signals, decision)
             shed[pool] = Scoped(answer({**shed_body(advice), "as_of": body["as_of"]}, Shed), st["tenants"], st["newest"],
                                 changed)
-        return out, shed
+        return out, shed, absent
 
     def _shed(self, st: dict, s: PoolSignals, decision: Decision) -> ShedAdvice:
         # Replicas still loading their model serve nothing yet: admission plans on the serving ones.
@@ -437,7 +451,7 @@ def pool_stats(req: RequestRollup, gpu: pl.DataFrame, window_minutes: int) -> di
                     "requests": 0.0, "gpu_seconds": 0.0, "output_tokens": 0.0, "audio_seconds": 0.0, "prompt_tokens": 0.0,
                     "first_output_p95_ms": None, "queue_age_p95_ms": None, "kv_cache_usage_max": None,
                     "gpu_util_mean_pct": None, "sm_active_mean_pct": None, "active_streams": 0, "replicas_by_state": {}, "attrs": {},
-                    "traffic": []}
+                    "traffic": [], "gpu_samples": 0, "newest_gpu": None}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
     if req.height:
@@ -468,8 +482,12 @@ def pool_stats(req: RequestRollup, gpu: pl.DataFrame, window_minutes: int) -> di
         newest_rows = gpu.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
         for pool, seen in newest_rows.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
             stats[pool]["seen_in_newest"] += int(seen)
+        for pool, newest_gpu in gpu.group_by("pool").agg(pl.col("_m").max()).iter_rows():
+            if pool in stats:
+                stats[pool]["newest_gpu"] = int(newest_gpu)
         gw = gpu.join(bounds, on="pool").filter(in_window)
         g = gw.group_by("pool").agg(
+            pl.col("samples").sum().alias("gpu_samples"),
             pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_age_p95_ms"),
             pl.col("kv_cache_usage_max").max(), pl.col("util_pct_mean").mean().round(3).alias("gpu_util_mean_pct"),
             (pl.col("sm_active_pct_mean").mean().round(3) if "sm_active_pct_mean" in gw.columns

@@ -3,7 +3,8 @@ Argo Rollouts AnalysisTemplates, as manifests (`tailwatch rollout recipe flagger
 
 Both are built so that the only success at the last step is a `promote` verdict:
 - Flagger: `confirm-promotion` passes only on promote, `confirm-traffic-increase` only on
-  continue or promote (a `pause` holds the weight there); `pre-rollout` and `rollout` fail
+  continue or promote (a `pause` holds the weight there), or before the canary has traffic
+  on a healthy stable side (signals/first_step.py); `pre-rollout` and `rollout` fail
   only on rollback, since each failure counts toward `threshold`; `rollback` rolls back at
   once on a rollback verdict; `post-rollout` and `event` record what happened.
 - Argo: `continue` counts as a successful measurement and a count-limited analysis that only

@@ -37,7 +37,8 @@ ERROR_TEXT = {
     401: "No bearer token, or an unknown one.",
     404: "Unknown, or outside this token's tenants (the same answer for both).",
     413: "Body over 64 KiB.",
-    503: "No data yet, or the data is older than the staleness bound.",
+    503: "No data yet, the data is older than the staleness bound, an input is behind, or a pool input holds "
+         "nothing in its window (`reason` says which).",
 }
 PARAMETER_TEXT = "path parameters are 1 to 128 characters of letters, digits and . _ : @ + -"
 _ENCODER = msgspec.json.Encoder()
@@ -276,3 +277,12 @@ def takes_body(app: Litestar, method: str, path: str) -> typing.Literal["yes", "
     except HTTPException:  # 405
         return "wrong method"
     return "yes" if "data" in handler.parsed_fn_signature.parameters else "no body"
+
+
+def needs_token(app: Litestar, method: str, path: str) -> bool:
+    """Whether the route a request goes to asks for a bearer token (the OpenAPI `security`)."""
+    try:
+        _app, handler, *_ = app.asgi_router.handle_routing(path, method)  # type: ignore[arg-type]
+    except HTTPException:  # no route (404) or not this method (405): the routes answer
+        return False
+    return bool(handler.security)

@@ -9,7 +9,9 @@ valid events has no burn rate (None), never NaN.
 An alert window pair fires while both its long and short windows burn above the factor
 and both hold at least `min_events` valid events; once firing, it resolves when the
 short window cools (burns at or under the factor, or has no events). Alerts are judged
-for the slices that have a bucket in the minute being closed. One condition (SLO, window
+for the slices that have a bucket in the minute being closed. A window pair is not judged
+while it is young: until the slice's history, from its first valid event, covers the
+pair's `history_needed_minutes` (slo/windows.py); the slice's status names such pairs. One condition (SLO, window
 pair, slice) is one alert, identified by its fingerprint.
 
 A minute that arrives after the table has moved past it (late data) corrects the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -130,6 +132,7 @@ class SliceStatus:
     minutes_to_exhaustion: float | None
     firing: list[str]
     overspent_stage: StageSpend | None = None
+    young: list[str] = field(default_factory=list)  # alert windows not judged yet: the slice's history is too short
 
 
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
@@ -171,6 +174,9 @@ class SloTable:
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
         self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
+        self.first_data = np.full(0, -1, np.int64)  # the oldest minute with valid events: the slice's history
+        self._history_needed = np.array([aw.history_needed_minutes(spec.young_share) for aw in spec.alert_windows],
+                                        np.int64)
         self.no_data_since = np.full(0, -1, np.int64)  # when the no-data alert fired, while it fires
         # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
         self.month: tuple[int, int] | None = None
@@ -195,6 +201,7 @@ class SloTable:
             self.windows.add_slices(1)
             self.fired_at = _grown(self.fired_at, self.n, -1)
             self.last_data = _grown(self.last_data, self.n, -1)
+            self.first_data = _grown(self.first_data, self.n, -1)
             self.no_data_since = _grown(self.no_data_since, self.n, -1)
             for name in ("month_good", "month_valid", "events_good", "events_valid"):
                 setattr(self, name, _grown(getattr(self, name), self.n, 0))
@@ -237,24 +244,30 @@ class SloTable:
                 judge: bool = True) -> list[AlertChange]:
         """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
         most once): alert changes, in column order. A minute the table has passed corrects
-        its windows and budget, and changes no alert; nor does any minute where not `judge`
+        its windows and budget, and changes no alert (the newest minute's rows may come in
+        several calls: each adds to it); nor does any minute where not `judge`
         (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
         if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
             k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
             raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
         late = self.now is not None and minute <= self.now
+        # The newest minute again: more of its rows (a restart reads a big minute in shares).
+        again = late and minute == self.now
         if not late:
             self.retire_until(minute)
         data = valid > 0
         self.windows.add(cols[data], minute, good[data], valid[data])
+        seen = cols[data]
+        first = self.first_data[seen]
+        self.first_data[seen] = np.where((first < 0) | (first > minute), minute, first)
         if self.spec.calendar_month and _month_of(minute) == self.month:
             self.month_good[cols] += good
             self.month_valid[cols] += valid
         self.events_good[cols] += good
         self.events_valid[cols] += valid
         self._version += 1
-        if late:
+        if late and not again:
             return []
         for i, spends in (stage_spends or {}).items():
             windows = self.stage_windows.setdefault(i, {})
@@ -263,7 +276,7 @@ class SloTable:
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
         self.last_data[cols[data]] = minute
-        if not judge:
+        if not judge or again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
         back = cols[data & (self.no_data_since[cols] >= 0)]
@@ -332,6 +345,13 @@ class SloTable:
         return minutes_to_exhaustion(remaining[cols], burns[cols, self.at[self._fastest_long_minutes]],
                                      self.spec.window_minutes)
 
+    def young(self, minute: int, cols: np.ndarray) -> np.ndarray:
+        """(slices × alert windows): True where the slice's history at `minute` is too short
+        for the pair to be judged."""
+        first = self.first_data.take(cols)
+        history = np.where(first >= 0, minute - first + 1, 0)
+        return history[:, None] < self._history_needed[None, :]
+
     def firing_count(self, cols: np.ndarray) -> np.ndarray:
         return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
 
@@ -364,7 +384,7 @@ class SloTable:
         long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
         enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
         short_hot = short_b > self._factors
-        hot = (long_b > self._factors) & short_hot & enough
+        hot = (long_b > self._factors) & short_hot & enough & ~self.young(minute, cols)
         firing = self.fired_at.take(cols, axis=1).T >= 0
         fire, resolve = hot & ~firing, firing & ~short_hot
         changed = fire | resolve
@@ -397,7 +417,7 @@ class SloTable:
 
     def nbytes(self) -> int:
         """Bytes this table holds in arrays (the windows' rings, allocated; untouched pages are free)."""
-        per_slice = [self.fired_at, self.last_data, self.no_data_since, self.month_good, self.month_valid,
+        per_slice = [self.fired_at, self.last_data, self.first_data, self.no_data_since, self.month_good, self.month_valid,
                      self.events_good, self.events_valid]
         return self.windows.nbytes() + sum(a.nbytes for a in per_slice)
 
@@ -457,4 +477,5 @@ class SliceView:
             minutes_to_exhaustion=_opt(mte),
             firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
             overspent_stage=t.overspent(i) if t.spec.stage_budgets_ms else None,
+            young=[aw.name for (aw, _, _), y in zip(t._alerts, t.young(t.now or 0, np.array([i]))[0]) if y],
         )

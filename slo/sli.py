@@ -228,18 +228,25 @@ class SloEvaluator:
         out = Evaluation()
         if until_minute is not None:
             buckets = buckets.filter(pl.col("window_start").dt.epoch("s") // 60 <= until_minute)
-        if buckets.height > FEED_ROWS:  # a long replay: whole minutes at a time
-            buckets = buckets.sort("window_start")
-            starts = buckets["window_start"]
-            at = 0
-            while at < buckets.height:
-                end = min(at + FEED_ROWS, buckets.height)
-                end = int(starts.search_sorted(starts[end - 1], side="right"))
-                part = self.feed(buckets.slice(at, end - at), with_status=with_status, judge=judge)
-                out.changes += part.changes
-                out.status += part.status
-                at = end
-            return out
+        if buckets.height <= FEED_ROWS:
+            return self._feed_minutes(buckets, with_status, judge)
+        # A long replay: runs of whole minutes, about FEED_ROWS rows each (a minute that alone
+        # holds more goes on its own: its rows are all here already, and alerts are judged
+        # on a whole minute).
+        buckets = buckets.sort("window_start")
+        starts = buckets["window_start"]
+        at = 0
+        while at < buckets.height:
+            end = min(at + FEED_ROWS, buckets.height)
+            end = int(starts.search_sorted(starts[end - 1], side="right"))
+            part = self._feed_minutes(buckets.slice(at, end - at), with_status, judge)
+            out.changes += part.changes
+            out.status += part.status
+            at = end
+        return out
+
+    def _feed_minutes(self, buckets: pl.DataFrame, with_status: bool, judge: bool) -> Evaluation:
+        out = Evaluation()
         if buckets.height == 0:
             return out
         rows_by_slo = _counted_by(buckets, self._countings(buckets))

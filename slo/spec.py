@@ -14,6 +14,7 @@ them all at once.
         slice_by: [zone, model_version]
         min_events: 50         # per alert window, for low-traffic slices
         no_data_after: 10m     # a slice silent this long raises SLONoData
+        young_window_share: 8.33%  # an alert window is judged once the slice's history covers this share of it
         runbook: runbooks/slo-burn.md
         alert_windows: default # or a list of {name, severity, budget_share, long, short}
 
@@ -61,7 +62,8 @@ from msgspec import UNSET, Meta, UnsetType
 
 from conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
 from config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
-from slo.windows import AlertWindow, catalog_for, catalog_periods
+from slo.runtime_buckets import split_buckets
+from slo.windows import YOUNG_SHARE, AlertWindow, catalog_for, catalog_periods, reachable
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
              "word_accuracy", "quota_admission")
@@ -89,6 +91,7 @@ class SloSpec:
     threshold_ms: float | None = None
     runbook: str = "runbooks/slo-burn.md"
     stage_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (stage, budget) in pipeline order
+    young_share: float = YOUNG_SHARE  # a window is judged once the slice's history covers this share of it
 
     def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
         """The buckets that the selector picks."""
@@ -119,36 +122,53 @@ def _objective(value: Any) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class SloFileRead:
+    """An SLO file as read: the SLOs without problems, every problem with its place, and
+    (place, name, runbook) of every entry that could be read at all."""
+
+    specs: list[SloSpec]
+    problems: list[str]
+    entries: list[tuple[str, str, str]]
+
+
 def load_slos(path: str | Path) -> list[SloSpec]:
+    read = read_slos(path)
+    if read.problems:
+        raise SpecErrors(read.problems)
+    return read.specs
+
+
+def read_slos(path: str | Path) -> SloFileRead:
+    """Every SLO and every problem of the file at once (`tailwatch slo check`)."""
     p = Path(path)
     try:
         docs = [d for d in yaml.safe_load_all(read_text(p, ValueError)) if d is not None]
     except ValueError as exc:
-        raise SpecErrors([str(exc)]) from None
+        return SloFileRead([], [str(exc)], [])
     except yaml.YAMLError as exc:
-        raise SpecErrors([yaml_problem(exc)]) from None
+        return SloFileRead([], [yaml_problem(exc)], [])
     if not docs:
-        raise SpecErrors(["no SLOs (the file is empty)"])
+        return SloFileRead([], ["no SLOs (the file is empty)"], [])
     errors: list[str] = []
     specs: list[SloSpec] = []
+    seen: list[tuple[str, str, str]] = []
     for di, doc in enumerate(docs):
         if isinstance(doc, dict) and doc.get("apiVersion", "").startswith("openslo/"):
-            spec = _from_openslo(doc, f"{p.name}[doc {di}]", errors)
+            spec = _from_openslo(doc, f"{p.name}[doc {di}]", errors, seen)
             if spec:
                 specs.append(spec)
         elif isinstance(doc, dict) and isinstance(doc.get("slos"), list):
             for i, raw in enumerate(doc["slos"]):
-                spec = _from_native(raw, f"slos[{i}]", errors)
+                spec = _from_native(raw, f"slos[{i}]", errors, seen)
                 if spec:
                     specs.append(spec)
         else:
             errors.append(f"{p.name}[doc {di}]: expected a `slos:` list or an OpenSLO `kind: SLO` document")
-    names = [s.name for s in specs]
+    names = [name for _, name, _ in seen]
     for n in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"slo {n!r}: defined more than once")
-    if errors:
-        raise SpecErrors(errors)
-    return specs
+    return SloFileRead(specs, errors, seen)
 
 
 class AvailabilitySli(ConfigStruct):
@@ -224,15 +244,39 @@ class SloEntry(ConfigStruct):
     no_data_after: str = "10m"
     runbook: str = "runbooks/slo-burn.md"
     alert_windows: Literal["default"] | list[AlertWindowEntry] = "default"
+    young_window_share: str | float = YOUNG_SHARE  # judge a window once the slice's history covers this share of it
 
 
-def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
-    problems = every_problem(raw, SloEntry, where)
-    if problems:
-        errors.extend(problems)
+# Stand-ins for required fields that are missing or wrong, so that the other fields' checks
+# still run and one `slo check` lists every problem; an entry using one is never returned.
+_STAND_INS = {"name": "x", "sli": {"availability": {}}, "objective": 0.99}
+
+
+def _salvaged(raw: dict, problems: list[str], where: str) -> SloEntry | None:
+    """The entry with its refused fields left out (stand-ins for required ones), or None."""
+    if not isinstance(raw, dict):
         return None
-    e = msgspec.convert(raw, SloEntry)
-    before = len(errors)
+    bad = {p[len(where) + 1:].split(":")[0].split(".")[0].split("[")[0] for p in problems if p.startswith(where + ".")}
+    known = {f.encode_name for f in msgspec.structs.fields(SloEntry)}
+    kept = {k: v for k, v in raw.items() if k in known and k not in bad}
+    try:
+        return msgspec.convert({**{k: v for k, v in _STAND_INS.items() if k not in kept}, **kept}, SloEntry)
+    except msgspec.ValidationError:
+        return None
+
+
+def _from_native(raw: Any, where: str, errors: list[str],
+                 seen: list[tuple[str, str, str]] | None = None) -> SloSpec | None:
+    """The SLO in `raw`, or None with every problem of it appended to `errors`; `seen` gets
+    (place, name, runbook) of every entry that could be read at all, for checks over files."""
+    problems = every_problem(raw, SloEntry, where)
+    errors.extend(problems)
+    e = _salvaged(raw, problems, where) if problems else msgspec.convert(raw, SloEntry)
+    if e is None:
+        return None
+    if seen is not None:
+        seen.append((where, raw.get("name") if isinstance(raw.get("name"), str) else where, e.runbook))
+    before = len(errors) - len(problems)
     for label, value in e.selector.items():
         if label not in SLICE_LABELS:
             errors.append(f"{where}.selector.{label}: unknown label (known: {', '.join(SLICE_LABELS)})")
@@ -275,6 +319,18 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
     for w in windows:
         if w.long_minutes > window_minutes:
             errors.append(f"{where}.window: {e.window} is shorter than alert window {w.name} ({w.long_minutes} min)")
+    if objective is not None and 0 < objective < 1:
+        if e.alert_windows == "default" or not e.alert_windows:
+            windows = tuple(reachable(w, window_minutes, objective) for w in windows)
+        for w in windows:
+            needed = w.error_ratio_needed(window_minutes, objective)
+            if needed >= 1:
+                errors.append(f"{where}.alert_windows: SLO {e.name}, window {w.name} can never fire: it needs an "
+                              f"error ratio above {needed:.1%} (burn factor {w.factor(window_minutes):g} × error "
+                              f"budget {1 - objective:.3g}); lower its budget_share or lengthen its long window")
+    young_share = _objective(e.young_window_share)
+    if young_share is None or not 0 <= young_share <= 1:
+        errors.append(f"{where}.young_window_share: a share of a window's span from 0% to 100%")
     no_data_s = parse_duration_s(e.no_data_after)
     if no_data_s is None or no_data_s < 60:
         errors.append(f"{where}.no_data_after: a duration of at least 1m")
@@ -286,7 +342,7 @@ def _from_native(raw: Any, where: str, errors: list[str]) -> SloSpec | None:
         name=e.name, description=e.description, selector=dict(e.selector),
         sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
         slice_by=tuple(e.slice_by), alert_windows=windows, min_events=e.min_events, latency_field=latency_field,
-        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets,
+        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets, young_share=young_share,  # type: ignore[arg-type]
     )
 
 
@@ -338,7 +394,8 @@ def _alert_windows(entries: str | list[AlertWindowEntry], period_minutes: int, w
     return tuple(out) or (catalog_for(period_minutes) or ())
 
 
-def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
+def _from_openslo(doc: dict, where: str, errors: list[str],
+                  seen: list[tuple[str, str, str]] | None = None) -> SloSpec | None:
     """OpenSLO v1 `kind: SLO` with an inline ratio or threshold indicator over our fields.
 
     ratioMetric: good/total (or bad/total) queries name our counters (`ok`, `requests`,
@@ -378,4 +435,29 @@ def _from_openslo(doc: dict, where: str, errors: list[str]) -> SloSpec | None:
         return None
     labels = raw["selector"]
     raw["selector"] = {k: v for k, v in labels.items() if k in SLICE_LABELS}
-    return _from_native(raw, where, errors)
+    return _from_native(raw, where, errors, seen)
+
+
+def spec_warnings(spec: SloSpec) -> list[str]:
+    """What `slo check` and the worker say about an SLO that loads but does not read as
+    written: a window capped to stay reachable (`slo.windows.reachable`), and a latency
+    threshold strictly inside a bucket of a runtime's default histogram (`slo.runtime_buckets`)."""
+    out = []
+    if spec.latency_field is not None and spec.threshold_ms is not None:
+        for split in split_buckets(spec.latency_field, spec.threshold_ms, spec.selector.get("workload")):
+            out.append(f"SLO {spec.name}: its threshold {_seconds(spec.threshold_ms)} falls between the bucket bounds "
+                       f"{_seconds(split.lower_ms)} and {_seconds(split.upper_ms)} of {split.histogram.runtime}'s "
+                       f"{split.histogram.metric}: for a fleet scraped from it, requests in that bucket count as bad, "
+                       f"so the SLI is a lower bound and can page on requests that all met the threshold")
+    for w in spec.alert_windows:
+        if w.max_factor is not None:
+            uncapped = w.budget_share * spec.window_minutes / w.long_minutes
+            out.append(f"SLO {spec.name}, window {w.name}: the catalog's burn factor {uncapped:g} would need an error "
+                       f"ratio above {uncapped * (1 - spec.objective):.1%}, which can never happen; capped at "
+                       f"{w.factor(spec.window_minutes):g} (fires above an error ratio of "
+                       f"{w.error_ratio_needed(spec.window_minutes, spec.objective):.0%})")
+    return out
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:g} s"

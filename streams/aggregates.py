@@ -55,12 +55,27 @@ STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_o
 # (Named once, in store.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
+# No sum here can wrap, for any record the contract admits (ingest/schema.py bounds each field)
+# and up to this many events in one slice-minute (1.7 million a second into one slice):
+# - counts add at most 1 an event: at most 10⁸ a minute, 6 × 10⁹ an hour row.
+# - integer fields (tokens, revisions, underruns, word and character counts, GPU error counters,
+#   `successful_audio_ms` from audio seconds ≤ 10⁶) add at most MAX_RECORD_COUNT (10⁹) an
+#   event, in Int64: ≤ 10¹⁷ a slice-minute, ≤ 6 × 10¹⁸ an hour row (sli_hour merges 60
+#   minutes the same way), under 2⁶³ ≈ 9.22 × 10¹⁸. `mos_milli` adds at most 5,000.
+# - fixed-point sums (`_fixed_sum`: GPU- and audio-seconds in micro-units, up to 1.024 × 10¹⁵
+#   an event; GPU means in milli-units) are Int128 in every partial, merge and checkpoint:
+#   2¹²⁷ ≈ 1.7 × 10³⁸ is 10²³ events at the bound, whatever the event rate. Finished rows
+#   hold them as doubles (the store's DOUBLE columns), which cannot wrap.
+# The store's BIGINT columns hold the Int64 sums above; DuckDB sums BIGINT into HUGEINT.
+MAX_EVENTS_PER_SLICE_MINUTE = 10**8
+FIXED = pl.Int128
 
 
 def _fixed_sum(column: str, scale: int) -> pl.Expr:
     """Sum in integer fixed point: float sums would depend on merge order, and a restart or
-    replay merges partials in a different order, so buckets would differ in the last bits."""
-    return (pl.col(column) * scale).round().cast(pl.Int64).sum().alias(f"_{column}_fixed")
+    replay merges partials in a different order, so buckets would differ in the last bits.
+    Int128, so that no sum can wrap (above)."""
+    return (pl.col(column) * scale).round().cast(FIXED).sum().alias(f"_{column}_fixed")
 
 
 def _status(name: str) -> pl.Expr:
@@ -148,7 +163,7 @@ REQUESTS = AggregateSpec(
         (pl.col("window_start").dt.epoch("s") // 60).alias("_minute"), *SLICE_LABELS,
         *[pl.col(c).fill_null(0) for c in (*REQUEST_COUNTS, *STREAM_COUNTS, *QUALITY_COUNTS, "prompt_tokens",
                                            "output_tokens")],
-        *[(pl.col(c).fill_null(0) * MICRO).round().cast(pl.Int64).alias(f"_{c}_fixed") for c in ("audio_seconds", "gpu_seconds")],
+        *[(pl.col(c).fill_null(0) * MICRO).round().cast(FIXED).alias(f"_{c}_fixed") for c in ("audio_seconds", "gpu_seconds")],
     ),
 )
 

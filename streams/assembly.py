@@ -96,6 +96,9 @@ class MinuteAssembly:
             a.sli_partitions |= source.partitions.get(self.sli_topic, set())
 
     # ---- the hot path: a few hundred records a minute -----------------------------------
+    def mark_gap(self, letter: deadletter.DeadLetter) -> None:
+        self.dead_letters.append(letter)
+
     def process(self, topic: str, batch: list) -> None:
         if topic == self.dlq_topic:
             for m in batch:

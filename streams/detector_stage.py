@@ -51,7 +51,7 @@ from detectors.core import (
     summaries,
     with_minute,
 )
-from slo.windows import minute_start_utc
+from slo.windows import minute_start_utc, minutes_text
 import store
 from slo.columns import compact_strings
 from conventions import (
@@ -117,8 +117,8 @@ class PendingMinutes:
         if not_before is not None and f[MINUTE_COL].min() < not_before:
             # Only when the table was taken as absent: the detectors have moved on.
             late = f.filter(pl.col(MINUTE_COL) < not_before)[MINUTE_COL].unique().sort().to_list()
-            log.warning("%s rows of minutes %s closed after the detectors passed them: not seen by detectors",
-                        self.table, ", ".join(map(str, late)))
+            log.warning("%s rows of minutes %s (UTC) closed after the detectors passed them: not seen by detectors",
+                        self.table, minutes_text(late))
             f = f.filter(pl.col(MINUTE_COL) >= not_before)
         if self.hold is not None and f.height:
             f = self.hold(f)
@@ -256,13 +256,6 @@ class DetectorStage:
             # Detectors switched on for a store with history: learn from it, raise nothing for the past.
             processed_before = max(newest_minutes) + 1
         start = processed_before - self.cfg.history_minutes()
-        requests = store.query_frame(con, f"SELECT {', '.join(sorted(REQUEST_COLUMNS_READ))} "
-                                     "FROM sli_minute WHERE window_start >= $1", [minute_start_utc(start)])
-        gpu = store.query_frame(con, "SELECT * FROM gpu_minute WHERE window_start >= $1", [minute_start_utc(start)])
-        requests, gpu = with_minute(requests), with_minute(gpu)
-        self.max_request_minute = None if requests is None else requests[MINUTE_COL].max()
-        self.max_gpu_minute = None if gpu is None else gpu[MINUTE_COL].max()
-        requests = summaries(requests, self.label_sets)
         anomaly = self.set.get(ANOMALY)
         models: list[AnomalyModel] = []
         if anomaly is not None:
@@ -274,13 +267,29 @@ class DetectorStage:
                           "SELECT version, fit_from, fit_to, fit_rows, model FROM _tw_detector_models "
                           "WHERE detector = ? ORDER BY version", [ANOMALY]).fetchall()]
             anomaly.fitting = False
-        batch = MinuteBatch(requests, gpu)
-        first = min(batch.minutes(), default=processed_before)
-        for minute in range(max(first, start), processed_before):
-            if anomaly is not None:
-                # A model fitted at minute F scores from F + 1 on (the fit runs while F is scored).
-                anomaly.model = next((mdl for mdl in reversed(models) if mdl.fit_to_minute < minute), None)
-            self.set.observe(Minute(minute, batch=batch))
+        self.max_request_minute = self.max_gpu_minute = None
+        first = None  # the oldest minute with rows: the replay begins there
+        # Runs of whole minutes of bounded rows: a big fleet's history (its rows, then a
+        # summary object per label-set slice and minute) held at once took gigabytes.
+        for lo, hi, request_rows, gpu_rows in store.bucket_runs(con, start, ", ".join(sorted(REQUEST_COLUMNS_READ))):
+            requests, gpu = with_minute(request_rows), with_minute(gpu_rows)
+            end = processed_before if hi is None else min(hi, processed_before)
+            if requests is not None:
+                self.max_request_minute = requests[MINUTE_COL].max()
+            if gpu is not None:
+                self.max_gpu_minute = gpu[MINUTE_COL].max()
+            requests = summaries(requests, self.label_sets)
+            batch = MinuteBatch(requests, gpu)
+            if first is None:
+                first = min(batch.minutes(), default=None)
+            for minute in range(max(first if first is not None else end, lo), end):
+                if anomaly is not None:
+                    # A model fitted at minute F scores from F + 1 on (the fit runs while F is scored).
+                    anomaly.model = next((mdl for mdl in reversed(models) if mdl.fit_to_minute < minute), None)
+                self.set.observe(Minute(minute, batch=batch))
+            for pending, rows in ((self.pending_requests, requests), (self.pending_gpu, gpu)):
+                if rows is not None:
+                    pending.add(rows.filter(pl.col(MINUTE_COL) >= processed_before))
         if anomaly is not None:
             anomaly.fitting = True
             if models:
@@ -290,9 +299,6 @@ class DetectorStage:
         self._adopt_open(con)
         self.processed_before = processed_before
         self.collector.processed_before_minute = processed_before
-        for pending, rows in ((self.pending_requests, requests), (self.pending_gpu, gpu)):
-            if rows is not None:
-                pending.add(rows.filter(pl.col(MINUTE_COL) >= processed_before))
 
     def _adopt_open(self, con: duckdb.DuckDBPyConnection) -> None:
         """The store's open detections continue as themselves; any the replay opened that

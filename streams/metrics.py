@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from streams.connections import EVICTED_SLOW, EVICTED_UNAUTHENTICATED
 from conventions import (
     BUCKETS_CLOSED_TOTAL, BUCKET_CLOSE_DELAY_SECONDS, CHECKPOINT_DURATION_SECONDS,
-    CONSUMER_GROUP_RESCUES_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
+    CONSUMER_GROUP_RESCUES_TOTAL, LOG_RESETS_TOTAL, CONSUMER_LAG_MESSAGES, DEAD_LETTERS_TOTAL, DEDUPE_IDS, EVENTS_TOTAL,
     FLAGGER_EVENT_TYPES, FLAGGER_EVENTS_TOTAL, FLAGGER_PHASES, HTTP_REFUSED_TOTAL, HTTP_RESTARTS_TOTAL, LATE_EVENTS_TOTAL, CORRECTED_EVENTS_TOTAL, OPEN_BUCKETS, PARTITIONS_PAUSED,
     PUBLISH_FAILURES_TOTAL, STAGE_CPU_SECONDS_TOTAL, STATE_BYTES, PROCESS_MEMORY_BYTES, STORE_MEMORY_LIMIT_BYTES,
     UNKNOWN_FIELDS_DROPPED_TOTAL, WATERMARK_TIMESTAMP_SECONDS, LABEL_VALUES, LABEL_VALUES_OVERFLOWED_TOTAL,
@@ -38,6 +39,10 @@ class WorkerMetrics:
         self.group_rescues = Counter(
             CONSUMER_GROUP_RESCUES_TOTAL, "Times the worker, holding no partition, found its consumer "
             "group wedged on a departed leader and freed it (the embedded broker only: ingest/broker.py).", registry=r)
+        self.log_resets = Counter(
+            LOG_RESETS_TOTAL, "Partitions whose stored read position the log no longer had (past its end, "
+            "before its start, or the topic created again), read again from their start; each gap is a dead "
+            "letter of reason log_reset (streams/log_reset.py).", ["topic", "reason"], registry=r)
         self.http_restarts = Counter(
             HTTP_RESTARTS_TOTAL, "Times the process serving /metrics and the signal API died and "
             "was started again on the same port (streams/http.py).", registry=r)
@@ -97,8 +102,8 @@ class WorkerMetrics:
 
 # Why the HTTP process refused or cut a connection or request (streams/http.py): a closed set.
 HTTP_REFUSALS = ("head_timeout", "idle_head_timeout", "body_timeout", "body_too_large", "client_disconnected",
-                 "refused_before_body", "malformed_request", "evicted_slow_connection", "connection_limit",
-                 "accept_failed")
+                 "refused_before_body", "malformed_request", EVICTED_SLOW, EVICTED_UNAUTHENTICATED,
+                 "connection_limit", "accept_failed")
 
 
 class HttpMetrics:
@@ -109,7 +114,7 @@ class HttpMetrics:
         self.refused = Counter(
             HTTP_REFUSED_TOTAL, "Connections and requests the HTTP port refused or cut, by reason "
             "(slow heads and bodies, oversized or malformed requests, bodies refused before reading, the "
-            "connection cap).", ["reason"], registry=self.registry)
+            "connection cap and the connections evicted at it).", ["reason"], registry=self.registry)
         for reason in HTTP_REFUSALS:  # known label sets start at 0
             self.refused.labels(reason)
         self.flagger_events = Counter(

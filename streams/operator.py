@@ -16,6 +16,7 @@ from typing import Protocol
 import duckdb
 import polars as pl
 
+from ingest import deadletter
 import store
 from streams.source import KafkaSource
 
@@ -40,6 +41,11 @@ class Operator(Protocol):
 
     def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
         """A partition went to another member of the group."""
+        ...
+
+    def mark_gap(self, letter: deadletter.DeadLetter) -> None:
+        """A partition's log was reset under its read position (streams/log_reset.py): the
+        gap's dead letter goes out, and into the store, with the next checkpoint."""
         ...
 
     def process(self, topic: str, batch: list) -> None:

@@ -133,6 +133,9 @@ class PartialPublisher:
         source.next_offsets.pop((topic, partition), None)
         self._markers.pop((topic, partition), None)
 
+    def mark_gap(self, letter: deadletter.DeadLetter) -> None:
+        self.decode.dead_letters.append(letter)
+
     def process(self, topic: str, batch: list) -> None:
         self.decode.process(self.inputs[topic], batch)
 

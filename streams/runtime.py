@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import msgspec
+
 from alerts.alertmanager import AlertLinks, DeliveryCollector
 from ingest.kafka import KafkaSettings, ensure_topics
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES
@@ -39,6 +41,7 @@ from signals.live import SignalSnapshot
 from streams.frames import DEFAULT_MAX_AHEAD_MS
 from streams.cardinality import CardinalityLimits
 from streams.http import HttpState, WorkerHttp
+from streams.input_catch_up import InputCatchUp
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.operator import Operator
 from streams.signal_stage import SignalStage
@@ -141,6 +144,7 @@ class Runtime:
         self.cpu_at_first_event: float | None = None
         self.last_event_wall: float | None = None
         self._caught_up_wall: float | None = None
+        self.inputs = InputCatchUp(source.topics, settings.batch_size)  # each input topic on its own
         self._view_dirty = True  # events or closed minutes since the signal view was last built
         self._state_measured = self._heap_checked = time.monotonic()
         self._stop = False
@@ -371,12 +375,21 @@ class Runtime:
         self.lag_messages = sum(lag.values())
         if known and self.lag_messages <= self.settings.batch_size and self.source.assigned_at is not None:
             self._caught_up_wall = time.time()
+        before = set(self._inputs_behind())
+        self.inputs.observe(self.source.assigned, {t: self.source.read_to_end(t) for t in self.source.topics}, lag,
+                            known, time.time())
+        if set(self._inputs_behind()) != before:
+            self._view_dirty = True  # the view says which inputs are behind: rebuild it when that changes
+
+    def _inputs_behind(self) -> dict[str, str]:
+        return self.inputs.behind(self.source.assigned, time.time(), self.settings.api_config.stale_after_s)
 
     # ---- the signal view and readiness ---------------------------------------------------
     def refresh_signals(self) -> None:
         """Rebuild the signal API's view from kept buckets plus a peek at open minutes."""
         began = self.cpu.began()
-        self.signal_snapshot = self.signals.snapshot(*self.operator.open_minutes(), wall_s=time.time())
+        snapshot = self.signals.snapshot(*self.operator.open_minutes(), wall_s=time.time())
+        self.signal_snapshot = msgspec.structs.replace(snapshot, inputs_behind=self._inputs_behind())
         self.cpu.spent("signals_view", began)
 
     def readiness(self) -> tuple[bool, str]:
@@ -388,6 +401,10 @@ class Runtime:
         bound = self.settings.api_config.stale_after_s
         if self.source.assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
+        if self.source.resetting:
+            where = ", ".join(f"{t} partition {q}" for t, q in sorted(self.source.resetting))
+            return False, (f"reading {where} again from the start: the log no longer has the stored read "
+                           "position (a dead letter of reason log_reset marks the gap)")
         whole = self.operator.whole_topic
         owned = len(self.source.assigned.get(whole, ()))
         total = len(self.source.partitions.get(whole, ()))
@@ -401,6 +418,9 @@ class Runtime:
         behind = time.time() - self._caught_up_wall
         if behind > bound:
             return False, f"{self.lag_messages:,} messages behind; last caught up {behind:.0f} s ago (bound {bound:.0f} s)"
+        inputs = self._inputs_behind()
+        if inputs:
+            return False, "; ".join(f"{topic}: {why}" for topic, why in sorted(inputs.items()))
         return True, "caught up"
 
     def _write_stats(self, path: str) -> None:

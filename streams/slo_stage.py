@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from datetime import datetime
 
 import duckdb
@@ -24,11 +25,14 @@ from slo.contributors import contributors_by_minute, explain
 from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
+from slo.unmatched import UnmatchedSelectors
 import store
 from conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
-    SLO_SLI_RATIO,
+    SLO_SELECTOR_MATCHED, SLO_SLI_RATIO,
 )
+
+log = logging.getLogger("tailwatch.slo")
 
 class SloCollector:
     """Prometheus view of the SLO tables. Labels: `slo` and the SLO's slice labels (a label
@@ -39,6 +43,7 @@ class SloCollector:
     def __init__(self, specs: list[SloSpec]):
         self.labels = sorted({label for s in specs for label in s.slice_by})
         self.tables: list[SloTable] = []
+        self.selector_matched: dict[str, bool] = {}  # the stage's UnmatchedSelectors.matched
 
     def describe(self):
         return []
@@ -75,7 +80,12 @@ class SloCollector:
                         1 for j, sev in enumerate(severities) if sev == severity and table.fired_at[j, i] >= 0))
                 events.add_metric([*values, "good"], int(table.events_good[i]))
                 events.add_metric([*values, "bad"], int(table.events_valid[i] - table.events_good[i]))
-        yield from (objective, sli, burn, budget, firing, events)
+        matched = GaugeMetricFamily(SLO_SELECTOR_MATCHED, "1 once the SLO's selector has matched a bucket since the "
+                                    "worker started; 0: a selector that matches nothing (no slice, never pages).",
+                                    labels=["slo"])
+        for name, yes in list(self.selector_matched.items()):
+            matched.add_metric([name], 1.0 if yes else 0.0)
+        yield from (objective, sli, burn, budget, firing, events, matched)
 
 
 def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
@@ -111,6 +121,8 @@ class SloStage:
         self.collector = SloCollector(specs)
         self.collector.tables = list(self.evaluator.tables.values())
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
+        self.unmatched = UnmatchedSelectors(specs)
+        self.collector.selector_matched = self.unmatched.matched
 
     def collectors(self) -> list:
         return [self.collector]
@@ -131,6 +143,7 @@ class SloStage:
         longest = max(s.window_minutes for s in self.specs.values())
         for rows in store.recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
+            self._warn_unmatched(rows)
         self.evaluator.reset_event_counts()
         details = {}
         for fp, name, sev, slo, window, labels, fired_at, long_b, short_b, left, detail in con.execute(
@@ -159,6 +172,7 @@ class SloStage:
         if requests.height == 0:
             return {}
         result = self.evaluator.feed(requests)
+        self._warn_unmatched(requests)
         changes = self._explained(result.changes, requests)
         if changes:
             details = dict(self._details)
@@ -173,6 +187,10 @@ class SloStage:
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
              for c in changes]))
         return out
+
+    def _warn_unmatched(self, buckets: pl.DataFrame) -> None:
+        for warning in self.unmatched.observe(buckets):
+            log.warning(warning)
 
     def _explained(self, changes: list[AlertChange], requests: pl.DataFrame) -> list[AlertChange]:
         """A page that fires names who and what holds the slice's bad events at that minute (the

@@ -6,6 +6,13 @@ is read to its end, every partition the cluster says a topic has, pausing, and t
 Where a partition starts when it is taken is the operator's to say (`OffsetPolicy`): the
 store's offsets, a tier-1 resume record, or the beginning.
 
+Read positions the log no longer has (a broker that lost its data, a topic created again,
+retention past a stopped worker's position) are checked on every tick against the log's
+start and end as the last fetch saw them, and against the topic's id every few seconds
+(streams/log_reset.py decides); such a partition is read again from its start, said once in
+the log, handed to `on_log_reset` (a counter, the gap's dead letter), and keeps the worker
+not ready until it is read to its end again.
+
 Membership: with a group, `instance_id` makes the worker a static member (KIP-345) and a
 restart takes its partitions back at once. Without one (tier 2), every partition of the
 topics is assigned directly: every replica reads all of them, and a restart waits for no
@@ -18,10 +25,12 @@ import logging
 import time
 from typing import Callable, Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from ingest.broker import is_embedded, rescue_wedged_group
 from ingest.kafka import KafkaSettings, make_consumer
+from streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
 
 log = logging.getLogger("tailwatch.source")
 
@@ -39,10 +48,12 @@ class OffsetPolicy(Protocol):
 class KafkaSource:
     GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
     METADATA_EVERY_S = 30.0  # topics may gain partitions
+    TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
 
     def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
                  by_group: bool = True, instance_id: str | None = None,
-                 on_group_rescued: Callable[[], None] = lambda: None):
+                 on_group_rescued: Callable[[], None] = lambda: None,
+                 on_log_reset: Callable[[LogReset], None] = lambda reset: None):
         self.kafka = kafka
         self.topics = list(topics)  # consumed
         self.watched = list(dict.fromkeys([*topics, *watched]))  # topics whose partition sets are tracked
@@ -60,6 +71,14 @@ class KafkaSource:
         self._last_rescue = 0.0
         self._embedded: bool | None = None  # whether the cluster is the embedded broker, once asked
         self._on_group_rescued = on_group_rescued
+        self._on_log_reset = on_log_reset
+        self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
+        self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
+        self._unsought: dict[tuple[str, int], LogReset] = {}  # reset, the seek not taken yet (retried each tick)
+        self._was_reset: set[tuple[str, int]] = set()  # until the policy's saved offsets are of the new log
+        self._read_in_unnamed_log: set[tuple[str, int]] = set()  # reset while the topic's new id was not known
+        self._ids_checked_at = 0.0
+        self._admin: AdminClient | None = None
         self.consumer = None
 
     # ---- membership -------------------------------------------------------------------
@@ -74,6 +93,7 @@ class KafkaSource:
     def close(self) -> None:
         if self.consumer is not None:
             self.consumer.close()
+        self._admin = None
 
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
         self.assigned_at = time.monotonic()
@@ -95,7 +115,14 @@ class KafkaSource:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         starts = self._policy.start_offsets(self, by_topic)
         for tp in partitions:
-            start = starts.get((tp.topic, tp.partition))
+            key = (tp.topic, tp.partition)
+            start, read = starts.get(key), self.next_offsets.get(key)
+            if key in self._was_reset:
+                if start is not None and read is not None and read < start:
+                    # Reset since the policy saved its offset, which points into the log that is gone.
+                    start = read or None
+                else:
+                    self._was_reset.discard(key)
             tp.offset = OFFSET_BEGINNING if start is None else start
             self.assigned[tp.topic].add(tp.partition)
 
@@ -105,6 +132,8 @@ class KafkaSource:
                 self._policy.revoked(self, tp.topic, tp.partition)
                 self.assigned[tp.topic].discard(tp.partition)
                 self.eof[tp.topic].discard(tp.partition)
+                self.resetting.pop((tp.topic, tp.partition), None)
+                self._unsought.pop((tp.topic, tp.partition), None)
         if not any(self.assigned.values()):
             self.unassigned_since = time.monotonic()
 
@@ -146,6 +175,10 @@ class KafkaSource:
                 if err.code() == KafkaError._PARTITION_EOF:
                     if m.topic() in self.eof:
                         self.eof[m.topic()].add(m.partition())
+                elif err.code() == KafkaError._AUTO_OFFSET_RESET and m.topic() in self.assigned:
+                    # librdkafka was told the position is out of range and went to the log's
+                    # start itself: the same policy, which must not pass in silence.
+                    self._out_of_range(m.topic(), m.partition())
                 elif err.fatal():
                     raise RuntimeError(f"Kafka consumer failed: {err.str()}")
                 else:
@@ -204,10 +237,11 @@ class KafkaSource:
                 except Exception:  # lag is best-effort telemetry; never stop the worker for it
                     known = False
                     continue
-                if high < 0:
+                behind = high - self.next_offsets.get((topic, part), 0)
+                if high < 0 or behind < 0:  # past the end: the next tick's check says so and reads from the start
                     known = False
                     continue
-                out[(topic, part)] = max(0, high - self.next_offsets.get((topic, part), 0))
+                out[(topic, part)] = behind
         return out, known
 
     def unread(self, topic: str, waited_for: set[int] = frozenset()) -> list[str]:
@@ -228,6 +262,7 @@ class KafkaSource:
     def tick(self, now: float) -> None:
         if now - self._checked_at >= self.METADATA_EVERY_S:
             self.refresh_partitions()
+        self.check_positions(now)
         self._rescue_group_if_wedged(now)
 
     def _rescue_group_if_wedged(self, now: float) -> None:
@@ -246,3 +281,104 @@ class KafkaSource:
         if done:
             self._on_group_rescued()
             log.warning("%s", done)
+
+    # ---- positions the log no longer has ------------------------------------------------
+    def check_positions(self, now: float) -> None:
+        """Judge every owned partition's read position against its log (streams/log_reset.py)
+        and reset those the log no longer has. A position past the end also has the topic's id
+        asked at once: after a re-creation every partition of the topic is read again, not only
+        those whose new log is still short."""
+        ids = self._topic_ids() if now - self._ids_checked_at >= self.TOPIC_IDS_EVERY_S else None
+        found = self._judge_all(ids or {})
+        if ids is None and any(r.reason == PAST_END for r in found):
+            ids = self._topic_ids()
+            found = self._judge_all(ids)
+        for reset in found:
+            self._reset(reset)
+            if reset.topic not in (ids or {}):
+                self._read_in_unnamed_log.add((reset.topic, reset.partition))
+        self.topic_ids.update(ids or {})
+        for key, reset in list(self._unsought.items()):
+            self._seek_start(key, reset)
+        for key in [k for k in self.resetting if k not in self._unsought and k[1] in self.read_to_end(k[0])]:
+            log.info("%s partition %d: read again to its end after the reset", *key)
+            del self.resetting[key]
+
+    def _judge_all(self, ids: dict[str, str]) -> list[LogReset]:
+        out = []
+        for topic, parts in self.assigned.items():
+            for part in sorted(parts):
+                position = self.next_offsets.get((topic, part))
+                if position is None or (topic, part) in self._unsought:
+                    continue
+                low, high = self._cached_watermarks(topic, part)
+                known = self.topic_ids.get(topic)
+                if (topic, part) in self._read_in_unnamed_log and topic in ids:
+                    # Reset while the cluster did not say the topic's id: its position is in the
+                    # log the id now names, not in the one the old id named.
+                    self._read_in_unnamed_log.discard((topic, part))
+                    known = None
+                reset = judge(topic, part, position, low, high, known, ids.get(topic))
+                if reset is not None:
+                    out.append(reset)
+        return out
+
+    def _cached_watermarks(self, topic: str, part: int) -> tuple[int, int]:
+        """The log's start and end as the last fetch response said (-1: not known). The cached
+        ones, not a ListOffsets request: the embedded broker answers that with the first
+        offset of the newest batch plus one, not the log's end."""
+        try:
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+        except KafkaException:
+            return -1, -1
+        return (low if low >= 0 else -1), (high if high >= 0 else -1)
+
+    def _topic_ids(self) -> dict[str, str]:
+        """The id of each consumed topic the cluster has now (a topic it lacks is left out)."""
+        self._ids_checked_at = time.monotonic()
+        if self._admin is None:
+            self._admin = AdminClient(self.kafka.base_config())
+        out = {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(self.topics), request_timeout=5)
+        except KafkaException as exc:
+            log.debug("cannot describe %s: %s", self.topics, exc)
+            return out
+        for topic, future in futures.items():
+            try:
+                out[topic] = str(future.result(timeout=10).topic_id)
+            except (KafkaException, TimeoutError):  # gone or unreachable now: judged when it answers
+                continue
+        return out
+
+    def _out_of_range(self, topic: str, part: int) -> None:
+        position = self.next_offsets.get((topic, part), 0)
+        low, high = self._cached_watermarks(topic, part)
+        reason = PAST_END if 0 <= high < position else BEFORE_START
+        reset = LogReset(topic, part, position, low, high, reason)
+        log.warning("%s", reset.line())
+        self._on_log_reset(reset)
+        self.next_offsets[(topic, part)] = max(low, 0)  # librdkafka already reads from the start
+        self.resetting[(topic, part)] = reset
+        self._was_reset.add((topic, part))
+
+    def _reset(self, reset: LogReset) -> None:
+        key = (reset.topic, reset.partition)
+        log.warning("%s", reset.line())
+        self._on_log_reset(reset)
+        self.resetting[key] = reset
+        self._was_reset.add(key)
+        self._seek_start(key, reset)
+
+    def _seek_start(self, key: tuple[str, int], reset: LogReset) -> None:
+        """Read the partition from the start of its log; a seek librdkafka cannot take yet (the
+        partition not fetching since its assignment) is tried again on the next tick."""
+        topic, part = key
+        try:
+            self.consumer.seek(TopicPartition(topic, part, OFFSET_BEGINNING))
+        except KafkaException:
+            self._unsought[key] = reset
+            return
+        self._unsought.pop(key, None)
+        self.next_offsets[key] = 0
+        self.eof[topic].discard(part)

@@ -12,12 +12,16 @@ stages, then the signal view) run where there is a store.
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from streams.assembly import MinuteAssembly
 from streams.metrics import CpuAccount, WorkerMetrics
 from streams.partial_publisher import PartialPublisher
 from streams.rollup import RollUp
 from streams.runtime import Parts, Runtime, WorkerSettings
 from streams.signal_stage import SignalStage
+from streams.log_reset import LogReset
 from streams.slo_stage import SloStage
 from streams.source import KafkaSource
 from streams.store_sink import StoreSink
@@ -26,6 +30,14 @@ from streams.window_operator import MinuteWindowOperator
 
 OPERATORS = {"all": MinuteWindowOperator, "1": PartialPublisher, "2": MinuteAssembly}
 TIERS = tuple(OPERATORS)
+
+
+def _gap_marker(metrics: WorkerMetrics, operator) -> Callable[[LogReset], None]:
+    """A reset partition is counted, and its gap marked by a dead letter stamped when it was seen."""
+    def mark(reset: LogReset) -> None:
+        metrics.log_resets.labels(reset.topic, reset.reason).inc()
+        operator.mark_gap(reset.dead_letter(int(time.time() * 1000)))
+    return mark
 
 
 def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | None = None) -> Runtime:
@@ -57,6 +69,6 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
                                 stopping=lambda: runtime is not None and runtime.stopping)
     source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,
                          by_group=operator.by_group, instance_id=settings.instance_id,
-                         on_group_rescued=metrics.group_rescues.inc)
+                         on_group_rescued=metrics.group_rescues.inc, on_log_reset=_gap_marker(metrics, operator))
     runtime = Runtime(settings, metrics, cpu, parts, source)
     return runtime

@@ -95,6 +95,9 @@ class MinuteWindowOperator:
             self.alignment.forget((topic, partition))
 
     # ---- the hot path ---------------------------------------------------------------------
+    def mark_gap(self, letter: deadletter.DeadLetter) -> None:
+        self.decode.dead_letters.append(letter)
+
     def process(self, topic: str, batch: list) -> None:
         self.decode.process(self.inputs[topic], batch)
 

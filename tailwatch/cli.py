@@ -156,7 +156,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "store snapshot": ("tailwatch store snapshot --store data/tailwatch.duckdb /backups/snap-1",),
     "sql": ("tailwatch sql \"SELECT slo, fired_at FROM alerts ORDER BY fired_at\"",
             "tailwatch sql --format csv \"SELECT * FROM detections\" > detections.csv"),
-    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",),
+    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",
+                  "tailwatch slo check my-slos.yaml --store data/tailwatch.duckdb"),
     "slo status": ("tailwatch slo status --at \"2026-11-02 01:20\"",
                    "tailwatch slo status --slo llm-realtime-first-token"),
     "rules generate": ("tailwatch rules generate --out rules/",),
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = p.add_subparsers(dest="slo_command", required=True, metavar="ACTION")
     c = ssub.add_parser("check", help="validate an SLO file (tailwatch YAML or OpenSLO v1); exit 1 on problems")
     c.add_argument("file", help="tailwatch SLO YAML or OpenSLO v1 file")
+    c.add_argument("--store", default=None, help="DuckDB file whose sli_minute rows each selector is counted in, "
+                   "warning of selectors that match nothing (default: no store is read)")
     c = ssub.add_parser("status", help="each SLO and slice: SLI, budget left, burn rates, firing alerts")
     c.add_argument("--slos", default=None, help="SLO file (default: the built-in set)")
     c.add_argument("--slo", default=None, help="only this SLO")
@@ -526,6 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
     c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose first-output thresholds say who waited")
     c.add_argument("--per-minute", action="store_true", help="also print every minute's desired and running replicas")
+    c.add_argument("--trace", default=None, metavar="NAME|FILE",
+                   help="instead of the store: a public trace (azure-code, mooncake, or an Azure CSV / Mooncake JSONL "
+                        "file) served by a simulated pool under tailwatch's autoscaler and the HPA on GPU utilisation")
+    c.add_argument("--week", action="store_true", help="with --trace: a diurnal week built from the trace's hour")
+    c.add_argument("--rate-scale", type=_positive, default=1.0, metavar="X", help="with --trace: arrivals × X (default 1)")
+    c.add_argument("--startup-minutes", type=_count, default=2, metavar="N",
+                   help="with --trace: minutes a new replica loads before it serves (default 2)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     c = bsub.add_parser("rollout", help="the verdict minute by minute for a canary version")
     c.add_argument("model", help="the model, as in request.v1's `model`")
@@ -598,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", default=None, metavar="STORE",
                    help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
     p.add_argument("--restore-fleet", action="store_true",
-                   help="the same on a store of --days of history at --slices busy slices (a request each every "
+                   help="the same on a store of --days (or --hours) of history at --slices busy slices (a request each every "
                         "--every-minutes), its minutes closed by the worker's window operator")
     p.add_argument("--api", action="store_true",
                    help="benchmark the signal API with wrk instead: idle worker vs worker under load")
@@ -608,13 +618,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
     p.add_argument("--rounds", type=_positive_int, default=3,
                    help="API bench with --against: rounds of each tree, interleaved (default 3)")
+    p.add_argument("--unauthenticated", type=_count, default=2_500, metavar="N",
+                   help="API bench: connections polling with a wrong token while authorised clients poll on new "
+                        "connections (default 2,500; 0: skip)")
     p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,
                    help="replay a public trace through a worker with every default stage: each trace-hour in one "
                         "event-minute (dense), at its own pace (sparse), or both")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
     p.add_argument("--hours", type=_positive_int, default=None,
-                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse)")
+                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse); restore-fleet: hours "
+                        "of history of --slices slices busy every minute, in place of --days")
     p.add_argument("--otlp", action="store_true",
                    help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
     p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")

@@ -267,6 +267,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.tier == "1":
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
+    from slo.spec import spec_warnings
+
+    for spec in settings.slos or ():
+        for warning in spec_warnings(spec):
+            print(f"tailwatch worker: warning: {warning}", file=sys.stderr)
     ensure_reachable(settings.kafka)
     if args.restore_from:
         _restore_store(args.restore_from, settings.store_path, args.tier)
@@ -484,6 +489,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
+    if args.backtest_command == "autoscale" and args.trace:
+        from tailwatch.backtest_trace import cmd_backtest_trace
+
+        if args.store or args.pool or args.start or args.end or args.per_minute:
+            raise CliError("--trace replays a trace through a simulated pool: --store, --pool, --from, --to and "
+                           "--per-minute are for the store's replay")
+        if not args.rate_scale > 0 or args.startup_minutes < 0:
+            raise CliError("--rate-scale must be above 0 and --startup-minutes at least 0")
+        return cmd_backtest_trace(args.trace, args.week, args.rate_scale, args.startup_minutes, args.format)
     if args.backtest_command == "autoscale":
         return cmd_backtest_autoscale(path, args.pool, args.start, args.end, load_slo_option(args.slos),
                                       args.per_minute, args.format)
@@ -541,7 +555,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tools.bench_restore import run_fleet
 
         print("\n".join(run_fleet(args.slices, args.days, args.every_minutes,
-                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
+                                  say=lambda m: print(m, file=sys.stderr, flush=True), hours=args.hours)))
         return 0
     if args.tiers:
         from tools.bench_tiers import run as run_tiers
@@ -556,7 +570,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.against:
                 print("\n".join(compare(args.against, args.rate, args.seconds, say=say, rounds=args.rounds)))
             else:
-                print("\n".join(run_api(args.rate, args.seconds, say=say)))
+                print("\n".join(run_api(args.rate, args.seconds, say=say, unauthenticated=args.unauthenticated)))
         except BenchError as exc:
             raise CliError(str(exc)) from None
         return 0
@@ -600,18 +614,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def slo_check(path: str, store_path: str | None) -> int:
+    """What was understood of each SLO, then every warning and problem; 1 when there are problems."""
+    from slo.check import check_file, unmatched_selector_warning
+    from slo.spec import spec_warnings
+
+    report = check_file(path)
+    report.warnings.extend(w for spec in report.specs for w in spec_warnings(spec))
+    if store_path and report.specs:
+        import store
+
+        con = store.connect(store_path, read_only=True)
+        try:
+            total = store.selector_rows(con, {})
+            for spec in report.specs:
+                warning = unmatched_selector_warning(spec, store.selector_rows(con, spec.selector), total,
+                                                     Path(store_path).name)
+                if warning:
+                    report.warnings.append(warning)
+        finally:
+            con.close()
+    for line in report.understood:
+        print(line)
+    for warning in report.warnings:
+        print(f"{path}: warning: {warning}")
+    for problem in report.problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if report.problems:
+        print(f"{path}: {len(report.problems)} problems", file=sys.stderr)
+        return 1
+    print(f"{path}: {len(report.specs)} SLOs, no problems" + (f", {len(report.warnings)} warnings" if report.warnings else ""))
+    return 0
+
+
 def cmd_slo(args: argparse.Namespace) -> int:
-    from slo.spec import SpecErrors, load_slos
 
     if args.slo_command == "check":
-        try:
-            specs = load_slos(args.file)
-        except SpecErrors as exc:
-            for problem in exc.problems:
-                print(f"{args.file}: {problem}", file=sys.stderr)
-            return 1
-        print(f"{args.file}: {len(specs)} SLOs, no problems")
-        return 0
+        return slo_check(args.file, args.store)
     specs = load_slo_option(args.slos or "default")
     if args.slo:
         specs = [s for s in specs if s.name == args.slo]

@@ -1,5 +1,6 @@
 """`tailwatch slo status`: replay the store's buckets through the SLO engine and print
-each SLO and slice with its SLI, budget left, burn rates per window and firing alerts."""
+each SLO and slice with its SLI, budget left, burn rates per window, firing alerts and the alert
+windows its history is still too short to judge."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from datetime import datetime, timezone
 
 from slo.sli import replay, span
-from slo.spec import SloSpec
+from slo.spec import REPORTED_KINDS, SloSpec
 from slo.windows import minute_start_utc, minute_text
 import store
 from tailwatch.cli import CliError
@@ -53,14 +54,25 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
             None if st.sli is None else round(100 * st.sli, 3), round(100 * st.error_budget_remaining, 1),
             " ".join(f"{span(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
             ", ".join(st.firing) or "-",
+            ", ".join(st.young) or "-",
         ])
-    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing"], rows))
+    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing",
+                  "young (not judged yet)"], rows))
+    unmatched = unmatched_lines(specs, {name for name, _key in result.evaluator.states})
+    if unmatched:
+        print("\n" + "\n".join(unmatched))
     fired = [c for c in result.changes if c.state == "firing"]
     print(f"\n{len(fired)} alerts fired over the replayed buckets "
           f"({sum(1 for c in result.changes if c.state == 'resolved')} resolved)")
     return 0
 
 
-
-
-
+def unmatched_lines(specs: list[SloSpec], with_slices: set[str]) -> list[str]:
+    """An SLO with no slice at all: its selector picked none of the store's buckets."""
+    out = []
+    for spec in specs:
+        if spec.name not in with_slices:
+            selector = ", ".join(f"{k}={v}" for k, v in spec.selector.items())
+            why = " (or no request it picked reported the SLI's field)" if spec.sli_kind in REPORTED_KINDS else ""
+            out.append(f"{spec.name}: selector {{{selector}}} matched no data in the store{why}; no slice to show")
+    return out

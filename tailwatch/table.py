@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from datetime import date, datetime
 from typing import Any, Sequence
+
+from reports.csv_out import csv_text
 
 
 def _cell(v: Any) -> str:
@@ -26,12 +26,7 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
     if fmt == "json":
         return "\n".join(json.dumps(dict(zip(columns, r)), default=_json_default) for r in rows)
     if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(columns)
-        for r in rows:
-            w.writerow(["" if v is None else (json.dumps(v, default=str) if isinstance(v, (list, dict)) else v) for v in r])
-        return buf.getvalue().rstrip("\n")
+        return csv_text(columns, rows)
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows for i in range(len(columns))]

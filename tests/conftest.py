@@ -37,13 +37,19 @@ def need(condition: bool, what: str) -> None:
     pytest.skip(f"{what} is not available here")
 
 
-@pytest.fixture(scope="session")
-def broker():
+def start_broker() -> EmbeddedBroker:
+    """An embedded broker on a free port (the test skips without one, or fails under CI)."""
     b = EmbeddedBroker(port=free_port())
     try:
         b.start()
     except BrokerError as exc:
         need(False, f"the embedded broker ({exc})")
+    return b
+
+
+@pytest.fixture(scope="session")
+def broker():
+    b = start_broker()
     yield b
     b.stop()
 

@@ -5,11 +5,14 @@ Alertmanager. The stream comes from the public traces in tests/data. Faults: SIG
 (two before any checkpoint), a second group member joining and leaving, poison records of
 every kind (2 MB ones included) and a hostile producer's (nested past the recursion limit,
 stamped 2099 or year 9999, absurd record timestamps, control characters, records that only
-parse when joined), silent partitions, the broker stopped for seconds,
-Alertmanager taken down and up, and a label flood (requests each with a tenant never seen
-before, past the workers' cardinality cap). Afterwards the store must equal the aggregation of the
-log that the harness computes itself, row for row, and every poison record and every
-alert must be accounted for. The report is printed either way (pytest -s shows it on
+parse when joined), silent partitions, the broker stopped for seconds, the broker
+restarted (its log, in memory, lost), Alertmanager taken down and up, and a label flood
+(requests each with a tenant never seen before, past the workers' cardinality cap).
+Afterwards the store must equal the aggregation of the log that the harness computes itself,
+row for row, and every poison record and every alert must be accounted for. Across the
+restart that is every record the store could have seen: all published after it, and those of
+the lost log below the worker's log_reset marks (how far it had read it). The report is
+printed either way (pytest -s shows it on
 success) and is in every assertion message.
 """
 
@@ -83,6 +86,8 @@ def test_chaos_run_keeps_the_store_exact(tmp_path):
     assert len(report.kills) == 4 and sum(k.phase != "mid-stream" for k in report.kills) == 2, why
     assert any(k.before_first_checkpoint for k in report.kills), why
     assert report.second_worker_runs == 1 and len(report.broker_pauses) == 1, why
+    # The broker restart took a log the worker had read: every partition it read is marked.
+    assert len(report.broker_restarts) == 1 and report.log_reset_marks >= 1 and not report.restart_problems, why
     assert len(report.alertmanager_outages) == 1, why
     assert report.poison_by_kind.get("oversized") == 2 and set(report.poison_by_kind) == set(POISON_REASONS), why
     # The hostile producer's records among them: nesting, far-future and absurd times, joined halves.

@@ -157,7 +157,7 @@ def prometheus(tmp_path):
 
 
 def scraped_once(port: int, want: dict[str, str], timeout_s: float = 20.0) -> str:
-    """Prometheus's page once it holds every wanted `pod` → e2e count."""
+    """Prometheus's page once it holds DCGM's series and every wanted `pod` → e2e count."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -165,7 +165,9 @@ def scraped_once(port: int, want: dict[str, str], timeout_s: float = 20.0) -> st
         except OSError:
             page = ""
         counts = [line for line in page.splitlines() if line.startswith("vllm:e2e_request_latency_seconds_count")]
-        if all(any(f'pod="{pod}"' in line and line.endswith(f" {n}") for line in counts) for pod, n in want.items()):
+        # each target scrapes on its own offset: DCGM's series may come a second after vLLM's
+        if 'job="dcgm"' in page and all(any(f'pod="{pod}"' in line and line.endswith(f" {n}") for line in counts)
+                                        for pod, n in want.items()):
             return page
         time.sleep(0.3)
     pytest.fail(f"prometheus did not scrape {want} in {timeout_s} s")

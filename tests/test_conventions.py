@@ -77,4 +77,4 @@ def test_every_name_is_used_and_every_family_the_worker_exposes_is_named():
     for registry in (WorkerMetrics().registry, HttpMetrics().registry):
         for family in registry.collect():
             exposed.add(family.name + "_total" if family.type == "counter" else family.name)
-    assert len(exposed) == 25 and exposed <= defined, sorted(exposed - defined)
+    assert len(exposed) == 26 and exposed <= defined, sorted(exposed - defined)

@@ -14,6 +14,7 @@ give data too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -137,7 +138,9 @@ def live_worker(broker, tmp, feed_class, prefix: str):
     # empty partition holds every minute open while the worker runs live (no idle close).
     ensure_topics(kafka, partitions=1)
     http_port = free_port()
-    specs = load_slos(DEFAULT_SLOS)
+    # The feed is 45 minutes of a new store: its tickets are judged without the young-window
+    # rule, which would hold the 1-day and 3-day windows for 2 and 6 hours of history.
+    specs = [dataclasses.replace(s, young_share=0.0) for s in load_slos(DEFAULT_SLOS)]
     worker = build(WorkerSettings(
         kafka=kafka, store_path=str(tmp / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}", http_port=http_port,
         allowed_lateness_s=60.0, checkpoint_interval_s=0.5, slos=specs, stages=[FleetMetrics()],
@@ -340,7 +343,8 @@ def test_burn_rate_panels_draw_the_alert_thresholds():
             steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
             assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
             drawn[p["title"].split(",")[1].split(":")[0].strip()] = [s["value"] for s in steps[1:]]
-    assert drawn == {"page-fast": [14.4], "page-slow": [6.0], "ticket-fast": [3.0], "ticket-slow": [1.0]}
+    # asr-wer's fast page is capped at 6.25× (a WER above 50%): 14.4× of an 8% budget could never fire.
+    assert drawn == {"page-fast": [6.25, 14.4], "page-slow": [6.0], "ticket-fast": [3.0], "ticket-slow": [1.0]}
     variables = {v["name"] for v in slo_dashboard["templating"]["list"]}
     assert {"slo", "zone", "model_version"} <= variables
     assert AlertLinks().dashboard_base_url.endswith(f"/d/{UID_SLO}")

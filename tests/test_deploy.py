@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from deploy.generate import FLAGGER_TOKEN_ENV, write
-from deploy.settings import DeploySettings, load_settings
+from deploy.neighbours import keda
+from deploy.settings import DeploySettings, Pool, load_settings
 from deploy.workloads import CONFIG_DIR, USER_ID
 from ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
 from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
@@ -250,6 +251,51 @@ def test_keda_argo_and_flagger_point_at_routes_that_answer(generated):
         assert _route_exists(h["url"].removeprefix(url), "POST")
         if h["type"] != "event":
             assert h["metadata"]["token"] == "flagger-token-for-the-test"
+
+
+# KEDA's rule for the replicas a ScaledObject is set to once a scaler failed
+# `failureThreshold` polls in a row, per `fallback.behavior` (ScaledObject reference, 2.17+;
+# the vendored CRD's enum): (replicas it runs, fallback.replicas) -> replicas.
+KEDA_FALLBACK_REPLICAS = {
+    "static": lambda current, replicas: replicas,
+    "currentReplicas": lambda current, replicas: current,
+    "currentReplicasIfHigher": lambda current, replicas: max(current, replicas),
+    "currentReplicasIfLower": lambda current, replicas: min(current, replicas),
+}
+
+
+def _docs_keda_scaled_object() -> dict:
+    section = (ROOT / "docs" / "signal-api.md").read_text().split("## KEDA", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    return next(o for o in yaml.safe_load_all(block) if o and o["kind"] == "ScaledObject")
+
+
+def test_keda_fallback_holds_the_replicas_a_pool_runs_as_the_docs_say(generated, validators):
+    settings, _w, objects = generated
+    crd = json.loads(gzip.open(SCHEMAS / "crds" / f"{CRD_FILES['keda.sh/v1alpha1', 'ScaledObject']}.json.gz").read())
+    assert set(KEDA_FALLBACK_REPLICAS) == set(crd["properties"]["spec"]["properties"]["fallback"]["properties"][
+        "behavior"]["enum"])
+    docs_words = " ".join((ROOT / "docs" / "signal-api.md").read_text().split())
+    assert "The fallback holds the replicas the pool runs" in docs_words
+    assert "`fallback` holds the replicas the pool runs" in (ROOT / "docs" / "deploy.md").read_text()
+    scaled = of_kind(objects, "ScaledObject")
+    assert len(scaled) == len(settings.pools)
+    for obj in scaled:
+        pool = next(p for p in settings.pools if (p.target, p.namespace) == (
+            obj["metadata"]["name"], obj["metadata"]["namespace"]))
+        fallback = obj["spec"]["fallback"]
+        rule = KEDA_FALLBACK_REPLICAS[fallback.get("behavior", "static")]
+        for current in range(max(pool.min_replicas, 1), pool.max_replicas + 1):
+            floor = pool.fallback_replicas or 0
+            assert rule(current, fallback["replicas"]) == max(current, floor), (pool.name, current)
+    # The docs' example is what `deploy generate` writes for the pool it shows, and is valid.
+    example = _docs_keda_scaled_object()
+    assert validators.errors(example) == []
+    spec = example["spec"]
+    shown = Pool(name="shown", target=spec["scaleTargetRef"]["name"], namespace=example["metadata"]["namespace"],
+                 min_replicas=spec["minReplicaCount"], max_replicas=spec["maxReplicaCount"])
+    assert keda(DeploySettings(), shown)[1]["spec"]["fallback"] == spec["fallback"]
+    assert KEDA_FALLBACK_REPLICAS[spec["fallback"]["behavior"]](10, spec["fallback"]["replicas"]) == 10
 
 
 def test_prometheus_rule_passes_promtool(generated, tmp_path):

@@ -9,9 +9,12 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.schema import RequestV1
+from ingest.schema import (MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS, EvalV1, GpuV1,
+                           RequestV1)
 from ingest.validate import REASONS, BatchDecoder
-from tools.fuzz_decode import Generator, run
+from streams.aggregates import MAX_EVENTS_PER_SLICE_MINUTE, MICRO
+from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tools.fuzz_decode import REFERENCE_SUMS, Generator, SumCheck, run
 
 DECODER = BatchDecoder(RequestV1)
 FIELDS = [f.name for f in msgspec.inspect.type_info(RequestV1).fields]
@@ -43,6 +46,55 @@ def test_the_mutation_fuzzer_keeps_every_invariant():
     # It went down every path: valid records accepted, invalid ones of many kinds refused.
     assert report.by_expect["valid"] > 1_500 and report.by_expect["joined"] > 100 and report.accepted > 1_500
     assert {"too_deep", "future", "bad_timestamp", "oversized", "invalid_value", "malformed_json"} <= set(report.by_reason)
+    # Its accepted records were summed by the windows and checked against a reference (invariant 7).
+    assert report.sums_checked > 1_000, report.lines()
+
+
+def _at_the_bounds(n: int, others: int) -> tuple[list[bytes], list[bytes]]:
+    """`n` requests, `others` evaluations and GPU samples with every summed field at the
+    contract's maximum, all in one slice-minute (one GPU)."""
+    ts = 1_790_000_000_000
+    top = {c: MAX_RECORD_COUNT for c in ("prompt_tokens", "output_tokens", "partial_revisions", "underruns",
+                                          "cached_prompt_tokens", "draft_tokens", "accepted_tokens")}
+    requests = [json.dumps({**base(i), "ts": ts + i % 1000, **top, "gpu_seconds": MAX_REQUEST_GPU_SECONDS,
+                            "audio_seconds": MAX_REQUEST_AUDIO_SECONDS}).encode() for i in range(n)]
+    evals = [json.dumps({"schema": "eval.v1", "event_id": f"x{i}", "ts": ts, "tenant": "acme", "model": "m",
+                         "workload": "llm", "mos": 5, **dict.fromkeys(("word_errors", "reference_words", "char_errors",
+                                                                       "reference_chars"), MAX_RECORD_COUNT)}).encode()
+             for i in range(others)]
+    gpus = [json.dumps({"schema": "gpu.v1", "ts": ts + i % 1000, "node": "n1", "gpu_index": 0, "util_pct": 100,
+                        "power_w": 1e5, "xid_errors": MAX_RECORD_COUNT, "ecc_errors": MAX_RECORD_COUNT,
+                        "preemptions": MAX_RECORD_COUNT, "sm_active_pct": 100, "queue_depth": i}).encode()
+            for i in range(others)]
+    return requests + evals, gpus
+
+
+def test_sums_at_the_contract_maximum_in_one_slice_minute_equal_the_exact_reference():
+    """Thousands of records at every summed field's bound in one slice-minute: each sum is never
+    negative and equals the reference in Python integers. (10,000 GPU-seconds at the bound
+    are 1.02 × 10¹⁹ micro-seconds: past 2⁶³, where an Int64 sum wraps negative.)"""
+    requests, gpus = _at_the_bounds(10_000, others=2_000)
+    for schema, values, decoder, columns in (("request.v1", requests, BatchDecoder(RequestV1, also=(EvalV1,)), REQUEST_COLUMNS),
+                                             ("gpu.v1", gpus, BatchDecoder(GpuV1), GPU_COLUMNS)):
+        decoded = decoder.decode(values)
+        assert not decoded.rejected, decoded.rejected[:3]
+        frame, _ = records_to_frame(decoded.records, columns, [0] * len(values), list(range(len(values))),
+                                    decoded.indices)
+        checked, problems = SumCheck().check(schema, frame, crowded=False)
+        assert checked == 1 and problems == [], problems
+        want = SumCheck.reference(schema, frame)
+        (row,) = want.values()
+        assert all(v >= 0 for v in row.values()) and set(row) == set(REFERENCE_SUMS[schema])
+    assert row["samples"] == 2_000 and row["xid_errors"] == 2_000 * MAX_RECORD_COUNT
+
+
+def test_the_bounds_leave_no_sum_room_to_wrap():
+    """The proof in streams/aggregates.py, as numbers: an hour row of Int64 sums at the
+    per-record bound and the design's events per slice-minute stays under 2⁶³; a fixed-point
+    sum in Int128 has room for 10²³ events at its bound."""
+    assert 60 * MAX_EVENTS_PER_SLICE_MINUTE * MAX_RECORD_COUNT < 2**63
+    assert max(MAX_REQUEST_GPU_SECONDS, MAX_REQUEST_AUDIO_SECONDS) * MICRO < 2**53  # exact before rounding
+    assert 2**127 // int(MAX_REQUEST_GPU_SECONDS * MICRO) > 10**23
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

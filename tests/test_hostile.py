@@ -59,6 +59,19 @@ def worker(kafka: KafkaSettings, store: Path, log: Path, *args: str) -> subproce
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def drain(kafka: KafkaSettings, store: Path, tmp_path: Path, tier: str, timeout: float = 120) -> None:
+    """Read the topics into `store` until idle: one worker (tier `all`), or a tier-1 and a tier-2
+    worker; each must exit 0."""
+    if tier == "all":
+        assert worker(kafka, store, tmp_path / "w.log", "--until-idle", "3").wait(timeout=timeout) == 0, \
+            (tmp_path / "w.log").read_text()[-3000:]
+        return
+    t1 = worker(kafka, tmp_path / "unused.duckdb", tmp_path / "t1.log", "--tier", "1", "--until-idle", "4")
+    t2 = worker(kafka, store, tmp_path / "t2.log", "--tier", "2", "--until-idle", "4")
+    assert t1.wait(timeout=timeout) == 0, (tmp_path / "t1.log").read_text()[-3000:]
+    assert t2.wait(timeout=timeout) == 0, (tmp_path / "t2.log").read_text()[-3000:]
+
+
 @pytest.fixture
 def kafka(broker) -> KafkaSettings:
     settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
@@ -85,14 +98,7 @@ def test_records_nested_past_the_recursion_limit_are_dead_letters_not_a_crash_lo
     values = [request(1, 1), deep_field, b"[" * 2048, b'{"a":' * 1500, request(3, 2)]
     produce(kafka, values)
     store = tmp_path / "tw.duckdb"
-    if tier == "all":
-        assert worker(kafka, store, tmp_path / "w.log", "--until-idle", "3").wait(timeout=120) == 0, \
-            (tmp_path / "w.log").read_text()[-3000:]
-    else:
-        t1 = worker(kafka, tmp_path / "unused.duckdb", tmp_path / "t1.log", "--tier", "1", "--until-idle", "4")
-        t2 = worker(kafka, store, tmp_path / "t2.log", "--tier", "2", "--until-idle", "4")
-        assert t1.wait(timeout=120) == 0, (tmp_path / "t1.log").read_text()[-3000:]
-        assert t2.wait(timeout=120) == 0, (tmp_path / "t2.log").read_text()[-3000:]
+    drain(kafka, store, tmp_path, tier)
     assert rows(store, "SELECT sum(requests) FROM sli_minute") == [(2,)]
     assert sorted(rows(store, "SELECT source_offset, reason FROM dead_letter")) == [
         (1, "too_deep"), (2, "too_deep"), (3, "too_deep")]
@@ -380,6 +386,26 @@ def test_a_corrupt_store_is_one_line_naming_the_file_and_the_way_out(kafka, tmp_
     got = subprocess.run([sys.executable, "-m", "tailwatch", "sql", "SELECT 1", "--store", str(store)],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 2 and len(got.stderr.strip().splitlines()) == 1 and str(store) in got.stderr, got.stderr
+
+
+@pytest.mark.broker
+def test_a_truncated_store_is_the_same_one_line_and_way_out_as_a_corrupt_one(kafka, tmp_path):
+    import store as tw_store
+
+    path = tmp_path / "tw.duckdb"
+    con = tw_store.connect(path)  # a real store: the worker's own schema, then a month of minutes in it
+    con.execute("INSERT INTO sli_minute (window_start, tenant, model, requests, ok) "
+                "SELECT TIMESTAMP '2026-11-01' + INTERVAL (i) MINUTE, 'acme', 'chat-70b', i, i FROM range(200000) t(i)")
+    con.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)  # a copy stopped half-way
+    for cmd in (["worker", "--store", str(path), "--http-port", "0", "--bootstrap-servers", kafka.bootstrap_servers],
+                ["sql", "SELECT count(*) FROM sli_minute", "--store", str(path)]):
+        got = subprocess.run([sys.executable, "-m", "tailwatch", *cmd], capture_output=True, text=True, timeout=60)
+        lines = got.stderr.strip().splitlines()
+        assert got.returncode == 2 and len(lines) == 1, (cmd[0], got.returncode, got.stderr)
+        assert str(path) in lines[0] and "truncated" in lines[0] and "move it away" in lines[0] and "rebuild" in lines[0], lines
 
 
 @pytest.mark.broker

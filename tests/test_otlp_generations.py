@@ -179,7 +179,8 @@ def test_each_runtime_histogram_scraped_gives_its_field(name):
 @pytest.mark.parametrize("attribute", sorted(SPAN_ATTRIBUTE_SOURCES))
 def test_each_span_attribute_gives_its_field(attribute):
     tokens = {"gen_ai.usage.input_tokens": "prompt_tokens", "gen_ai.usage.prompt_tokens": "prompt_tokens",
-              "gen_ai.usage.output_tokens": "output_tokens", "gen_ai.usage.completion_tokens": "output_tokens"}
+              "gen_ai.usage.output_tokens": "output_tokens", "gen_ai.usage.completion_tokens": "output_tokens",
+              "gen_ai.usage.cache_read.input_tokens": "cached_prompt_tokens"}
     seconds = {"gen_ai.response.time_to_first_chunk": "first_output_ms", "gen_ai.server.time_to_first_token":
                "first_output_ms", "gen_ai.response.time_to_first_token": "first_output_ms",
                "gen_ai.latency.time_to_first_token": "first_output_ms", "gen_ai.latency.e2e": "e2e_ms",

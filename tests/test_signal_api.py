@@ -215,10 +215,13 @@ def test_flagger_webhook(api_worker):
     assert hook("confirm-promotion", "v3-cheap")[0] == 200
     assert hook("post-rollout", "v2-slow")[0] == 200  # Flagger only logs a failed post-rollout hook
     assert hook("rollback", "v3-cheap")[0] == 412
-    # A version with no data yet is inconclusive: no failed check counted, the gates hold.
+    # A version with no data yet is inconclusive: no failed check counted, promotion holds; its
+    # first traffic step is judged on the stable side, fresh and not paging here.
     status, body = hook("rollout", "v9")
     assert status == 200 and body["verdict"] == "inconclusive" and body["reason"] == "no_data", body
-    assert [hook(c, "v9")[0] for c in ("confirm-traffic-increase", "confirm-promotion", "rollback")] == [412, 412, 412]
+    status, body = hook("confirm-traffic-increase", "v9")
+    assert status == 200 and body["reason"] == "no_data" and "chat-70b v1" in body["error"], body
+    assert [hook(c, "v9")[0] for c in ("confirm-promotion", "rollback")] == [412, 412]
     assert hook("rollout", "v3-cheap", token="wrong")[0] == 401
     assert hook("nonsense", "v3-cheap")[0] == 404
     assert hook("traffic-increase", "v3-cheap")[0] == 404  # Flagger's hook types are the names

@@ -72,13 +72,16 @@ def test_error_spike_rolls_back():
 
 
 def test_cheaper_and_as_fast_is_promoted():
-    # 0.2% errors on each side: 60,000 requests a side can show a doubling; 5,000 cannot.
+    # 0.2% errors on each side: the harm that matters is the larger of 2x stable and the canary
+    # burning a 99.9% objective's budget at 6x (0.6%, 3x stable's 0.2%); 60,000 requests a side
+    # can show it, 5,000 cannot.
     v = verdict(side("v2", requests=60_000, bad=120, cost=40.0), side("v1", requests=60_000, bad=120), 30)
     assert v.verdict == "promote"
     thin = verdict(side("v2", cost=40.0), side("v1"), 30)
     assert thin.verdict == "continue" and thin.decided_by == ["errors"]
     assert thin.metrics["errors"]["evidence"] == "insufficient"
-    assert "more canary requests to show 2x" in thin.metrics["errors"]["evidence_needed"]
+    assert "more canary requests to show 3x" in thin.metrics["errors"]["evidence_needed"]
+    assert thin.metrics["errors"]["detectable_factor"] == 3.0
     assert v.canary["cost_per_unit"] < v.stable["cost_per_unit"] and v.canary["cost_unit"] == "per 1k output tokens"
 
 
@@ -278,6 +281,22 @@ def _bucket_rows(pool: str, minutes: range):
     }, schema_overrides={"first_output_ms_hist": hist, "e2e_ms_hist": hist})
 
 
+def _gpu_rows(pool: str, minutes: range):
+    """One GPU of one warm replica per minute, as `gpu_minute` holds it."""
+    from datetime import datetime, timedelta
+
+    import polars as pl
+
+    n = len(minutes)
+    return pl.DataFrame({
+        "window_start": [datetime(2026, 11, 2) + timedelta(minutes=m) for m in minutes], "node": ["n0"] * n,
+        "gpu_index": [0] * n, "zone": ["z"] * n, "pool": [pool] * n, "gpu_sku": ["H100"] * n, "model": ["m"] * n,
+        "model_version": ["v1"] * n, "samples": [6] * n, "util_pct_mean": [50.0] * n,
+        "oldest_queue_age_ms_max": [20.0] * n, "kv_cache_usage_max": [0.3] * n, "active_streams_max": [2] * n,
+        "replica_state": ["warm"] * n,
+    }, schema_overrides={"gpu_index": pl.Int32, "samples": pl.Int64, "active_streams_max": pl.Int64})
+
+
 def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     import polars as pl
 
@@ -285,16 +304,16 @@ def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     from planning.prices import GpuPrices
 
     live = LiveSignals(SignalPolicy(history_minutes=6, pool_window_minutes=2, rollout_window_minutes=5), [], GpuPrices())
-    live.add_closed(_bucket_rows("p", range(0, 6)), pl.DataFrame())
+    live.add_closed(_bucket_rows("p", range(0, 6)), _gpu_rows("p", range(0, 6)))
     first = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=100.0)
     assert first.pools["p"].changed_wall_s == 100.0
     assert msgspec.to_builtins(first.pools["p"].body)["signals"]["requests_per_s"] == pytest.approx(100 / 60)
     # Another pool moves on; p's oldest minutes fall out of the kept history, p sends nothing new.
-    live.add_closed(_bucket_rows("q", range(6, 9)), pl.DataFrame())
+    live.add_closed(_bucket_rows("q", range(6, 9)), _gpu_rows("q", range(6, 9)))
     later = live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=200.0)
     assert later.pools["p"].changed_wall_s == 100.0  # not fresh: nothing new arrived for p
     assert later.pools["q"].changed_wall_s == 200.0
-    live.add_closed(_bucket_rows("p", range(9, 10)), pl.DataFrame())
+    live.add_closed(_bucket_rows("p", range(9, 10)), _gpu_rows("p", range(9, 10)))
     assert live.snapshot(pl.DataFrame(), pl.DataFrame(), [], wall_s=300.0).pools["p"].changed_wall_s == 300.0
 
 

@@ -3,7 +3,8 @@ own, tier-1 and replicas SIGKILLed mid-stream and restarted, give every replica 
 `--tier all` process gives on the same log: buckets, dead letters, SLO statuses, alerts,
 detections; and every replica answers the signal API alike for every pool. Real processes
 on the embedded broker; the stream is the public Azure code trace (requests keyed by tenant
-over 4 partitions, or unkeyed) and the real H100 run's GPU samples, with a poison record.
+over 4 partitions, or unkeyed) and GPU samples (the trace's pools' replicas, and the real H100
+run's moved to the trace's hour), with a poison record.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import pytest
 from confluent_kafka import Producer
 
 import store
+from slo.spec import DEFAULT_SLOS
 from streams.partial_publisher import progress_topic
 from ingest.kafka import KafkaSettings, ensure_topics, read_latest
+from ingest.schema import GpuV1
 from tests.conftest import free_port
 from tests.test_alertmanager import Webhook, start_alertmanager_cluster
 from tests.test_partials import azure_values, gpu_values
@@ -49,10 +52,20 @@ COMPARED = {
 }
 
 
+def _eager_slos(tmp_path: Path) -> Path:
+    """The default SLOs judged from their first minute: the trace is 40 minutes of a new store,
+    and the alerts it fires (tickets on its 0.5% of errors) would wait hours of history under
+    the young-window rule."""
+    path = tmp_path / "slos-eager.yaml"
+    if not path.exists():
+        path.write_text(re.sub(r"(\n    min_events: \d+)", r"\1\n    young_window_share: 0%", DEFAULT_SLOS.read_text()))
+    return path
+
+
 def _worker(kafka, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "tailwatch", "--verbose", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
             "--topic-prefix", kafka.topic_prefix, "--http-port", "0", "--checkpoint-interval", "0.3",
-            "--batch-size", "700", "--drain-timeout", "120", *args]
+            "--batch-size", "700", "--drain-timeout", "120", "--slos", str(_eager_slos(tmp_path)), *args]
     log = open(tmp_path / f"{name}.log", "ab")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -68,10 +81,34 @@ def _partition_of(mode: str, key: bytes, i: int, chunk: int) -> int:
     return i % PARTITIONS
 
 
+def _pool_gpu_values(requests: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """GPU samples of the trace's pools over its span (two warm replicas each, every 10 s), in
+    time order: a pool's answers read the replica states as well as the requests."""
+    events = [msgspec.json.decode(v) for _k, v in requests]
+    zones = dict(sorted({(e["pool"], e["zone"]) for e in events}))
+    first, last = min(e["ts"] for e in events), max(e["ts"] for e in events)
+    encode = msgspec.json.Encoder().encode
+    return [(f"{pool}-n{r}".encode(), encode(GpuV1(
+        schema="gpu.v1", ts=ts + r, node=f"{pool}-n{r}", gpu_index=0, zone=zone, pool=pool, gpu_sku="H100",
+        util_pct=60.0, replica_state="warm", oldest_queue_age_ms=50.0, queue_depth=1, active_streams=2)))
+        for ts in range(first - first % 10_000, last + 1, 10_000) for pool, zone in zones.items() for r in range(2)]
+
+
+def _moved_to(values: list[tuple[bytes, bytes]], start_ms: int) -> list[tuple[bytes, bytes]]:
+    """The H100 run's samples moved to start at `start_ms`: three weeks after the trace, they
+    would be the newest GPU data and the view, which keeps the newest half hour, would hold
+    no sample of the trace's pools."""
+    docs = [msgspec.json.decode(v) for _k, v in values]
+    shift = min(d["ts"] for d in docs) - start_ms
+    return [(k, msgspec.json.encode({**d, "ts": d["ts"] - shift})) for (k, _v), d in zip(values, docs)]
+
+
 def _publish(kafka, mode: str, done: threading.Event) -> None:
     """The log, in CHUNKS pieces a second apart, so the kills land mid-stream."""
     requests = azure_values(40)
-    gpu = gpu_values()
+    pools_gpu = _pool_gpu_values(requests)
+    moved = _moved_to(gpu_values(), msgspec.json.decode(pools_gpu[0][1])["ts"])
+    gpu = sorted(pools_gpu + moved, key=lambda kv: msgspec.json.decode(kv[1])["ts"])  # in time, as the requests
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
     for topic in (kafka.topic("requests"), kafka.topic("gpu")):  # explicit partitions need their metadata first
         deadline = time.monotonic() + 20

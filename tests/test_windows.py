@@ -272,3 +272,29 @@ def test_a_bounded_close_takes_the_oldest_minutes_up_to_its_rows_and_the_rest_as
     order = ["window_start", "tenant"]
     assert pl.concat(parts).sort(order).equals(expect.sort(order))
     assert bounded.open_minutes() == whole.open_minutes() == [first + 10, first + 11]
+
+
+def test_an_open_minute_checkpointed_with_int64_fixed_sums_merges_with_int128_partials():
+    """Checkpoints written before GPU- and audio-seconds were Int128 sums hold them as Int64: a
+    restored minute takes new partials past 2⁶³ micro-seconds and closes with the exact sum."""
+    old = windows()
+    old.add(frame([("a", T0, 0, "ok", 1.0)]).with_columns(pl.lit(1.5).alias("gpu_seconds")))
+    saved = old.take_unsaved()
+    blob = saved.counts[0].with_columns(pl.col("_gpu_seconds_fixed", "_audio_seconds_fixed").cast(pl.Int64))
+    w = windows()
+    w.restore([blob], saved.hist, saved.seen, dict(old.watermark_ms), None)
+    w.add(frame([(f"e{i}", T0 + i, 0, "ok", 1.0) for i in range(10_000)]).with_columns(pl.lit(1e9).alias("gpu_seconds")))
+    rows, _ = w.close(None)
+    assert rows.select("requests", "gpu_seconds").rows() == [(10_001, 10_000 * 10**9 + 1.5)]
+
+
+def test_minutes_are_printed_as_times_with_runs_as_ranges():
+    from slo.windows import minutes_text
+
+    m = 29_892_964  # 2026-11-02 00:04 UTC
+    assert minutes_text([m + 2, m, m + 1, m + 10, m + 2000]) == \
+        "2026-11-02 00:04–00:06, 2026-11-02 00:14, 2026-11-03 09:24"
+    midnight = m - 4
+    assert minutes_text([midnight + 1439, midnight + 1440]) == "2026-11-02 23:59–2026-11-03 00:00"  # a run across days
+    assert minutes_text(list(range(m, m + 40, 2)), most=3).endswith("and 17 more runs")
+    assert str(m) not in minutes_text([m])

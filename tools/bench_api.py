@@ -1,7 +1,9 @@
 """`tailwatch bench --api`: signal API latency under `wrk` at a paced request rate, with the
 worker idle (the baseline), under a slow-body attack (20,000 connections dripping POST bodies
 a byte every 2 s, opened at 500 a second, tools/slow_clients.py, in a process of its own), and
-while it processes a stream of events, in one session.
+while it processes a stream of events, in one session. Then authorised polls on new
+connections while 2,500 connections poll with a wrong bearer token (reconnecting when closed,
+at most 500 new connections a second): the share answered within 2 s, and their latencies.
 
 wrk (Debian package `wrk`) drives a fixed number of keep-alive connections; a Lua script
 paces each one so the total is about the asked rate, rotates over autoscale, rollout and
@@ -15,6 +17,7 @@ against the code it replaces on the same machine at the same time.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -24,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -106,11 +110,59 @@ def _events_seen(port: int) -> int:
 
 
 def run(rate: int = 500, seconds: int = 20, connections: int = 8, load_minutes: int = 240, say=print,
-        attackers: int = 20_000, code_dir: Path | None = None) -> list[str]:
-    """Baseline (worker idle), attack (slow bodies), then load (simulator publishing while the
-    worker consumes); the worker's code from `code_dir` (default: this tree)."""
-    return _report(*_measure(rate, seconds, connections, load_minutes, say, attackers, code_dir), rate, seconds,
-                   connections)
+        attackers: int = 20_000, code_dir: Path | None = None, unauthenticated: int = 2_500) -> list[str]:
+    """Baseline (worker idle), attack (slow bodies), wrong tokens (`unauthenticated`
+    connections; 0: not measured), then load (simulator publishing while the worker
+    consumes); the worker's code from `code_dir` (default: this tree)."""
+    return _report(*_measure(rate, seconds, connections, load_minutes, say, attackers, code_dir, unauthenticated),
+                   rate, seconds, connections)
+
+
+POLL_DEADLINE_S = 2.0  # an authorised poll answered later than this counts as failed (a controller's timeout)
+POLLS_PER_S = 10
+
+
+def _fresh_poll(port: int, timeout_s: float) -> float | None:
+    """An authorised poll on a new connection: its seconds to a 200, or None."""
+    t0 = time.monotonic()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{PATHS[0]}", headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            r.read()
+            return time.monotonic() - t0 if r.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def _wrong_tokens(port: int, connections: int, seconds: int, say) -> dict:
+    """Authorised polls on new connections, POLLS_PER_S a second for `seconds`, while
+    `connections` poll with a wrong token (tools/slow_clients.py, a process of its own)."""
+    say(f"wrong tokens: {connections:,} connections polling every second with a wrong token, "
+        f"{POLLS_PER_S} authorised polls a second on new connections")
+    attack = subprocess.Popen([sys.executable, "-m", "tools.slow_clients", "--wrong-token", "--port", str(port),
+                               "--connections", str(connections), "--drip", "1", "--rate", "500",
+                               "--seconds", str(seconds + 6)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              cwd=Path(__file__).resolve().parents[1])
+    time.sleep(3)  # the attackers are connected and polling before the polls are measured
+    took: list[float | None] = []
+    polls = []
+    for _ in range(seconds * POLLS_PER_S):
+        # Threads, so a slow answer does not delay the next poll: each is a controller of its own.
+        polls.append(threading.Thread(target=lambda: took.append(_fresh_poll(port, 5 * POLL_DEADLINE_S))))
+        polls[-1].start()
+        time.sleep(1 / POLLS_PER_S)
+    for poll in polls:
+        poll.join(timeout=15)
+    out, _ = attack.communicate(timeout=60)
+    answered = sorted(t for t in took if t is not None)
+    in_time = [t for t in answered if t <= POLL_DEADLINE_S]
+
+    def pct(q: float) -> float | None:
+        return 1000 * answered[min(len(answered) - 1, int(q * len(answered)))] if answered else None
+
+    return {"polls": len(took), "in_time": len(in_time), "failed": len(took) - len(answered),
+            "p50_ms": pct(0.5), "p90_ms": pct(0.9), "p99_ms": pct(0.99),
+            "max_ms": 1000 * answered[-1] if answered else None, "attack": json.loads(out or b"{}")}
 
 
 def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int = 3) -> list[str]:
@@ -147,7 +199,7 @@ def compare(ref: str, rate: int = 500, seconds: int = 20, say=print, rounds: int
 
 
 def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, attackers: int,
-             code_dir: Path | None) -> tuple[dict, dict, dict, dict, float]:
+             code_dir: Path | None, unauthenticated: int = 0) -> tuple[dict, dict, dict, dict, float, dict | None]:
     if shutil.which("wrk") is None:
         raise BenchError("wrk is not installed (Debian: apt-get install wrk)")
     workdir = Path(tempfile.mkdtemp(prefix="tailwatch-bench-api-"))
@@ -190,6 +242,8 @@ def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, 
         attacked = _wrk(port, rate, connections, seconds, workdir, server)
         out, _ = attack.communicate(timeout=60)
         attack_counts = json.loads(out or b"{}")
+        wrong_tokens = _wrong_tokens(port, unauthenticated, seconds, lambda m: say(f"[3/5] {m}")) \
+            if unauthenticated else None
         say(f"[4/5] load: publishing {load_minutes} simulated minutes while wrk runs again")
         publisher = subprocess.Popen(
             [sys.executable, "-m", "tailwatch", "simulate", *common, "--minutes", str(load_minutes), "--seed", "12",
@@ -206,15 +260,33 @@ def _measure(rate: int, seconds: int, connections: int, load_minutes: int, say, 
                 proc.wait(timeout=30)
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    return baseline, attacked, loaded, attack_counts, processed
+    return baseline, attacked, loaded, attack_counts, processed, wrong_tokens
 
 
 def _cpu_text(step: dict) -> str:
     return "CPU per request unknown" if step.get("cpu_us") is None else f"{step['cpu_us']:.0f} µs CPU per request"
 
 
-def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, processed: float, rate: int,
-            seconds: int, connections: int) -> list[str]:
+def _ms_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def _wrong_token_lines(case: dict | None) -> list[str]:
+    if case is None:
+        return []
+    attack = case["attack"]
+    share = case["in_time"] / case["polls"] if case["polls"] else 0.0
+    return [
+        f"  wrong tokens:       {case['in_time']} of {case['polls']} authorised polls on new connections answered "
+        f"within {POLL_DEADLINE_S:.0f} s ({100 * share:.1f}%), {case['failed']} failed   p50 {_ms_text(case['p50_ms'])}   "
+        f"p90 {_ms_text(case['p90_ms'])}   p99 {_ms_text(case['p99_ms'])}   max {_ms_text(case['max_ms'])}   "
+        f"(the wrong-token clients opened {attack.get('opened', 0):,} connections, read "
+        f"{attack.get('answers', 0):,} answers; the server closed or cut {attack.get('cut', 0):,})   "
+        f"target: 95% within {POLL_DEADLINE_S:.0f} s ({'met' if share >= 0.95 else 'NOT met'})"]
+
+
+def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, processed: float,
+            wrong_tokens: dict | None, rate: int, seconds: int, connections: int) -> list[str]:
     ratio = loaded["p99_ms"] / baseline["p99_ms"] if baseline["p99_ms"] else float("nan")
     return [
         f"signal API under wrk ({connections} keep-alive connections paced to ~{rate} req/s, {seconds} s each, "
@@ -228,6 +300,7 @@ def _report(baseline: dict, attacked: dict, loaded: dict, attack_counts: dict, p
         f"(attackers opened {attack_counts.get('opened', 0):,} connections, the server cut "
         f"{attack_counts.get('cut', 0):,}, refused {attack_counts.get('refused', 0):,})",
         f"  p99 under attack ÷ p99 idle: {attacked['p99_ms'] / baseline['p99_ms'] if baseline['p99_ms'] else float('nan'):.2f}x",
+        *_wrong_token_lines(wrong_tokens),
         f"  worker under load:  {loaded['rps']:,.0f} req/s   p50 {loaded['p50_ms']:.2f} ms   "
         f"p90 {loaded['p90_ms']:.2f} ms   p99 {loaded['p99_ms']:.2f} ms   non-2xx {loaded['non_2xx']}   "
         f"HTTP process {_cpu_text(loaded)}   "

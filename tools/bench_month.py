@@ -164,10 +164,10 @@ def run_month(slices: int = 1_000, days: int = 30, every_minutes: int = 5, seed:
         lines += _budgets(store_path, minute_of, slice_of, error_of, slices)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            with open(out / "month-memory.csv", "w") as fh:  # the chart's data, to redraw or compare runs
-                fh.write("event_day,worker_rss_mib,broker_rss_mib\n")
-                fh.writelines(f"{seen / per_minute / DAY_MINUTES:.4f},{w / 2**20:.1f},{b / 2**20:.1f}\n"
-                              for seen, w, b in samples)
+            # The chart's data, to redraw or compare runs.
+            write_rows(out / "month-memory.csv", ("event_day", "worker_rss_mib", "broker_rss_mib"),
+                       ((round(seen / per_minute / DAY_MINUTES, 4), round(w / 2**20, 1), round(b / 2**20, 1))
+                        for seen, w, b in samples))
             lines.append(f"  chart: {_chart(samples, holders, per_minute, out / 'month-memory.png')} "
                          f"(its data: {out / 'month-memory.csv'})")
         return lines

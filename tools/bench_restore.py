@@ -49,22 +49,14 @@ def run(store_path: str, say=lambda line: None) -> list[str]:
         snapshot.restore(folder, restored)
         restore_s = time.perf_counter() - began
         say("worker start: open minutes and every stage rebuilt from the store")
-        # No broker: the start is timed up to the first read (the topic sink's client stays quiet).
-        quiet = KafkaSettings(bootstrap_servers="127.0.0.1:1", client_config={"log_level": "0"})
-        w = build(WorkerSettings(kafka=quiet, store_path=str(restored), slos=load_slos(DEFAULT_SLOS),
-                                 stages=default_stages(), http_port=0))
-        began = time.perf_counter()
-        w.store.open(lambda con: w.operator.start(w.source, con))
-        rebuild_s = time.perf_counter() - began
-        w.store.close()
-        w.topics.close()
+        rebuild_s, rebuild_cpu_s = time_start(restored)
         rows = manifest.rows
         return [
             f"restore bench: {source} ({_size(source) / 2**20:,.0f} MiB; {rows.get('sli_minute', 0):,} sli_minute rows, "
             f"{rows.get('gpu_minute', 0):,} gpu_minute rows, newest minute {manifest.newest_minute})",
             f"  snapshot (Parquet, zstd):      {snap_s:8.1f} s, {_size(folder) / 2**20:,.0f} MiB",
             f"  restore into a new store:      {restore_s:8.1f} s, {_size(restored) / 2**20:,.0f} MiB",
-            f"  worker start on it (rebuild):  {rebuild_s:8.1f} s",
+            f"  worker start on it (rebuild):  {rebuild_s:8.1f} s ({rebuild_cpu_s:.1f} CPU-s)",
             f"  ready before catch-up:         {snap_s + restore_s + rebuild_s:8.1f} s "
             f"(the new replica's peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)",
         ]
@@ -72,21 +64,64 @@ def run(store_path: str, say=lambda line: None) -> list[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_fleet(slices: int, days: int, every_minutes: int, say=lambda line: None) -> list[str]:
-    """`run` on a store built by `fleet_month_store`, removed afterwards."""
+def time_start(store_path: Path, by_stage: dict[str, tuple[float, float, float]] | None = None) -> tuple[float, float]:
+    """A worker's start on a store, up to its first read: (seconds, CPU-seconds of this
+    process). `by_stage` gets each stage's rebuild: (seconds, CPU-seconds, this process's peak
+    RSS in MiB when it ended)."""
+    # No broker: the start is timed up to the first read (the topic sink's client stays quiet).
+    quiet = KafkaSettings(bootstrap_servers="127.0.0.1:1", client_config={"log_level": "0"})
+    w = build(WorkerSettings(kafka=quiet, store_path=str(store_path), slos=load_slos(DEFAULT_SLOS),
+                             stages=default_stages(), http_port=0))
+    if by_stage is not None:
+        for stage in w.store.stages:
+            stage.rebuild = _timed(stage.name, stage.rebuild, by_stage)
+    began, cpu = time.perf_counter(), time.process_time()
+    w.store.open(lambda con: w.operator.start(w.source, con))
+    took = time.perf_counter() - began, time.process_time() - cpu
+    w.store.close()
+    w.topics.close()
+    return took
+
+
+def _timed(name: str, rebuild, out: dict[str, tuple[float, float, float]]):
+    def timed(con) -> None:
+        began, cpu = time.perf_counter(), time.process_time()
+        rebuild(con)
+        out[name] = (time.perf_counter() - began, time.process_time() - cpu,
+                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return timed
+
+
+def run_fleet(slices: int, days: int, every_minutes: int, say=lambda line: None, hours: int | None = None) -> list[str]:
+    """`run` on a store built by `fleet_month_store` (or, given `hours`, by `busy_fleet_store`), removed afterwards."""
     from tailwatch.cli import progress, progress_done
 
     work = Path(tempfile.mkdtemp(prefix="tailwatch-fleet-"))
     try:
         path = work / "fleet.duckdb"
-        say(f"a store of {days} days at {slices:,} busy slices, a request each every {every_minutes} minutes")
+        if hours:
+            say(f"a store of {hours} hours at {slices:,} slices busy every minute")
+            build, build_args = busy_fleet_store, (path, slices, hours, progress)
+        else:
+            say(f"a store of {days} days at {slices:,} busy slices, a request each every {every_minutes} minutes")
+            build, build_args = fleet_month_store, (path, slices, days, every_minutes, progress)
         began = time.perf_counter()
         # Built in a process of its own, so that the peak RSS reported is the replica's.
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            rows = pool.apply(fleet_month_store, (path, slices, days, every_minutes, progress))
+            rows = pool.apply(build, build_args)
         progress_done()
         built = f"store built: {rows:,} sli_minute rows in {time.perf_counter() - began:.0f} s"
-        return [built, *run(str(path), say)]
+        if not hours:
+            return [built, *run(str(path), say)]
+        # A busy fleet's start alone, on the store as built (a snapshot and restore of it would
+        # scale with its rows as the month's do).
+        say("worker start: open minutes and every stage rebuilt from the store")
+        stages: dict[str, tuple[float, float, float]] = {}
+        start_s, start_cpu_s = time_start(path, stages)
+        return [built, f"  worker start on it: {start_s:.1f} s ({start_cpu_s:.1f} CPU-s), peak RSS "
+                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB",
+                "  stages rebuilt: " + ", ".join(f"{name} {s:.1f} s ({cpu:.1f} CPU-s; peak RSS then {rss:,.0f} MiB)"
+                                                 for name, (s, cpu, rss) in stages.items())]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -192,3 +227,47 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
         say(f"  day {day + 1}/{days}: {written:,} sli_minute rows")
     con.close()
     return written
+
+
+# Minutes of a busy fleet's rows written by one statement (100,000 slices: a million rows).
+BUSY_STEP_ROWS = 1_000_000
+
+
+def busy_fleet_store(path: Path, slices: int, hours: int, say=lambda line: None) -> int:
+    """A store holding `hours` of `slices` slices busy every minute (the labels of `tailwatch
+    bench --month`; a request each minute, 0.2% of them errors, first outputs spread over
+    bins around 330 ms), written straight into `sli_minute` by DuckDB: the window operator
+    closes a million events a minute here far too slowly for a fleet of 100,000 slices, and
+    a start reads rows, however they were made. The frontier is set past the newest minute,
+    as a checkpoint would leave it. Returns the rows written."""
+    import store
+    from conventions import TOPIC_REQUESTS
+    from streams.windows import MINUTE_MS
+    from tools.bench import T0_MS
+    from tools.bench_month import WORKLOADS
+
+    first_minute, minutes = T0_MS // MINUTE_MS - hours * 60, hours * 60
+    step = max(1, BUSY_STEP_ROWS // slices)
+    workload = "[" + ", ".join(f"'{w}'" for w in WORKLOADS) + f"][i % {len(WORKLOADS)} + 1]"
+    con = store.connect(path)
+    for at in range(0, minutes, step):
+        con.execute(f"""
+            INSERT INTO sli_minute BY NAME
+            SELECT make_timestamp((m + {first_minute})::BIGINT * 60000000) AS window_start,
+                   'tenant-' || lpad((i % 97)::VARCHAR, 3, '0') AS tenant, 'model-' || (i % 13) AS model,
+                   'v' || (i % 7) AS model_version, 'zone-' || (i % 3) AS zone, {workload} AS workload,
+                   CASE WHEN i % 5 = 0 THEN 'batch' ELSE 'realtime' END AS traffic_class,
+                   'stable' AS deployment, {workload} || '-pool-' || (i % 29) AS pool,
+                   1::BIGINT AS requests, 1 - e AS ok, e AS errors, 0::BIGINT AS timeouts, 0::BIGINT AS shed,
+                   0::BIGINT AS cancelled, 0::BIGINT AS retries, 1::BIGINT AS turns, 1 - e AS successful_turns,
+                   256::BIGINT AS prompt_tokens, 120::BIGINT AS output_tokens, 0.2 AS gpu_seconds,
+                   [{{'bin': b, 'n': 1}}]::STRUCT(bin SMALLINT, n BIGINT)[] AS first_output_ms_hist,
+                   [{{'bin': b + 34, 'n': 1}}]::STRUCT(bin SMALLINT, n BIGINT)[] AS e2e_ms_hist
+            FROM (SELECT m, i, (hash(m, i) % 500 = 0)::BIGINT AS e, 139 + (hash(i, m) % 21)::INTEGER AS b
+                  FROM range({at}, {min(at + step, minutes)}) r(m), range({slices}) s(i))""")
+        say(f"  minute {min(at + step, minutes):,}/{minutes:,}")
+    con.execute("INSERT INTO _tw_frontier VALUES (?, ?) ON CONFLICT (topic) DO UPDATE SET closed_before_minute = "
+                "excluded.closed_before_minute", [KafkaSettings().topic(TOPIC_REQUESTS), first_minute + minutes])
+    (written,) = con.execute("SELECT count(*) FROM sli_minute").fetchone()
+    con.close()
+    return int(written)

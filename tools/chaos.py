@@ -9,8 +9,9 @@ worker` processes and a real Alertmanager. Faults are drawn from a seeded
 `random.Random`: SIGKILLs (some before the worker's first checkpoint), a second group
 member that joins and leaves, poison records of every kind in random partitions
 (2 MB ones included), partitions left silent for minutes, the broker stopped with
-SIGSTOP, Alertmanager taken down and brought back; and, where `label_flood` asks, a label
-flood: requests each with a tenant never seen before, past the workers' cardinality cap.
+SIGSTOP, the broker restarted (its log, kept in memory, lost), Alertmanager taken down and
+brought back; and, where `label_flood` asks, a label flood: requests each with a tenant never
+seen before, past the workers' cardinality cap.
 
 At the end a fresh worker drains with `--until-idle`, and the store is compared with an
 aggregation of what was produced, computed here in DuckDB SQL from the delivered bytes:
@@ -139,6 +140,7 @@ class ChaosConfig:
     early_kills: int = 2  # ... of which these land 1-3 s after a fresh worker starts
     second_workers: int = 1  # times a second group member joins for 8-14 s and leaves (SIGTERM)
     broker_pauses: int = 1  # SIGSTOP for 3-6 s, then SIGCONT
+    broker_restarts: int = 1  # stopped and started again on its port: its log (memory only) is gone
     alertmanager_outages: int = 1  # down for 6-12 s around the burst's page, then up on the same port
     poison_per_kind: int = 2
     poison_kinds: Sequence[str] = tuple(POISON_REASONS)
@@ -299,6 +301,12 @@ class ChaosReport:
     poison_by_kind: dict[str, int] = field(default_factory=dict)
     silent_partitions: list[SilentSpan] = field(default_factory=list)
     broker_pauses: list[FaultWindow] = field(default_factory=list)
+    broker_restarts: list[FaultWindow] = field(default_factory=list)
+    # What a broker restart took: records the worker had not read before the log went (the store
+    # cannot have seen them; left out of the expectation), its log_reset marks, broken promises.
+    records_gone_with_the_log: int = 0
+    log_reset_marks: int = 0
+    restart_problems: list[str] = field(default_factory=list)
     alertmanager_outages: list[FaultWindow] = field(default_factory=list)
     second_workers: list[FaultWindow] = field(default_factory=list)
     final_exit_code: int | None = None
@@ -352,6 +360,7 @@ class ChaosReport:
             if t.missing_rows or t.extra_rows or t.duplicate_keys:
                 out.append(f"{t.table}: {t.missing_rows} expected rows not stored, {t.extra_rows} stored rows not "
                            f"expected, {t.duplicate_keys} keys stored twice; columns differing: {t.mismatched_columns}")
+        out.extend(self.restart_problems)
         if self.poison_problems:
             out.append(f"{len(self.poison_problems)} poison records not accounted for in dead_letter")
         if self.unexpected_dead_letters:
@@ -403,6 +412,8 @@ class ChaosReport:
             + ", ".join(f"{k} {n}" for k, n in sorted(self.poison_by_kind.items())) + ")",
             f"  silent partitions            {len(self.silent_partitions)} ({silent or '-'})",
             f"  broker pauses (SIGSTOP)      {len(self.broker_pauses)} ({pauses or '-'})",
+            f"  broker restarts (log lost)   {len(self.broker_restarts)} ({self.log_reset_marks} partitions marked "
+            f"log_reset; {self.records_gone_with_the_log:,} records gone before the worker read them)",
             f"  Alertmanager outages         {len(self.alertmanager_outages)} ({outages or '-'})",
             f"  worker exits on its own      {len(self.worker_crashes)}",
             f"  wedged group rescued         {self.group_rescues} (the broker named a departed leader)",
@@ -498,6 +509,7 @@ class Outgoing:
     partition: int | None = None  # explicit for poison; None: the producer's partitioner
     duplicate: bool = False
     record_ts_ms: int | None = None  # the Kafka record's timestamp; None: the producer's clock
+    log_epoch: int = 0  # broker restarts before it was published: which log its offset is in
     # filled by the delivery report
     delivered_partition: int | None = None
     delivered_offset: int | None = None
@@ -1180,10 +1192,11 @@ class _Plan:
     second_workers: list[tuple[float, float]]  # (start, lifetime)
     pauses: list[tuple[float, float]]  # (at, duration)
     am_outages: list[tuple[float, float]]
+    restarts: list[float] = field(default_factory=list)  # broker restarts
 
 
 def _plan(rng: random.Random, publish_s: float, burst_at_s: float, kills: int, early_kills: int, second_workers: int,
-          broker_pauses: int, am_outages: int) -> _Plan:
+          broker_pauses: int, am_outages: int, broker_restarts: int = 0) -> _Plan:
     """Fault times in wall seconds since publishing began. Broker pauses keep clear of worker
     starts: a worker that starts against a stopped broker cannot read its topics' metadata,
     which is a different fault from the one being tested."""
@@ -1191,8 +1204,11 @@ def _plan(rng: random.Random, publish_s: float, burst_at_s: float, kills: int, e
     for _ in range(broker_pauses):
         pauses.append((rng.uniform(0.3, 0.75) * publish_s, rng.uniform(3.0, 6.0)))
 
+    restarts = _restart_times(rng, publish_s, pauses, broker_restarts)
+
     def clear(t: float) -> bool:
-        return all(not (p - 8.0 <= t <= p + d + 1.0) for p, d in pauses)
+        return all(not (p - 8.0 <= t <= p + d + 1.0) for p, d in pauses) \
+            and all(not (r - 8.0 <= t <= r + RESTART_CLEAR_S) for r in restarts)
 
     def pick(lo: float, hi: float) -> float:
         for _ in range(200):
@@ -1212,7 +1228,26 @@ def _plan(rng: random.Random, publish_s: float, burst_at_s: float, kills: int, e
         mids.append(t)
     seconds = [(pick(0.35 * publish_s, 0.55 * publish_s), rng.uniform(8.0, 14.0)) for _ in range(second_workers)]
     outages = [(max(1.0, burst_at_s + rng.uniform(0.5, 2.5)), rng.uniform(6.0, 12.0)) for _ in range(am_outages)]
-    return _Plan(early, sorted(mids), seconds, pauses, outages)
+    return _Plan(early, sorted(mids), seconds, pauses, outages, restarts)
+
+
+RESTART_CLEAR_S = 25.0  # no kill or second worker this long after a broker restart (see _restart_times)
+RESTART_HOLD_S = 8.0  # publishing waits this long after a restart
+
+
+def _restart_times(rng: random.Random, publish_s: float, pauses: list[tuple[float, float]], n: int) -> list[float]:
+    """Broker restarts mid-stream, clear of the pauses. Kills and second workers keep clear of
+    them: the oracle reads what the worker had read from the lost log off its log_reset marks,
+    which a worker killed before it checkpointed them, or a partition held by a second worker
+    with a store of its own, would not leave in the store checked."""
+    out: list[float] = []
+    for _ in range(n):
+        for _ in range(200):
+            t = rng.uniform(0.45, 0.7) * publish_s
+            if all(not (p - 10.0 <= t <= p + d + 10.0) for p, d in pauses) and all(abs(t - r) >= 30.0 for r in out):
+                break
+        out.append(t)
+    return sorted(out)
 
 
 class _Chaos:
@@ -1236,6 +1271,8 @@ class _Chaos:
         self.a_count = 0
         self.b_count = 0
         self.paused_until: float | None = None
+        self.log_epoch = 0  # broker restarts so far: offsets of each life of the log are their own
+        self.restart_walls: list[float] = []  # wall clock (epoch seconds) at each restart
         self.last_exit_seen = 0.0
         self.t0 = 0.0
 
@@ -1365,9 +1402,12 @@ class _Chaos:
             self.am.start()
         else:
             self.report.notes.append("no Alertmanager binary: outages and delivery not checked")
+        self.producer = self._make_producer()
+
+    def _make_producer(self):
         from confluent_kafka import Producer
 
-        self.producer = Producer({
+        return Producer({
             **self.kafka.base_config(),
             "message.max.bytes": PRODUCER_MAX_BYTES,
             "partitioner": "consistent_random",
@@ -1386,6 +1426,7 @@ class _Chaos:
             o.delivered_partition, o.delivered_offset = msg.partition(), msg.offset()
 
     def _produce(self, o: Outgoing) -> None:
+        o.log_epoch = self.log_epoch
         kwargs = {"key": o.key, "on_delivery": partial(self._delivered, o)}
         if o.partition is not None:
             kwargs["partition"] = o.partition
@@ -1405,7 +1446,7 @@ class _Chaos:
         burst_at_s = (self.stream.burst[0] - START_MS) / 1000 / self.speedup
         c = self.conf
         plan = _plan(self.rng, publish_s, burst_at_s, c.kills, c.early_kills, c.second_workers, c.broker_pauses,
-                     c.alertmanager_outages if self.am else 0)
+                     c.alertmanager_outages if self.am else 0, c.broker_restarts)
         self.say(f"chaos: publishing {n} chunks of {CHUNK_MS // 1000} event-seconds over {publish_s:.0f} s, "
                  f"{sum(len(c) for c in self.stream.chunks):,} records")
         self.t0 = time.monotonic()
@@ -1415,6 +1456,7 @@ class _Chaos:
         seconds = list(plan.second_workers)
         pauses = list(plan.pauses)
         outages = list(plan.am_outages)
+        restarts = list(plan.restarts)
         am_back_at: float | None = None
         b_stop_at: float | None = None
         b_stopping_since: float | None = None
@@ -1477,6 +1519,10 @@ class _Chaos:
                 self.paused_until = now + dur
                 self.report.broker_pauses.append(FaultWindow("broker-pause", round(now, 2), round(dur, 2)))
                 self.say(f"chaos: {now:5.1f} s  broker paused (SIGSTOP) for {dur:.1f} s")
+            if restarts and now >= restarts[0] and not self.broker_paused() and self.b is None \
+                    and self._worker_has_read():
+                restarts.pop(0)
+                self._restart_broker()
             if outages and now >= outages[0][0] and am_back_at is None:
                 at, dur = outages.pop(0)
                 self.am.stop()
@@ -1509,20 +1555,95 @@ class _Chaos:
             tick()
         # Faults still pending when the last chunk went out are run now, in order, for a while:
         # a worker that never comes up (a crash loop) leaves its kills undone, and says so.
-        deadline = time.monotonic() + 30.0
-        while early or mids or seconds or pauses or outages or am_back_at is not None or b_stop_at is not None \
+        deadline = time.monotonic() + (90.0 if restarts else 30.0)  # a restart waits for a worker that has read
+        while early or mids or seconds or pauses or restarts or outages or am_back_at is not None or b_stop_at is not None \
                 or b_stopping_since is not None or self.paused_until is not None:
             tick()
             if (time.monotonic() >= deadline or self.crash_looping()) and self.paused_until is None \
                     and am_back_at is None and b_stop_at is None and b_stopping_since is None:
                 self.report.notes.append(f"faults not run (no live worker to run them on): {len(early) + len(mids)} kills, "
-                                         f"{len(seconds)} second workers, {len(pauses)} broker pauses, {len(outages)} "
+                                         f"{len(seconds)} second workers, {len(pauses)} broker pauses, {len(restarts)} broker "
+                                         f"restarts, {len(outages)} "
                                          "Alertmanager outages")
                 break
             time.sleep(0.05)
         left = self.producer.flush(60)
         if left:
             self.report.notes.append(f"{left} records still queued in the test producer after 60 s")
+
+    # -- the broker restart --
+    def _worker_has_read(self) -> bool:
+        """Worker `a` is up and has accepted events (its probe says): a restart before it read
+        anything would take nothing from it."""
+        a = self.a
+        return a is not None and a.alive() and not a.signalled and a.first_event is not None
+
+    def _restart_broker(self) -> None:
+        """Stop the broker and start it again on its port: its log, kept in memory, is gone and
+        offsets begin again at 0 in topics created anew. Everything published so far is
+        delivered first, so each record's offset is known to be in the old log; publishing then
+        waits RESTART_HOLD_S, long enough for a running worker to notice (streams/log_reset.py)
+        before the new log reaches its old positions, so that its log_reset marks say exactly
+        how far it had read the old one."""
+        left = self.producer.flush(60)
+        if left:
+            self.report.notes.append(f"{left} records still queued before the broker restart")
+        self.producer = None  # its threads would dial the restarted broker with the old log's topic ids
+        started = time.monotonic()
+        self.broker.stop()
+        try:
+            self.broker.start()
+        except BrokerError as exc:
+            raise ChaosSetupError(f"the embedded broker did not start again: {exc}") from None
+        ensure_topics(self.kafka, partitions=PARTITIONS)
+        self.log_epoch += 1
+        self.restart_walls.append(time.time())
+        self.producer = self._make_producer()
+        self.report.broker_restarts.append(FaultWindow("broker-restart", round(self.at(), 2),
+                                                       round(time.monotonic() - started, 2)))
+        self.say(f"chaos: {self.at():5.1f} s  broker restarted: its log is gone; publishing again in {RESTART_HOLD_S:g} s")
+        time.sleep(RESTART_HOLD_S)
+
+    def _read_before_restarts(self) -> dict[tuple[str, int, int], int]:
+        """(topic suffix, partition, log epoch) → how far the store had read that log when the
+        broker restart took it: the offset of its log_reset mark (the first after the restart).
+        Without a mark, nothing: a worker that had read the partition and skipped the new log
+        in silence then has rows the expectation lacks, and lacks rows it has."""
+        r = self.report
+        if not self.restart_walls:
+            return {}
+        with duckdb.connect(str(self.store_a), read_only=True) as con:
+            marks = con.execute("SELECT source_topic, source_partition, source_offset, epoch(ts) FROM dead_letter "
+                                "WHERE reason = 'log_reset' ORDER BY ts").fetchall()
+        r.log_reset_marks = len(marks)
+        suffix = {self.kafka.topic(t): t for t in ("requests", "gpu")}
+        read: dict[tuple[str, int, int], int] = {}
+        for topic, part, offset, at in marks:
+            # The log lost by the last restart before the mark (a second of slack for the clocks).
+            epoch = max((e for e, wall in enumerate(self.restart_walls) if wall <= at + 1.0), default=None)
+            if epoch is None or topic not in suffix:
+                r.restart_problems.append(f"a log_reset mark on {topic} partition {part} at offset {offset} "
+                                          "that no broker restart explains")
+                continue
+            read.setdefault((suffix[topic], int(part), epoch), int(offset))
+        ends: dict[tuple[str, int, int], int] = {}
+        for chunk in self.stream.chunks:
+            for o in chunk:
+                if o.delivered_offset is not None and o.log_epoch < self.log_epoch:
+                    key = (o.topic, o.delivered_partition, o.log_epoch)
+                    ends[key] = max(ends.get(key, 0), o.delivered_offset + 1)
+        for key, end in sorted(ends.items()):
+            if key in read and read[key] > end:
+                r.restart_problems.append(f"{self.kafka.topic(key[0])} partition {key[1]}: log_reset mark at offset "
+                                          f"{read[key]}, past the lost log's end {end}")
+        return read
+
+    def _could_be_stored(self, o: Outgoing, read: dict[tuple[str, int, int], int]) -> bool:
+        """Whether the store could have seen `o`: in the log that is, or read from a lost one
+        before the broker restart took it."""
+        if o.log_epoch == self.log_epoch:
+            return True
+        return o.delivered_offset < read.get((o.topic, o.delivered_partition, o.log_epoch), 0)
 
     def _drain(self) -> None:
         if self.b is not None and self.b.alive():
@@ -1591,6 +1712,12 @@ class _Chaos:
         records = [o for chunk in self.stream.chunks for o in chunk]
         valid = [o for o in records if o.kind in ("request", "gpu")]
         r.undelivered = sum(1 for o in records if o.delivered_offset is None)
+        read = self._read_before_restarts() if self.store_a.exists() else {}
+        gone = [o for o in records if o.delivered_offset is not None and not self._could_be_stored(o, read)]
+        r.records_gone_with_the_log = len(gone)
+        if gone:
+            valid = [o for o in valid if o.delivered_offset is None or self._could_be_stored(o, read)]
+        self._expected_poison = [o for o in self.poison if o.delivered_offset is None or self._could_be_stored(o, read)]
         truth = self.out / "truth"
         truth.mkdir(exist_ok=True)
         files = {"requests": truth / "requests.jsonl", "gpu": truth / "gpu.jsonl"}
@@ -1764,18 +1891,21 @@ class _Chaos:
                            "FROM got.dead_letter").fetchall()
         for _t, _p, _o, reason, _s, _h in rows:
             r.dead_letters_by_reason[reason] = r.dead_letters_by_reason.get(reason, 0) + 1
+        rows = [row for row in rows if row[3] != "log_reset"]  # the gaps' marks: _read_before_restarts
         r.late_dead_letters = r.dead_letters_by_reason.get("late", 0)
         at: dict[tuple[str, int, int], list[tuple]] = {}
         for row in rows:
             at.setdefault((row[0], int(row[1]), int(row[2])), []).append(row)
         poison_at = set()
-        for o in self.poison:
+        for o in self._expected_poison:
             if o.delivered_offset is None:
                 continue  # counted in `undelivered`
             where = (self.kafka.topic(o.topic), o.delivered_partition, o.delivered_offset)
             poison_at.add(where)
             found = at.get(where, [])
             raw = o.value or b""
+            if self.log_epoch and sha != "NULL":  # an offset may be in two lives of the log: the bytes tell them apart
+                found = [f for f in found if f[5] == hashlib.sha256(raw).hexdigest()]
             expected = POISON_REASONS[o.kind]
             problem = ""
             if not found:

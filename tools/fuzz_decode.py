@@ -22,7 +22,11 @@ timestamps (some absurd), as the worker calls them, and must keep these invarian
    change another's: the boundaries hold);
 5. valid records are accepted with every field equal to what was written (a duplicate key:
    its last value), invalid and joined ones are rejected;
-6. accepted timestamps lie in the event-time range and names hold no control character.
+6. accepted timestamps lie in the event-time range and names hold no control character;
+7. the windows' sums of the accepted records (streams/aggregates.py: counts, token and error
+   counts, fixed-point GPU- and audio-seconds, GPU means' sums) are never negative and equal a
+   reference sum in Python integers, per slice-minute as stamped and with every record of
+   the batch crowded into one slice-minute (where values at their bounds pile up).
 
 `tailwatch fuzz decode --records N` runs it at length and prints its figures; the default
 test suite runs a few seconds of it (tests/test_fuzz_decode.py).
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import msgspec
+import polars as pl
 
 from ingest.schema import EVAL_PAIRS, MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1, GpuV1, RequestV1
 
@@ -46,7 +51,9 @@ from ingest.schema import EVAL_PAIRS, MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1, 
 # its field's pattern admits.
 PATTERNED = ("", "en", "en-US", "zh-Hant-TW", "es-419", "ja-jp", "neutral", "premium-2", "v.1_a")
 from ingest.validate import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, REASONS, BatchDecoder
+from streams.aggregates import GPM_FIELDS, GPU, MICRO, MILLI, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from streams.windows import MINUTE_MS, MinuteWindows
 
 BROKER_MAX_BYTES = 1_048_576  # a Kafka broker's default message.max.bytes
 MAX_AHEAD_MS = 5 * 60_000
@@ -71,6 +78,7 @@ class Report:
     by_expect: dict[str, int] = field(default_factory=dict)
     by_reason: dict[str, int] = field(default_factory=dict)
     accepted: int = 0
+    sums_checked: int = 0  # slice-minute sums compared with their reference (invariant 7)
     violations: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -80,6 +88,7 @@ class Report:
                "made: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.by_expect.items())),
                f"accepted {self.accepted:,}; rejected by reason: "
                + ", ".join(f"{k} {v:,}" for k, v in sorted(self.by_reason.items(), key=lambda kv: -kv[1])),
+               f"slice-minute sums checked against a reference: {self.sums_checked:,}",
                f"invariant violations: {len(self.violations)}"]
         out += [f"  {v}" for v in self.violations[:20]]
         return out
@@ -349,6 +358,8 @@ class Checker:
     def __init__(self):
         self.decoders = {"request.v1": BatchDecoder(RequestV1, also=(EvalV1,)), "gpu.v1": BatchDecoder(GpuV1)}
         self.columns = {"request.v1": REQUEST_COLUMNS, "gpu.v1": GPU_COLUMNS}
+        self.sums = SumCheck()
+        self.sums_checked = 0
 
     def outcomes(self, schema: str, cases: list[Case]) -> tuple[dict[int, object], list[str]]:
         """Per position: the accepted record (as builtins) or the rejection reason; and any
@@ -385,6 +396,13 @@ class Checker:
             problems.append(f"records in {len(values)}, accounted for {len(out)}")
         if kept != sorted(kept):
             problems.append("the frame's rows are out of order")
+        try:  # invariant 7
+            for crowded in (False, True):
+                checked, wrong = self.sums.check(schema, frame, crowded)
+                self.sums_checked += checked
+                problems += wrong
+        except BaseException as exc:
+            problems.append(f"the windows raised {type(exc).__name__}: {exc}"[:300])
         return out, problems
 
     def alone(self, schema: str, c: Case) -> object:
@@ -441,11 +459,93 @@ def run(records: int, seed: int = 1, batch_size: int = 500, progress: Callable[[
                     report.violations.append(f"batch {report.batches} {schema} record {i} ({c.kind}): {problem}")
         report.records += len(cases)
         report.batches += 1
+        report.sums_checked = check.sums_checked
         if progress and time.monotonic() - last >= 2.0:
             last = time.monotonic()
             progress(f"fuzz: {report.records:,} of {records:,} records, {len(report.violations)} violations")
     report.seconds = time.monotonic() - began
     return report
+
+
+# ---- aggregates (invariant 7) ------------------------------------------------------------------
+
+# Per topic: the partial columns that are sums, and what each adds per accepted record, in
+# Python integers (fixed point rounded as the windows round it: half to even, as `round` does).
+def _fixed(column: str, scale: int):
+    return lambda r: round(r[column] * scale) if r[column] is not None else 0
+
+
+def _whole(column: str):
+    return lambda r: r[column] or 0
+
+
+_REQUEST_INTS = ("prompt_tokens", "output_tokens", "partial_revisions", "underruns", "cached_prompt_tokens",
+                 "draft_tokens", "accepted_tokens", "word_errors", "reference_words", "char_errors", "reference_chars")
+REFERENCE_SUMS: dict[str, dict[str, Callable[[dict], int]]] = {
+    "request.v1": {
+        "requests": lambda r: r["status"] is not None,
+        "evals": lambda r: r["status"] is None,
+        **{c: _whole(c) for c in _REQUEST_INTS},
+        "mos_milli": _fixed("mos", MILLI),
+        "successful_audio_ms": lambda r: _fixed("audio_seconds", MILLI)(r) if r["status"] == "ok" else 0,
+        "_audio_seconds_fixed": _fixed("audio_seconds", MICRO),
+        "_gpu_seconds_fixed": _fixed("gpu_seconds", MICRO),
+    },
+    "gpu.v1": {
+        "samples": lambda r: 1,
+        **{c: _whole(c) for c in ("xid_errors", "ecc_errors", "preemptions")},
+        **{f"_{c}_fixed": _fixed(c, MILLI) for c in ("util_pct", "power_w", *GPM_FIELDS)},
+    },
+}
+_SPECS = {"request.v1": REQUESTS, "gpu.v1": GPU}
+
+
+class SumCheck:
+    """The windows' sums of one batch's accepted records against the reference above."""
+
+    def check(self, schema: str, frame, crowded: bool) -> tuple[int, list[str]]:
+        """(slice-minutes compared, problems). `crowded`: every record stamped into one minute
+        of one slice first."""
+        if frame.height == 0:
+            return 0, []
+        spec = _SPECS[schema]
+        if crowded:
+            frame = frame.with_columns(*[pl.lit(frame[k][0]).alias(k) for k in spec.keys],
+                                       pl.lit(frame["ts_ms"][0]).alias("ts_ms"))
+        windows = MinuteWindows(spec, allowed_lateness_ms=MAX_EVENT_TS_MS)  # nothing is late
+        windows.add(frame)
+        counts, _hist, _minutes = windows.close_partials(None)
+        got = {(row["_minute"], tuple(row[k] for k in spec.keys)): row for row in counts.iter_rows(named=True)}
+        want = self.reference(schema, frame)
+        problems = []
+        if set(got) != set(want):
+            problems.append(f"slice-minutes: {len(got)} summed, {len(want)} in the reference")
+        for key in set(got) & set(want):
+            for column, total in want[key].items():
+                value = got[key][column]
+                if value is None or value < 0 or int(value) != total:
+                    problems.append(f"{schema} {column} of a slice-minute{' (crowded)' if crowded else ''}: "
+                                    f"{value} summed, {total} in the reference")
+        return len(got), problems
+
+    @staticmethod
+    def reference(schema: str, frame) -> dict[tuple, dict[str, int]]:
+        """Sums per (minute, slice labels) in Python integers, each event once: requests and
+        evaluations by `event_id` within their minute, GPU samples by their whole content."""
+        spec, sums = _SPECS[schema], REFERENCE_SUMS[schema]
+        out: dict[tuple, dict[str, int]] = {}
+        seen: set = set()
+        fields = [c for c in frame.columns if not c.startswith("_")]
+        for r in frame.iter_rows(named=True):
+            minute = r["ts_ms"] // MINUTE_MS
+            identity = (minute, r["event_id"]) if schema != "gpu.v1" else (minute, repr([r[c] for c in fields]))
+            if identity in seen:
+                continue
+            seen.add(identity)
+            row = out.setdefault((minute, tuple(r[k] for k in spec.keys)), dict.fromkeys(sums, 0))
+            for column, value in sums.items():
+                row[column] += int(value(r))
+        return out
 
 
 _EVAL_MEASURES = (*(f for pair in EVAL_PAIRS for f in pair), "mos")

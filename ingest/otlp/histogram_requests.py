@@ -29,13 +29,19 @@ SLIs, budgets, dashboards and reports need no second path:
   The counts are exact; which request ended how is not known (failures go to requests
   without a first output first).
 - vLLM's token counters (`TOKEN_COUNTERS`: prompt tokens found in the prefix cache,
-  speculative decoding's drafted and accepted tokens) are shared out over the requests of
+  speculative decoding's drafted and accepted tokens) and the GenAI counter of cache-read
+  input tokens are shared out over the requests of
   the interval with the same labels, in proportion to their prompt or output tokens, as
   whole tokens adding up to the counter's increase. vLLM counts them when a request is
   scheduled and the histograms when it finishes, so an increase in an interval where no
   request finished waits for the next one that has some: no token is lost, some are
   counted an interval late. The prefix-cache hit ratio is then `cached_prompt_tokens` over
   `prompt_tokens` like any request's, with no second path.
+- TGI and Triton count finished requests by outcome (`REQUEST_COUNTERS`); their histograms
+  count successes only (TGI) or exist only when enabled (Triton). For them the counters'
+  increases are the interval's requests, failures with their status and no latency; the
+  histograms give the successes their latencies. A latency a runtime does not export stays
+  absent.
 
 Bounds on what one record may ask for: a point must be a well-formed histogram (bounds
 increasing, counts adding up) and count at most `MAX_REQUESTS_PER_POINT` requests in its
@@ -53,6 +59,7 @@ from typing import Literal
 
 import msgspec
 
+from ingest.otlp.genai_versions import defined_by
 from ingest.otlp.mapping import RequestRules
 from ingest.otlp.samples import HistogramPoint, Sample
 from ingest.otlp.spans import failure_status
@@ -70,23 +77,27 @@ class HistogramName:
 
 
 S = 1000.0  # seconds → ms
-# OpenTelemetry GenAI semantic conventions: semantic-conventions v1.27 to v1.41 (the last
-# release there), then their own repository, semantic-conventions-genai (v0.1.0).
-OTEL = "OpenTelemetry semantic-conventions v1.27–v1.41"
-OTEL_STREAMING = "OpenTelemetry semantic-conventions, streaming metrics added before v1.41"
-GENAI = "OpenTelemetry semantic-conventions-genai v0.1.0"
+# OpenTelemetry GenAI names: which release defines each is in genai_versions.py (checked
+# against the registry text in tests/test_semconv_versions.py).
 NAMES: dict[str, HistogramName] = {
-    "gen_ai.server.request.duration": HistogramName("e2e", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.duration": HistogramName("e2e", S, f"{OTEL} (inference; other operations in {GENAI})"),
-    "gen_ai.client.inference.duration": HistogramName("e2e", S, GENAI),
-    "gen_ai.server.time_to_first_token": HistogramName("first_output", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.time_to_first_chunk": HistogramName("first_output", S, OTEL_STREAMING),
-    "gen_ai.client.inference.time_to_first_chunk": HistogramName("first_output", S, GENAI),
-    "gen_ai.server.time_per_output_token": HistogramName("inter_token", S, f"{OTEL}; {GENAI}"),
-    "gen_ai.client.operation.time_per_output_chunk": HistogramName("inter_token", S, OTEL_STREAMING, per_request=False),
-    "gen_ai.client.inference.time_per_output_chunk": HistogramName("inter_token", S, GENAI, per_request=False),
-    "gen_ai.client.inference.operation.input_tokens": HistogramName("prompt_tokens", 1.0, GENAI),
-    "gen_ai.client.inference.operation.output_tokens": HistogramName("output_tokens", 1.0, GENAI),
+    "gen_ai.server.request.duration": HistogramName("e2e", S, defined_by("gen_ai.server.request.duration")),
+    "gen_ai.client.operation.duration": HistogramName("e2e", S, defined_by("gen_ai.client.operation.duration")),
+    "gen_ai.client.inference.duration": HistogramName("e2e", S, defined_by("gen_ai.client.inference.duration")),
+    "gen_ai.server.time_to_first_token": HistogramName("first_output", S, defined_by("gen_ai.server.time_to_first_token")),
+    "gen_ai.client.operation.time_to_first_chunk": HistogramName(
+        "first_output", S, defined_by("gen_ai.client.operation.time_to_first_chunk")),
+    "gen_ai.client.inference.time_to_first_chunk": HistogramName(
+        "first_output", S, defined_by("gen_ai.client.inference.time_to_first_chunk")),
+    "gen_ai.server.time_per_output_token": HistogramName(
+        "inter_token", S, defined_by("gen_ai.server.time_per_output_token")),
+    "gen_ai.client.operation.time_per_output_chunk": HistogramName(
+        "inter_token", S, defined_by("gen_ai.client.operation.time_per_output_chunk"), per_request=False),
+    "gen_ai.client.inference.time_per_output_chunk": HistogramName(
+        "inter_token", S, defined_by("gen_ai.client.inference.time_per_output_chunk"), per_request=False),
+    "gen_ai.client.inference.operation.input_tokens": HistogramName(
+        "prompt_tokens", 1.0, defined_by("gen_ai.client.inference.operation.input_tokens")),
+    "gen_ai.client.inference.operation.output_tokens": HistogramName(
+        "output_tokens", 1.0, defined_by("gen_ai.client.inference.operation.output_tokens")),
     # (gen_ai.client.token.usage, split by gen_ai.token.type, is read in TOKEN_USAGE below)
     # vLLM's /metrics (v0.6 to v0.11): one observation per finished request.
     "vllm:e2e_request_latency_seconds": HistogramName("e2e", S, "vLLM /metrics"),
@@ -117,6 +128,17 @@ TOKEN_COUNTERS: dict[str, tuple[str, str]] = {
     "vllm:gpu_prefix_cache_hits": ("cached_prompt_tokens", "vLLM /metrics, V1 engine before the `gpu_` prefix was dropped"),
     "vllm:spec_decode_num_draft_tokens": ("draft_tokens", VLLM_V1),
     "vllm:spec_decode_num_accepted_tokens": ("accepted_tokens", VLLM_V1),
+    # The GenAI counters of input tokens served from the provider's cache (per series also split
+    # by `gen_ai.token.modality`, summed here). A counter knows no request: like vLLM's, its
+    # increase is shared over the interval's requests of the same labels, so per minute and
+    # slice the cached total is exact and each request holds a share in proportion to its
+    # input tokens. The sibling counters of input, output, cache-write and reasoning tokens
+    # are not read: the per-operation token histograms give each request its input and output
+    # tokens, and no request field holds cache writes or reasoning tokens.
+    "gen_ai.client.inference.usage.cache_read.input_tokens": (
+        "cached_prompt_tokens", defined_by("gen_ai.client.inference.usage.cache_read.input_tokens")),
+    "gen_ai.client.inference.usage.detailed.cache_read.input_tokens": (
+        "cached_prompt_tokens", defined_by("gen_ai.client.inference.usage.detailed.cache_read.input_tokens")),
 }
 TOKEN_FIELD_WEIGHT = {"cached_prompt_tokens": "prompt_tokens", "draft_tokens": "output_tokens",
                       "accepted_tokens": "output_tokens"}  # what a request's share is in proportion to
@@ -129,13 +151,43 @@ VLLM_FINISH: dict[str, tuple[str, str]] = {
     "repetition": ("stop", "ok"),  # the request asked vLLM to stop a repeating answer
     "abort": ("client_cancel", "cancelled"), "error": ("server_cut", "error"),
 }
+# Runtimes that count finished requests by outcome, failures included, where their latency
+# histograms count successes only (TGI) or there are none by default (Triton): the counters'
+# increases are the interval's requests, exact; the histograms only give them latencies. A
+# failure carries no latency, as neither runtime measures one for it.
+@dataclass(frozen=True)
+class RequestCounter:
+    outcome_label: str  # the label naming how a request failed; "" for a success counter
+    statuses: dict[str, tuple[str, int | None]]  # outcome → (status, the HTTP status the runtime answers)
+    source: str
+
+
+TGI_SOURCE = "TGI /metrics (router/src/server.rs, router/src/infer/mod.rs, backends/v3)"
+TRITON_SOURCE = "Triton /metrics (core src/metrics.cc, src/metric_model_reporter.cc)"
+REQUEST_COUNTERS: dict[str, RequestCounter] = {
+    "tgi_request_success": RequestCounter("", {"": ("ok", None)}, TGI_SOURCE),
+    # TGI's answers to each failure (its InferError → StatusCode): overload 429, a request it
+    # cannot take 422, a generation that failed or stopped early 424 or 500; `dropped` is a
+    # client that went away before its answer.
+    "tgi_request_failure": RequestCounter("err", {
+        "overloaded": ("shed", 429), "validation": ("error", 422), "template": ("error", 422),
+        "generation": ("error", 424), "incomplete": ("error", 500), "dropped": ("cancelled", None)}, TGI_SOURCE),
+    "nv_inference_request_success": RequestCounter("", {"": ("ok", None)}, TRITON_SOURCE),
+    # Triton's failure reasons: REJECTED by the queue policy (full, or timed out in the queue),
+    # CANCELED by the client, BACKEND (the model failed), OTHER.
+    "nv_inference_request_failure": RequestCounter("reason", {
+        "REJECTED": ("shed", None), "CANCELED": ("cancelled", None), "BACKEND": ("error", None),
+        "OTHER": ("error", None)}, TRITON_SOURCE),
+}
+UNKNOWN_FAILURE = ("error", None)  # an outcome a newer runtime adds: a failure all the same
 TOKEN_USAGE = "gen_ai.client.token.usage"  # OTEL: one histogram, input and output told by gen_ai.token.type
 TOKEN_TYPES: dict[str, Role] = {"input": "prompt_tokens", "output": "output_tokens"}
-NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: f"{OTEL} (removed in {GENAI})",
-                **{f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
-                f"{FINISH_COUNTER}_total": VLLM_V1}
+NAMES_SOURCE = {**{n: h.source for n, h in NAMES.items()}, TOKEN_USAGE: defined_by(TOKEN_USAGE),
+                # Prometheus names as a page shows them (with `_total`); OTLP names as sent
+                **{n if n.startswith("gen_ai.") else f"{n}_total": source for n, (_, source) in TOKEN_COUNTERS.items()},
+                f"{FINISH_COUNTER}_total": VLLM_V1, **{n: c.source for n, c in REQUEST_COUNTERS.items()}}
 # Labels that split one group of requests into the histograms' series: not the requests' own.
-SPLIT_LABELS = ("error.type", "gen_ai.token.type")
+SPLIT_LABELS = ("error.type", "gen_ai.token.type", "gen_ai.token.modality")
 MAX_REQUESTS_PER_POINT = 200_000  # one interval of one series; beyond it the point is refused
 MAX_REQUESTS_PER_BATCH = 1_000_000  # one record; points past it are refused, so no record can exhaust memory
 MAX_BUCKETS = 512
@@ -167,6 +219,7 @@ class _Group:
     start_ms: int
     end_ms: int
     deltas: list[_Delta] = field(default_factory=list)
+    counted: dict[tuple[str, int | None], int] | None = None  # (status, HTTP status) → requests, from REQUEST_COUNTERS
 
 
 class HistogramRequests:
@@ -178,6 +231,8 @@ class HistogramRequests:
         self._previous_totals: dict[tuple, float] = {}  # token counters' last readings
         self._pending: dict[tuple, dict[str, float]] = {}  # per labels, token counts not yet shared out
         self._pending_finish: dict[tuple, dict[str, int]] = {}  # per labels, finished requests not yet given out
+        self._previous_requests: dict[tuple, tuple[float, int]] = {}  # request counters' last (reading, time)
+        self._requests_read: dict[tuple, int] = {}  # per labels (less the outcome), when a request counter was last read
 
     def map(self, points: list[HistogramPoint], counters: list[Sample] = ()) -> MappedHistograms:
         """Requests from a batch's histogram points; `counters`, the batch's other samples,
@@ -213,9 +268,67 @@ class HistogramRequests:
             group = groups.setdefault(key, _Group(labels, delta.start_ms, point.ts_ms))
             group.start_ms = min(group.start_ms, delta.start_ms)
             group.deltas.append(delta)
+        for key, (start_ms, end_ms, counted) in self._take_request_counters(counters, out).items():
+            budget -= sum(counted.values())
+            if budget < 0:
+                out.refused.append(("otlp_metric_invalid", f"request counters: more than {MAX_REQUESTS_PER_BATCH:,} "
+                                    "requests in one batch"))
+                continue
+            # A runtime that has no latency histogram (Triton by default) still has its requests.
+            group = groups.setdefault(key, _Group(dict(key[0]), start_ms, end_ms))
+            group.start_ms = min(group.start_ms, start_ms)
+            group.counted = counted
         for key, group in groups.items():
             self._requests(key, group, out)
         return out
+
+    def _take_request_counters(self, counters: list[Sample], out: MappedHistograms
+                               ) -> dict[tuple, tuple[int, int, dict[tuple[str, int | None], int]]]:
+        """Each request counter's increase since its last reading, by labels (less the outcome
+        label) and scrape time: the interval's start, its end and its requests by outcome."""
+        found: dict[tuple, tuple[int, int, dict[tuple[str, int | None], int]]] = {}
+        read_now: dict[tuple, int] = {}
+        for c in counters:
+            known = REQUEST_COUNTERS.get(c.name)
+            if known is None or not math.isfinite(c.value) or c.value < 0:
+                continue
+            labels = tuple(sorted((k, v) for k, v in c.labels.items()
+                                  if k not in SPLIT_LABELS and k != known.outcome_label))
+            if not c.cumulative:  # a delta (a Collector's cumulativetodelta): the requests of the point
+                before = (0.0, c.ts_ms)
+            else:
+                before = self._running_total(c, labels, read_now)
+            if before is None:
+                continue
+            increase = c.value - before[0] if c.value >= before[0] else c.value  # smaller: a reset
+            if increase > MAX_REQUESTS_PER_POINT:
+                out.refused.append(("otlp_metric_invalid", f"{c.name}: {increase:.3g} requests in one interval "
+                                    f"(at most {MAX_REQUESTS_PER_POINT:,})"))
+                continue
+            outcome = known.statuses.get(c.labels.get(known.outcome_label, ""), UNKNOWN_FAILURE)
+            start, _, counted = found.setdefault((labels, c.ts_ms), (before[1], c.ts_ms, {}))
+            found[(labels, c.ts_ms)] = (min(start, before[1]), c.ts_ms, counted)
+            counted[outcome] = counted.get(outcome, 0) + int(round(increase))
+        for key, ts_ms in read_now.items():  # after the batch: its other series are not new to it
+            self._requests_read[key] = max(ts_ms, self._requests_read.pop(key, 0))  # re-inserted: newest last
+        _forget_oldest(self._requests_read)
+        return found
+
+    def _running_total(self, c: Sample, labels: tuple, read_now: dict[tuple, int]) -> tuple[float, int] | None:
+        """The previous (reading, time) of a request counter's series, or None for a base reading."""
+        series = (c.name, tuple(sorted(c.labels.items())))
+        before = self._previous_requests.pop(series, None)
+        self._previous_requests[series] = (c.value, c.ts_ms)  # re-inserted: least recently read first
+        _forget_oldest(self._previous_requests)
+        read_before = self._requests_read.get(labels)
+        read_now[labels] = max(c.ts_ms, read_now.get(labels, 0))
+        if before is None and read_before is not None and read_before < c.ts_ms:
+            # A new outcome on a target already read: TGI (the Rust metrics crate) writes a
+            # series only once it has counted something, so it started from zero since then.
+            before = (0.0, read_before)
+        if before is None or c.ts_ms <= before[1]:
+            return None  # the first reading is the base; an older or repeated one adds nothing
+        return before
 
     def _take_token_counters(self, counters: list[Sample], out: MappedHistograms) -> None:
         """Each token counter's increase since its last reading, added to what its labels'
@@ -249,7 +362,8 @@ class HistogramRequests:
                 reason = c.labels[FINISH_LABEL]
                 ended[reason] = ended.get(reason, 0) + int(round(increase))
                 continue
-            found.setdefault(labels, {}).setdefault(known[0], {})[c.name] = increase
+            by_name = found.setdefault(labels, {}).setdefault(known[0], {})
+            by_name[c.name] = by_name.get(c.name, 0.0) + increase  # summed over a split label (modality)
         _forget_oldest(self._pending_finish)
         for labels, fields in found.items():
             pending = self._pending.pop(labels, {})
@@ -332,14 +446,25 @@ class HistogramRequests:
             e2e += values
             statuses += [_status(d.error_type)] * len(values)
         first_output = [v for d in by_role.get("first_output", []) for v in _latencies(d)]
-        n = max(len(e2e), len(first_output))
+        failed: list[tuple[str, int | None]] = []
+        if group.counted is None:
+            n = max(len(e2e), len(first_output))
+        else:
+            # The runtime's counters are the number of requests; its histograms (successes only
+            # for TGI, every first response for Triton) only give them latencies.
+            failed = [outcome for outcome, k in sorted(group.counted.items(), key=str) if outcome[0] != "ok"
+                      for _ in range(k)]
+            n = max(len(e2e), group.counted.get(("ok", None), 0)) + len(failed)
         if n == 0:
             return  # tokens alone, or an interval without requests: nothing to count
-        statuses += ["ok"] * (n - len(statuses))
+        statuses += ["ok"] * (n - len(failed) - len(statuses))
+        http_statuses = [None] * len(statuses) + [code for _, code in failed]
+        statuses += [status for status, _ in failed]
         # The first-output histograms count answers that started (the server's: successful ones), so
         # their values go to the requests that ended ok first.
         order = sorted(range(n), key=lambda i: statuses[i] != "ok")
-        fields: list[dict] = [{"status": statuses[i]} for i in range(n)]
+        fields: list[dict] = [{"status": statuses[i]} if http_statuses[i] is None else
+                              {"status": statuses[i], "http_status": http_statuses[i]} for i in range(n)]
         for i, value in enumerate(e2e):
             fields[i]["e2e_ms"] = value
         _assign(fields, order, "first_output_ms", first_output)

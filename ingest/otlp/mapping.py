@@ -86,8 +86,11 @@ def _rule(*attributes: str, default: str = "", kind: type[FieldRule] = FieldRule
 
 class RequestRules(ConfigStruct):
     tenant: FieldRule = _rule("tenant.id", "tenant", default="default")
-    model: FieldRule = _rule("gen_ai.response.model", "gen_ai.request.model", "model_name", "service.name", default="unknown")
-    model_version: FieldRule = _rule("model_version", "service.version")
+    # `model_name`: vLLM's pages; `model` and `version`: Triton's. TGI's page names no model:
+    # a mapping file gives it (a default, or a table from `instance`).
+    model: FieldRule = _rule("gen_ai.response.model", "gen_ai.request.model", "model_name", "model", "service.name",
+                             default="unknown")
+    model_version: FieldRule = _rule("model_version", "service.version", "version")
     zone: FieldRule = _rule("cloud.availability_zone", "zone")
     region: FieldRule = _rule("cloud.region", "region")
     pool: FieldRule = _rule("pool", "k8s.deployment.name")

@@ -1,7 +1,8 @@
 """OTLP spans → `request.v1`: one event per request span.
 
 Which spans are requests:
-- GenAI semantic conventions (`gen_ai.operation.name`, `gen_ai.request.model`, ...) and vLLM's
+- GenAI semantic conventions (`gen_ai.operation.name`, `gen_ai.request.model`, ...; which
+  release defines each name: `genai_versions.py`) and vLLM's
   `llm_request` span with its older names (`gen_ai.usage.prompt_tokens`, latencies in
   seconds under `gen_ai.latency.*`);
 - Triton: every span of a request carries `model_name`, `model_version` and `request_id`; the
@@ -32,6 +33,7 @@ import msgspec
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 from ingest.otlp.attributes import Attributes, first, number
+from ingest.otlp.genai_versions import defined_by
 from ingest.otlp.mapping import RequestRules
 from ingest.otlp.views import STATUS_ERROR, SpanView, resource_spans
 from ingest.schema import RequestV1
@@ -51,15 +53,19 @@ FIRST_TOKEN_S = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_
 QUEUE_S = ("gen_ai.latency.time_in_queue",)
 DECODE_S = ("gen_ai.latency.time_in_model_decode",)
 PER_OUTPUT_TOKEN_S = ("gen_ai.server.time_per_output_token",)
+# Input tokens served from the provider's cache (included in the input tokens). Its sibling
+# `gen_ai.usage.cache_creation.input_tokens` (tokens written to the cache) fills no request
+# field and is not read.
+CACHED_INPUT_TOKENS = ("gen_ai.usage.cache_read.input_tokens",)
 # Every span attribute read for a request field, with who defines it (docs/opentelemetry.md is
 # made to match this table, and tests/test_otlp_generations.py sends each through the SDK).
 SPAN_ATTRIBUTE_SOURCES = {
-    "gen_ai.usage.input_tokens": "OpenTelemetry semantic-conventions v1.27+; semantic-conventions-genai v0.1.0",
-    "gen_ai.usage.output_tokens": "OpenTelemetry semantic-conventions v1.27+; semantic-conventions-genai v0.1.0",
-    "gen_ai.usage.prompt_tokens": "OpenTelemetry semantic-conventions before v1.27; vLLM's llm_request span",
-    "gen_ai.usage.completion_tokens": "OpenTelemetry semantic-conventions before v1.27; vLLM's llm_request span",
-    "gen_ai.response.time_to_first_chunk": "OpenTelemetry semantic-conventions (streaming, before v1.41); "
-                                           "semantic-conventions-genai v0.1.0",
+    "gen_ai.usage.input_tokens": defined_by("gen_ai.usage.input_tokens"),
+    "gen_ai.usage.output_tokens": defined_by("gen_ai.usage.output_tokens"),
+    "gen_ai.usage.prompt_tokens": f"{defined_by('gen_ai.usage.prompt_tokens')}; vLLM's llm_request span",
+    "gen_ai.usage.completion_tokens": f"{defined_by('gen_ai.usage.completion_tokens')}; vLLM's llm_request span",
+    "gen_ai.usage.cache_read.input_tokens": defined_by("gen_ai.usage.cache_read.input_tokens"),
+    "gen_ai.response.time_to_first_chunk": defined_by("gen_ai.response.time_to_first_chunk"),
     "gen_ai.server.time_to_first_token": "a metric in the conventions; read when an instrumentation sets it on the span",
     "gen_ai.response.time_to_first_token": "Sentry's conventions",
     "gen_ai.server.time_per_output_token": "a metric in the conventions; read when an instrumentation sets it on the span",
@@ -180,6 +186,7 @@ def _genai_fields(span: SpanView) -> dict:
         "inter_token_ms": _ms(per_token_s),
         "prompt_tokens": int(prompt) if prompt is not None else None,
         "output_tokens": int(output) if output is not None else None,
+        "cached_prompt_tokens": int(cached) if (cached := number(CACHED_INPUT_TOKENS, attrs)) is not None else None,
     }
 
 

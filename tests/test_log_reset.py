@@ -1,0 +1,179 @@
+"""Read positions the log no longer has, on a broker of the test's own that is restarted
+(the embedded broker keeps its log in memory: a restart empties it and offsets begin again
+at 0) under real `tailwatch worker` processes.
+
+A worker then reads each such partition again from its start, says so in one log line,
+counts it (`tailwatch_log_resets_total`) and marks the gap with a dead letter of reason
+`log_reset`; every record published after the reset is counted once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import duckdb
+import pytest
+from confluent_kafka import Producer
+
+from conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.kafka import KafkaSettings, ensure_topics
+from streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
+from tests.conftest import start_broker
+
+T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+PARTITIONS = 4
+
+
+def request(i: int) -> bytes:
+    return json.dumps({"schema": "request.v1", "event_id": f"e-{i}", "ts": T0_MS + i * 20, "tenant": "acme",
+                       "model": "m", "workload": "llm", "status": "ok", "e2e_ms": 100.0, "output_tokens": 10}).encode()
+
+
+def publish(kafka: KafkaSettings, first: int, count: int) -> None:
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
+    for i in range(first, first + count):
+        p.produce(kafka.topic("requests"), request(i), key=b"k", partition=i % PARTITIONS)
+    assert p.flush(30) == 0
+
+
+def worker(kafka: KafkaSettings, store, port: int, log_path, until_idle: str | None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", kafka.bootstrap_servers,
+            "--topic-prefix", kafka.topic_prefix, "--store", str(store), "--group", "g", "--http-port", str(port),
+            "--checkpoint-interval", "0.2", "--allowed-lateness", "2m", "--partitions", str(PARTITIONS)]
+    if until_idle:
+        argv += ["--until-idle", until_idle]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+
+
+def metric(port: int, name: str, label: str = "") -> float:
+    """The sum of the worker's `name{...}` series holding `label` (-1: /metrics did not answer)."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return -1.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(name + "{") and label in line)
+
+
+def accepted(port: int) -> float:
+    return metric(port, EVENTS_TOTAL, 'outcome="accepted"')
+
+
+def wait_for(what, timeout_s: float, proc: subprocess.Popen, port: int) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the worker exited with {proc.returncode}"
+        if what():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out: {accepted(port)} accepted, {metric(port, LOG_RESETS_TOTAL)} resets")
+
+
+def stored(store) -> tuple[int, int, list[tuple]]:
+    with duckdb.connect(str(store), read_only=True) as con:
+        requests, distinct = con.execute("SELECT sum(requests), count(*) FROM sli_minute").fetchone()
+        gaps = con.execute("SELECT source_topic, source_partition, source_offset, detail FROM dead_letter "
+                       f"WHERE reason = '{LOG_RESET}' ORDER BY source_partition").fetchall()
+    return int(requests or 0), distinct, gaps
+
+
+@pytest.fixture
+def own_broker():
+    """A broker of the test's own: restarting the session's would empty every other test's topics."""
+    b = start_broker()
+    yield b
+    b.stop()
+
+
+def restart(b: EmbeddedBroker, kafka: KafkaSettings) -> None:
+    b.stop()
+    b.start()
+    ensure_topics(kafka, PARTITIONS)
+
+
+def reset_lines(log_path) -> list[str]:
+    return [line for line in open(log_path).read().splitlines() if "stored read position" in line]
+
+
+# ---- the decision ------------------------------------------------------------------------------
+def test_a_position_the_log_has_is_left_alone_and_one_it_lacks_is_named():
+    assert judge("t", 0, 500, 0, 500) is None  # at the end: read to it
+    assert judge("t", 0, 0, -1, -1) is None and judge("t", 0, 500, -1, -1) is None  # nothing known: nothing decided
+    assert judge("t", 0, 0, 0, 0, "a", "b") is None  # from the start already: nothing is skipped
+    assert judge("t", 0, 501, 0, 500).reason == PAST_END
+    assert judge("t", 0, 10, 20, 500).reason == BEFORE_START
+    assert judge("t", 0, 100, 0, 500, "a", "b").reason == TOPIC_RECREATED
+    assert judge("t", 0, 100, 0, 500, None, "b") is None  # the first id seen is no change
+    r = judge("tw.requests", 3, 1_000, 0, 250)
+    line = r.line()
+    assert "tw.requests partition 3" in line and "1,000" in line and "offsets 0 to 249" in line
+    letter = r.dead_letter(T0_MS)
+    assert (letter.reason, letter.source_partition, letter.source_offset) == (LOG_RESET, 3, 1_000)
+
+
+# ---- a live worker across a broker restart --------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_broker_restart_under_a_live_worker_loses_nothing_published_after_it(own_broker, tmp_path):
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap, topic_prefix="lr.")
+    ensure_topics(kafka, PARTITIONS)
+    publish(kafka, 0, 4_000)
+    store, port, log_path = tmp_path / "s.duckdb", free_port(), tmp_path / "worker.log"
+    w = worker(kafka, store, port, log_path, until_idle=None)
+    try:
+        wait_for(lambda: accepted(port) >= 4_000, 60, w, port)
+        restart(own_broker, kafka)
+        publish(kafka, 10_000, 5_000)  # offsets 0..1,249 per partition: below the worker's 1,000 and past it
+        wait_for(lambda: accepted(port) >= 9_000 and metric(port, LOG_RESETS_TOTAL) >= PARTITIONS, 60, w, port)
+        assert metric(port, LOG_RESETS_TOTAL) == PARTITIONS
+    finally:
+        w.terminate()
+        assert w.wait(30) == 0
+    # What is still open closes in a drain of the same store.
+    done = worker(kafka, store, free_port(), tmp_path / "drain.log", until_idle="2")
+    assert done.wait(60) == 0
+    requests, _rows, gaps = stored(store)
+    assert requests == 9_000  # 4,000 read before the restart, 5,000 after: each once
+    assert [(t, q) for t, q, _o, _d in gaps] == [("lr.requests", q) for q in range(PARTITIONS)]
+    assert all(o == 1_000 or o == 1_250 for _t, _q, o, _d in gaps)
+    lines = reset_lines(log_path)
+    assert len(lines) == PARTITIONS and all("lr.requests partition" in line for line in lines)
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_worker_whose_positions_are_past_the_end_reads_the_new_log(own_broker, tmp_path):
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap, topic_prefix="lr.")
+    ensure_topics(kafka, PARTITIONS)
+    publish(kafka, 0, 4_000)
+    store = tmp_path / "s.duckdb"
+    assert worker(kafka, store, free_port(), tmp_path / "first.log", until_idle="2").wait(60) == 0
+    assert stored(store)[0] == 4_000
+    restart(own_broker, kafka)
+    publish(kafka, 10_000, 2_000)  # 500 a partition: every stored position (1,000) is past the end
+    log_path = tmp_path / "second.log"
+    assert worker(kafka, store, free_port(), log_path, until_idle="2").wait(60) == 0
+    requests, _rows, gaps = stored(store)
+    assert requests == 6_000
+    assert [(q, o) for _t, q, o, _d in gaps] == [(q, 1_000) for q in range(PARTITIONS)]
+    assert all(d.startswith(PAST_END) for *_x, d in gaps)
+    lines = reset_lines(log_path)
+    assert len(lines) == PARTITIONS and all("past the log's end" in line and "1,000" in line for line in lines)
+
+
+def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
+    """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
+    from streams.runtime import WorkerSettings
+    from streams.tiers import build
+
+    w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
+                             http_port=free_port()))
+    w.source.assigned_at = time.monotonic()
+    w.source.resetting[("lr.requests", 2)] = judge("lr.requests", 2, 1_000, 0, 250)
+    ready, why = w.readiness()
+    assert not ready and "lr.requests partition 2 again from the start" in why
+    del w.source.resetting[("lr.requests", 2)]
+    assert "again from the start" not in w.readiness()[1]
