@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -27,7 +26,7 @@ from deploy.neighbours import collector_config, scrape_configs
 from deploy.settings import DeploySettings, PodLabels
 from ingest.otlp.mapping import OtlpMapping
 from ingest.otlp.scrape import PrometheusScraper
-from tests.conftest import free_port
+from tests.conftest import free_port, need, worker_command
 from tests.test_otlp import DCGM_EXPOSITION, _Exposition
 from tests.test_signal_api import get
 
@@ -129,8 +128,7 @@ def prometheus_page(port: int) -> str:
 
 @pytest.fixture()
 def prometheus(tmp_path):
-    if not shutil.which("prometheus"):
-        pytest.skip("needs the prometheus binary")
+    need(shutil.which("prometheus") is not None, "the prometheus binary")
     pages = Pages()
     dcgm = pages.serve(DCGM)
     stable, canary = pages.serve(vllm_page(0, 0, 0)), pages.serve(vllm_page(0, 0, 0))
@@ -218,10 +216,8 @@ def test_dcgm_and_vllm_pages_through_the_generated_rules_answer_autoscale_and_ju
         "rollout": {"min_requests": 100, "promote_min_requests": 500}}))
     api = free_port()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", broker.bootstrap,
-         "--topic-prefix", kafka.topic_prefix, "--store", str(tmp_path / "store.duckdb"), "--http-port", str(api),
-         "--api-config", str(tmp_path / "api.yaml"), "--group", f"g-{uuid.uuid4().hex[:6]}", "--partitions", "1",
-         "--detectors", "none"],
+        worker_command(broker.bootstrap, kafka.topic_prefix, tmp_path / "store.duckdb", api,
+                       "--api-config", str(tmp_path / "api.yaml")),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline, scaled, judged = time.monotonic() + 60, (None, None), (None, None)

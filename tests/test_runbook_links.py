@@ -13,14 +13,13 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
 
 import runbooks
 from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
 from detectors.config import DETECTOR_NAMES
 from reports.readiness import RUNBOOKS
 from slo.spec import DEFAULT_SLOS, load_slos
-from tests.conftest import free_port
+from tests.conftest import free_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"runbooks/([a-z0-9-]+\.md)")
@@ -68,9 +67,8 @@ def test_the_worker_serves_every_runbook_and_its_pages_link_there(broker, tmp_pa
     from tailwatch.commands import _worker_settings
 
     port = free_port()
-    argv = ["worker", "--bootstrap-servers", broker.bootstrap, "--topic-prefix", f"t{uuid.uuid4().hex[:8]}.",
-            "--store", str(tmp_path / "store.duckdb"), "--http-port", str(port), "--slos", "none",
-            "--detectors", "none", "--partitions", "1"]
+    argv = worker_command(broker.bootstrap, f"t{uuid.uuid4().hex[:8]}.", tmp_path / "store.duckdb", port,
+                          "--slos", "none")[3:]  # from `worker` on
     # where the worker's pages point, with no --runbook-url: its own HTTP port
     links = _worker_settings(build_parser().parse_args(argv)).alert_links
     assert links.runbook("runbooks/slo-burn.md") == f"http://127.0.0.1:{port}/runbooks/slo-burn.md"
