@@ -17,7 +17,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 from dataclasses import dataclass
 
 import httpx
@@ -29,6 +28,7 @@ from dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SL
 from slo.engine import AlertChange
 from slo.sli import span
 from slo.windows import minute_start_utc
+import runbooks
 from conventions import ALERTS_DELIVERED_TOTAL, ALERTS_PENDING, ALERTS_REFUSED_TOTAL
 
 log = logging.getLogger("tailwatch.alerts")
@@ -36,8 +36,9 @@ OUTBOX_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "payload": pl.String}
 DELIVERED_SCHEMA = {"stage": pl.String, "seq": pl.Int64, "target": pl.String}
 
 
-# The runbooks of this installation, until `--runbook-url` says where the team publishes them.
-LOCAL_RUNBOOK_BASE_URL = Path(__file__).resolve().parents[1].as_uri() + "/"
+# The runbooks of this installation (packaged with it), until `--runbook-url` says where the
+# team publishes them; the worker's own default is its HTTP port, which serves them.
+LOCAL_RUNBOOK_BASE_URL = runbooks.packaged_base_url()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from deploy import neighbours, workloads
+from deploy import collector, neighbours, workloads
 from deploy.settings import TOKEN_NAMES, DeployError, DeploySettings
 from slo.spec import SloSpec
 
@@ -43,7 +43,7 @@ def manifests(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_ya
              "prometheus-rule.yaml": [neighbours.prometheus_rule(s, specs)],
              "service-monitor.yaml": [neighbours.service_monitor(s)],
              "grafana-dashboards.yaml": neighbours.dashboards(s, specs),
-             "otel-collector.yaml": [neighbours.collector_config(s)],
+             "otel-collector.yaml": collector.objects(s, neighbours.collector_config(s)),
              "dcgm-exporter.yaml": [neighbours.dcgm_counters(s)]}
     if s.pools:
         files["keda.yaml"] = _unique([o for pool in s.pools for o in neighbours.keda(s, pool)])
@@ -51,6 +51,10 @@ def manifests(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_ya
     files["argo-rollouts.yaml"] = [t for ns in namespaces for t in neighbours.argo(s, ns)]
     if s.canaries:
         files["flagger.yaml"] = [neighbours.flagger(s, c, flagger_token) for c in s.canaries]
+    common = {k: v for k, v in (("release", s.release), ("team", s.team)) if v}
+    for objects in files.values() if common else ():
+        for o in objects:  # on every object: kube-prometheus-stack selects rules and monitors by `release`
+            o["metadata"]["labels"] = {**o["metadata"].get("labels", {}), **common}
     return files
 
 

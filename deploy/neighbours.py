@@ -9,12 +9,13 @@ and a dcgm-exporter counters file with the profiling fields on.
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
 from dashboards.generate import build_all, problems
 from deploy.settings import Canary, DeploySettings, Pool
-from deploy.workloads import HTTP_PORT, SCRAPE_LABEL, labels
+from deploy.workloads import SCRAPE_LABEL, api_url, labels
 from ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
 from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
 from signals.recipes import argo_templates, flagger_canary
@@ -26,10 +27,6 @@ GRAFANA_SIDECAR_LABEL = "grafana_dashboard"  # the label kube-prometheus-stack's
 # the stock file) included, and GR_ENGINE_ACTIVE, which the stock file does enable.
 DCGM_TYPES = {**{name: "gauge" for name in DCGM_GAUGES}, **{name: "counter" for name in DCGM_COUNTERS},
               DCGM_XID: "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge"}
-
-
-def api_url(s: DeploySettings) -> str:
-    return f"http://{s.name}.{s.namespace}.svc:{HTTP_PORT}"
 
 
 def keda_fallback(pool: Pool) -> dict:
@@ -92,9 +89,13 @@ def flagger(s: DeploySettings, canary: Canary, token: str | None) -> dict:
 
 
 def prometheus_rule(s: DeploySettings, specs: list[SloSpec]) -> dict:
+    """`rules generate`'s groups; with the worker paging, only their recording rules (the
+    burn alerts would page a second time through Prometheus)."""
     from alerts.rules import rule_groups
 
     groups = [g for spec in specs for g in rule_groups(spec)["groups"]]
+    if s.paging == "worker":
+        groups = [{**g, "rules": kept} for g in groups if (kept := [r for r in g["rules"] if "alert" not in r])]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": f"{s.name}-slos", "namespace": s.namespace, "labels": labels(s, "rules")},
             "spec": {"groups": groups}}
@@ -125,17 +126,47 @@ def dashboards(s: DeploySettings, specs: list[SloSpec]) -> list[dict]:
     return out
 
 
+# What the Collector writes into each scraped series, from the serving pod's labels (the
+# keys are settings): the names the OTLP mapping's built-in rules read.
+POD_LABEL_TARGETS = {"pool": "pool", "zone": "zone", "model": "model", "version": "model_version",
+                     "deployment": "deployment"}
+NODE_ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known: set on every node by its cloud provider
+
+
+def sd_label(prefix: str, key: str) -> str:
+    """The service-discovery meta label of a Kubernetes label key, as Prometheus names it
+    (every character outside [a-zA-Z0-9_] becomes `_`)."""
+    return prefix + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def scrape_configs(s: DeploySettings) -> list[dict]:
+    """The Collector's Prometheus scrape jobs. `honor_labels: true` keeps each exporter's own
+    labels: dcgm-exporter's `pod` is the pod using the GPU (the join to the runtime's
+    gauges), Triton's `model` and `version` are its own; what the page lacks comes from the
+    target. Only serving pods give pool, zone, model, version and deployment: the exporter's
+    own pod labels say nothing of the GPUs' users. Node labels need `attach_metadata`."""
+    common = [{"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+              {"source_labels": [sd_label("__meta_kubernetes_node_label_", NODE_ZONE_LABEL)], "regex": "(.+)",
+               "target_label": "zone"}]
+    serving = [{"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]
+    for field, target in POD_LABEL_TARGETS.items():
+        # `(.+)`: a pod without the label leaves the target's value (the node's zone) as it is
+        serving.append({"source_labels": [sd_label("__meta_kubernetes_pod_label_", getattr(s.pod_labels, field))],
+                        "regex": "(.+)", "target_label": target})
+    out = []
+    for job, regex, own in (("dcgm", "dcgm-exporter", []), ("serving", "vllm|tgi|triton", serving)):
+        keep = {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": regex,
+                "action": "keep"}
+        out.append({"job_name": job, "scrape_interval": "10s", "honor_labels": True,
+                    "kubernetes_sd_configs": [{"role": "pod", "attach_metadata": {"node": True}}],
+                    "relabel_configs": [keep, *common, *own]})
+    return out
+
+
 def collector_config(s: DeploySettings) -> dict:
     """The Collector's config: OTLP in from the runtimes, DCGM and vLLM pages scraped, both
     out to Kafka on the topics `ingest otlp` reads, as `otlp_proto`."""
-    scrape = [{"job_name": job, "scrape_interval": "10s",
-               "kubernetes_sd_configs": [{"role": "pod"}],
-               "relabel_configs": [
-                   {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": regex,
-                    "action": "keep"},
-                   {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                   {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"}]}
-              for job, regex in (("dcgm", "dcgm-exporter"), ("serving", "vllm|tgi|triton"))]
+    scrape = scrape_configs(s)
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
                                              "http": {"endpoint": "0.0.0.0:4318"}}},
@@ -162,9 +193,14 @@ def dcgm_counters_csv() -> str:
     return "\n".join(lines) + "\n"
 
 
+DCGM_COUNTERS_KEY = "dcgm-metrics.csv"
+
+
 def dcgm_counters(s: DeploySettings) -> dict:
-    """Mount it into dcgm-exporter and pass `-f /etc/dcgm-exporter/tailwatch.csv`."""
+    """In the GPU Operator's namespace, where its dcgm-exporter can mount it: set the
+    ClusterPolicy's `dcgmExporter.config.name` to this ConfigMap's name and the exporter's
+    `DCGM_EXPORTER_COLLECTORS` to `/etc/dcgm-exporter/dcgm-metrics.csv` (docs/deploy.md)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{s.name}-dcgm-counters", "namespace": s.namespace,
+            "metadata": {"name": f"{s.name}-dcgm-counters", "namespace": s.gpu_operator_namespace,
                          "labels": labels(s, "dcgm-exporter")},
-            "data": {"tailwatch.csv": dcgm_counters_csv()}}
+            "data": {DCGM_COUNTERS_KEY: dcgm_counters_csv()}}

@@ -12,6 +12,9 @@ field with a default so an empty file deploys a working pair of tiers.
       - {name: llm-us-east-1a-realtime, target: vllm-llama-70b, namespace: serving, min_replicas: 2, max_replicas: 64}
     canaries:
       - {model: llama-70b, version: v2, target: vllm-llama-70b, namespace: serving}
+    pod_labels: {pool: example.com/pool}      # the serving pods' labels the Collector reads
+    paging: worker                            # or prometheus_rule (or both)
+    release: kube-prometheus-stack            # on every object, with team
 
 Secrets are referenced, never written: `tokens_secret` holds one key per token name (the
 signal API reads each from an environment variable), `kafka.client_config_secret` one key
@@ -21,7 +24,7 @@ signal API reads each from an environment variable), `kafka.client_config_secret
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
@@ -30,6 +33,7 @@ from config.kubernetes import MAX_LENGTH as K8S_MAX_LENGTH, PATTERN as K8S_PATTE
 
 # A Kubernetes object name (RFC 1123 label): what every name below becomes part of.
 K8sName = Annotated[str, Meta(pattern=K8S_PATTERN, max_length=K8S_MAX_LENGTH)]
+LabelValue = Annotated[str, Meta(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
 Quantity = Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 TOKEN_NAMES = ("keda", "argo", "flagger", "prometheus")  # the callers of the API a deployment wires up
 
@@ -83,6 +87,27 @@ class Canary(ConfigStruct):
     port: Annotated[int, Meta(ge=1, le=65535)] = 8000
 
 
+class Collector(ConfigStruct):
+    """The OpenTelemetry Collector (contrib: it has the kafka exporter) that scrapes DCGM and
+    the runtimes and receives their OTLP. One replica: pod discovery is cluster-wide, so a
+    second would scrape every pod again."""
+
+    image: str = "otel/opentelemetry-collector-contrib:0.115.1"
+    resources: Resources = Resources(cpu="500m", memory="1Gi")
+
+
+class PodLabels(ConfigStruct):
+    """The Kubernetes labels of a serving pod that name its pool, zone, model, version and
+    deployment: the Collector copies each into the series it scrapes from that pod. A pod
+    without the zone label takes its node's `topology.kubernetes.io/zone`."""
+
+    pool: str = "tailwatch.dev/pool"
+    zone: str = "tailwatch.dev/zone"
+    model: str = "tailwatch.dev/model"
+    version: str = "tailwatch.dev/model-version"
+    deployment: str = "tailwatch.dev/deployment"  # stable or canary
+
+
 class DeploySettings(ConfigStruct):
     namespace: K8sName = "monitoring"
     name: K8sName = "tailwatch"  # prefix of every object
@@ -97,6 +122,15 @@ class DeploySettings(ConfigStruct):
     stale_after: str = "2m"
     pools: list[Pool] = []
     canaries: list[Canary] = []
+    pod_labels: PodLabels = PodLabels()
+    collector: Collector = Collector()
+    # dcgm-exporter's counters ConfigMap goes where the NVIDIA GPU Operator's exporter can mount it
+    gpu_operator_namespace: K8sName = "gpu-operator"
+    # Who pages: the tier-2 workers through Alertmanager, or Prometheus through the PrometheusRule's
+    # alerts (the rule keeps its recording rules either way); `both` pages every burn twice.
+    paging: Literal["worker", "prometheus_rule", "both"] = "worker"
+    release: LabelValue | None = None  # kube-prometheus-stack selects PrometheusRules and ServiceMonitors by it
+    team: LabelValue | None = None
 
 
 def load_settings(path: str | Path | None) -> DeploySettings:

@@ -27,6 +27,11 @@ def token_env(name: str) -> str:
     return f"TAILWATCH_TOKEN_{name.upper()}"
 
 
+def api_url(s: DeploySettings) -> str:
+    """The Service every caller polls, and where page readers open the runbooks."""
+    return f"http://{s.name}.{s.namespace}.svc:{HTTP_PORT}"
+
+
 def labels(s: DeploySettings, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": s.name, "app.kubernetes.io/component": component}
 
@@ -133,8 +138,9 @@ def tier2(s: DeploySettings) -> dict:
     mounts.append({"name": "store", "mountPath": STORE_DIR})
     args = [*_worker_args(s, "2"), "--store", f"{STORE_DIR}/tailwatch.duckdb",
             "--slos", f"{CONFIG_DIR}/slos.yaml", "--prices", f"{CONFIG_DIR}/prices.yaml",
-            "--grafana-url", s.grafana_url]
-    for url in s.alertmanager_urls:  # every replica pages every instance; Alertmanager deduplicates
+            "--grafana-url", s.grafana_url, "--runbook-url", f"{api_url(s)}/"]
+    for url in s.alertmanager_urls if s.paging != "prometheus_rule" else ():
+        # every replica pages every instance; Alertmanager deduplicates
         args += ["--alertmanager-url", url]
     claim = {"metadata": {"name": "store"},
              "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": s.tier2.storage}}}}

@@ -23,6 +23,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import JSONBody, Parameter
 from litestar.response.base import ASGIResponse
 
+import runbooks
 from conventions import FLAGGER_EVENTS_TOTAL
 from signals.answers import (AlertList, ApiError, Autoscale, FlaggerCheck, FlaggerEventCounted, FlaggerEventPayload,
                              FlaggerPayload, Inconclusive, Name, Readiness, Shed, Slo, SloList, Verdict)
@@ -177,6 +178,16 @@ def make_app(api: SignalApi) -> Litestar:
         status, answer = api.ready(None)
         return _json(status, answer)
 
+    @get("/runbooks/{name:str}", sync_to_thread=False, summary="A runbook that pages and reports link to (Markdown)",
+         responses=_errors(404))
+    def runbook(name: PathName) -> Response:
+        # No token: a person follows the link from a page or a report in a browser, which
+        # sends none; the runbooks are the project's published docs.
+        found = runbooks.text(name)
+        if found is None:
+            return _json(404, ApiError(f"no runbook {name[:100]}", hint="GET /runbooks/slo-burn.md, for one"))
+        return Response(found.encode(), media_type="text/markdown; charset=utf-8")
+
     @get("/openapi.json", sync_to_thread=False, include_in_schema=False, media_type="application/json")
     def openapi(request: Request) -> bytes:
         if not document:
@@ -184,7 +195,7 @@ def make_app(api: SignalApi) -> Litestar:
         return document[0]
 
     document: list[bytes] = []  # built at the first request, once every route is known
-    handlers = [autoscale, shed, rollout, argo, flagger_event, flagger, slos, slo, alerts, ready, openapi]
+    handlers = [autoscale, shed, rollout, argo, flagger_event, flagger, slos, slo, alerts, ready, runbook, openapi]
     return Litestar(
         handlers,
         debug=False,

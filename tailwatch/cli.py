@@ -79,12 +79,22 @@ def _kafka_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--topic-prefix", default="tw.", help="topic name prefix (default: tw.)")
 
 
+def _deploy_inputs(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--settings", default=None, metavar="FILE",
+                   help="deployment file: image, Kafka, replicas, storage, pools, canaries (docs/deploy.md; default: "
+                        "every default)")
+    c.add_argument("--slos", default="default", help="SLO file for the ConfigMap and the PrometheusRule (default: built-in)")
+    c.add_argument("--prices", default=None, metavar="FILE", help="GPU price file for the ConfigMap (default: list prices)")
+    c.add_argument("--otlp-mapping", default=None, metavar="FILE", help="the OTLP adapter's mapping file (default: built-in)")
+
+
 def _link_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grafana-url", default="http://grafana.local", metavar="URL",
                    help="Grafana base URL that pages and reports link to (dashboards from `tailwatch dashboards generate`)")
     p.add_argument("--runbook-url", default=None, metavar="URL",
                    help="base URL that runbook paths (runbooks/slo-burn.md, …) are appended to, where your team "
-                        "publishes them (default: this installation's files, as file:// URLs)")
+                        "publishes them (default: this installation's packaged files as file:// URLs; for the worker, its "
+                        "own HTTP port, which serves them at /runbooks/NAME.md)")
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
@@ -153,6 +163,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "rules generate": ("tailwatch rules generate --out rules/",),
     "rollout recipe": ("tailwatch rollout recipe flagger --model llama-3.1-70b --version 2024-11",),
     "deploy generate": ("tailwatch deploy generate --out k8s/ --settings deploy.yaml",),
+    "deploy preflight": ("tailwatch deploy preflight --api-resources api.txt --settings deploy.yaml"
+                         "    # api.txt: kubectl api-resources -o wide",),
     "dashboards generate": ("tailwatch dashboards generate --out dashboards/",),
     "report cost": ("tailwatch report cost --from 2026-11-01 --to 2026-11-08 --out reports/week-45",),
     "report readiness": ("tailwatch report readiness --model llama-3.1-70b",),
@@ -375,12 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "Flagger, Prometheus Operator, Grafana, Collector and dcgm-exporter objects, with a "
                          "kustomization.yaml (`kubectl apply -k DIR`)")
     c.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    c.add_argument("--settings", default=None, metavar="FILE",
-                   help="deployment file: image, Kafka, replicas, storage, pools, canaries (docs/deploy.md; default: "
-                        "every default)")
-    c.add_argument("--slos", default="default", help="SLO file for the ConfigMap and the PrometheusRule (default: built-in)")
-    c.add_argument("--prices", default=None, metavar="FILE", help="GPU price file for the ConfigMap (default: list prices)")
-    c.add_argument("--otlp-mapping", default=None, metavar="FILE", help="the OTLP adapter's mapping file (default: built-in)")
+    _deploy_inputs(c)
+    c = desub.add_parser("preflight", help="which kinds the manifests use that the cluster does not serve (KEDA, "
+                         "Argo Rollouts, Flagger, Prometheus Operator CRDs), from `kubectl api-resources -o wide`; "
+                         "exit 1 if any")
+    c.add_argument("--api-resources", required=True, metavar="FILE",
+                   help="the output of `kubectl api-resources -o wide` on the target cluster")
+    _deploy_inputs(c)
 
     p = sub.add_parser("dashboards", help="Grafana dashboards over the worker's /metrics")
     dsub = p.add_subparsers(dest="dashboards_command", required=True, metavar="ACTION")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -198,7 +199,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
-    links = alert_links(args)
+    links = alert_links(args, worker_base_url(args.http_host, args.http_port))
     if args.http_host not in ("127.0.0.1", "localhost", "::1") and not api_config.auth_required:
         raise CliError(f"--http-host {args.http_host}: serving beyond loopback needs bearer tokens in --api-config")
     settings = dict(
@@ -696,7 +697,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     import yaml
 
-    from deploy.generate import write
+    from deploy.generate import FLAGGER_TOKEN_ENV, manifests, write
+    from deploy.preflight import ApiResourcesError, missing, served_kinds
     from deploy.settings import DeployError, load_settings
     from planning.prices import PriceFile
     from slo.spec import DEFAULT_SLOS
@@ -709,8 +711,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         prices_yaml = Path(args.prices).read_text() if args.prices else yaml.safe_dump(msgspec.to_builtins(PriceFile(
             usd_per_gpu_hour=dict(load_prices_option(None).usd_per_gpu_hour))), sort_keys=False)
         mapping_yaml = Path(args.otlp_mapping).read_text() if args.otlp_mapping else None
+        if args.deploy_command == "preflight":
+            # only the kinds are read: a Canary's token does not change them
+            token = os.environ.get(FLAGGER_TOKEN_ENV) or "preflight"
+            files = manifests(settings, specs, slos_yaml, prices_yaml, mapping_yaml, token)
+            absent = missing(files, served_kinds(Path(args.api_resources).read_text()))
+            for m in absent:
+                print(m.line())
+            kinds = len({(o["apiVersion"], o["kind"]) for objects in files.values() for o in objects})
+            print(f"{kinds - len(absent)} of {kinds} kinds the manifests use are served by the cluster")
+            return 1 if absent else 0
         written = write(settings, specs, slos_yaml, prices_yaml, mapping_yaml, args.out)
-    except (DeployError, OSError) as exc:
+    except (DeployError, OSError, ApiResourcesError) as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {written.objects} objects in {len(written.files)} files to {args.out}; "
           f"deploy with: kubectl apply -k {args.out}")
@@ -880,10 +892,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def alert_links(args: argparse.Namespace):
+def alert_links(args: argparse.Namespace, served_at: str | None = None):
+    """`served_at`: the worker's own HTTP base URL, which serves the runbooks; the default
+    base for its pages when `--runbook-url` names none."""
     from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, AlertLinks
 
-    return AlertLinks(runbook_base_url=args.runbook_url or LOCAL_RUNBOOK_BASE_URL, grafana_url=args.grafana_url)
+    base = args.runbook_url or served_at or LOCAL_RUNBOOK_BASE_URL
+    return AlertLinks(runbook_base_url=base, grafana_url=args.grafana_url)
+
+
+def worker_base_url(host: str, port: int) -> str | None:
+    """Where others reach this worker's HTTP port: its host as given, or this machine's name
+    when it listens on every address; None for a port chosen at start (0)."""
+    if not port:
+        return None
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def known_models(store_path: str) -> list[str]:

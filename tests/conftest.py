@@ -108,3 +108,12 @@ def api_client(api):
         app.state["api"] = api
         client = _API_CLIENTS[id(api)] = TestClient(app)
     return client
+
+
+def worker_command(bootstrap: str, topic_prefix: str, store: Path, http_port: int, *extra: str) -> list[str]:
+    """`tailwatch worker` as a test runs it: its own group, one partition, no detectors."""
+    import sys
+
+    return [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", bootstrap, "--topic-prefix", topic_prefix,
+            "--store", str(store), "--http-port", str(http_port), "--group", f"g-{uuid.uuid4().hex[:6]}",
+            "--partitions", "1", "--detectors", "none", *extra]

@@ -167,7 +167,8 @@ def test_kustomization_names_every_file_and_nothing_else(generated):
 
 def test_each_container_command_line_is_one_tailwatch_accepts(generated):
     _s, _w, objects = generated
-    workloads = of_kind(objects, "StatefulSet") + of_kind(objects, "Deployment")
+    workloads = [w for w in of_kind(objects, "StatefulSet") + of_kind(objects, "Deployment")
+                 if w["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example/tailwatch")]
     assert len(workloads) == 3
     for w in workloads:
         container = w["spec"]["template"]["spec"]["containers"][0]
@@ -342,7 +343,7 @@ def test_collector_and_dcgm_files_match_what_the_adapter_reads(generated):
     for pipeline in config["service"]["pipelines"].values():
         assert set(pipeline["receivers"]) <= set(config["receivers"]) and pipeline["exporters"] == ["kafka"]
     dcgm = next(o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("dcgm-counters"))
-    rows = [line.split(",")[0].strip() for line in dcgm["data"]["tailwatch.csv"].splitlines()
+    rows = [line.split(",")[0].strip() for line in dcgm["data"]["dcgm-metrics.csv"].splitlines()
             if line and not line.startswith("#")]
     assert set(DCGM_GAUGES) | set(DCGM_COUNTERS) | {DCGM_XID} <= set(rows)
     assert {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"} <= set(rows)

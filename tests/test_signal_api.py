@@ -379,7 +379,7 @@ def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker)
     app = make_app(SignalApi(ApiConfig(), lambda: None, lambda: (True, "")))
     assert status == 200 and doc == json.loads(msgspec.json.encode(app.openapi_schema.to_schema()))
     served = {(m.lower(), p) for m, p in route_table(app) if not p.startswith("/openapi")}
-    assert len(served) == 10 and served == {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert len(served) == 11 and served == {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert sorted(doc["paths"]["/v1/flagger/{check}"]["post"]["parameters"][0]["schema"]["enum"]) == [
         "confirm-promotion", "confirm-rollout", "confirm-traffic-increase", "post-rollout", "pre-rollout", "rollback",
         "rollout"]
