@@ -801,12 +801,12 @@ def poison_value(kind: str, topic: str, n: int, ts_ms: int, key: str | None) -> 
     """The raw bytes of one poison record of `kind` for `topic` (None: a tombstone)."""
     if topic == "requests":
         doc: dict = {"schema": "request.v1", "event_id": f"poison-{n:04x}", "ts": ts_ms, "tenant": key or "acme",
-                     "model": CHAT_MODEL, "workload": "llm", "status": "ok", "e2e_ms": 987654.321,
+                     "model": CHAT_MODEL, "workload": "llm", "status": "ok", "e2e_ms": 65432.1,
                      "prompt_tokens": 100}
         numeric, typed, required = "e2e_ms", "prompt_tokens", "tenant"
     else:
         doc = {"schema": "gpu.v1", "ts": ts_ms, "node": key or "gpu-node-01", "gpu_index": 0,
-               "util_pct": 55.5, "power_w": 987654.321}
+               "util_pct": 55.5, "power_w": 65432.1}  # within the contract: only its fault is wrong
         numeric, typed, required = "power_w", "gpu_index", "node"
     if kind == "tombstone":
         return None
@@ -845,9 +845,9 @@ def poison_value(kind: str, topic: str, n: int, ts_ms: int, key: str | None) -> 
     elif kind == "negative_number":
         doc[numeric] = -12.5
     elif kind == "nan_literal":
-        return _dumps(doc).replace(b"987654.321", b"NaN")
+        return _dumps(doc).replace(b"65432.1", b"NaN")
     elif kind == "infinity":
-        return _dumps(doc).replace(b"987654.321", b"1e999")
+        return _dumps(doc).replace(b"65432.1", b"1e999")
     elif kind == "oversized":
         # A runtime dumping its KV-cache block ids into the record: about 2 MB of numbers.
         ids = ",".join(map(str, range(300_000)))
