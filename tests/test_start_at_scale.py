@@ -158,15 +158,10 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
     from streams.detector_stage import DetectorStage
     from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, T0, gpu_row, req_rows
 
-    con = store.connect(tmp_path / "d.duckdb")
-    reqs = pl.DataFrame([req_rows(T0 + i, tenant=t, requests=100, ok=100 - 30 * (i >= 25), retries=50 * (i >= 25),
-                                  turns=100, successful_turns=90, output_tokens=5_000, gpu_seconds=20.0)
-                         for i in range(30) for t in ("acme", "globex")], schema_overrides=REQ_SCHEMA)
-    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(30)], schema_overrides=GPU_SCHEMA)
-    con.register("_r", reqs.to_arrow())
-    con.register("_g", gpu.to_arrow())
-    con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")
-    con.execute("INSERT INTO gpu_minute BY NAME SELECT * FROM _g")
+    con = _bucket_store(tmp_path / "d.duckdb", [
+        req_rows(T0 + i, tenant=t, requests=100, ok=100 - 30 * (i >= 25), retries=50 * (i >= 25), turns=100,
+                 successful_turns=90, output_tokens=5_000, gpu_seconds=20.0)
+        for i in range(30) for t in ("acme", "globex")], [gpu_row(T0 + i) for i in range(30)])
 
     def started(runs):
         with monkeypatch.context() as m:
@@ -197,17 +192,12 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
     from planning.prices import GpuPrices
     from signals.live import LiveSignals, SignalPolicy
     from streams.signal_stage import SignalStage
-    from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, T0, gpu_row, req_rows
+    from tests.test_detectors import T0, gpu_row, req_rows
 
-    con = store.connect(tmp_path / "v.duckdb")
-    reqs = pl.DataFrame([req_rows(T0 + i, tenant=t, requests=100, ok=99, turns=100, successful_turns=99,
-                                  output_tokens=5_000, gpu_seconds=20.0)
-                         for i in range(40) for t in ("acme", "globex")], schema_overrides=REQ_SCHEMA)
-    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(40)], schema_overrides=GPU_SCHEMA)
-    con.register("_r", reqs.to_arrow())
-    con.register("_g", gpu.to_arrow())
-    con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")
-    con.execute("INSERT INTO gpu_minute BY NAME SELECT * FROM _g")
+    con = _bucket_store(tmp_path / "v.duckdb", [
+        req_rows(T0 + i, tenant=t, requests=100, ok=99, turns=100, successful_turns=99, output_tokens=5_000,
+                 gpu_seconds=20.0)
+        for i in range(40) for t in ("acme", "globex")], [gpu_row(T0 + i) for i in range(40)])
 
     def answers(runs):
         with monkeypatch.context() as m:
@@ -231,3 +221,17 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
     by_minute = answers(functools.partial(store.bucket_runs, max_rows=2))
     con.close()
     assert by_minute == whole and whole[0] == T0 + 39
+
+
+def _bucket_store(path, request_rows: list[dict], gpu_rows: list[dict]):
+    """A store holding these closed request and GPU minute rows (tests.test_detectors' shapes)."""
+    import polars as pl
+
+    from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA
+
+    con = store.connect(path)
+    con.register("_r", pl.DataFrame(request_rows, schema_overrides=REQ_SCHEMA).to_arrow())
+    con.register("_g", pl.DataFrame(gpu_rows, schema_overrides=GPU_SCHEMA).to_arrow())
+    con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")
+    con.execute("INSERT INTO gpu_minute BY NAME SELECT * FROM _g")
+    return con
