@@ -42,9 +42,11 @@ def linked_runbooks() -> set[str]:
 
 def test_every_runbook_link_the_tool_writes_is_a_file_the_package_installs(tmp_path):
     # setuptools' own build of the packages, as `pip install .` in the image runs it
-    subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "egg_info", "--egg-base",
-                    str(tmp_path), "build_py", "--build-lib", str(tmp_path / "lib")],
-                   cwd=ROOT, check=True, capture_output=True)
+    built = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "egg_info",
+                            "--egg-base", str(tmp_path), "build_py", "--build-lib", str(tmp_path / "lib")],
+                           cwd=ROOT, check=True, capture_output=True, text=True)
+    assert "absent from the `packages` configuration" not in built.stderr, built.stderr[-2000:]
+    assert all((tmp_path / "lib" / d).is_dir() for d in ("slo/catalogs", "slo/examples", "reports/templates"))
     installed = {p.name for p in (tmp_path / "lib" / "runbooks").glob("*.md")}
     linked = linked_runbooks()
     assert len(linked) >= 15 and {"slo-burn.md", "slo-no-data.md", "detector-queue-age.md"} <= linked
@@ -102,3 +104,17 @@ def test_deployed_pages_link_to_the_service_that_serves_the_runbooks():
     args = tier2(s)["spec"]["template"]["spec"]["containers"][0]["args"]
     base = args[args.index("--runbook-url") + 1]
     assert base == "http://tw.obs.svc:8000/" and base.startswith(api_url(s))
+
+
+def test_data_files_in_folders_are_installed_as_packages_of_their_own():
+    """setuptools warns at every install (30 lines each) of data files in a folder inside a
+    package (`slo/catalogs/*.yaml` under `slo`): Python could import the folder, so it must be
+    a listed package with its own data files."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(config["packages"])
+    for package, globs in config["package-data"].items():
+        assert package in packages and not any("/" in g for g in globs), (package, globs)
+        assert (ROOT / package.replace(".", "/")).is_dir(), package
+    assert {"slo.catalogs", "slo.examples", "reports.templates"} <= packages
