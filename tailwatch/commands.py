@@ -230,7 +230,6 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         state_every_s=args.state_every,
         stats_file=args.stats_file,
         progress=progress,
-        announce=_announce(f"tailwatch worker{' --tier ' + args.tier if args.tier != 'all' else ''}"),
         stages=default_stages(args.detectors, tuple(args.alertmanager_url or ()), links,
                               FleetMetricsConfig(max_tenants=args.metrics_max_tenants,
                                                  max_label_sets=args.metrics_max_label_sets,
@@ -258,11 +257,16 @@ def _check_retention(settings: dict) -> None:
 WORKER_GROUPS = {"all": "tailwatch-worker", "1": "tailwatch-tier1", "2": "tailwatch-tier2"}
 
 
-def _announce(who: str):
-    """A worker's start and stop lines on stderr, always (a status line in progress is ended first)."""
+def _announce(who: str, notes: list[str] | None = None):
+    """A worker's start and stop lines on stderr, always (a status line in progress is ended
+    first); `notes` (what its SLO file does not say as written) follow the start line, so that
+    a worker that cannot start says why in one line."""
     def say(line: str) -> None:
         progress_done()
         print(f"{who}: {line}", file=sys.stderr, flush=True)
+        if line.startswith("started"):
+            for note in notes or ():
+                print(f"{who}: warning: {note}", file=sys.stderr, flush=True)
 
     return say
 
@@ -279,9 +283,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _worker_settings(args, **overrides)
     from slo.spec import spec_warnings
 
-    for spec in settings.slos or ():
-        for warning in spec_warnings(spec):
-            print(f"tailwatch worker: warning: {warning}", file=sys.stderr)
+    settings.announce = _announce(f"tailwatch worker{' --tier ' + args.tier if args.tier != 'all' else ''}",
+                                  [w for spec in settings.slos or () for w in spec_warnings(spec)])
     ensure_reachable(settings.kafka)
     if args.restore_from:
         _restore_store(args.restore_from, settings.store_path, args.tier)
