@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom.
 ORDER = ("tailwatch", "tools", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
-         "planning", "slo", "config", "conventions")
+         "planning", "slo", "config", "conventions", "runbooks")
 # The developer tools print through the command line's progress line and tables, and the
 # command line runs them (`tailwatch bench`, `eval`, `fuzz`): the two entry-point rooms know
 # each other, and nothing below knows either.
