@@ -140,6 +140,12 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
         text = generate_latest(registry).decode()
         assert 'tailwatch_detections_total{detector="retry_storm"} 1.0' in text
         assert 'tailwatch_detections_active{detector="retry_storm"} 1.0' in text
-        assert "tenant=" not in text and "pool=" not in text  # bounded labels only
+        # The per-detector families carry `detector` alone; the open detections carry their slice
+        # (at most OPEN_DETECTION_SERIES series, one per open detection).
+        per_detector = [line for line in text.splitlines() if line.startswith(("tailwatch_detections_total",
+                                                                               "tailwatch_detections_active"))]
+        assert per_detector and not any("tenant=" in line or "pool=" in line for line in per_detector)
+        opened = [line for line in text.splitlines() if line.startswith("tailwatch_detection_started_timestamp_seconds{")]
+        assert len(opened) == 1 and 'detector="retry_storm"' in opened[0] and 'zone="z1"' in opened[0]
     finally:
         proc.kill()

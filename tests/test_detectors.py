@@ -654,7 +654,9 @@ def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog
     assert pending.first_minute() == T0 + 4
     with caplog.at_level("WARNING"):
         assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
-    assert f"minutes {T0 + 2} closed after the detectors passed them" in caplog.text
+    from slo.windows import minute_text
+
+    assert f"minutes {minute_text(T0 + 2)} (UTC) closed after the detectors passed them" in caplog.text
     assert sorted(pending.take_until(T0 + 9).filter(pl.col("_by") == "pool,zone")["requests"].to_list()) == [5, 6]
     assert pending.take_until(T0 + 9) is None
 
