@@ -82,6 +82,7 @@ class WorkerSettings:
     announce: Callable[[str], None] | None = None  # the start and stop lines
     stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
+    slos_file: str = ""  # where they came from, for the start line
     alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
     store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
     store_memory_limit_mib: int = store.STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
@@ -265,7 +266,7 @@ class Runtime:
         if self.store is not None:
             parts.append(f"store {s.store_path}")
         if s.slos is not None:
-            parts.append(f"{len(s.slos)} SLOs")
+            parts.append(f"{len(s.slos)} SLOs" + (f" from {s.slos_file}" if s.slos_file else ""))
         parts.append(f"HTTP on http://{s.http_host}:{http.port}" if http else "no HTTP port")
         return "; ".join(parts)
 

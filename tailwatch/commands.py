@@ -208,6 +208,7 @@ def _worker_settings(args: argparse.Namespace, **overrides):
         http_host=args.http_host,
         prices=prices,
         slos=load_slo_option(args.slos),
+        slos_file="the built-in set" if args.slos in (None, "default") else args.slos,
         alertmanager_urls=tuple(args.alertmanager_url or ()),
         kafka=kafka_settings(args),
         store_path=args.store or DEFAULT_STORE,

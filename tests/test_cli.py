@@ -117,7 +117,7 @@ def test_produce_and_sql_round_trip(kafka, tmp_path):
     # a status line only when something changed, and why it stopped.
     err = r.stderr.decode().splitlines()
     start = next(line for line in err if line.startswith("tailwatch worker: started: "))
-    assert kafka.bootstrap_servers in start and f"store {store}" in start and "SLOs" in start
+    assert kafka.bootstrap_servers in start and f"store {store}" in start and "SLOs from the built-in set" in start
     port = int(re.search(r"HTTP on http://127\.0\.0\.1:(\d+)", start).group(1))
     assert port > 0
     assert err[-1].startswith("tailwatch worker: stopped (drained): ") and f"store {store}" in err[-1]
