@@ -8,7 +8,7 @@ so every slice label of every SLO is a variable of this dashboard.
 
 from __future__ import annotations
 
-from dashboards.overview import why_panels
+from dashboards.why import why_panels
 from dashboards.common import (
     RATE,
     UID_SLO,
@@ -82,7 +82,7 @@ def build(specs: list[SloSpec]):
         timeseries("SLI events by outcome", "cps",
                    [Q(f"sum by (outcome) (rate({SLO_EVENTS_TOTAL}{{{match}}}[{RATE}]))", "{{outcome}}")], w=12,
                    description="Good and bad SLI events per second: a burn with few events is noise, not an outage."),
-        *why_panels(labels, match.replace('slo=~"$slo", ', "").replace('slo=~"$slo"', "")),
+        *why_panels(labels, ", ".join(f'{k}=~"${k}"' for k in labels)),
     ]
     variables = [datasource_variable(),
                  label_variable("slo", SLO_OBJECTIVE_RATIO, "SLO", include_all=False),
