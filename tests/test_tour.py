@@ -145,7 +145,7 @@ def test_the_readme_tour_runs_as_written_and_says_what_it_should(tmp_path):
     assert "llm-realtime-first-token" in alerts
     status = next(o for c, o in said if c.startswith("tailwatch slo status --at"))
     assert status.startswith("as of 2026-11-02 01:21") and "llm-realtime-availability" in status
-    for sql in re.findall(r'tailwatch sql "(.*?)"', (ROOT / "runbooks" / "slo-burn.md").read_text(), re.S):
+    for sql in re.findall(r'tailwatch sql "(.*?)"', (ROOT / "tailwatch" / "runbooks" / "slo-burn.md").read_text(), re.S):
         rows = tour.run(f"tailwatch sql {shlex.quote(' '.join(sql.split()))}")
         assert len(rows.strip().splitlines()) > 2, (sql, rows)  # a header, a rule, and rows: the demo's data
 
