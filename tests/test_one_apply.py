@@ -252,3 +252,18 @@ def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(br
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_kafka_config_bootstrap_servers_counts_without_the_flag(tmp_path):
+    from ingest.kafka import DEFAULT_BOOTSTRAP
+    from tailwatch.cli import build_parser, kafka_settings
+
+    properties = tmp_path / "kafka.properties"
+    properties.write_text("bootstrap.servers=kafka-0.kafka:9093\nsecurity.protocol=SASL_SSL\n")
+    from_file = kafka_settings(build_parser().parse_args(["worker", "--kafka-config", str(properties)]))
+    assert from_file.bootstrap_servers == "kafka-0.kafka:9093"
+    assert from_file.client_config == {"security.protocol": "SASL_SSL"}
+    flag = kafka_settings(build_parser().parse_args(["worker", "--kafka-config", str(properties),
+                                                     "--bootstrap-servers", "other:9092"]))
+    assert flag.bootstrap_servers == "other:9092" and flag.base_config()["bootstrap.servers"] == "other:9092"
+    assert kafka_settings(build_parser().parse_args(["worker"])).bootstrap_servers == DEFAULT_BOOTSTRAP
