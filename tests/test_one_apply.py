@@ -156,6 +156,9 @@ def test_credentials_are_read_from_secret_templates_only(tmp_path):
             refs.append((o["metadata"]["namespace"], m.group(2), m.group(1)))
     refs += [(a["metadata"]["namespace"], t["name"], t["key"]) for a in of_kind(objects, "TriggerAuthentication")
              for t in a["spec"]["secretTargetRef"]]
+    refs += [(m["metadata"]["namespace"], e["authorization"]["credentials"]["name"],
+              e["authorization"]["credentials"]["key"]) for m in of_kind(objects, "ServiceMonitor")
+             for e in m["spec"]["endpoints"]]
     assert len(refs) > 12 and all(key in held[ns, name] for ns, name, key in refs), refs
     containers = _tailwatch_containers(objects)
     assert len(containers) == 3
