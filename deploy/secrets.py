@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from deploy.settings import TOKEN_NAMES, DeployError, DeploySettings
 
+KAFKA_DIR = "/etc/tailwatch/kafka"  # where the workloads mount the Kafka Secret
 KAFKA_PROPERTIES = "kafka.properties"
 KAFKA_CA_FILE = "ca.crt"  # optional key of the Kafka Secret, mounted beside kafka.properties
 
@@ -58,7 +59,8 @@ def kafka_properties_template(s: DeploySettings) -> str:
             "# sasl.mechanism=SCRAM-SHA-512\n"
             "# sasl.username=\n"
             "# sasl.password=\n"
-            f"# ssl.ca.location=/etc/tailwatch/kafka/{KAFKA_CA_FILE}   (add the key {KAFKA_CA_FILE} to this Secret)\n")
+            f"# a private CA: add its certificate to this Secret as the key {KAFKA_CA_FILE}, then\n"
+            f"# ssl.ca.location={KAFKA_DIR}/{KAFKA_CA_FILE}\n")
 
 
 def templates(s: DeploySettings, refs: list[SecretRef]) -> list[dict]:

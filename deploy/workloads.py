@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import yaml
 
-from deploy.secrets import KAFKA_PROPERTIES
+from deploy.secrets import KAFKA_DIR, KAFKA_PROPERTIES
 from deploy.settings import TOKEN_NAMES, DeploySettings
 
 HTTP_PORT = 8000
 CONFIG_DIR = "/etc/tailwatch/config"
-KAFKA_DIR = "/etc/tailwatch/kafka"
 STORE_DIR = "/var/lib/tailwatch"
 USER_ID = 10001  # the image's `tailwatch` user (Dockerfile)
 SCRAPE_LABEL = "tailwatch-metrics"  # on the headless Services only: the ServiceMonitor scrapes each pod once

@@ -198,11 +198,10 @@ def test_existing_secrets_are_referenced_and_not_templated(tmp_path, capsys, mon
     assert "tailwatch-kafak" in capsys.readouterr().err
 
 
-def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(broker, tmp_path):
-    """The tier-1 container's command line, its mounts laid out as the kubelet would (the
-    ConfigMap's files, the Kafka Secret template filled in with this broker, the tokens as
-    environment variables), started for real: it finds Kafka from the Secret alone."""
-    objects = generate(tmp_path)
+def _pod_as_the_kubelet_lays_it_out(objects, tmp_path, bootstrap: str, port: int) -> tuple[list[str], dict]:
+    """The tier-1 container's (args, environment): each mount a local folder of the files the
+    kubelet would put there (the ConfigMap's, the Kafka Secret template's with `bootstrap`),
+    the tokens the template's values (empty until filled in)."""
     workload, container = next((w, c) for w, c in _tailwatch_containers(objects)
                                if w["metadata"]["name"].endswith("tier1"))
     held = {(o["metadata"]["namespace"], o["metadata"]["name"]): o["stringData"] for o in objects["secrets.yaml"]}
@@ -214,17 +213,15 @@ def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(br
         local.mkdir(parents=True)
         mounted[m["mountPath"]] = str(local)
         source = volumes[m["name"]]
+        files = {}
         if "configMap" in source:
             files = config_map["data"]
         elif "secret" in source:
             files = dict(held["monitoring", source["secret"]["secretName"]])
-            files["kafka.properties"] = re.sub(r"(?m)^bootstrap\.servers=.*$", f"bootstrap.servers={broker.bootstrap}",
+            files["kafka.properties"] = re.sub(r"(?m)^bootstrap\.servers=.*$", f"bootstrap.servers={bootstrap}",
                                                files["kafka.properties"])
-        else:
-            files = {}
         for name, text in files.items():
             (local / name).write_text(text)
-    port = free_port()
     args = []
     for a in container["args"]:
         path = next((p for p in mounted if a.startswith(p + "/")), None)
@@ -233,12 +230,29 @@ def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(br
     args[args.index("--http-port") + 1] = str(port)
     args[args.index("--http-host") + 1] = "127.0.0.1"
     args[args.index("--topic-prefix") + 1] = f"s{uuid.uuid4().hex[:8]}."
-    env = {**os.environ, **{e["name"]: f"token-{e['valueFrom']['secretKeyRef']['key']}"
-                            for e in container["env"] if "secretKeyRef" in e["valueFrom"]}}
+    env = {e["name"]: held["monitoring", ref["name"]][ref["key"]] for e in container["env"]
+           if (ref := e["valueFrom"].get("secretKeyRef"))}
+    return args, env
+
+
+def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(broker, tmp_path):
+    """The tier-1 container started for real from the generated manifests, its mounts laid out
+    as the kubelet would: with the tokens filled in it finds Kafka from the Secret's file alone;
+    with the template's empty tokens it stops, naming the variable, rather than answer
+    without authentication."""
+    objects = generate(tmp_path)
+    port = free_port()
+    args, tokens = _pod_as_the_kubelet_lays_it_out(objects, tmp_path, broker.bootstrap, port)
+    assert tokens and all(v == "" for v in tokens.values())
+    cwd = Path(__file__).resolve().parents[1]
+    unfilled = subprocess.run([sys.executable, "-m", "tailwatch", *args], capture_output=True, text=True,
+                              env={**os.environ, **tokens}, cwd=cwd, timeout=120)
+    assert unfilled.returncode != 0 and "TAILWATCH_TOKEN_" in unfilled.stderr, unfilled.stderr[-2000:]
+    filled = {name: f"token-{name.lower()}" for name in tokens}
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tailwatch", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=Path(__file__).resolve().parents[1])
+                                env={**os.environ, **filled}, cwd=cwd)
     try:
         deadline, healthy = time.time() + 60, False
         while time.time() < deadline and proc.poll() is None and not healthy:
