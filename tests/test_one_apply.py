@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from deploy.generate import FLAGGER_TOKEN_ENV, write
-from deploy.settings import load_settings
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.deploy.generate import FLAGGER_TOKEN_ENV, write
+from tailwatch.deploy.settings import load_settings
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.cli import main
 from tests.conftest import free_port
 from tests.test_deploy import SETTINGS, Validators, every, of_kind
@@ -272,7 +272,7 @@ def test_a_worker_started_from_the_manifests_reads_kafka_from_the_secret_file(br
 
 
 def test_kafka_config_bootstrap_servers_counts_without_the_flag(tmp_path):
-    from ingest.kafka import DEFAULT_BOOTSTRAP
+    from tailwatch.ingest.kafka import DEFAULT_BOOTSTRAP
     from tailwatch.cli import build_parser, kafka_settings
 
     properties = tmp_path / "kafka.properties"
