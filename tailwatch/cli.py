@@ -75,7 +75,8 @@ def kafka_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bootstrap-servers", default=None,
                    help=f"Kafka bootstrap servers (default: the embedded broker on {DEFAULT_BOOTSTRAP})")
     g.add_argument("--kafka-config", default=None, metavar="FILE",
-                   help="librdkafka properties (key=value lines), e.g. security.protocol, sasl.*, ssl.*")
+                   help="librdkafka properties (key=value lines), e.g. security.protocol, sasl.*, ssl.*; its "
+                        "bootstrap.servers is used where --bootstrap-servers is not given")
     g.add_argument("--topic-prefix", default="tw.", help="topic name prefix (default: tw.)")
 
 
@@ -98,11 +99,12 @@ def _link_args(p: argparse.ArgumentParser) -> None:
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
-    return KafkaSettings(
-        bootstrap_servers=args.bootstrap_servers or DEFAULT_BOOTSTRAP,
-        topic_prefix=args.topic_prefix,
-        client_config=read_client_config(args.kafka_config),
-    )
+    client_config = read_client_config(args.kafka_config)
+    # The flag wins; without it the file's bootstrap.servers (a Secret mounted in Kubernetes
+    # says where Kafka is along with its credentials), then the embedded broker.
+    bootstrap = args.bootstrap_servers or client_config.pop("bootstrap.servers", None) or DEFAULT_BOOTSTRAP
+    client_config.pop("bootstrap.servers", None)
+    return KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=args.topic_prefix, client_config=client_config)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):

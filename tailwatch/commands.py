@@ -535,7 +535,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     print(f"wrote {written.objects} objects in {len(written.files)} files to {args.out}; "
           f"deploy with: kubectl apply -k {args.out}")
-    print("create these Secrets first: " + "; ".join(written.secrets))
+    if written.templates:
+        print("fill in secrets.yaml first (keep the filled copy out of version control): "
+              + "; ".join(written.templates))
+    if written.secrets:
+        print("create these Secrets first: " + "; ".join(written.secrets))
     return 0
 
 

@@ -15,6 +15,7 @@ give data too.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import math
 import re
@@ -150,14 +151,20 @@ def live_worker(broker, tmp, feed_class, prefix: str):
     prom, url = start_prometheus(tmp, http_port)
     feed = feed_class(kafka)
     started = time.time()
-    try:
-        feed.thread.start()
-        yield {"url": url, "worker": worker, "feed": feed, "started": started, "specs": specs, "tmp": tmp}
-    finally:
+
+    def stop_worker() -> None:
+        """The feed and the worker stopped, its store closed (so a report can read it)."""
         feed.stop.set()
         feed.thread.join(10)
         worker.stop()
         worker_thread.join(30)
+
+    try:
+        feed.thread.start()
+        yield {"url": url, "worker": worker, "feed": feed, "started": started, "specs": specs, "tmp": tmp,
+               "stop_worker": stop_worker}
+    finally:
+        stop_worker()
         prom.kill()
         prom.wait(10)
 
@@ -267,11 +274,19 @@ class VllmFeed(Feed):
             pub.producer.flush(10)
             self.minutes_sent += 1
             time.sleep(max(0.0, VLLM_SECONDS_PER_MINUTE - (time.monotonic() - started)))
+        if not self.stop.is_set():
+            # A request and a GPU sample hours on close every minute of the trace (the marker's
+            # own minute stays open): the worker's counters then hold all of the trace.
+            later = requests[-1].ts + VLLM_MARKER_AFTER_MS
+            pub.publish_events([msgspec.structs.replace(requests[-1], event_id="marker", ts=later),
+                                msgspec.structs.replace(gpus[-1], ts=later)])
+            pub.producer.flush(10)
         pub.close()
         self.done.set()
 
 
 VLLM_SECONDS_PER_MINUTE = 0.6
+VLLM_MARKER_AFTER_MS = 3 * 3_600_000
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +321,88 @@ def test_a_vllm_fleet_gets_data_or_the_reason_on_every_panel(vllm_live):
                                               "GPU cost per 1,000 output tokens by model", "GPU spend per hour by tenant")}
     assert cost <= set(reasons) and not cost & set(without_data), cost & set(without_data)
     assert checked - len(failures) >= 70
+
+
+def over_the_worker_life(expr: str) -> str:
+    """A panel's PromQL with each `rate(counter[$__rate_interval])` read as the counter's total
+    since the worker started: the panel's value over all of the traffic (every ratio of rates
+    is then a ratio of totals), without rate()'s extrapolation at a window's edges."""
+    return re.sub(r"\brate\(([^\[\]]+)\[\$__rate_interval\]\)", r"(\1)", expr)
+
+
+def panel_values(url: str, dashboard: dict, title: str, label: str | None) -> dict[str, float]:
+    """label value (or "" for a single-value panel) → the panel's value over the worker's life."""
+    (target,) = next(p for p in dashboard["panels"] if p["title"] == title)["targets"]
+    promql = concrete(over_the_worker_life(target["expr"]), {}, 60)
+    assert "rate(" not in promql, promql
+    answer = api(url, "query", query=promql)
+    assert answer["status"] == "success", answer
+    return {(r["metric"].get(label, "") if label else ""): float(r["value"][1]) for r in answer["data"]["result"]}
+
+
+def test_a_vllm_fleets_cost_panels_equal_the_cost_report(vllm_live):
+    """No request carries GPU-seconds: the cost panels price the GPU minutes the GPU samples
+    show (idle included) as the cost report does from the same worker's store, and agree with
+    it: cost per successful turn in all and by model, per 1,000 output tokens by model, spend
+    and idle cost, to the rounding of floats; by
+    tenant within the token weight's fit (below)."""
+    import duckdb
+    import polars as pl
+
+    from tailwatch.dashboards.common import UID_COST
+    from tailwatch.planning import cost
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.reports.cost_report import build_report
+
+    url, feed = vllm_live["url"], vllm_live["feed"]
+    assert feed.done.wait(120) and not feed.stop.is_set(), "the trace was not sent in full"
+    # until every minute of the trace is closed and scraped: the turn counter holds still
+    turns, still_since = None, time.time()
+    while time.time() - still_since < 4 * SCRAPE_S:
+        result = api(url, "query", query="sum(tailwatch_successful_turns_total)")["data"]["result"]
+        now_turns = float(result[0]["value"][1]) if result else None
+        if now_turns != turns:
+            turns, still_since = now_turns, time.time()
+        time.sleep(0.5)
+    board = next(d for d in build_all(vllm_live["specs"]) if d["uid"] == UID_COST)
+    per_turn = panel_values(url, board, "GPU cost per successful turn", None)[""]
+    by_model = panel_values(url, board, "GPU cost per successful turn by model", "model")
+    by_tenant = panel_values(url, board, "GPU cost per successful turn by tenant", "tenant")
+    spend_per_hour = panel_values(url, board, "GPU spend per hour", None)[""]
+    idle_per_hour = panel_values(url, board, "Idle GPU cost per hour", None)[""]
+    per_1k_tokens = panel_values(url, board, "GPU cost per 1,000 output tokens by model", "model")
+
+    vllm_live["stop_worker"]()
+    con = duckdb.connect(str(vllm_live["tmp"] / "tw.duckdb"), read_only=True)
+    first = con.execute("SELECT min(window_start) FROM sli_minute").fetchall()[0][0]
+    # the trace's 40 minutes, not the marker's minute hours later
+    report = build_report(con, "tw.duckdb", first, first + dt.timedelta(hours=2), GpuPrices())
+    con.close()
+    detail = report.daily.detail
+    total = cost.rollup(detail, []).to_dicts()[0]
+    by_model_report = cost.rollup(detail, ["model"]).to_dicts()
+    models = {r["model"]: r["cost_per_successful_turn_usd"] for r in by_model_report}
+    models_1k = {r["model"]: r["cost_per_1k_output_tokens_usd"] for r in by_model_report}
+    tenants = {r["tenant"]: r["cost_per_successful_turn_usd"] for r in cost.rollup(detail, ["tenant"]).to_dicts()}
+    print(f"\ncost per successful turn: panel ${per_turn:.8f}, report ${total['cost_per_successful_turn_usd']:.8f} "
+          f"({int(total['successful_turns'])} turns, report spend ${total['fully_loaded_cost_usd']:.4f}, "
+          f"panel ${spend_per_hour / 3600:.4f})")
+    for name in sorted(tenants):
+        print(f"  tenant {name}: panel ${by_tenant.get(name, float('nan')):.8f}, report ${tenants[name]:.8f}")
+    assert turns == total["successful_turns"] > 100
+    assert per_turn == pytest.approx(total["cost_per_successful_turn_usd"], rel=1e-6)
+    assert spend_per_hour / 3600 == pytest.approx(total["fully_loaded_cost_usd"], rel=1e-6)
+    assert idle_per_hour / 3600 == pytest.approx(total["idle_cost_usd"], rel=1e-6)
+    assert per_1k_tokens == pytest.approx(models_1k, rel=1e-6)
+    assert set(by_model) == set(models)
+    for name, value in models.items():
+        assert by_model[name] == pytest.approx(value, rel=1e-6), name
+    # Tenants share a pool's busy time by tokens, a prompt token weighted by a fit of the pool's
+    # hour: the live panel has the hour's fit as far as it has come, the report the whole
+    # hour's (store/attribution.py), so a tenant's share moves by the difference of the two.
+    assert set(by_tenant) == set(tenants)
+    for name, value in tenants.items():
+        assert by_tenant[name] == pytest.approx(value, rel=0.025), name
 
 
 def test_dashboard_json_structure(tmp_path):

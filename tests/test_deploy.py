@@ -178,7 +178,8 @@ def test_each_container_command_line_is_one_tailwatch_accepts(generated):
         parsed = build_parser().parse_args(args)  # exits (SystemExit) on a flag tailwatch lacks
         if parsed.command == "worker":
             assert parsed.http_host == "0.0.0.0" and parsed.api_config == f"{CONFIG_DIR}/api.yaml"
-            assert parsed.bootstrap_servers == "kafka-0.kafka:9092,kafka-1.kafka:9092"
+            # where Kafka is comes from the Secret's file, with its credentials
+            assert parsed.bootstrap_servers is None and parsed.kafka_config == "/etc/tailwatch/kafka/kafka.properties"
         mounted = {m["mountPath"] for m in container["volumeMounts"]}
         for value in args:
             if value.startswith("/etc/tailwatch/"):

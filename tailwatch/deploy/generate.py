@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from tailwatch.deploy import collector, neighbours, workloads
-from tailwatch.deploy.settings import TOKEN_NAMES, DeployError, DeploySettings
+from tailwatch.deploy import collector, neighbours, secrets, workloads
+from tailwatch.deploy.settings import DeployError, DeploySettings
 from tailwatch.slo.spec import SloSpec
 
 FLAGGER_TOKEN_ENV = "TAILWATCH_FLAGGER_TOKEN"
@@ -24,7 +24,8 @@ FLAGGER_TOKEN_ENV = "TAILWATCH_FLAGGER_TOKEN"
 class Written:
     files: list[Path]
     objects: int
-    secrets: list[str]  # "namespace/name (keys)": what must exist before the pods start
+    secrets: list[str]  # "namespace/name (keys)": Secrets made outside, to exist before the pods start
+    templates: list[str]  # "namespace/name (keys)": Secret templates in secrets.yaml, to fill in before applying
 
 
 def manifests(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_yaml: str,
@@ -40,11 +41,14 @@ def manifests(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_ya
     if s.otlp_adapter:
         own.append(workloads.otlp_adapter(s, otlp_mapping_yaml is not None))
     files = {"tailwatch.yaml": own,
+             "secrets.yaml": secrets.templates(s, secrets.referenced(s)),
              "prometheus-rule.yaml": [neighbours.prometheus_rule(s, specs)],
              "service-monitor.yaml": [neighbours.service_monitor(s)],
              "grafana-dashboards.yaml": neighbours.dashboards(s, specs),
              "otel-collector.yaml": collector.objects(s, neighbours.collector_config(s)),
              "dcgm-exporter.yaml": [neighbours.dcgm_counters(s)]}
+    if not files["secrets.yaml"]:  # every Secret is made outside
+        del files["secrets.yaml"]
     if s.pools:
         files["keda.yaml"] = _unique([o for pool in s.pools for o in neighbours.keda(s, pool)])
     namespaces = sorted({c.namespace for c in s.canaries}) or [s.namespace]
@@ -69,18 +73,6 @@ def _unique(objects: list[dict]) -> list[dict]:
     return out
 
 
-def required_secrets(s: DeploySettings) -> list[str]:
-    """"namespace/name (keys)" for each Secret the manifests reference."""
-    keys: dict[tuple[str, str], list[str]] = {(s.namespace, s.tokens_secret): list(TOKEN_NAMES)}
-    if s.kafka.client_config_secret:
-        keys[(s.namespace, s.kafka.client_config_secret)] = ["kafka.properties"]
-    for namespace, key in [(p.namespace, "keda") for p in s.pools] + [(c.namespace, "argo") for c in s.canaries]:
-        held = keys.setdefault((namespace, s.tokens_secret), [])
-        if key not in held:
-            held.append(key)
-    return [f"{ns}/{name} ({', '.join(k)})" for (ns, name), k in keys.items()]
-
-
 def write(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_yaml: str, otlp_mapping_yaml: str | None,
           out_dir: str | Path, environ: dict[str, str] | None = None) -> Written:
     environ = os.environ if environ is None else environ
@@ -96,4 +88,6 @@ def write(s: DeploySettings, specs: list[SloSpec], slos_yaml: str, prices_yaml: 
                      "resources": list(files)}
     (out / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
     paths.append(out / "kustomization.yaml")
-    return Written(paths, sum(len(o) for o in files.values()), required_secrets(s))
+    refs = secrets.referenced(s)
+    return Written(paths, sum(len(o) for o in files.values()), [r.line() for r in refs if r.existing],
+                   [r.line() for r in refs if not r.existing])

@@ -16,9 +16,11 @@ field with a default so an empty file deploys a working pair of tiers.
     paging: worker                            # or prometheus_rule (or both)
     release: kube-prometheus-stack            # on every object, with team
 
-Secrets are referenced, never written: `tokens_secret` holds one key per token name (the
+Credentials are read from Secrets only: `tokens_secret` holds one key per token name (the
 signal API reads each from an environment variable), `kafka.client_config_secret` one key
-`kafka.properties` (librdkafka's SASL and TLS settings).
+`kafka.properties` (`bootstrap.servers` and librdkafka's SASL and TLS settings). A template
+of each is written unless `existing_secrets` names it (made outside: kubectl, External
+Secrets, Sealed Secrets).
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ class Tier2(ConfigStruct):
 
 
 class Kafka(ConfigStruct):
-    bootstrap_servers: str = "kafka:9092"
-    client_config_secret: K8sName | None = None  # a Secret with key kafka.properties (SASL, TLS)
+    bootstrap_servers: str = "kafka:9092"  # the Secret template's bootstrap.servers, and the Collector's brokers
+    # the Secret the workers read their Kafka client settings from: key kafka.properties
+    # (bootstrap.servers, SASL, TLS), mounted as a file
+    client_config_secret: K8sName = "tailwatch-kafka"
     topic_prefix: str = "tw."
 
 
@@ -117,6 +121,8 @@ class DeploySettings(ConfigStruct):
     tier2: Tier2 = Tier2()
     otlp_adapter: bool = True  # `tailwatch ingest otlp` beside the Collector's kafka exporter
     tokens_secret: K8sName = "tailwatch-api-tokens"
+    # Secrets made outside tailwatch, referenced only: no template is written for them
+    existing_secrets: list[K8sName] = []
     alertmanager_urls: list[str] = []
     grafana_url: str = "http://grafana.monitoring"
     stale_after: str = "2m"

@@ -1,6 +1,6 @@
 """tailwatch's own Kubernetes objects: the tier-1 firehose workers, the tier-2 replicas with
 a volume each, the OTLP adapter, their Services and PodDisruptionBudgets, the ConfigMap of
-their files, and the Secrets they reference (never create).
+their files (no credential: tokens and Kafka settings come from Secrets, deploy/secrets.py).
 
 Both tiers are StatefulSets: a tier-1 pod's name is its static group membership id
 (KIP-345), so a restarted pod takes its partitions back without a rebalance; a tier-2 pod
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import yaml
 
+from tailwatch.deploy.secrets import KAFKA_DIR, KAFKA_PROPERTIES
 from tailwatch.deploy.settings import TOKEN_NAMES, DeploySettings
 
 HTTP_PORT = 8000
 CONFIG_DIR = "/etc/tailwatch/config"
-KAFKA_DIR = "/etc/tailwatch/kafka"
 STORE_DIR = "/var/lib/tailwatch"
 USER_ID = 10001  # the image's `tailwatch` user (Dockerfile)
 SCRAPE_LABEL = "tailwatch-metrics"  # on the headless Services only: the ServiceMonitor scrapes each pod once
@@ -62,19 +62,17 @@ def service_account(s: DeploySettings) -> dict:
 
 
 def _kafka_args(s: DeploySettings) -> list[str]:
-    args = ["--bootstrap-servers", s.kafka.bootstrap_servers, "--topic-prefix", s.kafka.topic_prefix]
-    if s.kafka.client_config_secret:
-        args += ["--kafka-config", f"{KAFKA_DIR}/kafka.properties"]
-    return args
+    # No --bootstrap-servers: the servers are read from the Secret's file with its SASL and
+    # TLS lines, so one Secret says where Kafka is and how to reach it.
+    return ["--kafka-config", f"{KAFKA_DIR}/{KAFKA_PROPERTIES}", "--topic-prefix", s.kafka.topic_prefix]
 
 
 def _volumes(s: DeploySettings) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts): the config files, the Kafka client's secret settings, a /tmp."""
     volumes = [{"name": "config", "configMap": {"name": f"{s.name}-config"}}, {"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, {"name": "tmp", "mountPath": "/tmp"}]
-    if s.kafka.client_config_secret:
-        volumes.append({"name": "kafka", "secret": {"secretName": s.kafka.client_config_secret}})
-        mounts.append({"name": "kafka", "mountPath": KAFKA_DIR, "readOnly": True})
+    volumes.append({"name": "kafka", "secret": {"secretName": s.kafka.client_config_secret}})
+    mounts.append({"name": "kafka", "mountPath": KAFKA_DIR, "readOnly": True})
     return volumes, mounts
 
 

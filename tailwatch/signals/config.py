@@ -145,7 +145,7 @@ def _tokens(entries: list[TokenEntry], where: str) -> dict[str, Principal]:
             # A secret mounted from a file often ends in a newline; the header never does.
             secret = (os.environ.get(t.env) or "").strip()
             if not secret:
-                raise ApiConfigError(f"{at}: environment variable {t.env} is not set")
+                raise ApiConfigError(f"{at}: environment variable {t.env} is not set or empty")
             digest = hashlib.sha256(secret.encode()).hexdigest()
         if digest in out:
             raise ApiConfigError(f"{at}: the same token as {out[digest].name}")
