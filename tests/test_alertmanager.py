@@ -26,7 +26,7 @@ AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 class Webhook(ChaosWebhook):
-    """Collects what Alertmanager posts to its webhook receiver (tools/chaos.py's)."""
+    """Collects what Alertmanager posts to its webhook receiver (dev/tailwatch_dev/chaos.py's)."""
 
     def alerts(self):
         return [a for n in self.notifications for a in n["alerts"]]

@@ -1,4 +1,4 @@
-"""The chaos test at CI size: one seeded run of `tools.chaos.run_chaos`.
+"""The chaos test at CI size: one seeded run of `tailwatch_dev.chaos.run_chaos`.
 
 Real components only: the embedded broker, `tailwatch worker` processes, Debian's
 Alertmanager. The stream comes from the public traces in tests/data. Faults: SIGKILLs

@@ -4,7 +4,7 @@ Detectors: `tailwatch eval detectors --trace FILE` builds a quiet day from a one
 trace (Azure code trace, Mooncake conversation trace) and the same day with every incident
 kind injected; here at half a day each, on one fixed seed, so both traces fit in CI. The
 detectors are fed the buckets the worker's own windowing (`MinuteWindows` with the
-`streams.aggregates` specs) makes of the events (see `tools/eval_detectors.py` for why
+`streams.aggregates` specs) makes of the events (see `dev/tailwatch_dev/eval_detectors.py` for why
 not the broker). Targets: recall >= 0.95, at most one false alert per detector per quiet
 day, retry storms and queue saturation within 3 minutes.
 

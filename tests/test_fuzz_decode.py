@@ -1,4 +1,4 @@
-"""The decode path fuzzed with invariants (tools/fuzz_decode.py): a few seconds here, a long
+"""The decode path fuzzed with invariants (dev/tailwatch_dev/fuzz_decode.py): a few seconds here, a long
 run with `tailwatch fuzz decode --records 1000000` (docs/benchmarks.md has its figures)."""
 
 from __future__ import annotations

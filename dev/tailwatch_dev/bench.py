@@ -3,7 +3,7 @@
 One run, one embedded broker: synthetic `request.v1` traffic over many live slices is
 published once per measurement, then drained by (a) the batch worker (consume, decode,
 validate, dedupe, window, store sink), (b) the naive faust agent of
-`tools.bench_faust`, (c) optionally two worker processes in one consumer group, and
+`tailwatch_dev.bench_faust`, (c) optionally two worker processes in one consumer group, and
 (d) optionally a long run that samples the worker's memory. Ratios, not absolute times,
 are the result: they are measured in the same session on the same machine.
 """

@@ -1,6 +1,6 @@
 """`tailwatch bench --api`: signal API latency under `wrk` at a paced request rate, with the
 worker idle (the baseline), under a slow-body attack (20,000 connections dripping POST bodies
-a byte every 2 s, opened at 500 a second, tools/slow_clients.py, in a process of its own), and
+a byte every 2 s, opened at 500 a second, dev/tailwatch_dev/slow_clients.py, in a process of its own), and
 while it processes a stream of events, in one session. Then authorised polls on new
 connections while 2,500 connections poll with a wrong bearer token (reconnecting when closed,
 at most 500 new connections a second): the share answered within 2 s, and their latencies.
@@ -136,7 +136,7 @@ def _fresh_poll(port: int, timeout_s: float) -> float | None:
 
 def _wrong_tokens(port: int, connections: int, seconds: int, say) -> dict:
     """Authorised polls on new connections, POLLS_PER_S a second for `seconds`, while
-    `connections` poll with a wrong token (tools/slow_clients.py, a process of its own)."""
+    `connections` poll with a wrong token (dev/tailwatch_dev/slow_clients.py, a process of its own)."""
     say(f"wrong tokens: {connections:,} connections polling every second with a wrong token, "
         f"{POLLS_PER_S} authorised polls a second on new connections")
     attack = subprocess.Popen([sys.executable, "-m", "tailwatch_dev.slow_clients", "--wrong-token", "--port", str(port),

@@ -5,7 +5,7 @@ validate against the schema, drop duplicates, and add the event to its 1-minute 
 bucket (counts and latency histogram bins). Two variants (BENCH_VARIANT):
 `record`, the idiomatic faust way (a `faust.Record` model with validation, faust's JSON
 codec), and `msgspec`, a tuned per-event agent (raw bytes decoded by msgspec). Run by the benchmark as
-`faust -A tools.bench_faust worker`; configured through environment variables, it
+`faust -A tailwatch_dev.bench_faust worker`; configured through environment variables, it
 writes `events cpu_seconds wall_seconds` to BENCH_RESULT after BENCH_EVENTS events and
 exits.
 """

@@ -4,7 +4,7 @@ and the same day with every incident kind injected (see "public traces" below).
 
 Embedded broker (a fresh one on a free port) → simulator events published to Kafka → the
 real worker with the detector stage, until the topics are drained → the store's
-`detections` → `tools.detector_scoring.score` → a table per detector: recall over the
+`detections` → `tailwatch_dev.detector_scoring.score` → a table per detector: recall over the
 labelled incidents, false alerts per simulated day, median delay from incident start to
 first detection (event-time minutes).
 """

@@ -13,7 +13,7 @@ second in all (as slowloris tools pace themselves).
 
 Loopback only, bounded in count and time; it ends by itself. Run as a process of its own so
 the attack and the measured client never share an interpreter:
-`python -m tools.slow_clients --port P --connections N --seconds S [--wrong-token]`; it prints
+`python -m tailwatch_dev.slow_clients --port P --connections N --seconds S [--wrong-token]`; it prints
 one JSON line (connections opened, cut or closed by the server, refused, answers read) when done.
 """
 
