@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy.stats import binom
 
 from slo.sli import good_valid_exprs, with_later_counts
 from slo.spec import SloSpec
@@ -141,6 +140,9 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
         candidates = candidates.filter(pl.col("_bad") > 0).with_columns(pl.len().over(by).alias("_examined"))
         bad, n_bad = candidates["_bad"].to_numpy(), candidates["_bad_total"].to_numpy()
         share = candidates["_valid"].to_numpy() / candidates["_valid_total"].to_numpy()
+        # scipy.stats costs about half a second to import, and only a burning SLO with
+        # candidate slices needs it: not at every worker's start.
+        from scipy.stats import binom
         p_values = binom.sf(bad - 1, n_bad, np.clip(share, 0.0, 1.0))
         stands_out = (bad >= min_bad_events) & (p_values * candidates["_examined"].to_numpy() <= alpha) & (bad / n_bad > share)
         candidates = candidates.with_columns(pl.Series("_p", p_values), pl.Series("_named", stands_out),
