@@ -617,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=_positive_int, default=20, help="API bench: seconds per wrk run")
     p.add_argument("--rounds", type=_positive_int, default=3,
-                   help="API bench with --against: rounds of each tree, interleaved (default 3)")
+                   help="API bench with --against, shape bench with --against-release: rounds of each tree, "
+                        "interleaved (default 3)")
     p.add_argument("--unauthenticated", type=_count, default=2_500, metavar="N",
                    help="API bench: connections polling with a wrong token while authorised clients poll on new "
                         "connections (default 2,500; 0: skip)")
@@ -626,6 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "event-minute (dense), at its own pace (sparse), or both")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
+    p.add_argument("--against-release", default=None, metavar="DIR",
+                   help="shape bench: against the pinned baseline release checked out in DIR (tools/bench_release.py), "
+                        "interleaved --rounds times, on --trace (default: both public traces)")
+    p.add_argument("--release-python", default=None, metavar="PATH",
+                   help="with --against-release: the release's interpreter (default DIR/.venv/bin/python)")
     p.add_argument("--hours", type=_positive_int, default=None,
                    help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse); restore-fleet: hours "
                         "of history of --slices slices busy every minute, in place of --days")

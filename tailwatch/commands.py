@@ -595,6 +595,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\n".join(run_otlp(Path(args.trace) if args.trace else DEFAULT_TRACE, args.spans,
                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
+    if args.against_release:
+        from ingest.trace import TraceError
+        from tools.bench_release import ReleaseError, compare, release_code
+        from tools.bench_trace import SHAPES
+        from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
+
+        shapes = SHAPES if args.shape in (None, "both") else (args.shape,)
+        traces = [Path(args.trace)] if args.trace else [AZURE_CODE_TRACE, MOONCAKE_TRACE]
+        try:
+            code = release_code(Path(args.against_release), Path(args.release_python) if args.release_python else None)
+            print("\n".join(compare(traces, shapes, args.rounds, code, args.hours)))
+        except (ReleaseError, TraceError) as exc:
+            raise CliError(str(exc)) from None
+        return 0
     if args.shape or args.trace:
         from ingest.trace import TraceError
         from tools.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
