@@ -26,6 +26,13 @@ import polars as pl
 from slo.sli import good_valid_exprs, with_later_counts
 from slo.spec import SloSpec
 
+try:  # the ufunc under scipy.stats' binom.sf: scipy.stats itself takes half a second to import
+    from scipy.special._ufuncs import _binom_sf
+except ImportError:  # a scipy that moved it
+    from scipy.stats import binom
+
+    _binom_sf = None
+
 # Labels a contributor may be named by, in the order a tie is broken (bounded sets all).
 CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "language", "voice", "deployment", "pool", "model", "workload",
                       "traffic_class")
@@ -140,10 +147,7 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
         candidates = candidates.filter(pl.col("_bad") > 0).with_columns(pl.len().over(by).alias("_examined"))
         bad, n_bad = candidates["_bad"].to_numpy(), candidates["_bad_total"].to_numpy()
         share = candidates["_valid"].to_numpy() / candidates["_valid_total"].to_numpy()
-        # scipy.stats costs about half a second to import, and only a burning SLO with
-        # candidate slices needs it: not at every worker's start.
-        from scipy.stats import binom
-        p_values = binom.sf(bad - 1, n_bad, np.clip(share, 0.0, 1.0))
+        p_values = binomial_tail(bad - 1, n_bad, np.clip(share, 0.0, 1.0))
         stands_out = (bad >= min_bad_events) & (p_values * candidates["_examined"].to_numpy() <= alpha) & (bad / n_bad > share)
         candidates = candidates.with_columns(pl.Series("_p", p_values), pl.Series("_named", stands_out),
                                              pl.Series("_share", share))
@@ -172,3 +176,12 @@ def explain(culprits: Culprits | None) -> str:
     """One sentence for a page's description; empty when the slice holds no bad events or
     has no label with two values to compare."""
     return culprits.text() if culprits is not None else ""
+
+
+def binomial_tail(k, n, p) -> np.ndarray:
+    """P(X > k) for X ~ Binomial(n, p), elementwise: scipy.stats' `binom.sf`, bit for bit."""
+    if _binom_sf is None:
+        return binom.sf(k, n, p)
+    k = np.floor(np.asarray(k, dtype=np.float64))
+    n = np.asarray(n, dtype=np.float64)
+    return np.where(k >= n, 0.0, np.where(k < 0, 1.0, _binom_sf(np.maximum(k, 0.0), n, p)))
