@@ -26,13 +26,6 @@ import polars as pl
 from slo.sli import good_valid_exprs, with_later_counts
 from slo.spec import SloSpec
 
-try:  # the ufunc under scipy.stats' binom.sf: scipy.stats itself takes half a second to import
-    from scipy.special._ufuncs import _binom_sf
-except ImportError:  # a scipy that moved it
-    from scipy.stats import binom
-
-    _binom_sf = None
-
 # Labels a contributor may be named by, in the order a tie is broken (bounded sets all).
 CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "language", "voice", "deployment", "pool", "model", "workload",
                       "traffic_class")
@@ -179,8 +172,15 @@ def explain(culprits: Culprits | None) -> str:
 
 
 def binomial_tail(k, n, p) -> np.ndarray:
-    """P(X > k) for X ~ Binomial(n, p), elementwise: scipy.stats' `binom.sf`, bit for bit."""
-    if _binom_sf is None:
+    """P(X > k) for X ~ Binomial(n, p), elementwise: scipy.stats' `binom.sf`, bit for bit.
+
+    From the ufunc under it: scipy.stats takes half a CPU-second to import, scipy.special a
+    tenth, and only a burning SLO with candidate slices needs either (not a worker's start)."""
+    try:
+        from scipy.special._ufuncs import _binom_sf
+    except ImportError:  # a scipy that moved it
+        from scipy.stats import binom
+
         return binom.sf(k, n, p)
     k = np.floor(np.asarray(k, dtype=np.float64))
     n = np.asarray(n, dtype=np.float64)
