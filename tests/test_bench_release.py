@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tools.bench_release import PINNED_RELEASE, ReleaseError, Side, _lines, release_code
+from tailwatch_dev.bench_release import PINNED_RELEASE, ReleaseError, Side, _lines, release_code
 
 
 def test_a_checkout_of_another_commit_is_refused_with_the_way_to_make_one(tmp_path):

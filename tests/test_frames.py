@@ -7,9 +7,9 @@ import msgspec
 import polars as pl
 from hypothesis import given, settings, strategies as st
 
-from ingest.schema import EvalV1, RequestV1
-from ingest.validate import BatchDecoder
-from streams.frames import REQUEST_COLUMNS, STAGES_COLUMN, _gather, records_to_frame
+from tailwatch.ingest.schema import EvalV1, RequestV1
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch.streams.frames import REQUEST_COLUMNS, STAGES_COLUMN, _gather, records_to_frame
 
 TS = 1_767_225_600_000
 ENC = msgspec.json.Encoder()
