@@ -97,3 +97,55 @@ def test_a_restored_limiter_admits_what_the_uninterrupted_one_admits():
     assert not restarted.changed
     a, b = whole.admit(second), restarted.admit(second)
     assert a[0].equals(b[0]) and a[1] == b[1] and whole.to_bytes() == restarted.to_bytes()
+
+
+class _PerEventLimiter(CardinalityLimiter):
+    """The reference: each capped label's values grouped over every event of the batch."""
+
+    def admit(self, frame: pl.DataFrame):
+        from tailwatch.streams.cardinality import Overflowed
+
+        out = Overflowed()
+        if frame.height == 0:
+            return frame, out
+        hour = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
+        first = pl.col("ts_ms").min().alias("_first")
+        newest = int(frame["ts_ms"].max()) // HOUR_MS
+        if self.newest_hour is None or newest > self.newest_hour:
+            self.newest_hour = newest
+            self._forget()
+        for label in self.capped:
+            seen = frame.group_by(label).agg(hour, first).sort("_first", label)
+            refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
+            if refused:
+                mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
+                out.events_by_label[label] = int(frame.select(mask.sum()).item())
+                frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
+                                           .alias(label))
+        keys = list(self.slice_labels)
+        key_hash = pl.struct(keys).hash().alias("_key")
+        combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
+            *[pl.col(k).first() for k in keys], hour, first).sort("_first", *keys).drop("_first")
+        refused_keys = self._admit_slices(keys, combos)
+        if refused_keys:
+            mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())
+            out.slice_events = int(frame.select(mask.sum()).item())
+            frame = frame.with_columns(*[
+                pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
+                .otherwise(pl.col(k)).alias(k) for k in self.capped])
+        return frame, out
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(_rows, min_size=1, max_size=5), max_values=st.integers(1, 8), max_slices=st.integers(1, 20),
+       forget=st.sampled_from([0, HOUR_MS]))
+def test_values_taken_from_the_batchs_slices_decide_as_a_pass_over_every_event_does(batches, max_values, max_slices,
+                                                                                   forget):
+    limits = CardinalityLimits(max_values, max_slices, forget_after_ms=forget)
+    fast, reference = CardinalityLimiter(CAPPED, SLICE, limits), _PerEventLimiter(CAPPED, SLICE, limits)
+    for rows in batches:
+        frame = _frame(rows)
+        (got, got_over), (want, want_over) = fast.admit(frame), reference.admit(frame)
+        assert got.equals(want)
+        assert (got_over.events_by_label, got_over.slice_events) == (want_over.events_by_label, want_over.slice_events)
+        assert (fast.values, fast.slices, fast.newest_hour) == (reference.values, reference.slices, reference.newest_hour)

@@ -233,3 +233,22 @@ def test_an_oom_burst_page_says_oom(tmp_path):
     detail = _page_detail(spec, healthy, failing)
     assert detail.startswith("status_reason=oom on 100 of the 100 bad events"), detail
     assert "tenant=" not in detail
+
+
+def test_binomial_tail_is_scipy_stats_binom_sf_bit_for_bit():
+    """The contributors' p-values come from the ufunc under scipy.stats (which is slow to
+    import at a worker's start): the same numbers, edges included (k past n, p of 0 and 1)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    from tailwatch.slo.contributors import binomial_tail
+
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 3_000, 20_000)
+    k = rng.integers(0, 3_000, 20_000) % (n + 3)
+    p = rng.random(20_000)
+    p[:500], p[500:1_000] = 0.0, 1.0
+    k[1_000:1_500] = n[1_000:1_500]
+    k[1_500:2_000] = n[1_500:2_000] - 1
+    np.testing.assert_array_equal(binomial_tail(k, n, p), binom.sf(k, n, p))
+    np.testing.assert_array_equal(binomial_tail(k.astype(float), n, p), binom.sf(k.astype(float), n, p))

@@ -86,20 +86,22 @@ def fresh(broker: EmbeddedBroker, partitions: int = 4) -> KafkaSettings:
 
 def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: int, sample_memory: bool = False,
                      all_stages: bool = False, extra: tuple[str, ...] = (), publish_after_join=None,
-                     holders_at: tuple[int, ...] = ()) -> dict:
+                     holders_at: tuple[int, ...] = (), code: tuple[str, Path] | None = None) -> dict:
     """`count` worker processes in one fresh group, run until idle; `extra`: more flags
     (`--tier 1`: tier-1 workers, which drain their share, so exit 0 is required).
     `publish_after_join`: called once every worker holds partitions (so that no start-up
     rebalance moves partitions mid-stream, whose re-reads are not what is measured).
     `holders_at` (with `sample_memory`): event counts at which the first worker's memory by
-    holder and by part of its state is scraped (`memory_by_holder`), returned as `holders`."""
+    holder and by part of its state is scraped (`memory_by_holder`), returned as `holders`.
+    `code`: (an interpreter, a source tree) whose worker to run instead of this tree's (another
+    release's, tools/bench_release.py)."""
     tiered = "--tier" in extra
     procs, stats_files, ports = [], [], []
     group = f"bench-{uuid.uuid4().hex[:6]}"
     for i in range(count):
         stats = workdir / f"stats-{group}-{i}.json"
         port = free_port()
-        cmd = [sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
+        cmd = [code[0] if code else sys.executable, "-m", "tailwatch", "worker", "--bootstrap-servers", settings.bootstrap_servers,
                "--topic-prefix", settings.topic_prefix, "--store", str(workdir / f"{group}-{i}.duckdb"),
                "--group", group, "--http-port", str(port), "--until-idle", "3", "--stats-file", str(stats)]
         if not all_stages:
@@ -109,7 +111,9 @@ def worker_processes(settings: KafkaSettings, count: int, workdir: Path, total: 
             # Each worker owns part of the log and its own store, so none is ever drained
             # (exit 3): the scaling figure is about consuming, not closing.
             cmd += ["--drain-timeout", "1s"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        env = None if code is None else {**os.environ, "PYTHONPATH": str(code[1])}
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                      cwd=None if code is None else code[1]))
         stats_files.append(stats)
         ports.append(port)
     if publish_after_join is not None:

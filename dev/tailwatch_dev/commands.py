@@ -145,7 +145,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=arg_positive_int, default=500, help="API bench: requests per second to pace wrk to")
     p.add_argument("--seconds", type=arg_positive_int, default=20, help="API bench: seconds per wrk run")
     p.add_argument("--rounds", type=arg_positive_int, default=3,
-                   help="API bench with --against: rounds of each tree, interleaved (default 3)")
+                   help="API bench with --against, shape bench with --against-release: rounds of each tree, "
+                        "interleaved (default 3)")
     p.add_argument("--unauthenticated", type=arg_count, default=2_500, metavar="N",
                    help="API bench: connections polling with a wrong token while authorised clients poll on new "
                         "connections (default 2,500; 0: skip)")
@@ -154,6 +155,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "event-minute (dense), at its own pace (sparse), or both")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="shape bench: an Azure CSV or Mooncake JSONL trace (default: the Azure code trace in tests/data)")
+    p.add_argument("--against-release", default=None, metavar="DIR",
+                   help="shape bench: against the pinned baseline release checked out in DIR (tailwatch_dev/bench_release.py), "
+                        "interleaved --rounds times, on --trace (default: both public traces)")
+    p.add_argument("--release-python", default=None, metavar="PATH",
+                   help="with --against-release: the release's interpreter (default DIR/.venv/bin/python)")
     p.add_argument("--hours", type=arg_positive_int, default=None,
                    help="shape bench: trace-hours to replay (default: 60 dense, 24 sparse); restore-fleet: hours "
                         "of history of --slices slices busy every minute, in place of --days")
@@ -335,6 +341,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print("\n".join(run_otlp(Path(args.trace) if args.trace else DEFAULT_TRACE, args.spans,
                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
+        return 0
+    if args.against_release:
+        from tailwatch_dev.bench_release import ReleaseError, compare, release_code
+        from tailwatch_dev.bench_trace import SHAPES
+        from tailwatch_dev.trace import TraceError
+        from tailwatch_dev.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
+
+        shapes = SHAPES if args.shape in (None, "both") else (args.shape,)
+        traces = [Path(args.trace)] if args.trace else [AZURE_CODE_TRACE, MOONCAKE_TRACE]
+        try:
+            code = release_code(Path(args.against_release), Path(args.release_python) if args.release_python else None)
+            print("\n".join(compare(traces, shapes, args.rounds, code, args.hours)))
+        except (ReleaseError, TraceError) as exc:
+            raise CliError(str(exc)) from None
         return 0
     if args.shape or args.trace:
         from tailwatch_dev.trace import TraceError

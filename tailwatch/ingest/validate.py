@@ -117,8 +117,9 @@ class BatchDecoder(Generic[T]):
             start = stop + 1
         # A control character reaches a string only escaped (a backslash), as a raw DEL, or as
         # UTF-8 starting 0xC2 (the C1 controls), so records without those bytes (nearly all)
-        # are not looked at: three scans of the joined bytes.
-        if out.records and _may_hold_control(b"".join(v for v in values if v is not None)):
+        # are not looked at: three scans of the joined bytes (joined as they are when they fit:
+        # no None among them).
+        if out.records and _may_hold_control(b"".join(values if fits else [v for v in values if v is not None])):
             self._refuse_control_characters(values, out)
         if out.records and not set(map(type, map(_TS, out.records))) <= {int}:
             self._parse_timestamps(out)

@@ -80,7 +80,6 @@ from typing import Annotated, Mapping, Sequence
 
 import numpy as np
 from msgspec import Meta
-from scipy.special import betaincinv
 
 from tailwatch.signals.evidence import Power, cost_minutes_needed, count_power, log_spread, rank_power
 from tailwatch.slo import histogram
@@ -772,6 +771,7 @@ def underrun_verdict(canary: VersionStats, stable: VersionStats, p: RolloutPolic
     if min(c_n, s_n) < p.underrun_min_streams:
         return MetricVerdict("continue", f"{words}: {p.underrun_min_streams:,} streams per side needed to pass it",
                              p_worse, detail)
+    from scipy.special import betaincinv  # here, not at a worker's start: only a canary's verdict needs it
     upper = float(betaincinv(kc.sum() + 1, c_n - kc.sum(), 0.95)) if kc.sum() < c_n else 1.0
     bound = max(p.promote_underrun_factor * (s_share or 0.0), p.underrun_tolerance)
     detail["canary_underrun_ratio_upper"] = round(upper, 6)

@@ -95,20 +95,34 @@ class CardinalityLimiter:
         if self.newest_hour is None or newest > self.newest_hour:
             self.newest_hour = newest
             self._forget()
+        keys = [k for k in self.slice_labels if k in frame.columns]
+        key_hash = pl.struct(keys).hash().alias("_key")
+
+        def slices_of(frame: pl.DataFrame) -> pl.DataFrame:
+            return frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
+                *[pl.col(k).first() for k in keys], hour, first)
+
+        # A capped label is one of the slice's: its values' newest hours and first times come
+        # from the batch's few slices, not from another pass over every event per label.
+        combos, folded = slices_of(frame), False
         for label in self.capped:
             if label not in frame.columns:
                 continue
-            seen = frame.group_by(label).agg(hour, first).sort("_first", label)
+            if label in keys:
+                seen = combos.group_by(label).agg(pl.col("_hour").max(), pl.col("_first").min())
+            else:  # a label capped outside the slice key: per event
+                seen = frame.group_by(label).agg(hour, first)
+            seen = seen.sort("_first", label)
             refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
             if refused:
                 mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
                 out.events_by_label[label] = int(frame.select(mask.sum()).item())
                 frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
                                            .alias(label))
-        keys = [k for k in self.slice_labels if k in frame.columns]
-        key_hash = pl.struct(keys).hash().alias("_key")
-        combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
-            *[pl.col(k).first() for k in keys], hour, first).sort("_first", *keys).drop("_first")
+                folded = True
+        if folded:  # the slices as folded
+            combos = slices_of(frame)
+        combos = combos.sort("_first", *keys).drop("_first")
         refused_keys = self._admit_slices(keys, combos)
         if refused_keys:
             mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())

@@ -1,0 +1,21 @@
+"""What a worker imports to start: nothing it needs only later. scipy (half a CPU-second for
+scipy.stats) is loaded when an SLO burns with candidate slices, not at every start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_worker_starts_without_scipy():
+    code = ("import sys\n"
+            "import tailwatch.commands, streams.runtime, streams.slo_stage, streams.fleet_metrics, "
+            "tailwatch.streams.detector_stage, streams.signal_stage, streams.http, streams.tiers, slo.contributors, signals.rollout\n"
+            "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"
