@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from conventions import SLICE_LABELS
+from conventions import LATENCY_LOWER_FIELDS, SLICE_LABELS
 
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,10 @@ _SPEECH_AND_QUALITY = "\n".join([
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {c} BIGINT DEFAULT 0;" for c in QUALITY_COUNTS],
 ]) + "\n"
 
+# Per latency field, events known only as a runtime bucket (streams/windows.py, `straddle_fields`).
+_STRADDLE = "".join(f"ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS {f}_straddle_hist {_HIST};\n"
+                    for f in LATENCY_LOWER_FIELDS)
+
 SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS sli_minute (
     window_start TIMESTAMP NOT NULL,
@@ -76,7 +80,7 @@ ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cut BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_timed_out BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cancelled BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS stages_hist {_STAGE_HIST};
-{_SPEECH_AND_QUALITY.format(table="sli_minute")}CREATE TABLE IF NOT EXISTS gpu_minute (
+{_STRADDLE}{_SPEECH_AND_QUALITY.format(table="sli_minute")}CREATE TABLE IF NOT EXISTS gpu_minute (
     window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
     gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, samples BIGINT,
     util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,
@@ -101,6 +105,7 @@ CREATE TABLE IF NOT EXISTS slo_status (
     window_start TIMESTAMP, slo VARCHAR, slice VARCHAR, sli DOUBLE, error_budget_remaining DOUBLE,
     minutes_to_exhaustion DOUBLE, burn_rates STRUCT("window" VARCHAR, burn_rate DOUBLE)[], firing INTEGER
 );
+ALTER TABLE slo_status ADD COLUMN IF NOT EXISTS sli_upper DOUBLE;
 CREATE TABLE IF NOT EXISTS alerts (
     fingerprint VARCHAR, alertname VARCHAR, severity VARCHAR, slo VARCHAR, alert_window VARCHAR,
     labels VARCHAR, fired_at TIMESTAMP, resolved_at TIMESTAMP,

@@ -27,6 +27,8 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
     "status": pl.String, "attempt": pl.Int32, "retry_of": pl.String, "task_success": pl.Boolean,
     "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64, "inter_token_ms": pl.Float64,
+    "queue_lower_ms": pl.Float64, "first_output_lower_ms": pl.Float64, "e2e_lower_ms": pl.Float64,
+    "inter_token_lower_ms": pl.Float64,
     "finish_reason": pl.String,
     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
     "gpu_seconds": pl.Float64,
