@@ -49,11 +49,9 @@ _SPEECH_AND_QUALITY = "\n".join([
     f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_hist {_HIST};",
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_{q} DOUBLE;" for q in ("p50", "p95", "p99")],
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {c} BIGINT DEFAULT 0;" for c in QUALITY_COUNTS],
+    # Per latency field, the events known only as a runtime bucket (streams/windows.py, `straddle_fields`).
+    *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {f}_straddle_hist {_HIST};" for f in LATENCY_LOWER_FIELDS],
 ]) + "\n"
-
-# Per latency field, events known only as a runtime bucket (streams/windows.py, `straddle_fields`).
-_STRADDLE = "".join(f"ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS {f}_straddle_hist {_HIST};\n"
-                    for f in LATENCY_LOWER_FIELDS)
 
 SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS sli_minute (
@@ -80,7 +78,7 @@ ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cut BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_timed_out BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS streams_cancelled BIGINT;
 ALTER TABLE sli_minute ADD COLUMN IF NOT EXISTS stages_hist {_STAGE_HIST};
-{_STRADDLE}{_SPEECH_AND_QUALITY.format(table="sli_minute")}CREATE TABLE IF NOT EXISTS gpu_minute (
+{_SPEECH_AND_QUALITY.format(table="sli_minute")}CREATE TABLE IF NOT EXISTS gpu_minute (
     window_start TIMESTAMP NOT NULL, node VARCHAR, gpu_index INTEGER, zone VARCHAR, pool VARCHAR,
     gpu_sku VARCHAR, model VARCHAR, model_version VARCHAR, samples BIGINT,
     util_pct_mean DOUBLE, util_pct_max DOUBLE, mem_used_bytes_max BIGINT, mem_total_bytes BIGINT,

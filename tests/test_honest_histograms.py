@@ -138,3 +138,49 @@ def test_a_page_names_how_many_of_its_events_were_undecided():
                 for c in quiet.advance(m, [quiet.column(("v1", "a"))], [0], [1000], undecided=[1000])]
     assert quiet.rates()[0][0].max() == 0.0
 
+
+
+def test_a_minute_counts_its_undecided_events_for_any_threshold_and_keeps_them_through_merges():
+    """Measured latencies and scraped ones in one slice-minute: the straddle histogram gives,
+    for each threshold, the events whose bucket holds it strictly, and survives being read back
+    into partials (a late correction, the hourly roll-up) unchanged."""
+    import polars as pl
+
+    from slo.sli import good_valid, undecided_expr
+    from slo.spec import load_slos
+    from streams.aggregates import REQUESTS
+    from streams.windows import MINUTE_MS, MinuteWindows
+    from tests.test_windows import T0, frame
+
+    rows = frame([(f"e{i}", T0 + i, 0, "ok", 1100.0) for i in range(10)]  # measured: 1.1 s, good under 1.2 s
+                 + [(f"b{i}", T0 + i, 0, "ok", 2500.0) for i in range(30)]  # scraped: (1 s, 2.5 s]
+                 + [(f"c{i}", T0 + i, 0, "ok", 5000.0) for i in range(20)])  # scraped: (2.5 s, 5 s]
+    lower = [None] * 10 + [1000.0] * 30 + [2500.0] * 20
+    rows = rows.with_columns(pl.Series("e2e_lower_ms", lower, pl.Float64))
+    w = MinuteWindows(REQUESTS, 5 * MINUTE_MS)
+    w.add(rows)
+    closed, _ = w.close(None)
+    again = w.merge_partials(*w.row_partials(closed))  # what a correction or the roll-up reads back
+
+    def counts(buckets, threshold: str) -> tuple[int, int, int]:
+        (spec,) = load_slos_text(f"sli: {{latency: {{field: e2e_ms, threshold: {threshold}}}}}")
+        gv = good_valid(spec, buckets).row(0, named=True)
+        return gv["good"], int(buckets.select(undecided_expr(spec)).item()), gv["valid"]
+
+    def load_slos_text(sli: str):
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "s.yaml"
+            path.write_text(f"slos:\n  - name: x\n    selector: {{workload: llm}}\n    {sli}\n    objective: 99%\n")
+            return load_slos(path)
+
+    for buckets in (closed, again):
+        assert counts(buckets, "1.2s") == (10, 30, 60)  # the (1, 2.5] bucket straddles 1.2 s
+        assert counts(buckets, "3s") == (40, 20, 60)  # the (2.5, 5] bucket straddles 3 s
+        # On a bound: the worker's 2% bins cannot tell 2.5 s from a little over it, so that
+        # bucket is undecided (counted bad before), the one above it proven bad.
+        assert counts(buckets, "2.5s") == (10, 30, 60)
+        assert counts(buckets, "800ms") == (0, 0, 60)  # under every bucket: all proven bad
+        assert counts(buckets, "6s") == (60, 0, 60)

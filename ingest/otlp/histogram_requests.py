@@ -13,10 +13,10 @@ SLIs, budgets, dashboards and reports need no second path:
   against the previous reading of its series; the first reading of a series sets the base
   (as the GPU counters do), so the interval before it is not counted; a smaller count is a
   reset and counts from zero.
-- Precision, stated in docs/opentelemetry.md: a latency is placed at its bucket's upper
+- Precision, stated in docs/ingest.md: a latency is placed at its bucket's upper
   bound and carries the bucket's lower bound beside it (`<field>_lower_ms`), so a latency
-  SLI is exact when its threshold is a bucket bound and otherwise knows the bucket holding
-  the threshold as undecided, neither proven good nor bad (docs/slos.md); values
+  SLI knows the bucket holding its threshold as undecided, neither proven good nor bad, and
+  reports a range (docs/slos.md); values
   above the last bound take the mean the histogram's sum leaves for them. Token counts add
   up to the histogram's sum exactly, each inside its bucket. Which request got which first
   output time is unknowable from histograms: SLIs over one field are exact, goodput (which
