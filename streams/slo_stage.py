@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 import duckdb
@@ -21,7 +22,7 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from slo.contributors import contributors_by_minute, explain
+from slo.contributors import OpenDetection, contributors_by_minute, explain
 from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
@@ -132,6 +133,11 @@ class SloStage:
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
         self.unmatched = UnmatchedSelectors(specs)
         self.collector.selector_matched = self.unmatched.matched
+        # The detections open now (the detector stage's, where the worker runs one): a page
+        # names those whose scope holds its bad events (slo/contributors.py). The detector
+        # stage runs after this one and waits for both tables' minutes, so a detection raised
+        # in the checkpoint that fires a page is named by the pages after it.
+        self.open_detections: Callable[[], list[OpenDetection]] = list
 
     def collectors(self) -> list:
         return [self.collector]
@@ -209,7 +215,9 @@ class SloStage:
         for c in changes:
             if c.state == "firing" and not c.detail:
                 wanted.setdefault(c.slo, set()).add(c.at_minute)
-        found = {slo: contributors_by_minute(self.specs[slo], requests, sorted(minutes)) for slo, minutes in wanted.items()}
+        detections = self.open_detections() if wanted else []
+        found = {slo: contributors_by_minute(self.specs[slo], requests, sorted(minutes), detections=detections)
+                 for slo, minutes in wanted.items()}
         out = []
         for c in changes:
             if c.state == "firing" and not c.detail:
