@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from conventions import STAGE_NAMES
+from conventions import LATENCY_LOWER_FIELDS, STAGE_NAMES
 from ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
 from ingest.validate import FUTURE, Rejected
 
@@ -21,6 +21,7 @@ from ingest.validate import FUTURE, Rejected
 DEFAULT_MAX_AHEAD_MS = 5 * 60_000
 
 # Columns taken from each record type, with their polars dtype.
+_OPTIONAL_COLUMNS = tuple(LATENCY_LOWER_FIELDS.values())
 REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "event_id": pl.String,
     "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
@@ -104,7 +105,14 @@ def records_to_frame(
             records = [records[p] for p in keep]
     read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
     kinds = set(map(type, records))
-    frame = pl.DataFrame({c: _gather(records, kinds, c) for c in read}, schema=read)
+    gathered = {c: _gather(records, kinds, c) for c in read}
+    # Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
+    # leaves them out (the windows take their absence for none) rather than building four
+    # columns of nulls for every batch of a traced fleet.
+    for c in _OPTIONAL_COLUMNS:
+        if c in gathered and gathered[c].count(None) == len(gathered[c]):
+            del gathered[c], read[c]
+    frame = pl.DataFrame(gathered, schema=read)
     # Only batches that carry stages get the column (the windows take its absence for none):
     # a batch without them costs one scan, not a column of nulls.
     if STAGES_COLUMN in columns and any(getattr(r, STAGES_COLUMN, None) for r in records):
