@@ -15,17 +15,17 @@ import duckdb
 import msgspec
 from prometheus_client import generate_latest
 
-from ingest.otlp.histogram_requests import HistogramRequests
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.samples import HistogramPoint
-from signals.answers import SloSlice
-from signals.live import slo_reads
-from slo.engine import SloTable
-from slo.runtime_buckets import RUNTIME_HISTOGRAMS
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.runtime import WorkerSettings
-from streams.slo_stage import SloStage
-from streams.tiers import build
+from tailwatch.ingest.otlp.histogram_requests import HistogramRequests
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.samples import HistogramPoint
+from tailwatch.signals.answers import SloSlice
+from tailwatch.signals.live import slo_reads
+from tailwatch.slo.engine import SloTable
+from tailwatch.slo.runtime_buckets import RUNTIME_HISTOGRAMS
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.slo_stage import SloStage
+from tailwatch.streams.tiers import build
 from tailwatch.cli import main
 from tests.test_pipeline import publish
 
@@ -146,10 +146,10 @@ def test_a_minute_counts_its_undecided_events_for_any_threshold_and_keeps_them_t
     into partials (a late correction, the hourly roll-up) unchanged."""
     import polars as pl
 
-    from slo.sli import good_valid, undecided_expr
-    from slo.spec import load_slos
-    from streams.aggregates import REQUESTS
-    from streams.windows import MINUTE_MS, MinuteWindows
+    from tailwatch.slo.sli import good_valid, undecided_expr
+    from tailwatch.slo.spec import load_slos
+    from tailwatch.streams.aggregates import REQUESTS
+    from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
     from tests.test_windows import T0, frame
 
     rows = frame([(f"e{i}", T0 + i, 0, "ok", 1100.0) for i in range(10)]  # measured: 1.1 s, good under 1.2 s

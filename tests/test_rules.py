@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from alerts.rules import engine_firing, default_scenario
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.alerts.rules import engine_firing, default_scenario
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tests.conftest import need
 
 PROMTOOL = shutil.which("promtool")
@@ -81,7 +81,7 @@ def test_prometheus_counts_undecided_events_as_the_engine_does(generated, tmp_pa
     """Undecided events (a scraped bucket straddling the threshold) come as their own outcome:
     the generated rules fire on proven bad events only, and promtool agrees with the engine
     minute by minute on a fleet whose every event is undecided, then one that is proven slow."""
-    from alerts.rules import Phase, promtool_test
+    from tailwatch.alerts.rules import Phase, promtool_test
 
     (spec,) = [s for s in load_slos(DEFAULT_SLOS) if s.name == "llm-realtime-first-token"]
     phases = [Phase(60, 1000, 0), Phase(120, 1000, 0, undecided=1000), Phase(30, 1000, 600, undecided=400),
