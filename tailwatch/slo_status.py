@@ -51,20 +51,38 @@ def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -
         br = {m: st.burn_rates.get(m) for m in sorted({w.long_minutes for w in state.spec.alert_windows})}
         rows.append([
             st.slo, ",".join(f"{k}={v}" for k, v in st.labels.items()) or "-",
-            None if st.sli is None else round(100 * st.sli, 3), round(100 * st.error_budget_remaining, 1),
+            _sli_text(st.sli, st.sli_upper), round(100 * st.error_budget_remaining, 1),
             " ".join(f"{span(m)}:{'-' if b is None else f'{b:.2f}'}" for m, b in br.items()),
             ", ".join(st.firing) or "-",
             ", ".join(st.young) or "-",
         ])
-    print(render(["slo", "slice", "sli_%", "budget_left_%", "burn_rate (long windows)", "firing",
+    print(render(["slo", "slice", "sli_% (range: undecided bad–good)", "budget_left_%", "burn_rate (long windows)", "firing",
                   "young (not judged yet)"], rows))
     unmatched = unmatched_lines(specs, {name for name, _key in result.evaluator.states})
     if unmatched:
         print("\n" + "\n".join(unmatched))
+    undecided = [(name, state.status()) for (name, _key), state in sorted(result.evaluator.states.items(),
+                                                                        key=lambda kv: kv[0])]
+    undecided = [(name, st) for name, st in undecided if st.undecided_events]
+    if undecided:
+        print("\n" + "\n".join(
+            f"{name} {','.join(f'{k}={v}' for k, v in st.labels.items()) or '-'}: {st.undecided_events:,} events lay "
+            "in a runtime histogram bucket straddling the threshold (undecided: the SLI is a range; alerts and the "
+            "budget count them good)" for name, st in undecided))
     fired = [c for c in result.changes if c.state == "firing"]
     print(f"\n{len(fired)} alerts fired over the replayed buckets "
           f"({sum(1 for c in result.changes if c.state == 'resolved')} resolved)")
     return 0
+
+
+def _sli_text(sli: float | None, upper: float | None) -> float | str | None:
+    """The SLI in percent; a range `lower–upper` where undecided events make one."""
+    if sli is None:
+        return None
+    low = round(100 * sli, 3)
+    if upper is None or round(100 * upper, 3) == low:
+        return low
+    return f"{low:g}–{round(100 * upper, 3):g}"
 
 
 def unmatched_lines(specs: list[SloSpec], with_slices: set[str]) -> list[str]:

@@ -252,3 +252,54 @@ def test_binomial_tail_is_scipy_stats_binom_sf_bit_for_bit():
     k[1_500:2_000] = n[1_500:2_000] - 1
     np.testing.assert_array_equal(binomial_tail(k, n, p), binom.sf(k, n, p))
     np.testing.assert_array_equal(binomial_tail(k.astype(float), n, p), binom.sf(k.astype(float), n, p))
+
+
+def test_a_page_names_the_open_detection_whose_scope_holds_its_bad_events(tmp_path):
+    """Open detections are a contributor dimension: one on part of the slice is named on the
+    binomial evidence label values need, one on the whole slice as open over it; one holding
+    no more than its share, or not open at the page's minute, is not named."""
+    from tailwatch.slo.contributors import OpenDetection
+
+    (spec,) = load_slos(spec_file(tmp_path, SLO))
+    stage = SloStage([spec])
+    storm = OpenDetection("retry_storm", {"tenant": "acme"}, M0 + 58)
+    quiet = OpenDetection("queue_age", {"tenant": "globex"}, M0 + 58)  # open, but its tenant fails as traffic does
+    over = OpenDetection("tenant_starving", {"tenant": "acme"}, M0 + 10, ended_at=M0 + 30)  # closed before the page
+    zone_wide = OpenDetection("kv_cache_pressure", {"zone": "a", "node": "gpu-node-7"}, M0 + 59)  # node: no request column
+    stage.open_detections = lambda: [storm, quiet, over, zone_wide]
+    stage.on_closed(pl.DataFrame([r for m in range(60) for r in _rows(m, {"acme": (500, 0), "globex": (500, 0)})]),
+                    pl.DataFrame())
+    bad = [r for m in range(60, 75) for r in _rows(m, {"acme": (500, 200), "globex": (500, 1)})]
+    fired = stage.on_closed(pl.DataFrame(bad), pl.DataFrame())["alerts"].filter(pl.col("state") == "firing")
+    assert fired.height >= 1
+    detail = fired["detail"][0]
+    assert "retry_storm (tenant=acme) open since 2026-11-02 00:58 holds 100% of the bad events (200 of 201; " \
+           "50% of the traffic, p = " in detail, detail
+    assert "kv_cache_pressure (node=gpu-node-7,zone=a) open since 2026-11-02 00:59 over the whole slice" in detail
+    assert "queue_age" not in detail and "tenant_starving" not in detail
+    # No detections open: the page says what the labels prove, and nothing of detections.
+    stage2 = SloStage([spec])
+    stage2.on_closed(pl.DataFrame([r for m in range(60) for r in _rows(m, {"acme": (500, 0), "globex": (500, 0)})]),
+                     pl.DataFrame())
+    plain = stage2.on_closed(pl.DataFrame(bad), pl.DataFrame())["alerts"].filter(pl.col("state") == "firing")
+    assert "open since" not in plain["detail"][0] and plain["detail"][0].startswith("tenant=acme holds")
+
+
+def test_the_worker_hands_its_detector_stages_open_detections_to_the_slo_stage(kafka, tmp_path):
+    """`build` wires them: what the detector stage holds open is what a page is explained with."""
+    import uuid
+
+    from tailwatch.detectors.core import Detection
+    from tailwatch.slo.contributors import OpenDetection
+    from tailwatch.slo.spec import DEFAULT_SLOS
+    from tailwatch.streams.detector_stage import detector_stages
+    from tailwatch.streams.runtime import WorkerSettings
+    from tailwatch.streams.tiers import build
+
+    w = build(WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}",
+                             http_port=None, slos=load_slos(DEFAULT_SLOS), stages=detector_stages("default")))
+    slo = next(s for s in w.store.stages if isinstance(s, SloStage))
+    (detectors,) = [s for s in w.store.stages if s.name == "detectors"]
+    assert slo.open_detections() == []
+    detectors.collector.open = [Detection("retry_storm", {"workload": "llm", "zone": "a"}, M0 + 3)]
+    assert slo.open_detections() == [OpenDetection("retry_storm", {"workload": "llm", "zone": "a"}, M0 + 3)]

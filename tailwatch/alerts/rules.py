@@ -1,7 +1,8 @@
 """Prometheus recording and alerting rules equivalent to the SLO engine, and their tests.
 
 Over the exporter's counter `tailwatch_slo_events_total{slo, <slice labels>, outcome}`
-(outcome good or bad), per SLO:
+(outcome good, bad, or undecided: a runtime bucket straddling the threshold, which the error
+ratio's denominator holds and its numerator does not, as the engine decides), per SLO:
 - recording rules `tailwatch_slo:error_ratio:rate<window>` and `tailwatch_slo:events:increase<window>`
   for every window of the catalog;
 - one alerting rule per window pair: both windows' error ratio above factor × (1 −
@@ -84,11 +85,13 @@ def rule_groups(spec: SloSpec) -> dict:
 
 @dataclass(frozen=True)
 class Phase:
-    """A stretch of synthetic traffic: `minutes` minutes of `valid` events a minute, `bad` of them bad."""
+    """A stretch of synthetic traffic: `minutes` minutes of `valid` events a minute, `bad` of
+    them bad and `undecided` neither proven good nor bad."""
 
     minutes: int
     valid: int
     bad: int
+    undecided: int = 0
 
 
 def default_scenario(spec: SloSpec) -> list[Phase]:
@@ -103,11 +106,12 @@ def default_scenario(spec: SloSpec) -> list[Phase]:
 def promtool_test(spec: SloSpec, rule_file: str, phases: list[Phase] | None = None) -> dict:
     phases = phases or default_scenario(spec)
     labels = {k: f"test-{k}" for k in spec.slice_by}
-    good, bad = [], []
+    good, bad, undecided = [], [], []
     for p in phases:
-        good += [p.valid - p.bad] * p.minutes
+        good += [p.valid - p.bad - p.undecided] * p.minutes
         bad += [p.bad] * p.minutes
-    firing_at, ties = engine_firing(spec, labels, good, bad, with_ties=True)
+        undecided += [p.undecided] * p.minutes
+    firing_at, ties = engine_firing(spec, labels, good, bad, with_ties=True, undecided=undecided)
     total = len(good)
     label_text = ", ".join([f'slo="{spec.name}"', *(f'{k}="{v}"' for k, v in labels.items())])
     tests = []
@@ -142,13 +146,16 @@ def promtool_test(spec: SloSpec, rule_file: str, phases: list[Phase] | None = No
             "input_series": [
                 {"series": f'{COUNTER}{{{label_text}, outcome="good"}}', "values": _cumulative(good)},
                 {"series": f'{COUNTER}{{{label_text}, outcome="bad"}}', "values": _cumulative(bad)},
+                *([{"series": f'{COUNTER}{{{label_text}, outcome="undecided"}}', "values": _cumulative(undecided)}]
+                  if any(undecided) else []),
             ],
             "alert_rule_test": alert_tests,
         }],
     }
 
 
-def engine_firing(spec: SloSpec, labels: dict[str, str], good: list[int], bad: list[int], with_ties: bool = False):
+def engine_firing(spec: SloSpec, labels: dict[str, str], good: list[int], bad: list[int], with_ties: bool = False,
+                  undecided: list[int] | None = None):
     """Which window pairs the stream engine has firing after each minute (and, with
     `with_ties`, whether any window's burn rate sits exactly at a factor that minute).
 
@@ -162,7 +169,8 @@ def engine_firing(spec: SloSpec, labels: dict[str, str], good: list[int], bad: l
     ties = [False]
     factors = {(w.long_minutes, w.short_minutes): w.factor(spec.window_minutes) for w in spec.alert_windows}
     for minute in range(1, len(good)):
-        table.advance(minute, [i], [good[minute]], [good[minute] + bad[minute]])
+        und = undecided[minute] if undecided else 0
+        table.advance(minute, [i], [good[minute]], [good[minute] + bad[minute] + und], undecided=[und])
         firing.append({aw.name for aw, _ in state.firing.values()})
         tie = False
         for (long_m, short_m), factor in factors.items():

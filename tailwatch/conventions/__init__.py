@@ -28,6 +28,12 @@ CLOSED_LABELS = {"workload": WORKLOADS, "traffic_class": TRAFFIC_CLASSES, "deplo
 OVERFLOW_LABEL_VALUE = "__other__"
 # Appended only: checkpoints number histogram fields by their place here.
 LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms", "finalization_ms")
+# A scraped runtime's histogram says only which bucket a latency fell in: the request then
+# carries the bucket's lower bound beside the latency (placed at the upper bound), so an SLO
+# whose threshold falls strictly inside the bucket can tell those events undecided, not bad.
+# Latency field → its lower-bound field. Appended only: checkpoints number them by place.
+LATENCY_LOWER_FIELDS = {"queue_ms": "queue_lower_ms", "first_output_ms": "first_output_lower_ms",
+                        "e2e_ms": "e2e_lower_ms", "inter_token_ms": "inter_token_lower_ms"}
 # Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
 # Names are bounded: a stage outside this list is kept under `other`, so a producer's new
 # stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
@@ -150,6 +156,7 @@ FLEET_FOLDED_BUCKETS_TOTAL = "tailwatch_fleet_folded_buckets_total"
 # ---- SLOs and alerts (streams/slo_stage.py, alerts/) ---------------------------------------
 SLO_OBJECTIVE_RATIO = "tailwatch_slo_objective_ratio"
 SLO_SLI_RATIO = "tailwatch_slo_sli_ratio"
+SLO_SLI_UPPER_RATIO = "tailwatch_slo_sli_upper_ratio"
 SLO_BURN_RATE = "tailwatch_slo_burn_rate"
 SLO_ERROR_BUDGET_REMAINING_RATIO = "tailwatch_slo_error_budget_remaining_ratio"
 SLO_EVENTS_TOTAL = "tailwatch_slo_events_total"

@@ -25,7 +25,7 @@ from tailwatch.slo.sli import span
 from tailwatch.slo.spec import SloSpec
 from tailwatch.conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
-    SLO_SLI_RATIO,
+    SLO_SLI_RATIO, SLO_SLI_UPPER_RATIO,
 )
 
 SEVERITY_COLOR = {"page": "red", "ticket": "orange"}
@@ -44,8 +44,11 @@ def build(specs: list[SloSpec]):
     panels = [
         timeseries("SLI over the compliance window against the objective", "percentunit", [
             Q(f'{SLO_SLI_RATIO}{{{match}, window=~"{compliance_re}"}}', f"SLI {legend}"),
+            Q(f'{SLO_SLI_UPPER_RATIO}{{{match}, window=~"{compliance_re}"}}', f"SLI, undecided counted good {legend}"),
             Q(f"max by (slo) ({SLO_OBJECTIVE_RATIO}{{{match}}})", "objective"),
-        ], w=12, description="Good ÷ valid events over the SLO's compliance window, per slice; the objective as a line."),
+        ], w=12, description="Good ÷ valid events over the SLO's compliance window, per slice; the objective as a line. "
+                             "Where a scraped runtime's bucket straddles the threshold its events are undecided: the "
+                             "SLI lies between the SLI (undecided counted bad) and its upper line."),
         stat("Error budget left (worst slice)", "percentunit",
              [Q(f"min({SLO_ERROR_BUDGET_REMAINING_RATIO}{{{match}}})", instant=True)], w=6, h=8,
              threshold_steps=thresholds((0.25, "orange"), (0.5, "green"), base="red"),

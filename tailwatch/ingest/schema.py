@@ -116,6 +116,13 @@ class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
     first_output_ms: Optional[NonNegMs] = None
     inter_token_ms: Optional[NonNegMs] = None
     e2e_ms: Optional[NonNegMs] = None
+    # From a runtime's histogram (a scraped fleet): the lower bound of the bucket the latency
+    # was counted in; the latency above is that bucket's upper bound, so the true value lies
+    # in (lower, latency]. Absent for a measured latency.
+    queue_lower_ms: Optional[NonNegMs] = None
+    first_output_lower_ms: Optional[NonNegMs] = None
+    inter_token_lower_ms: Optional[NonNegMs] = None
+    e2e_lower_ms: Optional[NonNegMs] = None
     finish_reason: Optional[FinishReason] = None
     # Stage name → milliseconds spent in it (see STAGE_NAMES), for cascaded turns.
     stages: Optional[Annotated[dict[StageName, NonNegMs], msgspec.Meta(max_length=MAX_STAGES)]] = None

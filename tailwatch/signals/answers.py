@@ -290,12 +290,16 @@ class Inconclusive(Struct):
 
 class SloSlice(Struct, forbid_unknown_fields=True):
     labels: dict[str, str]
-    sli: Number
+    sli: Annotated[Number, Meta(description="good ÷ valid over the compliance window, undecided events counted bad")]
     error_budget_remaining: float
     burn_rates: Annotated[dict[str, float], Meta(description="window (5m, 1h, ...) → burn rate")]
     minutes_to_exhaustion: Number
     firing: list[str]
     as_of: Timestamp | None
+    sli_upper: Annotated[Number, Meta(description="the SLI with undecided events (known only as a runtime bucket "
+                                                  "straddling the threshold) counted good; = sli where none is")] = None
+    undecided_events: Annotated[int, Meta(description="valid events over the compliance window neither proven good "
+                                                      "nor bad")] = 0
 
 
 class Slo(Struct, forbid_unknown_fields=True):

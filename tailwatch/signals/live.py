@@ -648,7 +648,8 @@ def slo_reads(states: list[SliceView]) -> list[dict]:
         })
         status = st.status()
         entry["slices"].append({
-            "labels": dict(st.labels), "sli": status.sli, "error_budget_remaining": status.error_budget_remaining,
+            "labels": dict(st.labels), "sli": status.sli, "sli_upper": status.sli_upper,
+            "undecided_events": status.undecided_events, "error_budget_remaining": status.error_budget_remaining,
             "burn_rates": {span(m): b for m, b in status.burn_rates.items() if b is not None},
             "minutes_to_exhaustion": status.minutes_to_exhaustion, "firing": status.firing,
             "as_of": rfc3339(status.minute + 1) if status.minute else None,

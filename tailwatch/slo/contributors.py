@@ -14,17 +14,31 @@ For availability, the status reasons are a dimension too: a reason (oom, timeout
 holds at least half of the bad events, with `min_bad_events`, is named
 ("status_reason=oom on 38 of the 40 bad events"), so an OOM page says OOM however evenly
 the tenants are hit.
+
+The detections open at the minute (detectors/: retry storms, queue age, ...) are a dimension
+too, each a value whose scope is the rows its labels match (its labels that are no column of
+the rows, such as a GPU's node, are not matched on). One covering part of the slice is named
+on the same binomial evidence as a label value, counted among the values examined
+("retry_storm (tenant=acme) open since 2026-11-02 00:12 holds 90% of the bad events (180 of
+200; 20% of the traffic, p = 1e-40)"); one covering the whole slice holds every bad event,
+which proves nothing beyond its being open, and is named as such with `min_bad_events`
+("queue_age (pool=a) open since 2026-11-02 00:12 over the whole slice").
+
+Bad events are the proven bad ones: events known only as a runtime bucket straddling a
+latency threshold (`slo.sli.undecided_expr`) are left out, as the alert that asks is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
-from tailwatch.slo.sli import good_valid_exprs, with_later_counts
+from tailwatch.slo.sli import good_valid_exprs, undecided_expr, with_later_counts
 from tailwatch.slo.spec import SloSpec
+from tailwatch.slo.windows import minute_text
 
 # Labels a contributor may be named by, in the order a tie is broken (bounded sets all).
 CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "language", "voice", "deployment", "pool", "model", "workload",
@@ -68,6 +82,42 @@ class Cause:
 
 
 @dataclass(frozen=True)
+class OpenDetection:
+    """A detection as the contributors see it: what raised it, on which labels, and when."""
+
+    detector: str
+    labels: dict[str, str]
+    started_at: int  # event-time minute
+    ended_at: int | None = None  # the first minute clear (None: still open)
+
+    def open_at(self, minute: int) -> bool:
+        return self.started_at <= minute and (self.ended_at is None or minute < self.ended_at)
+
+    def name(self) -> str:
+        scope = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        return f"{self.detector} ({scope}) open since {minute_text(self.started_at)}"
+
+
+@dataclass(frozen=True)
+class DetectionContributor:
+    """An open detection whose scope holds the slice's bad events: more than its traffic share
+    would (`p_value`), or all of them where it covers the whole slice (`traffic_share` 1)."""
+
+    detection: OpenDetection
+    bad_events: int
+    bad_total: int
+    traffic_share: float
+    p_value: float | None = None  # None: it covers the whole slice, no test to make
+
+    def text(self) -> str:
+        if self.p_value is None:
+            return f"{self.detection.name()} over the whole slice"
+        return (f"{self.detection.name()} holds {100 * self.bad_events / self.bad_total:.0f}% of the bad events "
+                f"({self.bad_events:,} of {self.bad_total:,}; {100 * self.traffic_share:.0f}% of the traffic, "
+                f"p = {self.p_value:.1g})")
+
+
+@dataclass(frozen=True)
 class Culprits:
     """What a page says about a slice's bad events at one minute."""
 
@@ -75,9 +125,10 @@ class Culprits:
     named: tuple[Contributor, ...] = ()
     causes: tuple[Cause, ...] = ()
     spread: tuple[tuple[str, int], ...] = ()  # (label, values holding bad events) where no value stands out
+    detections: tuple[DetectionContributor, ...] = ()
 
     def text(self) -> str:
-        parts = [c.text() for c in self.causes] + [c.text() for c in self.named]
+        parts = [c.text() for c in self.causes] + [d.text() for d in self.detections] + [c.text() for c in self.named]
         if self.spread:
             over = ", ".join(f"{n} {_PLURAL.get(label, label)}" for label, n in self.spread)
             parts.append(f"the {self.bad_events:,} bad events are spread as traffic is over {over}: no value stands out")
@@ -100,11 +151,12 @@ def contributors_by_slice(spec: SloSpec, buckets: pl.DataFrame, minute: int, mos
 
 
 def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[int], most: int = 3,
-                           alpha: float = ALPHA, min_bad_events: int = MIN_BAD_EVENTS
-                           ) -> dict[int, dict[tuple, Culprits]]:
+                           alpha: float = ALPHA, min_bad_events: int = MIN_BAD_EVENTS,
+                           detections: Sequence[OpenDetection] = ()) -> dict[int, dict[tuple, Culprits]]:
     """`contributors_by_slice` for each of `minutes`, in a few group-bys over those minutes'
     rows: a checkpoint where thousands of pages fire, over hundreds of minutes of a backlog,
-    costs what one does. Slices without bad events are left out."""
+    costs what one does. Slices without bad events are left out. `detections`: those open
+    (or once open) in the store's view, each judged at the minutes it was open."""
     rows = spec.selected(with_later_counts(buckets))
     if not rows.height:
         return {}
@@ -114,7 +166,8 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
     with_causes = spec.sli_kind == "availability" and all(c in rows.columns for c in ("ooms", "timeouts", "shed"))
     minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
     causes = [expr.fill_null(0).alias(f"_cause_{name}") for name, expr in _CAUSES.items()] if with_causes else []
-    counted = rows.select(minute, *keys, *labels, (valid - good).alias("_bad"), valid.alias("_valid"), *causes).filter(
+    bad = valid - good - undecided_expr(spec)  # proven bad only
+    counted = rows.select(minute, *keys, *labels, bad.alias("_bad"), valid.alias("_valid"), *causes).filter(
         pl.col("_minute").is_in(minutes))
     if not counted.height:
         return {}
@@ -136,8 +189,18 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
     found: dict[int, dict[tuple, Culprits]] = {}
     named: dict[tuple, list[Contributor]] = {}
     spread: dict[tuple, list[tuple[str, int]]] = {}
+    scoped = _detection_scopes(counted, totals, by, minutes, detections)
+    tested = {}  # slice key → detections tested in it (part of the slice: each one more examined value)
+    for key, d, _, valid_d, _, valid_total in scoped:
+        if valid_d < valid_total:
+            tested[key] = tested.get(key, 0) + 1
     if candidates.height:
         candidates = candidates.filter(pl.col("_bad") > 0).with_columns(pl.len().over(by).alias("_examined"))
+        if tested:  # Bonferroni over the label values and the detections examined in the slice
+            extra = pl.DataFrame([(*k, n) for k, n in tested.items()], schema=[*by, "_tested"], orient="row",
+                                 schema_overrides={c: candidates.schema[c] for c in by})
+            candidates = candidates.join(extra, on=by, how="left").with_columns(
+                (pl.col("_examined") + pl.col("_tested").fill_null(0)).alias("_examined")).drop("_tested")
         bad, n_bad = candidates["_bad"].to_numpy(), candidates["_bad_total"].to_numpy()
         share = candidates["_valid"].to_numpy() / candidates["_valid_total"].to_numpy()
         p_values = binomial_tail(bad - 1, n_bad, np.clip(share, 0.0, 1.0))
@@ -153,6 +216,21 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
                  .filter(~pl.col("_named") & (pl.col("_values") >= 2)))
         for r in loose.iter_rows(named=True):
             spread.setdefault((r["_minute"], *(r[k] for k in keys)), []).append((r["_label"], int(r["_values"])))
+    examined = dict(tested)
+    if candidates.height:
+        for r in candidates.select(*by, "_examined").unique(by).iter_rows():
+            examined[tuple(r[:-1])] = r[-1]
+    by_detection: dict[tuple, list[DetectionContributor]] = {}
+    for key, d, bad_d, valid_d, bad_total, valid_total in scoped:
+        if bad_d < min_bad_events:
+            continue
+        share = valid_d / valid_total
+        if valid_d >= valid_total:
+            by_detection.setdefault(key, []).append(DetectionContributor(d, bad_d, bad_total, 1.0))
+            continue
+        p = float(binomial_tail(bad_d - 1, bad_total, share))
+        if p * max(examined.get(key, 1), 1) <= alpha and bad_d / bad_total > share:
+            by_detection.setdefault(key, []).append(DetectionContributor(d, bad_d, bad_total, share, p))
     for r in slices.iter_rows(named=True):
         key = (r["_minute"], *(r[k] for k in keys))
         total = int(r["_bad"])
@@ -161,8 +239,32 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
         items = sorted(named.get(key, []), key=lambda c: (c.p_value, -(c.bad_share - c.traffic_share),
                                                            CONTRIBUTOR_LABELS.index(c.label)))[:most]
         loose_labels = tuple(sorted(spread.get(key, []), key=lambda s: CONTRIBUTOR_LABELS.index(s[0])))
-        found.setdefault(key[0], {})[key[1:]] = Culprits(total, tuple(items), reasons, loose_labels)
+        opened = tuple(sorted(by_detection.get(key, []), key=lambda c: (c.p_value or 0.0, c.detection.started_at)))[:most]
+        found.setdefault(key[0], {})[key[1:]] = Culprits(total, tuple(items), reasons, loose_labels, opened)
     return found
+
+
+def _detection_scopes(counted: pl.DataFrame, totals: pl.DataFrame, by: list[str], minutes: list[int],
+                      detections: Sequence[OpenDetection]) -> list[tuple[tuple, OpenDetection, int, int, int, int]]:
+    """Per slice with bad events and detection open at its minute whose scope matches some of
+    its rows: (slice key, detection, bad and valid events in the scope, the slice's bad and
+    valid events)."""
+    out = []
+    for d in detections:
+        at = [m for m in minutes if d.open_at(m)]
+        if not at or not any(k in counted.columns for k in d.labels):
+            continue  # not open then, or no label of it the request rows carry
+        picked = pl.col("_minute").is_in(at)
+        for k, v in d.labels.items():
+            if k in counted.columns:
+                picked = picked & (pl.col(k).cast(pl.String) == v).fill_null(False)
+        scope = (counted.filter(picked).group_by(by).agg(pl.col("_bad").sum(), pl.col("_valid").sum())
+                 .join(totals, on=by, how="inner"))
+        for r in scope.iter_rows(named=True):
+            if r["_valid"] > 0:
+                out.append(((r["_minute"], *(r[k] for k in by[1:])), d, int(r["_bad"]), int(r["_valid"]),
+                            int(r["_bad_total"]), int(r["_valid_total"])))
+    return out
 
 
 def explain(culprits: Culprits | None) -> str:

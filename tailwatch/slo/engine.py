@@ -17,6 +17,13 @@ pair, slice) is one alert, identified by its fingerprint.
 A minute that arrives after the table has moved past it (late data) corrects the
 windows and the budget; it fires or resolves nothing for the past, and the next closed
 minute judges the corrected windows.
+
+Undecided events (a latency known only as a runtime bucket whose bounds straddle the
+threshold, `slo.sli.undecided_expr`) are neither proven good nor bad. Burn rates, alerts and
+the budget count only proven bad events (undecided counted good: a page fires only on what
+the data proves); the SLI is reported as a range, from undecided counted bad (`sli`) to
+undecided counted good (`sli_upper`), and a firing alert says how many events its long
+window left undecided. A table keeps windows of undecided events only once it has seen one.
 """
 
 from __future__ import annotations
@@ -50,6 +57,10 @@ def minutes_to_exhaustion(remaining: np.ndarray, burn: np.ndarray, period_minute
     remaining. NaN where nothing burns; 0 where the budget is gone."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(remaining > 0, np.where(burn > 0, remaining * period_minutes / burn, np.nan), 0.0)
+
+
+def _span(minutes: int) -> str:
+    return f"{minutes // 1440}d" if minutes % 1440 == 0 else f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
 
 
 def _month_of(minute: int) -> tuple[int, int]:
@@ -119,6 +130,17 @@ class AlertChange:
     short_burn_rate: float | None
     error_budget_remaining: float
     detail: str = ""  # what explains it, where the SLO can tell (a stage_budget SLO: the stage that overspent)
+    # Over the long window: valid events, and those of them undecided (counted good here).
+    long_valid_events: int = 0
+    long_undecided_events: int = 0
+
+    def undecided_text(self) -> str:
+        """What a firing alert's evidence says of its undecided events ("" where none)."""
+        if not self.long_undecided_events:
+            return ""
+        return (f"{self.long_undecided_events:,} of {self.long_valid_events:,} events over {_span(self.window.long_minutes)} "
+                "lay in a runtime histogram bucket straddling the threshold: undecided, counted good (it fired on "
+                "proven bad events only)")
 
 
 @dataclass
@@ -126,13 +148,15 @@ class SliceStatus:
     slo: str
     labels: dict[str, str]
     minute: int
-    sli: float | None  # over the compliance window
+    sli: float | None  # over the compliance window, undecided events counted bad
     error_budget_remaining: float
     burn_rates: dict[int, float | None]  # by window length in minutes
     minutes_to_exhaustion: float | None
     firing: list[str]
     overspent_stage: StageSpend | None = None
     young: list[str] = field(default_factory=list)  # alert windows not judged yet: the slice's history is too short
+    sli_upper: float | None = None  # undecided events counted good (= sli where none is undecided)
+    undecided_events: int = 0  # over the compliance window
 
 
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
@@ -185,6 +209,10 @@ class SloTable:
         # Events counted since this table's owner last reset them (Prometheus counters).
         self.events_good = np.zeros(0, np.int64)
         self.events_valid = np.zeros(0, np.int64)
+        self.events_undecided = np.zeros(0, np.int64)
+        # Undecided events per window (both counts of the pair hold them), from the first one seen.
+        self.undecided_windows: BlockWindows | None = None
+        self.month_undecided = np.zeros(0, np.int64)
         # stage_budget SLOs: per slice and stage, samples within budget over the fastest alert's long window.
         self.stage_windows: dict[int, dict[str, RollingWindows]] = {}
         self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
@@ -203,7 +231,9 @@ class SloTable:
             self.last_data = _grown(self.last_data, self.n, -1)
             self.first_data = _grown(self.first_data, self.n, -1)
             self.no_data_since = _grown(self.no_data_since, self.n, -1)
-            for name in ("month_good", "month_valid", "events_good", "events_valid"):
+            if self.undecided_windows is not None:
+                self.undecided_windows.add_slices(1)
+            for name in ("month_good", "month_valid", "events_good", "events_valid", "events_undecided", "month_undecided"):
                 setattr(self, name, _grown(getattr(self, name), self.n, 0))
             labels = dict(zip(self.spec.slice_by, values))
             self.views.append(SliceView(self, i, labels))
@@ -220,6 +250,7 @@ class SloTable:
     def reset_event_counts(self) -> None:
         self.events_good[:] = 0
         self.events_valid[:] = 0
+        self.events_undecided[:] = 0
 
     # ---- time --------------------------------------------------------------------------------
     @property
@@ -231,26 +262,34 @@ class SloTable:
         if self.windows.now is not None and minute <= self.windows.now:
             return
         self.windows.advance(minute)
+        if self.undecided_windows is not None:
+            self.undecided_windows.advance(minute)
         if self.spec.calendar_month:
             month = _month_of(minute)
             if month != self.month:
                 self.month = month
                 self.month_good[:] = 0
                 self.month_valid[:] = 0
+                self.month_undecided[:] = 0
         self._version += 1
 
     def advance(self, minute: int, cols, good, valid,
                 stage_spends: dict[int, list[tuple[str, int, int]]] | None = None,
-                judge: bool = True) -> list[AlertChange]:
-        """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
-        most once): alert changes, in column order. A minute the table has passed corrects
+                judge: bool = True, undecided=None) -> list[AlertChange]:
+        """Close `minute` for the slices in `cols` (their good and valid counts, and of the
+        valid ones those `undecided`, not counted in good; each slice at most once): alert
+        changes, in column order. A minute the table has passed corrects
         its windows and budget, and changes no alert (the newest minute's rows may come in
         several calls: each adds to it); nor does any minute where not `judge`
         (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
-        if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
-            k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
-            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
+        undecided = np.zeros(len(cols), np.int64) if undecided is None else np.asarray(undecided, np.int64)
+        if len(cols) and (good.min() < 0 or undecided.min() < 0 or (good + undecided > valid).any()):
+            k = int(np.flatnonzero((good < 0) | (undecided < 0) | (valid < 0) | (good + undecided > valid))[0])
+            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} undecided={undecided[k]} valid={valid[k]}")
+        # From here on "good" is every event not proven bad: what burn rates, alerts and the
+        # budget count (the module docstring); the undecided share is kept beside it.
+        good = good + undecided
         late = self.now is not None and minute <= self.now
         # The newest minute again: more of its rows (a restart reads a big minute in shares).
         again = late and minute == self.now
@@ -258,14 +297,23 @@ class SloTable:
             self.retire_until(minute)
         data = valid > 0
         self.windows.add(cols[data], minute, good[data], valid[data])
+        if self.undecided_windows is None and undecided.any():
+            self.undecided_windows = BlockWindows(self.lengths)
+            self.undecided_windows.add_slices(self.n)
+            self.undecided_windows.advance(self.now)
+        if self.undecided_windows is not None:
+            some = undecided > 0
+            self.undecided_windows.add(cols[some], minute, undecided[some], undecided[some])
         seen = cols[data]
         first = self.first_data[seen]
         self.first_data[seen] = np.where((first < 0) | (first > minute), minute, first)
         if self.spec.calendar_month and _month_of(minute) == self.month:
             self.month_good[cols] += good
             self.month_valid[cols] += valid
+            self.month_undecided[cols] += undecided
         self.events_good[cols] += good
         self.events_valid[cols] += valid
+        self.events_undecided[cols] += undecided
         self._version += 1
         if late and not again:
             return []
@@ -333,10 +381,23 @@ class SloTable:
         return burns, valid, remaining
 
     def compliance_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(not proven bad, valid) per slice over the compliance window."""
         if self.spec.calendar_month:
             return self.month_good[:self.n].astype(float), self.month_valid[:self.n].astype(float)
         sums = self.windows.all_sums()[:, self.at[self.spec.window_minutes]]
         return sums[:, 0], sums[:, 1]
+
+    def compliance_undecided(self) -> np.ndarray:
+        """Undecided events per slice over the compliance window (counted in `compliance_counts`' first)."""
+        if self.spec.calendar_month:
+            return self.month_undecided[:self.n].astype(float)
+        return self.undecided_sums()[:, self.at[self.spec.window_minutes]]
+
+    def undecided_sums(self) -> np.ndarray:
+        """Undecided events per slice and window length ((n, lengths), in `lengths` order)."""
+        if self.undecided_windows is None:
+            return np.zeros((self.n, len(self.lengths)))
+        return self.undecided_windows.all_sums()[:self.n, :, 0]
 
     def minutes_to_exhaustion(self, cols: np.ndarray) -> np.ndarray:
         """Per slice, minutes until the budget is gone at the fastest page window's burn rate
@@ -396,10 +457,12 @@ class SloTable:
             if fire[k, j]:
                 self.fired_at[j, i] = minute
                 spent = self.overspent(i) if self.spec.stage_budgets_ms else None
+                long_at = int(self._long_at[j])
                 out.append((i, int(j), AlertChange(
                     "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
                     minute, minute, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]),
-                    spent.describe() if spent else "")))
+                    spent.describe() if spent else "", int(round(valids[k, long_at])),
+                    int(round(self.undecided_sums()[i, long_at])) if self.undecided_windows is not None else 0)))
             else:
                 started = int(self.fired_at[j, i])
                 self.fired_at[j, i] = -1
@@ -418,8 +481,9 @@ class SloTable:
     def nbytes(self) -> int:
         """Bytes this table holds in arrays (the windows' rings, allocated; untouched pages are free)."""
         per_slice = [self.fired_at, self.last_data, self.first_data, self.no_data_since, self.month_good, self.month_valid,
-                     self.events_good, self.events_valid]
-        return self.windows.nbytes() + sum(a.nbytes for a in per_slice)
+                     self.events_good, self.events_valid, self.events_undecided, self.month_undecided]
+        undecided = self.undecided_windows.nbytes() if self.undecided_windows is not None else 0
+        return self.windows.nbytes() + undecided + sum(a.nbytes for a in per_slice)
 
 
 class SliceView:
@@ -468,10 +532,13 @@ class SliceView:
     def status(self) -> SliceStatus:
         t, i = self.table, self.i
         good, valid = t.compliance_counts()
+        undecided = float(t.compliance_undecided()[i])
         mte = t.minutes_to_exhaustion(np.array([i]))[0]
         return SliceStatus(
             slo=t.spec.name, labels=self.labels, minute=t.now or 0,
-            sli=float(good[i] / valid[i]) if valid[i] else None,
+            sli=float((good[i] - undecided) / valid[i]) if valid[i] else None,
+            sli_upper=float(good[i] / valid[i]) if valid[i] else None,
+            undecided_events=int(round(undecided)),
             error_budget_remaining=self.budget_remaining(),
             burn_rates=self.burn_rates(),
             minutes_to_exhaustion=_opt(mte),

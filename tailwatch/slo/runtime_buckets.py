@@ -2,11 +2,11 @@
 bucket a threshold falls strictly inside.
 
 A fleet that is scraped, not traced, reports each latency only as the bucket it fell in
-(ingest/otlp/histogram_requests.py places it at the bucket's upper bound). A threshold
-strictly between two bounds splits a bucket whose requests may be on either side: the SLI
-counts them all bad, so it is a lower bound, and on traffic inside that bucket it can page
-while every request met the threshold. `slo check` and the worker at start name such a
-threshold and the bounds around it (`slo.spec.spec_warnings`).
+(ingest/otlp/histogram_requests.py places it at the bucket's upper bound, with its lower
+bound beside it). A threshold strictly between two bounds splits a bucket whose requests may
+be on either side: they are undecided, the SLI is a range and pages count only proven bad
+events (docs/slos.md). `slo check` and the worker at start name such a threshold and the
+bounds around it (`slo.spec.spec_warnings`), so that it can be moved onto a bound.
 """
 
 from __future__ import annotations

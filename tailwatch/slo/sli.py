@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
 from tailwatch.slo.engine import AlertChange, SliceView, SloTable
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
@@ -23,17 +24,38 @@ from tailwatch.slo.turn_stages import overspend_counts
 
 def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
     """The sums of histogram bins an SLO's good and valid counts read, by column name: the
-    events of its latency field, and those at or under its threshold's bin (none for
-    availability and stream completion). SLOs over one field share them."""
+    events of its latency field, those at or under its threshold's bin (none for
+    availability and stream completion), and, where the field can come from a runtime's
+    histogram, those whose bucket straddles the threshold (`undecided_expr`). SLOs over one
+    field share them."""
     if spec.sli_kind in COUNT_KINDS:
         return {}
     bound = histogram.last_good_bin(spec.threshold_ms)  # type: ignore[arg-type]
     hist = pl.col(f"{spec.latency_field}_hist")
-    return {
+    out = {
         f"_n_{spec.latency_field}": hist.list.eval(pl.element().struct.field("n")).list.sum(),
         f"_n_{spec.latency_field}_le_{bound}":
             hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum(),
     }
+    if spec.latency_field in LATENCY_LOWER_FIELDS:
+        # The signed straddle histogram summed to the threshold's bin (streams/windows.py).
+        straddle = pl.col(f"{spec.latency_field}_straddle_hist")
+        out[f"_u_{spec.latency_field}_le_{bound}"] = straddle.list.eval(
+            pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum().fill_null(0)
+    return out
+
+
+def undecided_expr(spec: SloSpec, sums_as_columns: bool = False) -> pl.Expr:
+    """Of one bucket row's valid events, those neither proven good nor bad: known only as a
+    runtime bucket whose bounds straddle the threshold (counted bad in `good_valid_exprs`'
+    good, so good + undecided is the SLI's upper end). 0 for measured latencies and counts."""
+    if spec.sli_kind in COUNT_KINDS or spec.latency_field not in LATENCY_LOWER_FIELDS:
+        return pl.lit(0, pl.Int64)
+    sums = list(histogram_sums(spec).items())
+    total, good, undecided = (pl.col(name) for name, _ in sums) if sums_as_columns else (e for _, e in sums)
+    valid = total if spec.sli_kind in ("latency", "stage_budget") else pl.col("requests") - pl.col("cancelled")
+    # Never below 0 (a producer's lower bound above its latency) nor past the valid events not good.
+    return pl.max_horizontal(pl.min_horizontal(undecided.cast(pl.Int64), valid - good.cast(pl.Int64)), 0)
 
 
 def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.Expr, pl.Expr]:
@@ -58,8 +80,8 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
         return (words - pl.col("word_errors").fill_null(0)).clip(lower_bound=0), words
     if spec.sli_kind == "stream_completion":
         return pl.col("streams_completed").fill_null(0), (pl.col("streams") - pl.col("streams_cancelled")).fill_null(0)
-    total, good = ((pl.col(name) for name in histogram_sums(spec)) if sums_as_columns
-                   else histogram_sums(spec).values())
+    total, good = list((pl.col(name) for name in histogram_sums(spec)) if sums_as_columns
+                       else histogram_sums(spec).values())[:2]
     if spec.sli_kind in ("latency", "stage_budget"):
         return good.cast(pl.Int64), total
     # Goodput: the first-output histogram also holds attempts the client cancelled after
@@ -80,12 +102,18 @@ def _selects(spec: SloSpec) -> pl.Expr:
 # or partial, frames built by hand): none of those events said, so they count 0.
 _LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "endpointing_reported", "endpointing_errors",
                  "reference_words", "word_errors")
+# Likewise the straddle histograms: rows without them knew of no runtime bucket.
+_LATER_HISTS = tuple(f"{f}_straddle_hist" for f in LATENCY_LOWER_FIELDS)
+_NO_HIST = pl.lit(None, pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
 
 
 def with_later_counts(buckets: pl.DataFrame) -> pl.DataFrame:
     have = set(buckets.columns)
     missing = [c for c in _LATER_COUNTS if c not in have]
-    return buckets.with_columns(pl.lit(0, pl.Int64).alias(c) for c in missing) if missing else buckets
+    hists = [c for c in _LATER_HISTS if c not in have]
+    if not missing and not hists:
+        return buckets
+    return buckets.with_columns(*[pl.lit(0, pl.Int64).alias(c) for c in missing], *[_NO_HIST.alias(c) for c in hists])
 
 
 def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
@@ -114,6 +142,7 @@ class SloRows:
     keys: list[tuple[str, ...]]  # slice label values ("None" for a null)
     good: np.ndarray
     valid: np.ndarray
+    undecided: np.ndarray  # of valid, neither proven good nor bad (`undecided_expr`); counted bad in good
 
 
 class _Counting:
@@ -132,14 +161,16 @@ class _Counting:
             if spec.sli_kind in REPORTED_KINDS:  # a fleet that does not report the field has no slices of it
                 picked = picked & (valid > 0)
             self.select += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
-                            pl.when(picked).then(valid).alias(f"_v{i}")]
+                            pl.when(picked).then(valid).alias(f"_v{i}"),
+                            pl.when(picked).then(undecided_expr(spec, sums_as_columns=True)).alias(f"_u{i}")]
         by_slicing: dict[tuple[str, ...], list[int]] = {}
         for i, spec in enumerate(specs):
             by_slicing.setdefault(spec.slice_by, []).append(i)
         self.slicings = [
             (slice_by, members,
              [agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum().fill_null(0).cast(pl.Int64),
-                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64))])
+                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64),
+                                               pl.col(f"_u{i}").sum().fill_null(0).cast(pl.Int64))])
             for slice_by, members in by_slicing.items()]
 
     def rows(self, buckets: pl.DataFrame) -> dict[str, SloRows]:
@@ -155,7 +186,8 @@ class _Counting:
             for i in members:
                 picked = g[f"_p{i}"].to_numpy()
                 out[self.specs[i].name] = SloRows(minutes[picked], [k for k, p in zip(keys, picked) if p],
-                                                  g[f"_g{i}"].to_numpy()[picked], g[f"_v{i}"].to_numpy()[picked])
+                                                  g[f"_g{i}"].to_numpy()[picked], g[f"_v{i}"].to_numpy()[picked],
+                                                  g[f"_u{i}"].to_numpy()[picked])
         return out
 
 
@@ -263,7 +295,8 @@ class SloEvaluator:
                 spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
                           if (minute, rows.keys[k]) in spends} if spends else None)
                 late = table.now is not None and minute <= table.now
-                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent, judge))
+                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent, judge,
+                                                 rows.undecided[a:b]))
                 if with_status and not late:
                     out.status.append(status_part(table, cols[a:b]))
             if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
@@ -293,6 +326,7 @@ STATUS_SCHEMA = {
     "window_start": pl.Datetime("us"), "slo": pl.String, "slice": pl.String, "sli": pl.Float64,
     "error_budget_remaining": pl.Float64, "minutes_to_exhaustion": pl.Float64,
     "burn_rates": pl.List(pl.Struct({"window": pl.String, "burn_rate": pl.Float64})), "firing": pl.Int32,
+    "sli_upper": pl.Float64,
 }
 _BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
 
@@ -306,6 +340,7 @@ class StatusPart:
     slo: str
     slices: list[str]
     sli: np.ndarray
+    sli_upper: np.ndarray  # undecided events counted good: the SLI's range is [sli, sli_upper]
     error_budget_remaining: np.ndarray
     minutes_to_exhaustion: np.ndarray
     burn_rates: np.ndarray  # (rows, windows), NaN where a window holds no events
@@ -317,10 +352,12 @@ def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
     """Some slices of a table as of its newest minute."""
     burns, _, remaining = table.rates()
     good, valid = table.compliance_counts()
+    undecided = table.compliance_undecided()
     texts = table.slice_texts()
     with np.errstate(divide="ignore", invalid="ignore"):
-        sli = np.where(valid[cols] > 0, good[cols] / valid[cols], np.nan)
-    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, remaining[cols],
+        sli_upper = np.where(valid[cols] > 0, good[cols] / valid[cols], np.nan)
+        sli = np.where(valid[cols] > 0, (good[cols] - undecided[cols]) / valid[cols], np.nan)
+    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining[cols],
                       table.minutes_to_exhaustion(cols), burns[cols], [span(m) for m in table.lengths],
                       table.firing_count(cols))
 
@@ -343,6 +380,7 @@ def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
     # One Arrow table with the schema's types, converted once (eight Series and a cast cost
     # three times as much on a thin minute).
     sli = np.concatenate([p.sli for p in parts])
+    sli_upper = np.concatenate([p.sli_upper for p in parts])
     to_exhaustion = np.concatenate([p.minutes_to_exhaustion for p in parts])
     return pl.from_arrow(pa.table({
         "window_start": pa.array(np.repeat([p.minute * 60_000_000 for p in parts], rows).astype(np.int64),
@@ -354,6 +392,7 @@ def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
         "minutes_to_exhaustion": pa.array(to_exhaustion, pa.float64(), mask=np.isnan(to_exhaustion)),
         "burn_rates": listed,
         "firing": pa.array(np.concatenate([p.firing for p in parts]).astype(np.int32), pa.int32()),
+        "sli_upper": pa.array(sli_upper, pa.float64(), mask=np.isnan(sli_upper)),
     }))  # type: ignore[return-value]
 
 

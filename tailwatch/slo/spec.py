@@ -447,8 +447,9 @@ def spec_warnings(spec: SloSpec) -> list[str]:
         for split in split_buckets(spec.latency_field, spec.threshold_ms, spec.selector.get("workload")):
             out.append(f"SLO {spec.name}: its threshold {_seconds(spec.threshold_ms)} falls between the bucket bounds "
                        f"{_seconds(split.lower_ms)} and {_seconds(split.upper_ms)} of {split.histogram.runtime}'s "
-                       f"{split.histogram.metric}: for a fleet scraped from it, requests in that bucket count as bad, "
-                       f"so the SLI is a lower bound and can page on requests that all met the threshold")
+                       f"{split.histogram.metric}: for a fleet scraped from it, requests in that bucket are undecided "
+                       f"(neither proven good nor bad), so its SLI is a range and pages count only proven bad "
+                       f"requests; set the threshold on a bound for one number")
     for w in spec.alert_windows:
         if w.max_factor is not None:
             uncapped = w.budget_share * spec.window_minutes / w.long_minutes

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tailwatch.conventions import SLICE_LABELS
+from tailwatch.conventions import LATENCY_LOWER_FIELDS, SLICE_LABELS
 
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ _SPEECH_AND_QUALITY = "\n".join([
     f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_hist {_HIST};",
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_{q} DOUBLE;" for q in ("p50", "p95", "p99")],
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {c} BIGINT DEFAULT 0;" for c in QUALITY_COUNTS],
+    # Per latency field, the events known only as a runtime bucket (streams/windows.py, `straddle_fields`).
+    *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {f}_straddle_hist {_HIST};" for f in LATENCY_LOWER_FIELDS],
 ]) + "\n"
 
 SCHEMA_SQL = f"""
@@ -101,6 +103,7 @@ CREATE TABLE IF NOT EXISTS slo_status (
     window_start TIMESTAMP, slo VARCHAR, slice VARCHAR, sli DOUBLE, error_budget_remaining DOUBLE,
     minutes_to_exhaustion DOUBLE, burn_rates STRUCT("window" VARCHAR, burn_rate DOUBLE)[], firing INTEGER
 );
+ALTER TABLE slo_status ADD COLUMN IF NOT EXISTS sli_upper DOUBLE;
 CREATE TABLE IF NOT EXISTS alerts (
     fingerprint VARCHAR, alertname VARCHAR, severity VARCHAR, slo VARCHAR, alert_window VARCHAR,
     labels VARCHAR, fired_at TIMESTAMP, resolved_at TIMESTAMP,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tailwatch.conventions import LATENCY_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
+from tailwatch.conventions import LATENCY_FIELDS, LATENCY_LOWER_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
 from tailwatch.ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
 from tailwatch.store import QUALITY_COUNTS
 from tailwatch.streams.frames import STAGES_COLUMN
@@ -155,8 +155,10 @@ REQUESTS = AggregateSpec(
         *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
         *[pl.col(c).fill_null(0) for c in (*STREAM_COUNTS, *QUALITY_COUNTS)],  # older partials lack them
         f"{STAGES_COLUMN}_hist",
+        *[f"{name}_straddle_hist" for name in LATENCY_LOWER_FIELDS],
     ),
     histogram_fields=LATENCY_FIELDS,
+    straddle_fields=tuple(LATENCY_LOWER_FIELDS.items()),
     keyed_histogram=(STAGES_COLUMN, STAGE_NAMES),
     # `finalize` undone: every column is a sum, so a late event merges into its closed row.
     unfinalize=lambda f: f.select(

@@ -51,6 +51,7 @@ from tailwatch.detectors.core import (
     summaries,
     with_minute,
 )
+from tailwatch.slo.contributors import OpenDetection
 from tailwatch.slo.windows import minute_start_utc, minutes_text
 from tailwatch import store
 from tailwatch.slo.columns import compact_strings
@@ -239,6 +240,10 @@ class DetectorStage:
         return cls(cfg, alertmanager_urls, links) if cfg.enabled() else None
 
     # ---- Stage protocol ------------------------------------------------------------
+    def open_detections(self) -> list[OpenDetection]:
+        """The detections open now, as the SLO stage's contributors take them."""
+        return [OpenDetection(d.detector, dict(d.labels), d.started_at, d.ended_at) for d in self.collector.open]
+
     def collectors(self) -> list:
         return [self.collector]
 

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tailwatch.conventions import STAGE_NAMES
+from tailwatch.conventions import LATENCY_LOWER_FIELDS, STAGE_NAMES
 from tailwatch.ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
 from tailwatch.ingest.validate import FUTURE, Rejected
 
@@ -21,12 +21,15 @@ from tailwatch.ingest.validate import FUTURE, Rejected
 DEFAULT_MAX_AHEAD_MS = 5 * 60_000
 
 # Columns taken from each record type, with their polars dtype.
+_OPTIONAL_COLUMNS = tuple(LATENCY_LOWER_FIELDS.values())
 REQUEST_COLUMNS: dict[str, pl.DataType] = {
     "event_id": pl.String,
     "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
     "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
     "status": pl.String, "attempt": pl.Int32, "retry_of": pl.String, "task_success": pl.Boolean,
     "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64, "inter_token_ms": pl.Float64,
+    "queue_lower_ms": pl.Float64, "first_output_lower_ms": pl.Float64, "e2e_lower_ms": pl.Float64,
+    "inter_token_lower_ms": pl.Float64,
     "finish_reason": pl.String,
     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
     "gpu_seconds": pl.Float64,
@@ -102,7 +105,15 @@ def records_to_frame(
             records = [records[p] for p in keep]
     read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
     kinds = set(map(type, records))
-    frame = pl.DataFrame([_column(records, kinds, c, t) for c, t in read.items()])
+    series = [_column(records, kinds, c, t) for c, t in read.items()]
+    # Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
+    # leaves them out (the windows take their absence for none) rather than carrying four
+    # columns of nulls for every batch of a traced fleet.
+    dropped = {s.name for s in series if s.name in _OPTIONAL_COLUMNS and s.null_count() == len(s)}
+    if dropped:
+        series = [s for s in series if s.name not in dropped]
+        read = {c: t for c, t in read.items() if c not in dropped}
+    frame = pl.DataFrame(series)
     # Only batches that carry stages get the column (the windows take its absence for none):
     # a batch without them costs one scan, not a column of nulls.
     if STAGES_COLUMN in columns:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 import duckdb
@@ -21,7 +22,7 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tailwatch.alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from tailwatch.slo.contributors import contributors_by_minute, explain
+from tailwatch.slo.contributors import contributors_by_minute, explain, OpenDetection
 from tailwatch.slo.engine import AlertChange, SliceView, SloTable
 from tailwatch.slo.sli import SloEvaluator, span, status_frame
 from tailwatch.slo.spec import SloSpec
@@ -29,7 +30,7 @@ from tailwatch.slo.unmatched import UnmatchedSelectors
 from tailwatch import store
 from tailwatch.conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
-    SLO_SELECTOR_MATCHED, SLO_SLI_RATIO,
+    SLO_SELECTOR_MATCHED, SLO_SLI_RATIO, SLO_SLI_UPPER_RATIO,
 )
 
 log = logging.getLogger("tailwatch.slo")
@@ -51,41 +52,50 @@ class SloCollector:
     def collect(self):
         names = ["slo", *self.labels]
         objective = GaugeMetricFamily(SLO_OBJECTIVE_RATIO, "SLO objective (0-1).", labels=names)
-        sli = GaugeMetricFamily(SLO_SLI_RATIO, "Good ÷ valid events over a window.", labels=[*names, "window"])
+        sli = GaugeMetricFamily(SLO_SLI_RATIO, "Good ÷ valid events over a window (undecided events counted bad).",
+                                labels=[*names, "window"])
+        sli_upper = GaugeMetricFamily(
+            SLO_SLI_UPPER_RATIO, "The SLI with undecided events (a runtime bucket straddling the threshold) counted "
+            "good: the SLI lies between this and the SLI ratio.", labels=[*names, "window"])
         burn = GaugeMetricFamily(SLO_BURN_RATE, "Error ratio over a window ÷ error budget.", labels=[*names, "window"])
         budget = GaugeMetricFamily(SLO_ERROR_BUDGET_REMAINING_RATIO,
                                    "Share of the compliance window's error budget left.", labels=names)
         firing = GaugeMetricFamily(ALERTS_FIRING, "SLO alerts firing, by severity.", labels=[*names, "severity"])
-        events = CounterMetricFamily(SLO_EVENTS_TOTAL, "SLI events by outcome (good, bad), for Prometheus-side rules.",
-                                     labels=[*names, "outcome"])
+        events = CounterMetricFamily(SLO_EVENTS_TOTAL, "SLI events by outcome (good, bad: proven bad, undecided: "
+                                     "neither proven), for Prometheus-side rules.", labels=[*names, "outcome"])
         for table in self.tables:
             burns, valids, remaining = table.rates()
-            goods = table.windows.all_sums()[..., 0]
+            goods = table.windows.all_sums()[..., 0]  # not proven bad
+            undecided = table.undecided_sums()
             severities = [aw.severity for aw in table.spec.alert_windows]
             # Scrapes run on their own thread: a slice the worker adds meanwhile (a flood of new
             # ones adds many) is past the arrays read above. It is in the next scrape.
-            known = min(len(remaining), valids.shape[0], goods.shape[0], table.fired_at.shape[1],
-                        len(table.events_good), len(table.events_valid))
+            known = min(len(remaining), valids.shape[0], goods.shape[0], undecided.shape[0], table.fired_at.shape[1],
+                        len(table.events_good), len(table.events_valid), len(table.events_undecided))
             for st in table.views[:known]:
                 i = st.i
                 values = [table.spec.name, *(st.labels.get(k, "") for k in self.labels)]
                 objective.add_metric(values, table.spec.objective)
                 for k, m in enumerate(table.lengths):
                     if valids[i, k] > 0:
-                        sli.add_metric([*values, span(m)], goods[i, k] / valids[i, k])
+                        sli.add_metric([*values, span(m)], (goods[i, k] - undecided[i, k]) / valids[i, k])
+                        sli_upper.add_metric([*values, span(m)], goods[i, k] / valids[i, k])
                         burn.add_metric([*values, span(m)], float(burns[i, k]))
                 budget.add_metric(values, float(remaining[i]))
                 for severity in ("page", "ticket"):
                     firing.add_metric([*values, severity], sum(
                         1 for j, sev in enumerate(severities) if sev == severity and table.fired_at[j, i] >= 0))
-                events.add_metric([*values, "good"], int(table.events_good[i]))
+                # The engine's good holds the undecided events: proven good is the rest.
+                events.add_metric([*values, "good"], int(table.events_good[i] - table.events_undecided[i]))
                 events.add_metric([*values, "bad"], int(table.events_valid[i] - table.events_good[i]))
+                if table.events_undecided[i]:
+                    events.add_metric([*values, "undecided"], int(table.events_undecided[i]))
         matched = GaugeMetricFamily(SLO_SELECTOR_MATCHED, "1 once the SLO's selector has matched a bucket since the "
                                     "worker started; 0: a selector that matches nothing (no slice, never pages).",
                                     labels=["slo"])
         for name, yes in list(self.selector_matched.items()):
             matched.add_metric([name], 1.0 if yes else 0.0)
-        yield from (objective, sli, burn, budget, firing, events, matched)
+        yield from (objective, sli, sli_upper, burn, budget, firing, events, matched)
 
 
 def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
@@ -123,6 +133,11 @@ class SloStage:
         self._details: dict[str, str] = {}  # swapped whole: the view reads the old or the new
         self.unmatched = UnmatchedSelectors(specs)
         self.collector.selector_matched = self.unmatched.matched
+        # The detections open now (the detector stage's, where the worker runs one): a page
+        # names those whose scope holds its bad events (slo/contributors.py). The detector
+        # stage runs after this one and waits for both tables' minutes, so a detection raised
+        # in the checkpoint that fires a page is named by the pages after it.
+        self.open_detections: Callable[[], list[OpenDetection]] = list
 
     def collectors(self) -> list:
         return [self.collector]
@@ -200,7 +215,9 @@ class SloStage:
         for c in changes:
             if c.state == "firing" and not c.detail:
                 wanted.setdefault(c.slo, set()).add(c.at_minute)
-        found = {slo: contributors_by_minute(self.specs[slo], requests, sorted(minutes)) for slo, minutes in wanted.items()}
+        detections = self.open_detections() if wanted else []
+        found = {slo: contributors_by_minute(self.specs[slo], requests, sorted(minutes), detections=detections)
+                 for slo, minutes in wanted.items()}
         out = []
         for c in changes:
             if c.state == "firing" and not c.detail:
@@ -209,6 +226,8 @@ class SloStage:
                 detail = explain(found[c.slo].get(c.at_minute, {}).get(key))
                 if detail:
                     c = dataclasses.replace(c, detail=detail)
+            if c.state == "firing" and c.long_undecided_events:
+                c = dataclasses.replace(c, detail="; ".join(d for d in (c.detail, c.undecided_text()) if d))
             out.append(c)
         return out
 

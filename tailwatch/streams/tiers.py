@@ -21,6 +21,7 @@ from tailwatch.streams.partial_publisher import PartialPublisher
 from tailwatch.streams.rollup import RollUp
 from tailwatch.streams.runtime import Parts, Runtime, WorkerSettings
 from tailwatch.streams.signal_stage import SignalStage
+from tailwatch.streams.detector_stage import DetectorStage
 from tailwatch.streams.log_reset import LogReset
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.source import KafkaSource
@@ -57,6 +58,9 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
         if slo is not None:
             stages.append(slo)
         stages.extend(settings.stages)
+        detectors = [s for s in settings.stages if isinstance(s, DetectorStage)]
+        if slo is not None and detectors:
+            slo.open_detections = lambda: [d for stage in detectors for d in stage.open_detections()]
         if settings.http_port is not None:
             from tailwatch.signals.live import LiveSignals
 

@@ -38,7 +38,9 @@ PARTITION_COL = "_partition"
 _EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64})))
 _EMPTY_KEYED_HIST = pl.lit([], dtype=pl.List(pl.Struct({"stage": pl.String, "bin": pl.Int16, "n": pl.Int64})))
 
-# Histogram partials number their field: latency fields from 0, keyed ones (stages) from here.
+# Histogram partials number their field: latency fields from 0, straddle histograms (below)
+# from STRADDLE_FIELD_BASE, keyed ones (stages) from KEYED_FIELD_BASE.
+STRADDLE_FIELD_BASE = 32
 KEYED_FIELD_BASE = 64
 Merge = Literal["sum", "max", "last"]
 
@@ -85,6 +87,12 @@ class AggregateSpec:
     # A list column of {stage, ms} (stage: an index into the names) kept as one histogram per
     # key, closed into `<column>_hist`: [{stage, bin, n}].
     keyed_histogram: tuple[str, tuple[str, ...]] | None = None
+    # (latency field, its bucket's lower-bound field): events known only as a bucket (lower,
+    # latency], kept as `<field>_straddle_hist`, a signed histogram: +1 at the lower bound's
+    # bin, −1 at the latency's. Its bins summed up to a threshold's bin count the events
+    # whose bucket straddles the threshold (those wholly under it add +1 −1 = 0, those wholly
+    # over it nothing), whatever the threshold, and it merges by adding like any histogram.
+    straddle_fields: tuple[tuple[str, str], ...] = ()
     # Closed rows → their count partials (keys, `_minute` and the merged columns): `finalize`
     # undone, where every column of a row merges exactly with more events (sums; histograms are
     # read back generically), so an event past the allowed lateness can still correct its
@@ -305,7 +313,22 @@ class MinuteWindows:
             .agg(pl.len().cast(pl.Int32).alias("n"))
             .select("_minute", "_slice", "field", "bin", "n")
         )
-        return counts, pl.concat([flat, *self._keyed_hist(frame)])
+        return counts, pl.concat([flat, *self._straddle_hist(frame), *self._keyed_hist(frame)])
+
+    def _straddle_hist(self, frame: pl.DataFrame) -> list[pl.DataFrame]:
+        out = []
+        for fi, (name, lower) in enumerate(self.spec.straddle_fields):
+            if lower not in frame.columns or frame[lower].null_count() == frame.height:
+                continue  # measured latencies only (the common case): nothing straddles
+            known = frame.select("_minute", "_slice", name, lower).filter(
+                pl.col(name).is_not_null() & pl.col(lower).is_not_null())
+            field = pl.lit(STRADDLE_FIELD_BASE + fi, pl.Int8).alias("field")
+            out.append(pl.concat([
+                known.select("_minute", "_slice", field, histogram.bin_expr(lower).alias("bin"), pl.lit(1, pl.Int32).alias("n")),
+                known.select("_minute", "_slice", field, histogram.bin_expr(name).alias("bin"), pl.lit(-1, pl.Int32).alias("n")),
+            ]).group_by("_minute", "_slice", "field", "bin").agg(pl.col("n").sum()).filter(pl.col("n") != 0)
+                       .select("_minute", "_slice", "field", "bin", "n"))
+        return out
 
     def _keyed_hist(self, frame: pl.DataFrame) -> list[pl.DataFrame]:
         keyed = self.spec.keyed_histogram
@@ -479,6 +502,12 @@ class MinuteWindows:
             hists.append(rows.select(minute, slice_, pl.col(f"{name}_hist").alias("_bins")).explode("_bins")
                          .drop_nulls("_bins").unnest("_bins").select(
                              "_minute", "_slice", pl.lit(fi, pl.Int8).alias("field"), "bin", pl.col("n").cast(pl.Int32)))
+        for fi, (name, _) in enumerate(self.spec.straddle_fields):
+            if f"{name}_straddle_hist" in rows.columns:
+                hists.append(rows.select(minute, slice_, pl.col(f"{name}_straddle_hist").alias("_bins")).explode("_bins")
+                             .drop_nulls("_bins").unnest("_bins").select(
+                                 "_minute", "_slice", pl.lit(STRADDLE_FIELD_BASE + fi, pl.Int8).alias("field"), "bin",
+                                 pl.col("n").cast(pl.Int32)))
         if self.spec.keyed_histogram is not None:
             column, names = self.spec.keyed_histogram
             hists.append(rows.select(minute, slice_, pl.col(f"{column}_hist").alias("_bins")).explode("_bins")
@@ -501,7 +530,10 @@ class MinuteWindows:
             names = self.spec.histogram_fields
             keys = ["_minute", "_slice", "field"]
             ordered = hist.sort([*keys, "bin"])
-            qs = histogram.quantiles_frame(ordered, keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
+            # Quantiles of latency and stage fields only: a straddle histogram's counts are signed.
+            straddle = (pl.col("field") >= STRADDLE_FIELD_BASE) & (pl.col("field") < KEYED_FIELD_BASE)
+            qs = histogram.quantiles_frame(ordered.filter(~straddle) if self.spec.straddle_fields else ordered,
+                                           keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
             lists = ordered.group_by(keys, maintain_order=True).agg(
                 pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
             )
@@ -516,6 +548,11 @@ class MinuteWindows:
                 )
                 out = out.join(part, on=["_minute", "_slice"], how="left")
             out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in names])
+            for fi, (name, _) in enumerate(self.spec.straddle_fields):
+                part = lists.filter(pl.col("field") == STRADDLE_FIELD_BASE + fi).select(
+                    "_minute", "_slice", pl.col("hist").alias(f"{name}_straddle_hist"))
+                out = out.join(part, on=["_minute", "_slice"], how="left").with_columns(
+                    pl.col(f"{name}_straddle_hist").fill_null(_EMPTY_HIST))
             out = self._finish_keyed(out, lists)
         elif self.spec.histogram_fields:
             # Minutes in which no event carried any latency field: empty histograms, no
@@ -524,6 +561,7 @@ class MinuteWindows:
                 *[_EMPTY_HIST.alias(f"{n}_hist") for n in self.spec.histogram_fields],
                 *[pl.lit(None, dtype=pl.Float64).alias(f"{n}_{q}") for n in self.spec.histogram_fields
                   for q in ("p50", "p95", "p99")],
+                *[_EMPTY_HIST.alias(f"{n}_straddle_hist") for n, _ in self.spec.straddle_fields],
             )
             out = self._finish_keyed(out, None)
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))

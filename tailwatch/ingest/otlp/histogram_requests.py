@@ -13,9 +13,10 @@ SLIs, budgets, dashboards and reports need no second path:
   against the previous reading of its series; the first reading of a series sets the base
   (as the GPU counters do), so the interval before it is not counted; a smaller count is a
   reset and counts from zero.
-- Precision, stated in docs/opentelemetry.md: a latency is placed at its bucket's upper
-  bound, so a latency SLI is exact when its threshold is a bucket bound and otherwise
-  counts the bucket holding the threshold as bad (as the worker's own bins do); values
+- Precision, stated in docs/ingest.md: a latency is placed at its bucket's upper
+  bound and carries the bucket's lower bound beside it (`<field>_lower_ms`), so a latency
+  SLI knows the bucket holding its threshold as undecided, neither proven good nor bad, and
+  reports a range (docs/slos.md); values
   above the last bound take the mean the histogram's sum leaves for them. Token counts add
   up to the histogram's sum exactly, each inside its bucket. Which request got which first
   output time is unknowable from histograms: SLIs over one field are exact, goodput (which
@@ -441,9 +442,11 @@ class HistogramRequests:
         durations = by_role.get("e2e", [])
         statuses: list[str] = []
         e2e: list[float] = []
+        e2e_lower: list[float] = []
         for d in sorted(durations, key=lambda d: d.error_type):
             values = _latencies(d)
             e2e += values
+            e2e_lower += _lower_bounds(d)
             statuses += [_status(d.error_type)] * len(values)
         first_output = [v for d in by_role.get("first_output", []) for v in _latencies(d)]
         failed: list[tuple[str, int | None]] = []
@@ -465,13 +468,20 @@ class HistogramRequests:
         order = sorted(range(n), key=lambda i: statuses[i] != "ok")
         fields: list[dict] = [{"status": statuses[i]} if http_statuses[i] is None else
                               {"status": statuses[i], "http_status": http_statuses[i]} for i in range(n)]
-        for i, value in enumerate(e2e):
+        for i, (value, lower) in enumerate(zip(e2e, e2e_lower)):
             fields[i]["e2e_ms"] = value
-        _assign(fields, order, "first_output_ms", first_output)
-        _assign(fields, order, "queue_ms", [v for d in by_role.get("queue", []) for v in _latencies(d)])
+            fields[i]["e2e_lower_ms"] = lower
+        # Each latency beside its bucket's lower bound: the true value lies in (lower, latency].
+        for role in ("first_output", "queue"):
+            deltas = by_role.get(role, [])
+            _assign(fields, order, f"{role}_ms", [v for d in deltas for v in _latencies(d)])
+            _assign(fields, order, f"{role}_lower_ms", [v for d in deltas for v in _lower_bounds(d)])
         inter = by_role.get("inter_token", [])
         per_answer = [v for d in inter if d.per_request for v in _latencies(d)]
-        if not per_answer and inter:
+        if per_answer:
+            _assign(fields, order, "inter_token_lower_ms", [v for d in inter if d.per_request for v in _lower_bounds(d)])
+        elif inter:
+            # quantiles of per-chunk gaps: an estimate of a mean, with no bucket of its own to bound it
             per_answer = _per_chunk_as_answers(inter, sum(1 for s in statuses if s == "ok"))
         _assign(fields, order, "inter_token_ms", per_answer)
         for role in ("prompt_tokens", "output_tokens"):
@@ -488,6 +498,7 @@ class HistogramRequests:
                      "ts": group.start_ms + (span * i) // n if span else group.end_ms, **base, **f}
             if event["status"] == "cancelled":
                 event.pop("e2e_ms", None)
+                event.pop("e2e_lower_ms", None)
             try:
                 out.events.append(msgspec.convert(event, RequestV1))
             except msgspec.ValidationError as exc:
@@ -547,6 +558,13 @@ def _latencies(d: _Delta) -> list[float]:
         left = d.total - sum(b * c for b, c in zip(d.bounds, d.counts))  # an upper-bound estimate of the rest
         out += [max(floor, left / above) * d.scale] * above
     return [round(v, 6) for v in out]
+
+
+def _lower_bounds(d: _Delta) -> list[float]:
+    """The lower bound of each observation's bucket, in ms, in `_latencies`' order: 0 for the
+    first bucket, the last bound for those above it."""
+    edges = (0.0, *d.bounds)
+    return [round(edges[i] * d.scale, 6) for i, count in enumerate(d.counts) for _ in range(count)]
 
 
 def _tokens(d: _Delta) -> list[int]:
