@@ -141,6 +141,15 @@ class EmbeddedBroker:
 
 TANSU_CLUSTER_ID = "tansu_cluster"
 
+# What a consumer reading from the embedded broker needs. Its Fetch answer for a topic that
+# was deleted names no topic (a nil topic id) yet carries a leader hint (CurrentLeader and
+# NodeEndpoints, KIP-951); librdkafka 2.16 then looks that nameless topic up by name in its
+# metadata cache and dies of a NULL strcmp on its main thread (`rd_kafka_metadata_update_op`)
+# whenever the cache holds any entry. Cache entries that expire after 1 ms leave it empty
+# between metadata answers: the hint is then "not found in cache" and dropped. The consumer
+# asks for metadata itself when it needs it (new partitions, leaders, the group's topics).
+CONSUMER_CONFIG = {"metadata.max.age.ms": 1}
+
 
 def is_embedded(bootstrap_servers: str, base_config: dict | None = None, timeout_s: float = 10.0) -> bool:
     """Whether the cluster is the embedded broker (Tansu names its cluster so)."""
