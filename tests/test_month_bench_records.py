@@ -1,6 +1,7 @@
-"""The month bench publishes its records compressed (tools/bench_month.py), so that the
-embedded broker, which keeps every record in memory, holds a month of them: the worker must
-still read the very bytes published, every one, through the real broker."""
+"""The month bench has the worker write its copies compressed (tools/bench_month.py), so that
+the embedded broker, which keeps every record in memory, holds a month of them: a reader must
+still get the very bytes written, every one, through the real broker. Month records stand in
+for the copies here: the same labels, the same repetition a codec feeds on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ingest.kafka import make_producer, send
 from tools.bench_month import COMPRESSION, month_events
 
 
-def test_compressed_month_records_read_back_as_published(kafka):
+def test_compressed_records_read_back_as_written(kafka):
     settings = replace(kafka, client_config={"compression.type": COMPRESSION})
     topic = settings.topic("requests")
     producer = make_producer(settings)
