@@ -33,6 +33,7 @@ import numpy as np
 
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.kafka import KafkaSettings, make_producer, send
+from reports.csv_out import write_rows
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.process_memory import HOLDERS
 from tailwatch.cli import progress, progress_done
