@@ -21,10 +21,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
-from ingest.broker import EmbeddedBroker, free_port
-from ingest.kafka import KafkaSettings, ensure_topics
-from streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
+from tailwatch.conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
+from tailwatch_dev.broker import EmbeddedBroker, free_port
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
 from tests.conftest import start_broker
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -213,8 +213,8 @@ def test_a_topic_deleted_and_created_again_under_a_live_worker_loses_nothing_pub
 
 def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
     """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
-    from streams.runtime import WorkerSettings
-    from streams.tiers import build
+    from tailwatch.streams.runtime import WorkerSettings
+    from tailwatch.streams.tiers import build
 
     w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
                              http_port=free_port()))

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ingest.kafka import make_producer, send
-from tools.bench_month import COMPRESSION, month_events
+from tailwatch.ingest.kafka import make_producer, send
+from tailwatch_dev.bench_month import COMPRESSION, month_events
 
 
 def test_compressed_records_read_back_as_written(kafka):
