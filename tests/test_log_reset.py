@@ -13,11 +13,13 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import duckdb
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from tailwatch.conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
 from tailwatch_dev.broker import EmbeddedBroker, free_port
@@ -96,6 +98,17 @@ def restart(b: EmbeddedBroker, kafka: KafkaSettings) -> None:
     ensure_topics(kafka, PARTITIONS)
 
 
+def readyz(port: int) -> tuple[int, str]:
+    """/readyz's status and body (0: it did not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
 def reset_lines(log_path) -> list[str]:
     return [line for line in open(log_path).read().splitlines() if "stored read position" in line]
 
@@ -162,6 +175,40 @@ def test_a_stopped_worker_whose_positions_are_past_the_end_reads_the_new_log(own
     assert all(d.startswith(PAST_END) for *_x, d in gaps)
     lines = reset_lines(log_path)
     assert len(lines) == PARTITIONS and all("past the log's end" in line and "1,000" in line for line in lines)
+
+
+@pytest.mark.timeout(180)
+def test_a_topic_deleted_and_created_again_under_a_live_worker_loses_nothing_published_after_it(own_broker, tmp_path):
+    """The embedded broker answers a fetch of the deleted topic with a nameless leader hint that
+    crashed librdkafka 2.16 (exit -11) while the worker kept the topic's partitions."""
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap, topic_prefix="lr.")
+    ensure_topics(kafka, PARTITIONS)
+    publish(kafka, 0, 4_000)
+    store, port, log_path = tmp_path / "s.duckdb", free_port(), tmp_path / "worker.log"
+    w = worker(kafka, store, port, log_path, until_idle=None)
+    admin = AdminClient({"bootstrap.servers": own_broker.bootstrap})  # kept: a collected client drops its futures
+    try:
+        wait_for(lambda: accepted(port) >= 4_000, 60, w, port)
+        admin.delete_topics([kafka.topic("requests")])[kafka.topic("requests")].result(timeout=30)
+        wait_for(lambda: "the topic is gone" in readyz(port)[1], 30, w, port)
+        assert readyz(port)[0] == 503
+        time.sleep(3)  # the worker lives on while the topic is gone
+        ensure_topics(kafka, PARTITIONS)
+        publish(kafka, 10_000, 2_000)  # 500 a partition: the stored positions (1,000) are of the old log
+        wait_for(lambda: accepted(port) >= 6_000 and metric(port, LOG_RESETS_TOTAL) >= PARTITIONS, 60, w, port)
+        assert metric(port, LOG_RESETS_TOTAL) == PARTITIONS
+        wait_for(lambda: "gone" not in readyz(port)[1] and "again from the start" not in readyz(port)[1], 30, w, port)
+    finally:
+        w.terminate()
+        assert w.wait(30) == 0
+    done = worker(kafka, store, free_port(), tmp_path / "drain.log", until_idle="2")
+    assert done.wait(60) == 0
+    requests, _rows, gaps = stored(store)
+    assert requests == 6_000  # 4,000 read before the deletion, the new log's 2,000 after it: each once
+    assert [(q, o) for _t, q, o, _d in gaps] == [(q, 1_000) for q in range(PARTITIONS)]
+    lines = reset_lines(log_path)
+    assert len(lines) == PARTITIONS and all("lr.requests partition" in line and "1,000" in line for line in lines)
+    assert "lr.requests: the topic is gone" in open(log_path).read()
 
 
 def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):

@@ -143,6 +143,15 @@ class EmbeddedBroker:
 
 TANSU_CLUSTER_ID = "tansu_cluster"
 
+# What a consumer reading from the embedded broker needs. Its Fetch answer for a topic that
+# was deleted names no topic (a nil topic id) yet carries a leader hint (CurrentLeader and
+# NodeEndpoints, KIP-951); librdkafka 2.16 then looks that nameless topic up by name in its
+# metadata cache and dies of a NULL strcmp on its main thread (`rd_kafka_metadata_update_op`)
+# whenever the cache holds any entry. Cache entries that expire after 1 ms leave it empty
+# between metadata answers: the hint is then "not found in cache" and dropped. The consumer
+# asks for metadata itself when it needs it (new partitions, leaders, the group's topics).
+CONSUMER_CONFIG = {"metadata.max.age.ms": 1}
+
 
 def is_embedded(bootstrap_servers: str, base_config: dict | None = None, timeout_s: float = 10.0) -> bool:
     """Whether the cluster is the embedded broker (Tansu names its cluster so)."""
@@ -158,13 +167,23 @@ def is_embedded(bootstrap_servers: str, base_config: dict | None = None, timeout
 _EMBEDDED: dict[str, bool] = {}  # bootstrap servers → whether it is the embedded broker (asked once)
 
 
+def _embedded(bootstrap_servers: str, base_config: dict) -> bool:
+    if bootstrap_servers not in _EMBEDDED:
+        _EMBEDDED[bootstrap_servers] = is_embedded(bootstrap_servers, base_config)
+    return _EMBEDDED[bootstrap_servers]
+
+
+def consumer_config(bootstrap_servers: str, base_config: dict) -> dict | None:
+    """The worker's hook (the `consumer_config` entry point, tailwatch.config.plugins): the
+    consumer settings the embedded broker's answers need (CONSUMER_CONFIG), None elsewhere."""
+    return dict(CONSUMER_CONFIG) if _embedded(bootstrap_servers, base_config) else None
+
+
 def group_rescue(bootstrap_servers: str, base_config: dict, group_id: str, topics: list[str],
                  own_member_id: str | None) -> str | None:
     """The worker's hook (the `group_rescue` entry point, tailwatch.config.plugins): against the
     embedded broker only, free a group wedged on a departed leader; None when nothing was done."""
-    if bootstrap_servers not in _EMBEDDED:
-        _EMBEDDED[bootstrap_servers] = is_embedded(bootstrap_servers, base_config)
-    if not _EMBEDDED[bootstrap_servers]:
+    if not _embedded(bootstrap_servers, base_config):
         return None
     return rescue_wedged_group(bootstrap_servers, group_id, topics, own_member_id)
 

@@ -12,6 +12,7 @@ from functools import cache
 from typing import Any, Callable
 
 GROUP = "tailwatch.dev"
+CONSUMER_CONFIG = "consumer_config"  # (bootstrap, client config) -> consumer settings the cluster's answers need | None
 GROUP_RESCUE = "group_rescue"  # (bootstrap, client config, group, topics, own member id) -> what was done | None
 BACKTEST_TRACE = "backtest_trace"  # `backtest autoscale --trace`: (trace, week, rate_scale, startup_minutes, format) -> exit code
 

@@ -144,10 +144,13 @@ def make_producer(settings: KafkaSettings, on_refused: Callable[[str, str], None
     })
 
 
-def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | None = None) -> Consumer:
+def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | None = None,
+                  extra: dict | None = None) -> Consumer:
     """A batch consumer. `instance_id` makes it a static member (KIP-345): a restarted
     process with the same id takes its partitions back at once instead of waiting for the
-    dead member's session to time out while the group hands its partitions to others."""
+    dead member's session to time out while the group hands its partitions to others.
+    `extra` is what one kind of cluster needs (the embedded broker's, from the development tools' `consumer_config` hook); the
+    operator's --kafka-config still has the last word."""
     static = {"group.instance.id": instance_id} if instance_id else {}
     return Consumer({
         "group.id": group_id,
@@ -167,6 +170,7 @@ def make_consumer(settings: KafkaSettings, group_id: str, instance_id: str | Non
         # full, so all of it is RSS. librdkafka's default (64 MiB) holds seconds of events at
         # the worker's rate; more buys nothing but memory.
         "queued.max.messages.kbytes": 65_536,
+        **(extra or {}),
         **settings.base_config(),
     })
 

@@ -426,6 +426,9 @@ class Runtime:
         bound = self.settings.api_config.stale_after_s
         if self.source.assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
+        if self.source.gone:
+            return False, (f"{', '.join(sorted(self.source.gone))}: the topic is gone (deleted); waiting for it "
+                           "to be created again, then reading it from the start")
         if self.source.resetting:
             where = ", ".join(f"{t} partition {q}" for t, q in sorted(self.source.resetting))
             return False, (f"reading {where} again from the start: the log no longer has the stored read "

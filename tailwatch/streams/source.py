@@ -11,7 +11,11 @@ retention past a stopped worker's position) are checked on every tick against th
 start and end as the last fetch saw them, and against the topic's id every few seconds
 (streams/log_reset.py decides); such a partition is read again from its start, said once in
 the log, handed to `on_log_reset` (a counter, the gap's dead letter), and keeps the worker
-not ready until it is read to its end again.
+not ready until it is read to its end again. A consumed topic the cluster no longer has (deleted)
+has its partitions paused, so that nothing is fetched from a log that is gone, and the worker
+not ready, until the topic is created again; its id then changed, and the same policy reads it
+from the start. Against the embedded broker the consumer takes the settings its answers need
+(`tailwatch_dev.broker.CONSUMER_CONFIG`, through the development tools' `consumer_config` hook).
 
 Membership: with a group, `instance_id` makes the worker a static member (KIP-345) and a
 restart takes its partitions back at once. Without one (tier 2), every partition of the
@@ -28,7 +32,7 @@ from typing import Callable, Protocol
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tailwatch.config.plugins import GROUP_RESCUE, dev_hook
+from tailwatch.config.plugins import CONSUMER_CONFIG, GROUP_RESCUE, dev_hook
 from tailwatch.ingest.kafka import KafkaSettings, make_consumer
 from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
 
@@ -49,6 +53,7 @@ class KafkaSource:
     GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
     METADATA_EVERY_S = 30.0  # topics may gain partitions
     TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
+    GONE_EVERY_S = 1.0  # a deleted topic is asked for every second, to read it again as soon as it is back
 
     def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
                  by_group: bool = True, instance_id: str | None = None,
@@ -77,13 +82,16 @@ class KafkaSource:
         self._was_reset: set[tuple[str, int]] = set()  # until the policy's saved offsets are of the new log
         self._read_in_unnamed_log: set[tuple[str, int]] = set()  # reset while the topic's new id was not known
         self._ids_checked_at = 0.0
+        self.gone: dict[str, set[int]] = {}  # consumed topics the cluster no longer has → the partitions paused for it
         self._admin: AdminClient | None = None
         self.consumer = None
 
     # ---- membership -------------------------------------------------------------------
     def start(self, policy: OffsetPolicy) -> None:
         self._policy = policy
-        self.consumer = make_consumer(self.kafka, self.group_id, self.instance_id)
+        settings_for = dev_hook(CONSUMER_CONFIG)  # the embedded broker's needs, from the development tools
+        extra = settings_for(self.kafka.bootstrap_servers, self.kafka.base_config()) if settings_for else None
+        self.consumer = make_consumer(self.kafka, self.group_id, self.instance_id, extra)
         self.unassigned_since = time.monotonic()
         if self.by_group:
             self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -222,7 +230,7 @@ class KafkaSource:
             self.consumer.pause([TopicPartition(topic, part) for part in sorted(partitions)])
 
     def resume(self, topic: str, partitions: set[int]) -> None:
-        owned = partitions & self.assigned[topic]
+        owned = partitions & self.assigned[topic] - self.gone.get(topic, set())
         if owned:
             self.consumer.resume([TopicPartition(topic, part) for part in sorted(owned)])
 
@@ -288,7 +296,8 @@ class KafkaSource:
         and reset those the log no longer has. A position past the end also has the topic's id
         asked at once: after a re-creation every partition of the topic is read again, not only
         those whose new log is still short."""
-        ids = self._topic_ids() if now - self._ids_checked_at >= self.TOPIC_IDS_EVERY_S else None
+        every = self.GONE_EVERY_S if self.gone else self.TOPIC_IDS_EVERY_S
+        ids = self._topic_ids() if now - self._ids_checked_at >= every else None
         found = self._judge_all(ids or {})
         if ids is None and any(r.reason == PAST_END for r in found):
             ids = self._topic_ids()
@@ -309,7 +318,7 @@ class KafkaSource:
         for topic, parts in self.assigned.items():
             for part in sorted(parts):
                 position = self.next_offsets.get((topic, part))
-                if position is None or (topic, part) in self._unsought:
+                if position is None or (topic, part) in self._unsought or topic in self.gone:
                     continue
                 low, high = self._cached_watermarks(topic, part)
                 known = self.topic_ids.get(topic)
@@ -334,7 +343,8 @@ class KafkaSource:
         return (low if low >= 0 else -1), (high if high >= 0 else -1)
 
     def _topic_ids(self) -> dict[str, str]:
-        """The id of each consumed topic the cluster has now (a topic it lacks is left out)."""
+        """The id of each consumed topic the cluster has now (a topic it lacks is left out);
+        a topic found deleted is paused, one found back is resumed."""
         self._ids_checked_at = time.monotonic()
         if self._admin is None:
             self._admin = AdminClient(self.kafka.base_config())
@@ -347,9 +357,39 @@ class KafkaSource:
         for topic, future in futures.items():
             try:
                 out[topic] = str(future.result(timeout=10).topic_id)
-            except (KafkaException, TimeoutError):  # gone or unreachable now: judged when it answers
+            except KafkaException as exc:
+                if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_TOPIC_ID):
+                    self._topic_gone(topic)
+            except TimeoutError:  # unreachable now: judged when it answers
                 continue
+        for topic in [t for t in self.gone if t in out]:
+            self._topic_back(topic)
         return out
+
+    def _topic_gone(self, topic: str) -> None:
+        """The cluster no longer has `topic`: stop fetching from a log that is gone (its owned
+        partitions paused) until it is created again."""
+        if topic in self.gone:
+            return
+        parts = set(self.assigned.get(topic, ()))
+        self.gone[topic] = parts
+        if parts:
+            self.consumer.pause([TopicPartition(topic, part) for part in sorted(parts)])
+        log.warning("%s: the topic is gone (deleted); partitions %s are paused until it is created again, "
+                    "then read from the start of the new log", topic, sorted(parts))
+
+    def _topic_back(self, topic: str) -> None:
+        """`topic` exists again: the consumer learns its new id (librdkafka fetches by id and
+        asks for a topic's metadata only when it needs to), and its partitions are resumed.
+        Its positions are judged against the new id in the same check: read from the start."""
+        parts = self.gone.pop(topic) & self.assigned.get(topic, set())
+        try:
+            self.consumer.list_topics(topic, timeout=10)
+        except KafkaException as exc:  # the consumer also asks on its own; the check by id still holds
+            log.warning("cannot read the metadata of %s: %s", topic, exc)
+        if parts:
+            self.consumer.resume([TopicPartition(topic, part) for part in sorted(parts)])
+        log.warning("%s: the topic exists again", topic)
 
     def _out_of_range(self, topic: str, part: int) -> None:
         position = self.next_offsets.get((topic, part), 0)
