@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_a_worker_starts_without_scipy():
     code = ("import sys\n"
-            "import tailwatch.commands, streams.runtime, streams.slo_stage, streams.fleet_metrics, "
-            "tailwatch.streams.detector_stage, streams.signal_stage, streams.http, streams.tiers, slo.contributors, signals.rollout\n"
+            "import tailwatch.commands, tailwatch.streams.runtime, tailwatch.streams.slo_stage, "
+            "tailwatch.streams.fleet_metrics, tailwatch.streams.detector_stage, tailwatch.streams.signal_stage, "
+            "tailwatch.streams.http, tailwatch.streams.tiers, tailwatch.slo.contributors, tailwatch.signals.rollout\n"
             "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
