@@ -30,7 +30,7 @@ import polars as pl
 
 from conventions import LATENCY_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
 from ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
-from store import QUALITY_COUNTS
+from store.schema import QUALITY_COUNTS
 from streams.frames import STAGES_COLUMN
 from streams.windows import AggregateSpec
 
@@ -52,7 +52,7 @@ STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_o
 #   characters (WER and CER as ratios of sums), MOS samples and their sum in thousandths.
 # - successful_audio_ms: audio of ok attempts (ASR heard, TTS spoke), in whole milliseconds:
 #   the unit of cost per successful audio minute.
-# (Named once, in store.QUALITY_COUNTS.)
+# (Named once, in store.schema.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
 # No sum here can wrap, for any record the contract admits (ingest/schema.py bounds each field)

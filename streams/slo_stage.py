@@ -26,7 +26,8 @@ from slo.engine import AlertChange, SliceView, SloTable
 from slo.sli import SloEvaluator, span, status_frame
 from slo.spec import SloSpec
 from slo.unmatched import UnmatchedSelectors
-import store
+from store.checkpoint import ALERT_CHANGE_SCHEMA
+from store.queries import recent_bucket_chunks
 from conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
     SLO_SELECTOR_MATCHED, SLO_SLI_RATIO,
@@ -89,7 +90,7 @@ class SloCollector:
 
 
 def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
-    """The engine's alert changes as the store's `alerts` change rows (store.ALERT_CHANGE_SCHEMA)."""
+    """The engine's alert changes as the store's `alerts` change rows (ALERT_CHANGE_SCHEMA)."""
     if not changes:  # most minutes: building and casting an empty frame cost half a millisecond
         return _NO_CHANGES
     return pl.DataFrame({
@@ -101,10 +102,10 @@ def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
         "long_burn_rate": [c.long_burn_rate for c in changes], "short_burn_rate": [c.short_burn_rate for c in changes],
         "error_budget_remaining": [c.error_budget_remaining for c in changes],
         "detail": [c.detail or None for c in changes],
-    }).cast(store.ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
+    }).cast(ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
 
 
-_NO_CHANGES = pl.DataFrame(schema=store.ALERT_CHANGE_SCHEMA)
+_NO_CHANGES = pl.DataFrame(schema=ALERT_CHANGE_SCHEMA)
 
 
 class SloStage:
@@ -141,7 +142,7 @@ class SloStage:
         (a late correction never re-decides the past), and judging every minute of a 30-day
         replay again was most of a restart's time."""
         longest = max(s.window_minutes for s in self.specs.values())
-        for rows in store.recent_bucket_chunks(con, longest):
+        for rows in recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
             self._warn_unmatched(rows)
         self.evaluator.reset_event_counts()

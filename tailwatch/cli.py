@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # known one-line errors from the rooms
         from ingest.nvml import NvmlUnavailable
         from ingest.trace import TraceError
-        from store import StoreError
+        from store.connection import StoreError
         from ingest.broker import BrokerError
         from streams.http import PortInUse
 

@@ -16,10 +16,10 @@ from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
 from slo import histogram
 from slo.spec import DEFAULT_SLOS, load_slos
-import store
+from store.connection import DEFAULT_STORE, connect
 from streams.stages import default_stages
-from streams.runtime import Runtime, WorkerSettings
-from streams.tiers import build
+from streams.runtime import Runtime
+from streams.tiers import WorkerSettings, build
 from ingest.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from ingest.kafka import KafkaSettings, ensure_topics, send
@@ -51,7 +51,7 @@ def run_demo(minutes: int | None = None, seed: int = 7, store_path: str | None =
     `workers` > 1: that many `worker --tier 1` processes and a `--tier 2` replica
     (README "Scaling out") instead of one worker doing everything."""
     started = time.monotonic()
-    store_path = store_path or store.DEFAULT_STORE
+    store_path = store_path or DEFAULT_STORE
     if Path(store_path).exists():
         Path(store_path).unlink()  # the demo's broker is new and in memory: start the store afresh too
     port = port or free_port(preferred=9092)
@@ -204,7 +204,7 @@ def _publish_otlp(settings: KafkaSettings, pub: EventPublisher, events: list, sa
 
 
 def summary(store_path: str) -> str:
-    con = store.connect(store_path, read_only=True)
+    con = connect(store_path, read_only=True)
     try:
         counts = con.execute("""
             SELECT workload, zone, sum(requests), sum(ok), sum(errors + timeouts), sum(cancelled), sum(retries),

@@ -16,7 +16,7 @@ from tests.conftest import H100_LAB, need
 
 from ingest.schema import GpuV1, RequestV1
 from ingest.validate import BatchDecoder
-import store
+from store.connection import connect
 from streams.aggregates import GPU, REQUESTS
 from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from streams.windows import AggregateSpec, MinuteWindows
@@ -55,7 +55,7 @@ def lab_gpu_minute() -> pl.DataFrame:
 def lab_store(path: Path) -> Path:
     """A store file holding the lab run's `sli_minute` and `gpu_minute`."""
     sli, gpu = lab_sli_minute(), lab_gpu_minute()
-    con = store.connect(path)
+    con = connect(path)
     try:
         con.register("lab_sli", sli)
         con.register("lab_gpu", gpu)

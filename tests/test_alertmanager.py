@@ -17,8 +17,7 @@ from ingest.simulator import FleetSimulator
 from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from slo.windows import default_catalog
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from streams.tiers import WorkerSettings, build
 from tools.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
@@ -261,9 +260,9 @@ def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever
 
 def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
     from alerts.alertmanager import FiringAlerts
-    import store
+    from store.connection import connect
 
-    con = store.connect(str(tmp_path / "tw.duckdb"))
+    con = connect(str(tmp_path / "tw.duckdb"))
     for seq in range(3):
         con.execute("INSERT INTO _tw_alert_outbox VALUES ('slo', ?, ?)", [seq, '{"labels": {"n": "%d"}}' % seq])
     con.execute("INSERT INTO _tw_alert_delivered VALUES ('slo', 2, 'http://am-a:9093')")  # a took everything

@@ -40,8 +40,7 @@ from ingest.simulator import FleetSimulator
 from slo.engine import AlertChange
 from slo.spec import DEFAULT_SLOS, load_slos
 from streams.fleet_metrics import FleetMetrics
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from streams.tiers import WorkerSettings, build
 from tailwatch.demo import BAD_RECORDS
 from ingest.kafka import KafkaSettings, ensure_topics, send
 from tests.conftest import free_port, need, start_until_ready

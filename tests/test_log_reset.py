@@ -166,8 +166,7 @@ def test_a_stopped_worker_whose_positions_are_past_the_end_reads_the_new_log(own
 
 def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
     """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
-    from streams.runtime import WorkerSettings
-    from streams.tiers import build
+    from streams.tiers import WorkerSettings, build
 
     w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
                              http_port=free_port()))

@@ -11,8 +11,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from ingest.producer import EventPublisher
 from ingest.simulator import FleetSimulator
-from streams.runtime import Runtime, WorkerSettings
-from streams.tiers import build
+from streams.runtime import Runtime
+from streams.tiers import WorkerSettings, build
 from ingest.kafka import make_producer
 
 from tests.test_validate import CORPUS

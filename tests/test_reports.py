@@ -18,8 +18,7 @@ from reports import charts
 from reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
 from planning import cost
 from planning.prices import GpuPrices
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
 from ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store

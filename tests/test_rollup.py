@@ -14,7 +14,7 @@ from ingest.simulator import FleetSimulator
 from planning.prices import GpuPrices
 from reports.cost_report import build_report
 from streams.rollup import RollUp, topics_ready
-import store
+from store.connection import connect
 from tests.test_pipeline import publish, run_worker
 
 DAY_MIN = 1440
@@ -99,7 +99,7 @@ def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes
 
 def test_a_store_without_retention_keeps_every_minute(two_stores):
     kept, _ = two_stores
-    con = store.connect(kept)
+    con = connect(kept)
     try:
         assert RollUp(0).roll(con) == 0
         assert con.execute("SELECT count(*) FROM sli_hour").fetchone()[0] == 0

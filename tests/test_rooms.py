@@ -39,3 +39,50 @@ def test_every_room_imports_only_rooms_below_it():
 def test_every_room_is_placed():
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
     assert packages == set(ORDER), sorted(packages ^ set(ORDER))
+
+
+# What the stream runtime computes nothing of: the parts that do (the SLO engine, the signal
+# view, the planner, the pages) are built by the tier composition (streams/tiers.py) and
+# handed to it.
+DOMAIN_ROOMS = ("signals", "planning", "alerts", "slo", "detectors")
+
+
+def _module_imports(module: str) -> set[str]:
+    """Every module `module` (dotted, a file under ROOT) imports, at any depth of its body."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names
+                         if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists())
+    return found
+
+
+def runtime_rooms(start: str = "streams.runtime") -> dict[str, str]:
+    """Room → the first module that brings it in, over the runtime and every streams module it imports."""
+    seen, todo, rooms = set(), [start], {}
+    while todo:
+        module = todo.pop()
+        if module in seen or not (ROOT / (module.replace(".", "/") + ".py")).exists():
+            continue
+        seen.add(module)
+        for name in sorted(_module_imports(module)):
+            top = name.split(".")[0]
+            if top == "streams":
+                todo.append(name)
+            elif top in ORDER:
+                rooms.setdefault(top, module)
+    return rooms
+
+
+def test_the_runtime_imports_no_domain_room():
+    found = {room: module for room, module in runtime_rooms().items() if room in DOMAIN_ROOMS}
+    assert found == {}, "the runtime reaches domain rooms: " + ", ".join(f"{r} (through {m})" for r, m in found.items())
+
+
+def test_the_domain_room_check_sees_a_room_the_tier_composition_imports():
+    # The check can fail: the composition, which builds the domain parts, reaches them.
+    assert {"signals", "alerts", "planning"} <= set(runtime_rooms("streams.tiers"))

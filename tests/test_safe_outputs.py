@@ -21,8 +21,7 @@ from ingest.schema import GpuV1, RequestV1
 from reports.readiness import dashboards_for
 from slo.engine import AlertChange
 from slo.windows import default_catalog
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP: a cell starting so is run by a spreadsheet
