@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, Producer
 from conventions import STATE_BYTES
 from streams.runtime import NotDrained, Runtime
 from streams.tiers import WorkerSettings, build
+from streams.topic_sink import TopicSink
 from tests.test_pipeline import read_topic
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a minute boundary
@@ -164,7 +165,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     store = tmp_path / "tw.duckdb"
     w = build(settings(kafka, store))
     # Where the copies go, nobody answers (a real librdkafka producer; a port nobody listens on).
-    w.topics.producer = make_producer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
+    w.sink(TopicSink).producer = make_producer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     deadline = time.time() + 60
