@@ -86,3 +86,9 @@ def test_the_runtime_imports_no_domain_room():
 def test_the_domain_room_check_sees_a_room_the_tier_composition_imports():
     # The check can fail: the composition, which builds the domain parts, reaches them.
     assert {"signals", "alerts", "planning"} <= set(runtime_rooms("streams.tiers"))
+
+
+def test_the_source_knows_nothing_of_the_embedded_broker():
+    # Its group rescue is a watcher the tier composition hands the source (streams/group_rescue.py).
+    assert not any(name.startswith("ingest.broker") for name in _module_imports("streams.source"))
+    assert "ingest.broker" in _module_imports("streams.group_rescue")
