@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-from slo.sli import replay, span
-from slo.spec import REPORTED_KINDS, SloSpec
-from slo.windows import minute_start_utc, minute_text
-from store.connection import DEFAULT_STORE, connect
-from store.queries import newest_minute, recent_bucket_chunks
+from tailwatch.slo.sli import replay, span
+from tailwatch.slo.spec import REPORTED_KINDS, SloSpec
+from tailwatch.slo.windows import minute_start_utc, minute_text
+from tailwatch.store.connection import DEFAULT_STORE, connect
+from tailwatch.store.queries import newest_minute, recent_bucket_chunks
 from tailwatch.cli import CliError
 from tailwatch.table import render
 

@@ -11,14 +11,14 @@ import uuid
 
 import duckdb
 
-from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
-from slo.engine import AlertChange
-from slo.spec import DEFAULT_SLOS, load_slos
-from slo.windows import default_catalog
-from streams.tiers import WorkerSettings, build
-from tools.chaos import Webhook as ChaosWebhook, alertmanager_config
+from tailwatch.alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.slo.engine import AlertChange
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.slo.windows import default_catalog
+from tailwatch.streams.tiers import WorkerSettings, build
+from tailwatch_dev.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -210,7 +210,7 @@ def test_every_page_goes_to_every_alertmanager_and_one_down_holds_back_nothing(t
     """HA as Alertmanager documents it: every alert to every instance, no load balancing.
     The second instance is down when the page fires; the first gets it at once, the second
     as soon as it is back."""
-    from alerts.alertmanager import FiringAlerts
+    from tailwatch.alerts.alertmanager import FiringAlerts
 
     hooks = [Webhook(), Webhook()]
     first, url_first = start_alertmanager(tmp_path, hooks[0].port)
@@ -259,8 +259,8 @@ def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever
 
 
 def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
-    from alerts.alertmanager import FiringAlerts
-    from store.connection import connect
+    from tailwatch.alerts.alertmanager import FiringAlerts
+    from tailwatch.store.connection import connect
 
     con = connect(str(tmp_path / "tw.duckdb"))
     for seq in range(3):
@@ -278,7 +278,7 @@ def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
 def test_deliveries_and_refusals_are_counted_per_alertmanager():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from alerts.alertmanager import DeliveryCollector, FiringAlerts
+    from tailwatch.alerts.alertmanager import DeliveryCollector, FiringAlerts
 
     alerts = FiringAlerts(("http://am-a:9093",), stage="detectors")
     alerts.outboxes[0].delivered, alerts.outboxes[0].refused = 5, 2
@@ -296,7 +296,7 @@ def test_a_hung_alertmanager_never_holds_the_loop_and_retry_after_is_honoured():
     import socket
     import threading
 
-    from alerts.alertmanager import FiringAlerts
+    from tailwatch.alerts.alertmanager import FiringAlerts
 
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))

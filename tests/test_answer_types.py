@@ -8,8 +8,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from signals.answers import Autoscale, Shed
-from signals.live import answer
+from tailwatch.signals.answers import Autoscale, Shed
+from tailwatch.signals.live import answer
 
 
 def _autoscale_body(**signals) -> dict:

@@ -4,12 +4,12 @@ DuckDB store, copies dropped, the merged row equal to an on-time close (no Kafka
 import polars as pl
 import pytest
 
-from store.checkpoint import Checkpoint, TopicCheckpoint, write_checkpoint
-from store.connection import connect
-from store.queries import query_frame
-from streams.aggregates import REQUESTS
-from streams.corrections import LateEvents
-from streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, write_checkpoint
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import query_frame
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.corrections import LateEvents
+from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
 from tests.test_windows import T0, frame
 
 LATENESS = 5 * MINUTE_MS

@@ -8,12 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom.
-ORDER = ("tailwatch", "tools", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
+ORDER = ("tailwatch", "tailwatch_dev", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
          "planning", "slo", "config", "conventions", "runbooks")
 # The developer tools print through the command line's progress line and tables, and the
 # command line runs them (`tailwatch bench`, `eval`, `fuzz`): the two entry-point rooms know
 # each other, and nothing below knows either.
-BESIDE = {("tools", "tailwatch")}
+BESIDE = {("tailwatch_dev", "tailwatch")}
 
 
 def _imports(room: str) -> set[tuple[str, str]]:
@@ -61,7 +61,7 @@ def _module_imports(module: str) -> set[str]:
     return found
 
 
-def runtime_rooms(start: str = "streams.runtime") -> dict[str, str]:
+def runtime_rooms(start: str = "tailwatch.streams.runtime") -> dict[str, str]:
     """Room → the first module that brings it in, over the runtime and every streams module it imports."""
     seen, todo, rooms = set(), [start], {}
     while todo:
@@ -85,10 +85,10 @@ def test_the_runtime_imports_no_domain_room():
 
 def test_the_domain_room_check_sees_a_room_the_tier_composition_imports():
     # The check can fail: the composition, which builds the domain parts, reaches them.
-    assert {"signals", "alerts", "planning"} <= set(runtime_rooms("streams.tiers"))
+    assert {"signals", "alerts", "planning"} <= set(runtime_rooms("tailwatch.streams.tiers"))
 
 
 def test_the_source_knows_nothing_of_the_embedded_broker():
     # Its group rescue is a watcher the tier composition hands the source (streams/group_rescue.py).
-    assert not any(name.startswith("ingest.broker") for name in _module_imports("streams.source"))
-    assert "ingest.broker" in _module_imports("streams.group_rescue")
+    assert not any(name.startswith("tailwatch_dev.broker") for name in _module_imports("tailwatch.streams.source"))
+    assert "tailwatch_dev.broker" in _module_imports("tailwatch.streams.group_rescue")

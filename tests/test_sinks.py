@@ -7,12 +7,12 @@ import uuid
 
 import duckdb
 
-from ingest.simulator import FleetSimulator
-from streams.alert_sink import AlertSink
-from streams.tiers import WorkerSettings, build
-from streams.sink import Sink
-from streams.store_sink import StoreSink
-from streams.topic_sink import TopicSink
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.streams.alert_sink import AlertSink
+from tailwatch.streams.tiers import WorkerSettings, build
+from tailwatch.streams.sink import Sink
+from tailwatch.streams.store_sink import StoreSink
+from tailwatch.streams.topic_sink import TopicSink
 from tests.test_pipeline import publish
 
 

@@ -9,15 +9,15 @@ from collections import Counter
 
 import duckdb
 import msgspec
-from store.queries import query_frame
-from ingest.schema import RequestV1
-from ingest.simulator import TENANTS, FleetSimulator
-from ingest.validate import BatchDecoder
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.frames import REQUEST_COLUMNS, records_to_frame
-from streams.slo_stage import SloStage
+from tailwatch.store.queries import query_frame
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.simulator import TENANTS, FleetSimulator
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.frames import REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.slo_stage import SloStage
 from tests.test_pipeline import publish, run_worker
-from streams.store_sink import StoreSink
+from tailwatch.streams.store_sink import StoreSink
 
 TENANT_QUOTA_SLOS = DEFAULT_SLOS.parent / "examples" / "tenant-quota.yaml"
 BASE = {"schema": "request.v1", "event_id": "e1", "ts": 1_767_225_600_000, "tenant": "acme", "model": "tts-1",

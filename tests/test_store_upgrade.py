@@ -11,15 +11,15 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from store.connection import StoreError, connect
-from store.queries import has_table
-from store.schema import SCHEMA_VERSION, schema_version
-from ingest.kafka import KafkaSettings
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.tiers import WorkerSettings, build
-from streams.stages import default_stages
-from streams.store_sink import StoreSink
-from streams.topic_sink import TopicSink
+from tailwatch.store.connection import StoreError, connect
+from tailwatch.store.queries import has_table
+from tailwatch.store.schema import SCHEMA_VERSION, schema_version
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.tiers import WorkerSettings, build
+from tailwatch.streams.stages import default_stages
+from tailwatch.streams.store_sink import StoreSink
+from tailwatch.streams.topic_sink import TopicSink
 
 FIXTURES = Path(__file__).parent / "data" / "stores"
 TABLES = ("sli_minute", "gpu_minute", "slo_status", "alerts", "_tw_offsets", "_tw_alert_outbox")
