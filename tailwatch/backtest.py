@@ -26,7 +26,9 @@ from tailwatch.signals.rollout import CanaryStory, VerdictStep, canary_story
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.windows import minute_text
-from tailwatch import store
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import has_table, query_frame
+
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -54,7 +56,7 @@ def read_buckets(store_path: str, start: datetime | None = None, end: datetime |
                  warmup_minutes: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`sli_minute` and `gpu_minute` rows in [start − warmup, end), optionally of some pools
     or models only, from a read-only connection."""
-    con = store.connect(store_path, read_only=True, wait_s=30.0)
+    con = connect(store_path, read_only=True, wait_s=30.0)
     try:
         _refuse_rolled(con, start, warmup_minutes)
         out = []
@@ -73,7 +75,7 @@ def read_buckets(store_path: str, start: datetime | None = None, end: datetime |
                 where.append(f"model IN ({', '.join('?' for _ in models)})")
                 params += models
             sql = f"SELECT * FROM {table}" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY window_start"
-            out.append(store.query_frame(con, sql, params))
+            out.append(query_frame(con, sql, params))
         return out[0], out[1]
     finally:
         con.close()
@@ -82,7 +84,7 @@ def read_buckets(store_path: str, start: datetime | None = None, end: datetime |
 def _refuse_rolled(con, start: datetime | None, warmup_minutes: int) -> None:
     """Replays need minutes: a range reaching back into hours rolled up (streams/rollup.py) is
     refused in one line naming where the minutes begin."""
-    if start is None or not store.has_table(con, "rolled_minute"):
+    if start is None or not has_table(con, "rolled_minute"):
         return
     rolled = con.execute("SELECT max(window_start) FROM rolled_minute").fetchall()[0][0]
     if rolled is not None and start - timedelta(minutes=warmup_minutes) <= rolled:

@@ -113,9 +113,9 @@ def load_prices_option(path: str | None):
 def _worker_settings(args: argparse.Namespace, **overrides):
     from tailwatch.streams.fleet_metrics import FleetMetricsConfig
     from tailwatch.streams.stages import default_stages
-    from tailwatch.store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
+    from tailwatch.store.connection import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
     from tailwatch.streams.cardinality import CardinalityLimits
-    from tailwatch.streams.runtime import WorkerSettings
+    from tailwatch.streams.tiers import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
@@ -239,13 +239,13 @@ def _restore_store(folder: str, store_path: str, tier: str) -> None:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    from tailwatch import store
+    from tailwatch.store.connection import DEFAULT_STORE
     from tailwatch.store import snapshot
 
     folder = args.dir
-    manifest = snapshot.write(args.store or store.DEFAULT_STORE, folder)
+    manifest = snapshot.write(args.store or DEFAULT_STORE, folder)
     offsets = sum(len(parts) for parts in manifest.offsets.values())
-    print(f"snapshot of {args.store or store.DEFAULT_STORE} in {folder}: {sum(manifest.rows.values()):,} rows in "
+    print(f"snapshot of {args.store or DEFAULT_STORE} in {folder}: {sum(manifest.rows.values()):,} rows in "
           f"{len(manifest.rows)} tables, newest minute {manifest.newest_minute}, offsets of {offsets} partitions "
           f"(restore: tailwatch worker --restore-from {folder})")
     return 0
@@ -254,11 +254,11 @@ def cmd_store(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import duckdb
 
-    from tailwatch import store
+    from tailwatch.store.connection import DEFAULT_STORE, connect
     from tailwatch.table import render
 
     # A running worker lets go of the store every 20 s: wait for that moment.
-    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
+    con = connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         cur = con.execute(args.query)
     except duckdb.Error as exc:
@@ -271,13 +271,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _capacity_measured(args: argparse.Namespace) -> int:
-    from tailwatch import store
+    from tailwatch.store.connection import DEFAULT_STORE, connect
+    from tailwatch.store.queries import has_table
     from tailwatch.streams.signal_stage import load_pool_capacity
     from tailwatch.table import render
 
-    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
+    con = connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
-        rows = load_pool_capacity(con, args.days) if store.has_table(con, "pool_capacity") else None
+        rows = load_pool_capacity(con, args.days) if has_table(con, "pool_capacity") else None
         if rows is None or rows.height == 0:
             raise CliError(f"no capacity measured yet: {_why_no_capacity(con, rows is not None)}")
     finally:
@@ -300,12 +301,13 @@ def _capacity_measured(args: argparse.Namespace) -> int:
 def _why_no_capacity(con, signal_stage_ran: bool) -> str:
     """What the store says about why no pool's capacity is measured, in the order a user
     would look: the stage that measures it, the GPU samples it reads, the sustained minutes."""
-    from tailwatch import store
+    from tailwatch.store.queries import has_table
+
     if not signal_stage_ran:
         return ("no worker with the signal stage has written this store: a worker serving the signal API "
                 "(--http-port) measures it as minutes close")
     gpu = con.execute("SELECT count(DISTINCT pool), count(DISTINCT window_start) FROM gpu_minute").fetchone() \
-        if store.has_table(con, "gpu_minute") else (0, 0)
+        if has_table(con, "gpu_minute") else (0, 0)
     if not gpu[0]:
         return "the store holds no GPU samples (tw.gpu): capacity is work per warm replica, read from them"
     pools = f"{gpu[0]:,} pool" + ("s" if gpu[0] != 1 else "")
@@ -403,12 +405,12 @@ def _collect_prometheus(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from tailwatch.store import DEFAULT_STORE
+    from tailwatch.store.connection import DEFAULT_STORE
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
     if args.backtest_command == "autoscale" and args.trace:
-        from tailwatch.config.plugins import BACKTEST_TRACE, dev_hook
+        from tailwatch_dev.backtest_trace import cmd_backtest_trace
 
         cmd_backtest_trace = dev_hook(BACKTEST_TRACE)
         if cmd_backtest_trace is None:
@@ -427,7 +429,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from tailwatch.store import DEFAULT_STORE
+    from tailwatch.store.connection import DEFAULT_STORE
     from tailwatch.drill import cmd_drill_zone_loss
 
     return cmd_drill_zone_loss(args.store or DEFAULT_STORE, args.zone, args.start, args.end, load_slo_option(args.slos),
@@ -442,12 +444,14 @@ def slo_check(path: str, store_path: str | None) -> int:
     report = check_file(path)
     report.warnings.extend(w for spec in report.specs for w in spec_warnings(spec))
     if store_path and report.specs:
-        from tailwatch import store
-        con = store.connect(store_path, read_only=True)
+        from tailwatch.store.connection import connect
+        from tailwatch.store.queries import selector_rows
+
+        con = connect(store_path, read_only=True)
         try:
-            total = store.selector_rows(con, {})
+            total = selector_rows(con, {})
             for spec in report.specs:
-                warning = unmatched_selector_warning(spec, store.selector_rows(con, spec.selector), total,
+                warning = unmatched_selector_warning(spec, selector_rows(con, spec.selector), total,
                                                      Path(store_path).name)
                 if warning:
                     report.warnings.append(warning)
@@ -569,7 +573,7 @@ def time_range_option(args: argparse.Namespace):
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tailwatch.reports.cost_report import ReportError, run_cost_report
-    from tailwatch.store import DEFAULT_STORE
+    from tailwatch.store.connection import DEFAULT_STORE
 
     if args.report_command == "readiness":
         return _report_readiness(args)
@@ -633,7 +637,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from tailwatch.planning.stage_plan import PlanConstraints, bottleneck, plan_stages
     from tailwatch.planning.stage_setup import StageSetupError, load_stage_setup, measured_profiles
-    from tailwatch import store
+    from tailwatch.store.connection import DEFAULT_STORE, connect
+    from tailwatch.store.queries import query_frame
     from tailwatch.table import render
 
     start, end = time_range_option(args)
@@ -642,7 +647,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except StageSetupError as exc:
         raise CliError(str(exc)) from None
     prices = load_prices_option(args.prices)
-    con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
+    con = connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         where, params = ["workload = $1"], [args.workload]
         if start is not None:
@@ -651,7 +656,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if end is not None:
             where.append(f"window_start < ${len(params) + 1}")
             params.append(end.replace(tzinfo=None))
-        rows = store.query_frame(con, f"SELECT window_start, stages_hist FROM sli_minute WHERE {' AND '.join(where)} "
+        rows = query_frame(con, f"SELECT window_start, stages_hist FROM sli_minute WHERE {' AND '.join(where)} "
                                       "AND len(stages_hist) > 0", params)
     finally:
         con.close()
@@ -727,8 +732,9 @@ def worker_base_url(host: str, port: int) -> str | None:
 
 
 def known_models(store_path: str) -> list[str]:
-    from tailwatch import store as tw_store
-    con = tw_store.connect(store_path, read_only=True, wait_s=30.0)
+    from tailwatch.store.connection import connect
+
+    con = connect(store_path, read_only=True, wait_s=30.0)
     try:
         return [m for (m,) in con.execute("SELECT DISTINCT model FROM sli_minute WHERE model != '' ORDER BY 1").fetchall()]
     finally:
@@ -739,7 +745,7 @@ def _report_readiness(args: argparse.Namespace) -> int:
     """`report readiness`: the store's buckets of one model, its canaries and pools replayed
     through the signal API's decisions, into reports/readiness.py."""
     from tailwatch.reports.readiness import CanaryHistory, build_readiness, write_readiness
-    from tailwatch.store import DEFAULT_STORE
+    from tailwatch.store.connection import DEFAULT_STORE
     from tailwatch.backtest import backtest_rollout, read_buckets
 
     start, end = time_range_option(args)
@@ -762,8 +768,9 @@ def _report_readiness(args: argparse.Namespace) -> int:
                 canaries.append(CanaryHistory(version, story, tuple((s.minute, s.verdict) for s in replayed.steps)))
         progress_done()
     from tailwatch.reports.cost_report import minute_scales, model_costs
-    from tailwatch import store as tw_store
-    con = tw_store.connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
+    from tailwatch.store.connection import DEFAULT_STORE, connect
+
+    con = connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         scales = minute_scales(con, naive(start) or dt.datetime(1970, 1, 1), naive(end) or dt.datetime(2100, 1, 1))
         model_cost = model_costs(con, args.model, naive(start), naive(end), prices)

@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 from tailwatch.slo.sli import replay, span
 from tailwatch.slo.spec import REPORTED_KINDS, SloSpec
 from tailwatch.slo.windows import minute_start_utc, minute_text
-from tailwatch import store
+from tailwatch.store.connection import DEFAULT_STORE, connect
+from tailwatch.store.queries import newest_minute, recent_bucket_chunks
 from tailwatch.cli import CliError
 from tailwatch.table import render
 
@@ -32,17 +33,17 @@ def parse_at(text: str, newest_minute: int) -> int:
 
 
 def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -> int:
-    con = store.connect(store_path or store.DEFAULT_STORE, read_only=True)
+    con = connect(store_path or DEFAULT_STORE, read_only=True)
     try:
         longest = max(s.window_minutes for s in specs)
-        newest = store.newest_minute(con, "sli_minute")
+        newest = newest_minute(con, "sli_minute")
         if newest is None:
             raise CliError("the store has no buckets yet: run the worker first")
         until = parse_at(at, newest) if at else None
         print(f"as of {minute_text((until if until is not None else newest) + 1)} (event time, UTC; the store's newest "
               f"minute is {minute_text(newest)})")
         # Six hours at a time: a month of a busy fleet's buckets at once took gigabytes.
-        result = replay(specs, store.recent_bucket_chunks(con, longest), until)
+        result = replay(specs, recent_bucket_chunks(con, longest), until)
     finally:
         con.close()
     rows = []

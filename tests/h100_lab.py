@@ -16,7 +16,7 @@ from tests.conftest import H100_LAB, need
 
 from tailwatch.ingest.schema import GpuV1, RequestV1
 from tailwatch.ingest.validate import BatchDecoder
-from tailwatch import store
+from tailwatch.store.connection import connect
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.windows import AggregateSpec, MinuteWindows
@@ -55,7 +55,7 @@ def lab_gpu_minute() -> pl.DataFrame:
 def lab_store(path: Path) -> Path:
     """A store file holding the lab run's `sli_minute` and `gpu_minute`."""
     sli, gpu = lab_sli_minute(), lab_gpu_minute()
-    con = store.connect(path)
+    con = connect(path)
     try:
         con.register("lab_sli", sli)
         con.register("lab_gpu", gpu)

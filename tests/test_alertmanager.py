@@ -17,8 +17,7 @@ from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.slo.windows import default_catalog
-from tailwatch.streams.runtime import WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch_dev.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
@@ -261,8 +260,9 @@ def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever
 
 def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
     from tailwatch.alerts.alertmanager import FiringAlerts
-    from tailwatch import store
-    con = store.connect(str(tmp_path / "tw.duckdb"))
+    from tailwatch.store.connection import connect
+
+    con = connect(str(tmp_path / "tw.duckdb"))
     for seq in range(3):
         con.execute("INSERT INTO _tw_alert_outbox VALUES ('slo', ?, ?)", [seq, '{"labels": {"n": "%d"}}' % seq])
     con.execute("INSERT INTO _tw_alert_delivered VALUES ('slo', 2, 'http://am-a:9093')")  # a took everything

@@ -164,7 +164,7 @@ def test_capacity_measured_says_what_the_store_lacks(tmp_path):
     import subprocess
     import sys
 
-    from tailwatch import store
+    from tailwatch.store.connection import connect
     from tailwatch.streams.signal_stage import SCHEMA_SQL
 
     path = tmp_path / "s.duckdb"
@@ -175,14 +175,14 @@ def test_capacity_measured_says_what_the_store_lacks(tmp_path):
         assert r.returncode == 2 and b"Traceback" not in r.stderr
         return r.stderr.decode()
 
-    con = store.connect(path)
+    con = connect(path)
     con.close()
     assert "no worker with the signal stage has written this store" in measured()
-    con = store.connect(path)
+    con = connect(path)
     con.execute(SCHEMA_SQL)
     con.close()
     assert "no GPU samples" in measured()
-    con = store.connect(path)
+    con = connect(path)
     con.execute("INSERT INTO gpu_minute (window_start, node, gpu_index, zone, pool) VALUES "
                 "('2026-11-02 00:00', 'n1', 0, 'z', 'llm-a'), ('2026-11-02 00:01', 'n1', 0, 'z', 'llm-a')")
     con.close()

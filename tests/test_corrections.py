@@ -4,7 +4,9 @@ DuckDB store, copies dropped, the merged row equal to an on-time close (no Kafka
 import polars as pl
 import pytest
 
-from tailwatch import store
+from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, write_checkpoint
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import query_frame
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.corrections import LateEvents
 from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
@@ -18,19 +20,19 @@ def checkpoint(con, w: MinuteWindows, before: int | None):
     """What the window operator commits: closed rows, open deltas, frontier, late events resolved."""
     rows, minutes = w.close(before)
     unsaved = w.take_unsaved()
-    t = store.TopicCheckpoint(topic="tw.requests", table="sli_minute", closed=rows, closed_minutes=minutes,
+    t = TopicCheckpoint(topic="tw.requests", table="sli_minute", closed=rows, closed_minutes=minutes,
                               counts=unsaved.counts, hist=unsaved.hist, seen=unsaved.seen,
                               watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
                               keep_seen_minutes=HORIZON // MINUTE_MS)
     late = w.take_late()
     if late is not None:
         t.corrected = LateEvents(t.topic, t.table, w, late).resolve(con, t.seen)
-    store.write_checkpoint(con, store.Checkpoint(topics=[t], next_offsets={}))
+    write_checkpoint(con, Checkpoint(topics=[t], next_offsets={}))
     return t
 
 
 def stored(con) -> pl.DataFrame:
-    return store.query_frame(con, "SELECT * FROM sli_minute ORDER BY window_start, tenant")
+    return query_frame(con, "SELECT * FROM sli_minute ORDER BY window_start, tenant")
 
 
 def ev(eid, minute, status="ok", e2e=100.0, part=0, tenant="acme"):
@@ -39,7 +41,7 @@ def ev(eid, minute, status="ok", e2e=100.0, part=0, tenant="acme"):
 
 @pytest.fixture
 def con(tmp_path):
-    c = store.connect(tmp_path / "tw.duckdb")
+    c = connect(tmp_path / "tw.duckdb")
     yield c
     c.close()
 

@@ -22,7 +22,7 @@ from tailwatch.ingest.schema import GpuV1
 from tailwatch_dev.trace import TraceReplay, read_any_trace
 from tailwatch.reports.cost_report import SCALES_VIEW, attribution_bases, build_report, minute_scales, render_html
 from tailwatch.planning.prices import GpuPrices
-from tailwatch import store
+from tailwatch.store.queries import query_frame
 from tailwatch.store.attribution import attributed_sql
 from tailwatch.streams.rollup import RollUp
 from tailwatch.streams.fleet_metrics import FleetMetrics
@@ -72,7 +72,7 @@ def attributed_rows(con, start, end) -> pl.DataFrame:
     scales = minute_scales(con, start, end)
     con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
     try:
-        return store.query_frame(con, f"SELECT * FROM ({attributed_sql(SCALES_VIEW)})", {"start": start, "end": end})
+        return query_frame(con, f"SELECT * FROM ({attributed_sql(SCALES_VIEW)})", {"start": start, "end": end})
     finally:
         con.unregister(SCALES_VIEW)
 

@@ -41,8 +41,7 @@ from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.fleet_metrics import FleetMetrics
-from tailwatch.streams.runtime import WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch_dev.demo import BAD_RECORDS
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, send
 from tests.conftest import free_port, need, start_until_ready

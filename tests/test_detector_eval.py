@@ -116,7 +116,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
         now_min = int(time.time()) // 60
         stage = DetectorStage(alertmanager_urls=(url,))
         con = duckdb.connect(str(tmp_path / "am.duckdb"))
-        from tailwatch.store import SCHEMA_SQL
+        from tailwatch.store.schema import SCHEMA_SQL
 
         con.execute(SCHEMA_SQL)
         stage.rebuild(con)

@@ -616,7 +616,7 @@ def test_scoring_hits_false_alerts_explained_and_delay():
 
 def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
-    from tailwatch.store import SCHEMA_SQL
+    from tailwatch.store.schema import SCHEMA_SQL
 
     con.execute(SCHEMA_SQL)
     stage = DetectorStage()
@@ -786,7 +786,7 @@ def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(t
     # after ABSENT_SOURCE_MINUTES of requests without GPU rows the detectors go on, an hour
     # behind, and the retry storm after the silence is raised.
     from tailwatch.streams.detector_stage import ABSENT_SOURCE_MINUTES
-    from tailwatch.store import SCHEMA_SQL
+    from tailwatch.store.schema import SCHEMA_SQL
 
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     con.execute(SCHEMA_SQL)

@@ -8,7 +8,7 @@ import duckdb
 import msgspec
 import pytest
 
-from tailwatch import store
+from tailwatch.store.queries import query_frame
 from tailwatch.conventions import CORRECTED_EVENTS_TOTAL
 from tailwatch.ingest.schema import EvalV1, RequestV1
 from tailwatch_dev.simulator import FleetSimulator
@@ -22,6 +22,7 @@ from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.windows import MinuteWindows
 from tailwatch.backtest import backtest_rollout, read_buckets
 from tests.test_pipeline import publish, run_worker
+from tailwatch.streams.store_sink import StoreSink
 
 TS = 1_767_225_600_000
 REQUEST = {"schema": "request.v1", "event_id": "r1", "ts": TS, "tenant": "acme", "model": "asr-1", "workload": "asr",
@@ -82,14 +83,14 @@ def regression_run(broker, tmp_path_factory):
 def test_evaluations_reach_the_store_exactly_and_feed_the_wer_slo(regression_run):
     sim, events, path, worker = regression_run
     con = duckdb.connect(str(path), read_only=True)
-    rows = store.query_frame(con, "SELECT model_version, language, sum(requests) requests, sum(evals) evals, "
+    rows = query_frame(con, "SELECT model_version, language, sum(requests) requests, sum(evals) evals, "
                                   "sum(word_errors) word_errors, sum(reference_words) words FROM sli_minute GROUP BY ALL")
     con.close()
     got = {(r["model_version"], r["language"]): [r["evals"], r["word_errors"], r["words"]]
            for r in rows.iter_rows(named=True) if r["evals"]}
     assert got == sim.totals.evaluations and len(got) == 8
     assert rows["requests"].sum() == sum(isinstance(e, RequestV1) for e in events)  # evaluations are no requests
-    slo = next(s for s in worker.store.stages if isinstance(s, SloStage))
+    slo = next(s for s in worker.sink(StoreSink).stages if isinstance(s, SloStage))
     wer = {(v.labels["language"], v.labels["model_version"]): v for v in slo.states() if v.spec.name == "asr-wer"}
     assert set(wer) == set((lang, version) for version, lang in got)
     for (lang, version), view in wer.items():
@@ -172,7 +173,7 @@ def test_scores_that_arrive_after_their_minutes_closed_are_merged_into_them(brok
     def table():
         con = duckdb.connect(str(path), read_only=True)
         try:
-            return store.query_frame(con, "SELECT * FROM sli_minute ORDER BY ALL")
+            return query_frame(con, "SELECT * FROM sli_minute ORDER BY ALL")
         finally:
             con.close()
 

@@ -16,8 +16,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from tailwatch.conventions import STATE_BYTES
-from tailwatch.streams.runtime import NotDrained, Runtime, WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.runtime import NotDrained, Runtime
+from tailwatch.streams.tiers import WorkerSettings, build
+from tailwatch.streams.topic_sink import TopicSink
 from tests.test_pipeline import read_topic
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a minute boundary
@@ -164,7 +165,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     store = tmp_path / "tw.duckdb"
     w = build(settings(kafka, store))
     # Where the copies go, nobody answers (a real librdkafka producer; a port nobody listens on).
-    w.topics.producer = make_producer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
+    w.sink(TopicSink).producer = make_producer(KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}"))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     deadline = time.time() + 60
@@ -301,7 +302,7 @@ def _hold_store(path, seconds: float):
     import subprocess
     import sys
 
-    code = ("import sys, time; import store; con = store.connect(sys.argv[1], read_only=True, wait_s=30); "
+    code = ("import sys, time; from store.connection import connect; con = connect(sys.argv[1], read_only=True, wait_s=30); "
             "print('held', flush=True); time.sleep(float(sys.argv[2])); con.close()")
     reader = subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert reader.stdout.readline().strip() == "held"
@@ -327,7 +328,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     and carries on where it was. Requests from a public trace."""
     import logging
 
-    from tailwatch.store import StoreSession
+    from tailwatch.store.connection import StoreSession
 
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)
@@ -355,7 +356,7 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     the one before, and every request lands once."""
     import logging
 
-    from tailwatch.store import StoreSession
+    from tailwatch.store.connection import StoreSession
 
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)

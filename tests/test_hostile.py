@@ -390,9 +390,10 @@ def test_a_corrupt_store_is_one_line_naming_the_file_and_the_way_out(kafka, tmp_
 
 @pytest.mark.broker
 def test_a_truncated_store_is_the_same_one_line_and_way_out_as_a_corrupt_one(kafka, tmp_path):
-    from tailwatch import store as tw_store
+    from tailwatch.store.connection import connect
+
     path = tmp_path / "tw.duckdb"
-    con = tw_store.connect(path)  # a real store: the worker's own schema, then a month of minutes in it
+    con = connect(path)  # a real store: the worker's own schema, then a month of minutes in it
     con.execute("INSERT INTO sli_minute (window_start, tenant, model, requests, ok) "
                 "SELECT TIMESTAMP '2026-11-01' + INTERVAL (i) MINUTE, 'acme', 'chat-70b', i, i FROM range(200000) t(i)")
     con.close()

@@ -18,6 +18,7 @@ from tailwatch.streams.runtime import Runtime
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.tiers import build
 from tests.test_faults import produce, run_live, settings
+from tailwatch.streams.store_sink import StoreSink
 
 TRACE = Path(__file__).parent / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 DEFAULT_SLOS = Path(__file__).parents[1] / "tailwatch" / "slo" / "defaults.yaml"
@@ -42,7 +43,7 @@ def trace_requests():
 
 
 def slo_stage(w: Runtime) -> SloStage:
-    return next(s for s in w.store.stages if isinstance(s, SloStage))
+    return next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
 
 
 def frontier(w: Runtime) -> int | None:

@@ -213,8 +213,7 @@ def test_a_topic_deleted_and_created_again_under_a_live_worker_loses_nothing_pub
 
 def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
     """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
-    from tailwatch.streams.runtime import WorkerSettings
-    from tailwatch.streams.tiers import build
+    from tailwatch.streams.tiers import WorkerSettings, build
 
     w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
                              http_port=free_port()))

@@ -11,8 +11,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
-from tailwatch.streams.runtime import Runtime, WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.runtime import Runtime
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.ingest.kafka import make_producer
 
 from tests.test_validate import CORPUS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tailwatch import store
+from tailwatch.store.connection import StoreSession
 from tailwatch.streams.process_memory import HOLDERS, process_memory, rss_parts
 from tailwatch.streams.state_size import state_bytes
 
@@ -45,7 +45,7 @@ def test_a_large_array_is_glibc_memory_in_use_and_leaves_with_it():
 
 
 def test_the_store_cache_is_the_open_files_buffer_pool(tmp_path):
-    session = store.StoreSession(tmp_path / "s.duckdb", release_every_s=3600)
+    session = StoreSession(tmp_path / "s.duckdb", release_every_s=3600)
     with session as con:
         con.execute("CREATE TABLE t AS SELECT random() AS x FROM range(2000000)")  # 16 MB that do not compress
         con.execute("SELECT sum(x) FROM t").fetchall()

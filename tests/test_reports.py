@@ -18,8 +18,7 @@ from tailwatch.reports import charts
 from tailwatch.reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
 from tailwatch.planning import cost
 from tailwatch.planning.prices import GpuPrices
-from tailwatch.streams.runtime import WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store

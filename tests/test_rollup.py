@@ -14,7 +14,7 @@ from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.reports.cost_report import build_report
 from tailwatch.streams.rollup import RollUp, topics_ready
-from tailwatch import store
+from tailwatch.store.connection import connect
 from tests.test_pipeline import publish, run_worker
 
 DAY_MIN = 1440
@@ -99,7 +99,7 @@ def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes
 
 def test_a_store_without_retention_keeps_every_minute(two_stores):
     kept, _ = two_stores
-    con = store.connect(kept)
+    con = connect(kept)
     try:
         assert RollUp(0).roll(con) == 0
         assert con.execute("SELECT count(*) FROM sli_hour").fetchone()[0] == 0

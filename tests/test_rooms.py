@@ -108,3 +108,62 @@ def test_the_runtime_installs_one_top_level_package(tmp_path):
     sources = (info / "SOURCES.txt").read_text().split()
     assert not [s for s in sources if "tailwatch_dev" in s or s.startswith(("tools/", "dev/"))]
     assert "tailwatch/streams/runtime.py" in sources and "tailwatch/runbooks/slo-burn.md" in sources
+
+
+# What the stream runtime computes nothing of: the parts that do (the SLO engine, the signal
+# view, the planner, the pages) are built by the tier composition (streams/tiers.py) and
+# handed to it.
+DOMAIN_ROOMS = ("signals", "planning", "alerts", "slo", "detectors")
+
+
+def _module_path(module: str) -> Path:
+    return ROOT / (module.replace(".", "/") + ".py")
+
+
+def _module_imports(module: str) -> set[str]:
+    """Every module `module` (dotted, `tailwatch.…`) imports, at any depth of its body."""
+    path = _module_path(module)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names
+                         if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists())
+    return found
+
+
+def runtime_rooms(start: str = "tailwatch.streams.runtime") -> dict[str, str]:
+    """Room → the first module that brings it in, over the runtime and every streams module it imports."""
+    seen, todo, rooms = set(), [start], {}
+    while todo:
+        module = todo.pop()
+        if module in seen or not _module_path(module).exists():
+            continue
+        seen.add(module)
+        for name in sorted(_module_imports(module)):
+            reached = _room_of_import(name, [])
+            if name.startswith("tailwatch.streams."):
+                todo.append(name)
+            elif reached and reached[0] != "streams":
+                rooms.setdefault(reached[0], module)
+    return rooms
+
+
+def test_the_runtime_imports_no_domain_room():
+    found = {room: module for room, module in runtime_rooms().items() if room in DOMAIN_ROOMS}
+    assert found == {}, "the runtime reaches domain rooms: " + ", ".join(f"{r} (through {m})" for r, m in found.items())
+
+
+def test_the_domain_room_check_sees_a_room_the_tier_composition_imports():
+    # The check can fail: the composition, which builds the domain parts, reaches them.
+    assert {"signals", "alerts", "planning"} <= set(runtime_rooms("tailwatch.streams.tiers"))
+
+
+def test_the_source_knows_nothing_of_the_embedded_broker():
+    # Its group rescue is a watcher the tier composition hands the source (streams/group_rescue.py),
+    # and that asks the development tools for it by name: neither imports them.
+    for module in ("tailwatch.streams.source", "tailwatch.streams.group_rescue"):
+        assert not any(name.startswith("tailwatch_dev") for name in _module_imports(module)), module
+    assert "tailwatch.config.plugins" in _module_imports("tailwatch.streams.group_rescue")

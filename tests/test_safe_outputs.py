@@ -21,8 +21,7 @@ from tailwatch.ingest.schema import GpuV1, RequestV1
 from tailwatch.reports.readiness import dashboards_for
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.windows import default_catalog
-from tailwatch.streams.runtime import WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP: a cell starting so is run by a spreadsheet

@@ -355,7 +355,9 @@ def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or
     # One change takes a statement with parameters, several an Arrow table: same rows, and a
     # fire, resolve and fire again of one fingerprint land in that order either way.
     from tailwatch.slo.engine import AlertChange
-    from tailwatch import store
+    from tailwatch.store.checkpoint import Checkpoint, write_checkpoint
+    from tailwatch.store.connection import connect
+
     window = default_catalog()[0]
 
     def change(state: str, fingerprint: str, minute: int, long_burn_rate: float | None = 14.5) -> AlertChange:
@@ -367,9 +369,9 @@ def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or
                change("firing", "a", 13, None), change("resolved", "b", 14)]
 
     def history(batches: list[list[AlertChange]], name: str) -> list[tuple]:
-        con = store.connect(tmp_path / name)
+        con = connect(tmp_path / name)
         for batch in batches:
-            store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", alert_change_rows(batch))]))
+            write_checkpoint(con, Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", alert_change_rows(batch))]))
         return con.execute("SELECT * FROM alerts ORDER BY fingerprint, fired_at").fetchall()
 
     one_by_one = history([[c] for c in changes], "one.duckdb")
@@ -396,7 +398,8 @@ def test_a_restart_takes_the_alerts_firing_from_the_store_and_then_decides_as_a_
 
     import polars as pl
 
-    from tailwatch import store
+    from tailwatch.store.checkpoint import Checkpoint, write_checkpoint
+    from tailwatch.store.connection import connect
     from tailwatch.streams.slo_stage import SloStage
 
     (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 10\n    no_data_after: 5m\n    slice_by: [zone]")))
@@ -409,14 +412,14 @@ def test_a_restart_takes_the_alerts_firing_from_the_store_and_then_decides_as_a_
                 for zone in ("a", "b", "c") if not (zone == "b" and 120 <= m < 200)]
         return pl.DataFrame(rows)
 
-    con = store.connect(tmp_path / "live.duckdb")
+    con = connect(tmp_path / "live.duckdb")
     live = SloStage([spec])
     for m in range(150):
         rows = minute(m)
         out = live.on_closed(rows, pl.DataFrame())
         con.register("closed", rows.to_arrow())
         con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM closed")
-        store.write_checkpoint(con, store.Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", out["alerts"])]))
+        write_checkpoint(con, Checkpoint(topics=[], next_offsets={}, stage_rows=[("alerts", out["alerts"])]))
 
     def firing(stage: SloStage) -> dict[str, tuple[str, int]]:
         return {fp: (aw.name, at) for v in stage.states() for fp, (aw, at) in v.firing.items()} | \

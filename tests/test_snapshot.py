@@ -9,7 +9,7 @@ import sys
 import duckdb
 import pytest
 
-from tailwatch import store
+from tailwatch.store.schema import SCHEMA_VERSION
 from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.slo.spec import load_slos
 from tailwatch.store import snapshot
@@ -84,7 +84,7 @@ def test_a_snapshot_from_a_newer_release_is_refused_in_one_line(tmp_path):
     folder = tmp_path / "snap"
     folder.mkdir()
     (folder / "snapshot.json").write_text(json.dumps({
-        "schema_version": store.SCHEMA_VERSION + 1, "written_at": "2026-11-26T00:00:00Z", "newest_minute": None,
+        "schema_version": SCHEMA_VERSION + 1, "written_at": "2026-11-26T00:00:00Z", "newest_minute": None,
         "offsets": {}, "rows": {}}))
     with pytest.raises(snapshot.SnapshotError, match="newer tailwatch"):
         snapshot.restore(folder, tmp_path / "new.duckdb")

@@ -9,7 +9,7 @@ from collections import Counter
 
 import duckdb
 import msgspec
-from tailwatch import store
+from tailwatch.store.queries import query_frame
 from tailwatch.ingest.schema import RequestV1
 from tailwatch_dev.simulator import TENANTS, FleetSimulator
 from tailwatch.ingest.validate import BatchDecoder
@@ -17,6 +17,7 @@ from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.frames import REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.slo_stage import SloStage
 from tests.test_pipeline import publish, run_worker
+from tailwatch.streams.store_sink import StoreSink
 
 TENANT_QUOTA_SLOS = DEFAULT_SLOS.parent / "examples" / "tenant-quota.yaml"
 BASE = {"schema": "request.v1", "event_id": "e1", "ts": 1_767_225_600_000, "tenant": "acme", "model": "tts-1",
@@ -52,7 +53,7 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, t
     w = run_worker(kafka, store_path, slos=load_slos(DEFAULT_SLOS) + load_slos(TENANT_QUOTA_SLOS))
 
     con = duckdb.connect(str(store_path), read_only=True)
-    frame = store.query_frame(con,
+    frame = query_frame(con,
         "SELECT workload, language, voice, sum(requests) requests, sum(underrun_reported) underrun_reported, "
         "sum(underrun_streams) underrun_streams, sum(voice_cache_hits) hits, sum(voice_cache_lookups) lookups, "
         "sum(endpointing_errors) ep_err, sum(endpointing_reported) ep_n, sum(partial_revisions) revisions, "
@@ -81,7 +82,7 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, t
     assert total("fallbacks") == sum(e.fallback is not None for e in events)
 
     # The speech SLOs slice by language and voice; their windows hold exactly the reported events.
-    slo = next(s for s in w.store.stages if isinstance(s, SloStage))
+    slo = next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
     underrun = {tuple(sorted(v.labels.items())): v for v in slo.states() if v.spec.name == "tts-realtime-underrun-free"}
     assert {dict(k)["voice"] for k in underrun} == {"neutral", "premium-1", "premium-2"}
     good = sum(v.sums(v.spec.window_minutes)[0] for v in underrun.values())

@@ -15,15 +15,16 @@ import uuid
 import duckdb
 import pytest
 
-from tailwatch import store
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import bucket_runs, minute_runs, recent_bucket_chunks
 from tailwatch_dev.broker import free_port
 
 MINUTE = 29_400_000  # 2025-11-24 00:00 UTC, in epoch minutes: past, whenever the test runs
-BIG_MINUTE_SLICES = 250_000  # one minute over the rows a rebuild reads at once (store.BUCKET_CHUNK_ROWS)
+BIG_MINUTE_SLICES = 250_000  # one minute over the rows a rebuild reads at once (store.queries.BUCKET_CHUNK_ROWS)
 
 
 def test_pieces_are_runs_of_whole_minutes_and_shares_of_a_minute_over_the_limit():
-    from tailwatch.store import BucketPiece, bucket_pieces
+    from tailwatch.store.queries import BucketPiece, bucket_pieces
 
     counts = [(0, 40), (1, 50), (2, 30), (3, 250), (4, 10), (5, 100), (6, 101)]
     assert bucket_pieces(counts, 100) == [
@@ -38,10 +39,10 @@ def test_pieces_are_runs_of_whole_minutes_and_shares_of_a_minute_over_the_limit(
 
 
 def test_a_minute_read_in_shares_gives_every_row_once(tmp_path):
-    con = store.connect(tmp_path / "s.duckdb")
+    con = connect(tmp_path / "s.duckdb")
     _fill(con, slices=2_500, minute=MINUTE)
     _fill(con, slices=700, minute=MINUTE + 1)
-    frames = list(store.recent_bucket_chunks(con, 60, max_rows=1_000))
+    frames = list(recent_bucket_chunks(con, 60, max_rows=1_000))
     con.close()
     assert [f.height for f in frames] == [834, 833, 833, 700]  # 2,500 rows in three shares, then a whole minute
     tenants = [t for f in frames[:3] for t in f["tenant"].to_list()]
@@ -74,7 +75,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 def test_a_worker_starts_on_a_store_whose_minute_holds_more_rows_than_a_rebuild_reads_at_once(kafka, tmp_path):
     path = tmp_path / "big.duckdb"
-    con = store.connect(path)
+    con = connect(path)
     _fill(con, BIG_MINUTE_SLICES, MINUTE, error_every=2_000)
     _fill(con, 3_000, MINUTE + 1, error_every=1_000)
     # The exact 30-day budget of each slice of the availability SLO (objective 99.9%).
@@ -165,7 +166,7 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
 
     def started(runs):
         with monkeypatch.context() as m:
-            m.setattr(store, "bucket_runs", runs)
+            m.setattr("tailwatch.streams.detector_stage.bucket_runs", runs)
             stage = DetectorStage()
             stage.rebuild(con)
         out = stage.on_closed(pl.DataFrame([req_rows(T0 + 30, tenant="acme", requests=100, ok=70, retries=50)],
@@ -174,9 +175,9 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
         return (out["detection_events"].to_dicts(), stage.processed_before, stage.max_request_minute,
                 stage.max_gpu_minute)
 
-    whole = started(store.bucket_runs)
-    assert len(store.minute_runs(con, T0, max_rows=1)) == 30
-    by_minute = started(functools.partial(store.bucket_runs, max_rows=1))
+    whole = started(bucket_runs)
+    assert len(minute_runs(con, T0, max_rows=1)) == 30
+    by_minute = started(functools.partial(bucket_runs, max_rows=1))
     con.close()
     assert by_minute == whole
     assert whole[1] == T0 + 31 and any(e["detector"] == "retry_storm" for e in whole[0])
@@ -201,7 +202,7 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
 
     def answers(runs):
         with monkeypatch.context() as m:
-            m.setattr(store, "bucket_runs", runs)
+            m.setattr("tailwatch.streams.signal_stage.bucket_runs", runs)
             stage = SignalStage(LiveSignals(SignalPolicy(), [], GpuPrices()))
             stage.rebuild(con)
         snap = stage.snapshot(pl.DataFrame(), pl.DataFrame(), wall_s=0.0)
@@ -209,7 +210,6 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
             stage.live.recent.requests.newest_minute()
 
     reads: list[int] = []
-    bucket_runs = store.bucket_runs
 
     def counted(con, since, *args, **kwargs):
         for run in bucket_runs(con, since, *args, **kwargs):
@@ -218,7 +218,7 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
 
     whole = answers(counted)
     assert len(reads) == 1 and reads[0] == 62  # the newest minute and the 30 before it, two slices each
-    by_minute = answers(functools.partial(store.bucket_runs, max_rows=2))
+    by_minute = answers(functools.partial(bucket_runs, max_rows=2))
     con.close()
     assert by_minute == whole and whole[0] == T0 + 39
 
@@ -229,7 +229,7 @@ def _bucket_store(path, request_rows: list[dict], gpu_rows: list[dict]):
 
     from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA
 
-    con = store.connect(path)
+    con = connect(path)
     con.register("_r", pl.DataFrame(request_rows, schema_overrides=REQ_SCHEMA).to_arrow())
     con.register("_g", pl.DataFrame(gpu_rows, schema_overrides=GPU_SCHEMA).to_arrow())
     con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM _r")

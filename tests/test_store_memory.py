@@ -4,7 +4,9 @@ at most to four times where it started; past that, one line that names the way o
 import duckdb
 import pytest
 
-from tailwatch import store
+from tailwatch.store.checkpoint import Checkpoint, write_checkpoint
+from tailwatch.store.connection import StoreError, StoreSession, store_failure
+
 # A query DuckDB cannot spill: one list of a million BIGINTs, built in a buffer that doubles
 # (measured: out of memory at 8 and 16 MiB, fine at 32).
 NEEDS_32_MIB = "SELECT len(list(i)) FROM range(1000000) t(i)"
@@ -13,7 +15,7 @@ NEEDS_32_MIB = "SELECT len(list(i)) FROM range(1000000) t(i)"
 def test_a_checkpoint_that_runs_out_of_the_limit_runs_again_with_it_doubled(tmp_path):
     path = tmp_path / "s.duckdb"
     limits: list[int] = []
-    session = store.StoreSession(path, memory_limit_mib=16, on_memory_limit=limits.append)
+    session = StoreSession(path, memory_limit_mib=16, on_memory_limit=limits.append)
     with session as con:
         con.execute("CREATE TABLE upkeep_done (attempt INTEGER)")
     attempts = []
@@ -23,8 +25,8 @@ def test_a_checkpoint_that_runs_out_of_the_limit_runs_again_with_it_doubled(tmp_
         con.execute("INSERT INTO upkeep_done VALUES (?)", [attempts[-1]])
         assert con.execute(NEEDS_32_MIB).fetchone() == (1_000_000,)
 
-    cp = store.Checkpoint(topics=[], next_offsets={("tw.requests", 0): 42}, upkeep=[upkeep])
-    session.run(lambda con: store.write_checkpoint(con, cp))
+    cp = Checkpoint(topics=[], next_offsets={("tw.requests", 0): 42}, upkeep=[upkeep])
+    session.run(lambda con: write_checkpoint(con, cp))
     assert limits == [16, 32] and attempts == [1, 2]
     with session as con:
         # The failed attempt left nothing: its transaction was rolled back whole.
@@ -41,17 +43,17 @@ def test_a_checkpoint_that_runs_out_of_the_limit_runs_again_with_it_doubled(tmp_
 def test_past_four_times_the_limit_the_worker_stops_with_one_line_naming_the_flag(tmp_path):
     path = tmp_path / "s.duckdb"
     limits: list[int] = []
-    session = store.StoreSession(path, memory_limit_mib=4, on_memory_limit=limits.append)
+    session = StoreSession(path, memory_limit_mib=4, on_memory_limit=limits.append)
     with pytest.raises(duckdb.OutOfMemoryException) as caught:
         session.run(lambda con: con.execute(NEEDS_32_MIB).fetchone())
     assert limits == [4, 8, 16] and session.memory_limit_mib == session.max_memory_limit_mib == 16
-    said = str(store.store_failure(path, caught.value))
+    said = str(store_failure(path, caught.value))
     assert "\n" not in said and "--store-memory-limit" in said and str(path) in said, said
     session.close()
 
 
 def test_reads_run_again_too_and_other_errors_do_not(tmp_path):
-    session = store.StoreSession(tmp_path / "s.duckdb", memory_limit_mib=16)
+    session = StoreSession(tmp_path / "s.duckdb", memory_limit_mib=16)
     assert session.run(lambda con: con.execute(NEEDS_32_MIB).fetchone()) == (1_000_000,)
     assert session.memory_limit_mib == 32
     calls = []
@@ -70,7 +72,7 @@ def test_start_up_reads_at_the_ceiling_then_the_limit_comes_back(tmp_path):
     # A restart's restore and rebuild fill Python state as they read, so they are not run
     # twice: they get the ceiling at once, and checkpoints start from the flag again.
     limits: list[int] = []
-    session = store.StoreSession(tmp_path / "s.duckdb", memory_limit_mib=16, on_memory_limit=limits.append)
+    session = StoreSession(tmp_path / "s.duckdb", memory_limit_mib=16, on_memory_limit=limits.append)
     rebuilt = []
 
     def rebuild(con):
@@ -90,7 +92,7 @@ def test_a_start_up_past_the_ceiling_is_one_line_naming_the_flag(tmp_path):
 
     path = tmp_path / "s.duckdb"
     sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=4)
-    with pytest.raises(store.StoreError) as caught:
+    with pytest.raises(StoreError) as caught:
         sink.open(lambda con: con.execute(NEEDS_32_MIB).fetchone())
     said = str(caught.value)
     assert "\n" not in said and "--store-memory-limit" in said and str(path) in said, said

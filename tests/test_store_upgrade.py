@@ -11,12 +11,15 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tailwatch import store
+from tailwatch.store.connection import StoreError, connect
+from tailwatch.store.queries import has_table
+from tailwatch.store.schema import SCHEMA_VERSION, schema_version
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
-from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.streams.stages import default_stages
-from tailwatch.streams.tiers import build
+from tailwatch.streams.store_sink import StoreSink
+from tailwatch.streams.topic_sink import TopicSink
 
 FIXTURES = Path(__file__).parent / "data" / "stores"
 TABLES = ("sli_minute", "gpu_minute", "slo_status", "alerts", "_tw_offsets", "_tw_alert_outbox")
@@ -46,13 +49,13 @@ def test_a_store_of_an_earlier_release_is_migrated_and_restores_the_worker(tmp_p
     before = _counts(path)
     assert before["sli_minute"] > 1000 and before["slo_status"] > 0 and before["alerts"] > 0
     con = duckdb.connect(str(path), read_only=True)
-    assert store.schema_version(con) == version
-    assert (version >= 3) == store.has_table(con, "sli_hour")
+    assert schema_version(con) == version
+    assert (version >= 3) == has_table(con, "sli_hour")
     con.close()
 
-    con = store.connect(path)  # a writer: migrates
-    assert store.schema_version(con) == store.SCHEMA_VERSION
-    assert store.has_table(con, "sli_hour") and store.has_table(con, "rolled_minute")
+    con = connect(path)  # a writer: migrates
+    assert schema_version(con) == SCHEMA_VERSION
+    assert has_table(con, "sli_hour") and has_table(con, "rolled_minute")
     # Rows from before language and voice slices are the slices without them; their quality counts are 0.
     if version < 4:
         assert con.execute("SELECT count(*) FROM sli_minute WHERE language != '' OR voice != '' "
@@ -68,35 +71,35 @@ def test_a_store_of_an_earlier_release_is_migrated_and_restores_the_worker(tmp_p
     worker = build(WorkerSettings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="fx."),
                                   store_path=str(path), slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
                                   http_port=0))
-    worker.store.open(lambda con: worker.operator.start(worker.source, con))
+    worker.sink(StoreSink).open(lambda con: worker.operator.start(worker.source, con))
     try:
-        slo = next(s for s in worker.store.stages if s.name == "slo")
+        slo = next(s for s in worker.sink(StoreSink).stages if s.name == "slo")
         assert slo.states() and any(st.sums(60)[1] for st in slo.states())
         assert worker.source.next_offsets and sum(worker.source.next_offsets.values()) > 0
         view = worker.signals.snapshot(*worker.operator.open_minutes(), wall_s=0.0)
         assert view.pools and view.slos
     finally:
-        worker.store.close()
-        worker.topics.close()
+        worker.sink(StoreSink).close()
+        worker.sink(TopicSink).close()
 
 
 def test_a_store_from_a_newer_release_is_refused_in_one_line(tmp_path):
     path = tmp_path / "newer.duckdb"
-    store.connect(path).close()
+    connect(path).close()
     con = duckdb.connect(str(path))
-    con.execute("UPDATE _tw_schema SET version = ?", [store.SCHEMA_VERSION + 1])
+    con.execute("UPDATE _tw_schema SET version = ?", [SCHEMA_VERSION + 1])
     con.close()
     for read_only in (False, True):
-        with pytest.raises(store.StoreError) as err:
-            store.connect(path, read_only=read_only)
+        with pytest.raises(StoreError) as err:
+            connect(path, read_only=read_only)
         message = str(err.value)
         assert "\n" not in message and "newer tailwatch" in message and str(path) in message
-    assert _counts_schema(path) == store.SCHEMA_VERSION + 1  # refused, not rewritten
+    assert _counts_schema(path) == SCHEMA_VERSION + 1  # refused, not rewritten
 
 
 def _counts_schema(path: Path) -> int:
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return store.schema_version(con)
+        return schema_version(con)
     finally:
         con.close()

@@ -22,7 +22,7 @@ from tailwatch.slo import histogram
 from tailwatch.slo.sli import SloEvaluator
 from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
 from tailwatch.slo.turn_stages import stage_latency
-from tailwatch import store
+from tailwatch.store.connection import connect
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
 from tests.h100_lab import buckets
@@ -135,7 +135,7 @@ def test_stage_budgets_that_overspend_the_target_are_refused(tmp_path):
 @pytest.fixture(scope="module")
 def stage_store(streaming_buckets, tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "tw.duckdb"
-    con = store.connect(path)
+    con = connect(path)
     con.register("rows", streaming_buckets.to_arrow())
     con.execute("INSERT INTO sli_minute BY NAME SELECT * FROM rows")
     con.close()

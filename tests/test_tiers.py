@@ -26,7 +26,8 @@ import polars as pl
 import pytest
 from confluent_kafka import Producer
 
-from tailwatch import store
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import query_frame
 from tailwatch.slo.spec import DEFAULT_SLOS
 from tailwatch.streams.partial_publisher import progress_topic
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, read_latest
@@ -142,9 +143,9 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _tables(path: Path) -> dict[str, pl.DataFrame]:
-    con = store.connect(path, read_only=True)
+    con = connect(path, read_only=True)
     try:
-        return {t: store.query_frame(con, f"SELECT * FROM {t} ORDER BY {keys}") for t, keys in COMPARED.items()}
+        return {t: query_frame(con, f"SELECT * FROM {t} ORDER BY {keys}") for t, keys in COMPARED.items()}
     finally:
         con.close()
 

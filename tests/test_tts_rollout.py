@@ -7,7 +7,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tailwatch import store
+from tailwatch.store.queries import query_frame
 from tailwatch.ingest.schema import GpuV1, RequestV1
 from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.signals.live import SignalPolicy
@@ -30,7 +30,7 @@ def tts_run(kafka, tmp_path, scenario: str, seed: int, rate_scale: float = 3.0):
 def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(kafka, tmp_path):
     requests, path = tts_run(kafka, tmp_path, "tts-canary-underruns", seed=5)
     con = duckdb.connect(str(path), read_only=True)
-    rows = store.query_frame(con, "SELECT model_version, sum(successful_audio_ms) audio_ms, "
+    rows = query_frame(con, "SELECT model_version, sum(successful_audio_ms) audio_ms, "
                                   "sum(underrun_reported) reported, sum(underrun_streams) stuttered "
                                   "FROM sli_minute GROUP BY ALL")
     con.close()

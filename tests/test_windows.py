@@ -146,19 +146,21 @@ def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
 def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     """The open state written by a checkpoint (deltas, dedupe runs of many minutes in one
     insert) and read back by a restarted worker closes the same buckets, and dedupes."""
-    from tailwatch import store
+    from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_topic_state, write_checkpoint
+    from tailwatch.store.connection import connect
+
     rows = RESTORE_ROWS
     first = windows()
     for i in range(3):
         first.add(frame(rows[i * 25: (i + 1) * 25]))  # three batches over four minutes
     unsaved = first.take_unsaved()
     assert len({m for m, _ in unsaved.seen}) > 1
-    con = store.connect(tmp_path / "s.duckdb")
-    store.write_checkpoint(con, store.Checkpoint(topics=[store.TopicCheckpoint(
+    con = connect(tmp_path / "s.duckdb")
+    write_checkpoint(con, Checkpoint(topics=[TopicCheckpoint(
         topic="t", table="sli_minute", closed=pl.DataFrame(), closed_minutes=[], counts=unsaved.counts,
         hist=unsaved.hist, seen=unsaved.seen, watermarks=dict(first.watermark_ms), closed_before_minute=None)],
         next_offsets={}))
-    back = store.load_topic_state(con, "t")
+    back = load_topic_state(con, "t")
     assert sorted((m, h.tolist()) for m, h in back.seen) == sorted((m, h.tolist()) for m, h in unsaved.seen)
     assert_restored_closes_as_whole(back.counts, back.hist, back.seen, back.watermarks, back.closed_before_minute)
 

@@ -23,9 +23,10 @@ import numpy as np
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.store import snapshot
-from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.streams.stages import default_stages
-from tailwatch.streams.tiers import build
+from tailwatch.streams.store_sink import StoreSink
+from tailwatch.streams.topic_sink import TopicSink
 
 
 def _size(path: Path) -> int:
@@ -73,13 +74,13 @@ def time_start(store_path: Path, by_stage: dict[str, tuple[float, float, float]]
     w = build(WorkerSettings(kafka=quiet, store_path=str(store_path), slos=load_slos(DEFAULT_SLOS),
                              stages=default_stages(), http_port=0))
     if by_stage is not None:
-        for stage in w.store.stages:
+        for stage in w.sink(StoreSink).stages:
             stage.rebuild = _timed(stage.name, stage.rebuild, by_stage)
     began, cpu = time.perf_counter(), time.process_time()
-    w.store.open(lambda con: w.operator.start(w.source, con))
+    w.sink(StoreSink).open(lambda con: w.operator.start(w.source, con))
     took = time.perf_counter() - began, time.process_time() - cpu
-    w.store.close()
-    w.topics.close()
+    w.sink(StoreSink).close()
+    w.sink(TopicSink).close()
     return took
 
 
@@ -131,14 +132,14 @@ def run_rollup(store_path: str, retention_days: int, say=lambda line: None) -> l
     checkpoint-sized step by step as a worker would; the time it took and the store's size
     before and after (each compacted by a snapshot and restore, which is what a file's
     size says once DuckDB reuses the blocks the deleted minutes freed)."""
-    from tailwatch import store
+    from tailwatch.store.connection import connect
     from tailwatch.streams.rollup import RollUp
 
     work = Path(tempfile.mkdtemp(prefix="tailwatch-rollup-"))
     try:
         copy = work / "rolled.duckdb"
         shutil.copyfile(store_path, copy)
-        con = store.connect(copy)
+        con = connect(copy)
         rollup, hours = RollUp(retention_days * 1440), 0
         say(f"rolling {store_path} up to {retention_days} days of minutes")
         wall, cpu = time.perf_counter(), time.process_time()
@@ -178,7 +179,8 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
     frontier) are written; the stages' own tables stay empty. Returns the rows written."""
     import polars as pl
 
-    from tailwatch import store
+    from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, write_checkpoint
+    from tailwatch.store.connection import connect
     from tailwatch.conventions import TOPIC_REQUESTS
     from tailwatch.streams.aggregates import REQUESTS
     from tailwatch.streams.frames import REQUEST_COLUMNS
@@ -191,7 +193,7 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
     columns = {c: t for c, t in REQUEST_COLUMNS.items() if c != "stages"}
     topic = KafkaSettings().topic(TOPIC_REQUESTS)
     rng = np.random.default_rng(1)
-    con = store.connect(path)
+    con = connect(path)
     # The month ends where the other benches' event time begins: in the past whenever this runs
     # (a start forgets event time ahead of the wall clock: nothing accepted can stand on it).
     first_minute = T0_MS // MINUTE_MS - days * 1440
@@ -219,10 +221,10 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
         windows = MinuteWindows(REQUESTS, 0)
         windows.add(events)
         rows, closed = windows.close(None)
-        cp = store.Checkpoint(topics=[store.TopicCheckpoint(
+        cp = Checkpoint(topics=[TopicCheckpoint(
             topic=topic, table="sli_minute", closed=rows, closed_minutes=closed, counts=[], hist=[], seen=[],
             watermarks={0: int(ts.max())}, closed_before_minute=minutes[-1] + 1)], next_offsets={})
-        store.write_checkpoint(con, cp)
+        write_checkpoint(con, cp)
         written += rows.height
         say(f"  day {day + 1}/{days}: {written:,} sli_minute rows")
     con.close()
@@ -240,7 +242,7 @@ def busy_fleet_store(path: Path, slices: int, hours: int, say=lambda line: None)
     closes a million events a minute here far too slowly for a fleet of 100,000 slices, and
     a start reads rows, however they were made. The frontier is set past the newest minute,
     as a checkpoint would leave it. Returns the rows written."""
-    from tailwatch import store
+    from tailwatch.store.connection import connect
     from tailwatch.conventions import TOPIC_REQUESTS
     from tailwatch.streams.windows import MINUTE_MS
     from tailwatch_dev.bench import T0_MS
@@ -249,7 +251,7 @@ def busy_fleet_store(path: Path, slices: int, hours: int, say=lambda line: None)
     first_minute, minutes = T0_MS // MINUTE_MS - hours * 60, hours * 60
     step = max(1, BUSY_STEP_ROWS // slices)
     workload = "[" + ", ".join(f"'{w}'" for w in WORKLOADS) + f"][i % {len(WORKLOADS)} + 1]"
-    con = store.connect(path)
+    con = connect(path)
     for at in range(0, minutes, step):
         con.execute(f"""
             INSERT INTO sli_minute BY NAME

@@ -16,10 +16,10 @@ from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.slo import histogram
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
-from tailwatch import store
+from tailwatch.store.connection import DEFAULT_STORE, connect
 from tailwatch.streams.stages import default_stages
-from tailwatch.streams.runtime import Runtime, WorkerSettings
-from tailwatch.streams.tiers import build
+from tailwatch.streams.runtime import Runtime
+from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch_dev.broker import EmbeddedBroker, free_port
 from tailwatch.cli import progress, progress_done
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, send
@@ -51,7 +51,7 @@ def run_demo(minutes: int | None = None, seed: int = 7, store_path: str | None =
     `workers` > 1: that many `worker --tier 1` processes and a `--tier 2` replica
     (README "Scaling out") instead of one worker doing everything."""
     started = time.monotonic()
-    store_path = store_path or store.DEFAULT_STORE
+    store_path = store_path or DEFAULT_STORE
     if Path(store_path).exists():
         Path(store_path).unlink()  # the demo's broker is new and in memory: start the store afresh too
     port = port or free_port(preferred=9092)
@@ -204,7 +204,7 @@ def _publish_otlp(settings: KafkaSettings, pub: EventPublisher, events: list, sa
 
 
 def summary(store_path: str) -> str:
-    con = store.connect(store_path, read_only=True)
+    con = connect(store_path, read_only=True)
     try:
         counts = con.execute("""
             SELECT workload, zone, sum(requests), sum(ok), sum(errors + timeouts), sum(cancelled), sum(retries),

@@ -31,7 +31,7 @@ from tailwatch_dev.detector_scoring import (
 )
 from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
-from tailwatch import store
+from tailwatch.store.connection import connect
 from tailwatch.streams.detector_stage import DetectorStage
 from tailwatch_dev.broker import EmbeddedBroker, free_port
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
@@ -121,8 +121,7 @@ def publish(kafka: KafkaSettings, events, progress=None) -> None:
 def run_worker(kafka: KafkaSettings, store_path: str, cfg: detector_config.DetectorsConfig | None, group: str,
                progress=None) -> DetectorStage:
     """The real worker with the detector stage (no SLOs, no HTTP), until the topics are drained."""
-    from tailwatch.streams.runtime import WorkerSettings
-    from tailwatch.streams.tiers import build
+    from tailwatch.streams.tiers import WorkerSettings, build
 
     stage = DetectorStage(cfg)
     worker = build(WorkerSettings(kafka=kafka, store_path=store_path, http_port=None, until_idle_s=2.0,
@@ -135,7 +134,7 @@ def run_worker(kafka: KafkaSettings, store_path: str, cfg: detector_config.Detec
 
 
 def read_detections(store_path: str) -> list[ObservedDetection]:
-    con = store.connect(store_path, read_only=True)
+    con = connect(store_path, read_only=True)
     try:
         rows = con.execute("SELECT detector, slice, started_at, ended_at FROM detections ORDER BY started_at, detector").fetchall()
     finally:
@@ -614,7 +613,7 @@ def write_trace_store(day: TraceDay, store_path: str | Path) -> Path:
             reqs.append(req)
         if gpu is not None:
             gpus.append(gpu)
-    con = store.connect(store_path)
+    con = connect(store_path)
     try:
         for table, frames in (("sli_minute", reqs), ("gpu_minute", gpus)):
             if frames:

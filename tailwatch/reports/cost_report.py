@@ -24,7 +24,8 @@ from markupsafe import Markup
 
 from tailwatch.planning import cost
 from tailwatch.planning.prices import DEFAULT_USD_PER_GPU_HOUR, GpuPrices
-from tailwatch import store
+from tailwatch.store.connection import connect
+from tailwatch.store.queries import has_table, query_frame
 from tailwatch.reports import html, period
 from tailwatch.reports.csv_out import write_frame
 from tailwatch.reports.html import count, note, pct, scale, usd
@@ -119,7 +120,7 @@ class ReportResult:
 
 def _rolled(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the store has hour tables (streams/rollup.py): a store of an older release has none."""
-    return store.has_table(con, "rolled_minute")
+    return has_table(con, "rolled_minute")
 
 
 def _data_range(con: duckdb.DuckDBPyConnection) -> tuple[dt.datetime, dt.datetime] | None:
@@ -177,7 +178,7 @@ def _usage(con, unit: str, start: dt.datetime, end: dt.datetime, scales: pl.Data
             FROM sli_hour WHERE window_start >= $start AND window_start < $end GROUP BY ALL""" if _rolled(con) else ""
     con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
     try:
-        return store.query_frame(con, f"""
+        return query_frame(con, f"""
             SELECT period, tenant, model, workload, pool, sum(requests)::BIGINT AS requests, sum(turns)::BIGINT AS turns,
                    sum(successful_turns)::BIGINT AS successful_turns, sum(output_tokens)::BIGINT AS output_tokens,
                    sum(audio_seconds)::DOUBLE AS audio_seconds, sum(successful_audio_ms)::BIGINT AS successful_audio_ms,
@@ -198,7 +199,7 @@ def attribution_bases(con, start: dt.datetime, end: dt.datetime, scales: pl.Data
     GPU-seconds, and the fitted weight of a prompt token in output tokens (tokens basis)."""
     con.register(SCALES_VIEW, scales.select("minute", pl.col("pool").alias("scaled_pool"), "attribution_scale"))
     try:
-        return store.query_frame(con, f"""
+        return query_frame(con, f"""
             SELECT coalesce(pool, '') AS pool, attribution_basis AS basis, count(DISTINCT window_start) AS minutes,
                    sum(gpu_seconds_attributed)::DOUBLE AS gpu_seconds, avg(prompt_token_weight) AS prompt_token_weight
             FROM ({attributed_sql(SCALES_VIEW)}) GROUP BY ALL ORDER BY pool, basis""", {"start": start, "end": end})
@@ -368,7 +369,7 @@ def run_cost_report(store_path: str, start: dt.datetime | None, end: dt.datetime
                     progress: Callable[[str], None] | None = None) -> ReportResult:
     t0 = time.perf_counter()
     # A running worker lets go of the store every 20 s: wait for that moment.
-    con = store.connect(store_path, read_only=True, wait_s=30.0)
+    con = connect(store_path, read_only=True, wait_s=30.0)
     try:
         report = build_report(con, store_path, start, end, prices, prices_source, progress)
     finally:

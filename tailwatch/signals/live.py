@@ -9,6 +9,7 @@ HTTP threads read a finished, consistent answer and never touch live state.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Generic, TypeVar
 
 import msgspec
@@ -16,7 +17,7 @@ import polars as pl
 from msgspec import Meta
 
 from tailwatch.alerts.alertmanager import rfc3339
-from tailwatch.signals.answers import Alert, Autoscale, InputAbsent, Shed, Slo, Verdict, typed
+from tailwatch.signals.answers import Alert, Autoscale, InputAbsent, Shed, Slo, Verdict
 from tailwatch.signals.autoscale import AutoscalePolicy, Autoscaler, Decision, PoolInputs, PoolSignals, absent_input
 from tailwatch.signals.held import (EMPTY, MINUTE, NO_QUALITY, SPEECH_SUMS, WER_SUMS, VERSION_HISTOGRAMS, RequestRollup,
                           concat_frames, minute_col, summed_bins)
@@ -83,7 +84,7 @@ class Scoped(msgspec.Struct, Generic[Answer], frozen=True):
 def answer(body: dict, kind: type[Answer]) -> Answer:
     """A view's mapping as its typed answer, built once here: what the HTTP process serves,
     the demo prints and the backtests replay."""
-    return typed(significant(body), kind)
+    return msgspec.convert(significant(body), type=kind)
 
 
 def significant(value, digits: int = 12):
@@ -91,7 +92,8 @@ def significant(value, digits: int = 12):
     order (a replica restored from its store, one that was not) differ in the last bits;
     replicas must answer alike, and no decision reads past the twelfth digit."""
     if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
+        # Not finite: null, as a client is sent it (and as JSON carried it).
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: significant(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -3,7 +3,7 @@ understood of each SLO, and warnings about selectors that match no data.
 
 The report is plain lists (`problems`, `warnings`, `understood`) that any further check
 appends to; problems make the command exit 1, warnings do not. Reading the file happens
-in `check_file` (the store is counted by `store.selector_rows`); what the lines say is built
+in `check_file` (the store is counted by `store.queries.selector_rows`); what the lines say is built
 by pure functions over what was read.
 """
 

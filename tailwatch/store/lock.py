@@ -1,7 +1,7 @@
 """One process writes a store file, whatever path it is reached by.
 
 DuckDB locks its file only while a connection is open, and the worker lets the file go
-every `store_release_s` so that readers get in (store/__init__.py `StoreSession`): a second
+every `store_release_s` so that readers get in (store/connection.py `StoreSession`): a second
 worker on the same file would slip in at a release and write too, counting every event
 twice. This lock is an exclusive `flock` on the store file itself, taken before the worker
 reads anything and held for the process's life. A flock belongs to the file (its device
@@ -20,7 +20,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from tailwatch.store import StoreError, connect
+from tailwatch.store.connection import StoreError, connect
 
 
 class StoreInUse(StoreError):

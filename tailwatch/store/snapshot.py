@@ -18,7 +18,9 @@ from pathlib import Path
 
 import duckdb
 
-from tailwatch import store
+from tailwatch.store.connection import StoreError, connect
+from tailwatch.store.schema import SCHEMA_VERSION, schema_version
+
 MANIFEST = "snapshot.json"
 
 
@@ -31,7 +33,7 @@ class Manifest:
     rows: dict[str, int]  # table → rows
 
 
-class SnapshotError(store.StoreError):
+class SnapshotError(StoreError):
     """A snapshot cannot be written or restored (one line for the user)."""
 
 
@@ -40,9 +42,9 @@ def write(store_path: str | Path, folder: str | Path, wait_s: float = 60.0) -> M
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise SnapshotError(f"{folder} is not an empty folder: a snapshot goes into a new one")
-    con = store.connect(store_path, read_only=True, wait_s=wait_s)
+    con = connect(store_path, read_only=True, wait_s=wait_s)
     try:
-        version = store.schema_version(con)
+        version = schema_version(con)
         tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
                                             "WHERE table_schema = 'main' ORDER BY 1").fetchall()]
         rows = {t: int(con.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0]) for t in tables}
@@ -80,16 +82,16 @@ def restore(folder: str | Path, store_path: str | Path) -> Manifest | None:
     restarted with the same command line resumes from its own store)."""
     store_path = Path(store_path)
     if store_path.exists():
-        con = store.connect(store_path, read_only=True, wait_s=60.0)
+        con = connect(store_path, read_only=True, wait_s=60.0)
         try:
-            if store.schema_version(con) > 0:
+            if schema_version(con) > 0:
                 return None
         finally:
             con.close()
     manifest = read_manifest(folder)
-    if manifest.schema_version > store.SCHEMA_VERSION:
+    if manifest.schema_version > SCHEMA_VERSION:
         raise SnapshotError(f"snapshot {folder} was written by a newer tailwatch (schema {manifest.schema_version}; "
-                            f"this release reads up to {store.SCHEMA_VERSION})")
+                            f"this release reads up to {SCHEMA_VERSION})")
     partial = store_path.with_name(store_path.name + ".restoring")
     partial.unlink(missing_ok=True)
     store_path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,7 @@ def restore(folder: str | Path, store_path: str | Path) -> Manifest | None:
     # Whole or not at all: a restore killed half-way leaves no store that looks complete.
     store_path.unlink(missing_ok=True)
     partial.rename(store_path)
-    store.connect(store_path).close()  # migrates a snapshot of an older release
+    connect(store_path).close()  # migrates a snapshot of an older release
     return manifest
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from tailwatch.conventions import LATENCY_FIELDS, LATENCY_LOWER_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
+from tailwatch.conventions import LATENCY_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
 from tailwatch.ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
-from tailwatch.store import QUALITY_COUNTS
+from tailwatch.store.schema import QUALITY_COUNTS
 from tailwatch.streams.frames import STAGES_COLUMN
 from tailwatch.streams.windows import AggregateSpec
 
@@ -52,7 +52,7 @@ STREAM_COUNTS = ("streams", "streams_completed", "streams_cut", "streams_timed_o
 #   characters (WER and CER as ratios of sums), MOS samples and their sum in thousandths.
 # - successful_audio_ms: audio of ok attempts (ASR heard, TTS spoke), in whole milliseconds:
 #   the unit of cost per successful audio minute.
-# (Named once, in store.QUALITY_COUNTS.)
+# (Named once, in store.schema.QUALITY_COUNTS.)
 MICRO = 1_000_000
 MILLI = 1_000
 # No sum here can wrap, for any record the contract admits (ingest/schema.py bounds each field)

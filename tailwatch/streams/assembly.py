@@ -26,7 +26,7 @@ import msgspec
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch import store
+from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_assembly, load_offsets
 from tailwatch.streams.decode_step import PRODUCER_TOPICS
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.partials import Frontier, MinuteAssembler
@@ -74,11 +74,11 @@ class MinuteAssembly:
         for topic, (_table, spec, columns) in self.sources.items():
             self.assemblers[topic] = MinuteAssembler(
                 spec, columns, topic, set(meta[topic].partitions), set(meta[self.sli_topic].partitions))
-        self.stored_offsets = store.load_offsets(con)
+        self.stored_offsets = load_offsets(con)
         source.next_offsets.update(self.stored_offsets)
         self._read_offsets = dict(self.stored_offsets)
         for topic, a in self.assemblers.items():
-            done_before, marks = store.load_assembly(con, topic)
+            done_before, marks = load_assembly(con, topic)
             a.restore(done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr)) for _q, p, cb, wm, rte, dr in marks],
                       [int(q) for q, *_ in marks])
             self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
@@ -123,7 +123,7 @@ class MinuteAssembly:
     def has_unsaved(self, source: KafkaSource) -> bool:
         return bool(self.landing) or bool(self.dead_letters) or source.next_offsets != self._read_offsets
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> store.Checkpoint | None:
+    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
         if not self.has_unsaved(source) and not close_all:
             return None
         topics = []
@@ -141,7 +141,7 @@ class MinuteAssembly:
             # Behind: this replica has tw.sli left to read, or a tier-1 worker its partitions.
             read_to_end = {p for (_q, p), f in a.frontiers.items() if f.read_to_end or f.drained}
             backlogged = sli_unread or bool(a.source_partitions - read_to_end)
-            topics.append(store.TopicCheckpoint(
+            topics.append(TopicCheckpoint(
                 topic=topic, table=table, closed=rows, closed_minutes=minutes, counts=[], hist=[], seen=[],
                 watermarks={}, closed_before_minute=a.done_before, backlogged=not close_all and backlogged))
         letters, self.landing = self.landing, []
@@ -156,7 +156,7 @@ class MinuteAssembly:
             for q, offset in a.resume_offsets().items():
                 key = (self.sli_topic, q)
                 offsets[key] = min(offsets.get(key, offset), offset)
-        cp = store.Checkpoint(
+        cp = Checkpoint(
             topics=topics, next_offsets=offsets,
             dead_letters=deadletter.to_frame(letters + own) if letters or own else None, dedupe_dead_letters=True,
             assembly_frontiers=[(topic, q, f) for topic, a in self.assemblers.items() for (q, _p), f in a.frontiers.items()
@@ -166,7 +166,7 @@ class MinuteAssembly:
         self._read_offsets = dict(source.next_offsets)
         return cp
 
-    def committed(self, cp: store.Checkpoint) -> None:
+    def committed(self, cp: Checkpoint) -> None:
         self.stored_offsets = dict(cp.next_offsets)
 
     # ---- draining, the view, telemetry ----------------------------------------------------

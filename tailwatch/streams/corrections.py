@@ -23,7 +23,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from tailwatch import store
+from tailwatch.store.checkpoint import Corrected, rows_of_minutes, seen_hashes
 from tailwatch.streams.windows import MinuteWindows
 
 
@@ -38,12 +38,12 @@ class LateEvents:
     # Copies merged rows to the topics before the checkpoint commits (at least once, as closed ones).
     publish: Callable[[pl.DataFrame], None] = lambda rows: None
 
-    def resolve(self, con: duckdb.DuckDBPyConnection, seen_now: list[tuple[int, np.ndarray]]) -> store.Corrected:
+    def resolve(self, con: duckdb.DuckDBPyConnection, seen_now: list[tuple[int, np.ndarray]]) -> Corrected:
         """`seen_now`: hashes this checkpoint writes (minutes that closed since the last one)."""
         w = self.windows
         rows = self.rows.filter(pl.col("_dedupe").is_first_distinct())
         minutes = sorted(set(rows["_minute"].to_list()))
-        known = store.seen_hashes(con, self.topic, minutes)
+        known = seen_hashes(con, self.topic, minutes)
         wanted = set(minutes)
         for minute, hashes in seen_now:
             if minute in wanted:
@@ -57,9 +57,9 @@ class LateEvents:
         duplicates = self.rows.height - fresh.height
         keys = w.spec.keys
         if fresh.height == 0:
-            return store.Corrected(pl.DataFrame(), pl.DataFrame(), keys, [], 0, duplicates)
+            return Corrected(pl.DataFrame(), pl.DataFrame(), keys, [], 0, duplicates)
         delta = w.merge_partials(*w.partials(fresh))
-        stored = store.rows_of_minutes(con, self.table, minutes)
+        stored = rows_of_minutes(con, self.table, minutes)
         parts = [w.row_partials(delta)]
         if stored.height:
             parts.append(w.row_partials(stored))
@@ -72,4 +72,4 @@ class LateEvents:
         self.publish(merged)
         seen = [(int(m), np.sort(part["_dedupe"].to_numpy()))
                 for (m,), part in fresh.partition_by("_minute", as_dict=True).items()]
-        return store.Corrected(merged, delta, keys, seen, fresh.height, duplicates)
+        return Corrected(merged, delta, keys, seen, fresh.height, duplicates)

@@ -51,9 +51,8 @@ from tailwatch.detectors.core import (
     summaries,
     with_minute,
 )
-from tailwatch.slo.contributors import OpenDetection
 from tailwatch.slo.windows import minute_start_utc, minutes_text
-from tailwatch import store
+from tailwatch.store.queries import bucket_runs
 from tailwatch.slo.columns import compact_strings
 from tailwatch.conventions import (
     ANOMALY_MODEL_VERSION, DETECTION_STARTED_TIMESTAMP_SECONDS, DETECTIONS_ACTIVE, DETECTIONS_TOTAL,
@@ -276,7 +275,7 @@ class DetectorStage:
         first = None  # the oldest minute with rows: the replay begins there
         # Runs of whole minutes of bounded rows: a big fleet's history (its rows, then a
         # summary object per label-set slice and minute) held at once took gigabytes.
-        for lo, hi, request_rows, gpu_rows in store.bucket_runs(con, start, ", ".join(sorted(REQUEST_COLUMNS_READ))):
+        for lo, hi, request_rows, gpu_rows in bucket_runs(con, start, ", ".join(sorted(REQUEST_COLUMNS_READ))):
             requests, gpu = with_minute(request_rows), with_minute(gpu_rows)
             end = processed_before if hi is None else min(hi, processed_before)
             if requests is not None:

@@ -561,6 +561,16 @@ class WorkerHttp:
             except OSError:
                 return
 
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    def publish_view(self, view: SignalSnapshot, ready: tuple[bool, str]) -> None:
+        self.publish(HttpState(view, ready))
+
+    def publish_unchanged(self, ready: tuple[bool, str]) -> None:
+        self.publish(HttpState(None, ready, view_unchanged=True))
+
     def publish(self, state: HttpState) -> None:
         state.published_wall_s = time.time()
         if not state.view_unchanged:

@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch import store
+from tailwatch.store.checkpoint import Checkpoint
 from tailwatch.streams.source import KafkaSource
 
 
@@ -59,12 +59,12 @@ class Operator(Protocol):
     def has_unsaved(self, source: KafkaSource) -> bool:
         ...
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> store.Checkpoint | None:
+    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
         """Close what can close (everything, with `close_all`) and say what the store sink
         commits; None when there is nothing new, or nothing for a store."""
         ...
 
-    def committed(self, cp: store.Checkpoint) -> None:
+    def committed(self, cp: Checkpoint) -> None:
         """The store holds `cp`."""
         ...
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from tailwatch import store
+from tailwatch.store.queries import newest_minute, query_frame
 from tailwatch.store.attribution import attributed_sql
 from tailwatch.planning import cost
 from tailwatch.conventions import SLICE_LABELS
@@ -58,7 +58,7 @@ FROM gpu_minute WHERE window_start >= $1 AND window_start < $2 GROUP BY ALL
 
 
 def topics_ready(topics) -> bool:
-    """Whether a checkpoint of these topics (store.TopicCheckpoint) may roll hours: each has
+    """Whether a checkpoint of these topics (store.checkpoint.TopicCheckpoint) may roll hours: each has
     closed a minute, or has read its partitions to the end and seen nothing. A topic whose
     first minutes are still open or unread (GPU samples a day behind the requests in a
     backlog) would find its hours rolled without it, and a rolled hour's cost attribution is
@@ -81,7 +81,7 @@ class RollUp:
         other must not find its hours rolled already)."""
         if not self.retention_minutes:
             return []
-        newest = [store.newest_minute(con, t) for t in ("sli_minute", "gpu_minute")]
+        newest = [newest_minute(con, t) for t in ("sli_minute", "gpu_minute")]
         newest = [m for m in newest if m is not None]
         if not newest:
             return []
@@ -104,10 +104,10 @@ class RollUp:
     def _roll_hour(self, con: duckdb.DuckDBPyConnection, hour: int) -> None:
         start, end = _ts(hour), _ts(hour + 60)
         scales = cost.attribution_scales(
-            store.query_frame(con, "SELECT window_start AS minute, coalesce(pool, '') AS pool, "
+            query_frame(con, "SELECT window_start AS minute, coalesce(pool, '') AS pool, "
                                    "coalesce(sum(gpu_seconds), 0)::DOUBLE AS gpu_seconds FROM sli_minute "
                                    "WHERE window_start >= $1 AND window_start < $2 GROUP BY ALL", [start, end]),
-            store.query_frame(con, "SELECT window_start AS minute, coalesce(pool, '') AS pool, "
+            query_frame(con, "SELECT window_start AS minute, coalesce(pool, '') AS pool, "
                                    "(count(*) * 60)::DOUBLE AS gpu_seconds FROM gpu_minute "
                                    "WHERE window_start >= $1 AND window_start < $2 GROUP BY ALL", [start, end]))
         # Only pool-minutes whose GPUs reported can scale (elsewhere the report takes 1, as here).
@@ -126,7 +126,7 @@ class RollUp:
             con.unregister("_scales")
         con.execute(_GPU_HOUR_SQL, [start, end])
         # Minutes of an hour rolled before (a topic that drained late) join the ones recorded then.
-        minutes = store.query_frame(con, """
+        minutes = query_frame(con, """
             SELECT window_start, bool_or(r) AS requests, bool_or(g) AS gpu FROM (
                 SELECT DISTINCT window_start, true AS r, false AS g FROM sli_minute WHERE window_start >= $1 AND window_start < $2
                 UNION ALL
@@ -145,11 +145,11 @@ class RollUp:
     def _roll_requests(self, con: duckdb.DuckDBPyConnection, start, end, group: int, groups: int) -> None:
         keys = ", ".join(SLICE_LABELS)
         part = f" AND hash({keys}) % {groups} = {group}" if groups > 1 else ""
-        minutes = store.query_frame(con, f"""
+        minutes = query_frame(con, f"""
             SELECT * FROM sli_minute WHERE window_start >= $1 AND window_start < $2{part}""", [start, end])
         if minutes.height == 0:
             return
-        attributed = store.query_frame(con, f"""
+        attributed = query_frame(con, f"""
             SELECT {keys}, sum(gpu_seconds_attributed)::DOUBLE AS gpu_seconds_attributed, count(*) AS minutes
             FROM ({attributed_sql("_scales")}) WHERE true{part} GROUP BY ALL""", {"start": start, "end": end})
         w = self.windows

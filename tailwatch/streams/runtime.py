@@ -5,14 +5,19 @@ Parts plug into it (streams/tiers.py puts them together):
 - the **source** (streams/source.py): the consumer, partitions, read positions, lag;
 - the **operator** (streams/operator.py): what becomes of each batch, and what each
   checkpoint holds (minute windows, per-partition partials, or whole minutes assembled);
-- the **sinks**: topics (streams/topic_sink.py) always; the store with its stages and
-  their Alertmanager outboxes (streams/store_sink.py) where the tier keeps one;
-- the **signal view** (streams/signal_stage.py), published to the HTTP child
-  (streams/http.py) every few seconds, where the tier serves the signal API.
+- the **sinks** (streams/sink.py), a list the loop calls alike: topics
+  (streams/topic_sink.py) always; where the tier keeps one, the store with its stages
+  (streams/store_sink.py) and their Alertmanager outboxes (streams/alert_sink.py);
+- the **signal view** (streams/signal_stage.py), rebuilt every few seconds and published
+  to the **HTTP port** (streams/http.py), where the tier serves the signal API.
+
+The runtime knows the parts by their interfaces only (here and in streams/sink.py,
+streams/operator.py): what they compute (SLOs, signals, plans, pages) is theirs, and the
+tier composition builds them from the worker's settings (streams/tiers.py).
 
 The loop: consume a batch, hand it to the operator, and every `checkpoint_interval_s` (or
 at once, when the topics went quiet with something unsaved) take the operator's checkpoint
-into the store sink. A checkpoint closes at most about `checkpoint_max_rows` rows; while it
+to every sink. A checkpoint closes at most about `checkpoint_max_rows` rows; while it
 left closable minutes open, the loop checkpoints again instead of reading, so a backlog
 closes in steps of bounded memory. Delivery: the store, not Kafka's group offsets, is where a worker
 resumes; copies to topics are flushed before the checkpoint that covers them commits.
@@ -27,78 +32,69 @@ import resource
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol, TypeVar
 
-import msgspec
+import polars as pl
 
-from tailwatch.alerts.alertmanager import AlertLinks, DeliveryCollector
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES
-from tailwatch import store
-from tailwatch.planning.prices import GpuPrices
-from tailwatch.signals.config import ApiConfig
-from tailwatch.signals.live import SignalSnapshot
-from tailwatch.streams.frames import DEFAULT_MAX_AHEAD_MS
-from tailwatch.streams.cardinality import CardinalityLimits
-from tailwatch.streams.http import HttpState, WorkerHttp
+from tailwatch.store.checkpoint import Checkpoint
+from tailwatch.store.connection import StoreBusy
 from tailwatch.streams.input_catch_up import InputCatchUp
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
-from tailwatch.streams.signal_stage import SignalStage
 from tailwatch.streams.source import KafkaSource
 from tailwatch.streams import process_memory, state_size
-from tailwatch.streams.store_sink import StoreSink
-from tailwatch.streams.topic_sink import TopicSink, Undelivered
+from tailwatch.streams.sink import Sink
+from tailwatch.streams.topic_sink import Undelivered
 
 log = logging.getLogger("tailwatch.worker")
+S = TypeVar("S", bound=Sink)
 
 
 @dataclass
-class WorkerSettings:
-    kafka: KafkaSettings = field(default_factory=KafkaSettings)
-    store_path: str = store.DEFAULT_STORE
+class RuntimeSettings:
+    """The loop's own settings. Each part has its own; the tier composition (streams/tiers.py)
+    derives them all from the worker's settings."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)  # the topics made sure of at start
     group_id: str = "tailwatch-worker"
-    http_port: int | None = 8000
-    until_idle_s: float | None = None
-    allowed_lateness_s: float = 300.0
-    # Past the allowed lateness, a request still corrects its closed minute up to this far behind
-    # its partition's watermark and the closed frontier (0: dead letters `late`, as before).
-    correction_horizon_s: float = 86400.0
-    # Minute rows older than this are rolled into hour rows (streams/rollup.py; 0: never).
-    minute_retention_s: float = 35 * 86400.0
-    max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
+    partitions: int = 4  # of each topic made at start
     batch_size: int = 20_000
     checkpoint_interval_s: float = 2.0
-    # A checkpoint closes minutes of at most about this many rows; the rest close at the next,
-    # before more is read. A backlog then closes in steps whose memory does not grow with it.
-    checkpoint_max_rows: int = 20_000
-    # Values per open-ended slice label and slices kept apart; the rest count under `__other__`.
-    cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
+    until_idle_s: float | None = None
+    drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
     state_every_s: float = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    partitions: int = 4
-    publish_sli: bool = True
+    stale_after_s: float = 30.0  # readiness: caught up within this long
+    view_refresh_s: float = 2.0  # how often the signal view is rebuilt from buckets and open minutes
+    stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
     progress: Callable[[str], None] | None = None  # a status line, when what it says changed
     announce: Callable[[str], None] | None = None  # the start and stop lines
-    stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
-    slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
-    slos_file: str = ""  # where they came from, for the start line
-    alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
-    store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
-    store_memory_limit_mib: int = store.STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
-    stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
-    http_host: str = "127.0.0.1"
-    api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port
-    prices: GpuPrices = field(default_factory=GpuPrices)
-    alert_links: AlertLinks = field(default_factory=AlertLinks)  # where pages point: runbooks, Grafana
-    signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
-    # Event time: a partition read to its end that is this far behind the newest stops holding minutes open.
-    idle_timeout_s: float = 60.0
-    # Static group membership (KIP-345) on a cluster that expires static members; None: dynamic.
-    instance_id: str | None = None
-    drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
-    # Pause a partition whose watermark is this far ahead of the topic's slowest (None: the allowed lateness; 0: never).
-    max_watermark_drift_s: float | None = None
+    start_notes: tuple[str, ...] = ()  # what the parts add to the start line ("12 SLOs from slos.yaml")
+
+
+class SignalView(Protocol):
+    """The view the HTTP port answers from, built from kept buckets and a peek at open minutes
+    (streams/signal_stage.py). The runtime hands it on as it is."""
+
+    def view(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, inputs_behind: dict[str, str],
+             wall_s: float) -> object:
+        ...
+
+
+class HttpPort(Protocol):
+    """The HTTP port's process (streams/http.py), started by the part the tier hands in."""
+
+    url: str
+
+    def publish_view(self, view: object, ready: tuple[bool, str]) -> None:
+        ...
+
+    def publish_unchanged(self, ready: tuple[bool, str]) -> None:
+        """A heartbeat: the last view still holds as of now (and readiness, which may have changed)."""
+        ...
+
+    def stop(self) -> None:
+        ...
 
 
 class NotDrained(Exception):
@@ -110,9 +106,10 @@ class Parts:
     """What a tier plugs into the runtime."""
 
     operator: Operator
-    topics: TopicSink
-    store: StoreSink | None = None  # None: the tier keeps no store (tier 1)
-    signals: SignalStage | None = None  # None: no signal API on the HTTP port (only /metrics, /healthz)
+    sinks: list[Sink]  # the topics always; the store and the Alertmanager where the tier keeps a store
+    signals: SignalView | None = None  # None: no signal API on the HTTP port (only /metrics, /healthz)
+    # Starts the HTTP port, given the health callback (None: no port).
+    http: Callable[[Callable[[], dict]], HttpPort] | None = None  # None: no signal API on the HTTP port (only /metrics, /healthz)
 
 
 class Runtime:
@@ -122,22 +119,23 @@ class Runtime:
     # never look stale, or a pool that went quiet would be reported as a stale worker)
     HEAP_CHECK_EVERY_S = 10.0  # how often glibc's free heap is looked at, and trimmed past its bound
 
-    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics, cpu: CpuAccount, parts: Parts,
+    def __init__(self, settings: RuntimeSettings, metrics: WorkerMetrics, cpu: CpuAccount, parts: Parts,
                  source: KafkaSource):
         self.settings = settings
         self.metrics = metrics
         self.cpu = cpu
         self.operator = parts.operator
-        self.topics = parts.topics
-        self.store = parts.store
+        self.sinks = parts.sinks
         self.signals = parts.signals
+        self._start_http = parts.http
         self.source = source
-        if self.store is not None:
-            for stage in self.store.stages:
-                for collector in stage.collectors():
-                    metrics.registry.register(collector)
-            metrics.registry.register(DeliveryCollector(self.store.outboxes))
-        self.signal_snapshot: SignalSnapshot | None = None
+        for sink in self.sinks:
+            for collector in sink.collectors():
+                metrics.registry.register(collector)
+        # Without a sink that holds the resume state, the operator resumes from Kafka and
+        # publishes its checkpoints itself (tier 1).
+        self.resumes_from_store = any(sink.holds_resume_state for sink in self.sinks)
+        self.signal_snapshot: object | None = None  # the signal view last built
         self.events_seen = 0
         self.http_port: int | None = None
         self.lag_messages = 0
@@ -150,6 +148,10 @@ class Runtime:
         self._view_dirty = True  # events or closed minutes since the signal view was last built
         self._state_measured = self._heap_checked = time.monotonic()
         self._stop = False
+
+    def sink(self, kind: type[S]) -> S:
+        """The sink of this kind (tests and tools reach the store or its stages through it)."""
+        return next(sink for sink in self.sinks if isinstance(sink, kind))
 
     @property
     def buckets_closed(self) -> int:
@@ -187,27 +189,25 @@ class Runtime:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
         http = None
-        if s.http_port is not None:
+        if self._start_http is not None:
             # Before the store: restoring it takes seconds on a big fleet (5 s at 20,000 slices,
             # bench --tiers), and a poller is better told "starting" (503) than refused.
-            http = WorkerHttp(s.http_port, self.metrics.registry, self.health, host=s.http_host,
-                              api_config=s.api_config, on_restart=self.metrics.http_restarts.inc)
+            http = self._start_http(self.health)
             self.http_port = http.port
-            log.info("serving /metrics, /healthz and the signal API on %s:%d", s.http_host, http.port)
+            log.info("serving /metrics, /healthz and the signal API on %s", http.url)
         try:
-            if self.store is not None:
-                self.store.open(lambda con: self.operator.start(self.source, con))
-            else:
+            for sink in self.sinks:
+                sink.open(lambda con: self.operator.start(self.source, con))
+            if not self.resumes_from_store:
                 self.operator.start(self.source, None)
             self.source.start(self.operator)
         except BaseException as exc:
             if http:
                 http.stop()
-            if self.store is not None:
-                self.store.close()
-            if isinstance(exc, store.StoreBusy) and self._stop:  # stopped while another process held the file
+            for sink in self.sinks:
+                sink.close()
+            if isinstance(exc, StoreBusy) and self._stop:  # stopped while another process held the file
                 log.error("%s", exc)
-                self.topics.close()
                 return 0
             raise
         # Modules, the restored state and the clients live as long as the run: out of the
@@ -226,18 +226,17 @@ class Runtime:
             try:
                 undrained = self._loop(http, started)
                 self._checkpoint(close_all=s.until_idle_s is not None and not self._stop and not undrained)
-            except (Undelivered, store.StoreBusy) as exc:
+            except (Undelivered, StoreBusy) as exc:
                 # Stopping, and Kafka takes nothing or another process holds the store: the
                 # store stays at its last checkpoint, which the next start resumes from.
                 log.error("%s", exc)
-                store_busy = isinstance(exc, store.StoreBusy)
-            if self.store is not None:
-                # Pages still go out; with the store held, what was delivered is not recorded
-                # and the next start sends it again (Alertmanager takes a page twice as once).
-                try:
-                    self.store.drain(wait_s=10.0, record=not store_busy)
-                except store.StoreBusy as exc:
-                    log.error("%s", exc)
+                store_busy = isinstance(exc, StoreBusy)
+            # Pages still go out; with the store held, what was delivered is not recorded
+            # and the next start sends it again (Alertmanager takes a page twice as once).
+            try:
+                self._drain(wait_s=10.0, record=not store_busy)
+            except StoreBusy as exc:
+                log.error("%s", exc)
             if s.progress:
                 elapsed = time.monotonic() - started
                 s.progress(self.operator.progress_line(self.events_seen, self.events_seen / elapsed if elapsed else 0.0))
@@ -245,38 +244,36 @@ class Runtime:
                 why = ("stopped by a signal" if self._stop else "not drained" if undrained
                        else "drained" if s.until_idle_s is not None else "stopped")
                 s.announce(f"stopped ({why}): {self.events_seen:,} events in {_duration_text(time.monotonic() - started)}"
-                           + (f"; store {s.store_path} at its last checkpoint" if self.store is not None else ""))
+                           + "".join(f"; {d} at its last checkpoint" for d in
+                                     (sink.describe() for sink in self.sinks if sink.holds_resume_state) if d))
         finally:
             gc.unfreeze()  # a run inside a longer process (tests, the demo) hands them back
             self.source.close()
-            self.topics.close()
             if http:
                 http.stop()
-            if self.store is not None:
-                self.store.close()
+            for sink in self.sinks:
+                sink.close()
             if s.stats_file:
                 self._write_stats(s.stats_file)
         if undrained and not self._stop:
             raise NotDrained(f"not drained after {s.until_idle_s + s.drain_timeout_s:.0f} s: " + "; ".join(undrained))
         return 0
 
-    def _start_line(self, http: WorkerHttp | None) -> str:
+    def _start_line(self, http: HttpPort | None) -> str:
         s = self.settings
         parts = [f"started: reading {', '.join(self.source.topics)} from {s.kafka.bootstrap_servers} as group {s.group_id}"]
-        if self.store is not None:
-            parts.append(f"store {s.store_path}")
-        if s.slos is not None:
-            parts.append(f"{len(s.slos)} SLOs" + (f" from {s.slos_file}" if s.slos_file else ""))
-        parts.append(f"HTTP on http://{s.http_host}:{http.port}" if http else "no HTTP port")
+        parts.extend(d for d in (sink.describe() for sink in self.sinks) if d)
+        parts.extend(s.start_notes)
+        parts.append(f"HTTP on {http.url}" if http else "no HTTP port")
         return "; ".join(parts)
 
-    def _loop(self, http: WorkerHttp | None, started: float) -> list[str]:
+    def _loop(self, http: HttpPort | None, started: float) -> list[str]:
         """Until stopped or drained; returns why it is not drained (empty: it is, or it was stopped)."""
         s = self.settings
         last_checkpoint = time.monotonic()
         last_refresh = last_publish = 0.0
         published_ready = False
-        refresh_every_s = s.signals_refresh_s
+        refresh_every_s = s.view_refresh_s
         last_progress = idle_since = time.monotonic()
         last_events, last_line = self.events_seen, ""
         while not self._stop:
@@ -311,26 +308,22 @@ class Runtime:
                     self.refresh_signals()
                     self._view_dirty = False
                     ready = self.readiness()
-                    http.publish(HttpState(self.signal_snapshot, ready))
+                    http.publish_view(self.signal_snapshot, ready)
                     published_ready = ready[0]
                     last_refresh = last_publish = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
-                    refresh_every_s = max(s.signals_refresh_s, 10 * (last_refresh - began))
+                    refresh_every_s = max(s.view_refresh_s, 10 * (last_refresh - began))
                 else:
                     # Nothing changed but time, or readiness (a worker that just caught up is
                     # ready now, not at the next heartbeat): say the view still holds instead
                     # of rebuilding it.
                     ready = self.readiness()
-                    if ready[0] != published_ready or now - last_publish >= min(self.HEARTBEAT_S, s.api_config.stale_after_s / 4):
-                        http.publish(HttpState(None, ready, view_unchanged=True))
+                    if ready[0] != published_ready or now - last_publish >= min(self.HEARTBEAT_S, s.stale_after_s / 4):
+                        http.publish_unchanged(ready)
                         published_ready = ready[0]
                         last_publish = now
-            if self.store is not None:
-                # Pages wait for the first catch-up after a start: what a restarted replica
-                # replays is the past, which the replicas that kept up already paged, and its
-                # changes then reach Alertmanager at once, in order, ending at the present
-                # (sent one by one, an alert resolved meanwhile would fire again there).
-                self.store.tick(deliver=self._caught_up_wall is not None)
+            for sink in self.sinks:
+                sink.tick(caught_up=self._caught_up_wall is not None)
             if s.progress and now - last_progress >= 1.0:
                 # Only when something changed (an idle worker says nothing), at the rate since the last line.
                 line = self.operator.progress_line(self.events_seen, (self.events_seen - last_events) / (now - last_progress))
@@ -339,7 +332,6 @@ class Runtime:
                     last_line = line
                 last_events, last_progress = self.events_seen, now
             self.source.tick(now)
-            self.topics.tick()
             assigned_at = self.source.assigned_at
             if assigned_at is None:
                 if now - started > 60:
@@ -354,13 +346,17 @@ class Runtime:
     def _checkpoint(self, close_all: bool) -> None:
         started = time.monotonic()
         cp = self.operator.checkpoint(self.source, close_all)
-        if cp is not None and self.store is not None:
+        if cp is not None:
             if any(t.closed.height for t in cp.topics):
                 self._view_dirty = True
-            self.store.commit(cp)
+            for sink in self.sinks:
+                sink.snapshot(cp)
+            for sink in self.sinks:
+                sink.commit(cp)
             self.operator.committed(cp)
-            self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
-        elif self.store is None:
+            for sink in self.sinks:
+                sink.committed(cp)
+        if cp is not None or not self.resumes_from_store:  # an operator without a store published its own
             self.metrics.checkpoint_seconds.observe(time.monotonic() - started)
         self.operator.update_gauges()
         self._update_lag()
@@ -372,6 +368,19 @@ class Runtime:
             if free is not None and free > process_memory.TRIM_ABOVE_BYTES:
                 process_memory.trim_heap()
 
+    def _drain(self, wait_s: float, record: bool) -> None:
+        """At exit: wait up to `wait_s` for what the sinks have in flight (pages), then record
+        the marks they hold (a restart resends only what is past them)."""
+        deadline = time.monotonic() + wait_s
+        for sink in self.sinks:
+            sink.drain(max(0.0, deadline - time.monotonic()))
+        marks = Checkpoint(topics=[], next_offsets={}, stage_rows=[])
+        for sink in self.sinks:
+            sink.snapshot(marks)
+        if marks.stage_rows and record:
+            for sink in self.sinks:
+                sink.commit(marks)
+
     def _measure_memory(self) -> None:
         for component, size in self.state_bytes().items():
             self.metrics.state_bytes.labels(component).set(size)
@@ -381,17 +390,18 @@ class Runtime:
     def state_bytes(self) -> dict[str, int]:
         """Memory each part holds: open minutes (the operator), each stage, the signal view."""
         self._state_measured = time.monotonic()
-        stages = [s for s in (self.store.stages if self.store is not None else []) if s is not self.signals]
-        return state_size.state_bytes({"open_minutes": self.operator, **{s.name: s for s in stages},
+        held = {name: part for sink in self.sinks for name, part in sink.memory_holders().items()
+                if part is not self.signals}
+        return state_size.state_bytes({"open_minutes": self.operator, **held,
                                        "signal_view": (self.signals, self.signal_snapshot)})
 
     def process_memory(self) -> dict[str, int]:
         """The process's resident memory by holder (streams/process_memory.py), read just after
         a trim of the heap: free heap is then only what stays resident."""
-        session = self.store.session if self.store is not None else None
+        cache = sum(sink.cache_bytes() for sink in self.sinks)
         trimmed = process_memory.trim_heap()
         self._heap_checked = time.monotonic()
-        return process_memory.process_memory(session.cache_bytes() if session is not None else 0, trimmed=trimmed)
+        return process_memory.process_memory(cache, trimmed=trimmed)
 
     def _update_lag(self) -> None:
         lag, known = self.source.lag()
@@ -407,14 +417,13 @@ class Runtime:
             self._view_dirty = True  # the view says which inputs are behind: rebuild it when that changes
 
     def _inputs_behind(self) -> dict[str, str]:
-        return self.inputs.behind(self.source.assigned, time.time(), self.settings.api_config.stale_after_s)
+        return self.inputs.behind(self.source.assigned, time.time(), self.settings.stale_after_s)
 
     # ---- the signal view and readiness ---------------------------------------------------
     def refresh_signals(self) -> None:
         """Rebuild the signal API's view from kept buckets plus a peek at open minutes."""
         began = self.cpu.began()
-        snapshot = self.signals.snapshot(*self.operator.open_minutes(), wall_s=time.time())
-        self.signal_snapshot = msgspec.structs.replace(snapshot, inputs_behind=self._inputs_behind())
+        self.signal_snapshot = self.signals.view(*self.operator.open_minutes(), self._inputs_behind(), wall_s=time.time())
         self.cpu.spent("signals_view", began)
 
     def readiness(self) -> tuple[bool, str]:
@@ -423,7 +432,7 @@ class Runtime:
         staleness bound."""
         if self.signals is None:
             return False, "this worker serves no signal API (tier 1): ask a tier-2 worker"
-        bound = self.settings.api_config.stale_after_s
+        bound = self.settings.stale_after_s
         if self.source.assigned_at is None:
             return False, "waiting for the consumer group to assign partitions"
         if self.source.gone:

@@ -12,10 +12,12 @@ from datetime import date, timedelta
 from typing import Callable
 
 import duckdb
+import msgspec
 import polars as pl
 
 from tailwatch.signals.live import LiveSignals, SignalSnapshot
-from tailwatch import store
+from tailwatch.store.queries import bucket_runs, newest_minute, query_frame
+
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS pool_capacity (
     pool VARCHAR, day DATE, work_gpu_s_per_s_per_replica DOUBLE, sustained_minutes INTEGER
@@ -42,17 +44,23 @@ class SignalStage:
         return self.live.snapshot(open_requests, open_gpu, self.slo_states(), wall_s=wall_s,
                                   alert_details=self.alert_details())
 
+    def view(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, inputs_behind: dict[str, str],
+             wall_s: float) -> SignalSnapshot:
+        """The snapshot with the inputs the worker is behind on: what the HTTP port answers from."""
+        snap = self.snapshot(open_requests, open_gpu, wall_s)
+        return msgspec.structs.replace(snap, inputs_behind=inputs_behind)
+
     def collectors(self) -> list:
         return []
 
     def rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(SCHEMA_SQL)
-        newest = [m for m in (store.newest_minute(con, "sli_minute"), store.newest_minute(con, "gpu_minute"))
+        newest = [m for m in (newest_minute(con, "sli_minute"), newest_minute(con, "gpu_minute"))
                   if m is not None]
         if newest:
             # In runs of whole minutes, in order, as they closed: the view keeps its minutes
             # rolled up, and 30 minutes of 100,000 busy slices read at once held 7 GiB at start.
-            for _first, _end, requests, gpu in store.bucket_runs(
+            for _first, _end, requests, gpu in bucket_runs(
                     con, min(newest) - self.live.policy.history_minutes):
                 self.live.add_closed(requests, gpu)
         for pool, day, best in load_pool_capacity(con, self.live.policy.capacity_history_days).iter_rows():
@@ -81,6 +89,6 @@ class SignalStage:
 
 def load_pool_capacity(con: duckdb.DuckDBPyConnection, days: int) -> pl.DataFrame:
     """Best per pool and day over the newest `days` days of the table (rows only ever rise)."""
-    return store.query_frame(con, """
+    return query_frame(con, """
         SELECT pool, day, max(work_gpu_s_per_s_per_replica) AS best FROM pool_capacity
         WHERE day > (SELECT max(day) FROM pool_capacity) - CAST($1 AS INTEGER) GROUP BY ALL ORDER BY pool, day""", [days])

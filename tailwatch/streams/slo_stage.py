@@ -22,12 +22,13 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tailwatch.alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from tailwatch.slo.contributors import contributors_by_minute, explain, OpenDetection
+from tailwatch.slo.contributors import contributors_by_minute, explain
 from tailwatch.slo.engine import AlertChange, SliceView, SloTable
 from tailwatch.slo.sli import SloEvaluator, span, status_frame
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.unmatched import UnmatchedSelectors
-from tailwatch import store
+from tailwatch.store.checkpoint import ALERT_CHANGE_SCHEMA
+from tailwatch.store.queries import recent_bucket_chunks
 from tailwatch.conventions import (
     ALERTS_FIRING, SLO_BURN_RATE, SLO_ERROR_BUDGET_REMAINING_RATIO, SLO_EVENTS_TOTAL, SLO_OBJECTIVE_RATIO,
     SLO_SELECTOR_MATCHED, SLO_SLI_RATIO, SLO_SLI_UPPER_RATIO,
@@ -99,7 +100,7 @@ class SloCollector:
 
 
 def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
-    """The engine's alert changes as the store's `alerts` change rows (store.ALERT_CHANGE_SCHEMA)."""
+    """The engine's alert changes as the store's `alerts` change rows (ALERT_CHANGE_SCHEMA)."""
     if not changes:  # most minutes: building and casting an empty frame cost half a millisecond
         return _NO_CHANGES
     return pl.DataFrame({
@@ -111,10 +112,10 @@ def alert_change_rows(changes: list[AlertChange]) -> pl.DataFrame:
         "long_burn_rate": [c.long_burn_rate for c in changes], "short_burn_rate": [c.short_burn_rate for c in changes],
         "error_budget_remaining": [c.error_budget_remaining for c in changes],
         "detail": [c.detail or None for c in changes],
-    }).cast(store.ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
+    }).cast(ALERT_CHANGE_SCHEMA)  # type: ignore[arg-type]
 
 
-_NO_CHANGES = pl.DataFrame(schema=store.ALERT_CHANGE_SCHEMA)
+_NO_CHANGES = pl.DataFrame(schema=ALERT_CHANGE_SCHEMA)
 
 
 class SloStage:
@@ -156,7 +157,7 @@ class SloStage:
         (a late correction never re-decides the past), and judging every minute of a 30-day
         replay again was most of a restart's time."""
         longest = max(s.window_minutes for s in self.specs.values())
-        for rows in store.recent_bucket_chunks(con, longest):
+        for rows in recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
             self._warn_unmatched(rows)
         self.evaluator.reset_event_counts()

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tailwatch.config.plugins import CONSUMER_CONFIG, GROUP_RESCUE, dev_hook
+from tailwatch.config.plugins import CONSUMER_CONFIG, dev_hook
 from tailwatch.ingest.kafka import KafkaSettings, make_consumer
 from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
 
@@ -50,14 +50,13 @@ class OffsetPolicy(Protocol):
 
 
 class KafkaSource:
-    GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
     METADATA_EVERY_S = 30.0  # topics may gain partitions
     TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
     GONE_EVERY_S = 1.0  # a deleted topic is asked for every second, to read it again as soon as it is back
 
     def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
                  by_group: bool = True, instance_id: str | None = None,
-                 on_group_rescued: Callable[[], None] = lambda: None,
+                 watchers: Sequence[Callable[["KafkaSource", float], None]] = (),
                  on_log_reset: Callable[[LogReset], None] = lambda reset: None):
         self.kafka = kafka
         self.topics = list(topics)  # consumed
@@ -73,8 +72,9 @@ class KafkaSource:
         self.unassigned_since: float | None = None  # holding no partition since (monotonic)
         self._policy: OffsetPolicy | None = None
         self._checked_at = 0.0
-        self._last_rescue = 0.0
-        self._on_group_rescued = on_group_rescued
+        # Called from each tick with (source, monotonic now): what only some clusters need
+        # (the embedded broker's group rescue, streams/group_rescue.py), added by the tier.
+        self.watchers = list(watchers)
         self._on_log_reset = on_log_reset
         self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
         self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
@@ -270,25 +270,8 @@ class KafkaSource:
         if now - self._checked_at >= self.METADATA_EVERY_S:
             self.refresh_partitions()
         self.check_positions(now)
-        self._rescue_group_if_wedged(now)
-
-    def _rescue_group_if_wedged(self, now: float) -> None:
-        """Holding no partition for a while: see whether the group is wedged on a departed
-        leader (a bug of the embedded broker) and free it, through the development tools' hook
-        (tailwatch_dev.broker.group_rescue); a worker without them installed never asks."""
-        since = self.unassigned_since
-        if not self.by_group or since is None or now - since < self.GROUP_RESCUE_AFTER_S \
-                or now - self._last_rescue < self.GROUP_RESCUE_AFTER_S:
-            return
-        self._last_rescue = now
-        rescue = dev_hook(GROUP_RESCUE)
-        if rescue is None:
-            return
-        done = rescue(self.kafka.bootstrap_servers, self.kafka.base_config(), self.group_id, self.topics,
-                      self.consumer.memberid())
-        if done:
-            self._on_group_rescued()
-            log.warning("%s", done)
+        for watch in self.watchers:
+            watch(self, now)
 
     # ---- positions the log no longer has ------------------------------------------------
     def check_positions(self, now: float) -> None:

@@ -35,7 +35,7 @@ class Stage(Protocol):
                   backlogged: frozenset[str] = frozenset()) -> dict[str, pl.DataFrame]:
         """Newly closed `sli_minute` / `gpu_minute` rows (either may be empty: zero rows and
         possibly no columns) → rows per store table, inserted BY NAME in this checkpoint's
-        transaction (`alerts` rows are alert changes: store.ALERT_CHANGE_SCHEMA).
+        transaction (`alerts` rows are alert changes: store.checkpoint.ALERT_CHANGE_SCHEMA).
         `backlogged`: the tables whose source still has records to read, whose silence is
         therefore a backlog, not an absence."""
         ...

@@ -1,33 +1,97 @@
-"""The three tiers, each a configuration of the runtime's parts (streams/runtime.py).
+"""The three tiers, each a list of the runtime's parts (streams/runtime.py), and the
+worker's settings they are built from.
 
-| tier  | source                                   | operator                | sinks                          | HTTP port            |
-|-------|------------------------------------------|-------------------------|--------------------------------|----------------------|
-| `all` | tw.requests, tw.gpu (group)              | MinuteWindowOperator    | store + stages, tw.sli copies  | signal API, /metrics |
-| `1`   | tw.requests, tw.gpu (group, N workers)   | PartialPublisher        | tw.sli partials, `.progress`   | /metrics             |
-| `2`   | tw.sli, tw.deadletter (every partition)  | MinuteAssembly          | store + stages                 | signal API, /metrics |
+| tier  | source                                   | operator                | sinks                                   | HTTP port            |
+|-------|------------------------------------------|-------------------------|-----------------------------------------|----------------------|
+| `all` | tw.requests, tw.gpu (group)              | MinuteWindowOperator    | topics (tw.sli copies), store, pages    | signal API, /metrics |
+| `1`   | tw.requests, tw.gpu (group, N workers)   | PartialPublisher        | topics (tw.sli partials, `.progress`)   | /metrics             |
+| `2`   | tw.sli, tw.deadletter (every partition)  | MinuteAssembly          | topics, store, pages                    | signal API, /metrics |
 
 The stages (SLO engine first: the signal view reads its states; then the settings'
-stages, then the signal view) run where there is a store.
+stages, then the signal view) run where there is a store. The domain parts (SLOs, the
+signal view, GPU prices, Alertmanager links) are built here, so that the runtime imports
+none of their rooms.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
+from tailwatch.alerts.alertmanager import AlertLinks
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.signals.config import ApiConfig
+from tailwatch.store.connection import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
+from tailwatch.streams.cardinality import CardinalityLimits
+from tailwatch.streams.frames import DEFAULT_MAX_AHEAD_MS
+from tailwatch.streams.http import WorkerHttp
+from tailwatch.streams.alert_sink import AlertSink
 from tailwatch.streams.assembly import MinuteAssembly
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.partial_publisher import PartialPublisher
 from tailwatch.streams.rollup import RollUp
-from tailwatch.streams.runtime import Parts, Runtime, WorkerSettings
+from tailwatch.streams.runtime import Parts, Runtime, RuntimeSettings
 from tailwatch.streams.signal_stage import SignalStage
-from tailwatch.streams.detector_stage import DetectorStage
+from tailwatch.streams.group_rescue import GroupRescue
 from tailwatch.streams.log_reset import LogReset
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.source import KafkaSource
 from tailwatch.streams.store_sink import StoreSink
 from tailwatch.streams.topic_sink import TopicSink
 from tailwatch.streams.window_operator import MinuteWindowOperator
+
+@dataclass
+class WorkerSettings:
+    """What a worker is started with (the command line's flags); `build` hands each part its own."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    store_path: str = DEFAULT_STORE
+    group_id: str = "tailwatch-worker"
+    http_port: int | None = 8000
+    until_idle_s: float | None = None
+    allowed_lateness_s: float = 300.0
+    # Past the allowed lateness, a request still corrects its closed minute up to this far behind
+    # its partition's watermark and the closed frontier (0: dead letters `late`, as before).
+    correction_horizon_s: float = 86400.0
+    # Minute rows older than this are rolled into hour rows (streams/rollup.py; 0: never).
+    minute_retention_s: float = 35 * 86400.0
+    max_event_ahead_s: float = DEFAULT_MAX_AHEAD_MS / 1000  # event time past its Kafka record's timestamp: `future`
+    batch_size: int = 20_000
+    checkpoint_interval_s: float = 2.0
+    # A checkpoint closes minutes of at most about this many rows; the rest close at the next,
+    # before more is read. A backlog then closes in steps whose memory does not grow with it.
+    checkpoint_max_rows: int = 20_000
+    # Values per open-ended slice label and slices kept apart; the rest count under `__other__`.
+    cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
+    state_every_s: float = 60.0  # how often the state's memory is measured for /metrics (a walk of its objects)
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    partitions: int = 4
+    publish_sli: bool = True
+    progress: Callable[[str], None] | None = None  # a status line, when what it says changed
+    announce: Callable[[str], None] | None = None  # the start and stop lines
+    stats_file: str | None = None  # JSON run statistics at exit (benchmarks read it)
+    slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
+    slos_file: str = ""  # where they came from, for the start line
+    alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
+    store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
+    store_memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
+    stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
+    http_host: str = "127.0.0.1"
+    api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port
+    prices: GpuPrices = field(default_factory=GpuPrices)
+    alert_links: AlertLinks = field(default_factory=AlertLinks)  # where pages point: runbooks, Grafana
+    signals_refresh_s: float = 2.0  # how often the API's view is rebuilt from buckets and open minutes
+    # Event time: a partition read to its end that is this far behind the newest stops holding minutes open.
+    idle_timeout_s: float = 60.0
+    # Static group membership (KIP-345) on a cluster that expires static members; None: dynamic.
+    instance_id: str | None = None
+    drain_timeout_s: float = 120.0  # --until-idle: how long to wait for partitions it does not own or has not read
+    # Pause a partition whose watermark is this far ahead of the topic's slowest (None: the allowed lateness; 0: never).
+    max_watermark_drift_s: float | None = None
+
 
 OPERATORS = {"all": MinuteWindowOperator, "1": PartialPublisher, "2": MinuteAssembly}
 TIERS = tuple(OPERATORS)
@@ -51,7 +115,7 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
     runtime: Runtime | None = None
     topics = TopicSink(settings.kafka, metrics, stopping=lambda: runtime is not None and runtime.stopping)
     operator = OPERATORS[tier](settings, metrics, cpu, topics)
-    parts = Parts(operator, topics)
+    parts = Parts(operator, [topics])
     if tier != "1":
         stages = []
         slo = SloStage(settings.slos, settings.alertmanager_urls, settings.alert_links) if settings.slos else None
@@ -67,12 +131,30 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
             live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices)
             parts.signals = SignalStage(live, slo.states, slo.details) if slo is not None else SignalStage(live)
             stages.append(parts.signals)
-        parts.store = StoreSink(settings.store_path, settings.store_release_s, stages, cpu,
-                                RollUp(int(settings.minute_retention_s // 60)), settings.store_memory_limit_mib,
-                                on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20),
-                                stopping=lambda: runtime is not None and runtime.stopping)
+        store_sink = StoreSink(settings.store_path, settings.store_release_s, stages, cpu,
+                               RollUp(int(settings.minute_retention_s // 60)), settings.store_memory_limit_mib,
+                               on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20),
+                               stopping=lambda: runtime is not None and runtime.stopping)
+        parts.sinks += [store_sink, AlertSink(store_sink.outboxes)]
     source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,
                          by_group=operator.by_group, instance_id=settings.instance_id,
-                         on_group_rescued=metrics.group_rescues.inc, on_log_reset=_gap_marker(metrics, operator))
-    runtime = Runtime(settings, metrics, cpu, parts, source)
+                         watchers=[GroupRescue(settings.kafka, on_rescued=metrics.group_rescues.inc)],
+                         on_log_reset=_gap_marker(metrics, operator))
+    if settings.http_port is not None:
+        def start_http(health: Callable[[], dict]) -> WorkerHttp:
+            return WorkerHttp(settings.http_port, metrics.registry, health, host=settings.http_host,
+                              api_config=settings.api_config, on_restart=metrics.http_restarts.inc)
+        parts.http = start_http
+    runtime = Runtime(runtime_settings(settings), metrics, cpu, parts, source)
     return runtime
+
+
+def runtime_settings(settings: WorkerSettings) -> RuntimeSettings:
+    """The loop's share of the worker's settings, and what the parts add to its start line."""
+    s = settings
+    notes = () if s.slos is None else (f"{len(s.slos)} SLOs" + (f" from {s.slos_file}" if s.slos_file else ""),)
+    return RuntimeSettings(kafka=s.kafka, group_id=s.group_id, partitions=s.partitions, batch_size=s.batch_size,
+                           checkpoint_interval_s=s.checkpoint_interval_s, until_idle_s=s.until_idle_s,
+                           drain_timeout_s=s.drain_timeout_s, state_every_s=s.state_every_s,
+                           stale_after_s=s.api_config.stale_after_s, view_refresh_s=s.signals_refresh_s,
+                           stats_file=s.stats_file, progress=s.progress, announce=s.announce, start_notes=notes)

@@ -21,6 +21,7 @@ from typing import Callable
 
 from tailwatch.ingest.kafka import KafkaSettings, make_producer, send
 from tailwatch.streams.metrics import WorkerMetrics
+from tailwatch.streams.sink import Sink
 
 log = logging.getLogger("tailwatch.sink")
 
@@ -31,7 +32,9 @@ class Undelivered(Exception):
     """Stopping with records Kafka has not taken: the checkpoint covering them is not committed."""
 
 
-class TopicSink:
+class TopicSink(Sink):
+    name = "topics"
+
     # The copies waiting for delivery, at most (Kafka's own producer default, buffer.memory):
     # a backlog's checkpoint publishes some 100,000 closed rows at once, and with librdkafka's
     # default (1 GiB) all of them sat in the worker's heap until the flush.
@@ -92,7 +95,7 @@ class TopicSink:
             elif waited_s % 30.0 == 0:
                 log.warning("waiting %.0f s for Kafka to take %d records", waited_s, len(self.producer))
 
-    def tick(self) -> None:
+    def tick(self, caught_up: bool = False) -> None:
         """From the loop: serve the producer's queue, where librdkafka's log lines wait (a broker
         down adds some twenty a second, and an idle worker sends nothing that would serve them)."""
         self.producer.poll(0)

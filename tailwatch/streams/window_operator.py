@@ -22,7 +22,8 @@ import duckdb
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch import store
+from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_label_limits, load_offsets, load_topic_state
+from tailwatch.store.queries import newest_minute
 from tailwatch.streams.alignment import WatermarkAlignment
 from tailwatch.streams.corrections import LateEvents
 from tailwatch.streams.decode_step import DecodeStep, InputTopic, input_topics, window_gauges
@@ -75,14 +76,14 @@ class MinuteWindowOperator:
         # accepted by an older release: repaired here, once, before anything is read.
         bound_ms = int(time.time() * 1000) + self.max_ahead_ms
         for p in self.inputs.values():
-            r = store.load_topic_state(con, p.topic)
+            r = load_topic_state(con, p.topic)
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
             if p.limiter is not None:
-                p.limiter.restore(store.load_label_limits(con, p.topic))
-            for line in p.windows.repair_event_time(bound_ms, store.newest_minute(con, p.table)):
+                p.limiter.restore(load_label_limits(con, p.topic))
+            for line in p.windows.repair_event_time(bound_ms, newest_minute(con, p.table)):
                 log.warning("%s: %s (event time past %s cannot come from an accepted event)", p.topic, line,
                             utc_text(bound_ms))
-        self.stored_offsets = store.load_offsets(con)
+        self.stored_offsets = load_offsets(con)
         source.next_offsets.update(self.stored_offsets)
 
     def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
@@ -129,7 +130,7 @@ class MinuteWindowOperator:
         per metadata, plus any owned or with a watermark held."""
         return source.partitions.get(p.topic, set()) | source.assigned[p.topic] | set(p.windows.watermark_ms)
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> store.Checkpoint | None:
+    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
         topics = []
         self.closing_behind = False
         for p in self.inputs.values():
@@ -160,7 +161,7 @@ class MinuteWindowOperator:
                 rows, minutes = pl.DataFrame(), []
             unsaved = w.take_unsaved()
             late = w.take_late()
-            topics.append(store.TopicCheckpoint(
+            topics.append(TopicCheckpoint(
                 topic=p.topic, table=p.table, closed=rows, closed_minutes=minutes,
                 counts=unsaved.counts, hist=unsaved.hist, seen=unsaved.seen,
                 watermarks=dict(w.watermark_ms), closed_before_minute=w.closed_before_minute,
@@ -182,10 +183,10 @@ class MinuteWindowOperator:
         for d in letters:
             self.sink.send(self.dlq_topic, deadletter.encode(d), d.source_topic.encode())
         self.sink.flush()
-        return store.Checkpoint(topics=topics, next_offsets=dict(source.next_offsets),
+        return Checkpoint(topics=topics, next_offsets=dict(source.next_offsets),
                                 dead_letters=deadletter.to_frame(letters) if letters else None)
 
-    def committed(self, cp: store.Checkpoint) -> None:
+    def committed(self, cp: Checkpoint) -> None:
         self.stored_offsets = dict(cp.next_offsets)
         self.stored_frontiers = {t.topic: t.closed_before_minute for t in cp.topics}
         for t in cp.topics:

@@ -1,0 +1,45 @@
+"""A watcher of the consumer group for the embedded broker only: a worker that holds no
+partition for a while sees whether the group is wedged on a departed leader (a bug of the
+embedded broker) and frees it, through the development tools' `group_rescue` hook
+(`tailwatch_dev.broker.group_rescue`, tailwatch.config.plugins); where only the runtime is
+installed there is no hook and the watcher does nothing.
+
+The tier composition (streams/tiers.py) hands it to the source as a tick watcher; the
+source itself knows nothing of it, so nothing on a real cluster's read path works around
+the embedded broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from tailwatch.config.plugins import GROUP_RESCUE, dev_hook
+from tailwatch.ingest.kafka import KafkaSettings
+
+log = logging.getLogger("tailwatch.source")
+
+
+class GroupRescue:
+    RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
+
+    def __init__(self, kafka: KafkaSettings, on_rescued: Callable[[], None] = lambda: None):
+        self.kafka = kafka
+        self.on_rescued = on_rescued
+        self._last_rescue = 0.0
+
+    def __call__(self, source, now: float) -> None:
+        """From the source's tick (monotonic `now`)."""
+        since = source.unassigned_since
+        if not source.by_group or since is None or now - since < self.RESCUE_AFTER_S \
+                or now - self._last_rescue < self.RESCUE_AFTER_S:
+            return
+        self._last_rescue = now
+        rescue = dev_hook(GROUP_RESCUE)
+        if rescue is None:
+            return
+        done = rescue(self.kafka.bootstrap_servers, self.kafka.base_config(), source.group_id, source.topics,
+                      source.consumer.memberid())
+        if done:
+            self.on_rescued()
+            log.warning("%s", done)
