@@ -559,9 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # known one-line errors from the rooms
         from tailwatch.ingest.nvml import NvmlUnavailable
-        from tailwatch_dev.trace import TraceError
         from tailwatch.store.connection import StoreError
-        from tailwatch_dev.broker import BrokerError
         from tailwatch.streams.http import PortInUse
 
         if isinstance(exc, (NvmlUnavailable, StoreError, ValueError, PortInUse)):

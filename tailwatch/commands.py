@@ -410,7 +410,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     path = args.store or DEFAULT_STORE
     if args.backtest_command == "autoscale" and args.trace:
-        from tailwatch_dev.backtest_trace import cmd_backtest_trace
+        from tailwatch.config.plugins import BACKTEST_TRACE, dev_hook
 
         cmd_backtest_trace = dev_hook(BACKTEST_TRACE)
         if cmd_backtest_trace is None:

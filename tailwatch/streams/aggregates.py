@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tailwatch.conventions import LATENCY_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
+from tailwatch.conventions import LATENCY_FIELDS, LATENCY_LOWER_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
 from tailwatch.ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
 from tailwatch.store.schema import QUALITY_COUNTS
 from tailwatch.streams.frames import STAGES_COLUMN

@@ -51,6 +51,7 @@ from tailwatch.detectors.core import (
     summaries,
     with_minute,
 )
+from tailwatch.slo.contributors import OpenDetection
 from tailwatch.slo.windows import minute_start_utc, minutes_text
 from tailwatch.store.queries import bucket_runs
 from tailwatch.slo.columns import compact_strings

@@ -22,7 +22,7 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tailwatch.alerts.alertmanager import AlertLinks, FiringAlerts, to_alertmanager
-from tailwatch.slo.contributors import contributors_by_minute, explain
+from tailwatch.slo.contributors import OpenDetection, contributors_by_minute, explain
 from tailwatch.slo.engine import AlertChange, SliceView, SloTable
 from tailwatch.slo.sli import SloEvaluator, span, status_frame
 from tailwatch.slo.spec import SloSpec

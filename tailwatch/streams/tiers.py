@@ -30,6 +30,7 @@ from tailwatch.streams.frames import DEFAULT_MAX_AHEAD_MS
 from tailwatch.streams.http import WorkerHttp
 from tailwatch.streams.alert_sink import AlertSink
 from tailwatch.streams.assembly import MinuteAssembly
+from tailwatch.streams.detector_stage import DetectorStage
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.partial_publisher import PartialPublisher
 from tailwatch.streams.rollup import RollUp
