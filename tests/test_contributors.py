@@ -293,7 +293,7 @@ def test_the_worker_hands_its_detector_stages_open_detections_to_the_slo_stage(k
     from tailwatch.slo.contributors import OpenDetection
     from tailwatch.slo.spec import DEFAULT_SLOS
     from tailwatch.streams.detector_stage import detector_stages
-    from tailwatch.streams.runtime import WorkerSettings
+    from tailwatch.streams.tiers import WorkerSettings
     from tailwatch.streams.tiers import build
 
     w = build(WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}",

@@ -703,7 +703,7 @@ def test_every_detector_has_a_runbook():
 
     from tailwatch.alerts.alertmanager import detector_runbook
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] / "tailwatch"  # runbook links are relative to the package
     for name in C.DETECTOR_NAMES:
         assert (root / detector_runbook(name)).is_file(), name
 

@@ -302,7 +302,7 @@ def _hold_store(path, seconds: float):
     import subprocess
     import sys
 
-    code = ("import sys, time; from store.connection import connect; con = connect(sys.argv[1], read_only=True, wait_s=30); "
+    code = ("import sys, time; from tailwatch.store.connection import connect; con = connect(sys.argv[1], read_only=True, wait_s=30); "
             "print('held', flush=True); time.sleep(float(sys.argv[2])); con.close()")
     reader = subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert reader.stdout.readline().strip() == "held"
@@ -335,7 +335,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     store = tmp_path / "tw.duckdb"
     assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
     produce(kafka, second)
-    caplog.set_level(logging.WARNING, logger="store")
+    caplog.set_level(logging.WARNING, logger="tailwatch.store")
     reader = _hold_store(store, 65.0)
     StoreSession.LOCK_WARN_S = 20.0
     try:

@@ -23,7 +23,7 @@ from tailwatch.signals.live import slo_reads
 from tailwatch.slo.engine import SloTable
 from tailwatch.slo.runtime_buckets import RUNTIME_HISTOGRAMS
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
-from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import WorkerSettings
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.tiers import build
 from tailwatch.cli import main
