@@ -59,6 +59,7 @@ class WorkerSettings:
     store_path: str = store.DEFAULT_STORE
     group_id: str = "tailwatch-worker"
     http_port: int | None = 8000
+    # Stop after this long without a record, once drained (0: as soon as every partition is read to its end).
     until_idle_s: float | None = None
     allowed_lateness_s: float = 300.0
     # Past the allowed lateness, a request still corrects its closed minute up to this far behind
@@ -345,7 +346,11 @@ class Runtime:
                 if now - started > 60:
                     raise RuntimeError("the consumer group gave this worker no partitions within 60 s")
                 idle_since = now  # the group join takes a few seconds: idle time counts from assignment
-            elif s.until_idle_s is not None and now - max(idle_since, assigned_at) >= s.until_idle_s:
+            # Only after a poll that read nothing and with no closable minutes left behind: with
+            # `until_idle_s` 0 the time test alone would end the run mid-backlog, and the drain's
+            # checkpoint would then close it all at once, past `checkpoint_max_rows`.
+            elif s.until_idle_s is not None and not got and not self.operator.closing_behind and \
+                    now - max(idle_since, assigned_at) >= s.until_idle_s:
                 undrained = self.operator.undrained(self.source)
                 if not undrained or now - max(idle_since, assigned_at) >= s.until_idle_s + s.drain_timeout_s:
                     return undrained

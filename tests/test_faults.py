@@ -62,7 +62,7 @@ def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(kaf
     produce(kafka, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
     store = tmp_path / "tw.duckdb"
     for _ in range(2):  # and a restart reads past it again, no crash loop
-        w = build(settings(kafka, store, until_idle_s=2.0))
+        w = build(settings(kafka, store, until_idle_s=0))
         assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason, size_bytes, sha256 FROM dead_letter").fetchall() == [
@@ -79,7 +79,7 @@ def test_a_copy_kafka_refuses_is_counted_and_the_store_keeps_it(kafka, tmp_path)
     refusing = type(kafka)(kafka.bootstrap_servers, kafka.topic_prefix, {"message.max.bytes": "1000"})
     produce(kafka, [(0, request(1, T0_MS)), (0, b"{" + b"x" * 5000)])
     store = tmp_path / "tw.duckdb"
-    w = build(settings(refusing, store, until_idle_s=2.0, publish_sli=False))
+    w = build(settings(refusing, store, until_idle_s=0, publish_sli=False))
     assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason FROM dead_letter").fetchall() == [("malformed_json",)]
@@ -183,7 +183,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     assert con.execute("SELECT count(*) FROM sli_minute").fetchone()[0] == 0
     con.close()
     # The next start, with Kafka taking them: every request lands, and every minute's copy.
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     requests, rows = con.execute("SELECT sum(requests), count(*) FROM sli_minute").fetchone()
     con.close()
@@ -332,7 +332,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)
     store = tmp_path / "tw.duckdb"
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     produce(kafka, second)
     caplog.set_level(logging.WARNING, logger="store")
     reader = _hold_store(store, 65.0)
@@ -383,7 +383,7 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     said = [r.getMessage() for r in caplog.records if "held by another process" in r.getMessage()]
     assert said and "stopping without writing to it" in said[0], said
     # The next start resumes from the last checkpoint: every request, once.
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
 
