@@ -194,6 +194,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     assert len(requests_copies) == rows
 
 
+@pytest.mark.slow
 def test_a_broker_down_is_a_log_line_a_window_not_twenty_a_second(caplog, monkeypatch):
     """librdkafka logs every failed connection: with nobody on the port, one consumer tried 19
     times a second. The worker's log gets the first, then one per window that counts the rest."""
@@ -320,6 +321,7 @@ def _trace_halves(kafka):
     return events, placed[:len(placed) // 2], placed[len(placed) // 2:]
 
 
+@pytest.mark.slow
 def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not_stop_it(kafka, tmp_path, caplog):
     """A long query (`tailwatch sql`, a report, a DuckDB shell) holds the store's file between
     two of the worker's releases. The worker cannot checkpoint meanwhile; it used to give up
@@ -405,6 +407,7 @@ def test_the_state_is_measured_as_often_as_settings_say(kafka, tmp_path):
     assert measured(seldom) == at_start
 
 
+@pytest.mark.slow
 def test_healthz_says_when_the_api_view_stands_on_less_than_was_read(kafka, tmp_path):
     # Read in batches of 100, so the view's first rebuild comes before the last event.
     produce(kafka, [(0, request(i, T0_MS + i * 25)) for i in range(2000)])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom.
 ORDER = ("tailwatch", "tools", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
@@ -30,6 +32,7 @@ def _imports(room: str) -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_room_imports_only_rooms_below_it():
     upward = [(module, target) for room in ORDER for module, target in _imports(room)
               if ORDER.index(target) < ORDER.index(room) and (room, target) not in BESIDE]

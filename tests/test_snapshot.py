@@ -93,6 +93,7 @@ def test_a_snapshot_from_a_newer_release_is_refused_in_one_line(tmp_path):
         snapshot.restore(tmp_path, tmp_path / "other.duckdb")
 
 
+@pytest.mark.slow
 def test_the_restore_bench_builds_a_fleets_month_with_the_window_operator_and_times_a_start_on_it(tmp_path):
     """`tailwatch bench --restore-fleet`'s store: every slice's request of every hour closed
     into its own minute row, the frontier past the newest minute; the restore bench then
