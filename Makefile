@@ -20,8 +20,8 @@ demo: $(STAMP)
 # than the cores: a broker test spends most of its time waiting on workers and the broker.
 TEST_PROCESSES ?= 3
 
-# Every test, the 25 slowest printed at the end: those marked `alone` first, by themselves (a
-# worker must keep up within seconds there), then the rest in parallel.
+# Every test, the 25 slowest printed at the end: those marked `alone` first, by themselves (they
+# fail under the CPU contention of a parallel run), then the rest in parallel.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "alone and not gpu" --durations=25
 	$(VENV)/bin/python -m pytest -n $(TEST_PROCESSES) -m "not alone and not gpu" --durations=25

@@ -27,6 +27,7 @@ def rows(path, table="sli_minute", order=ORDER):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_replica_restored_from_a_snapshot_catches_up_to_the_same_rows(kafka, tmp_path):
     events = list(FleetSimulator("mixed-fleet", minutes=30, seed=5, rate_scale=0.3).events())
     first = [e for e in events if e.ts < events[0].ts + 15 * 60_000]
