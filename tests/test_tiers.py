@@ -176,7 +176,6 @@ def _answers_alike(ports: list[int], paths: list[str]) -> dict[str, bytes]:
     return answers
 
 
-@pytest.mark.alone  # replicas failed to equal one process under a parallel run's CPU contention
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(400)
