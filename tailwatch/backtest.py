@@ -18,16 +18,15 @@ from typing import Iterator
 
 import polars as pl
 
-from alerts.alertmanager import rfc3339
-from reports import cost_report
-from signals.held import rollup
-from signals.live import LiveSignals, SignalPolicy, SignalSnapshot, pool_minutes
-from signals.rollout import CanaryStory, VerdictStep, canary_story
-from planning.prices import GpuPrices
-from slo.spec import SloSpec
-from slo.windows import minute_text
-import store
-
+from tailwatch.alerts.alertmanager import rfc3339
+from tailwatch.reports import cost_report
+from tailwatch.signals.held import rollup
+from tailwatch.signals.live import LiveSignals, SignalPolicy, SignalSnapshot, pool_minutes
+from tailwatch.signals.rollout import CanaryStory, VerdictStep, canary_story
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.slo.spec import SloSpec
+from tailwatch.slo.windows import minute_text
+from tailwatch import store
 _EPOCH = datetime(1970, 1, 1)
 
 

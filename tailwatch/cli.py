@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Callable
 
-from ingest.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
+from tailwatch.ingest.kafka import DEFAULT_BOOTSTRAP, ConfigError, KafkaSettings, KafkaUnavailable, read_client_config
 
 
 class CliError(Exception):
@@ -20,7 +20,7 @@ class CliError(Exception):
 
 
 def _duration_s(text: str) -> float:
-    from config import parse_duration_s
+    from tailwatch.config import parse_duration_s
 
     value = parse_duration_s(text, bare_unit="s")
     if value is None:
@@ -676,11 +676,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailwatch {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # known one-line errors from the rooms
-        from ingest.nvml import NvmlUnavailable
-        from ingest.trace import TraceError
-        from store import StoreError
-        from ingest.broker import BrokerError
-        from streams.http import PortInUse
+        from tailwatch.ingest.nvml import NvmlUnavailable
+        from tailwatch_dev.trace import TraceError
+        from tailwatch.store import StoreError
+        from tailwatch_dev.broker import BrokerError
+        from tailwatch.streams.http import PortInUse
 
         if isinstance(exc, (NvmlUnavailable, TraceError, StoreError, BrokerError, ValueError, PortInUse)):
             print(f"tailwatch {args.command}: {exc}", file=sys.stderr)

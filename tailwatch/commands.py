@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 
 from tailwatch.cli import CliError, kafka_settings, progress, progress_done
-from ingest.kafka import ensure_reachable
+from tailwatch.ingest.kafka import ensure_reachable
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from ingest.broker import EmbeddedBroker
+    from tailwatch_dev.broker import EmbeddedBroker
 
     import signal
 
@@ -36,8 +36,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def _source(args: argparse.Namespace):
-    from ingest.simulator import DEFAULT_START, FleetSimulator
-    from ingest.trace import TraceReplay
+    from tailwatch_dev.simulator import DEFAULT_START, FleetSimulator
+    from tailwatch_dev.trace import TraceReplay
 
     if args.trace:
         return TraceReplay(args.trace, minutes=args.minutes or 120, seed=args.seed, start=args.start or DEFAULT_START)
@@ -60,11 +60,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         progress_done()
         print(f"wrote {n:,} events to {args.out}", file=sys.stderr)
         return 0
-    from ingest.producer import EventPublisher
+    from tailwatch.ingest.producer import EventPublisher
 
     settings = kafka_settings(args)
     ensure_reachable(settings)
-    from ingest.kafka import ensure_topics
+    from tailwatch.ingest.kafka import ensure_topics
 
     otlp = args.format == "otlp"
     ensure_topics(settings, others=(args.spans_topic, args.metrics_topic) if otlp else ())
@@ -81,7 +81,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _simulate_otlp(args: argparse.Namespace, sim, pub) -> int:
     """The simulator's fleet as a Collector's kafka exporter would write it."""
-    from ingest.otlp.encode import publish_batches
+    from tailwatch.ingest.otlp.encode import publish_batches
 
     sent, native = publish_batches(pub.producer, sim.events(), args.otlp_encoding, args.spans_topic, args.metrics_topic,
                                    progress=lambda line: progress(f"simulate: {line}"))
@@ -96,7 +96,7 @@ def _simulate_otlp(args: argparse.Namespace, sim, pub) -> int:
 
 
 def load_mapping_option(path: str | None):
-    from ingest.otlp.mapping import MappingError, load_mapping
+    from tailwatch.ingest.otlp.mapping import MappingError, load_mapping
 
     try:
         return load_mapping(path)
@@ -105,8 +105,8 @@ def load_mapping_option(path: str | None):
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ingest.otlp.republish import OtlpRepublisher
-    from ingest.kafka import ensure_topics
+    from tailwatch.ingest.otlp.republish import OtlpRepublisher
+    from tailwatch.ingest.kafka import ensure_topics
 
     mapping = load_mapping_option(args.mapping)
     settings = kafka_settings(args)
@@ -122,7 +122,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_otlp(args: argparse.Namespace) -> int:
-    from ingest.otlp.mapping import MappingError, check_mapping
+    from tailwatch.ingest.otlp.mapping import MappingError, check_mapping
 
     try:
         problems = check_mapping(args.file)
@@ -137,8 +137,8 @@ def cmd_otlp(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from ingest.producer import EventPublisher
-    from ingest.kafka import ensure_topics
+    from tailwatch.ingest.producer import EventPublisher
+    from tailwatch.ingest.kafka import ensure_topics
 
     for f in args.files:
         if f != "-" and not Path(f).is_file():
@@ -161,7 +161,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def load_slo_option(value: str | None):
     """`--slos`: a file, `default` or `none` → a list of SloSpec (or None)."""
-    from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+    from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
 
     if value in (None, "none"):
         return None
@@ -173,7 +173,7 @@ def load_slo_option(value: str | None):
 
 
 def load_api_config_option(path: str | None):
-    from signals.config import ApiConfigError, load_api_config
+    from tailwatch.signals.config import ApiConfigError, load_api_config
 
     try:
         return load_api_config(path)
@@ -182,7 +182,7 @@ def load_api_config_option(path: str | None):
 
 
 def load_prices_option(path: str | None):
-    from planning.prices import PriceError, load_prices
+    from tailwatch.planning.prices import PriceError, load_prices
 
     try:
         return load_prices(path)
@@ -191,11 +191,11 @@ def load_prices_option(path: str | None):
 
 
 def _worker_settings(args: argparse.Namespace, **overrides):
-    from streams.fleet_metrics import FleetMetricsConfig
-    from streams.stages import default_stages
-    from store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
-    from streams.cardinality import CardinalityLimits
-    from streams.runtime import WorkerSettings
+    from tailwatch.streams.fleet_metrics import FleetMetricsConfig
+    from tailwatch.streams.stages import default_stages
+    from tailwatch.store import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
+    from tailwatch.streams.cardinality import CardinalityLimits
+    from tailwatch.streams.runtime import WorkerSettings
 
     api_config = load_api_config_option(args.api_config)
     prices = load_prices_option(args.prices)
@@ -273,7 +273,7 @@ def _announce(who: str, notes: list[str] | None = None):
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.process_memory import settle_malloc
+    from tailwatch.streams.process_memory import settle_malloc
 
     settle_malloc()  # before the consumer's threads start, so they share glibc's two arenas
     overrides = {}
@@ -282,16 +282,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.tier == "1":
         overrides.update(slos=None, stages=[])
     settings = _worker_settings(args, **overrides)
-    from slo.spec import spec_warnings
+    from tailwatch.slo.spec import spec_warnings
 
     settings.announce = _announce(f"tailwatch worker{' --tier ' + args.tier if args.tier != 'all' else ''}",
                                   [w for spec in settings.slos or () for w in spec_warnings(spec)])
     ensure_reachable(settings.kafka)
     if args.restore_from:
         _restore_store(args.restore_from, settings.store_path, args.tier)
-    from streams.partial_publisher import PublishRefused
-    from streams.runtime import NotDrained
-    from streams.tiers import build
+    from tailwatch.streams.partial_publisher import PublishRefused
+    from tailwatch.streams.runtime import NotDrained
+    from tailwatch.streams.tiers import build
 
     try:
         code = build(settings, args.tier).run()
@@ -306,7 +306,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _restore_store(folder: str, store_path: str, tier: str) -> None:
-    from store import snapshot
+    from tailwatch.store import snapshot
 
     if tier == "1":
         raise CliError("--restore-from: a tier-1 worker keeps no store")
@@ -319,8 +319,8 @@ def _restore_store(folder: str, store_path: str, tier: str) -> None:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    import store
-    from store import snapshot
+    from tailwatch import store
+    from tailwatch.store import snapshot
 
     folder = args.dir
     manifest = snapshot.write(args.store or store.DEFAULT_STORE, folder)
@@ -334,7 +334,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import duckdb
 
-    import store
+    from tailwatch import store
     from tailwatch.table import render
 
     # A running worker lets go of the store every 20 s: wait for that moment.
@@ -351,8 +351,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _capacity_measured(args: argparse.Namespace) -> int:
-    import store
-    from streams.signal_stage import load_pool_capacity
+    from tailwatch import store
+    from tailwatch.streams.signal_stage import load_pool_capacity
     from tailwatch.table import render
 
     con = store.connect(args.store or store.DEFAULT_STORE, read_only=True, wait_s=30.0)
@@ -380,8 +380,7 @@ def _capacity_measured(args: argparse.Namespace) -> int:
 def _why_no_capacity(con, signal_stage_ran: bool) -> str:
     """What the store says about why no pool's capacity is measured, in the order a user
     would look: the stage that measures it, the GPU samples it reads, the sustained minutes."""
-    import store
-
+    from tailwatch import store
     if not signal_stage_ran:
         return ("no worker with the signal stage has written this store: a worker serving the signal API "
                 "(--http-port) measures it as minutes close")
@@ -400,13 +399,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return _collect_prometheus(args)
     import pynvml
 
-    from ingest import nvml
+    from tailwatch.ingest import nvml
 
     nvml.init(pynvml)
     node = args.node or nvml.default_node()
     publisher = None
     if not args.print_only:
-        from ingest.producer import EventPublisher
+        from tailwatch.ingest.producer import EventPublisher
 
         settings = kafka_settings(args)
         ensure_reachable(settings)
@@ -439,12 +438,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _collect_prometheus(args: argparse.Namespace) -> int:
-    from ingest.otlp.scrape import PrometheusScraper, ScrapeError
+    from tailwatch.ingest.otlp.scrape import PrometheusScraper, ScrapeError
 
     mapping = load_mapping_option(args.mapping)
     publisher = None
     if not args.print_only:
-        from ingest.producer import EventPublisher
+        from tailwatch.ingest.producer import EventPublisher
 
         settings = kafka_settings(args)
         ensure_reachable(settings)
@@ -484,7 +483,7 @@ def _collect_prometheus(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tools.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors, cmd_eval_traces
+    from tailwatch_dev.eval_detectors import EVAL_SCENARIOS, SUITE, cmd_eval_detectors, cmd_eval_traces
 
     if args.trace:
         if args.scenario:
@@ -499,12 +498,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from store import DEFAULT_STORE
+    from tailwatch.store import DEFAULT_STORE
     from tailwatch.backtest import cmd_backtest_autoscale, cmd_backtest_rollout
 
     path = args.store or DEFAULT_STORE
     if args.backtest_command == "autoscale" and args.trace:
-        from tailwatch.backtest_trace import cmd_backtest_trace
+        from tailwatch_dev.backtest_trace import cmd_backtest_trace
 
         if args.store or args.pool or args.start or args.end or args.per_minute:
             raise CliError("--trace replays a trace through a simulated pool: --store, --pool, --from, --to and "
@@ -519,7 +518,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from store import DEFAULT_STORE
+    from tailwatch.store import DEFAULT_STORE
     from tailwatch.drill import cmd_drill_zone_loss
 
     return cmd_drill_zone_loss(args.store or DEFAULT_STORE, args.zone, args.start, args.end, load_slo_option(args.slos),
@@ -527,14 +526,14 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from tailwatch.demo import run_demo
+    from tailwatch_dev.demo import run_demo
 
     return run_demo(minutes=args.minutes, seed=args.seed, store_path=args.store, port=args.port, otlp=args.otlp,
                     workers=args.workers, scenario=args.scenario)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from tools.fuzz_decode import run as fuzz_decode
+    from tailwatch_dev.fuzz_decode import run as fuzz_decode
 
     report = fuzz_decode(args.records, args.seed, args.batch_size, progress=progress)
     progress_done()
@@ -546,7 +545,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.chaos:
         import tempfile
 
-        from tools.chaos import ChaosSetupError, run_chaos
+        from tailwatch_dev.chaos import ChaosSetupError, run_chaos
 
         out = args.out or tempfile.mkdtemp(prefix="tailwatch-chaos-")
         try:
@@ -556,28 +555,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(report.table())
         return 0 if report.ok else 1
     if args.rollup:
-        from tools.bench_restore import run_rollup
+        from tailwatch_dev.bench_restore import run_rollup
 
         print("\n".join(run_rollup(args.rollup, args.retention_days, say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
     if args.restore:
-        from tools.bench_restore import run as run_restore
+        from tailwatch_dev.bench_restore import run as run_restore
 
         print("\n".join(run_restore(args.restore, say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
     if args.restore_fleet:
-        from tools.bench_restore import run_fleet
+        from tailwatch_dev.bench_restore import run_fleet
 
         print("\n".join(run_fleet(args.slices, args.days, args.every_minutes,
                                   say=lambda m: print(m, file=sys.stderr, flush=True), hours=args.hours)))
         return 0
     if args.tiers:
-        from tools.bench_tiers import run as run_tiers
+        from tailwatch_dev.bench_tiers import run as run_tiers
 
         print("\n".join(run_tiers(args.events, args.slices, args.events_per_minute, args.slo_count, args.port)))
         return 0
     if args.api:
-        from tools.bench_api import BenchError, compare, run as run_api
+        from tailwatch_dev.bench_api import BenchError, compare, run as run_api
 
         say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         try:
@@ -589,15 +588,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         return 0
     if args.otlp:
-        from tools.bench_otlp import run as run_otlp
-        from tools.bench_trace import DEFAULT_TRACE
+        from tailwatch_dev.bench_otlp import run as run_otlp
+        from tailwatch_dev.bench_trace import DEFAULT_TRACE
 
         print("\n".join(run_otlp(Path(args.trace) if args.trace else DEFAULT_TRACE, args.spans,
                                  say=lambda m: print(m, file=sys.stderr, flush=True))))
         return 0
     if args.shape or args.trace:
-        from ingest.trace import TraceError
-        from tools.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
+        from tailwatch_dev.trace import TraceError
+        from tailwatch_dev.bench_trace import DEFAULT_TRACE, SHAPES, run as run_trace
 
         shapes = SHAPES if args.shape in (None, "both") else (args.shape,)
         try:
@@ -607,37 +606,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         return 0
     if args.label_flood:
-        from tools.bench_flood import run_flood
+        from tailwatch_dev.bench_flood import run_flood
 
         print("\n".join(run_flood(args.flood_requests)))
         return 0
     if args.month:
-        from tools.bench_month import run_month
+        from tailwatch_dev.bench_month import run_month
 
         print("\n".join(run_month(args.busy_slices, args.days, args.every_minutes,
                                    out=Path(args.out) if args.out else None,
                                    store_memory_limit_mib=args.store_memory_limit)))
         return 0
     if args.slo:
-        from tools.bench_slo import run
+        from tailwatch_dev.bench_slo import run
 
         print("\n".join(run(args.slo_count, args.slices, args.history_minutes)))
         return 0
-    from tools.bench import run_bench
+    from tailwatch_dev.bench import run_bench
 
     return run_bench(args)
 
 
 def slo_check(path: str, store_path: str | None) -> int:
     """What was understood of each SLO, then every warning and problem; 1 when there are problems."""
-    from slo.check import check_file, unmatched_selector_warning
-    from slo.spec import spec_warnings
+    from tailwatch.slo.check import check_file, unmatched_selector_warning
+    from tailwatch.slo.spec import spec_warnings
 
     report = check_file(path)
     report.warnings.extend(w for spec in report.specs for w in spec_warnings(spec))
     if store_path and report.specs:
-        import store
-
+        from tailwatch import store
         con = store.connect(store_path, read_only=True)
         try:
             total = store.selector_rows(con, {})
@@ -678,9 +676,9 @@ def cmd_slo(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     import yaml
 
-    from signals.recipes import argo_rollout, argo_templates, flagger_canary
+    from tailwatch.signals.recipes import argo_rollout, argo_templates, flagger_canary
 
-    from config.kubernetes import RULE, is_kubernetes_name, kubernetes_name
+    from tailwatch.config.kubernetes import RULE, is_kubernetes_name, kubernetes_name
 
     if args.target and not is_kubernetes_name(args.target):
         raise CliError(f"--target {args.target!r} is not {RULE}; '{kubernetes_name(args.target)}' would do")
@@ -701,11 +699,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     import yaml
 
-    from deploy.generate import FLAGGER_TOKEN_ENV, manifests, write
-    from deploy.preflight import ApiResourcesError, missing, served_kinds
-    from deploy.settings import DeployError, load_settings
-    from planning.prices import PriceFile
-    from slo.spec import DEFAULT_SLOS
+    from tailwatch.deploy.generate import FLAGGER_TOKEN_ENV, manifests, write
+    from tailwatch.deploy.preflight import ApiResourcesError, missing, served_kinds
+    from tailwatch.deploy.settings import DeployError, load_settings
+    from tailwatch.planning.prices import PriceFile
+    from tailwatch.slo.spec import DEFAULT_SLOS
 
     specs = load_slo_option(args.slos) or []
     load_prices_option(args.prices)  # refused here, not in a pod that cannot start
@@ -735,7 +733,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboards(args: argparse.Namespace) -> int:
-    from dashboards.generate import write
+    from tailwatch.dashboards.generate import write
 
     specs = load_slo_option(args.slos) or []
     paths = write(specs, args.out)
@@ -746,7 +744,7 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
 def time_range_option(args: argparse.Namespace):
     """`--from` / `--to` (RFC 3339 or a date, UTC; `--to` a date includes that day) as
     aware datetimes, None where not given."""
-    from reports.cost_report import ReportError, parse_time
+    from tailwatch.reports.cost_report import ReportError, parse_time
 
     try:
         start = parse_time(args.start) if args.start else None
@@ -759,8 +757,8 @@ def time_range_option(args: argparse.Namespace):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from reports.cost_report import ReportError, run_cost_report
-    from store import DEFAULT_STORE
+    from tailwatch.reports.cost_report import ReportError, run_cost_report
+    from tailwatch.store import DEFAULT_STORE
 
     if args.report_command == "readiness":
         return _report_readiness(args)
@@ -783,7 +781,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_rules(args: argparse.Namespace) -> int:
     import yaml
 
-    from alerts.rules import promtool_test, rule_groups
+    from tailwatch.alerts.rules import promtool_test, rule_groups
 
     specs = load_slo_option(args.slos) or []
     out = Path(args.out)
@@ -798,7 +796,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from planning import capacity
+    from tailwatch.planning import capacity
 
     if args.capacity_command == "replicas":
         units = args.concurrent_streams if args.concurrent_streams is not None else args.tokens_per_second
@@ -822,9 +820,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from planning.stage_plan import PlanConstraints, bottleneck, plan_stages
-    from planning.stage_setup import StageSetupError, load_stage_setup, measured_profiles
-    import store
+    from tailwatch.planning.stage_plan import PlanConstraints, bottleneck, plan_stages
+    from tailwatch.planning.stage_setup import StageSetupError, load_stage_setup, measured_profiles
+    from tailwatch import store
     from tailwatch.table import render
 
     start, end = time_range_option(args)
@@ -899,7 +897,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def alert_links(args: argparse.Namespace, served_at: str | None = None):
     """`served_at`: the worker's own HTTP base URL, which serves the runbooks; the default
     base for its pages when `--runbook-url` names none."""
-    from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, AlertLinks
+    from tailwatch.alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, AlertLinks
 
     base = args.runbook_url or served_at or LOCAL_RUNBOOK_BASE_URL
     return AlertLinks(runbook_base_url=base, grafana_url=args.grafana_url)
@@ -918,8 +916,7 @@ def worker_base_url(host: str, port: int) -> str | None:
 
 
 def known_models(store_path: str) -> list[str]:
-    import store as tw_store
-
+    from tailwatch import store as tw_store
     con = tw_store.connect(store_path, read_only=True, wait_s=30.0)
     try:
         return [m for (m,) in con.execute("SELECT DISTINCT model FROM sli_minute WHERE model != '' ORDER BY 1").fetchall()]
@@ -930,8 +927,8 @@ def known_models(store_path: str) -> list[str]:
 def _report_readiness(args: argparse.Namespace) -> int:
     """`report readiness`: the store's buckets of one model, its canaries and pools replayed
     through the signal API's decisions, into reports/readiness.py."""
-    from reports.readiness import CanaryHistory, build_readiness, write_readiness
-    from store import DEFAULT_STORE
+    from tailwatch.reports.readiness import CanaryHistory, build_readiness, write_readiness
+    from tailwatch.store import DEFAULT_STORE
     from tailwatch.backtest import backtest_rollout, read_buckets
 
     start, end = time_range_option(args)
@@ -953,9 +950,8 @@ def _report_readiness(args: argparse.Namespace) -> int:
             if story is not None:
                 canaries.append(CanaryHistory(version, story, tuple((s.minute, s.verdict) for s in replayed.steps)))
         progress_done()
-    from reports.cost_report import minute_scales, model_costs
-    import store as tw_store
-
+    from tailwatch.reports.cost_report import minute_scales, model_costs
+    from tailwatch import store as tw_store
     con = tw_store.connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
     try:
         scales = minute_scales(con, naive(start) or dt.datetime(1970, 1, 1), naive(end) or dt.datetime(2100, 1, 1))

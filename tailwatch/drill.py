@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from alerts.alertmanager import rfc3339
-from planning.prices import GpuPrices
-from reports.readiness import build_readiness
-from planning.capacity import GPU_SECONDS_PER_SECOND_PER_GPU, replicas
-from signals.held import MINUTE, minute_col, rollup
-from signals.live import LiveSignals, SignalPolicy, pool_minutes
-from slo.sli import replay as replay_slos
-from slo.spec import SloSpec
+from tailwatch.alerts.alertmanager import rfc3339
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.reports.readiness import build_readiness
+from tailwatch.planning.capacity import GPU_SECONDS_PER_SECOND_PER_GPU, replicas
+from tailwatch.signals.held import MINUTE, minute_col, rollup
+from tailwatch.signals.live import LiveSignals, SignalPolicy, pool_minutes
+from tailwatch.slo.sli import replay as replay_slos
+from tailwatch.slo.spec import SloSpec
 from tailwatch.backtest import BacktestError, minutes_of, read_buckets, replay, time_bounds
 
 SILENT_MINUTES = 3  # a zone silent this long while others report is lost

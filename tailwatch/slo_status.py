@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-from slo.sli import replay, span
-from slo.spec import REPORTED_KINDS, SloSpec
-from slo.windows import minute_start_utc, minute_text
-import store
+from tailwatch.slo.sli import replay, span
+from tailwatch.slo.spec import REPORTED_KINDS, SloSpec
+from tailwatch.slo.windows import minute_start_utc, minute_text
+from tailwatch import store
 from tailwatch.cli import CliError
 from tailwatch.table import render
 

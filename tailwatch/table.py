@@ -6,7 +6,7 @@ import json
 from datetime import date, datetime
 from typing import Any, Sequence
 
-from reports.csv_out import csv_text
+from tailwatch.reports.csv_out import csv_text
 
 
 def _cell(v: Any) -> str:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
-from ingest.kafka import KafkaSettings, ensure_topics
-from tools.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
+from tailwatch_dev.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch_dev.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 
 BROKER_FIXTURES = {"broker", "kafka", "own_broker"}  # own_broker: a test that restarts one of its own
@@ -103,7 +103,7 @@ def api_client(api):
     """Litestar's test client over the signal API's real routes for `api`, made once."""
     from litestar.testing import TestClient
 
-    from signals.routes import make_app
+    from tailwatch.signals.routes import make_app
 
     client = _API_CLIENTS.get(id(api))
     if client is None or client.app.state.get("api") is not api:

@@ -14,12 +14,12 @@ import pytest
 
 from tests.conftest import H100_LAB, need
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.validate import BatchDecoder
-import store
-from streams.aggregates import GPU, REQUESTS
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.windows import AggregateSpec, MinuteWindows
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch import store
+from tailwatch.streams.aggregates import GPU, REQUESTS
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.windows import AggregateSpec, MinuteWindows
 
 
 

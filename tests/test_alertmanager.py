@@ -12,15 +12,15 @@ import uuid
 import duckdb
 import pytest
 
-from alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
-from slo.engine import AlertChange
-from slo.spec import DEFAULT_SLOS, load_slos
-from slo.windows import default_catalog
-from streams.runtime import WorkerSettings
-from streams.tiers import build
-from tools.chaos import Webhook as ChaosWebhook, alertmanager_config
+from tailwatch.alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.slo.engine import AlertChange
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.slo.windows import default_catalog
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import build
+from tailwatch_dev.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready
 
 AM_BIN = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -214,7 +214,7 @@ def test_every_page_goes_to_every_alertmanager_and_one_down_holds_back_nothing(t
     """HA as Alertmanager documents it: every alert to every instance, no load balancing.
     The second instance is down when the page fires; the first gets it at once, the second
     as soon as it is back."""
-    from alerts.alertmanager import FiringAlerts
+    from tailwatch.alerts.alertmanager import FiringAlerts
 
     hooks = [Webhook(), Webhook()]
     first, url_first = start_alertmanager(tmp_path, hooks[0].port)
@@ -263,9 +263,8 @@ def test_a_batch_alertmanager_refuses_is_dropped_and_counted_not_retried_forever
 
 
 def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
-    from alerts.alertmanager import FiringAlerts
-    import store
-
+    from tailwatch.alerts.alertmanager import FiringAlerts
+    from tailwatch import store
     con = store.connect(str(tmp_path / "tw.duckdb"))
     for seq in range(3):
         con.execute("INSERT INTO _tw_alert_outbox VALUES ('slo', ?, ?)", [seq, '{"labels": {"n": "%d"}}' % seq])
@@ -282,7 +281,7 @@ def test_a_restart_resends_to_each_alertmanager_from_its_own_mark(tmp_path):
 def test_deliveries_and_refusals_are_counted_per_alertmanager():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from alerts.alertmanager import DeliveryCollector, FiringAlerts
+    from tailwatch.alerts.alertmanager import DeliveryCollector, FiringAlerts
 
     alerts = FiringAlerts(("http://am-a:9093",), stage="detectors")
     alerts.outboxes[0].delivered, alerts.outboxes[0].refused = 5, 2
@@ -300,7 +299,7 @@ def test_a_hung_alertmanager_never_holds_the_loop_and_retry_after_is_honoured():
     import socket
     import threading
 
-    from alerts.alertmanager import FiringAlerts
+    from tailwatch.alerts.alertmanager import FiringAlerts
 
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
 """Watermark alignment (streams/alignment.py): which partitions pause, when they resume,
 and that a stalled or finished partition never holds the others back."""
 
-from streams.alignment import WatermarkAlignment
+from tailwatch.streams.alignment import WatermarkAlignment
 
 MIN = 60_000
 
@@ -80,7 +80,7 @@ import time  # noqa: E402
 import duckdb  # noqa: E402
 import pytest  # noqa: E402
 
-from streams.tiers import build  # noqa: E402
+from tailwatch.streams.tiers import build  # noqa: E402
 from tests.test_faults import produce, settings  # noqa: E402
 from tests.test_partials import azure_values  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_a_partition_paused_when_its_group_rebalances_is_read_after_it(kafka):
 
     from confluent_kafka import Consumer
 
-    from streams.source import KafkaSource
+    from tailwatch.streams.source import KafkaSource
 
     topic = kafka.topic("requests")
     produce(kafka, [(i % 2, b"r%d" % i) for i in range(100)])

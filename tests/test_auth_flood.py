@@ -116,7 +116,7 @@ def test_wrong_token_pollers_beyond_the_cap_never_lock_out_authorised_polls(port
     what the process can answer is a load balancer's to limit): each authorised poll on a new
     connection, 10 a second, must answer 200 within 2 s, and a kept one every time. Before, the
     first 64 held the cap for as long as they polled, and every new connection was refused."""
-    attack = subprocess.Popen([sys.executable, "-m", "tools.slow_clients", "--wrong-token", "--port", str(port),
+    attack = subprocess.Popen([sys.executable, "-m", "tailwatch_dev.slow_clients", "--wrong-token", "--port", str(port),
                                "--connections", "300", "--seconds", "8", "--drip", "1", "--rate", "100"],
                               stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
     kept = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -146,7 +146,7 @@ def test_wrong_token_pollers_beyond_the_cap_never_lock_out_authorised_polls(port
 
 
 def test_the_table_evicts_the_unauthenticated_first_then_slow_newcomers_and_never_the_authorised():
-    from streams.connections import EVICTED_SLOW, EVICTED_UNAUTHENTICATED, ConnectionTable
+    from tailwatch.streams.connections import EVICTED_SLOW, EVICTED_UNAUTHENTICATED, ConnectionTable
 
     table = ConnectionTable(4, evict_after_s=0.5, evictions_per_s=2)
     for name in ("poller", "probe", "slow", "fresh"):

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from planning.serving_sim import Hpa, MinuteLoad, erlang_c, p95_wait_s, serve_minute, simulate
-from tailwatch.backtest_trace import SLOTS_PER_REPLICA, controllers, diurnal_factor, diurnal_week, run, trace_minutes
-from tools.traces import AZURE_CODE_TRACE
+from tailwatch_dev.serving_sim import Hpa, MinuteLoad, erlang_c, p95_wait_s, serve_minute, simulate
+from tailwatch_dev.backtest_trace import SLOTS_PER_REPLICA, controllers, diurnal_factor, diurnal_week, run, trace_minutes
+from tailwatch_dev.traces import AZURE_CODE_TRACE
 
 
 def test_erlang_c_and_the_wait_by_hand():

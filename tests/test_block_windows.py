@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slo.block_windows import CHUNK, RESOLUTIONS, BlockWindows
-from slo.engine import SloTable
-from slo.spec import SloSpec
-from slo.windows import default_catalog
+from tailwatch.slo.block_windows import CHUNK, RESOLUTIONS, BlockWindows
+from tailwatch.slo.engine import SloTable
+from tailwatch.slo.spec import SloSpec
+from tailwatch.slo.windows import default_catalog
 
 LENGTHS = (5, 30, 60, 90, 120, 360, 500, 1440)
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from planning import capacity
+from tailwatch.planning import capacity
 
 
 def test_streams_to_gpus_with_zone_headroom():
@@ -44,7 +44,7 @@ def test_capacity_command_prints_its_working():
 
 
 def test_sustained_capacity_needs_consecutive_held_minutes_and_keeps_the_best_day():
-    from planning.capacity import PoolMinute, SustainedCapacity
+    from tailwatch.planning.capacity import PoolMinute, SustainedCapacity
 
     c = SustainedCapacity(sustained_minutes=3, history_days=2)
     feed = lambda minute, work, held=True, warm=4: c.observe(PoolMinute("p", minute, work, warm, held))  # noqa: E731
@@ -63,8 +63,8 @@ def test_sustained_capacity_needs_consecutive_held_minutes_and_keeps_the_best_da
 # ---- capacity bounded in both directions ------------------------------------------------
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals  # noqa: E402
-from planning.capacity import (PhysicalBound, PoolMinute, ReplicaShape, SustainedCapacity,  # noqa: E402
+from tailwatch.signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals  # noqa: E402
+from tailwatch.planning.capacity import (PhysicalBound, PoolMinute, ReplicaShape, SustainedCapacity,  # noqa: E402
                           estimate_capacity, physical_bound)
 
 
@@ -165,8 +165,8 @@ def test_capacity_measured_says_what_the_store_lacks(tmp_path):
     import subprocess
     import sys
 
-    import store
-    from streams.signal_stage import SCHEMA_SQL
+    from tailwatch import store
+    from tailwatch.streams.signal_stage import SCHEMA_SQL
 
     path = tmp_path / "s.duckdb"
 

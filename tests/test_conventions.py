@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import conventions
-from streams.metrics import HttpMetrics, WorkerMetrics
+from tailwatch import conventions
+from tailwatch.streams.metrics import HttpMetrics, WorkerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("tailwatch", "deploy", "ingest", "streams", "store", "slo", "planning", "alerts", "signals", "detectors", "dashboards", "reports",
-         "tools", "config")
+         "tailwatch_dev", "config")
 METRIC_NAME = re.compile(r"tailwatch_[a-z_]+")
 
 

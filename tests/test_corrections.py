@@ -4,10 +4,10 @@ DuckDB store, copies dropped, the merged row equal to an on-time close (no Kafka
 import polars as pl
 import pytest
 
-import store
-from streams.aggregates import REQUESTS
-from streams.corrections import LateEvents
-from streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch import store
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.corrections import LateEvents
+from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
 from tests.test_windows import T0, frame
 
 LATENESS = 5 * MINUTE_MS

@@ -17,18 +17,18 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from ingest.kafka import KafkaSettings, ensure_topics
-from ingest.schema import GpuV1
-from ingest.trace import TraceReplay, read_any_trace
-from reports.cost_report import SCALES_VIEW, attribution_bases, build_report, minute_scales, render_html
-from planning.prices import GpuPrices
-import store
-from store.attribution import attributed_sql
-from streams.rollup import RollUp
-from streams.fleet_metrics import FleetMetrics
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.ingest.schema import GpuV1
+from tailwatch_dev.trace import TraceReplay, read_any_trace
+from tailwatch.reports.cost_report import SCALES_VIEW, attribution_bases, build_report, minute_scales, render_html
+from tailwatch.planning.prices import GpuPrices
+from tailwatch import store
+from tailwatch.store.attribution import attributed_sql
+from tailwatch.streams.rollup import RollUp
+from tailwatch.streams.fleet_metrics import FleetMetrics
 from tests.test_fleet_metrics import closed_buckets, scrape
 from tests.test_pipeline import publish, run_worker
-from tools.traces import AZURE_CODE_TRACE
+from tailwatch_dev.traces import AZURE_CODE_TRACE
 
 GPUS_PER_POOL = 4
 

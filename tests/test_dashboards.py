@@ -31,19 +31,19 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from alerts.alertmanager import AlertLinks, to_alertmanager
-from dashboards.common import QUIET
-from dashboards.uids import UID_FLEET, UID_SLO
-from dashboards.generate import build_all, problems, queries, write
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
-from slo.engine import AlertChange
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.fleet_metrics import FleetMetrics
-from streams.runtime import WorkerSettings
-from streams.tiers import build
-from tailwatch.demo import BAD_RECORDS
-from ingest.kafka import KafkaSettings, ensure_topics, send
+from tailwatch.alerts.alertmanager import AlertLinks, to_alertmanager
+from tailwatch.dashboards.common import QUIET
+from tailwatch.dashboards.uids import UID_FLEET, UID_SLO
+from tailwatch.dashboards.generate import build_all, problems, queries, write
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.slo.engine import AlertChange
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.fleet_metrics import FleetMetrics
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import build
+from tailwatch_dev.demo import BAD_RECORDS
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, send
 from tests.conftest import free_port, need, start_until_ready
 
 PROMETHEUS = shutil.which("prometheus")
@@ -386,7 +386,7 @@ def test_tables_name_their_columns_and_colour_the_budget():
     assert [s["color"] for s in budget_steps] == ["red", "orange", "green"] and budget_steps[1]["value"] == 0
     assert by_column["Burn 1h"]["thresholds"]["steps"][-1] == {"color": "red", "value": 14.4}
     # A panel without a description, or a table column without a name, is refused at build.
-    from dashboards.common import Q as Query, table, timeseries
+    from tailwatch.dashboards.common import Q as Query, table, timeseries
 
     with pytest.raises(ValueError, match="no description"):
         timeseries("x", "s", [Query("up")], description=" ")
@@ -398,8 +398,8 @@ def test_the_why_row_lists_open_detections_with_slice_and_evidence():
     """The detectors' open conditions are series with their slice labels and evidence (the
     per-detector gauge has no slice), and the overview and SLO-detail dashboards show them."""
     from prometheus_client import CollectorRegistry
-    from detectors.core import Detection
-    from streams.detector_stage import OPEN_DETECTION_SERIES, DetectorCollector
+    from tailwatch.detectors.core import Detection
+    from tailwatch.streams.detector_stage import OPEN_DETECTION_SERIES, DetectorCollector
 
     collector = DetectorCollector(["retry_storm", "queue_age"])
     collector.open = [Detection("retry_storm", {"zone": "us-east-1c", "model": "whisper", "workload": "asr"}, 29_000_000 + i,

@@ -23,11 +23,11 @@ import polars as pl
 import pytest
 
 
-from ingest.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_trace
-from signals.live import LiveSignals, SignalPolicy
-from signals.rollout import RolloutPolicy
-from slo import histogram
-from planning.prices import GpuPrices
+from tailwatch_dev.trace import DECODE_MS_PER_TOKEN, PREFILL_MS_PER_TOKEN, read_trace
+from tailwatch.signals.live import LiveSignals, SignalPolicy
+from tailwatch.signals.rollout import RolloutPolicy
+from tailwatch.slo import histogram
+from tailwatch.planning.prices import GpuPrices
 
 from .conftest import AZURE_TRACE, need
 
@@ -241,7 +241,7 @@ def autoscale_run(trace_snapshots):
 def test_shedding_on_the_trace_leaves_the_calm_pool_alone_and_degrades_the_saturated_one(trace_snapshots):
     """GET /v1/shed on the public trace: all realtime traffic of one tenant, so no batch to
     delay; the saturated pool's advice starts where something can be freed."""
-    from signals.answers import Shed, typed
+    from tailwatch.signals.answers import Shed, typed
 
     pressed = 0
     for m, snap in trace_snapshots.items():
@@ -374,7 +374,7 @@ def _same_json(a, b) -> bool:
 
     import msgspec
 
-    from signals.answers import _TO_JSON
+    from tailwatch.signals.answers import _TO_JSON
 
     return json.loads(msgspec.json.encode(a)) == json.loads(_TO_JSON.encode(b))
 
@@ -384,7 +384,7 @@ def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(au
     """The API converts the view's answers to the Structs its OpenAPI document is generated
     from: on the public trace, each converts and comes back equal, so no key of a real
     answer is missing from the document, and no documented required key is missing from it."""
-    from signals.answers import Autoscale, Verdict, typed
+    from tailwatch.signals.answers import Autoscale, Verdict, typed
 
     pools = [msgspec.to_builtins(scoped.body) for pools in autoscale_run.values() for scoped in pools.values()]
     assert len(pools) > 100 and all(_same_json(typed(b, Autoscale), b) for b in pools)

@@ -21,17 +21,17 @@ import jsonschema
 import pytest
 import yaml
 
-from deploy.generate import FLAGGER_TOKEN_ENV, write
-from deploy.neighbours import keda
-from deploy.settings import DeploySettings, Pool, load_settings
-from deploy.workloads import CONFIG_DIR, USER_ID
-from ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
-from ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
-from signals.answers import Autoscale
-from signals.api import FLAGGER_CHECKS, SignalApi
-from signals.config import ApiConfig, load_api_config
-from signals.routes import make_app, takes_body
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.deploy.generate import FLAGGER_TOKEN_ENV, write
+from tailwatch.deploy.neighbours import keda
+from tailwatch.deploy.settings import DeploySettings, Pool, load_settings
+from tailwatch.deploy.workloads import CONFIG_DIR, USER_ID
+from tailwatch.ingest.otlp.gpu import DCGM_COUNTERS, DCGM_GAUGES, DCGM_XID
+from tailwatch.ingest.otlp.republish import DEFAULT_METRICS_TOPIC, DEFAULT_SPANS_TOPIC
+from tailwatch.signals.answers import Autoscale
+from tailwatch.signals.api import FLAGGER_CHECKS, SignalApi
+from tailwatch.signals.config import ApiConfig, load_api_config
+from tailwatch.signals.routes import make_app, takes_body
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def test_the_config_map_files_load_and_tokens_come_from_the_secret(generated, tm
         {"keda", "argo", "flagger", "prometheus"}
     assert api.authenticate("Bearer secret-other") is None
     assert [s.name for s in load_slos(tmp_path / "slos.yaml")] == [s.name for s in load_slos(DEFAULT_SLOS)]
-    from planning.prices import load_prices
+    from tailwatch.planning.prices import load_prices
 
     assert load_prices(tmp_path / "prices.yaml").usd_per_gpu_hour["H100"] == 3.9
 
@@ -408,7 +408,7 @@ def _enabled(csv_text: str) -> set[str]:
 def test_the_generated_counters_file_turns_on_what_the_stock_file_leaves_off():
     """dcgm-exporter's own file enables GR_ENGINE_ACTIVE but comments out SM_ACTIVE and
     SM_OCCUPANCY (and ECC): with it, busy-but-slow and utilisation would lose SM activity."""
-    from deploy.neighbours import dcgm_counters_csv
+    from tailwatch.deploy.neighbours import dcgm_counters_csv
 
     stock = _enabled((Path(__file__).parent / "data" / "dcgm-exporter" / "default-counters.csv").read_text())
     read = set(DCGM_GAUGES) | set(DCGM_COUNTERS) | {DCGM_XID}

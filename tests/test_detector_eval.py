@@ -15,9 +15,9 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from detectors.config import DETECTOR_NAMES
-from ingest.simulator import FleetSimulator
-from tools.eval_detectors import (
+from tailwatch.detectors.config import DETECTOR_NAMES
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch_dev.eval_detectors import (
     DEFAULT_EVAL_SHARE,
     DEFAULT_GPU_SAMPLES,
     DEFAULT_RATE_SCALE,
@@ -69,7 +69,7 @@ def test_suite_on_another_seed_reports_every_detector(kafka, tmp_path):
 def test_anomaly_model_and_detections_survive_a_worker_restart(kafka, tmp_path):
     reference = _suite(kafka, tmp_path, FIXED_SEED)
     # The reference ran on topics of its own prefix; this run gets fresh topics.
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
     restarted = KafkaSettings(bootstrap_servers=kafka.bootstrap_servers, topic_prefix=kafka.topic_prefix + "r.")
     ensure_topics(restarted, partitions=2)
@@ -109,7 +109,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
     import polars as pl
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from streams.detector_stage import DetectorStage
+    from tailwatch.streams.detector_stage import DetectorStage
     from tests.test_alertmanager import Webhook, start_alertmanager
     from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, _ts, gpu_row, req_rows
 
@@ -119,7 +119,7 @@ def test_detection_pages_through_alertmanager_and_shows_on_metrics(tmp_path):
         now_min = int(time.time()) // 60
         stage = DetectorStage(alertmanager_urls=(url,))
         con = duckdb.connect(str(tmp_path / "am.duckdb"))
-        from store import SCHEMA_SQL
+        from tailwatch.store import SCHEMA_SQL
 
         con.execute(SCHEMA_SQL)
         stage.rebuild(con)

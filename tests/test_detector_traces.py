@@ -17,10 +17,10 @@ import msgspec
 import polars as pl
 import pytest
 
-from conventions import SLICE_LABELS
-from tools.detector_scoring import DAY_MINUTES, merge
+from tailwatch.conventions import SLICE_LABELS
+from tailwatch_dev.detector_scoring import DAY_MINUTES, merge
 from tailwatch.backtest import backtest_autoscale, backtest_rollout, read_buckets
-from tools.eval_detectors import (
+from tailwatch_dev.eval_detectors import (
     TraceCanary,
     build_trace_day,
     trace_day_buckets,
@@ -133,8 +133,8 @@ def test_detectors_fed_summaries_by_their_label_sets_find_what_they_find_in_the_
     (memory: rows grow with slices, summaries with label values). On a public trace day with
     incidents, detectors fed the summaries raise and end the same detections at the same
     minutes, with the same evidence, as detectors fed the rows."""
-    from detectors import config as detector_config
-    from detectors.core import BY_COL, Minute, summaries, with_minute
+    from tailwatch.detectors import config as detector_config
+    from tailwatch.detectors.core import BY_COL, Minute, summaries, with_minute
 
     day = build_trace_day(_need(AZURE_TRACE), minutes=240, seed=SEED + 1, incidents=True, repeats=1)
     rows_fed, summaries_fed = detector_config.DetectorSet(), detector_config.DetectorSet()
@@ -165,10 +165,10 @@ def test_the_signal_view_answers_from_its_rollups_what_the_rows_say():
     and every canary's and stable side's requests, errors and first-output p99 over the
     rollout window equal what the rows fed say, computed here straight from them; and the
     view holds 30 minutes and one row per label set seen in them."""
-    from signals.live import LiveSignals, SignalPolicy
-    from slo import histogram
-    from planning.prices import GpuPrices
-    from slo.spec import DEFAULT_SLOS, load_slos
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
+    from tailwatch.slo import histogram
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 
     day = build_trace_day(_need(AZURE_TRACE), minutes=90, seed=SEED, incidents=True, repeats=1,
                           canary=TraceCanary("code-llm-a", "v2-rc1", share=0.2, start_minute=20, error_rate=0.05))

@@ -16,44 +16,44 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.alertmanager import AlertLinks, detection_to_alertmanager
-from detectors import config as C
-from detectors.anomaly import AnomalyConfig, AnomalyDetector, AnomalyModel
-from detectors.cold_start import ColdStartConfig, ColdStartDetector
-from detectors.core import Detection, Finding, History, Minute, Tracker
-from detectors.cost import (
+from tailwatch.alerts.alertmanager import AlertLinks, detection_to_alertmanager
+from tailwatch.detectors import config as C
+from tailwatch.detectors.anomaly import AnomalyConfig, AnomalyDetector, AnomalyModel
+from tailwatch.detectors.cold_start import ColdStartConfig, ColdStartDetector
+from tailwatch.detectors.core import Detection, Finding, History, Minute, Tracker
+from tailwatch.detectors.cost import (
     CostBaseline,
     CostRegressionConfig,
     CostRegressionDetector,
     CostSums,
     regression,
 )
-from tools.detector_scoring import ObservedDetection, TruthIncident, agrees, score
-from detectors.kv_cache import (
+from tailwatch_dev.detector_scoring import ObservedDetection, TruthIncident, agrees, score
+from tailwatch.detectors.kv_cache import (
     KvCachePressureConfig,
     KvCachePressureDetector,
     PromptGrowthConfig,
     PromptGrowthDetector,
 )
-from detectors.queue_age import (
+from tailwatch.detectors.queue_age import (
     QueueAgeConfig,
     QueueAgeDetector,
     first_breach,
     window_mean,
 )
-from detectors.retry_storm import (
+from tailwatch.detectors.retry_storm import (
     RetryStormConfig,
     RetryStormDetector,
     breaches,
     retry_window,
 )
-from detectors.utilisation import (
+from tailwatch.detectors.utilisation import (
     BusyButSlowConfig,
     BusyButSlowDetector,
     IdleButSlowConfig,
     IdleButSlowDetector,
 )
-from streams.detector_stage import DetectorStage
+from tailwatch.streams.detector_stage import DetectorStage
 
 T0 = 29_000_000  # an epoch minute (2025)
 
@@ -290,11 +290,11 @@ def test_busy_but_slow_on_a_stock_dcgm_exporter_uses_gr_engine_active_and_names_
 
 
 def test_gr_engine_active_from_dcgm_reaches_gpu_minute_and_old_partials_still_merge():
-    from ingest.otlp.gpu import GpuMapper
-    from ingest.otlp.mapping import GpuRules
-    from ingest.otlp.samples import Sample
-    from streams.aggregates import GPU
-    from streams.windows import MinuteWindows
+    from tailwatch.ingest.otlp.gpu import GpuMapper
+    from tailwatch.ingest.otlp.mapping import GpuRules
+    from tailwatch.ingest.otlp.samples import Sample
+    from tailwatch.streams.aggregates import GPU
+    from tailwatch.streams.windows import MinuteWindows
 
     labels = {"gpu": "0", "UUID": "GPU-1", "Hostname": "n1", "modelName": "NVIDIA H100 80GB HBM3"}
     mapped = GpuMapper(GpuRules()).map([Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, 0.62, T0 * 60_000)])
@@ -531,7 +531,7 @@ def test_our_local_outlier_factor_scores_what_scikit_learns_does(n_rows):
     with more duplicate rows than neighbours (quiet slices give all-zero features)."""
     from sklearn.neighbors import LocalOutlierFactor as ScikitLearnLof
 
-    from detectors.outlier_factor import LocalOutlierFactor
+    from tailwatch.detectors.outlier_factor import LocalOutlierFactor
 
     rng = np.random.default_rng(n_rows)
     rows = rng.normal(size=(n_rows, 6))
@@ -544,7 +544,7 @@ def test_our_local_outlier_factor_scores_what_scikit_learns_does(n_rows):
 
 
 def test_anomaly_isolation_forest_is_available_too():
-    from detectors.anomaly import fit_model
+    from tailwatch.detectors.anomaly import fit_model
 
     rows = np.random.default_rng(0).normal(size=(100, 6))
     m = fit_model(rows, AnomalyConfig(model="isolation_forest"))
@@ -616,7 +616,7 @@ def test_scoring_hits_false_alerts_explained_and_delay():
 
 def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
-    from store import SCHEMA_SQL
+    from tailwatch.store import SCHEMA_SQL
 
     con.execute(SCHEMA_SQL)
     stage = DetectorStage()
@@ -637,9 +637,9 @@ def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
 
 
 def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog):
-    from streams.detector_stage import PendingMinutes
+    from tailwatch.streams.detector_stage import PendingMinutes
 
-    from detectors.core import summaries
+    from tailwatch.detectors.core import summaries
 
     pending = PendingMinutes("sli_minute", lambda rows: summaries(rows, (("model",), ("pool", "zone"))))
     frame = lambda minutes: pl.DataFrame([req_rows(T0 + m, requests=m + 1, e2e_ms_hist=[{"bin": 3, "n": m + 1}])  # noqa: E731
@@ -654,7 +654,7 @@ def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog
     assert pending.first_minute() == T0 + 4
     with caplog.at_level("WARNING"):
         assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
-    from slo.windows import minute_text
+    from tailwatch.slo.windows import minute_text
 
     assert f"minutes {minute_text(T0 + 2)} (UTC) closed after the detectors passed them" in caplog.text
     assert sorted(pending.take_until(T0 + 9).filter(pl.col("_by") == "pool,zone")["requests"].to_list()) == [5, 6]
@@ -664,7 +664,7 @@ def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog
 def test_summaries_of_summaries_give_the_slices_of_the_rows():
     """Rows of one minute may close in several checkpoints (partitions): their summaries,
     summed again, must give the same slices as the rows (the p95s a requests-weighted mean)."""
-    from detectors.core import MinuteBatch, summaries, with_minute
+    from tailwatch.detectors.core import MinuteBatch, summaries, with_minute
 
     rows = pl.DataFrame([req_rows(T0, tenant=f"t{i}", pool=f"p{i % 2}", traffic_class=("batch", "realtime")[i % 3 == 0],
                                   requests=10 * (i + 1), retries=i, e2e_ms_p95=None if i == 4 else 100.0 * (i + 1))
@@ -701,7 +701,7 @@ def test_detection_alert_payload_has_links_and_numbers():
 def test_every_detector_has_a_runbook():
     from pathlib import Path
 
-    from alerts.alertmanager import detector_runbook
+    from tailwatch.alerts.alertmanager import detector_runbook
 
     root = Path(__file__).resolve().parents[1]
     for name in C.DETECTOR_NAMES:
@@ -711,7 +711,7 @@ def test_every_detector_has_a_runbook():
 # ---- calibrated on real traffic shapes -------------------------------------------------------
 
 def test_retry_storm_is_judged_on_significance_not_a_fixed_count():
-    from detectors.retry_storm import wilson_lower
+    from tailwatch.detectors.retry_storm import wilson_lower
 
     assert wilson_lower(0, 0, 3.09) == 0.0
     assert wilson_lower(3, 20, 3.09) < 0.1 < 3 / 20  # a small slice's noisy ratio: not evidence
@@ -773,7 +773,7 @@ def test_cost_regression_does_not_fire_on_heavy_tailed_quiet_work_and_finds_a_re
 
 
 def test_cost_baseline_level_ignores_a_past_incident_in_the_window():
-    from detectors.cost import baseline
+    from tailwatch.detectors.cost import baseline
 
     calm = [CostSums(100.0, 100, 100, 10_000)] * 90
     spike = [CostSums(300.0, 100, 100, 10_000)] * 30  # a past 3x incident in the trailing two hours
@@ -786,8 +786,8 @@ def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(t
     # GPU telemetry for the first 5 minutes, then the collector dies while requests go on:
     # after ABSENT_SOURCE_MINUTES of requests without GPU rows the detectors go on, an hour
     # behind, and the retry storm after the silence is raised.
-    from streams.detector_stage import ABSENT_SOURCE_MINUTES
-    from store import SCHEMA_SQL
+    from tailwatch.streams.detector_stage import ABSENT_SOURCE_MINUTES
+    from tailwatch.store import SCHEMA_SQL
 
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     con.execute(SCHEMA_SQL)
@@ -810,7 +810,7 @@ def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(t
 # ---- speech and LLM quality shifts ---------------------------------------------------------
 
 def test_cold_voice_storm_needs_the_miss_surge_and_slower_first_audio_together():
-    from detectors.quality import ColdVoiceStormConfig, ColdVoiceStormDetector
+    from tailwatch.detectors.quality import ColdVoiceStormConfig, ColdVoiceStormDetector
 
     def tts(m, lookups, hits, fo_p95):
         return minute(m, [req_rows(m, model="tts-1", workload="tts", requests=lookups, voice_cache_lookups=lookups,
@@ -838,7 +838,7 @@ def test_cold_voice_storm_needs_the_miss_surge_and_slower_first_audio_together()
 
 
 def test_partial_churn_is_revisions_per_reporting_turn_against_the_version_baseline():
-    from detectors.quality import PartialChurnConfig, PartialChurnDetector
+    from tailwatch.detectors.quality import PartialChurnConfig, PartialChurnDetector
 
     def asr(m, turns, revisions, version="v1"):
         return minute(m, [req_rows(m, model="asr-1", workload="asr", model_version=version, requests=turns,
@@ -858,7 +858,7 @@ def test_partial_churn_is_revisions_per_reporting_turn_against_the_version_basel
 
 
 def test_prompt_cache_collapse_reads_the_cached_share_of_prompt_tokens():
-    from detectors.quality import PromptCacheCollapseConfig, PromptCacheCollapseDetector
+    from tailwatch.detectors.quality import PromptCacheCollapseConfig, PromptCacheCollapseDetector
 
     def llm(m, prompt, cached):
         return minute(m, [req_rows(m, requests=10, prompt_tokens=prompt, cached_prompt_tokens=cached)])
@@ -877,7 +877,7 @@ def test_prompt_cache_collapse_reads_the_cached_share_of_prompt_tokens():
 
 
 def test_voice_quality_drop_reads_the_mean_mos_of_sampled_evaluations_per_voice():
-    from detectors.quality import VoiceQualityDropConfig, VoiceQualityDropDetector
+    from tailwatch.detectors.quality import VoiceQualityDropConfig, VoiceQualityDropDetector
 
     def tts(m, samples, mean, voice="premium-1"):
         return minute(m, [req_rows(m, model="tts-1", workload="tts", voice=voice, requests=50, mos_samples=samples,
@@ -902,7 +902,7 @@ def test_voice_quality_drop_reads_the_mean_mos_of_sampled_evaluations_per_voice(
 
 
 def test_voice_fallback_surge_is_the_share_of_attempts_served_by_a_fallback():
-    from detectors.quality import VoiceFallbackSurgeConfig, VoiceFallbackSurgeDetector
+    from tailwatch.detectors.quality import VoiceFallbackSurgeConfig, VoiceFallbackSurgeDetector
 
     def tts(m, requests, fallbacks):
         return minute(m, [req_rows(m, model="tts-1", workload="tts", requests=requests, fallbacks=fallbacks)])
@@ -923,7 +923,7 @@ def test_voice_fallback_surge_is_the_share_of_attempts_served_by_a_fallback():
 
 
 def test_speculative_acceptance_drop_reads_accepted_over_drafted_tokens_per_version():
-    from detectors.quality import SpeculativeAcceptanceDropConfig, SpeculativeAcceptanceDropDetector
+    from tailwatch.detectors.quality import SpeculativeAcceptanceDropConfig, SpeculativeAcceptanceDropDetector
 
     def llm(m, drafted, accepted, version="v1"):
         return minute(m, [req_rows(m, model_version=version, requests=20, draft_tokens=drafted, accepted_tokens=accepted)])
@@ -943,7 +943,7 @@ def test_speculative_acceptance_drop_reads_accepted_over_drafted_tokens_per_vers
 
 
 def test_tenant_starving_needs_a_rising_share_and_the_others_waiting_together():
-    from detectors.tenants import TenantStarvingConfig, TenantStarvingDetector
+    from tailwatch.detectors.tenants import TenantStarvingConfig, TenantStarvingDetector
 
     def pool_minute(m, big_gpu_s, others_queue_ms, big_queue_ms=None):
         rows = [req_rows(m, tenant="big", requests=20, gpu_seconds=big_gpu_s, queue_ms_p95=big_queue_ms or others_queue_ms)]
@@ -978,7 +978,7 @@ def test_slice_summaries_equal_a_brute_force_sum_per_minute_and_labels():
     label is empty, each p95 is the requests-weighted mean of the rows that have one."""
     import random
 
-    from detectors.core import LATENCY_P95, MinuteBatch, QUALITY_SUMS, REQUEST_SUMS, SliceMinute
+    from tailwatch.detectors.core import LATENCY_P95, MinuteBatch, QUALITY_SUMS, REQUEST_SUMS, SliceMinute
 
     rng = random.Random(11)
     rows = []

@@ -8,18 +8,18 @@ import duckdb
 import msgspec
 import pytest
 
-import store
-from conventions import CORRECTED_EVENTS_TOTAL
-from ingest.schema import EvalV1, RequestV1
-from ingest.simulator import FleetSimulator
-from ingest.validate import BatchDecoder, INVALID_VALUE, UNKNOWN_SCHEMA
-from signals.live import SignalPolicy
-from signals.rollout import RolloutPolicy
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.aggregates import REQUESTS
-from streams.frames import REQUEST_COLUMNS, records_to_frame
-from streams.slo_stage import SloStage
-from streams.windows import MinuteWindows
+from tailwatch import store
+from tailwatch.conventions import CORRECTED_EVENTS_TOTAL
+from tailwatch.ingest.schema import EvalV1, RequestV1
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.ingest.validate import BatchDecoder, INVALID_VALUE, UNKNOWN_SCHEMA
+from tailwatch.signals.live import SignalPolicy
+from tailwatch.signals.rollout import RolloutPolicy
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.frames import REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.slo_stage import SloStage
+from tailwatch.streams.windows import MinuteWindows
 from tailwatch.backtest import backtest_rollout, read_buckets
 from tests.test_pipeline import publish, run_worker
 
@@ -66,7 +66,7 @@ def test_evaluations_share_the_requests_topic_and_hostile_ones_are_dead_letters(
 def regression_run(broker, tmp_path_factory):
     """40 minutes of the ASR fleet with 30% of answers scored: the canary is better in every
     language but German (scenario asr-canary-language-regression)."""
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
     import uuid
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
@@ -114,7 +114,7 @@ def test_the_canary_is_rolled_back_for_the_one_language_it_regresses(regression_
 
 
 def test_a_canary_better_in_every_language_goes_on_to_promotion(broker, tmp_path):
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
     import uuid
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
@@ -133,8 +133,8 @@ def test_a_canary_better_in_every_language_goes_on_to_promotion(broker, tmp_path
 
 
 def test_the_readiness_report_shows_wer_by_language_and_version_and_the_rollback(regression_run):
-    from planning.prices import GpuPrices
-    from reports.readiness import CanaryHistory, build_readiness
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.reports.readiness import CanaryHistory, build_readiness
 
     sim, _events, path, _worker = regression_run
     requests, gpu = read_buckets(str(path))
@@ -156,7 +156,7 @@ def test_scores_that_arrive_after_their_minutes_closed_are_merged_into_them(brok
     evaluations arrive (a late backlog on the same topic). Each is merged into its request's
     closed slice-minute, as a correction; nothing is dead-lettered, no request count moves,
     no slice-minute is doubled, and a redelivery of the backlog changes nothing."""
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
     import uuid
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")

@@ -15,9 +15,9 @@ import duckdb
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from conventions import STATE_BYTES
-from streams.runtime import NotDrained, Runtime, WorkerSettings
-from streams.tiers import build
+from tailwatch.conventions import STATE_BYTES
+from tailwatch.streams.runtime import NotDrained, Runtime, WorkerSettings
+from tailwatch.streams.tiers import build
 from tests.test_pipeline import read_topic
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a minute boundary
@@ -153,8 +153,8 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     did not take; the next start sends them all. Requests from a public trace."""
     import msgspec
 
-    from ingest.kafka import KafkaSettings, make_producer
-    from ingest.trace import TraceReplay
+    from tailwatch.ingest.kafka import KafkaSettings, make_producer
+    from tailwatch_dev.trace import TraceReplay
     from tests.conftest import free_port
     from tests.test_late_backlog import TRACE
 
@@ -200,8 +200,8 @@ def test_a_broker_down_is_a_log_line_a_window_not_twenty_a_second(caplog, monkey
     times a second. The worker's log gets the first, then one per window that counts the rest."""
     import logging
 
-    from ingest import kafka_log
-    from ingest.kafka import KafkaSettings, make_consumer
+    from tailwatch.ingest import kafka_log
+    from tailwatch.ingest.kafka import KafkaSettings, make_consumer
     from tests.conftest import free_port
 
     monkeypatch.setattr(kafka_log, "REPEAT_WINDOW_S", 1.5)
@@ -221,7 +221,7 @@ def test_a_broker_down_is_a_log_line_a_window_not_twenty_a_second(caplog, monkey
 def test_repeats_fold_by_kind_and_say_how_many():
     import logging
 
-    from ingest.kafka_log import RepeatFold
+    from tailwatch.ingest.kafka_log import RepeatFold
 
     now = [0.0]
     fold = RepeatFold(lambda: 60.0, clock=lambda: now[0])
@@ -246,10 +246,10 @@ def test_an_idle_worker_serves_its_producer_log_queue(caplog, monkeypatch):
     memory nor go unseen."""
     import logging
 
-    from ingest import kafka_log
-    from ingest.kafka import KafkaSettings
-    from streams.metrics import WorkerMetrics
-    from streams.topic_sink import TopicSink
+    from tailwatch.ingest import kafka_log
+    from tailwatch.ingest.kafka import KafkaSettings
+    from tailwatch.streams.metrics import WorkerMetrics
+    from tailwatch.streams.topic_sink import TopicSink
     from tests.conftest import free_port
 
     monkeypatch.setattr(kafka_log, "REPEAT_WINDOW_S", 0.5)
@@ -270,10 +270,10 @@ def test_a_stopping_worker_whose_sink_queue_is_full_gives_up_instead_of_hanging(
     """The sink's queue is bounded; with the broker gone it fills, and `send` waits for room.
     A worker told to stop waits STOP_FLUSH_S for it, as a flush does, then leaves the
     checkpoint uncommitted; until then (and while not stopping) it keeps waiting."""
-    from ingest.kafka import KafkaSettings
-    from streams import topic_sink
-    from streams.metrics import WorkerMetrics
-    from streams.topic_sink import TopicSink, Undelivered
+    from tailwatch.ingest.kafka import KafkaSettings
+    from tailwatch.streams import topic_sink
+    from tailwatch.streams.metrics import WorkerMetrics
+    from tailwatch.streams.topic_sink import TopicSink, Undelivered
     from tests.conftest import free_port
 
     monkeypatch.setattr(topic_sink, "STOP_FLUSH_S", 1.0)
@@ -312,7 +312,7 @@ def _hold_store(path, seconds: float):
 def _trace_halves(kafka):
     import msgspec
 
-    from ingest.trace import TraceReplay
+    from tailwatch_dev.trace import TraceReplay
     from tests.test_late_backlog import TRACE
 
     events = list(TraceReplay(TRACE, minutes=20, seed=5).events())
@@ -329,7 +329,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     and carries on where it was. Requests from a public trace."""
     import logging
 
-    from store import StoreSession
+    from tailwatch.store import StoreSession
 
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)
@@ -357,7 +357,7 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     the one before, and every request lands once."""
     import logging
 
-    from store import StoreSession
+    from tailwatch.store import StoreSession
 
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)

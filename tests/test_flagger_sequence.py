@@ -35,11 +35,11 @@ import numpy as np
 import pytest
 import yaml
 
-from ingest.producer import EventPublisher
-from ingest.schema import RequestV1
-from signals.answers import Alert, Slo, SloSlice
-from signals.first_step import StableSide, first_step
-from signals.recipes import flagger_canary
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch.ingest.schema import RequestV1
+from tailwatch.signals.answers import Alert, Slo, SloSlice
+from tailwatch.signals.first_step import StableSide, first_step
+from tailwatch.signals.recipes import flagger_canary
 from tests.conftest import free_port
 from tests.test_signal_api import get
 
@@ -159,7 +159,7 @@ class FlaggerScheduler:
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
     tmp = tmp_path_factory.mktemp("flagger")
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"f{uuid.uuid4().hex[:8]}.")

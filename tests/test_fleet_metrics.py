@@ -18,21 +18,21 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.simulator import FleetSimulator
-from ingest.validate import BatchDecoder
-from planning.prices import GpuPrices
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.aggregates import GPU, REQUESTS
-from conventions import LATENCY_LABELS
-from streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMetricsConfig
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.metrics import WorkerMetrics
-from streams.slo_stage import SloStage
-from streams.windows import MinuteWindows
-from alerts.alertmanager import DeliveryCollector, FiringAlerts
-from streams.detector_stage import DetectorStage
-from tools.bench import synthetic_events
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.aggregates import GPU, REQUESTS
+from tailwatch.conventions import LATENCY_LABELS
+from tailwatch.streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMetricsConfig
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.metrics import WorkerMetrics
+from tailwatch.streams.slo_stage import SloStage
+from tailwatch.streams.windows import MinuteWindows
+from tailwatch.alerts.alertmanager import DeliveryCollector, FiringAlerts
+from tailwatch.streams.detector_stage import DetectorStage
+from tailwatch_dev.bench import synthetic_events
 from tests.conftest import need
 
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.schema import (MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS, EvalV1, GpuV1,
+from tailwatch.ingest.schema import (MAX_RECORD_COUNT, MAX_REQUEST_AUDIO_SECONDS, MAX_REQUEST_GPU_SECONDS, EvalV1, GpuV1,
                            RequestV1)
-from ingest.validate import REASONS, BatchDecoder
-from streams.aggregates import MAX_EVENTS_PER_SLICE_MINUTE, MICRO
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from tools.fuzz_decode import REFERENCE_SUMS, Generator, SumCheck, run
+from tailwatch.ingest.validate import REASONS, BatchDecoder
+from tailwatch.streams.aggregates import MAX_EVENTS_PER_SLICE_MINUTE, MICRO
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch_dev.fuzz_decode import REFERENCE_SUMS, Generator, SumCheck, run
 
 DECODER = BatchDecoder(RequestV1)
 FIELDS = [f.name for f in msgspec.inspect.type_info(RequestV1).fields]

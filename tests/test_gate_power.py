@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from signals.evidence import count_power, rank_power
-from signals.rollout import sequential_error_p_value, sequential_error_p_values
+from tailwatch.signals.evidence import count_power, rank_power
+from tailwatch.signals.rollout import sequential_error_p_value, sequential_error_p_values
 
 
 @settings(max_examples=12, deadline=None)
@@ -57,8 +57,8 @@ def test_latency_and_cost_pass_only_on_the_evidence_to_see_the_harm():
     """Pure, through the rollout judge: few values of widely spread latency, and cost per unit
     that swings minute to minute, say nothing against a 1.15x slowdown or a 1.25x cost; the
     same canary with enough minutes and values passes both."""
-    from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
-    from slo import histogram
+    from tailwatch.signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, verdict
+    from tailwatch.slo import histogram
 
     def side(version, minutes, per_minute, seed, cost_swing):
         rng = np.random.default_rng(seed)

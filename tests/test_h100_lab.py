@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 from confluent_kafka import Producer
 
-from streams.process_memory import HOLDERS, rss_parts
+from tailwatch.streams.process_memory import HOLDERS, rss_parts
 from tests.conftest import H100_LAB, free_port, need
 
 LAB = H100_LAB

@@ -7,7 +7,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slo import histogram
+from tailwatch.slo import histogram
 
 values = st.lists(st.floats(min_value=0.02, max_value=3_600_000, allow_nan=False), min_size=1, max_size=300)
 

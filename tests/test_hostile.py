@@ -29,8 +29,8 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from ingest.schema import RequestV1
-from ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.ingest.schema import RequestV1
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tests.conftest import free_port
 
 TOKEN = "ops-secret-token"
@@ -368,7 +368,7 @@ def test_a_deeply_nested_body_and_odd_paths_are_400_not_500(api_port):
 # ---- errors a person reads ---------------------------------------------------------------------
 
 def test_a_kafka_config_line_that_cannot_be_parsed_is_named_by_line_never_by_value(tmp_path):
-    from ingest.kafka import ConfigError, read_client_config
+    from tailwatch.ingest.kafka import ConfigError, read_client_config
 
     config = tmp_path / "client.properties"
     config.write_text("security.protocol=SASL_SSL\n# a comment\nsasl.password hunter2-secret\n")
@@ -393,8 +393,7 @@ def test_a_corrupt_store_is_one_line_naming_the_file_and_the_way_out(kafka, tmp_
 
 @pytest.mark.broker
 def test_a_truncated_store_is_the_same_one_line_and_way_out_as_a_corrupt_one(kafka, tmp_path):
-    import store as tw_store
-
+    from tailwatch import store as tw_store
     path = tmp_path / "tw.duckdb"
     con = tw_store.connect(path)  # a real store: the worker's own schema, then a month of minutes in it
     con.execute("INSERT INTO sli_minute (window_start, tenant, model, requests, ok) "

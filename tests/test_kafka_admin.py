@@ -8,8 +8,8 @@ import uuid
 
 from confluent_kafka.admin import AdminClient
 
-from conventions import TOPIC_SUFFIXES
-from ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.conventions import TOPIC_SUFFIXES
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
 
 def test_two_processes_creating_the_topics_at_once_both_succeed(broker):

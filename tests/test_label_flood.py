@@ -19,9 +19,9 @@ import msgspec
 import pytest
 from confluent_kafka import Producer
 
-from conventions import OVERFLOW_LABEL_VALUE
-from ingest.kafka import KafkaSettings
-from ingest.schema import RequestV1
+from tailwatch.conventions import OVERFLOW_LABEL_VALUE
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.ingest.schema import RequestV1
 from tests.conftest import free_port
 # One partition (`kafka`): the order values arrive in, and so the admitted set, is the log's.
 from tests.test_hostile import kafka, rows  # noqa: F401 (a fixture)

@@ -10,13 +10,13 @@ import duckdb
 import msgspec
 import numpy as np
 
-from ingest.simulator import ZONES
-from ingest.trace import TraceReplay
-from slo.engine import error_budget_remaining
-from slo.spec import load_slos
-from streams.runtime import Runtime
-from streams.slo_stage import SloStage
-from streams.tiers import build
+from tailwatch_dev.simulator import ZONES
+from tailwatch_dev.trace import TraceReplay
+from tailwatch.slo.engine import error_budget_remaining
+from tailwatch.slo.spec import load_slos
+from tailwatch.streams.runtime import Runtime
+from tailwatch.streams.slo_stage import SloStage
+from tailwatch.streams.tiers import build
 from tests.test_faults import produce, run_live, settings
 
 TRACE = Path(__file__).parent / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"

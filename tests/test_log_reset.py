@@ -19,10 +19,10 @@ import duckdb
 import pytest
 from confluent_kafka import Producer
 
-from conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
-from ingest.broker import EmbeddedBroker, free_port
-from ingest.kafka import KafkaSettings, ensure_topics
-from streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
+from tailwatch.conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
+from tailwatch_dev.broker import EmbeddedBroker, free_port
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
 from tests.conftest import start_broker
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -166,8 +166,8 @@ def test_a_stopped_worker_whose_positions_are_past_the_end_reads_the_new_log(own
 
 def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
     """/readyz says not ready, naming the partition, from the reset until it is read to its end."""
-    from streams.runtime import WorkerSettings
-    from streams.tiers import build
+    from tailwatch.streams.runtime import WorkerSettings
+    from tailwatch.streams.tiers import build
 
     w = build(WorkerSettings(kafka=KafkaSettings(topic_prefix="lr."), store_path=str(tmp_path / "s.duckdb"),
                              http_port=free_port()))

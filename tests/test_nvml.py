@@ -8,8 +8,8 @@ import msgspec
 import pynvml as real_pynvml  # importing it needs no driver: the fakes use its real structs and constants
 import pytest
 
-from ingest import nvml
-from ingest.schema import GpuV1
+from tailwatch.ingest import nvml
+from tailwatch.ingest.schema import GpuV1
 
 
 class FakeNvmlError(Exception):
@@ -194,7 +194,7 @@ def test_no_gpm_is_said_once_and_nvml_carries_on(caplog):
     gpus = [old, mig, denied, old_driver]
     m = fake_gpm(fake_pynvml(gpus), gpus)
     gpm = nvml.GpmReader(m)  # says through the log (the CLI prints warnings on stderr)
-    with caplog.at_level("WARNING", logger="ingest.nvml"):
+    with caplog.at_level("WARNING", logger="tailwatch.ingest.nvml"):
         assert gpm.start() is False
         rounds = [nvml.read_samples(m, 1_700_000_000_000, "n1", gpm=gpm) for _ in range(3)]
     assert all(gpm_of(s) == (None,) * 4 and s.util_pct == 90 and s.power_w == 200 for r in rounds for s in r)
@@ -310,12 +310,12 @@ def test_collect_gpu_reads_gpm_from_its_first_round(monkeypatch, capsys, caplog)
     m.nvmlShutdown = lambda: None
     monkeypatch.setitem(sys.modules, "pynvml", m)
     monkeypatch.setattr(time, "sleep", lambda s: None)
-    with caplog.at_level("WARNING", logger="ingest.nvml"):
+    with caplog.at_level("WARNING", logger="tailwatch.ingest.nvml"):
         assert main(["collect", "gpu", "--print", "--count", "2", "--interval", "1s", "--node", "n1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["gpu_index"], r.get("sm_active_pct"), r["source"]) for r in rows] == \
         [(0, 31.0, "nvml"), (1, None, "nvml"), (0, 33.0, "nvml"), (1, None, "nvml")]
     assert rows[0]["tensor_active_pct"] == 6.5 and rows[0]["util_pct"] == 90
-    said = [r.getMessage() for r in caplog.records if r.name == "ingest.nvml"]
+    said = [r.getMessage() for r in caplog.records if r.name == "tailwatch.ingest.nvml"]
     assert len(said) == 1 and "GPU 1 (NVIDIA L4): not supported" in said[0]
     assert m.calls["free"] == m.calls["alloc"] == 2

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.generate import FLAGGER_TOKEN_ENV, write
-from deploy.settings import load_settings
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.deploy.generate import FLAGGER_TOKEN_ENV, write
+from tailwatch.deploy.settings import load_settings
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.cli import main
 from tests.test_deploy import SETTINGS, Validators, every, of_kind
 

@@ -26,19 +26,19 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from ingest.otlp import wire
-from ingest.otlp.alignment import EventTimeAlignment
-from ingest.otlp.gpu import GpuMapper
-from ingest.otlp.mapping import OtlpMapping, check_mapping
-from ingest.otlp.republish import OtlpRepublisher
-from ingest.otlp.samples import samples_from_exposition, samples_from_otlp
-from ingest.otlp.spans import OTLP_FINISH_NAME, requests_from_traces
-from ingest.schema import RequestV1
-from ingest.simulator import FleetSimulator
-from ingest.trace import TraceReplay, read_any_trace
-from tools.traces import AZURE_CODE_TRACE
+from tailwatch.ingest.otlp import wire
+from tailwatch.ingest.otlp.alignment import EventTimeAlignment
+from tailwatch.ingest.otlp.gpu import GpuMapper
+from tailwatch.ingest.otlp.mapping import OtlpMapping, check_mapping
+from tailwatch.ingest.otlp.republish import OtlpRepublisher
+from tailwatch.ingest.otlp.samples import samples_from_exposition, samples_from_otlp
+from tailwatch.ingest.otlp.spans import OTLP_FINISH_NAME, requests_from_traces
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch_dev.trace import TraceReplay, read_any_trace
+from tailwatch_dev.traces import AZURE_CODE_TRACE
 from tailwatch.cli import main
-from ingest.kafka import KafkaSettings, ensure_topics, make_producer
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_producer
 from tests.test_pipeline import publish, read_topic, run_worker
 
 # Fields no OpenTelemetry convention carries: the request.v1 twin of a span leaves them out.

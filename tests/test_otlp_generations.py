@@ -28,20 +28,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Histogram as PromHistogram
 
-from ingest.kafka import KafkaSettings, ensure_topics, make_producer
-from ingest.otlp import wire
-from ingest.otlp.histogram_requests import (MAX_REQUESTS_PER_POINT, NAMES, NAMES_SOURCE, TOKEN_USAGE,
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_producer
+from tailwatch.ingest.otlp import wire
+from tailwatch.ingest.otlp.histogram_requests import (MAX_REQUESTS_PER_POINT, NAMES, NAMES_SOURCE, TOKEN_USAGE,
                                             HistogramRequests)
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.republish import OtlpRepublisher
-from ingest.otlp.samples import histograms_from_exposition, histograms_from_otlp
-from ingest.otlp.spans import SPAN_ATTRIBUTE_SOURCES, requests_from_traces
-from ingest.schema import RequestV1
-from ingest.trace import TraceReplay, read_any_trace
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.republish import OtlpRepublisher
+from tailwatch.ingest.otlp.samples import histograms_from_exposition, histograms_from_otlp
+from tailwatch.ingest.otlp.spans import SPAN_ATTRIBUTE_SOURCES, requests_from_traces
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.trace import TraceReplay, read_any_trace
 from tailwatch.cli import main
 from tests.test_otlp import _Exposition
 from tests.test_pipeline import run_worker
-from tools.traces import AZURE_CODE_TRACE
+from tailwatch_dev.traces import AZURE_CODE_TRACE
 
 T0_MS = 1_793_577_600_000
 LATENCY_BOUNDS_S = [0.1, 0.5, 1.0, 5.0]
@@ -400,7 +400,7 @@ def test_collect_prometheus_turns_a_scraped_vllm_page_into_requests(capsys):
 
 
 def test_no_record_can_ask_for_more_requests_or_series_than_the_bounds(monkeypatch):
-    from ingest.otlp import histogram_requests
+    from tailwatch.ingest.otlp import histogram_requests
 
     def doc(n_points: int, count: int, *, cumulative: bool = False, offset: int = 0):
         return {"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "gen_ai.server.request.duration",

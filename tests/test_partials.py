@@ -13,13 +13,13 @@ import pytest
 from tests.conftest import AZURE_TRACE, need
 from tests.h100_lab import lab_dir, lines
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.trace import TraceReplay
-from ingest.validate import BatchDecoder
-from streams.aggregates import GPU, REQUESTS
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from streams.partials import MinuteAssembler, encode_frontier, encode_partials
-from streams.windows import MinuteWindows
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch_dev.trace import TraceReplay
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch.streams.aggregates import GPU, REQUESTS
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.partials import MinuteAssembler, encode_frontier, encode_partials
+from tailwatch.streams.windows import MinuteWindows
 
 LATENESS_MS = 5 * 60_000
 SLI_PARTITIONS = (0, 1, 2)
@@ -163,7 +163,7 @@ def test_a_worker_whose_partitions_all_went_quiet_moves_them_on_with_the_topics_
     # Keyed by tenant over 4 partitions, and partitions 2 and 3 go quiet after 8 minutes of
     # the trace: their owner, alone, sees only its own stale watermarks (the partition at
     # the front is never idle to itself) and would hold every later minute downstream.
-    from streams.partition_windows import PartitionWindows
+    from tailwatch.streams.partition_windows import PartitionWindows
 
     logs = partitioned(azure_values(minutes=40), 4, keyed=True)
     quiet_from_ms = min(msgspec.json.decode(v)["ts"] for v in logs[0]) + 8 * 60_000
@@ -193,7 +193,7 @@ def test_closed_rows_become_one_tw_sli_record_each_whatever_the_chunk_they_are_s
     """A backlog's checkpoint serialises its closed rows a chunk at a time (bounded memory);
     the records are those of the whole frame serialised at once, in order, one per row, each
     keyed by its slice labels."""
-    from streams import partials
+    from tailwatch.streams import partials
 
     rows = single_worker(REQUESTS, REQUEST_COLUMNS, RequestV1, partitioned(azure_values(40), 2, keyed=True))
     assert rows.height > 250

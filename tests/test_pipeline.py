@@ -9,11 +9,11 @@ import duckdb
 import msgspec
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
-from streams.runtime import Runtime, WorkerSettings
-from streams.tiers import build
-from ingest.kafka import make_producer
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.streams.runtime import Runtime, WorkerSettings
+from tailwatch.streams.tiers import build
+from tailwatch.ingest.kafka import make_producer
 
 from tests.test_validate import CORPUS
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import store
-from streams.process_memory import HOLDERS, process_memory, rss_parts
-from streams.state_size import state_bytes
+from tailwatch import store
+from tailwatch.streams.process_memory import HOLDERS, process_memory, rss_parts
+from tailwatch.streams.state_size import state_bytes
 
 
 def _rss() -> int:
@@ -67,7 +67,7 @@ def test_state_counts_a_view_once_with_its_base():
 
 _BATCH = """
 import sys, numpy as np
-from streams.process_memory import process_memory, settle_malloc
+from tailwatch.streams.process_memory import process_memory, settle_malloc
 if sys.argv[1] == "settled":
     assert settle_malloc()
 big = np.ones(24 << 17)  # 24 MiB
@@ -94,7 +94,7 @@ def test_a_settled_heap_gives_a_freed_batch_back_to_the_kernel():
 _FRAGMENTED = """
 import json
 from pathlib import Path
-from streams.process_memory import process_memory, rss_parts, settle_malloc, trim_heap
+from tailwatch.streams.process_memory import process_memory, rss_parts, settle_malloc, trim_heap
 settle_malloc()
 blocks = [bytearray(4000) for _ in range(40_000)]  # 160 MB of heap, every page touched
 kept = blocks[::8]  # one block in eight stays in use: the heap cannot shrink from its top

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import yaml
 
-from ingest.producer import EventPublisher
-from ingest.schema import GpuV1, RequestV1
-from signals.autoscale import PoolInputs, absent_input
-from streams.input_catch_up import InputCatchUp
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch.signals.autoscale import PoolInputs, absent_input
+from tailwatch.streams.input_catch_up import InputCatchUp
 from tests.conftest import free_port
 from tests.test_signal_api import get
 
@@ -69,7 +69,7 @@ def until(port: int, path: str, done, timeout_s: float = 30.0) -> tuple[int, dic
 
 
 def test_a_pool_without_its_gpu_input_is_503_naming_it_then_counts_the_replicas_seen(broker, tmp_path):
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka, partitions=1)
@@ -145,10 +145,10 @@ def test_a_pool_answer_needs_gpu_samples_and_requests_unless_idle():
 
 
 def test_a_view_built_while_an_input_is_behind_answers_pools_503_naming_it():
-    from signals.answers import InputAbsent
-    from signals.api import SignalApi
-    from signals.config import ApiConfig
-    from signals.live import Scoped, SignalSnapshot
+    from tailwatch.signals.answers import InputAbsent
+    from tailwatch.signals.api import SignalApi
+    from tailwatch.signals.config import ApiConfig
+    from tailwatch.signals.live import Scoped, SignalSnapshot
     from tests.conftest import call_api
 
     absent = {POOL: Scoped(InputAbsent(POOL, "gpu", "no GPU samples for pool llm-a-realtime ...", "2026-11-02T00:12:00Z"),

@@ -38,7 +38,7 @@ def pages(two_hour_store, tmp_path_factory):
 
 
 def test_period_words_and_rates():
-    from reports import period
+    from tailwatch.reports import period
     assert period.span_text(dt.timedelta(hours=2)) == "2 h"
     assert period.span_text(dt.timedelta(days=1, hours=3, minutes=20)) == "1 d 3 h 20 min"
     assert period.day_label(dt.date(2026, 11, 2), 120) == "2026-11-02 (2 h of 24)"
@@ -124,8 +124,8 @@ def test_verdict_chart_shows_the_window_the_verdict_judged(two_hour_store):
     """The canary is slow from 00:55 to 01:25. Minute by minute its p95 recovers at 01:25; the
     rollout verdict compares its trailing 30 minutes and says rollback for longer. The chart
     plots that trailing window, so its line stays high while the verdict band lasts."""
-    from reports.readiness import judged_quantile, verdict_bands
-    from signals.live import SignalPolicy
+    from tailwatch.reports.readiness import judged_quantile, verdict_bands
+    from tailwatch.signals.live import SignalPolicy
     from tailwatch.backtest import backtest_rollout, read_buckets
 
     requests, gpu = read_buckets(str(two_hour_store), None, None, models=[MODEL])

@@ -12,16 +12,16 @@ import duckdb
 import polars as pl
 import pytest
 
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
-from reports import charts
-from reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
-from planning import cost
-from planning.prices import GpuPrices
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.reports import charts
+from tailwatch.reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
+from tailwatch.planning import cost
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import build
 from tailwatch.cli import main
-from ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store
 
 D1, D2 = dt.date(2026, 11, 2), dt.date(2026, 11, 3)
@@ -430,8 +430,8 @@ def test_readiness_of_the_real_h100_run_names_its_saturated_pool_and_what_it_cou
 def test_report_pages_escape_every_value_from_the_store():
     """Tenants, models and versions are whatever producers send (128 characters, any of them
     printable): the pages are Jinja2 templates with autoescape, so none becomes markup."""
-    from reports.html import ENV
-    from reports.readiness import Finding, ReadinessReport, render_html
+    from tailwatch.reports.html import ENV
+    from tailwatch.reports.readiness import Finding, ReadinessReport, render_html
 
     hostile = "<img src=x onerror=alert(1)>"
     table = ENV.from_string('{% from "macros.html" import table %}{{ table(h, r, ["total"]) }}').render(

@@ -20,12 +20,12 @@ import json
 import pytest
 import yaml
 
-from signals.api import FLAGGER_CHECKS, SignalApi
+from tailwatch.signals.api import FLAGGER_CHECKS, SignalApi
 from tests.conftest import call_api
-from signals.answers import Verdict
-from signals.config import ApiConfig
-from signals.live import Scoped, SignalSnapshot, answer
-from signals.recipes import GATE_TEMPLATE, BACKGROUND_TEMPLATE, argo_rollout, argo_templates, flagger_canary
+from tailwatch.signals.answers import Verdict
+from tailwatch.signals.config import ApiConfig
+from tailwatch.signals.live import Scoped, SignalSnapshot, answer
+from tailwatch.signals.recipes import GATE_TEMPLATE, BACKGROUND_TEMPLATE, argo_rollout, argo_templates, flagger_canary
 from tailwatch.cli import main
 
 MODEL, VERSION = "llama-3.1-70b", "2024-11"
@@ -315,8 +315,8 @@ def test_kubernetes_names_are_made_the_same_way_everywhere(capsys, tmp_path):
     refusal says in words what would do, and the rule always gives a valid label."""
     from hypothesis import given, settings, strategies as st
 
-    from config.kubernetes import is_kubernetes_name, kubernetes_name
-    from deploy.settings import DeployError, load_settings
+    from tailwatch.config.kubernetes import is_kubernetes_name, kubernetes_name
+    from tailwatch.deploy.settings import DeployError, load_settings
 
     for controller in ("flagger", "argo"):
         assert main(["rollout", "recipe", controller, "--model", MODEL, "--version", VERSION]) == 0

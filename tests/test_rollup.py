@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from ingest.simulator import FleetSimulator
-from planning.prices import GpuPrices
-from reports.cost_report import build_report
-from streams.rollup import RollUp, topics_ready
-import store
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.reports.cost_report import build_report
+from tailwatch.streams.rollup import RollUp, topics_ready
+from tailwatch import store
 from tests.test_pipeline import publish, run_worker
 
 DAY_MIN = 1440
@@ -23,7 +23,7 @@ DAY_MIN = 1440
 @pytest.fixture(scope="module")
 def two_stores(broker, tmp_path_factory):
     """Two days and three hours of a fleet: one store keeps every minute, one keeps a day."""
-    from ingest.kafka import KafkaSettings
+    from tailwatch.ingest.kafka import KafkaSettings
     import uuid
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:6]}.")

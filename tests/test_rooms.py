@@ -10,12 +10,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom.
-ORDER = ("tailwatch", "tools", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
+ORDER = ("tailwatch", "tailwatch_dev", "deploy", "reports", "streams", "signals", "alerts", "dashboards", "store", "ingest", "detectors",
          "planning", "slo", "config", "conventions", "runbooks")
 # The developer tools print through the command line's progress line and tables, and the
 # command line runs them (`tailwatch bench`, `eval`, `fuzz`): the two entry-point rooms know
 # each other, and nothing below knows either.
-BESIDE = {("tools", "tailwatch")}
+BESIDE = {("tailwatch_dev", "tailwatch")}
 
 
 def _imports(room: str) -> set[tuple[str, str]]:

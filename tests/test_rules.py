@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from alerts.rules import engine_firing, default_scenario
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.alerts.rules import engine_firing, default_scenario
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tests.conftest import need
 
 PROMTOOL = shutil.which("promtool")

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 
-import runbooks
-from alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
-from detectors.config import DETECTOR_NAMES
-from reports.readiness import RUNBOOKS
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch import runbooks
+from tailwatch.alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
+from tailwatch.detectors.config import DETECTOR_NAMES
+from tailwatch.reports.readiness import RUNBOOKS
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tests.conftest import free_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_the_worker_serves_every_runbook_and_its_pages_link_there(broker, tmp_pa
 
 
 def test_deployed_pages_link_to_the_service_that_serves_the_runbooks():
-    from deploy.settings import DeploySettings
-    from deploy.workloads import api_url, tier2
+    from tailwatch.deploy.settings import DeploySettings
+    from tailwatch.deploy.workloads import api_url, tier2
 
     s = DeploySettings(namespace="obs", name="tw")
     args = tier2(s)["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -120,4 +120,4 @@ def test_data_files_in_folders_are_installed_as_packages_of_their_own():
     for package, globs in config["package-data"].items():
         assert package in packages and not any("/" in g for g in globs), (package, globs)
         assert (ROOT / package.replace(".", "/")).is_dir(), package
-    assert {"slo.catalogs", "slo.examples", "reports.templates"} <= packages
+    assert {"tailwatch.slo.catalogs", "tailwatch.slo.examples", "tailwatch.reports.templates"} <= packages

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from slo.runtime_buckets import split_buckets
-from slo.spec import DEFAULT_SLOS, load_slos, spec_warnings
+from tailwatch.slo.runtime_buckets import split_buckets
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos, spec_warnings
 
 
 def test_the_default_first_token_threshold_is_named_with_vllms_bounds_around_it():

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.otlp.histogram_requests import HistogramRequests
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.samples import Sample
+from tailwatch.ingest.otlp.histogram_requests import HistogramRequests
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.samples import Sample
 from tailwatch.cli import main
 from tests.test_otlp import _Exposition
 

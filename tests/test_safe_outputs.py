@@ -13,16 +13,16 @@ import msgspec
 import polars as pl
 import pytest
 
-from alerts.alertmanager import AlertLinks, detection_to_alertmanager, to_alertmanager
-from dashboards.uids import UID_LATENCY, UID_SLO
-from detectors.core import Detection
-from ingest.kafka import KafkaSettings, ensure_topics, make_producer
-from ingest.schema import GpuV1, RequestV1
-from reports.readiness import dashboards_for
-from slo.engine import AlertChange
-from slo.windows import default_catalog
-from streams.runtime import WorkerSettings
-from streams.tiers import build
+from tailwatch.alerts.alertmanager import AlertLinks, detection_to_alertmanager, to_alertmanager
+from tailwatch.dashboards.uids import UID_LATENCY, UID_SLO
+from tailwatch.detectors.core import Detection
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_producer
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch.reports.readiness import dashboards_for
+from tailwatch.slo.engine import AlertChange
+from tailwatch.slo.windows import default_catalog
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.tiers import build
 from tailwatch.cli import main
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP: a cell starting so is run by a spreadsheet

@@ -11,8 +11,8 @@ import threading
 import pytest
 import yaml
 
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.scrape import PrometheusScraper, ScrapeError, parse_target
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.scrape import PrometheusScraper, ScrapeError, parse_target
 from tailwatch.cli import main
 from tests.test_otlp import DCGM_EXPOSITION, _Exposition
 
@@ -149,7 +149,7 @@ def test_rounds_keep_each_target_connection_alive_and_an_endless_page_is_cut(pag
         assert len(connections) == 1
     finally:
         server.shutdown()
-    import ingest.otlp.scrape as scrape
+    import tailwatch.ingest.otlp.scrape as scrape
 
     monkeypatch.setattr(scrape, "MAX_EXPOSITION_BYTES", 4096)
     big = pages("# padding\n" * 100_000)  # about 1 MB

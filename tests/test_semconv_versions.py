@@ -19,12 +19,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from ingest.otlp import wire
-from ingest.otlp.genai_versions import GENAI_NAMES
-from ingest.otlp.histogram_requests import NAMES_SOURCE, HistogramRequests
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.samples import histograms_from_otlp, samples_from_otlp
-from ingest.otlp.spans import SPAN_ATTRIBUTE_SOURCES, requests_from_traces
+from tailwatch.ingest.otlp import wire
+from tailwatch.ingest.otlp.genai_versions import GENAI_NAMES
+from tailwatch.ingest.otlp.histogram_requests import NAMES_SOURCE, HistogramRequests
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.samples import histograms_from_otlp, samples_from_otlp
+from tailwatch.ingest.otlp.spans import SPAN_ATTRIBUTE_SOURCES, requests_from_traces
 
 ROOT = Path(__file__).parent.parent
 T0_MS = 1_793_577_600_000

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.simulator import FleetSimulator, parse_start
-from signals.answers import Shed, typed
-from signals.live import LiveSignals, SignalPolicy
-from signals.shed import (AdmissionRequest, RequestGroup, ShedPolicy, TrafficSlice, admit, admit_groups, shed_advice)
-from planning.prices import GpuPrices
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.aggregates import GPU, REQUESTS
-from streams.frames import GPU_COLUMNS, REQUEST_COLUMNS
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch_dev.simulator import FleetSimulator, parse_start
+from tailwatch.signals.answers import Shed, typed
+from tailwatch.signals.live import LiveSignals, SignalPolicy
+from tailwatch.signals.shed import (AdmissionRequest, RequestGroup, ShedPolicy, TrafficSlice, admit, admit_groups, shed_advice)
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.aggregates import GPU, REQUESTS
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS
 from tests.h100_lab import buckets
 
 

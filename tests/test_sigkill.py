@@ -19,8 +19,8 @@ import urllib.request
 import duckdb
 import pytest
 
-from ingest.producer import EventPublisher
-from ingest.simulator import FleetSimulator
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch_dev.simulator import FleetSimulator
 from tests.conftest import free_port
 
 COMPARE = {
@@ -101,9 +101,9 @@ def _publish_trace_stream(kafka, seed: int, minutes: int) -> tuple[int, set[str]
     import json
     import random
 
-    from tools.chaos import build_stream
-    from tools.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
-    from ingest.kafka import make_producer
+    from tailwatch_dev.chaos import build_stream
+    from tailwatch_dev.traces import AZURE_CODE_TRACE, MOONCAKE_TRACE
+    from tailwatch.ingest.kafka import make_producer
 
     stream = build_stream(seed, minutes, AZURE_CODE_TRACE, MOONCAKE_TRACE, random.Random(seed))
     producer = make_producer(kafka)

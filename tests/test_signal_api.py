@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import yaml
 
-from ingest.producer import EventPublisher
-from ingest.schema import GpuV1, RequestV1
+from tailwatch.ingest.producer import EventPublisher
+from tailwatch.ingest.schema import GpuV1, RequestV1
 from tests.conftest import api_client, call_api, free_port
 
 START_MS = 1_793_577_600_000  # 2026-11-02T00:00:00Z
@@ -120,7 +120,7 @@ def api_worker(api_worker_process) -> int:
 
 @pytest.fixture(scope="module")
 def api_worker_process(broker, tmp_path_factory):
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
     tmp = tmp_path_factory.mktemp("signal-api")
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
@@ -242,10 +242,10 @@ def test_argo_web_metric_answers_200_with_the_verdict_or_inconclusive(api_worker
 
 def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float, canary_moved_s: float | None = None,
                     stable_moved_s: float | None = None):
-    from signals.api import SignalApi
-    from signals.config import ApiConfig, Principal
-    from signals.answers import Verdict
-    from signals.live import Scoped, SignalSnapshot, answer
+    from tailwatch.signals.api import SignalApi
+    from tailwatch.signals.config import ApiConfig, Principal
+    from tailwatch.signals.answers import Verdict
+    from tailwatch.signals.live import Scoped, SignalSnapshot, answer
 
     rollouts = {("m", v): Scoped(answer({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
                                          "as_of": "2026-11-02T00:30:00Z"}, Verdict), frozenset({"t"}), 0,
@@ -372,9 +372,9 @@ def test_bad_requests(api_worker):
 
 def test_openapi_lists_every_route_and_answers_carry_required_fields(api_worker):
     status, doc = get(api_worker, "/openapi.json")
-    from signals.api import SignalApi
-    from signals.config import ApiConfig
-    from signals.routes import make_app, route_table
+    from tailwatch.signals.api import SignalApi
+    from tailwatch.signals.config import ApiConfig
+    from tailwatch.signals.routes import make_app, route_table
 
     app = make_app(SignalApi(ApiConfig(), lambda: None, lambda: (True, "")))
     assert status == 200 and doc == json.loads(msgspec.json.encode(app.openapi_schema.to_schema()))

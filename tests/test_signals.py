@@ -1,8 +1,8 @@
 """Autoscale and rollout decisions, one reason at a time."""
 
-from signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
-from signals.rollout import VersionStats, verdict
-from slo import histogram
+from tailwatch.signals.autoscale import AutoscalePolicy, Autoscaler, PoolSignals
+from tailwatch.signals.rollout import VersionStats, verdict
+from tailwatch.slo import histogram
 
 
 def pool(minute=100, work=7.0, queue_p95=50.0, first_p95=400.0, util=55.0, warm=10, **kw):
@@ -96,7 +96,7 @@ import msgspec
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from signals.rollout import (MinuteCounts, mann_whitney_binned, sequential_error_p_values,  # noqa: E402
+from tailwatch.signals.rollout import (MinuteCounts, mann_whitney_binned, sequential_error_p_values,  # noqa: E402
                              tail_exceedance_p_value)
 
 
@@ -158,7 +158,7 @@ def _minutes(n_minutes, requests, bad, cost_per_token, tokens=20_000, seed=0, la
 
 
 def _with_minutes(version, minutes):
-    from slo.histogram import merge
+    from tailwatch.slo.histogram import merge
     return VersionStats(version, sum(m.requests for m in minutes), sum(m.bad for m in minutes), 0, None, None,
                         sum(m.gpu_cost for m in minutes), sum(m.output_tokens for m in minutes), 0.0, minutes,
                         merge(m.first_output_hist for m in minutes), merge(m.e2e_hist for m in minutes))
@@ -185,7 +185,7 @@ import hashlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from signals.config import ApiConfigError, load_api_config  # noqa: E402
+from tailwatch.signals.config import ApiConfigError, load_api_config  # noqa: E402
 
 
 @pytest.mark.parametrize("text, words", [
@@ -300,8 +300,8 @@ def _gpu_rows(pool: str, minutes: range):
 def test_a_pool_that_stops_sending_goes_stale_even_as_old_minutes_are_trimmed():
     import polars as pl
 
-    from signals.live import LiveSignals, SignalPolicy
-    from planning.prices import GpuPrices
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
+    from tailwatch.planning.prices import GpuPrices
 
     live = LiveSignals(SignalPolicy(history_minutes=6, pool_window_minutes=2, rollout_window_minutes=5), [], GpuPrices())
     live.add_closed(_bucket_rows("p", range(0, 6)), _gpu_rows("p", range(0, 6)))
@@ -334,7 +334,7 @@ def test_sm_activity_tells_saturated_gpus_from_busy_ones_with_idle_sms():
 def test_one_duration_parser_for_flags_and_files(tmp_path):
     """`--until-idle 90` and `stale_after: 90` mean the same; d and w work in both; a latency
     threshold, where a bare 300 could be ms or s, still needs its unit."""
-    from slo.spec import SpecErrors, load_slos
+    from tailwatch.slo.spec import SpecErrors, load_slos
     from tailwatch.cli import _duration_s
 
     path = tmp_path / "api.yaml"
@@ -354,7 +354,7 @@ def test_one_duration_parser_for_flags_and_files(tmp_path):
     ("default_usd_per_gpu_hour: cheap", "default_usd_per_gpu_hour: expected `float`, got `str`"),
 ])
 def test_price_file_errors_name_their_place(tmp_path, text, words):
-    from planning.prices import PriceError, load_prices
+    from tailwatch.planning.prices import PriceError, load_prices
 
     _one_line_error(tmp_path, load_prices, PriceError, text, words)
     path = tmp_path / "prices.yaml"
@@ -365,7 +365,7 @@ def test_price_file_errors_name_their_place(tmp_path, text, words):
 
 def test_the_wer_gate_judges_each_language_with_its_own_evidence():
     """Pure: per-minute evaluations per language on each side (signals/rollout.py wer_verdict)."""
-    from signals.rollout import QualityMinute, RolloutPolicy, overdispersion, wer_verdict
+    from tailwatch.signals.rollout import QualityMinute, RolloutPolicy, overdispersion, wer_verdict
 
     def side(version, per_language: dict[str, tuple[int, int]], minutes=40, evaluations=5):
         return VersionStats(version, 3000, 0, 0, None, None, 0.0, 0, 0.0, languages={

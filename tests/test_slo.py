@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slo.engine import RollingWindows, SloTable, burn_rate, error_budget_remaining, minutes_to_exhaustion
-from slo.spec import DEFAULT_SLOS, SLI_KINDS, SpecErrors, load_slos
-from slo.windows import default_catalog
-from streams.slo_stage import alert_change_rows
+from tailwatch.slo.engine import RollingWindows, SloTable, burn_rate, error_budget_remaining, minutes_to_exhaustion
+from tailwatch.slo.spec import DEFAULT_SLOS, SLI_KINDS, SpecErrors, load_slos
+from tailwatch.slo.windows import default_catalog
+from tailwatch.streams.slo_stage import alert_change_rows
 
 THIRTY_DAYS = 30 * 1440
 
@@ -213,8 +213,8 @@ def test_good_and_valid_from_buckets(tmp_path):
 
     import polars as pl
 
-    from slo import histogram
-    from slo.sli import good_valid
+    from tailwatch.slo import histogram
+    from tailwatch.slo.sli import good_valid
 
     bound = histogram.bin_upper_bound_ms(histogram.bin_of(300.0))
     values = [10.0, 100.0, bound, bound * 1.1, 5000.0]  # three at or under the bound
@@ -241,8 +241,8 @@ def test_every_slo_counted_at_once_equals_each_slo_counted_alone(tmp_path):
 
     import polars as pl
 
-    from slo import histogram
-    from slo.sli import good_valid, good_valid_rows
+    from tailwatch.slo import histogram
+    from tailwatch.slo.sli import good_valid, good_valid_rows
 
     hist = lambda *ms: [{"bin": b, "n": n} for b, n in sorted(histogram.from_values(list(ms)).items())]  # noqa: E731
     t0, t1 = datetime(2026, 11, 2, 0, 0), datetime(2026, 11, 2, 0, 1)
@@ -305,7 +305,7 @@ def test_engine_invariants(counts, objective):
     """Burn rates are None or finite and ≥ 0; budget ≤ 1; alerts alternate firing/resolved per fingerprint."""
     import math
 
-    from slo.spec import SloSpec
+    from tailwatch.slo.spec import SloSpec
 
     spec = SloSpec(name="p", description="", selector={}, sli_kind="availability", objective=objective,
                    window_minutes=THIRTY_DAYS, calendar_month=False, slice_by=(), alert_windows=default_catalog(),
@@ -340,8 +340,8 @@ def test_goodput_good_never_exceeds_valid_when_cancelled_streams_had_a_first_tok
 
     import polars as pl
 
-    from slo import histogram
-    from slo.sli import good_valid
+    from tailwatch.slo import histogram
+    from tailwatch.slo.sli import good_valid
 
     spec = next(s for s in load_slos(DEFAULT_SLOS) if s.sli_kind == "goodput")
     row = {label: "x" for label in spec.slice_by} | dict(spec.selector)
@@ -355,9 +355,8 @@ def test_goodput_good_never_exceeds_valid_when_cancelled_streams_had_a_first_tok
 def test_alert_history_is_the_same_whether_changes_reach_the_store_one_by_one_or_together(tmp_path):
     # One change takes a statement with parameters, several an Arrow table: same rows, and a
     # fire, resolve and fire again of one fingerprint land in that order either way.
-    from slo.engine import AlertChange
-    import store
-
+    from tailwatch.slo.engine import AlertChange
+    from tailwatch import store
     window = default_catalog()[0]
 
     def change(state: str, fingerprint: str, minute: int, long_burn_rate: float | None = 14.5) -> AlertChange:
@@ -399,8 +398,8 @@ def test_a_restart_takes_the_alerts_firing_from_the_store_and_then_decides_as_a_
 
     import polars as pl
 
-    import store
-    from streams.slo_stage import SloStage
+    from tailwatch import store
+    from tailwatch.streams.slo_stage import SloStage
 
     (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 10\n    no_data_after: 5m\n    slice_by: [zone]")))
     t0 = datetime(2026, 11, 2)

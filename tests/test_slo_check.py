@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from slo.unmatched import UnmatchedSelectors
-from slo.spec import load_slos
+from tailwatch.slo.unmatched import UnmatchedSelectors
+from tailwatch.slo.spec import load_slos
 
 SIX_MISTAKES = """
 slos:
@@ -104,8 +104,8 @@ def test_the_worker_exposes_whether_each_selector_matched(tmp_path):
 
     import polars as pl
 
-    from conventions import SLO_SELECTOR_MATCHED
-    from streams.slo_stage import SloStage
+    from tailwatch.conventions import SLO_SELECTOR_MATCHED
+    from tailwatch.streams.slo_stage import SloStage
 
     path = tmp_path / "slos.yaml"
     path.write_text(TWO)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from slo.engine import SloTable
-from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos, spec_warnings
-from slo.windows import MAX_ALERT_ERROR_RATIO, YOUNG_SHARE
+from tailwatch.slo.engine import SloTable
+from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos, spec_warnings
+from tailwatch.slo.windows import MAX_ALERT_ERROR_RATIO, YOUNG_SHARE
 from tests.test_slo import AVAIL
 
 

@@ -8,8 +8,8 @@ from datetime import datetime
 import polars as pl
 from prometheus_client import CollectorRegistry, generate_latest
 
-from slo.spec import load_slos
-from streams.slo_stage import SloStage
+from tailwatch.slo.spec import load_slos
+from tailwatch.streams.slo_stage import SloStage
 from tests.test_slo import AVAIL
 
 SPEC = AVAIL + "    slice_by: [zone]\n"

@@ -9,10 +9,10 @@ import sys
 import duckdb
 import pytest
 
-import store
-from ingest.simulator import FleetSimulator
-from slo.spec import load_slos
-from store import snapshot
+from tailwatch import store
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.slo.spec import load_slos
+from tailwatch.store import snapshot
 from tests.test_late_backlog import DEFAULT_SLOS
 from tests.test_pipeline import publish, run_worker
 
@@ -99,7 +99,7 @@ def test_the_restore_bench_builds_a_fleets_month_with_the_window_operator_and_ti
     """`tailwatch bench --restore-fleet`'s store: every slice's request of every hour closed
     into its own minute row, the frontier past the newest minute; the restore bench then
     snapshots, restores and starts a worker on it."""
-    from tools.bench_restore import fleet_month_store, run
+    from tailwatch_dev.bench_restore import fleet_month_store, run
 
     path = tmp_path / "fleet.duckdb"
     assert fleet_month_store(path, slices=300, days=2, every_minutes=60) == 300 * 48

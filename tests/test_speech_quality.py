@@ -9,13 +9,13 @@ from collections import Counter
 
 import duckdb
 import msgspec
-import store
-from ingest.schema import RequestV1
-from ingest.simulator import TENANTS, FleetSimulator
-from ingest.validate import BatchDecoder
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.frames import REQUEST_COLUMNS, records_to_frame
-from streams.slo_stage import SloStage
+from tailwatch import store
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.simulator import TENANTS, FleetSimulator
+from tailwatch.ingest.validate import BatchDecoder
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.frames import REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.slo_stage import SloStage
 from tests.test_pipeline import publish, run_worker
 
 TENANT_QUOTA_SLOS = DEFAULT_SLOS.parent / "examples" / "tenant-quota.yaml"

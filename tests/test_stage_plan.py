@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from planning.prices import GpuPrices
-from planning.stage_plan import PlanConstraints, StageProfile, bottleneck, plan_stages
+from tailwatch.planning.prices import GpuPrices
+from tailwatch.planning.stage_plan import PlanConstraints, StageProfile, bottleneck, plan_stages
 
 PRICES = GpuPrices({"H100": 4.00, "L4": 0.80}, default_usd_per_gpu_hour=2.00)
 CPU_USD = 0.10

@@ -15,15 +15,15 @@ import uuid
 import duckdb
 import pytest
 
-import store
-from ingest.broker import free_port
+from tailwatch import store
+from tailwatch_dev.broker import free_port
 
 MINUTE = 29_400_000  # 2025-11-24 00:00 UTC, in epoch minutes: past, whenever the test runs
 BIG_MINUTE_SLICES = 250_000  # one minute over the rows a rebuild reads at once (store.BUCKET_CHUNK_ROWS)
 
 
 def test_pieces_are_runs_of_whole_minutes_and_shares_of_a_minute_over_the_limit():
-    from store import BucketPiece, bucket_pieces
+    from tailwatch.store import BucketPiece, bucket_pieces
 
     counts = [(0, 40), (1, 50), (2, 30), (3, 250), (4, 10), (5, 100), (6, 101)]
     assert bucket_pieces(counts, 100) == [
@@ -128,7 +128,7 @@ def _budgets(metrics: str, slo: str) -> dict[tuple[str, str], float]:
 
 def test_the_restore_bench_writes_a_busy_fleets_hours_one_row_per_slice_and_minute(tmp_path):
     """`tailwatch bench --restore-fleet --hours`: every slice in every minute, the frontier past the newest."""
-    from tools.bench_restore import busy_fleet_store
+    from tailwatch_dev.bench_restore import busy_fleet_store
 
     path = tmp_path / "busy.duckdb"
     assert busy_fleet_store(path, slices=300, hours=2) == 300 * 120
@@ -156,7 +156,7 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
 
     import polars as pl
 
-    from streams.detector_stage import DetectorStage
+    from tailwatch.streams.detector_stage import DetectorStage
     from tests.test_detectors import GPU_SCHEMA, REQ_SCHEMA, T0, gpu_row, req_rows
 
     con = _bucket_store(tmp_path / "d.duckdb", [
@@ -191,9 +191,9 @@ def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp
 
     import polars as pl
 
-    from planning.prices import GpuPrices
-    from signals.live import LiveSignals, SignalPolicy
-    from streams.signal_stage import SignalStage
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
+    from tailwatch.streams.signal_stage import SignalStage
     from tests.test_detectors import T0, gpu_row, req_rows
 
     con = _bucket_store(tmp_path / "v.duckdb", [

@@ -4,8 +4,7 @@ at most to four times where it started; past that, one line that names the way o
 import duckdb
 import pytest
 
-import store
-
+from tailwatch import store
 # A query DuckDB cannot spill: one list of a million BIGINTs, built in a buffer that doubles
 # (measured: out of memory at 8 and 16 MiB, fine at 32).
 NEEDS_32_MIB = "SELECT len(list(i)) FROM range(1000000) t(i)"
@@ -86,8 +85,8 @@ def test_start_up_reads_at_the_ceiling_then_the_limit_comes_back(tmp_path):
 
 
 def test_a_start_up_past_the_ceiling_is_one_line_naming_the_flag(tmp_path):
-    from streams.metrics import CpuAccount, WorkerMetrics
-    from streams.store_sink import StoreSink
+    from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
+    from tailwatch.streams.store_sink import StoreSink
 
     path = tmp_path / "s.duckdb"
     sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=4)

@@ -11,12 +11,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import store
-from ingest.kafka import KafkaSettings
-from slo.spec import DEFAULT_SLOS, load_slos
-from streams.runtime import WorkerSettings
-from streams.stages import default_stages
-from streams.tiers import build
+from tailwatch import store
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.runtime import WorkerSettings
+from tailwatch.streams.stages import default_stages
+from tailwatch.streams.tiers import build
 
 FIXTURES = Path(__file__).parent / "data" / "stores"
 TABLES = ("sli_minute", "gpu_minute", "slo_status", "alerts", "_tw_offsets", "_tw_alert_outbox")

@@ -15,16 +15,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ingest.schema import RequestV1
-from ingest.simulator import FleetSimulator, parse_start
-from signals.rollout import MinuteCounts, VersionStats, verdict
-from slo import histogram
-from slo.sli import SloEvaluator
-from slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
-from slo.turn_stages import stage_latency
-import store
-from streams.aggregates import REQUESTS
-from streams.frames import REQUEST_COLUMNS
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.simulator import FleetSimulator, parse_start
+from tailwatch.signals.rollout import MinuteCounts, VersionStats, verdict
+from tailwatch.slo import histogram
+from tailwatch.slo.sli import SloEvaluator
+from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
+from tailwatch.slo.turn_stages import stage_latency
+from tailwatch import store
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.frames import REQUEST_COLUMNS
 from tests.h100_lab import buckets
 
 START_MINUTE = parse_start("2026-11-02T00:00:00Z") // 60_000

@@ -26,11 +26,11 @@ import polars as pl
 import pytest
 from confluent_kafka import Producer
 
-import store
-from slo.spec import DEFAULT_SLOS
-from streams.partial_publisher import progress_topic
-from ingest.kafka import KafkaSettings, ensure_topics, read_latest
-from ingest.schema import GpuV1
+from tailwatch import store
+from tailwatch.slo.spec import DEFAULT_SLOS
+from tailwatch.streams.partial_publisher import progress_topic
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, read_latest
+from tailwatch.ingest.schema import GpuV1
 from tests.conftest import free_port
 from tests.test_alertmanager import Webhook, start_alertmanager_cluster
 from tests.test_partials import azure_values, gpu_values

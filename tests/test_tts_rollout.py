@@ -7,11 +7,11 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-import store
-from ingest.schema import GpuV1, RequestV1
-from ingest.simulator import FleetSimulator
-from signals.live import SignalPolicy
-from signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, underrun_verdict
+from tailwatch import store
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.signals.live import SignalPolicy
+from tailwatch.signals.rollout import MinuteCounts, RolloutPolicy, VersionStats, underrun_verdict
 from tailwatch.backtest import backtest_rollout, read_buckets, replay
 from tests.test_pipeline import publish, run_worker
 

@@ -7,10 +7,10 @@ import msgspec
 import polars as pl
 import pytest
 
-from ingest.schema import RequestV1
-from ingest.simulator import FleetSimulator
-from streams.aggregates import REQUESTS
-from streams.frames import REQUEST_COLUMNS
+from tailwatch.ingest.schema import RequestV1
+from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.frames import REQUEST_COLUMNS
 from tests.h100_lab import buckets, lab_sli_minute
 
 T0 = 1_795_420_800_000  # a minute boundary

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.validate import MAX_DEPTH, BatchDecoder, json_depth
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch.ingest.validate import MAX_DEPTH, BatchDecoder, json_depth
 
 GOOD = {"schema": "request.v1", "event_id": "e1", "ts": 1_700_000_000_000, "tenant": "acme", "model": "m",
         "workload": "llm", "status": "ok", "e2e_ms": 12.5}

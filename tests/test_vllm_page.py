@@ -13,9 +13,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.otlp.histogram_requests import HistogramRequests
-from ingest.otlp.mapping import OtlpMapping
-from ingest.otlp.samples import HistogramPoint, Sample
+from tailwatch.ingest.otlp.histogram_requests import HistogramRequests
+from tailwatch.ingest.otlp.mapping import OtlpMapping
+from tailwatch.ingest.otlp.samples import HistogramPoint, Sample
 from tailwatch.cli import main
 from tests.test_otlp import _Exposition
 
@@ -148,7 +148,7 @@ def test_aborted_and_failed_requests_come_from_the_finished_reason_counter():
 def test_a_full_interval_of_endings_is_given_out_in_one_pass():
     """An interval may hold MAX_REQUESTS_PER_POINT requests: at that bound every ending is given
     out, each count exact."""
-    from ingest.otlp.histogram_requests import MAX_REQUESTS_PER_POINT
+    from tailwatch.ingest.otlp.histogram_requests import MAX_REQUESTS_PER_POINT
 
     mapper = HistogramRequests(OtlpMapping().requests)
     labels, t0, n = {"model_name": "m"}, 1_795_000_000_000, MAX_REQUESTS_PER_POINT

@@ -3,9 +3,9 @@
 import polars as pl
 import pytest
 
-from streams.aggregates import REQUESTS
-from streams.frames import REQUEST_COLUMNS
-from streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.frames import REQUEST_COLUMNS
+from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE_MS
 
@@ -146,8 +146,7 @@ def test_restore_from_unsaved_parts_gives_the_same_buckets(split, concatenated):
 def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     """The open state written by a checkpoint (deltas, dedupe runs of many minutes in one
     insert) and read back by a restarted worker closes the same buckets, and dedupes."""
-    import store
-
+    from tailwatch import store
     rows = RESTORE_ROWS
     first = windows()
     for i in range(3):
@@ -188,7 +187,7 @@ def test_a_partition_owned_elsewhere_holds_the_frontier_and_an_idle_one_does_not
 
 def gpu_frame(rows):
     """rows: dicts of gpu.v1 fields plus ts_ms and partition."""
-    from streams.frames import GPU_COLUMNS
+    from tailwatch.streams.frames import GPU_COLUMNS
 
     data = {c: [r.get(c) for r in rows] for c in GPU_COLUMNS}
     data.update(ts_ms=[r["ts_ms"] for r in rows], _partition=[0] * len(rows), _offset=list(range(len(rows))),
@@ -198,7 +197,7 @@ def gpu_frame(rows):
 
 
 def test_two_sources_for_one_gpu_make_one_row_merged_field_by_field():
-    from streams.aggregates import GPU
+    from tailwatch.streams.aggregates import GPU
 
     gpu = {"node": "n0", "gpu_index": 0, "pool": "p", "zone": "z", "gpu_sku": "H100"}
     nvml = [{**gpu, "ts_ms": T0 + i * 2000, "util_pct": 90.0, "power_w": 200.0, "sm_active_pct": 30.0} for i in range(0, 30, 2)]
@@ -220,7 +219,7 @@ def test_two_sources_for_one_gpu_make_one_row_merged_field_by_field():
 
 
 def test_gpu_partials_merged_and_unmerged_close_together():
-    from streams.aggregates import GPU
+    from tailwatch.streams.aggregates import GPU
 
     w = MinuteWindows(GPU, MINUTE_MS)
     gpu = {"node": "n0", "gpu_index": 0, "pool": "p"}
@@ -234,7 +233,7 @@ def test_gpu_partials_merged_and_unmerged_close_together():
 def test_compacted_strings_keep_their_values_and_nulls():
     # compact_strings copies string columns (rows the detectors hold must not pin their
     # batches' buffers); a copy that lost a value or turned a null into "" would change every label.
-    from slo.columns import compact_strings
+    from tailwatch.slo.columns import compact_strings
 
     long_name = "a-model-name-longer-than-twelve-bytes"
     source = pl.DataFrame({"model": [long_name, None, "m", long_name * 3], "n": [1, 2, 3, 4]})
@@ -289,7 +288,7 @@ def test_an_open_minute_checkpointed_with_int64_fixed_sums_merges_with_int128_pa
 
 
 def test_minutes_are_printed_as_times_with_runs_as_ranges():
-    from slo.windows import minutes_text
+    from tailwatch.slo.windows import minutes_text
 
     m = 29_892_964  # 2026-11-02 00:04 UTC
     assert minutes_text([m + 2, m, m + 1, m + 10, m + 2000]) == \

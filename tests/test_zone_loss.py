@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from ingest.schema import GpuV1, RequestV1
-from ingest.simulator import (WARM_POOL_LOADING_MIN, WARM_POOL_PROMOTED_AT_MIN, WARM_POOL_REPLICAS, ZONE_LOSS_AT_MIN,
+from tailwatch.ingest.schema import GpuV1, RequestV1
+from tailwatch_dev.simulator import (WARM_POOL_LOADING_MIN, WARM_POOL_PROMOTED_AT_MIN, WARM_POOL_REPLICAS, ZONE_LOSS_AT_MIN,
                               ZONE_LOST, ZONES, FleetSimulator, queue_wait_ms)
-from signals.live import SignalPolicy
-from slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.signals.live import SignalPolicy
+from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.backtest import BacktestError, read_buckets
 from tailwatch.cli import main
 from tailwatch.drill import drill, find_zone_loss
@@ -73,7 +73,7 @@ def test_the_scenario_loses_a_zone_and_moves_its_traffic_to_the_survivors():
 
 @pytest.fixture(scope="module")
 def zone_loss_store(broker, tmp_path_factory):
-    from ingest.kafka import KafkaSettings, ensure_topics
+    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka, partitions=2)

@@ -1,0 +1,481 @@
+"""Error budgets, burn rates and multi-window alerts over per-minute SLI counts.
+
+Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays
+(`slo.block_windows.BlockWindows`), so closing a minute is a few vector operations over
+the slices, not a loop, and a slice's memory does not grow with the SLO's period. Ratios
+are event-weighted (sum of bad ÷ sum of valid over the window), and a window without
+valid events has no burn rate (None), never NaN.
+
+An alert window pair fires while both its long and short windows burn above the factor
+and both hold at least `min_events` valid events; once firing, it resolves when the
+short window cools (burns at or under the factor, or has no events). Alerts are judged
+for the slices that have a bucket in the minute being closed. A window pair is not judged
+while it is young: until the slice's history, from its first valid event, covers the
+pair's `history_needed_minutes` (slo/windows.py); the slice's status names such pairs. One condition (SLO, window
+pair, slice) is one alert, identified by its fingerprint.
+
+A minute that arrives after the table has moved past it (late data) corrects the
+windows and the budget; it fires or resolves nothing for the past, and the next closed
+minute judges the corrected windows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tailwatch.slo.block_windows import BlockWindows
+from tailwatch.slo.spec import SloSpec
+from tailwatch.slo.turn_stages import StageSpend, most_overspent
+from tailwatch.slo.windows import AlertWindow, minute_start_utc
+
+
+def burn_rate(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
+    """Error ratio over each window ÷ error budget; NaN where a window has no valid events."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(bad, 0.0) / valid / (1.0 - objective)
+
+
+def error_budget_remaining(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
+    """Share of each compliance window's budget left (1 = untouched, < 0 = overspent)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(valid > 0, 1.0 - np.maximum(bad, 0.0) / (valid * (1.0 - objective)), 1.0)
+
+
+def minutes_to_exhaustion(remaining: np.ndarray, burn: np.ndarray, period_minutes: int) -> np.ndarray:
+    """At a constant burn rate b the whole budget lasts period ÷ b; what is left lasts that ×
+    remaining. NaN where nothing burns; 0 where the budget is gone."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(remaining > 0, np.where(burn > 0, remaining * period_minutes / burn, np.nan), 0.0)
+
+
+def _month_of(minute: int) -> tuple[int, int]:
+    dt = minute_start_utc(minute)
+    return dt.year, dt.month
+
+
+def fingerprint(slo: str, alertname: str, labels: dict[str, str]) -> str:
+    key = "\x1f".join([slo, alertname, *(f"{k}={labels[k]}" for k in sorted(labels))])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class RollingWindows:
+    """One slice's sums of (good, valid) over the last m minutes for each length m, exact
+    and kept incrementally (a stage_budget SLO's per-stage windows, an hour long).
+
+    The minutes are stored once, whatever the lengths: one flat int64 array of (minute,
+    good so far, valid so far) triples, 24 bytes a minute, and a length's sums are the
+    running totals less those just before its oldest minute."""
+
+    def __init__(self, lengths):
+        self.lengths = tuple(sorted(set(lengths)))
+        self._rows = array("q")
+        self._heads = [0] * len(self.lengths)  # per length, the index of its oldest triple inside
+        self._good = self._valid = 0  # running totals, through the newest minute
+        self._dropped = (0, 0)  # the running totals just before the first triple kept
+
+    def add(self, minute: int, good: int, valid: int) -> None:
+        self._good += good
+        self._valid += valid
+        self._rows.extend((minute, self._good, self._valid))
+
+    def retire_until(self, now_minute: int) -> None:
+        """Keep minutes in (now − m, now] for each length m."""
+        rows, heads = self._rows, self._heads
+        n = len(rows)
+        for i, m in enumerate(self.lengths):
+            head, cut = heads[i], now_minute - m
+            while head < n and rows[head] <= cut:
+                head += 3
+            heads[i] = head
+        oldest = heads[-1]  # the longest length's
+        if oldest >= 192 and 2 * oldest >= n:  # amortised: what moves is never more than what was dropped
+            self._dropped = (rows[oldest - 2], rows[oldest - 1])
+            del rows[:oldest]
+            self._heads = [h - oldest for h in heads]
+
+    def sums(self, length: int) -> tuple[int, int]:
+        """(good, valid) over the last `length` minutes."""
+        head = self._heads[self.lengths.index(length)]
+        before_good, before_valid = (self._rows[head - 2], self._rows[head - 1]) if head else self._dropped
+        return self._good - before_good, self._valid - before_valid
+
+
+@dataclass(frozen=True)
+class AlertChange:
+    state: str  # "firing" or "resolved"
+    fingerprint: str
+    alertname: str
+    severity: str
+    slo: str
+    labels: dict[str, str]
+    at_minute: int
+    started_minute: int  # when the condition began (= at_minute for a firing change)
+    window: AlertWindow
+    long_burn_rate: float | None
+    short_burn_rate: float | None
+    error_budget_remaining: float
+    detail: str = ""  # what explains it, where the SLO can tell (a stage_budget SLO: the stage that overspent)
+
+
+@dataclass
+class SliceStatus:
+    slo: str
+    labels: dict[str, str]
+    minute: int
+    sli: float | None  # over the compliance window
+    error_budget_remaining: float
+    burn_rates: dict[int, float | None]  # by window length in minutes
+    minutes_to_exhaustion: float | None
+    firing: list[str]
+    overspent_stage: StageSpend | None = None
+    young: list[str] = field(default_factory=list)  # alert windows not judged yet: the slice's history is too short
+
+
+_NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
+NO_DATA_WINDOW = "no-data"  # the no-data alert's window name, as `alerts.alert_window` stores it
+
+
+def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """`a` with room for n entries along its last axis (doubling, so adding slices stays amortised O(1))."""
+    if a.shape[-1] >= n:
+        return a
+    out = np.full((*a.shape[:-1], max(n, 2 * a.shape[-1], 16)), fill, a.dtype)
+    out[..., :a.shape[-1]] = a
+    return out
+
+
+def _opt(x: float) -> float | None:
+    return None if x != x else float(x)  # NaN: a window without valid events
+
+
+class SloTable:
+    """One SLO's budget and alert windows, firing alerts and silences for every slice it has
+    seen, column-wise (slice i is column i of every array)."""
+
+    def __init__(self, spec: SloSpec):
+        self.spec = spec
+        self.windows = BlockWindows({spec.window_minutes} | {m for w in spec.alert_windows
+                                                             for m in (w.long_minutes, w.short_minutes)})
+        self.lengths = self.windows.lengths
+        self.at = {m: k for k, m in enumerate(self.lengths)}  # window length → its index in `lengths`
+        self.n = 0
+        self.index: dict[tuple[str, ...], int] = {}  # slice values → column
+        self.views: list[SliceView] = []
+        self._texts: list[str] = []  # a slice's labels as `slo_status.slice` writes them
+        self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.window_minutes))
+                        for aw in spec.alert_windows]
+        self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows], np.int64)
+        self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows], np.int64)
+        self._factors = np.array([factor for _, _, factor in self._alerts])
+        self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
+        self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
+        self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
+        self.first_data = np.full(0, -1, np.int64)  # the oldest minute with valid events: the slice's history
+        self._history_needed = np.array([aw.history_needed_minutes(spec.young_share) for aw in spec.alert_windows],
+                                        np.int64)
+        self.no_data_since = np.full(0, -1, np.int64)  # when the no-data alert fired, while it fires
+        # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
+        self.month: tuple[int, int] | None = None
+        self.month_good = np.zeros(0, np.int64)
+        self.month_valid = np.zeros(0, np.int64)
+        # Events counted since this table's owner last reset them (Prometheus counters).
+        self.events_good = np.zeros(0, np.int64)
+        self.events_valid = np.zeros(0, np.int64)
+        # stage_budget SLOs: per slice and stage, samples within budget over the fastest alert's long window.
+        self.stage_windows: dict[int, dict[str, RollingWindows]] = {}
+        self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
+        self._version = 0  # moves whenever a window's sums may have
+        self._rates: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    # ---- slices ----------------------------------------------------------------------------
+    def column(self, values: tuple[str, ...]) -> int:
+        """The column of a slice, added (with empty windows) when new."""
+        i = self.index.get(values)
+        if i is None:
+            i = self.index[values] = self.n
+            self.n += 1
+            self.windows.add_slices(1)
+            self.fired_at = _grown(self.fired_at, self.n, -1)
+            self.last_data = _grown(self.last_data, self.n, -1)
+            self.first_data = _grown(self.first_data, self.n, -1)
+            self.no_data_since = _grown(self.no_data_since, self.n, -1)
+            for name in ("month_good", "month_valid", "events_good", "events_valid"):
+                setattr(self, name, _grown(getattr(self, name), self.n, 0))
+            labels = dict(zip(self.spec.slice_by, values))
+            self.views.append(SliceView(self, i, labels))
+            self._texts.append(",".join(f"{k}={v}" for k, v in labels.items()))
+            self._version += 1
+        return i
+
+    def columns(self, keys: list[tuple[str, ...]]) -> np.ndarray:
+        return np.fromiter((self.column(k) for k in keys), np.int64, len(keys))
+
+    def slice_texts(self) -> list[str]:
+        return self._texts
+
+    def reset_event_counts(self) -> None:
+        self.events_good[:] = 0
+        self.events_valid[:] = 0
+
+    # ---- time --------------------------------------------------------------------------------
+    @property
+    def now(self) -> int | None:
+        return self.windows.now
+
+    def retire_until(self, minute: int) -> None:
+        """Move the windows to `minute` without new data (empty minutes in between)."""
+        if self.windows.now is not None and minute <= self.windows.now:
+            return
+        self.windows.advance(minute)
+        if self.spec.calendar_month:
+            month = _month_of(minute)
+            if month != self.month:
+                self.month = month
+                self.month_good[:] = 0
+                self.month_valid[:] = 0
+        self._version += 1
+
+    def advance(self, minute: int, cols, good, valid,
+                stage_spends: dict[int, list[tuple[str, int, int]]] | None = None,
+                judge: bool = True) -> list[AlertChange]:
+        """Close `minute` for the slices in `cols` (their good and valid counts; each slice at
+        most once): alert changes, in column order. A minute the table has passed corrects
+        its windows and budget, and changes no alert (the newest minute's rows may come in
+        several calls: each adds to it); nor does any minute where not `judge`
+        (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
+        cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
+        if len(cols) and (good.min() < 0 or (good > valid).any()):  # 0 <= good <= valid
+            k = int(np.flatnonzero((good < 0) | (valid < 0) | (good > valid))[0])
+            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} valid={valid[k]}")
+        late = self.now is not None and minute <= self.now
+        # The newest minute again: more of its rows (a restart reads a big minute in shares).
+        again = late and minute == self.now
+        if not late:
+            self.retire_until(minute)
+        data = valid > 0
+        self.windows.add(cols[data], minute, good[data], valid[data])
+        seen = cols[data]
+        first = self.first_data[seen]
+        self.first_data[seen] = np.where((first < 0) | (first > minute), minute, first)
+        if self.spec.calendar_month and _month_of(minute) == self.month:
+            self.month_good[cols] += good
+            self.month_valid[cols] += valid
+        self.events_good[cols] += good
+        self.events_valid[cols] += valid
+        self._version += 1
+        if late and not again:
+            return []
+        for i, spends in (stage_spends or {}).items():
+            windows = self.stage_windows.setdefault(i, {})
+            for stage, over, samples in spends:
+                w = windows.setdefault(stage, RollingWindows((self._fastest_long_minutes,)))
+                w.retire_until(minute)
+                w.add(minute, samples - over, samples)
+        self.last_data[cols[data]] = minute
+        if not judge or again:  # a minute is judged once, when it first closes
+            return []
+        changes: list[tuple[int, int, AlertChange]] = []
+        back = cols[data & (self.no_data_since[cols] >= 0)]
+        for i in back.tolist():
+            changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
+            self.no_data_since[i] = -1
+        changes += self._evaluate(minute, cols)
+        if not changes:
+            return []
+        order = {c: k for k, c in enumerate(cols.tolist())}  # a minute of many slices and no change builds none
+        return [c for _, _, c in sorted(changes, key=lambda t: (order[t[0]], t[1]))]
+
+    def check_silence(self, now_minute: int) -> list[AlertChange]:
+        """Fire the no-data alert of each slice silent for `no_data_minutes`."""
+        n = self.n
+        silent = ((self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
+                  & (now_minute - self.last_data[:n] >= self.spec.no_data_minutes))
+        out = []
+        for i in np.flatnonzero(silent).tolist():
+            self.no_data_since[i] = now_minute
+            out.append(self._no_data_change("firing", i, now_minute))
+        return out
+
+    def adopt_firing(self, window: str, values: tuple[str, ...], minute: int) -> bool:
+        """Mark an alert as firing since `minute` (`window`: an alert window's name, or the
+        no-data alert's): what a restart takes from the store instead of judging every minute
+        of the replay again. False where the table has no such slice or window."""
+        i = self.index.get(values)
+        if i is None:
+            return False
+        if window == NO_DATA_WINDOW:
+            self.no_data_since[i] = minute
+            return True
+        for j, (aw, _, _) in enumerate(self._alerts):
+            if aw.name == window:
+                self.fired_at[j, i] = minute
+                return True
+        return False
+
+    # ---- reads -------------------------------------------------------------------------------
+    def rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every slice's burn rate and valid events per window length ((n, lengths), in
+        `lengths` order; a burn rate is NaN where the window has no valid events) and budget
+        remaining (n,); computed once per move of the windows."""
+        cached = self._rates
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2], cached[3]
+        sums = self.windows.all_sums()
+        good, valid = sums[..., 0], sums[..., 1]
+        burns = burn_rate(valid - good, valid, self.spec.objective)
+        c_good, c_valid = self.compliance_counts()
+        remaining = error_budget_remaining(c_valid - c_good, c_valid, self.spec.objective)
+        self._rates = (self._version, burns, valid, remaining)
+        return burns, valid, remaining
+
+    def compliance_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.spec.calendar_month:
+            return self.month_good[:self.n].astype(float), self.month_valid[:self.n].astype(float)
+        sums = self.windows.all_sums()[:, self.at[self.spec.window_minutes]]
+        return sums[:, 0], sums[:, 1]
+
+    def minutes_to_exhaustion(self, cols: np.ndarray) -> np.ndarray:
+        """Per slice, minutes until the budget is gone at the fastest page window's burn rate
+        (NaN: not burning; 0: already gone)."""
+        burns, _, remaining = self.rates()
+        return minutes_to_exhaustion(remaining[cols], burns[cols, self.at[self._fastest_long_minutes]],
+                                     self.spec.window_minutes)
+
+    def young(self, minute: int, cols: np.ndarray) -> np.ndarray:
+        """(slices × alert windows): True where the slice's history at `minute` is too short
+        for the pair to be judged."""
+        first = self.first_data.take(cols)
+        history = np.where(first >= 0, minute - first + 1, 0)
+        return history[:, None] < self._history_needed[None, :]
+
+    def firing_count(self, cols: np.ndarray) -> np.ndarray:
+        return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
+
+    def overspent(self, i: int) -> StageSpend | None:
+        budgets = dict(self.spec.stage_budgets_ms)
+        spends = []
+        for stage, w in self.stage_windows.get(i, {}).items():
+            if stage in budgets:
+                if self.now is not None:
+                    w.retire_until(self.now)
+                good, valid = w.sums(self._fastest_long_minutes)
+                spends.append(StageSpend(stage, budgets[stage], valid - good, valid))
+        return most_overspent(spends)
+
+    def fingerprint_of(self, j: int, i: int) -> str:
+        fp = self._fingerprints.get((j, i))
+        if fp is None:
+            labels = self.views[i].labels
+            name = "SLONoData" if j == _NO_DATA else f"{self._alerts[j][1]}:{self._alerts[j][0].name}"
+            fp = self._fingerprints[(j, i)] = fingerprint(self.spec.name, name, labels)
+        return fp
+
+    # ---- alerts ------------------------------------------------------------------------------
+    def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
+        """Every alert window of the slices in `cols` at once: (slices × alert windows) masks."""
+        burns, valids, remaining = self.rates()
+        # `take`, not fancy indexing: on a thin minute the calls' fixed costs are the stage's
+        # cost, and fancy indexing along the second axis costs several times as much.
+        burns, valids = burns.take(cols, axis=0), valids.take(cols, axis=0)
+        long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
+        enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
+        short_hot = short_b > self._factors
+        hot = (long_b > self._factors) & short_hot & enough & ~self.young(minute, cols)
+        firing = self.fired_at.take(cols, axis=1).T >= 0
+        fire, resolve = hot & ~firing, firing & ~short_hot
+        changed = fire | resolve
+        out = []
+        if not changed.any():
+            return out
+        for k, j in zip(*np.nonzero(changed)):
+            i, (aw, name, _) = int(cols[k]), self._alerts[j]
+            if fire[k, j]:
+                self.fired_at[j, i] = minute
+                spent = self.overspent(i) if self.spec.stage_budgets_ms else None
+                out.append((i, int(j), AlertChange(
+                    "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, minute, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]),
+                    spent.describe() if spent else "")))
+            else:
+                started = int(self.fired_at[j, i])
+                self.fired_at[j, i] = -1
+                out.append((i, int(j), AlertChange(
+                    "resolved", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                    minute, started, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]))))
+        return out
+
+    def _no_data_change(self, state: str, i: int, minute: int) -> AlertChange:
+        window = AlertWindow(NO_DATA_WINDOW, "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
+        since = int(self.no_data_since[i])
+        return AlertChange(state, self.fingerprint_of(_NO_DATA, i), "SLONoData", "ticket", self.spec.name,
+                           self.views[i].labels, minute, since if since >= 0 else minute, window, None, None,
+                           float(self.rates()[2][i]))
+
+    def nbytes(self) -> int:
+        """Bytes this table holds in arrays (the windows' rings, allocated; untouched pages are free)."""
+        per_slice = [self.fired_at, self.last_data, self.first_data, self.no_data_since, self.month_good, self.month_valid,
+                     self.events_good, self.events_valid]
+        return self.windows.nbytes() + sum(a.nbytes for a in per_slice)
+
+
+class SliceView:
+    """One slice of an `SloTable`, as readers (the signal view, /metrics, `slo status`) ask
+    for it; it holds no state of its own."""
+
+    __slots__ = ("table", "i", "labels")
+
+    def __init__(self, table: SloTable, i: int, labels: dict[str, str]):
+        self.table, self.i, self.labels = table, i, labels
+
+    @property
+    def spec(self) -> SloSpec:
+        return self.table.spec
+
+    @property
+    def last_minute(self) -> int | None:
+        return self.table.now
+
+    def sums(self, length: int) -> tuple[float, float]:
+        good, valid = self.table.windows.sums(length)
+        return float(good[self.i]), float(valid[self.i])
+
+    def burn(self, minutes: int) -> float | None:
+        return _opt(self.table.rates()[0][self.i, self.table.at[minutes]])
+
+    def burn_rates(self) -> dict[int, float | None]:
+        burns = self.table.rates()[0][self.i]
+        return {m: _opt(burns[k]) for k, m in enumerate(self.table.lengths)}
+
+    def budget_remaining(self) -> float:
+        return float(self.table.rates()[2][self.i])
+
+    @property
+    def firing(self) -> dict[str, tuple[AlertWindow, int]]:
+        """Fingerprint → (alert window, fired at minute) of the burn-rate alerts firing."""
+        t = self.table
+        return {t.fingerprint_of(j, self.i): (aw, int(t.fired_at[j, self.i]))
+                for j, (aw, _, _) in enumerate(t._alerts) if t.fired_at[j, self.i] >= 0}
+
+    @property
+    def no_data_since(self) -> int | None:
+        since = int(self.table.no_data_since[self.i])
+        return since if since >= 0 else None
+
+    def status(self) -> SliceStatus:
+        t, i = self.table, self.i
+        good, valid = t.compliance_counts()
+        mte = t.minutes_to_exhaustion(np.array([i]))[0]
+        return SliceStatus(
+            slo=t.spec.name, labels=self.labels, minute=t.now or 0,
+            sli=float(good[i] / valid[i]) if valid[i] else None,
+            error_budget_remaining=self.budget_remaining(),
+            burn_rates=self.burn_rates(),
+            minutes_to_exhaustion=_opt(mte),
+            firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
+            overspent_stage=t.overspent(i) if t.spec.stage_budgets_ms else None,
+            young=[aw.name for (aw, _, _), y in zip(t._alerts, t.young(t.now or 0, np.array([i]))[0]) if y],
+        )

@@ -1,0 +1,391 @@
+"""Good and valid event counts per SLO, slice and minute, from `sli_minute` rows.
+
+Vectorised over a polars frame of buckets; `replay` then feeds the counts, minute by
+minute in event time, through one `SloTable` per SLO (its slices column-wise). The same function serves a
+replay of the store (`tailwatch slo status --at`) and, minute by minute, a live stream.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tailwatch.slo import histogram
+from tailwatch.slo.engine import AlertChange, SliceView, SloTable
+from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
+from tailwatch.slo.turn_stages import overspend_counts
+
+
+def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
+    """The sums of histogram bins an SLO's good and valid counts read, by column name: the
+    events of its latency field, and those at or under its threshold's bin (none for
+    availability and stream completion). SLOs over one field share them."""
+    if spec.sli_kind in COUNT_KINDS:
+        return {}
+    bound = histogram.last_good_bin(spec.threshold_ms)  # type: ignore[arg-type]
+    hist = pl.col(f"{spec.latency_field}_hist")
+    return {
+        f"_n_{spec.latency_field}": hist.list.eval(pl.element().struct.field("n")).list.sum(),
+        f"_n_{spec.latency_field}_le_{bound}":
+            hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum(),
+    }
+
+
+def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.Expr, pl.Expr]:
+    """The SLO's good and valid counts of one bucket row. `sums_as_columns`: the rows already
+    hold `histogram_sums(spec)` as columns."""
+    not_cancelled = pl.col("requests") - pl.col("cancelled")
+    # A tenant over its quota is refused by policy, not by a fault: availability's valid
+    # attempts are quota_admission's good ones.
+    admitted = not_cancelled - pl.col("rejected_quota").fill_null(0)
+    if spec.sli_kind == "availability":
+        return pl.col("ok"), admitted
+    if spec.sli_kind == "quota_admission":
+        return admitted, not_cancelled
+    if spec.sli_kind == "underrun_free":
+        reported = pl.col("underrun_reported").fill_null(0)
+        return reported - pl.col("underrun_streams").fill_null(0), reported
+    if spec.sli_kind == "endpointing":
+        reported = pl.col("endpointing_reported").fill_null(0)
+        return reported - pl.col("endpointing_errors").fill_null(0), reported
+    if spec.sli_kind == "word_accuracy":  # insertions can outnumber a minute's words: never below 0
+        words = pl.col("reference_words").fill_null(0)
+        return (words - pl.col("word_errors").fill_null(0)).clip(lower_bound=0), words
+    if spec.sli_kind == "stream_completion":
+        return pl.col("streams_completed").fill_null(0), (pl.col("streams") - pl.col("streams_cancelled")).fill_null(0)
+    total, good = ((pl.col(name) for name in histogram_sums(spec)) if sums_as_columns
+                   else histogram_sums(spec).values())
+    if spec.sli_kind in ("latency", "stage_budget"):
+        return good.cast(pl.Int64), total
+    # Goodput: the first-output histogram also holds attempts the client cancelled after
+    # their first token (an LLM stream abandoned mid-answer), which valid leaves out;
+    # capped so that good never exceeds valid (it used to crash the engine).
+    return pl.min_horizontal(good.cast(pl.Int64), not_cancelled), not_cancelled
+
+
+def _selects(spec: SloSpec) -> pl.Expr:
+    """True for the bucket rows that the SLO's selector picks (a null label never matches)."""
+    picked = pl.lit(True)
+    for label, value in spec.selector.items():
+        picked = picked & (pl.col(label) == value).fill_null(False)
+    return picked
+
+
+# Count columns the SLIs read that buckets written before them lack (rows of an older store
+# or partial, frames built by hand): none of those events said, so they count 0.
+_LATER_COUNTS = ("rejected_quota", "underrun_reported", "underrun_streams", "endpointing_reported", "endpointing_errors",
+                 "reference_words", "word_errors")
+
+
+def with_later_counts(buckets: pl.DataFrame) -> pl.DataFrame:
+    have = set(buckets.columns)
+    missing = [c for c in _LATER_COUNTS if c not in have]
+    return buckets.with_columns(pl.lit(0, pl.Int64).alias(c) for c in missing) if missing else buckets
+
+
+def good_valid(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
+    """Rows (window_start, *slice_by, good, valid) for the buckets that the SLO selects."""
+    buckets = with_later_counts(buckets)
+    good, valid = good_valid_exprs(spec)
+    counted = spec.selected(buckets).select("window_start", *spec.slice_by, good.alias("good"), valid.alias("valid"))
+    return counted.group_by("window_start", *spec.slice_by).agg(pl.col("good").sum(), pl.col("valid").sum())
+
+
+# A long replay (a restart reading a month of buckets) is fed in runs of about this many
+# bucket rows, cut at minute boundaries, so that it is never all Python tuples at once.
+FEED_ROWS = 200_000
+
+
+# SLOs counted together in one select: three columns each over every bucket row, so a
+# hundred SLOs at once over 200,000 buckets held 340 MB of columns.
+SLOS_PER_SELECT = 16
+
+
+@dataclass
+class SloRows:
+    """One SLO's counts of some buckets: per (minute, slice) in minute order."""
+
+    minutes: np.ndarray
+    keys: list[tuple[str, ...]]  # slice label values ("None" for a null)
+    good: np.ndarray
+    valid: np.ndarray
+
+
+class _Counting:
+    """The polars expressions that count up to `SLOS_PER_SELECT` SLOs over buckets, built once
+    (building them took a third of a thin minute's SLO stage)."""
+
+    def __init__(self, specs: list[SloSpec]):
+        self.specs = specs
+        # Each histogram sum once, however many SLOs read it (each is a list evaluation per row).
+        self.sums = list({name: e.alias(name) for spec in specs for name, e in histogram_sums(spec).items()}.values())
+        self.select = [(pl.col("window_start").dt.epoch("s") // 60).alias("_minute"),
+                       *sorted({label for spec in specs for label in spec.slice_by})]
+        for i, spec in enumerate(specs):
+            good, valid = good_valid_exprs(spec, sums_as_columns=True)
+            picked = _selects(spec)
+            if spec.sli_kind in REPORTED_KINDS:  # a fleet that does not report the field has no slices of it
+                picked = picked & (valid > 0)
+            self.select += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
+                            pl.when(picked).then(valid).alias(f"_v{i}")]
+        by_slicing: dict[tuple[str, ...], list[int]] = {}
+        for i, spec in enumerate(specs):
+            by_slicing.setdefault(spec.slice_by, []).append(i)
+        self.slicings = [
+            (slice_by, members,
+             [agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum().fill_null(0).cast(pl.Int64),
+                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64))])
+            for slice_by, members in by_slicing.items()]
+
+    def rows(self, buckets: pl.DataFrame) -> dict[str, SloRows]:
+        # Eager, not lazy: planning a lazy group-by of this many aggregations cost three times
+        # the group-by itself on a thin minute (1 ms against 0.3, five slicings a minute).
+        counted = (buckets.with_columns(self.sums) if self.sums else buckets).select(self.select)
+        out: dict[str, SloRows] = {}
+        for slice_by, members, aggs in self.slicings:
+            g = counted.group_by("_minute", *slice_by).agg(aggs).sort("_minute", *slice_by, nulls_last=True)
+            keys = [k if None not in k else tuple("None" if v is None else v for v in k)
+                    for k in zip(*(g[k].cast(pl.String).to_list() for k in slice_by))] if slice_by else [()] * g.height
+            minutes = g["_minute"].to_numpy()
+            for i in members:
+                picked = g[f"_p{i}"].to_numpy()
+                out[self.specs[i].name] = SloRows(minutes[picked], [k for k, p in zip(keys, picked) if p],
+                                                  g[f"_g{i}"].to_numpy()[picked], g[f"_v{i}"].to_numpy()[picked])
+        return out
+
+
+def good_valid_rows(specs: list[SloSpec], buckets: pl.DataFrame) -> dict[str, SloRows]:
+    """Per SLO, (minute, slice values, good, valid) of the buckets it selects, in minute and
+    slice order: up to `SLOS_PER_SELECT` SLOs in one select and one group-by per distinct
+    `slice_by`, each SLO's rows then picked with numpy, not a filter, select and group-by per
+    SLO (a polars call costs the same for the 20 rows of a closed minute as for 20,000, and
+    ten SLOs made a hundred calls a minute)."""
+    return _counted_by(buckets, [_Counting(specs[at:at + SLOS_PER_SELECT]) for at in range(0, len(specs), SLOS_PER_SELECT)])
+
+
+def _counted_by(buckets: pl.DataFrame, countings: list[_Counting]) -> dict[str, SloRows]:
+    buckets = with_later_counts(buckets)
+    out: dict[str, SloRows] = {}
+    for counting in countings:
+        out.update(counting.rows(buckets))
+    return out
+
+
+@dataclass
+class Evaluation:
+    """What one feed of buckets produced: alert changes and `slo_status` rows per SLO and minute."""
+
+    changes: list[AlertChange] = field(default_factory=list)
+    status: list[StatusPart] = field(default_factory=list)
+
+
+class SloEvaluator:
+    """Every SLO's table of slices, fed with closed buckets in event-time order."""
+
+    def __init__(self, specs: list[SloSpec]):
+        self.specs = specs
+        self.tables = {spec.name: SloTable(spec) for spec in specs}
+        # SLOs by selector: a feed counts only the SLOs whose selector picks any of its rows (a
+        # thin minute of one workload would otherwise pay every other workload's expressions).
+        selectors = list(dict.fromkeys(tuple(sorted(s.selector.items())) for s in specs))
+        self._selector_of = [selectors.index(tuple(sorted(s.selector.items()))) for s in specs]
+        self._any_picked = [_selects(specs[self._selector_of.index(k)]).any().alias(f"_s{k}")
+                            for k in range(len(selectors))]
+        self._countings_by_picked: dict[tuple[bool, ...], list[_Counting]] = {}
+
+    def _countings(self, buckets: pl.DataFrame) -> list[_Counting]:
+        if not self._any_picked:
+            return []  # no SLOs: nothing to count
+        picked = tuple(bool(x) for x in buckets.select(self._any_picked).row(0))
+        countings = self._countings_by_picked.get(picked)
+        if countings is None:
+            specs = [s for s, k in zip(self.specs, self._selector_of) if picked[k]]
+            countings = [_Counting(specs[at:at + SLOS_PER_SELECT]) for at in range(0, len(specs), SLOS_PER_SELECT)]
+            if len(self._countings_by_picked) >= 64:  # many selectors, few of them at a time: keep it bounded
+                self._countings_by_picked.clear()
+            self._countings_by_picked[picked] = countings
+        return countings
+
+    @property
+    def states(self) -> dict[tuple[str, tuple[str, ...]], SliceView]:
+        """(SLO, slice values) → that slice's view, for readers."""
+        return {(name, values): t.views[i] for name, t in self.tables.items() for values, i in t.index.items()}
+
+    def views(self) -> list[SliceView]:
+        return [v for t in self.tables.values() for v in t.views]
+
+    def feed(self, buckets: pl.DataFrame, until_minute: int | None = None, with_status: bool = True,
+             judge: bool = True) -> Evaluation:
+        """Close the buckets' minutes, in order, for every SLO. A minute an SLO has already
+        closed corrects its windows (late data) without judging alerts for the past. Where
+        not `judge`, no minute judges alerts or silences (a restart's replay of the store:
+        it adopts the alerts the store holds as firing)."""
+        out = Evaluation()
+        if until_minute is not None:
+            buckets = buckets.filter(pl.col("window_start").dt.epoch("s") // 60 <= until_minute)
+        if buckets.height <= FEED_ROWS:
+            return self._feed_minutes(buckets, with_status, judge)
+        # A long replay: runs of whole minutes, about FEED_ROWS rows each (a minute that alone
+        # holds more goes on its own: its rows are all here already, and alerts are judged
+        # on a whole minute).
+        buckets = buckets.sort("window_start")
+        starts = buckets["window_start"]
+        at = 0
+        while at < buckets.height:
+            end = min(at + FEED_ROWS, buckets.height)
+            end = int(starts.search_sorted(starts[end - 1], side="right"))
+            part = self._feed_minutes(buckets.slice(at, end - at), with_status, judge)
+            out.changes += part.changes
+            out.status += part.status
+            at = end
+        return out
+
+    def _feed_minutes(self, buckets: pl.DataFrame, with_status: bool, judge: bool) -> Evaluation:
+        out = Evaluation()
+        if buckets.height == 0:
+            return out
+        rows_by_slo = _counted_by(buckets, self._countings(buckets))
+        for spec in self.specs:
+            rows = rows_by_slo.get(spec.name)
+            if rows is None or not len(rows.minutes):
+                continue
+            table = self.tables[spec.name]
+            spends = _stage_spends(spec, buckets) if spec.stage_budgets_ms else {}
+            cols = table.columns(rows.keys)
+            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
+            for a, b in zip(cuts, cuts[1:]):
+                minute = int(rows.minutes[a])
+                spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
+                          if (minute, rows.keys[k]) in spends} if spends else None)
+                late = table.now is not None and minute <= table.now
+                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent, judge))
+                if with_status and not late:
+                    out.status.append(status_part(table, cols[a:b]))
+            if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
+                out.changes.extend(table.check_silence(int(rows.minutes[-1])))
+        return out
+
+    def retire_until(self, minute: int) -> None:
+        for table in self.tables.values():
+            table.retire_until(minute)
+
+    def reset_event_counts(self) -> None:
+        for table in self.tables.values():
+            table.reset_event_counts()
+
+
+def _stage_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
+    """(minute, slice values) → [(stage, samples over budget, samples)] of a stage_budget SLO."""
+    out: dict[tuple[int, tuple], list[tuple[str, int, int]]] = {}
+    rows = overspend_counts(spec, buckets).with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
+    for row in rows.iter_rows(named=True):
+        key = (row["_minute"], tuple(str(row[k]) for k in spec.slice_by))
+        out.setdefault(key, []).append((row["stage"], int(row["over"]), int(row["samples"])))
+    return out
+
+
+STATUS_SCHEMA = {
+    "window_start": pl.Datetime("us"), "slo": pl.String, "slice": pl.String, "sli": pl.Float64,
+    "error_budget_remaining": pl.Float64, "minutes_to_exhaustion": pl.Float64,
+    "burn_rates": pl.List(pl.Struct({"window": pl.String, "burn_rate": pl.Float64})), "firing": pl.Int32,
+}
+_BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
+
+
+@dataclass
+class StatusPart:
+    """`slo_status` columns of some slices of one SLO at one minute (rows built once per feed:
+    a frame per SLO and minute cost more than the SLO engine itself on thin traffic)."""
+
+    minute: int
+    slo: str
+    slices: list[str]
+    sli: np.ndarray
+    error_budget_remaining: np.ndarray
+    minutes_to_exhaustion: np.ndarray
+    burn_rates: np.ndarray  # (rows, windows), NaN where a window holds no events
+    windows: list[str]
+    firing: np.ndarray
+
+
+def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
+    """Some slices of a table as of its newest minute."""
+    burns, _, remaining = table.rates()
+    good, valid = table.compliance_counts()
+    texts = table.slice_texts()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sli = np.where(valid[cols] > 0, good[cols] / valid[cols], np.nan)
+    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, remaining[cols],
+                      table.minutes_to_exhaustion(cols), burns[cols], [span(m) for m in table.lengths],
+                      table.firing_count(cols))
+
+
+def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
+    """One `slo_status` frame, column by column (burn rates of windows without events left out)."""
+    if not parts:
+        return pl.DataFrame(schema=STATUS_SCHEMA)
+    rows = [len(p.slices) for p in parts]
+    names, rates, counts = [], [], []
+    for p in parts:
+        present = ~np.isnan(p.burn_rates)
+        names.append(np.tile(np.array(p.windows, dtype=object), len(p.slices))[present.ravel()])
+        rates.append(p.burn_rates[present])
+        counts.append(present.sum(axis=1))
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int32)
+    listed = pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(
+        [pa.array(np.concatenate(names), pa.string()), pa.array(np.concatenate(rates), pa.float64())],
+        fields=list(_BURN_RATE)))
+    # One Arrow table with the schema's types, converted once (eight Series and a cast cost
+    # three times as much on a thin minute).
+    sli = np.concatenate([p.sli for p in parts])
+    to_exhaustion = np.concatenate([p.minutes_to_exhaustion for p in parts])
+    return pl.from_arrow(pa.table({
+        "window_start": pa.array(np.repeat([p.minute * 60_000_000 for p in parts], rows).astype(np.int64),
+                                 pa.timestamp("us")),
+        "slo": pa.array(np.repeat([p.slo for p in parts], rows).tolist(), pa.string()),
+        "slice": pa.array([t for p in parts for t in p.slices], pa.string()),
+        "sli": pa.array(sli, pa.float64(), mask=np.isnan(sli)),
+        "error_budget_remaining": pa.array(np.concatenate([p.error_budget_remaining for p in parts]), pa.float64()),
+        "minutes_to_exhaustion": pa.array(to_exhaustion, pa.float64(), mask=np.isnan(to_exhaustion)),
+        "burn_rates": listed,
+        "firing": pa.array(np.concatenate([p.firing for p in parts]).astype(np.int32), pa.int32()),
+    }))  # type: ignore[return-value]
+
+
+@functools.cache  # a few window lengths, named for every status row
+def span(minutes: int) -> str:
+    """A window length as people write it: 5m, 1h, 30d."""
+    if minutes % 1440 == 0:
+        return f"{minutes // 1440}d"
+    if minutes % 60 == 0:
+        return f"{minutes // 60}h"
+    return f"{minutes}m"
+
+
+@dataclass
+class Replay:
+    """The SLO state after a run of buckets, and the alert changes on the way."""
+
+    evaluator: SloEvaluator
+    changes: list[AlertChange]
+
+
+def replay(specs: list[SloSpec], buckets: pl.DataFrame | Iterable[pl.DataFrame],
+           until_minute: int | None = None) -> Replay:
+    """The SLO state after the given buckets, a frame or frames in event-time order (for reads
+    of the store)."""
+    ev = SloEvaluator(specs)
+    changes: list[AlertChange] = []
+    last = None
+    for frame in [buckets] if isinstance(buckets, pl.DataFrame) else buckets:
+        changes += ev.feed(frame, until_minute, with_status=False).changes
+        if frame.height:
+            last = max(last or 0, int(frame["window_start"].dt.epoch("s").max() // 60))
+    if last is not None:
+        ev.retire_until(until_minute if until_minute is not None else last)
+    return Replay(ev, changes)

@@ -1,0 +1,192 @@
+"""Tier 2's operator: whole minutes assembled from what tier-1 workers publish, for a store
+sink and every stage that needs whole minutes (SLOs, detectors, fleet metrics, the signal API).
+
+It consumes `tw.sli` (partials and frontier markers, streams/partials.py) and
+`tw.deadletter`, assembles each minute once every source partition has closed it, and
+lands the rows, the dead letters and its own offsets in one DuckDB transaction, with the
+SLO and stage rows of the same minutes: exactly once from `tw.sli` into the store, as the
+single-process worker is from the raw topics. The offset it stores per `tw.sli`
+partition is that of the oldest record still held (a minute not yet whole), so a restart
+re-reads what it held and nothing it landed counts twice: partials of landed minutes are
+dropped as copies, dead letters are deduplicated by their source offset.
+
+High availability is by identical replicas, as Prometheus pairs do it: each tier-2
+process keeps a store of its own (on any machine), reads all of `tw.sli`, serves the
+whole signal API and sends every alert to every Alertmanager, whose cluster deduplicates
+them. Replicas share nothing, so there is no election and no takeover: a replica that dies
+restarts from its own store while the others answer (docs/operating.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import duckdb
+import msgspec
+import polars as pl
+
+from tailwatch.ingest import deadletter
+from tailwatch import store
+from tailwatch.streams.decode_step import PRODUCER_TOPICS
+from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
+from tailwatch.streams.partials import Frontier, MinuteAssembler
+from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.topic_sink import TopicSink
+from tailwatch.streams.windows import AggregateSpec
+from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_SLI
+
+log = logging.getLogger("tailwatch.tier2")
+_decode_letter = msgspec.json.Decoder(deadletter.DeadLetter).decode
+
+
+class MinuteAssembly:
+    """Tier 2's operator (see the module's docstring)."""
+
+    by_group = False  # every replica reads every partition
+
+    def __init__(self, settings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
+        k = settings.kafka
+        self.kafka = k
+        self.sli_topic, self.dlq_topic = k.topic(TOPIC_SLI), k.topic(TOPIC_DEADLETTER)
+        self.topics = [self.sli_topic, self.dlq_topic]
+        self.whole_topic = self.sli_topic
+        # The producers' topics are not read here, but their partitions are what a minute waits for.
+        self.sources: dict[str, tuple[str, AggregateSpec, dict]] = {
+            k.topic(suffix): (table, spec, columns) for suffix, _event_type, columns, spec, table in PRODUCER_TOPICS}
+        self.watched = list(self.sources)
+        self.metrics, self.cpu, self.sink = metrics, cpu, sink
+        self.assemblers: dict[str, MinuteAssembler] = {}
+        self.landing: list[deadletter.DeadLetter] = []  # dead letters read from tw.deadletter
+        self.dead_letters: list[deadletter.DeadLetter] = []  # its own: malformed tw.sli records
+        self.malformed = 0
+        self.stored_offsets: dict[tuple[str, int], int] = {}
+        self._read_offsets: dict[tuple[str, int], int] = {}  # next offsets at the last checkpoint
+        self._saved_frontiers: dict[tuple[str, int, int], Frontier] = {}  # as the store holds them
+        self.buckets_closed = 0
+        self.minutes_closed = 0
+        self.closing_behind = False
+
+    # ---- start ------------------------------------------------------------------------
+    def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        meta = AdminClient(self.kafka.base_config()).list_topics(timeout=10).topics
+        for topic, (_table, spec, columns) in self.sources.items():
+            self.assemblers[topic] = MinuteAssembler(
+                spec, columns, topic, set(meta[topic].partitions), set(meta[self.sli_topic].partitions))
+        self.stored_offsets = store.load_offsets(con)
+        source.next_offsets.update(self.stored_offsets)
+        self._read_offsets = dict(self.stored_offsets)
+        for topic, a in self.assemblers.items():
+            done_before, marks = store.load_assembly(con, topic)
+            a.restore(done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr)) for _q, p, cb, wm, rte, dr in marks],
+                      [int(q) for q, *_ in marks])
+            self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
+
+    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+        return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
+
+    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
+        """Never called: no group, no revocation."""
+
+    def tick(self, source: KafkaSource, now: float) -> None:
+        """Topics may gain partitions: a minute waits for the new ones too."""
+        for topic, a in self.assemblers.items():
+            a.source_partitions |= source.partitions.get(topic, set())
+            a.sli_partitions |= source.partitions.get(self.sli_topic, set())
+
+    # ---- the hot path: a few hundred records a minute -----------------------------------
+    def mark_gap(self, letter: deadletter.DeadLetter) -> None:
+        self.dead_letters.append(letter)
+
+    def process(self, topic: str, batch: list) -> None:
+        if topic == self.dlq_topic:
+            for m in batch:
+                try:
+                    self.landing.append(_decode_letter(m.value()))
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    self.malformed += 1
+                    log.warning("not a dead letter at %s[%d]@%d: %s", topic, m.partition(), m.offset(), exc)
+            return
+        for m in batch:
+            value, q, offset = m.value(), m.partition(), m.offset()
+            try:
+                for a in self.assemblers.values():
+                    a.add(q, value, offset)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.malformed += 1
+                _kind, ts_ms = m.timestamp()
+                self.dead_letters.append(deadletter.make(topic, q, offset, "malformed", str(exc), value, ts_ms))
+                self.metrics.dead_letters.labels(topic, "malformed").inc()
+
+    # ---- checkpoint ----------------------------------------------------------------------
+    def has_unsaved(self, source: KafkaSource) -> bool:
+        return bool(self.landing) or bool(self.dead_letters) or source.next_offsets != self._read_offsets
+
+    def checkpoint(self, source: KafkaSource, close_all: bool) -> store.Checkpoint | None:
+        if not self.has_unsaved(source) and not close_all:
+            return None
+        topics = []
+        sli_unread = bool(source.partitions.get(self.sli_topic, set()) - source.read_to_end(self.sli_topic))
+        for topic, a in self.assemblers.items():
+            began = self.cpu.began()
+            rows, minutes = a.take_complete()
+            self.cpu.spent("assemble", began)
+            table = self.sources[topic][0]
+            if rows.height:
+                self.metrics.buckets_closed.labels(topic).inc(rows.height)
+                self.buckets_closed += rows.height
+                if table == "sli_minute":
+                    self.minutes_closed += len(minutes)
+            # Behind: this replica has tw.sli left to read, or a tier-1 worker its partitions.
+            read_to_end = {p for (_q, p), f in a.frontiers.items() if f.read_to_end or f.drained}
+            backlogged = sli_unread or bool(a.source_partitions - read_to_end)
+            topics.append(store.TopicCheckpoint(
+                topic=topic, table=table, closed=rows, closed_minutes=minutes, counts=[], hist=[], seen=[],
+                watermarks={}, closed_before_minute=a.done_before, backlogged=not close_all and backlogged))
+        letters, self.landing = self.landing, []
+        own, self.dead_letters = self.dead_letters, []
+        for d in own:  # malformed tw.sli records: to the topic too, as every dead letter
+            self.sink.send(self.dlq_topic, deadletter.encode(d), d.source_topic.encode())
+        if own:
+            self.sink.flush()
+        # The offset stored per tw.sli partition is that of the oldest record still held.
+        offsets = dict(source.next_offsets)
+        for a in self.assemblers.values():
+            for q, offset in a.resume_offsets().items():
+                key = (self.sli_topic, q)
+                offsets[key] = min(offsets.get(key, offset), offset)
+        cp = store.Checkpoint(
+            topics=topics, next_offsets=offsets,
+            dead_letters=deadletter.to_frame(letters + own) if letters or own else None, dedupe_dead_letters=True,
+            assembly_frontiers=[(topic, q, f) for topic, a in self.assemblers.items() for (q, _p), f in a.frontiers.items()
+                                if self._saved_frontiers.get((topic, q, f.source_partition)) != f],
+        )
+        self._saved_frontiers.update({(topic, q, f.source_partition): f for topic, q, f in cp.assembly_frontiers})
+        self._read_offsets = dict(source.next_offsets)
+        return cp
+
+    def committed(self, cp: store.Checkpoint) -> None:
+        self.stored_offsets = dict(cp.next_offsets)
+
+    # ---- draining, the view, telemetry ----------------------------------------------------
+    def undrained(self, source: KafkaSource) -> list[str]:
+        out = [line for topic in self.topics for line in source.unread(topic)]
+        for topic, a in self.assemblers.items():
+            if a.held:
+                out.append(f"{len(a.held)} minutes of {topic} wait for frontiers of tier-1 partitions")
+            elif undrained := a.undrained():
+                out.append(f"{topic} partitions {undrained} are not drained by their tier-1 worker")
+        return out
+
+    def open_minutes(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        return pl.DataFrame(), pl.DataFrame()  # the view stands on landed minutes only
+
+    def update_gauges(self) -> None:
+        """Its lag is the source's; it holds no open windows."""
+
+    def progress_line(self, events: int, rate_per_s: float) -> str:
+        held = sum(len(a.held) for a in self.assemblers.values())
+        dropped = sum(a.redelivered for a in self.assemblers.values())
+        return (f"tier 2: {events:,} tw.sli records, {self.buckets_closed:,} buckets landed, {held} minutes "
+                f"held, {dropped:,} partials of landed minutes dropped")

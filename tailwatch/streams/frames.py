@@ -1,0 +1,152 @@
+"""Decoded records → columnar polars frames, with event time in epoch milliseconds.
+
+Only the columns that aggregation needs are extracted; identifiers such as
+`session_id` are validated by the decoder and then left behind here.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Sequence
+
+import msgspec
+import numpy as np
+import polars as pl
+
+from tailwatch.conventions import STAGE_NAMES
+from tailwatch.ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
+from tailwatch.ingest.validate import FUTURE, Rejected
+
+# How far an event may be stamped ahead of the Kafka record that carries it (default).
+DEFAULT_MAX_AHEAD_MS = 5 * 60_000
+
+# Columns taken from each record type, with their polars dtype.
+REQUEST_COLUMNS: dict[str, pl.DataType] = {
+    "event_id": pl.String,
+    "tenant": pl.String, "model": pl.String, "model_version": pl.String, "zone": pl.String,
+    "workload": pl.String, "traffic_class": pl.String, "deployment": pl.String, "pool": pl.String,
+    "status": pl.String, "attempt": pl.Int32, "retry_of": pl.String, "task_success": pl.Boolean,
+    "queue_ms": pl.Float64, "first_output_ms": pl.Float64, "e2e_ms": pl.Float64, "inter_token_ms": pl.Float64,
+    "finish_reason": pl.String,
+    "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "audio_seconds": pl.Float64,
+    "gpu_seconds": pl.Float64,
+    "language": pl.String, "voice": pl.String, "status_reason": pl.String,
+    "partial_revisions": pl.Int64, "endpointing_error": pl.Boolean, "finalization_ms": pl.Float64,
+    "underruns": pl.Int64, "voice_cache_hit": pl.Boolean, "fallback": pl.String,
+    "cached_prompt_tokens": pl.Int64, "draft_tokens": pl.Int64, "accepted_tokens": pl.Int64,
+    # eval.v1 records (sharing the topic) fill these and the slice labels; their `status` is null.
+    "word_errors": pl.Int64, "reference_words": pl.Int64, "char_errors": pl.Int64, "reference_chars": pl.Int64,
+    "mos": pl.Float64,
+}
+# Event ids are deduplicated per topic: an evaluation's id lives apart from requests' (a
+# scorer may well reuse the id of the request it scored). No accepted id holds a NUL.
+EVAL_ID_PREFIX = "\x00eval\x00"
+# Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
+# Built apart from the flat columns: a name outside the list folds
+# into `other` here, so the buckets' stage keys stay bounded.
+STAGES_COLUMN = "stages"
+STAGES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
+STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}
+_TS = attrgetter("ts")
+REQUEST_COLUMNS[STAGES_COLUMN] = STAGES_DTYPE
+GPU_COLUMNS: dict[str, pl.DataType] = {
+    "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
+    "gpu_sku": pl.String, "model": pl.String, "model_version": pl.String,
+    "util_pct": pl.Float64, "mem_used_bytes": pl.Int64, "mem_total_bytes": pl.Int64,
+    "power_w": pl.Float64, "temp_c": pl.Float64, "xid_errors": pl.Int64, "ecc_errors": pl.Int64,
+    "replica_state": pl.String, "queue_depth": pl.Int64, "oldest_queue_age_ms": pl.Float64,
+    "running": pl.Int64, "active_streams": pl.Int64, "kv_cache_usage": pl.Float64,
+    "preemptions": pl.Int64,
+    "sm_active_pct": pl.Float64, "sm_occupancy_pct": pl.Float64, "tensor_active_pct": pl.Float64,
+    "dram_bw_pct": pl.Float64, "gr_engine_active_pct": pl.Float64, "source": pl.String,
+}
+
+
+def records_to_frame(
+    records: Sequence[msgspec.Struct],
+    columns: dict[str, pl.DataType],
+    partitions: Sequence[int],
+    offsets: Sequence[int],
+    indices: Sequence[int],
+    record_ts_ms: Sequence[int] | None = None,
+    max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS,
+) -> tuple[pl.DataFrame, list[Rejected]]:
+    """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`, `_index`; records stamped
+    too far ahead of their Kafka records are rejected.
+
+    The records are already validated, with the schema's defaults filled in; each column is
+    gathered from them with one `attrgetter` pass (1.2 µs a record for the 22 request
+    columns, where polars' JSON reader over the same raw bytes took 1.7). `partitions`,
+    `offsets` and `record_ts_ms` (each Kafka record's own timestamp) are per raw record;
+    `indices` maps each record to its raw position.
+
+    Event time is bounded by what the log itself holds, so a replay decides as the live run
+    did: an event stamped more than `max_ahead_ms` after its Kafka record's timestamp is
+    refused as `future` (one such event would otherwise move its partition's watermark
+    ahead and make every later event late), and so is an event whose record carries no
+    usable timestamp (none, or outside the event-time range) to bound it by.
+    """
+    rejected: list[Rejected] = []
+    ts_ms = list(map(_TS, records))  # epoch ms: the decoder parsed RFC 3339 strings
+    index = np.asarray(indices, dtype=np.int64)
+    ts = np.asarray(ts_ms, dtype=np.int64)
+    if record_ts_ms is not None and len(index):
+        bound = np.asarray(record_ts_ms, dtype=np.int64)[index]
+        usable = (bound >= MIN_EVENT_TS_MS) & (bound < MAX_EVENT_TS_MS)
+        ahead = ~usable | (ts > np.where(usable, bound, 0) + max_ahead_ms)
+        if ahead.any():
+            for pos in np.flatnonzero(ahead):
+                rejected.append(Rejected(int(index[pos]), FUTURE, _future_detail(int(ts[pos]), int(bound[pos]), max_ahead_ms)))
+            keep = np.flatnonzero(~ahead)
+            index, ts = index[keep], ts[keep]
+            records = [records[p] for p in keep]
+    read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
+    kinds = set(map(type, records))
+    frame = pl.DataFrame({c: _gather(records, kinds, c) for c in read}, schema=read)
+    # Only batches that carry stages get the column (the windows take its absence for none):
+    # a batch without them costs one scan, not a column of nulls.
+    if STAGES_COLUMN in columns and any(getattr(r, STAGES_COLUMN, None) for r in records):
+        frame = frame.with_columns(stage_column(records))
+    if any(issubclass(k, EvalV1) for k in kinds) and "event_id" in read:
+        frame = frame.with_columns(pl.when(pl.col("status").is_null()).then(EVAL_ID_PREFIX + pl.col("event_id"))
+                                   .otherwise(pl.col("event_id")).alias("event_id"))
+    if "language" in read:  # BCP 47 is case-insensitive: en-US and en-us are one slice
+        frame = frame.with_columns(pl.col("language").str.to_lowercase())
+    part, offset = np.asarray(partitions, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
+    if len(index) < len(part):  # some records rejected: keep the kept records' positions
+        part, offset = part[index], offset[index]
+    frame = frame.with_columns(
+        pl.Series("ts_ms", ts, dtype=pl.Int64),
+        pl.Series("_partition", part),
+        pl.Series("_offset", offset),
+        pl.Series("_index", index),
+    )
+    rejected.sort(key=lambda r: r.index)
+    return frame, rejected
+
+
+def _gather(records: Sequence[msgspec.Struct], kinds: set[type], column: str) -> list:
+    """One column's values: one attrgetter pass where every record type has the field, None
+    where a record's type lacks it (a request's `mos`, an evaluation's `status`)."""
+    have = [column in k.__struct_fields__ for k in kinds]
+    if all(have):
+        return list(map(attrgetter(column), records))
+    if not any(have):
+        return [None] * len(records)
+    return [getattr(r, column, None) for r in records]
+
+
+def _future_detail(ts_ms: int, record_ts_ms: int, max_ahead_ms: int) -> str:
+    if not MIN_EVENT_TS_MS <= record_ts_ms < MAX_EVENT_TS_MS:
+        return f"the Kafka record's timestamp ({record_ts_ms}) cannot bound event time"
+    return f"ts is {(ts_ms - record_ts_ms) / 1000:.0f} s after its Kafka record's timestamp (bound {max_ahead_ms / 1000:.0f} s)"
+
+
+def stage_column(records: Sequence[msgspec.Struct]) -> pl.Series:
+    """The `stages` column of request records (null where a record has none)."""
+    other = STAGE_INDEX["other"]
+    values = [
+        [{"stage": STAGE_INDEX.get(name, other), "ms": ms} for name, ms in stages.items()] if stages else None
+        for stages in (getattr(r, STAGES_COLUMN, None) for r in records)
+    ]
+    return pl.Series(STAGES_COLUMN, values, dtype=STAGES_DTYPE)

@@ -1,0 +1,384 @@
+"""The runtime's Kafka source: one consumer, the partitions it reads and where each stands.
+
+It owns which partitions of which topics this process reads (a consumer group's share,
+or every partition with no group), each partition's read position (`next_offsets`), what
+is read to its end, every partition the cluster says a topic has, pausing, and the lag.
+Where a partition starts when it is taken is the operator's to say (`OffsetPolicy`): the
+store's offsets, a tier-1 resume record, or the beginning.
+
+Read positions the log no longer has (a broker that lost its data, a topic created again,
+retention past a stopped worker's position) are checked on every tick against the log's
+start and end as the last fetch saw them, and against the topic's id every few seconds
+(streams/log_reset.py decides); such a partition is read again from its start, said once in
+the log, handed to `on_log_reset` (a counter, the gap's dead letter), and keeps the worker
+not ready until it is read to its end again.
+
+Membership: with a group, `instance_id` makes the worker a static member (KIP-345) and a
+restart takes its partitions back at once. Without one (tier 2), every partition of the
+topics is assigned directly: every replica reads all of them, and a restart waits for no
+session to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tailwatch_dev.broker import is_embedded, rescue_wedged_group
+from tailwatch.ingest.kafka import KafkaSettings, make_consumer
+from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
+
+log = logging.getLogger("tailwatch.source")
+
+
+class OffsetPolicy(Protocol):
+    def start_offsets(self, source: "KafkaSource", partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+        """Where each partition just taken starts reading (None: its beginning)."""
+        ...
+
+    def revoked(self, source: "KafkaSource", topic: str, partition: int) -> None:
+        """A partition went to another member."""
+        ...
+
+
+class KafkaSource:
+    GROUP_RESCUE_AFTER_S = 15.0  # a rebalance takes a few seconds; three times the session timeout and more is not one
+    METADATA_EVERY_S = 30.0  # topics may gain partitions
+    TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
+
+    def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
+                 by_group: bool = True, instance_id: str | None = None,
+                 on_group_rescued: Callable[[], None] = lambda: None,
+                 on_log_reset: Callable[[LogReset], None] = lambda reset: None):
+        self.kafka = kafka
+        self.topics = list(topics)  # consumed
+        self.watched = list(dict.fromkeys([*topics, *watched]))  # topics whose partition sets are tracked
+        self.group_id = group_id
+        self.by_group = by_group  # False: every partition, assigned directly, no group joined
+        self.instance_id = instance_id
+        self.assigned: dict[str, set[int]] = {t: set() for t in self.topics}
+        self.eof: dict[str, set[int]] = {t: set() for t in self.topics}
+        self.partitions: dict[str, set[int]] = {}  # every partition of each watched topic (metadata)
+        self.next_offsets: dict[tuple[str, int], int] = {}  # where reading goes on, per partition
+        self.assigned_at: float | None = None
+        self.unassigned_since: float | None = None  # holding no partition since (monotonic)
+        self._policy: OffsetPolicy | None = None
+        self._checked_at = 0.0
+        self._last_rescue = 0.0
+        self._embedded: bool | None = None  # whether the cluster is the embedded broker, once asked
+        self._on_group_rescued = on_group_rescued
+        self._on_log_reset = on_log_reset
+        self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
+        self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
+        self._unsought: dict[tuple[str, int], LogReset] = {}  # reset, the seek not taken yet (retried each tick)
+        self._was_reset: set[tuple[str, int]] = set()  # until the policy's saved offsets are of the new log
+        self._read_in_unnamed_log: set[tuple[str, int]] = set()  # reset while the topic's new id was not known
+        self._ids_checked_at = 0.0
+        self._admin: AdminClient | None = None
+        self.consumer = None
+
+    # ---- membership -------------------------------------------------------------------
+    def start(self, policy: OffsetPolicy) -> None:
+        self._policy = policy
+        self.consumer = make_consumer(self.kafka, self.group_id, self.instance_id)
+        self.unassigned_since = time.monotonic()
+        if self.by_group:
+            self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self.refresh_partitions()
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+        self._admin = None
+
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned_at = time.monotonic()
+        if partitions:
+            self.unassigned_since = None
+        self.refresh_partitions(assign_new=False)
+        self._take(partitions)
+        consumer.assign(partitions)
+        # A pause outlives the assignment in librdkafka: a partition the alignment paused,
+        # then lost to a rebalance (a worker stopped past its session timeout), came back
+        # paused, and no one resumed it (the alignment lets go of a partition when it is
+        # revoked). It was never read again and the topic's minutes never closed. Taken
+        # unpaused; the alignment pauses it again if it is still ahead.
+        consumer.resume(partitions)
+
+    def _take(self, partitions: list[TopicPartition]) -> None:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        starts = self._policy.start_offsets(self, by_topic)
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            start, read = starts.get(key), self.next_offsets.get(key)
+            if key in self._was_reset:
+                if start is not None and read is not None and read < start:
+                    # Reset since the policy saved its offset, which points into the log that is gone.
+                    start = read or None
+                else:
+                    self._was_reset.discard(key)
+            tp.offset = OFFSET_BEGINNING if start is None else start
+            self.assigned[tp.topic].add(tp.partition)
+
+    def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic in self.assigned:
+                self._policy.revoked(self, tp.topic, tp.partition)
+                self.assigned[tp.topic].discard(tp.partition)
+                self.eof[tp.topic].discard(tp.partition)
+                self.resetting.pop((tp.topic, tp.partition), None)
+                self._unsought.pop((tp.topic, tp.partition), None)
+        if not any(self.assigned.values()):
+            self.unassigned_since = time.monotonic()
+
+    def refresh_partitions(self, assign_new: bool = True) -> None:
+        """Every partition of each watched topic, from the cluster's metadata; without a
+        group, new partitions of the consumed topics are assigned here."""
+        self._checked_at = time.monotonic()
+        for topic in self.watched:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
+            except Exception as exc:  # metadata is retried on the next tick; the last known set stays
+                log.warning("cannot read the partitions of %s: %s", topic, exc)
+                continue
+            if meta is not None and meta.error is None and meta.partitions:
+                self.partitions[topic] = set(meta.partitions)
+        if not self.by_group and assign_new:
+            new = [TopicPartition(t, q) for t in self.topics for q in sorted(self.partitions.get(t, ()))
+                   if q not in self.assigned[t]]
+            if new:
+                self._take(new)
+                self.consumer.incremental_assign(new)
+                self.assigned_at, self.unassigned_since = time.monotonic(), None
+
+    # ---- reading ----------------------------------------------------------------------
+    def consume(self, batch_size: int, timeout_s: float) -> dict[str, list]:
+        """The next batch, by topic; read positions move past it, end-of-partition events
+        are noted. A fatal consumer error (fenced: another process took this static
+        membership) raises."""
+        msgs = self.consumer.consume(num_messages=batch_size, timeout=timeout_s)
+        if not msgs:
+            return {}
+        # List comprehensions over the C accessors: a statement-per-message loop costs
+        # twice as much, and this is the hottest loop of the worker.
+        errors = [m.error() for m in msgs]
+        if any(e is not None for e in errors):
+            for m, err in zip(msgs, errors):
+                if err is None:
+                    continue
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if m.topic() in self.eof:
+                        self.eof[m.topic()].add(m.partition())
+                elif err.code() == KafkaError._AUTO_OFFSET_RESET and m.topic() in self.assigned:
+                    # librdkafka was told the position is out of range and went to the log's
+                    # start itself: the same policy, which must not pass in silence.
+                    self._out_of_range(m.topic(), m.partition())
+                elif err.fatal():
+                    raise RuntimeError(f"Kafka consumer failed: {err.str()}")
+                else:
+                    log.warning("consumer error: %s", err)
+            msgs = [m for m, e in zip(msgs, errors) if e is None]
+        topics = [m.topic() for m in msgs]
+        first = topics[0] if topics else None
+        if all(t == first for t in topics):
+            by_topic = {first: msgs} if msgs else {}
+        else:
+            by_topic = {t: [m for m, mt in zip(msgs, topics) if mt == t] for t in dict.fromkeys(topics)}
+        for topic, batch in by_topic.items():
+            partitions = [m.partition() for m in batch]
+            # Offsets rise within a partition, so the last one seen per partition is its highest.
+            for part, last in dict(zip(partitions, [m.offset() for m in batch])).items():
+                key = (topic, part)
+                if last + 1 > self.next_offsets.get(key, -1):
+                    self.next_offsets[key] = last + 1
+            self.eof[topic].difference_update(partitions)
+        return by_topic
+
+    def positions(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Owned partitions without an EOF seen whose log end is known: partition → (read position, log end)."""
+        out = {}
+        for part in self.assigned[topic] - self.eof[topic]:
+            try:
+                # Cached: the high offset arrives with every fetch response, no extra request.
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+            except Exception:  # unknown yet: not read to its end
+                continue
+            if high >= 0:
+                out[part] = (self.next_offsets.get((topic, part), low), high)
+        return out
+
+    def read_to_end(self, topic: str) -> set[int]:
+        """Owned partitions consumed up to the log end (EOF seen, or position ≥ high watermark)."""
+        return (self.eof[topic] & self.assigned[topic]) | {
+            part for part, (position, end) in self.positions(topic).items() if position >= end}
+
+    def pause(self, topic: str, partitions: set[int]) -> None:
+        if partitions:
+            self.consumer.pause([TopicPartition(topic, part) for part in sorted(partitions)])
+
+    def resume(self, topic: str, partitions: set[int]) -> None:
+        owned = partitions & self.assigned[topic]
+        if owned:
+            self.consumer.resume([TopicPartition(topic, part) for part in sorted(owned)])
+
+    def lag(self) -> tuple[dict[tuple[str, int], int], bool]:
+        """Messages behind the log end per owned partition, and whether every one is known."""
+        out, known = {}, True
+        for topic, parts in self.assigned.items():
+            for part in sorted(parts):
+                try:
+                    _low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+                except Exception:  # lag is best-effort telemetry; never stop the worker for it
+                    known = False
+                    continue
+                behind = high - self.next_offsets.get((topic, part), 0)
+                if high < 0 or behind < 0:  # past the end: the next tick's check says so and reads from the start
+                    known = False
+                    continue
+                out[(topic, part)] = behind
+        return out, known
+
+    def unread(self, topic: str, waited_for: set[int] = frozenset()) -> list[str]:
+        """Why `topic` is not drained: partitions (of the cluster's, plus `waited_for`) not
+        owned, or owned and not read to their end."""
+        if topic not in self.partitions:
+            return [f"{topic}: the cluster has not said which partitions it has"]
+        out = []
+        missing = sorted((self.partitions[topic] | waited_for) - self.assigned[topic])
+        behind = sorted(self.assigned[topic] - self.read_to_end(topic))
+        if missing:
+            out.append(f"{topic} partitions {missing} are not assigned to this worker")
+        if behind:
+            out.append(f"{topic} partitions {behind} are not read to their end")
+        return out
+
+    # ---- timers -----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        if now - self._checked_at >= self.METADATA_EVERY_S:
+            self.refresh_partitions()
+        self.check_positions(now)
+        self._rescue_group_if_wedged(now)
+
+    def _rescue_group_if_wedged(self, now: float) -> None:
+        """Holding no partition for a while: see whether the group is wedged on a departed
+        leader (a bug of the embedded broker, see `rescue_wedged_group`) and free it."""
+        since = self.unassigned_since
+        if not self.by_group or since is None or now - since < self.GROUP_RESCUE_AFTER_S \
+                or now - self._last_rescue < self.GROUP_RESCUE_AFTER_S:
+            return
+        self._last_rescue = now
+        if self._embedded is None:  # asked once: only the embedded broker wedges groups so
+            self._embedded = is_embedded(self.kafka.bootstrap_servers, self.kafka.base_config())
+        if not self._embedded:
+            return
+        done = rescue_wedged_group(self.kafka.bootstrap_servers, self.group_id, self.topics, self.consumer.memberid())
+        if done:
+            self._on_group_rescued()
+            log.warning("%s", done)
+
+    # ---- positions the log no longer has ------------------------------------------------
+    def check_positions(self, now: float) -> None:
+        """Judge every owned partition's read position against its log (streams/log_reset.py)
+        and reset those the log no longer has. A position past the end also has the topic's id
+        asked at once: after a re-creation every partition of the topic is read again, not only
+        those whose new log is still short."""
+        ids = self._topic_ids() if now - self._ids_checked_at >= self.TOPIC_IDS_EVERY_S else None
+        found = self._judge_all(ids or {})
+        if ids is None and any(r.reason == PAST_END for r in found):
+            ids = self._topic_ids()
+            found = self._judge_all(ids)
+        for reset in found:
+            self._reset(reset)
+            if reset.topic not in (ids or {}):
+                self._read_in_unnamed_log.add((reset.topic, reset.partition))
+        self.topic_ids.update(ids or {})
+        for key, reset in list(self._unsought.items()):
+            self._seek_start(key, reset)
+        for key in [k for k in self.resetting if k not in self._unsought and k[1] in self.read_to_end(k[0])]:
+            log.info("%s partition %d: read again to its end after the reset", *key)
+            del self.resetting[key]
+
+    def _judge_all(self, ids: dict[str, str]) -> list[LogReset]:
+        out = []
+        for topic, parts in self.assigned.items():
+            for part in sorted(parts):
+                position = self.next_offsets.get((topic, part))
+                if position is None or (topic, part) in self._unsought:
+                    continue
+                low, high = self._cached_watermarks(topic, part)
+                known = self.topic_ids.get(topic)
+                if (topic, part) in self._read_in_unnamed_log and topic in ids:
+                    # Reset while the cluster did not say the topic's id: its position is in the
+                    # log the id now names, not in the one the old id named.
+                    self._read_in_unnamed_log.discard((topic, part))
+                    known = None
+                reset = judge(topic, part, position, low, high, known, ids.get(topic))
+                if reset is not None:
+                    out.append(reset)
+        return out
+
+    def _cached_watermarks(self, topic: str, part: int) -> tuple[int, int]:
+        """The log's start and end as the last fetch response said (-1: not known). The cached
+        ones, not a ListOffsets request: the embedded broker answers that with the first
+        offset of the newest batch plus one, not the log's end."""
+        try:
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+        except KafkaException:
+            return -1, -1
+        return (low if low >= 0 else -1), (high if high >= 0 else -1)
+
+    def _topic_ids(self) -> dict[str, str]:
+        """The id of each consumed topic the cluster has now (a topic it lacks is left out)."""
+        self._ids_checked_at = time.monotonic()
+        if self._admin is None:
+            self._admin = AdminClient(self.kafka.base_config())
+        out = {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(self.topics), request_timeout=5)
+        except KafkaException as exc:
+            log.debug("cannot describe %s: %s", self.topics, exc)
+            return out
+        for topic, future in futures.items():
+            try:
+                out[topic] = str(future.result(timeout=10).topic_id)
+            except (KafkaException, TimeoutError):  # gone or unreachable now: judged when it answers
+                continue
+        return out
+
+    def _out_of_range(self, topic: str, part: int) -> None:
+        position = self.next_offsets.get((topic, part), 0)
+        low, high = self._cached_watermarks(topic, part)
+        reason = PAST_END if 0 <= high < position else BEFORE_START
+        reset = LogReset(topic, part, position, low, high, reason)
+        log.warning("%s", reset.line())
+        self._on_log_reset(reset)
+        self.next_offsets[(topic, part)] = max(low, 0)  # librdkafka already reads from the start
+        self.resetting[(topic, part)] = reset
+        self._was_reset.add((topic, part))
+
+    def _reset(self, reset: LogReset) -> None:
+        key = (reset.topic, reset.partition)
+        log.warning("%s", reset.line())
+        self._on_log_reset(reset)
+        self.resetting[key] = reset
+        self._was_reset.add(key)
+        self._seek_start(key, reset)
+
+    def _seek_start(self, key: tuple[str, int], reset: LogReset) -> None:
+        """Read the partition from the start of its log; a seek librdkafka cannot take yet (the
+        partition not fetching since its assignment) is tried again on the next tick."""
+        topic, part = key
+        try:
+            self.consumer.seek(TopicPartition(topic, part, OFFSET_BEGINNING))
+        except KafkaException:
+            self._unsought[key] = reset
+            return
+        self._unsought.pop(key, None)
+        self.next_offsets[key] = 0
+        self.eof[topic].discard(part)
