@@ -16,13 +16,19 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/tailwatch demo
 
-# Every test, the 25 slowest printed at the end.
-test: $(STAMP)
-	$(VENV)/bin/python -m pytest --durations=25
+# Test processes for `make test` (pytest-xdist), each with an embedded broker of its own. More
+# than the cores: a broker test spends most of its time waiting on workers and the broker.
+TEST_PROCESSES ?= 3
 
-# The edit loop: the tests that need no broker and are not marked slow.
+# Every test, the 25 slowest printed at the end: those marked `alone` first, by themselves (they
+# fail under the CPU contention of a parallel run), then the rest in parallel.
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "alone and not gpu" --durations=25
+	$(VENV)/bin/python -m pytest -n $(TEST_PROCESSES) -m "not alone and not gpu" --durations=25
+
+# The edit loop: the tests that need no broker and are not marked slow, one process per core.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -m "not broker and not slow and not gpu" --durations=10
+	$(VENV)/bin/python -m pytest -n auto -m "not broker and not slow and not gpu" --durations=10
 
 bench: $(STAMP)
 	$(VENV)/bin/tailwatch bench

@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a new replica: start the store from this snapshot (`tailwatch store snapshot`) and catch up "
                         "from its offsets; ignored once the store holds data")
     p.add_argument("--until-idle", type=arg_duration_s, default=None, metavar="SECONDS",
-                   help="drain, close all buckets and exit 0 after this long without new events")
+                   help="drain, close all buckets and exit 0 after this long without new events (0: as soon as every "
+                        "partition is read to its end)")
     p.add_argument("--tier", choices=("all", "1", "2"), default="all",
                    help="all: one process does everything (default); 1: a firehose worker of N, publishing "
                         "partial buckets to tw.sli, no store; 2: a replica with a store of its own, every SLO, detector and the "

@@ -1,7 +1,9 @@
 """Shared fixtures: the real embedded broker, isolated topic prefixes, free ports.
 
 A test that needs the broker fails under CI=true when the broker cannot start; it
-skips only on a developer machine without it.
+skips only on a developer machine without it. The broker is one per test process: under
+pytest-xdist (`make test`) each process starts its own, and tests share it through topic
+prefixes and groups of their own.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tailwatch_dev.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 
-BROKER_FIXTURES = {"broker", "kafka"}
+BROKER_FIXTURES = {"broker", "kafka", "own_broker"}  # own_broker: a test that restarts one of its own
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that asks for the broker is a `broker` test whether or not it says so, so that
-    `make test-fast` (-m "not broker and not slow") starts no broker."""
+    """A test that asks for the broker (the session's, or one of its own) is a `broker` test
+    whether or not it says so, so that `make test-fast` (-m "not broker and not slow") starts no
+    broker. A test that starts one in a subprocess (`tailwatch demo`, `bench`) says so itself."""
     for item in items:
         if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)

@@ -10,6 +10,7 @@ import time
 import uuid
 
 import duckdb
+import pytest
 
 from tailwatch.alerts.alertmanager import AlertLinks, AlertmanagerOutbox, to_alertmanager
 from tailwatch.ingest.producer import EventPublisher
@@ -135,6 +136,7 @@ def test_outbox_keeps_changes_while_alertmanager_is_down(tmp_path):
         proc.kill()
 
 
+@pytest.mark.slow
 def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, tmp_path):
     hook = Webhook()
     proc, url = start_alertmanager(tmp_path, hook.port)
@@ -176,6 +178,7 @@ def test_simulated_incident_pages_through_broker_worker_and_alertmanager(kafka, 
         proc.kill()
 
 
+@pytest.mark.slow
 def test_pages_raised_while_alertmanager_is_down_survive_the_worker_and_arrive_later(kafka, tmp_path):
     """The outbox is in the store: a page that fired and resolved while Alertmanager was
     down, in a worker that ended before it could deliver, is delivered by the next worker."""

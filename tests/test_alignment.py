@@ -113,6 +113,7 @@ def _drain(kafka, store, drift_s: float) -> _Watched:
     return watched
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_backlog_read_unevenly_holds_few_minutes_open_and_gives_the_same_buckets(kafka, tmp_path):
     # The Azure code trace's first 40 minutes: every fourth request into partition 1, the rest into 0.

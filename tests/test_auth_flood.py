@@ -67,6 +67,7 @@ def _poll_on(connection: http.client.HTTPConnection) -> int:
     return answer.status
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_401_says_close_and_the_server_closes_the_socket(port):
     for auth in (b"Authorization: Bearer wrong\r\n", b""):

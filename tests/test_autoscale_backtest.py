@@ -78,6 +78,7 @@ def test_the_diurnal_week_peaks_in_the_afternoon_and_rests_at_the_weekend():
     assert len(week) == 7 * 1440 and max(w.arrivals for w in week) == 100 and week[3 * 60].arrivals == 25
 
 
+@pytest.mark.slow
 def test_the_command_prints_the_table_for_a_trace():
     r = subprocess.run([sys.executable, "-m", "tailwatch", "backtest", "autoscale", "--trace", "azure-code",
                         "--rate-scale", "5", "--format", "json"], capture_output=True, text=True, timeout=120)

@@ -31,6 +31,7 @@ def _oldest_block(per_minute: np.ndarray, now: int, length: int) -> np.ndarray:
     return per_minute[max(0, tail * b): max(0, (tail + 1) * b)].sum(axis=0)
 
 
+@pytest.mark.slow
 @given(st.integers(0, 2**32 - 1))
 @settings(max_examples=25, deadline=None)
 def test_sums_equal_brute_force_within_the_oldest_block(seed):
@@ -108,6 +109,7 @@ def test_memory_per_slice_is_fixed_by_the_catalog_not_the_traffic():
     assert w.nbytes() <= 2 * (CHUNK + 64) * w.bytes_per_slice()
 
 
+@pytest.mark.slow
 def test_a_month_of_busy_traffic_keeps_the_budget_within_a_tenth_of_a_percent_of_its_events():
     """35 days of diurnal traffic with error bursts, four slices: the 30-day window's counts
     against the exact sum, every 6 hours."""

@@ -158,6 +158,7 @@ def test_a_pool_without_breach_under_its_planning_target_is_never_told_to_grow(
     assert sat.desired_replicas > current >= d.desired_replicas
 
 
+@pytest.mark.slow
 def test_capacity_measured_says_what_the_store_lacks(tmp_path):
     """No capacity measured is explained by what the store holds: no signal stage, no GPU
     samples, or GPU minutes that never held 3 sustained minutes within the SLO."""

@@ -40,6 +40,7 @@ def _broker_available() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(600)
 def test_chaos_run_keeps_the_store_exact(tmp_path):

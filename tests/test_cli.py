@@ -23,6 +23,7 @@ def one_line_error(result, code=2):
     return err
 
 
+@pytest.mark.slow
 def test_no_broker_says_how_to_start_one(tmp_path):
     port = free_port()
     r = tw("produce", str(tmp_path / "x.jsonl"), "--bootstrap-servers", f"127.0.0.1:{port}")
@@ -42,6 +43,7 @@ def test_default_broker_hint_names_tailwatch_broker(monkeypatch):
         ensure_reachable(KafkaSettings(bootstrap_servers=k.DEFAULT_BOOTSTRAP))
 
 
+@pytest.mark.slow
 def test_bad_flags_and_config_are_one_line(tmp_path):
     r = tw("worker", "--until-idle", "soon")
     assert r.returncode == 2 and "not a duration" in r.stderr.decode()
@@ -55,6 +57,7 @@ def test_bad_flags_and_config_are_one_line(tmp_path):
     assert "no store at" in one_line_error(r)
 
 
+@pytest.mark.slow
 def test_collect_gpu_without_a_driver_exits_2_with_one_line():
     r = tw("collect", "gpu", "--print", "--count", "1")
     if r.returncode == 0:
@@ -63,6 +66,7 @@ def test_collect_gpu_without_a_driver_exits_2_with_one_line():
     assert "no NVIDIA driver" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_simulator_is_deterministic_for_a_seed_and_writes_truth(tmp_path):
     outs = []
     for name in ("a", "b", "c"):
@@ -134,6 +138,8 @@ def test_produce_and_sql_round_trip(kafka, tmp_path):
     assert got == n_good
 
 
+@pytest.mark.broker  # starts an embedded broker of its own
+@pytest.mark.slow
 def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     """The README's first command, shortened: broker, simulator, worker with its stages, summary."""
     store = tmp_path / "demo.duckdb"
@@ -166,6 +172,8 @@ def test_the_demo_runs_end_to_end_with_every_stage(tmp_path):
     check_readiness_on_the_demo_store(store, tmp_path, canary)
 
 
+@pytest.mark.broker  # starts an embedded broker of its own
+@pytest.mark.slow
 def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_worker_prints(tmp_path):
     """`demo --workers 2`: two tier-1 processes share the firehose, the tier-2
     writer lands their partials; every SLI, page, detection and signal equals one worker's."""
@@ -224,6 +232,8 @@ def check_readiness_on_the_demo_store(store, tmp_path, demo_canary_line: str):
     assert "known: duplex-s2s-1, llama-3.1-70b" in unknown.stderr and not (tmp_path / "none").exists()
 
 
+@pytest.mark.broker  # starts an embedded broker of its own
+@pytest.mark.slow
 def test_bench_shapes_replay_a_public_trace_through_every_stage():
     """The shape bench on traffic nobody here generated (the Mooncake trace, its first
     trace-hour at its own pace): every request reaches the worker, minutes close, and the

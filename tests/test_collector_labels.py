@@ -171,6 +171,7 @@ def scraped_once(port: int, want: dict[str, str], timeout_s: float = 20.0) -> st
     pytest.fail(f"prometheus did not scrape {want} in {timeout_s} s")
 
 
+@pytest.mark.slow
 def test_dcgm_and_vllm_pages_through_the_generated_rules_answer_autoscale_and_judge_the_canary(prometheus, broker,
                                                                                              tmp_path):
     from tailwatch.ingest.kafka import KafkaSettings, ensure_topics

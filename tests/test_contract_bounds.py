@@ -20,6 +20,7 @@ def kafka(broker) -> KafkaSettings:
     return settings
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.parametrize("tier", ["all", "1"])
 def test_numbers_past_the_bounds_are_dead_letters_and_at_the_bounds_sum_exactly(kafka, tmp_path, tier):

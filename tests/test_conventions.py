@@ -5,6 +5,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tailwatch import conventions
 from tailwatch.streams.metrics import HttpMetrics, WorkerMetrics
 
@@ -33,6 +35,7 @@ def _code_strings(path: Path):
             yield node
 
 
+@pytest.mark.slow
 def test_no_module_spells_a_metric_name_of_its_own():
     spelled = [f"{p.relative_to(ROOT)}:{node.lineno}: {m}"
                for p in _sources()
@@ -65,6 +68,7 @@ def test_each_name_is_defined_once_and_follows_prometheus_conventions():
         assert not name.endswith(("_bucket", "_count", "_sum", "_created")), name  # the exposition adds those
 
 
+@pytest.mark.slow
 def test_every_name_is_used_and_every_family_the_worker_exposes_is_named():
     used = set()
     for p in _sources():

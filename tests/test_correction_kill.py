@@ -15,6 +15,7 @@ import time
 
 import duckdb
 import msgspec
+import pytest
 
 from tests.conftest import free_port
 from tests.test_faults import produce
@@ -29,6 +30,7 @@ def corrected(port: int) -> float | None:
     return sum(values) if values else None
 
 
+@pytest.mark.slow
 def test_sigkill_during_corrections_gives_the_unkilled_store(kafka, tmp_path):
     events, _, silent_zone, minute_of = trace_requests()
     enc = msgspec.json.Encoder()

@@ -169,6 +169,7 @@ def test_the_live_gpu_time_counter_shares_busy_time_by_tokens_with_its_basis(vll
         assert live[tenant] == pytest.approx(true[tenant], rel=0.03), tenant
 
 
+@pytest.mark.slow
 def test_a_busy_vllm_pool_is_not_read_as_idle_by_the_autoscaler(vllm_store):
     """Demand is GPU time; requests that report none must not make a busy pool's demand zero
     (which would ask KEDA for the minimum). The backtest replays what the live view answers."""

@@ -214,6 +214,8 @@ def run_queries(url: str, dashboards: list[dict], started: float, variables: dic
     return checked, failures
 
 
+@pytest.mark.alone  # bounds on wall-clock data age: run by itself, after the parallel part
+@pytest.mark.slow
 def test_every_panel_query_returns_data_from_a_real_prometheus(live):
     url, feed = live["url"], live["feed"]
     wait_for_alerts(url, feed)
@@ -293,6 +295,7 @@ def vllm_live(broker, tmp_path_factory):
     yield from live_worker(broker, tmp_path_factory.mktemp("vllm-dashboards"), VllmFeed, "v")
 
 
+@pytest.mark.alone  # bounds on wall-clock data age: run by itself, after the parallel part
 def test_a_vllm_fleet_gets_data_or_the_reason_on_every_panel(vllm_live):
     """What a fleet of vLLM servers sends (no per-request GPU time, no stream endings, no
     profiling fields): every query has data or its panel names the field it lacks, and the cost

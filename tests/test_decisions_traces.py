@@ -237,6 +237,7 @@ def autoscale_run(trace_snapshots):
     return {m: snap.pools for m, snap in trace_snapshots.items()}
 
 
+@pytest.mark.slow
 def test_shedding_on_the_trace_leaves_the_calm_pool_alone_and_degrades_the_saturated_one(trace_snapshots):
     """GET /v1/shed on the public trace: all realtime traffic of one tenant, so no batch to
     delay; the saturated pool's advice starts where something can be freed."""
@@ -259,6 +260,7 @@ def test_shedding_on_the_trace_leaves_the_calm_pool_alone_and_degrades_the_satur
     assert pressed > 20
 
 
+@pytest.mark.slow
 def test_a_calm_pool_on_the_trace_is_never_scaled_out(autoscale_run):
     seen = 0
     for m, pools in autoscale_run.items():
@@ -276,6 +278,7 @@ def test_a_calm_pool_on_the_trace_is_never_scaled_out(autoscale_run):
     assert 0.4 < work < 0.9
 
 
+@pytest.mark.slow
 def test_the_saturated_pool_gets_more_replicas_than_the_calm_one(autoscale_run):
     breached = 0
     for m, pools in autoscale_run.items():
@@ -297,6 +300,7 @@ def test_the_saturated_pool_gets_more_replicas_than_the_calm_one(autoscale_run):
     assert last["desired_replicas"] <= 4 * REPLICAS
 
 
+@pytest.mark.slow
 def test_every_pool_answer_says_which_bound_decided(autoscale_run):
     for pools in autoscale_run.values():
         for scoped in pools.values():
@@ -326,6 +330,7 @@ def verdicts(canary: Canary, seed: int, rate: float = 0.7) -> dict[int, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_a_canary_failing_8_percent_at_15_percent_traffic_is_rolled_back_within_10_minutes():
     canary = Canary(error_rate=0.08, start_minute=5)
     seq = verdicts(canary, seed=21)
@@ -340,6 +345,7 @@ def test_a_canary_failing_8_percent_at_15_percent_traffic_is_rolled_back_within_
     assert all(seq[m]["verdict"] == "rollback" for m in seq if m >= first + 2)
 
 
+@pytest.mark.slow
 def test_a_healthy_canary_costing_2_2x_per_token_is_never_promoted():
     seq = verdicts(Canary(gpu_seconds_factor=2.2), seed=22)
     assert not [m for m, v in seq.items() if v["verdict"] == "promote"]
@@ -352,6 +358,7 @@ def test_a_healthy_canary_costing_2_2x_per_token_is_never_promoted():
     assert cost["lower"] > 1.5 and cost["ratio"] == pytest.approx(2.2, rel=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [23, 24, 25])
 def test_a_canary_equal_to_stable_is_never_rolled_back_and_is_promoted(seed):
     # 20% of 3x the trace's rate: ~2,200 canary requests in the window. At 15% of 0.7x (~600)
@@ -372,6 +379,7 @@ def _same_json(a, b) -> bool:
     return json.loads(msgspec.json.encode(a)) == json.loads(_TO_JSON.encode(b))
 
 
+@pytest.mark.slow
 def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(autoscale_run):
     """The API converts the view's answers to the Structs its OpenAPI document is generated
     from: on the public trace, each converts and comes back equal, so no key of a real
@@ -388,6 +396,7 @@ def test_every_answer_on_the_trace_fits_its_documented_type_and_loses_nothing(au
 
 # ---- rollout on quality by language slice -----------------------------------------------
 
+@pytest.mark.slow
 def test_a_canary_better_on_global_wer_but_worse_in_one_language_is_rolled_back_naming_it():
     """The trace's answers (at 2× its rate) as utterances, their lengths as reference words, a
     language each and 30% of them scored; a 30% canary whose WER is 0.7× stable's everywhere but
@@ -412,6 +421,7 @@ SIX_LANGUAGES = (("en-us", 0.45, 0.055), ("es-es", 0.2, 0.07), ("de-de", 0.12, 0
                  ("ja-jp", 0.08, 0.11), ("pt-br", 0.05, 0.064))
 
 
+@pytest.mark.slow
 def test_a_canary_2_3x_worse_in_a_language_with_5_percent_of_the_traffic_is_never_promoted():
     """Better everywhere else (0.85x) and so better globally, 2.27x worse in Portuguese
     (6.4% -> 14.5%): while Portuguese's evidence could not show 1.5x at the corrected alpha
@@ -434,6 +444,7 @@ def test_a_canary_2_3x_worse_in_a_language_with_5_percent_of_the_traffic_is_neve
     assert {seq[m]["verdict"] for m in seq if m >= min(rolled)} <= {"rollback", "pause"}
 
 
+@pytest.mark.slow
 def test_a_canary_better_in_every_language_is_never_held_for_quality_and_is_promoted():
     seq = verdicts(Canary(share=0.3, wer_factors=(("", 0.9),)), seed=24, rate=4.0)
     held = {m: v["reasons"] for m, v in seq.items() if v["verdict"] in ("rollback", "pause")}
@@ -443,6 +454,7 @@ def test_a_canary_better_in_every_language_is_never_held_for_quality_and_is_prom
     assert {k: s["verdict"] for k, s in last["metrics"]["wer"]["slices"].items()} == dict.fromkeys(WER, "pass")
 
 
+@pytest.mark.slow
 def test_a_canary_that_stutters_on_the_traces_answers_is_rolled_back_on_underruns_alone():
     """The trace's answers as spoken streams: 0.3% of stable's stutter, 4× on the canary,
     nothing else different. Rolled back on underruns, never promoted first."""
@@ -455,6 +467,7 @@ def test_a_canary_that_stutters_on_the_traces_answers_is_rolled_back_on_underrun
     assert not [m for m in seq if m < min(rolled) and seq[m]["verdict"] == "promote"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [23, 24])
 def test_a_canary_that_stutters_no_more_is_never_held_for_underruns_and_is_promoted(seed):
     seq = verdicts(Canary(share=0.3, underrun_factor=1.0), seed=seed, rate=6.0)

@@ -350,6 +350,7 @@ def test_collector_and_dcgm_files_match_what_the_adapter_reads(generated):
     assert {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"} <= set(rows)
 
 
+@pytest.mark.slow
 def test_defaults_alone_deploy_and_a_bad_settings_file_is_one_line(tmp_path, validators):
     written = write(DeploySettings(), load_slos(DEFAULT_SLOS), Path(DEFAULT_SLOS).read_text(), "", None,
                     tmp_path / "out", environ={})
@@ -363,6 +364,7 @@ def test_defaults_alone_deploy_and_a_bad_settings_file_is_one_line(tmp_path, val
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "bad.yaml" in run.stderr
 
 
+@pytest.mark.slow
 def test_canaries_without_a_flagger_token_are_refused(tmp_path):
     settings = tmp_path / "d.yaml"
     settings.write_text(SETTINGS)

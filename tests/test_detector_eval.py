@@ -41,6 +41,7 @@ def _suite(kafka, tmp_path, seed):
     return _runs[seed]
 
 
+@pytest.mark.slow
 def test_suite_meets_the_targets_on_the_fixed_seed(kafka, tmp_path):
     run = _suite(kafka, tmp_path, FIXED_SEED)
     days = run.minutes / 1440
@@ -54,6 +55,7 @@ def test_suite_meets_the_targets_on_the_fixed_seed(kafka, tmp_path):
     assert run.scores["queue_age"].median_delay_minutes <= 3
 
 
+@pytest.mark.slow
 def test_suite_on_another_seed_reports_every_detector(kafka, tmp_path):
     run = _suite(kafka, tmp_path, 11)
     for name in DETECTOR_NAMES:
@@ -63,6 +65,7 @@ def test_suite_on_another_seed_reports_every_detector(kafka, tmp_path):
     assert sum(s.hit for s in run.scores.values()) >= len(DETECTOR_NAMES) // 2
 
 
+@pytest.mark.slow
 def test_anomaly_model_and_detections_survive_a_worker_restart(kafka, tmp_path):
     reference = _suite(kafka, tmp_path, FIXED_SEED)
     # The reference ran on topics of its own prefix; this run gets fresh topics.

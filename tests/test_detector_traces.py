@@ -31,6 +31,9 @@ from tailwatch_dev.eval_detectors import (
 
 from .conftest import AZURE_TRACE, MOONCAKE_TRACE, need
 
+# Its module fixture replays both public traces through the detectors (minutes on two cores).
+pytestmark = pytest.mark.slow
+
 SEED = 7
 MINUTES = 720  # half a day per run: a quiet half day and one with incidents (1-2 of each kind)
 FAST = ("retry_storm", "queue_age")

@@ -750,6 +750,7 @@ def _heavy_cost_minutes(n: int, seed: int, factor: float = 1.0, start: int = 0, 
     return out
 
 
+@pytest.mark.slow
 def test_cost_regression_does_not_fire_on_heavy_tailed_quiet_work_and_finds_a_real_rise():
     cfg = CostRegressionConfig()
     old = CostRegressionConfig(window_minutes=5, baseline_minutes=60, min_baseline_minutes=20, z=0.0)

@@ -63,7 +63,7 @@ def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(kaf
     produce(kafka, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
     store = tmp_path / "tw.duckdb"
     for _ in range(2):  # and a restart reads past it again, no crash loop
-        w = build(settings(kafka, store, until_idle_s=2.0))
+        w = build(settings(kafka, store, until_idle_s=0))
         assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason, size_bytes, sha256 FROM dead_letter").fetchall() == [
@@ -80,7 +80,7 @@ def test_a_copy_kafka_refuses_is_counted_and_the_store_keeps_it(kafka, tmp_path)
     refusing = type(kafka)(kafka.bootstrap_servers, kafka.topic_prefix, {"message.max.bytes": "1000"})
     produce(kafka, [(0, request(1, T0_MS)), (0, b"{" + b"x" * 5000)])
     store = tmp_path / "tw.duckdb"
-    w = build(settings(refusing, store, until_idle_s=2.0, publish_sli=False))
+    w = build(settings(refusing, store, until_idle_s=0, publish_sli=False))
     assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason FROM dead_letter").fetchall() == [("malformed_json",)]
@@ -184,7 +184,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     assert con.execute("SELECT count(*) FROM sli_minute").fetchone()[0] == 0
     con.close()
     # The next start, with Kafka taking them: every request lands, and every minute's copy.
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     requests, rows = con.execute("SELECT sum(requests), count(*) FROM sli_minute").fetchone()
     con.close()
@@ -195,6 +195,7 @@ def test_a_stop_while_kafka_takes_no_copies_commits_no_minute_past_them(kafka, t
     assert len(requests_copies) == rows
 
 
+@pytest.mark.slow
 def test_a_broker_down_is_a_log_line_a_window_not_twenty_a_second(caplog, monkeypatch):
     """librdkafka logs every failed connection: with nobody on the port, one consumer tried 19
     times a second. The worker's log gets the first, then one per window that counts the rest."""
@@ -321,6 +322,7 @@ def _trace_halves(kafka):
     return events, placed[:len(placed) // 2], placed[len(placed) // 2:]
 
 
+@pytest.mark.slow
 def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not_stop_it(kafka, tmp_path, caplog):
     """A long query (`tailwatch sql`, a report, a DuckDB shell) holds the store's file between
     two of the worker's releases. The worker cannot checkpoint meanwhile; it used to give up
@@ -333,7 +335,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     events, first, second = _trace_halves(kafka)
     produce(kafka, first)
     store = tmp_path / "tw.duckdb"
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     produce(kafka, second)
     caplog.set_level(logging.WARNING, logger="tailwatch.store")
     reader = _hold_store(store, 65.0)
@@ -384,7 +386,7 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     said = [r.getMessage() for r in caplog.records if "held by another process" in r.getMessage()]
     assert said and "stopping without writing to it" in said[0], said
     # The next start resumes from the last checkpoint: every request, once.
-    assert build(settings(kafka, store, until_idle_s=2.0)).run() == 0
+    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
 
@@ -406,6 +408,7 @@ def test_the_state_is_measured_as_often_as_settings_say(kafka, tmp_path):
     assert measured(seldom) == at_start
 
 
+@pytest.mark.slow
 def test_healthz_says_when_the_api_view_stands_on_less_than_was_read(kafka, tmp_path):
     # Read in batches of 100, so the view's first rebuild comes before the last event.
     produce(kafka, [(0, request(i, T0_MS + i * 25)) for i in range(2000)])

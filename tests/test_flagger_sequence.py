@@ -217,6 +217,8 @@ def wait_for_minute(port: int, through: int) -> None:
     pytest.fail(f"the view did not reach {as_of}")
 
 
+@pytest.mark.alone  # bounds on wall-clock data age: run by itself, after the parallel part
+@pytest.mark.slow
 def test_flagger_moves_a_healthy_canary_off_weight_0_to_promotion_and_rolls_back_a_failing_one(worker):
     port, traffic = worker
     url = "http://127.0.0.1:8000"  # each hook's path is called on the worker's port

@@ -162,6 +162,7 @@ def test_useful_utilisation_gauges_where_gpus_report_gpm(fleet):
     assert "llm-us-east-1b-realtime" in by_pool("tailwatch_gpu_sm_active_ratio")
 
 
+@pytest.mark.slow
 def test_counters_only_increase_and_stale_gauges_go(fleet):
     _sim, requests, gpu = fleet
     stage = FleetMetrics(FleetMetricsConfig(stale_minutes=2))
@@ -201,6 +202,7 @@ def test_tenants_are_capped_into_other(fleet):
     assert total_requests == requests["requests"].sum()
 
 
+@pytest.mark.slow
 def test_series_stay_within_the_label_set_budget_at_20000_slices():
     """The bench's 20,000 slices (inventory labels that multiply out): named label sets stop
     at the budget, the rest fold into `other`, and every total and every breakdown by a kept
@@ -265,6 +267,7 @@ BASE_UNITS_FORBIDDEN = re.compile(r"_(ms|milliseconds|percent|pct|kb|mb|gb|minut
 UNIT_EXCEPTIONS: set[str] = set()
 
 
+@pytest.mark.slow
 def test_exported_metric_names_follow_prometheus_conventions(fleet):
     """Every metric the worker exports: tailwatch_ prefix, counters end in _total and
     nothing else does, base units (seconds, bytes, ratios 0-1), snake case."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,7 @@ def outcome(batch_result, index: int):
     return msgspec.to_builtins(batch_result.records[batch_result.indices.index(index)])
 
 
+@pytest.mark.slow
 def test_the_mutation_fuzzer_keeps_every_invariant():
     report = run(6_000, seed=11)
     assert report.violations == [], report.lines()
@@ -97,6 +99,7 @@ def test_the_bounds_leave_no_sum_room_to_wrap():
     assert 2**127 // int(MAX_REQUEST_GPU_SECONDS * MICRO) > 10**23
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field=st.sampled_from(FIELDS + ["unknown_field"]), value=json_values, raw_unicode=st.booleans())
 def test_any_json_value_in_any_field_is_its_record_alone(field, value, raw_unicode):
@@ -110,6 +113,7 @@ def test_any_json_value_in_any_field_is_its_record_alone(field, value, raw_unico
     assert [outcome(among, i)["event_id"] for i in (0, 2)] == ["e0", "e2"]  # the neighbours are untouched
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(which=st.integers(min_value=0, max_value=40), seed=st.integers(0, 2**16))
 def test_records_that_only_parse_joined_never_forge_an_event(which, seed):

@@ -4,6 +4,7 @@ power rule that turns "no harm seen" into a pass only where harm would have show
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from tailwatch.signals.evidence import count_power, rank_power
@@ -13,6 +14,7 @@ from tailwatch.signals.rollout import sequential_error_p_value, sequential_error
 @settings(max_examples=12, deadline=None)
 @given(rate=st.floats(0.005, 0.2), canary_share=st.floats(0.05, 0.5), per_minute=st.integers(20, 400),
        seed=st.integers(0, 2**31 - 1))
+@pytest.mark.slow
 def test_repeated_looks_at_stationary_null_data_rarely_ever_reject(rate, canary_share, per_minute, seed):
     """Canary and stable fail alike; a poller looks after every one of 60 minutes. The share
     of canaries ever rejected at alpha (the running p-value at or under it at any look) stays

@@ -89,6 +89,7 @@ def rows(store: Path, sql: str) -> list[tuple]:
 
 # ---- records --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.parametrize("tier", ["all", "1"])
 def test_records_nested_past_the_recursion_limit_are_dead_letters_not_a_crash_loop(kafka, tmp_path, tier):
@@ -143,6 +144,7 @@ def test_records_that_only_parse_when_joined_forge_no_event(kafka, tmp_path):
     assert sorted(rows(store, "SELECT source_offset, reason FROM dead_letter")) == [(1, "malformed_json"), (2, "malformed_json")]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_frontier_an_older_release_let_a_bad_record_move_is_repaired_at_start(kafka, tmp_path):
     store = tmp_path / "tw.duckdb"
@@ -162,6 +164,7 @@ def test_a_frontier_an_older_release_let_a_bad_record_move_is_repaired_at_start(
     assert rows(store, "SELECT count(*) FROM dead_letter WHERE reason = 'late'") == [(0,)]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_second_writer_on_the_same_file_by_any_path_refuses_to_start_naming_the_first(kafka, tmp_path):
     """The writer lock used to follow the path string: the same file through a symlink got two

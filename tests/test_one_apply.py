@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tailwatch.deploy.generate import FLAGGER_TOKEN_ENV, write
@@ -45,6 +46,7 @@ def _alerts(objects) -> list[dict]:
     return [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.slow
 def test_the_collector_runs_with_discovery_rbac_and_its_generated_config(tmp_path):
     objects = generate(tmp_path)
     collector = objects["otel-collector.yaml"]
@@ -69,6 +71,7 @@ def test_the_collector_runs_with_discovery_rbac_and_its_generated_config(tmp_pat
     assert dcgm["metadata"]["namespace"] == "gpu-operator" and list(dcgm["data"]) == ["dcgm-metrics.csv"]
 
 
+@pytest.mark.slow
 def test_release_and_team_on_every_object_and_one_paging_path(tmp_path):
     validators = Validators()
     objects = generate(tmp_path / "worker", "release: kube-prometheus-stack\nteam: ml-platform\n")

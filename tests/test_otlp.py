@@ -116,10 +116,12 @@ def fleet():
     return [e for e in events if isinstance(e, RequestV1)]
 
 
+@pytest.mark.slow
 def test_sdk_spans_map_back_to_their_requests_in_both_encodings(fleet):
     assert_spans_map_back(fleet)
 
 
+@pytest.mark.slow
 def test_the_azure_trace_as_sdk_spans_maps_back_to_its_requests():
     """Traffic we did not generate: the public Azure code trace's first 3,000 requests."""
     requests = list(TraceReplay(rows=read_any_trace(AZURE_CODE_TRACE)[:3000], seed=3).events())

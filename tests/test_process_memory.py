@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tailwatch.store.connection import StoreSession
 from tailwatch.streams.process_memory import HOLDERS, process_memory, rss_parts
@@ -33,6 +34,7 @@ def test_the_holders_add_up_to_the_resident_set():
     assert abs(sum(held.values()) - rss) <= 8 << 20, (held, rss)
 
 
+@pytest.mark.slow
 def test_a_large_array_is_glibc_memory_in_use_and_leaves_with_it():
     before = process_memory()["malloc_in_use"]
     block = np.ones(40_000_000 // 8 * 8)  # 320 MB, touched

@@ -357,6 +357,7 @@ def test_quiet_fleet_across_midnight_is_not_flagged(broker, tmp_path_factory, tm
 
 # ---- the H100 lab run: time-shared GPU, no task_success -----------------------------------
 
+@pytest.mark.slow
 def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
     """Four replicas time-sharing one H100 reported 920 GPU-s in 7 minutes of one GPU (420 GPU-s):
     before, $1.02 attributed against a $0.47 fully loaded cost, and 0 turns (no task_success)."""
@@ -398,6 +399,7 @@ def test_h100_lab_costs_add_up_and_turns_are_counted(tmp_path):
     assert (csv["attribution_scale"] < 1).all() and out.fleet_total_usd == pytest.approx(fleet_usd)
 
 
+@pytest.mark.slow
 def test_readiness_of_the_real_h100_run_names_its_saturated_pool_and_what_it_could_not_tell(tmp_path):
     """Overload advice on real telemetry: one H100 serving an LLM, overloaded (most requests shed,
     queue age up to 11 s), with two sources per GPU and no KV-cache or stream-ending fields."""

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tailwatch"
 DEV = ROOT / "dev" / "tailwatch_dev"
@@ -63,6 +65,7 @@ def _imports() -> set[tuple[str, str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_room_imports_only_rooms_below_it():
     upward = [(module, target) for module, room, target in _imports() if ORDER.index(target) < ORDER.index(room)]
     assert upward == [], "imports that point up: " + ", ".join(f"{m} → {t}" for m, t in upward)

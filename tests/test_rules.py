@@ -14,6 +14,9 @@ from tests.conftest import need
 
 PROMTOOL = shutil.which("promtool")
 
+# promtool checks and unit-tests the generated rules: minutes of CPU on two cores.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):

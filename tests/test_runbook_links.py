@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
 
 from tailwatch import runbooks
 from tailwatch.alerts.alertmanager import LOCAL_RUNBOOK_BASE_URL, detector_runbook
@@ -41,6 +42,7 @@ def linked_runbooks() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_runbook_link_the_tool_writes_is_a_file_the_package_installs(tmp_path):
     # setuptools' own build of the packages, as `pip install .` in the image runs it
     built = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "egg_info",

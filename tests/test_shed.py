@@ -69,6 +69,7 @@ def test_stable_ids_make_the_plan_independent_of_arrival_order():
                           st.integers(0, 4), st.integers(0, 12), st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])),
                 unique_by=lambda g: (g[0], g[1]), max_size=6),
        st.sampled_from([0.0, 0.5, 2.0, 7.25, 40.0]))
+@pytest.mark.slow
 def test_group_admission_counts_what_admitting_each_request_would(groups, capacity):
     gs = [RequestGroup(t, c, p, n, cost) for t, c, p, n, cost in groups]
     singles = [AdmissionRequest(f"{g.id}\x1f{i:04d}", g.priority, g.cost) for g in gs for i in range(g.requests)]
@@ -116,6 +117,7 @@ def busy_snapshot():
                          [], wall_s=0.0)
 
 
+@pytest.mark.slow
 def test_shedding_advice_delays_the_batch_jobs_first_with_the_load_they_free(busy_snapshot):
     body = msgspec.to_builtins(busy_snapshot.shed[POOL].body)
     assert body["under_pressure"] and any("queue age" in p for p in body["pressure"]), body["pressure"]
@@ -133,6 +135,7 @@ def test_shedding_advice_delays_the_batch_jobs_first_with_the_load_they_free(bus
         msgspec.json.decode(msgspec.json.encode(body), type=dict)
 
 
+@pytest.mark.slow
 def test_a_calm_pool_gets_no_shedding(busy_snapshot):
     body = msgspec.to_builtins(busy_snapshot.shed[CALM_POOL].body)
     assert not body["under_pressure"] and body["pressure"] == []

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 
 import duckdb
+import pytest
 
 from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
@@ -48,6 +49,7 @@ def accepted(port) -> float:
     return sum(_metric_values(port, "tailwatch_events_total", 'outcome="accepted"') or [])
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_gives_the_same_buckets(kafka, tmp_path):
     sim = FleetSimulator("mixed-fleet", minutes=40, seed=21, rate_scale=0.5)
     pub = EventPublisher(kafka)
@@ -178,6 +180,7 @@ def _settled_answers(proc, port: int, pools, canaries, timeout_s: float = 240.0)
     raise AssertionError(f"the answers did not settle: {previous}")
 
 
+@pytest.mark.slow
 def test_signal_answers_after_sigkills_equal_an_unkilled_run(kafka, tmp_path):
     """Autoscalers and rollout controllers poll a worker that may have been SIGKILLed and
     restarted on its DuckDB store: it must answer exactly what a worker that was never

@@ -274,6 +274,7 @@ slos:
     assert [r[1] for r in together["lat"]] == [("a",), ("b",), ("a",), ("None",)]  # slices in order, a null last
 
 
+@pytest.mark.slow
 def test_slo_check_command_exit_codes(tmp_path):
     import subprocess
     import sys
@@ -390,6 +391,7 @@ def test_the_alert_windows_come_from_the_catalog_of_the_slo_period(tmp_path):
     assert [w.long_minutes for w in week.alert_windows] == [14, 84, 336, 1008]
 
 
+@pytest.mark.slow
 def test_a_restart_takes_the_alerts_firing_from_the_store_and_then_decides_as_a_run_that_never_stopped(tmp_path):
     """A restart rebuilds the windows from the store's minutes without judging each of them
     again, and adopts the alerts the store holds as firing: from then on it decides what a

@@ -3,6 +3,7 @@ a selector that matches no data is named by `slo check --store`, the worker and 
 
 import subprocess
 import sys
+import pytest
 
 from tailwatch.slo.unmatched import UnmatchedSelectors
 from tailwatch.slo.spec import load_slos
@@ -49,6 +50,7 @@ def test_six_mistakes_in_two_slos_are_all_reported_in_one_run(tmp_path):
     assert r.stderr.splitlines()[-1].endswith("6 problems")
 
 
+@pytest.mark.slow
 def test_a_runbook_beside_the_slo_file_or_packaged_is_found(tmp_path):
     (tmp_path / "runbooks").mkdir()
     (tmp_path / "runbooks" / "ours.md").write_text("# ours\n")

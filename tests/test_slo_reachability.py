@@ -34,6 +34,7 @@ def test_the_default_wer_slo_can_page_and_says_its_fast_window_was_capped():
     assert "page-fast" in {c.window.name for c in changes if c.state == "firing"}
 
 
+@pytest.mark.slow
 def test_slo_check_names_an_alert_window_that_can_never_fire(tmp_path):
     path = tmp_path / "slos.yaml"
     path.write_text("""
@@ -85,6 +86,7 @@ def test_a_new_slice_does_not_ticket_on_minutes_of_a_three_day_window(tmp_path):
     assert "ticket-slow" not in table.views[0].status().young
 
 
+@pytest.mark.slow
 def test_the_worker_refuses_a_file_with_an_alert_that_can_never_fire(tmp_path):
     path = tmp_path / "slos.yaml"
     path.write_text(TICKETS + "    alert_windows:\n      - {name: hopeless, budget_share: 0.5, long: 1h}\n")

@@ -27,6 +27,7 @@ def rows(path, table="sli_minute", order=ORDER):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_replica_restored_from_a_snapshot_catches_up_to_the_same_rows(kafka, tmp_path):
     events = list(FleetSimulator("mixed-fleet", minutes=30, seed=5, rate_scale=0.3).events())
     first = [e for e in events if e.ts < events[0].ts + 15 * 60_000]
@@ -93,6 +94,7 @@ def test_a_snapshot_from_a_newer_release_is_refused_in_one_line(tmp_path):
         snapshot.restore(tmp_path, tmp_path / "other.duckdb")
 
 
+@pytest.mark.slow
 def test_the_restore_bench_builds_a_fleets_month_with_the_window_operator_and_times_a_start_on_it(tmp_path):
     """`tailwatch bench --restore-fleet`'s store: every slice's request of every hour closed
     into its own minute row, the frontier past the newest minute; the restore bench then

@@ -148,6 +148,7 @@ def test_the_restore_bench_writes_a_busy_fleets_hours_one_row_per_slice_and_minu
     assert frontier == newest + 1
 
 
+@pytest.mark.slow
 def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_holds(tmp_path, monkeypatch):
     """The detectors' start reads their history in runs of whole minutes (a big fleet's hours
     at once took gigabytes): a run a minute gives the state of one run for everything, seen
@@ -183,6 +184,7 @@ def test_detectors_rebuilt_in_runs_of_minutes_hold_what_one_read_of_the_history_
     assert whole[1] == T0 + 31 and any(e["detector"] == "retry_storm" for e in whole[0])
 
 
+@pytest.mark.slow
 def test_the_signal_view_rebuilt_in_runs_of_minutes_answers_as_one_read_does(tmp_path, monkeypatch):
     """The signal view's start reads its 30 minutes in runs of whole minutes (at 100,000 busy
     slices one read held 7 GiB): a run a minute gives the same answers and measured capacity."""

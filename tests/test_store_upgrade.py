@@ -44,6 +44,7 @@ def _counts(path: Path) -> dict[str, int]:
 @pytest.mark.parametrize("fixture, version", [("schema-1.duckdb.gz", 1), ("schema-2.duckdb.gz", 2),
                                               ("schema-3.duckdb.gz", 3), ("schema-4.duckdb.gz", 4),
                                               ("schema-5.duckdb.gz", 5)])
+@pytest.mark.slow
 def test_a_store_of_an_earlier_release_is_migrated_and_restores_the_worker(tmp_path, fixture, version):
     path = _unpack(fixture, tmp_path)
     before = _counts(path)

@@ -66,6 +66,7 @@ def test_inter_token_quantiles_are_within_the_sketch_accuracy_of_exact_values():
     assert sum(h["n"] for h in rows["inter_token_ms_hist"][0]) == len(itl)
 
 
+@pytest.mark.slow
 def test_an_inter_token_slo_pages_on_a_decode_slowdown_while_first_token_stays_healthy(pages):
     itl = [(m, c) for m, c in pages if c.slo == "llm-realtime-inter-token"]
     assert any(c.severity == "page" and c.labels["zone"] == "us-east-1a" and 30 <= m < 80 for m, c in itl), itl
@@ -97,6 +98,7 @@ def test_rollout_rolls_back_a_canary_that_decodes_slowly_with_a_healthy_first_to
     assert same.metrics["inter_token"]["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_stream_completion_drops_where_the_server_cuts_streams(streaming_buckets, pages):
     llm = streaming_buckets.filter((pl.col("workload") == "llm") & (pl.col("traffic_class") == "realtime"))
     per = llm.with_columns(_minute(llm)).group_by("zone", pl.col("m").is_between(40, 69).alias("cutting")).agg(
@@ -109,6 +111,7 @@ def test_stream_completion_drops_where_the_server_cuts_streams(streaming_buckets
     assert completion and all(c.labels["zone"] == "us-east-1b" and 40 <= m < 75 for m, c in completion), completion
 
 
+@pytest.mark.slow
 def test_a_stage_budget_page_names_the_stage_that_overspent(streaming_buckets, pages):
     stage_pages = [(m, c) for m, c in pages if c.slo == "s2s-realtime-turn-stages" and c.severity == "page"]
     assert {c.labels["zone"] for _, c in stage_pages} == {"us-east-1a", "us-east-1b", "us-east-1c"}
@@ -151,6 +154,7 @@ def _at(minute: int) -> str:
     return datetime.fromtimestamp((START_MINUTE + minute) * 60, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@pytest.mark.slow
 def test_plan_stages_names_the_bottleneck_from_the_store_and_plans_greedily(stage_store):
     calm = _plan(stage_store, "--to", _at(45), "--json")
     assert calm.returncode == 0, calm.stderr
@@ -174,6 +178,7 @@ def test_plan_stages_names_the_bottleneck_from_the_store_and_plans_greedily(stag
     assert "bottleneck: tts_first_audio" in table.stdout and "met (target met)" in table.stdout
 
 
+@pytest.mark.slow
 def test_plan_stages_says_plainly_when_the_store_has_no_stage_timings(stage_store):
     r = _plan(stage_store, "--workload", "asr")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no stage timings for workload 'asr'" in r.stderr

@@ -177,6 +177,7 @@ def _answers_alike(ports: list[int], paths: list[str]) -> dict[str, bytes]:
     return answers
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("keyed", [True, False], ids=["keyed-by-tenant", "unkeyed"])
@@ -291,6 +292,7 @@ def _held(log_text: str) -> list[int]:
     return [int(n) for n in re.findall(r"tier 2: .* (\d+) minutes held", log_text)]
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(400)
 def test_a_tier1_worker_whose_partitions_went_quiet_or_hold_only_poison_holds_no_minute_back(broker, tmp_path):
@@ -337,6 +339,7 @@ def test_a_tier1_worker_whose_partitions_went_quiet_or_hold_only_poison_holds_no
         assert got[table].equals(want[table]), (table, got[table].height, want[table].height, logs)
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(200)
 def test_a_tier1_worker_whose_partials_kafka_refuses_stops_before_its_resume_point_moves(broker, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import polars as pl
+import pytest
 
 from tailwatch.ingest.schema import RequestV1
 from tailwatch_dev.simulator import FleetSimulator
@@ -66,6 +67,7 @@ def test_a_chain_across_a_minute_boundary_counts_its_turn_and_its_success_once()
     assert rows["turns"].to_list() == [1, 0] and rows["successful_turns"].to_list() == [0, 1]
 
 
+@pytest.mark.slow
 def test_the_simulator_with_task_success_and_retry_storms_counts_as_it_emitted():
     # The simulator reports task_success on each chain's last attempt, retries with attempt
     # and retry_of, and cancels 0.3% of first attempts (reporting task_success false on them).

@@ -37,6 +37,7 @@ def test_queue_wait_grows_with_load_and_is_bounded():
     assert queue_wait_ms(0.9, 12, 1600.0) < queue_wait_ms(0.9, 6, 1600.0)  # more servers, shorter waits
 
 
+@pytest.mark.slow
 def test_the_scenario_loses_a_zone_and_moves_its_traffic_to_the_survivors():
     sim = FleetSimulator("zone-loss", seed=3)
     truth = sim.truth()

@@ -337,7 +337,11 @@ class Runtime:
                 if now - started > 60:
                     raise RuntimeError("the consumer group gave this worker no partitions within 60 s")
                 idle_since = now  # the group join takes a few seconds: idle time counts from assignment
-            elif s.until_idle_s is not None and now - max(idle_since, assigned_at) >= s.until_idle_s:
+            # Only after a poll that read nothing and with no closable minutes left behind: with
+            # `until_idle_s` 0 the time test alone would end the run mid-backlog, and the drain's
+            # checkpoint would then close it all at once, past `checkpoint_max_rows`.
+            elif s.until_idle_s is not None and not got and not self.operator.closing_behind and \
+                    now - max(idle_since, assigned_at) >= s.until_idle_s:
                 undrained = self.operator.undrained(self.source)
                 if not undrained or now - max(idle_since, assigned_at) >= s.until_idle_s + s.drain_timeout_s:
                     return undrained

@@ -52,6 +52,7 @@ class WorkerSettings:
     store_path: str = DEFAULT_STORE
     group_id: str = "tailwatch-worker"
     http_port: int | None = 8000
+    # Stop after this long without a record, once drained (0: as soon as every partition is read to its end).
     until_idle_s: float | None = None
     allowed_lateness_s: float = 300.0
     # Past the allowed lateness, a request still corrects its closed minute up to this far behind
