@@ -293,13 +293,13 @@ def test_the_worker_hands_its_detector_stages_open_detections_to_the_slo_stage(k
     from tailwatch.slo.contributors import OpenDetection
     from tailwatch.slo.spec import DEFAULT_SLOS
     from tailwatch.streams.detector_stage import detector_stages
-    from tailwatch.streams.tiers import WorkerSettings
-    from tailwatch.streams.tiers import build
+    from tailwatch.streams.store_sink import StoreSink
+    from tailwatch.streams.tiers import WorkerSettings, build
 
     w = build(WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}",
                              http_port=None, slos=load_slos(DEFAULT_SLOS), stages=detector_stages("default")))
-    slo = next(s for s in w.store.stages if isinstance(s, SloStage))
-    (detectors,) = [s for s in w.store.stages if s.name == "detectors"]
+    slo = next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
+    (detectors,) = [s for s in w.sink(StoreSink).stages if s.name == "detectors"]
     assert slo.open_detections() == []
     detectors.collector.open = [Detection("retry_storm", {"workload": "llm", "zone": "a"}, M0 + 3)]
     assert slo.open_detections() == [OpenDetection("retry_storm", {"workload": "llm", "zone": "a"}, M0 + 3)]

@@ -23,6 +23,7 @@ from tailwatch.signals.live import slo_reads
 from tailwatch.slo.engine import SloTable
 from tailwatch.slo.runtime_buckets import RUNTIME_HISTOGRAMS
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
+from tailwatch.streams.store_sink import StoreSink
 from tailwatch.streams.tiers import WorkerSettings
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.tiers import build
@@ -103,7 +104,7 @@ def test_a_fleet_between_vllms_bounds_pages_nothing_and_reports_its_sli_as_a_ran
     assert value("tailwatch_slo_events_total", "eu-west-4b", 'outcome="bad"') == MINUTES * PER_MINUTE
 
     # The signal API's SLO answer, through its typed response.
-    slo = next(s for s in w.store.stages if isinstance(s, SloStage))
+    slo = next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
     (entry,) = [e for e in slo_reads(slo.states()) if e["name"] == SLO]
     slices = {s.labels["zone"]: s for s in msgspec.convert(entry["slices"], list[SloSlice])}
     assert (slices["eu-west-4a"].sli, slices["eu-west-4a"].sli_upper) == (0.0, 1.0)
