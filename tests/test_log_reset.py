@@ -76,6 +76,13 @@ def wait_for(what, timeout_s: float, proc: subprocess.Popen, port: int) -> None:
     pytest.fail(f"timed out: {accepted(port)} accepted, {metric(port, LOG_RESETS_TOTAL)} resets")
 
 
+def drained(kafka, store, tmp_path) -> tuple[int, int, list[tuple]]:
+    """What is still open closed by a drain of the same store, then what the store holds."""
+    done = worker(kafka, store, free_port(), tmp_path / "drain.log", until_idle="2")
+    assert done.wait(60) == 0
+    return stored(store)
+
+
 def stored(store) -> tuple[int, int, list[tuple]]:
     with duckdb.connect(str(store), read_only=True) as con:
         requests, distinct = con.execute("SELECT sum(requests), count(*) FROM sli_minute").fetchone()
@@ -146,10 +153,7 @@ def test_a_broker_restart_under_a_live_worker_loses_nothing_published_after_it(o
     finally:
         w.terminate()
         assert w.wait(30) == 0
-    # What is still open closes in a drain of the same store.
-    done = worker(kafka, store, free_port(), tmp_path / "drain.log", until_idle="2")
-    assert done.wait(60) == 0
-    requests, _rows, gaps = stored(store)
+    requests, _rows, gaps = drained(kafka, store, tmp_path)
     assert requests == 9_000  # 4,000 read before the restart, 5,000 after: each once
     assert [(t, q) for t, q, _o, _d in gaps] == [("lr.requests", q) for q in range(PARTITIONS)]
     assert all(o == 1_000 or o == 1_250 for _t, _q, o, _d in gaps)
@@ -201,9 +205,7 @@ def test_a_topic_deleted_and_created_again_under_a_live_worker_loses_nothing_pub
     finally:
         w.terminate()
         assert w.wait(30) == 0
-    done = worker(kafka, store, free_port(), tmp_path / "drain.log", until_idle="2")
-    assert done.wait(60) == 0
-    requests, _rows, gaps = stored(store)
+    requests, _rows, gaps = drained(kafka, store, tmp_path)
     assert requests == 6_000  # 4,000 read before the deletion, the new log's 2,000 after it: each once
     assert [(q, o) for _t, q, o, _d in gaps] == [(q, 1_000) for q in range(PARTITIONS)]
     lines = reset_lines(log_path)
