@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tailwatch.slo.binomial import binomial_tail
 from tailwatch.slo.sli import good_valid_exprs, undecided_expr, with_later_counts
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.windows import minute_text
@@ -271,19 +272,3 @@ def explain(culprits: Culprits | None) -> str:
     """One sentence for a page's description; empty when the slice holds no bad events or
     has no label with two values to compare."""
     return culprits.text() if culprits is not None else ""
-
-
-def binomial_tail(k, n, p) -> np.ndarray:
-    """P(X > k) for X ~ Binomial(n, p), elementwise: scipy.stats' `binom.sf`, bit for bit.
-
-    From the ufunc under it: scipy.stats takes half a CPU-second to import, scipy.special a
-    tenth, and only a burning SLO with candidate slices needs either (not a worker's start)."""
-    try:
-        from scipy.special._ufuncs import _binom_sf
-    except ImportError:  # a scipy that moved it
-        from scipy.stats import binom
-
-        return binom.sf(k, n, p)
-    k = np.floor(np.asarray(k, dtype=np.float64))
-    n = np.asarray(n, dtype=np.float64)
-    return np.where(k >= n, 0.0, np.where(k < 0, 1.0, _binom_sf(np.maximum(k, 0.0), n, p)))
