@@ -7,8 +7,10 @@ are event-weighted (sum of bad ÷ sum of valid over the window), and a window wi
 valid events has no burn rate (None), never NaN.
 
 An alert window pair fires while both its long and short windows burn above the factor
-and both hold at least `min_events` valid events; once firing, it resolves when the
-short window cools (burns at or under the factor, or has no events). Alerts are judged
+and both hold at least `min_events` valid events, and resolves as soon as that no longer
+holds: usually the short window cooling a few minutes after the burn stops, but also the
+long one cooling first or the traffic thinning below `min_events` (the generated Prometheus
+rule's expression, alerts/rules.py, decides the same way). Alerts are judged
 for the slices that have a bucket in the minute being closed. A window pair is not judged
 while it is young: until the slice's history, from its first valid event, covers the
 pair's `history_needed_minutes` (slo/windows.py); the slice's status names such pairs. One condition (SLO, window
@@ -444,10 +446,12 @@ class SloTable:
         burns, valids = burns.take(cols, axis=0), valids.take(cols, axis=0)
         long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
         enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
-        short_hot = short_b > self._factors
-        hot = (long_b > self._factors) & short_hot & enough & ~self.young(minute, cols)
+        hot = (long_b > self._factors) & (short_b > self._factors) & enough & ~self.young(minute, cols)
         firing = self.fired_at.take(cols, axis=1).T >= 0
-        fire, resolve = hot & ~firing, firing & ~short_hot
+        # An alert fires while its condition holds, as the generated Prometheus rule does: it
+        # resolves once either window cools (the short one, nearly always, a few minutes
+        # after the burn stops) or holds fewer than `min_events`.
+        fire, resolve = hot & ~firing, firing & ~hot
         changed = fire | resolve
         out = []
         if not changed.any():
