@@ -86,6 +86,27 @@ def test_page_fires_when_both_windows_burn_and_resolves_when_short_window_cools(
     assert resolved[0].fingerprint == first.fingerprint
 
 
+def test_a_page_resolves_when_its_traffic_thins_below_min_events_as_the_prometheus_rule_does(tmp_path):
+    """The rule's expression needs `min_events` in both windows: a slice whose traffic all but
+    stops while still failing no longer pages (the engine used to wait for the short window
+    to cool, which a failing trickle never does)."""
+    (spec,) = load_slos(spec_file(tmp_path, AVAIL))
+    s = OneSlice(spec, {})
+    changes = []
+    for m in range(120):
+        changes += s.advance(m, 1000, 1000)
+    for m in range(120, 140):  # 10% errors: pages at minute 128
+        changes += s.advance(m, 900, 1000)
+    assert [c.at_minute for c in changes if c.state == "firing" and c.window.name == "page-fast"] == [128]
+    changes.clear()
+    for m in range(140, 150):  # one request a minute, every one failing: the 5 m window burns at 1,000
+        changes += s.advance(m, 0, 1)
+    resolved = [c for c in changes if c.state == "resolved" and c.window.name == "page-fast"]
+    # The 5-minute window holds fewer than 10 events from minute 144, when the last busy minute leaves it.
+    assert [c.at_minute for c in resolved] == [144]
+    assert resolved[0].short_burn_rate > 14.4  # still burning: it resolved for want of events
+
+
 def test_low_traffic_slice_does_not_page(tmp_path):
     (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("min_events: 10", "min_events: 500")))
     s = OneSlice(spec, {})
