@@ -16,6 +16,7 @@ import msgspec
 import polars as pl
 
 from tailwatch.signals.live import LiveSignals, SignalSnapshot
+from tailwatch.signals.served import ServedView, serve
 from tailwatch.store.queries import bucket_runs, newest_minute, query_frame
 
 SCHEMA_SQL = """
@@ -27,7 +28,7 @@ _EPOCH_DAY = date(1970, 1, 1)
 
 
 class SignalStage:
-    """Closed minutes into the live view; `snapshot` is the view the HTTP process answers from."""
+    """Closed minutes into the live view; `view` is what the HTTP process answers from."""
 
     name = "signals"
     alerts = None  # pages nothing
@@ -45,10 +46,11 @@ class SignalStage:
                                   alert_details=self.alert_details())
 
     def view(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, inputs_behind: dict[str, str],
-             wall_s: float) -> SignalSnapshot:
-        """The snapshot with the inputs the worker is behind on: what the HTTP port answers from."""
+             wall_s: float) -> ServedView:
+        """The snapshot with the inputs the worker is behind on, each answer encoded once to
+        the JSON clients receive (signals/served.py): what the HTTP port answers from."""
         snap = self.snapshot(open_requests, open_gpu, wall_s)
-        return msgspec.structs.replace(snap, inputs_behind=inputs_behind)
+        return serve(msgspec.structs.replace(snap, inputs_behind=inputs_behind))
 
     def collectors(self) -> list:
         return []
