@@ -65,6 +65,7 @@ from tailwatch.signals.routes import (PARAMETER_TEXT, TOO_LARGE, header, make_ap
                             not_allowed, takes_body)
 from tailwatch.signals.served import ServedView
 from tailwatch.streams.connections import ConnectionTable
+from tailwatch.streams.http_port import HttpPort
 from tailwatch.streams.metrics import HttpMetrics
 
 log = logging.getLogger("tailwatch.http")
@@ -504,20 +505,25 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
 class PortInUse(OSError):
     """The HTTP port asked for is taken: said in one line with the flag that changes it."""
 
-class WorkerHttp:
-    """The worker's side: starts the HTTP process, publishes state to it, stops it.
+class WorkerHttp(HttpPort):
+    """The worker's side (the runtime's HTTP port part): starts the HTTP process, publishes
+    state to it, stops it.
 
     A child that dies (OOM-killed, a crash in the server) is started again on the same port
     at the next publish, with the last full view: the port is down for a heartbeat, the
     worker never stops consuming for it. `on_restart` hears of each restart."""
 
-    def __init__(self, port: int, registry: CollectorRegistry, health: Callable[[], dict], host: str = "127.0.0.1",
+    def __init__(self, port: int, registry: CollectorRegistry, host: str = "127.0.0.1",
                  api_config: ApiConfig | None = None, on_restart: Callable[[], None] | None = None):
-        self._registry, self._health = registry, health
+        self._registry, self._health = registry, (lambda: {})
         self._host, self._api_config = host, api_config or ApiConfig()
         self._on_restart = on_restart or (lambda: None)
         self._last_view: HttpState | None = None  # the last state that carried a view
-        self._start(port)
+        self.port = port  # until started: the port asked for
+
+    def start(self, health: Callable[[], dict]) -> None:
+        self._health = health
+        self._start(self.port)
 
     def _start(self, port: int) -> None:
         self._conn = None  # until the child is up: a publish meanwhile starts it again
