@@ -139,3 +139,42 @@ def test_the_http_process_serves_the_bytes_the_worker_published():
         assert all(0 <= age < 60 for age in ages.values()), ages
     finally:
         port.stop()
+
+
+def test_an_answer_is_encoded_once_for_as_long_as_it_holds():
+    from tailwatch.signals.answers import Autoscale
+    from tailwatch.signals.served import ViewEncoder
+
+    snap = _snapshot(1000.0)
+    encoder = ViewEncoder()
+    first = encoder.serve(snap)
+    answers = len(snap.pools) + len(snap.shed) + len(snap.rollouts) + len(snap.slos) + 1  # + the alert list
+    assert encoder.encoded == answers
+    again = encoder.serve(_snapshot(1002.0))  # equal answers, built again a view later
+    assert encoder.encoded == answers and again.pools["pool-0"].json is first.pools["pool-0"].json
+    changed = msgspec.structs.replace(snap.pools["pool-1"].body, desired_replicas=9)
+    third = encoder.serve(msgspec.structs.replace(snap, pools={**snap.pools, "pool-1": msgspec.structs.replace(
+        snap.pools["pool-1"], body=changed)}))
+    assert encoder.encoded == answers + 1
+    assert msgspec.json.decode(third.pools["pool-1"].json, type=Autoscale).desired_replicas == 9
+    assert third == serve(msgspec.structs.replace(snap, pools={**snap.pools, "pool-1": msgspec.structs.replace(
+        snap.pools["pool-1"], body=changed)}))
+
+
+def test_the_live_view_rebuilt_on_the_same_minutes_encodes_nothing_again():
+    import polars as pl
+
+    from tailwatch.planning.prices import GpuPrices
+    from tailwatch.signals.live import LiveSignals, SignalPolicy
+    from tailwatch.streams.signal_stage import SignalStage
+    from tests.test_signals import _bucket_rows, _gpu_rows
+
+    live = LiveSignals(SignalPolicy(history_minutes=6, pool_window_minutes=2, rollout_window_minutes=5), [], GpuPrices())
+    live.add_closed(_bucket_rows("p", range(0, 6)), _gpu_rows("p", range(0, 6)))
+    stage = SignalStage(live)
+    first = stage.view(pl.DataFrame(), pl.DataFrame(), {}, wall_s=100.0)
+    encoded = stage.encoder.encoded
+    assert encoded >= 3 and first.pools["p"].json  # autoscale, shed, the stable verdict, the lists
+    second = stage.view(pl.DataFrame(), pl.DataFrame(), {}, wall_s=102.0)
+    assert stage.encoder.encoded == encoded
+    assert second.pools["p"].json is first.pools["p"].json and second.built_wall_s == 102.0

@@ -16,7 +16,7 @@ import msgspec
 import polars as pl
 
 from tailwatch.signals.live import LiveSignals, SignalSnapshot
-from tailwatch.signals.served import ServedView, serve
+from tailwatch.signals.served import ServedView, ViewEncoder
 from tailwatch.store.queries import bucket_runs, newest_minute, query_frame
 
 SCHEMA_SQL = """
@@ -38,6 +38,7 @@ class SignalStage:
         self.live = live
         self.slo_states = slo_states  # the SLO stage's states, if the worker runs one
         self.alert_details = alert_details  # and what explains each firing page
+        self.encoder = ViewEncoder()  # each answer encoded once, kept while it holds
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, wall_s: float) -> SignalSnapshot:
         """The view from kept buckets, the SLO states and a peek at the open minutes;
@@ -50,7 +51,7 @@ class SignalStage:
         """The snapshot with the inputs the worker is behind on, each answer encoded once to
         the JSON clients receive (signals/served.py): what the HTTP port answers from."""
         snap = self.snapshot(open_requests, open_gpu, wall_s)
-        return serve(msgspec.structs.replace(snap, inputs_behind=inputs_behind))
+        return self.encoder.serve(msgspec.structs.replace(snap, inputs_behind=inputs_behind))
 
     def collectors(self) -> list:
         return []
