@@ -178,3 +178,15 @@ def test_the_live_view_rebuilt_on_the_same_minutes_encodes_nothing_again():
     second = stage.view(pl.DataFrame(), pl.DataFrame(), {}, wall_s=102.0)
     assert stage.encoder.encoded == encoded
     assert second.pools["p"].json is first.pools["p"].json and second.built_wall_s == 102.0
+
+
+def test_a_heartbeat_keeps_the_decoded_lists_of_its_view():
+    from tailwatch.signals.api import SignalApi
+    from tailwatch.signals.config import ApiConfig
+
+    view = serve(_snapshot(time.time()))
+    api = SignalApi(ApiConfig(), lambda: view, lambda: (True, "caught up"))
+    first = api._typed_reads(view)
+    beat = msgspec.structs.replace(view, built_wall_s=view.built_wall_s + 10)  # what a heartbeat makes of it
+    assert api._typed_reads(beat) is first
+    assert api._typed_reads(serve(_snapshot(time.time()))) is not first

@@ -4,10 +4,9 @@ answer or `ApiFailure`. The routes over them are `signals/routes.py`.
 It answers from the latest `ServedView` the worker published (signals/served.py): each answer
 there is the JSON a client receives, encoded once in the worker, so a request costs a
 dictionary lookup and the checks of its token and the data's age; a rollout verdict has its
-data ages spliced in. Every failure is an
-`ApiError` with a line a person reads. A tenant-scoped token gets 404 for anything holding
-another tenant's traffic, with the same message as for a name that does not exist, so scopes
-leak nothing.
+data ages spliced in. Every failure is an `ApiError` with a line a person reads. A
+tenant-scoped token gets 404 for anything holding another tenant's traffic, with the same
+message as for a name that does not exist, so scopes leak nothing.
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ class SignalApi:
         self.view = view
         self.readiness = readiness
         self.wall_clock = wall_clock
-        self._typed: tuple[ServedView, TypedReads] | None = None  # the last view's, decoded when first read
+        self._typed: tuple[bytes, bytes, TypedReads] | None = None  # the last view's lists, decoded when first read
 
     def principal(self, authorization: str | None) -> Principal:
         if not self.config.auth_required:
@@ -117,11 +116,12 @@ class SignalApi:
         return snap
 
     def _typed_reads(self, view: ServedView) -> TypedReads:
-        """The view's SLOs and alerts as typed answers, decoded once per view (and only for a
-        read that takes part of them: a scoped token's, the first traffic step's)."""
-        if self._typed is None or self._typed[0] is not view:
-            self._typed = (view, typed_reads(view))
-        return self._typed[1]
+        """The view's SLOs and alerts as typed answers, decoded once per view (a heartbeat's
+        keeps them), and only for a read that takes part of them: a scoped token's, the first
+        traffic step's."""
+        if self._typed is None or self._typed[0] is not view.slos or self._typed[1] is not view.alerts:
+            self._typed = (view.slos, view.alerts, typed_reads(view))
+        return self._typed[2]
 
     # ---- handlers -------------------------------------------------------------------
     def _pool_answer(self, who: Principal, pool: str, answers: str) -> bytes:
