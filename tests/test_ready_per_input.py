@@ -149,17 +149,18 @@ def test_a_view_built_while_an_input_is_behind_answers_pools_503_naming_it():
     from tailwatch.signals.api import SignalApi
     from tailwatch.signals.config import ApiConfig
     from tailwatch.signals.live import Scoped, SignalSnapshot
+    from tailwatch.signals.served import serve
     from tests.conftest import call_api
 
     absent = {POOL: Scoped(InputAbsent(POOL, "gpu", "no GPU samples for pool llm-a-realtime ...", "2026-11-02T00:12:00Z"),
                            frozenset({"acme"}), 11, 1000.0)}
-    behind = SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent,
-                            inputs_behind={"tw.gpu": "not read to its end yet (5,000 messages behind)"})
+    behind = serve(SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent,
+                                  inputs_behind={"tw.gpu": "not read to its end yet (5,000 messages behind)"}))
     api = SignalApi(ApiConfig(stale_after_s=60.0), lambda: behind, lambda: (False, ""), wall_clock=lambda: 1001.0)
     status, _ct, body = call_api(api, "GET", f"/v1/autoscale/{POOL}")
     answer = json.loads(body)
     assert status == 503 and answer["reason"] == "behind" and "tw.gpu: not read to its end" in answer["error"], answer
-    caught_up = SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent)
+    caught_up = serve(SignalSnapshot(1000.0, 11, {}, {}, {}, [], [], absent=absent))
     api = SignalApi(ApiConfig(stale_after_s=60.0), lambda: caught_up, lambda: (True, ""), wall_clock=lambda: 1001.0)
     status, _ct, body = call_api(api, "GET", f"/v1/shed/{POOL}")
     assert status == 503 and json.loads(body)["reason"] == "no_data", body

@@ -25,6 +25,7 @@ from tests.conftest import call_api
 from tailwatch.signals.answers import Verdict
 from tailwatch.signals.config import ApiConfig
 from tailwatch.signals.live import Scoped, SignalSnapshot, answer
+from tailwatch.signals.served import ServedView, serve
 from tailwatch.signals.recipes import GATE_TEMPLATE, BACKGROUND_TEMPLATE, argo_rollout, argo_templates, flagger_canary
 from tailwatch.cli import main
 
@@ -42,11 +43,11 @@ class Fleet:
         self.api = SignalApi(ApiConfig(stale_after_s=120.0), self.snapshot, lambda: (True, ""),
                              wall_clock=lambda: self.now_s, on_flagger_event=lambda *e: self.events.append(e))
 
-    def snapshot(self) -> SignalSnapshot:
+    def snapshot(self) -> ServedView:
         rollouts = {} if self.verdict is None else {(MODEL, VERSION): Scoped(answer(
             {"verdict": self.verdict, "reasons": [], "model": MODEL, "version": VERSION, "window_minutes": 30,
              "as_of": "2026-11-02T00:30:00Z"}, Verdict), frozenset({"t"}), 0, self.moved_s, self.moved_s)}
-        return SignalSnapshot(self.now_s, 0, {}, rollouts, {MODEL: frozenset(rollouts and {VERSION})}, [], [])
+        return serve(SignalSnapshot(self.now_s, 0, {}, rollouts, {MODEL: frozenset(rollouts and {VERSION})}, [], []))
 
     def minute(self, verdict: str | None, stale: bool = False) -> None:
         self.now_s += 60

@@ -246,13 +246,14 @@ def _controller_api(verdicts: dict[str, str], built_wall_s: float, now_s: float,
     from tailwatch.signals.config import ApiConfig, Principal
     from tailwatch.signals.answers import Verdict
     from tailwatch.signals.live import Scoped, SignalSnapshot, answer
+    from tailwatch.signals.served import serve
 
     rollouts = {("m", v): Scoped(answer({"verdict": verdict, "reasons": [], "model": "m", "version": v, "window_minutes": 30,
                                          "as_of": "2026-11-02T00:30:00Z"}, Verdict), frozenset({"t"}), 0,
                                  built_wall_s if canary_moved_s is None else canary_moved_s,
                                  built_wall_s if stable_moved_s is None else stable_moved_s)
                 for v, verdict in verdicts.items()}
-    snap = SignalSnapshot(built_wall_s, 0, {}, rollouts, {"m": frozenset(verdicts)}, [], [])
+    snap = serve(SignalSnapshot(built_wall_s, 0, {}, rollouts, {"m": frozenset(verdicts)}, [], []))
     token = "tok"
     config = ApiConfig(stale_after_s=60.0, tokens={hashlib.sha256(token.encode()).hexdigest(): Principal("ops", None)})
     return SignalApi(config, lambda: snap, lambda: (True, ""), wall_clock=lambda: now_s), token

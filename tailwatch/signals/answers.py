@@ -1,9 +1,9 @@
 """What the signal API answers and accepts, as typed msgspec Structs.
 
-The live view (signals/live.py) builds each answer once as one of these; it crosses to the
-HTTP process as msgpack bytes, the handlers in `signals/api.py` return it, and the OpenAPI
-document is generated from these types by the routes of `signals/routes.py`, so the document
-cannot drift from the answers. The answers forbid unknown fields: a field the view adds and this module
+The live view (signals/live.py) builds each answer once as one of these, and the worker
+encodes each once to the JSON clients receive (signals/served.py), which the handlers in
+`signals/api.py` hand out as it is. The OpenAPI document is generated from these types by
+the routes of `signals/routes.py`, so the document cannot drift from the answers. The answers forbid unknown fields: a field the view adds and this module
 does not know raises where the view is built, rather than vanishing from the API.
 
 Optional details that are absent from an answer (not null: absent) are `UNSET` and left out

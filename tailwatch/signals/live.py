@@ -3,8 +3,9 @@ per-version rollout verdicts, SLO and alert reads, each tagged with the tenants 
 
 Pure: rows in (closed buckets the worker kept, plus a peek at still-open minutes), a
 `SignalSnapshot` out; the wall clock is a parameter and is used only to say how fresh a
-pool's data is. The worker builds a snapshot every few seconds and swaps it in whole, so
-HTTP threads read a finished, consistent answer and never touch live state.
+pool's data is. The worker builds a snapshot every few seconds and publishes it whole, its
+answers encoded (signals/served.py), so the HTTP process serves finished, consistent answers
+and never touches live state.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def significant(value, digits: int = 12):
 
 
 class SignalSnapshot(msgspec.Struct, frozen=True):
-    """Everything the signal API answers from, as of one build; crosses to the HTTP process
-    as msgpack bytes (streams/http.py)."""
+    """Everything the signal API answers from, as of one build, typed; the worker encodes
+    each answer once for the HTTP process (signals/served.py)."""
 
     built_wall_s: float
     as_of_minute: int | None

@@ -2,7 +2,9 @@
 document Litestar generates from them (served at `/openapi.json`).
 
 Each handler's path parameters, body and return annotation are what Litestar validates and
-what the document says, so nothing is written twice. Every error is an `ApiError` with a line
+what the document says, so nothing is written twice. An answer of the view is the JSON the
+worker encoded (signals/served.py), handed to the client as it is: the annotation
+(`Response[Autoscale]`) names the type those bytes are the encoding of. Every error is an `ApiError` with a line
 a person reads, whoever raised it (a handler, Litestar's validation, its router). The
 connection guards (deadlines, caps, bodies refused before they are read) stay in
 `streams/http.py`, in front of this app.
@@ -27,7 +29,7 @@ from tailwatch import runbooks
 from tailwatch.conventions import FLAGGER_EVENTS_TOTAL
 from tailwatch.signals.answers import (AlertList, ApiError, Autoscale, FlaggerCheck, FlaggerEventCounted, FlaggerEventPayload,
                              FlaggerPayload, Inconclusive, Name, Readiness, Shed, Slo, SloList, Verdict)
-from tailwatch.signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi, literal_choices
+from tailwatch.signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi, VerdictJson, literal_choices
 
 VERSION = "2.0.0"
 log = logging.getLogger("tailwatch.api")
@@ -112,8 +114,14 @@ class _Sent(ASGIResponse):
 
 
 def _json(status: int, body: object) -> Response:
+    """An answer: `body` a typed answer, encoded here, or bytes the worker encoded (served as they are)."""
     headers = {"www-authenticate": 'Bearer realm="tailwatch"'} if status == 401 else None
-    return JsonResponse(content=_ENCODER.encode(body), status_code=status, media_type="application/json", headers=headers)
+    content = body if isinstance(body, bytes) else _ENCODER.encode(body)
+    return JsonResponse(content=content, status_code=status, media_type="application/json", headers=headers)
+
+
+def _verdict(answer: VerdictJson | Inconclusive) -> bytes | Inconclusive:
+    return answer.json if isinstance(answer, VerdictJson) else answer
 
 
 def make_app(api: SignalApi) -> Litestar:
@@ -124,24 +132,24 @@ def make_app(api: SignalApi) -> Litestar:
 
     @get("/v1/autoscale/{pool:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
          summary="Desired replicas for a pool, with its signals and reasons")
-    def autoscale(request: Request, pool: PathName) -> Autoscale:
-        return api.autoscale(who(request), pool)
+    def autoscale(request: Request, pool: PathName) -> Response[Autoscale]:
+        return _json(200, api.autoscale(who(request), pool))
 
     @get("/v1/shed/{pool:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
          summary="For a pool under pressure: the degradation steps in order with the load each frees, and the "
                  "admission plan for the next interval at measured capacity")
-    def shed(request: Request, pool: PathName) -> Shed:
-        return api.shed(who(request), pool)
+    def shed(request: Request, pool: PathName) -> Response[Shed]:
+        return _json(200, api.shed(who(request), pool))
 
     @get("/v1/rollout/{model:str}/{version:str}", sync_to_thread=False, security=SECURED,
          responses=_errors(400, 401, 404, 503), summary="Verdict on a canary version against the model's stable version")
-    def rollout(request: Request, model: PathName, version: PathName) -> Verdict:
-        return api.rollout(who(request), model, version)
+    def rollout(request: Request, model: PathName, version: PathName) -> Response[Verdict]:
+        return _json(200, api.rollout(who(request), model, version))
 
     @get("/v1/argo/{model:str}/{version:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401),
          summary="Argo Rollouts web metric: the verdict, always 200 (stale or missing data is inconclusive)")
-    def argo(request: Request, model: PathName, version: PathName) -> Verdict | Inconclusive:
-        return api.argo(who(request), model, version)
+    def argo(request: Request, model: PathName, version: PathName) -> Response[Verdict | Inconclusive]:
+        return _json(200, _verdict(api.argo(who(request), model, version)))
 
     @post("/v1/flagger/event", sync_to_thread=False, status_code=200, responses=_errors(400, 413),
           summary=f"Flagger `event` webhook: counted by phase and type in {FLAGGER_EVENTS_TOTAL}")
@@ -156,20 +164,20 @@ def make_app(api: SignalApi) -> Litestar:
                   "(2xx rolls back)")
     def flagger(request: Request, check: FlaggerCheck, data: JSONBody[FlaggerPayload]) -> Response[Verdict | Inconclusive]:
         status, answer = api.flagger(None, check, data, header(request.scope, b"authorization"))
-        return _json(status, answer)
+        return _json(status, _verdict(answer))
 
     @get("/v1/slos", sync_to_thread=False, security=SECURED, responses=_errors(401, 503), summary="Every SLO with its slices")
-    def slos(request: Request) -> SloList:
-        return api.slos(who(request))
+    def slos(request: Request) -> Response[SloList]:
+        return _json(200, api.slos(who(request)))
 
     @get("/v1/slos/{name:str}", sync_to_thread=False, security=SECURED, responses=_errors(400, 401, 404, 503),
          summary="One SLO: per slice budget remaining, burn rates, SLI")
-    def slo(request: Request, name: PathName) -> Slo:
-        return api.slo(who(request), name)
+    def slo(request: Request, name: PathName) -> Response[Slo]:
+        return _json(200, api.slo(who(request), name))
 
     @get("/v1/alerts", sync_to_thread=False, security=SECURED, responses=_errors(401, 503), summary="Alerts firing now")
-    def alerts(request: Request) -> AlertList:
-        return api.alerts(who(request))
+    def alerts(request: Request) -> Response[AlertList]:
+        return _json(200, api.alerts(who(request)))
 
     @get("/readyz", sync_to_thread=False, summary="Caught up within the staleness bound",
          responses={503: ResponseSpec(data_container=Readiness, description="Not ready, with the reason.",

@@ -5,9 +5,11 @@ Why a process: the worker's hot loop spends long stretches in C code that holds 
 (decoding a batch of 20,000 records, building frames), and an HTTP thread in the same
 process waits behind it: measured with wrk at 500 requests/s, p99 went from 2 ms with
 the worker idle to 120-300 ms with it busy. The child has its own interpreter and answers
-the signal API from the last `HttpState` the worker published (the signal snapshot and
-readiness). `/metrics` and `/healthz` are asked of the worker on each scrape, over a
-second pipe, so they are as fresh as before (a scrape may wait on the worker; a
+the signal API from the last `HttpState` the worker published (the signal view and
+readiness). The view's answers are the JSON clients receive, encoded once in the worker
+(signals/served.py): the child hands them out as they are, never decoding one.
+`/metrics` and `/healthz` are asked of the worker on each scrape, over a second pipe, so
+they are as fresh as before (a scrape may wait on the worker; a
 Prometheus scrape can afford that, an autoscaler's poll should not have to). The child
 exits when the worker's end of the pipe closes, so it never outlives it.
 
@@ -61,8 +63,9 @@ from tailwatch.signals.api import MAX_BODY_BYTES, ApiFailure, SignalApi
 from tailwatch.signals.config import ApiConfig
 from tailwatch.signals.routes import (PARAMETER_TEXT, TOO_LARGE, header, make_app as make_api_app, needs_token, no_route,
                             not_allowed, takes_body)
-from tailwatch.signals.live import SignalSnapshot
+from tailwatch.signals.served import ServedView
 from tailwatch.streams.connections import ConnectionTable
+from tailwatch.streams.http_port import HttpPort
 from tailwatch.streams.metrics import HttpMetrics
 
 log = logging.getLogger("tailwatch.http")
@@ -75,14 +78,14 @@ def json_response(status: int, body: object) -> Response:
 
 
 class HttpState(msgspec.Struct):
-    """What the worker publishes to its HTTP process, as msgpack bytes: the typed answers
-    cross the pipe as they were built, and are decoded into the same types on the other side."""
+    """What the worker publishes to its HTTP process, as msgpack bytes: the view's answers
+    cross the pipe as the JSON bytes the worker encoded (msgpack `bin`), and stay bytes."""
 
-    snapshot: SignalSnapshot | None = None
+    view: ServedView | None = None
     ready: tuple[bool, str] = (False, "starting")
     published_wall_s: float = 0.0
-    # A heartbeat from a caught-up worker with nothing new: the last snapshot still holds as
-    # of now (no rebuild, no snapshot on the pipe: an idle worker stays idle).
+    # A heartbeat from a caught-up worker with nothing new: the last view still holds as
+    # of now (no rebuild, no view on the pipe: an idle worker stays idle).
     view_unchanged: bool = False
 
 
@@ -93,10 +96,10 @@ _decode_state = msgspec.msgpack.Decoder(HttpState).decode
 def _apply(previous: HttpState, received: HttpState) -> HttpState:
     if not received.view_unchanged:
         return received
-    snapshot = previous.snapshot
-    if snapshot is not None:
-        snapshot = msgspec.structs.replace(snapshot, built_wall_s=received.published_wall_s)
-    return HttpState(snapshot, received.ready, received.published_wall_s)
+    view = previous.view
+    if view is not None:
+        view = msgspec.structs.replace(view, built_wall_s=received.published_wall_s)
+    return HttpState(view, received.ready, received.published_wall_s)
 
 
 def metrics_refusal(config: ApiConfig, authorization: str | None) -> Response | None:
@@ -120,7 +123,7 @@ class _Served:
         self._asked = 0
         self.stale_after_s = api_config.stale_after_s
         self.metrics = HttpMetrics()
-        self.api = SignalApi(api_config, lambda: self.state.snapshot, self.readiness,
+        self.api = SignalApi(api_config, lambda: self.state.view, self.readiness,
                              on_flagger_event=lambda phase, kind: self.metrics.flagger_events.labels(phase, kind).inc())
         self.routes = make_api_app(self.api)
 
@@ -375,7 +378,7 @@ def make_app(served: _Served):
             receive = _replay(body)
         if closes_unauthorised:
             send = _closing_after_401(send)
-        await routes(scope, receive, send)  # a lookup in the last snapshot: no thread hop
+        await routes(scope, receive, send)  # a lookup in the last view: no thread hop
 
     return app
 
@@ -502,20 +505,25 @@ def _child(conn, scrape_conn, host: str, port: int, api_config: ApiConfig) -> No
 class PortInUse(OSError):
     """The HTTP port asked for is taken: said in one line with the flag that changes it."""
 
-class WorkerHttp:
-    """The worker's side: starts the HTTP process, publishes state to it, stops it.
+class WorkerHttp(HttpPort):
+    """The worker's side (the runtime's HTTP port part): starts the HTTP process, publishes
+    state to it, stops it.
 
     A child that dies (OOM-killed, a crash in the server) is started again on the same port
     at the next publish, with the last full view: the port is down for a heartbeat, the
     worker never stops consuming for it. `on_restart` hears of each restart."""
 
-    def __init__(self, port: int, registry: CollectorRegistry, health: Callable[[], dict], host: str = "127.0.0.1",
+    def __init__(self, port: int, registry: CollectorRegistry, host: str = "127.0.0.1",
                  api_config: ApiConfig | None = None, on_restart: Callable[[], None] | None = None):
-        self._registry, self._health = registry, health
+        self._registry, self._health = registry, (lambda: {})
         self._host, self._api_config = host, api_config or ApiConfig()
         self._on_restart = on_restart or (lambda: None)
-        self._last_view: HttpState | None = None  # the last state that carried a snapshot
-        self._start(port)
+        self._last_view: HttpState | None = None  # the last state that carried a view
+        self.port = port  # until started: the port asked for
+
+    def start(self, health: Callable[[], dict]) -> None:
+        self._health = health
+        self._start(self.port)
 
     def _start(self, port: int) -> None:
         self._conn = None  # until the child is up: a publish meanwhile starts it again
@@ -565,7 +573,7 @@ class WorkerHttp:
     def url(self) -> str:
         return f"http://{self._host}:{self.port}"
 
-    def publish_view(self, view: SignalSnapshot, ready: tuple[bool, str]) -> None:
+    def publish_view(self, view: ServedView, ready: tuple[bool, str]) -> None:
         self.publish(HttpState(view, ready))
 
     def publish_unchanged(self, ready: tuple[bool, str]) -> None:

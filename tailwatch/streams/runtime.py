@@ -9,11 +9,13 @@ Parts plug into it (streams/tiers.py puts them together):
   (streams/topic_sink.py) always; where the tier keeps one, the store with its stages
   (streams/store_sink.py) and their Alertmanager outboxes (streams/alert_sink.py);
 - the **signal view** (streams/signal_stage.py), rebuilt every few seconds and published
-  to the **HTTP port** (streams/http.py), where the tier serves the signal API.
+  to the **HTTP port** (streams/http_port.py; the worker's is streams/http.py), where the
+  tier serves the signal API.
 
 The runtime knows the parts by their interfaces only (here and in streams/sink.py,
-streams/operator.py): what they compute (SLOs, signals, plans, pages) is theirs, and the
-tier composition builds them from the worker's settings (streams/tiers.py).
+streams/operator.py, streams/http_port.py): what they compute (SLOs, signals, plans,
+pages) is theirs, and the tier composition builds them from the worker's settings
+(streams/tiers.py).
 
 The loop: consume a batch, hand it to the operator, and every `checkpoint_interval_s` (or
 at once, when the topics went quiet with something unsaved) take the operator's checkpoint
@@ -39,6 +41,7 @@ import polars as pl
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tailwatch.store.checkpoint import Checkpoint
 from tailwatch.store.connection import StoreBusy
+from tailwatch.streams.http_port import HttpPort
 from tailwatch.streams.input_catch_up import InputCatchUp
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
@@ -74,26 +77,10 @@ class RuntimeSettings:
 
 class SignalView(Protocol):
     """The view the HTTP port answers from, built from kept buckets and a peek at open minutes
-    (streams/signal_stage.py). The runtime hands it on as it is."""
+    (streams/signal_stage.py), its answers encoded for the port. The runtime hands it on as it is."""
 
     def view(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, inputs_behind: dict[str, str],
              wall_s: float) -> object:
-        ...
-
-
-class HttpPort(Protocol):
-    """The HTTP port's process (streams/http.py), started by the part the tier hands in."""
-
-    url: str
-
-    def publish_view(self, view: object, ready: tuple[bool, str]) -> None:
-        ...
-
-    def publish_unchanged(self, ready: tuple[bool, str]) -> None:
-        """A heartbeat: the last view still holds as of now (and readiness, which may have changed)."""
-        ...
-
-    def stop(self) -> None:
         ...
 
 
@@ -108,8 +95,7 @@ class Parts:
     operator: Operator
     sinks: list[Sink]  # the topics always; the store and the Alertmanager where the tier keeps a store
     signals: SignalView | None = None  # None: no signal API on the HTTP port (only /metrics, /healthz)
-    # Starts the HTTP port, given the health callback (None: no port).
-    http: Callable[[Callable[[], dict]], HttpPort] | None = None  # None: no signal API on the HTTP port (only /metrics, /healthz)
+    http: HttpPort | None = None  # None: no HTTP port
 
 
 class Runtime:
@@ -127,7 +113,7 @@ class Runtime:
         self.operator = parts.operator
         self.sinks = parts.sinks
         self.signals = parts.signals
-        self._start_http = parts.http
+        self.http = parts.http  # the HTTP port part; None: none
         self.source = source
         for sink in self.sinks:
             for collector in sink.collectors():
@@ -189,10 +175,11 @@ class Runtime:
         s = self.settings
         ensure_topics(s.kafka, s.partitions)
         http = None
-        if self._start_http is not None:
+        if self.http is not None:
             # Before the store: restoring it takes seconds on a big fleet (5 s at 20,000 slices,
             # bench --tiers), and a poller is better told "starting" (503) than refused.
-            http = self._start_http(self.health)
+            http = self.http
+            http.start(self.health)
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s", http.url)
         try:

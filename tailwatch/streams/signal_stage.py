@@ -16,6 +16,7 @@ import msgspec
 import polars as pl
 
 from tailwatch.signals.live import LiveSignals, SignalSnapshot
+from tailwatch.signals.served import ServedView, ViewEncoder
 from tailwatch.store.queries import bucket_runs, newest_minute, query_frame
 
 SCHEMA_SQL = """
@@ -27,7 +28,7 @@ _EPOCH_DAY = date(1970, 1, 1)
 
 
 class SignalStage:
-    """Closed minutes into the live view; `snapshot` is the view the HTTP process answers from."""
+    """Closed minutes into the live view; `view` is what the HTTP process answers from."""
 
     name = "signals"
     alerts = None  # pages nothing
@@ -37,6 +38,7 @@ class SignalStage:
         self.live = live
         self.slo_states = slo_states  # the SLO stage's states, if the worker runs one
         self.alert_details = alert_details  # and what explains each firing page
+        self.encoder = ViewEncoder()  # each answer encoded once, kept while it holds
 
     def snapshot(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, wall_s: float) -> SignalSnapshot:
         """The view from kept buckets, the SLO states and a peek at the open minutes;
@@ -45,10 +47,11 @@ class SignalStage:
                                   alert_details=self.alert_details())
 
     def view(self, open_requests: pl.DataFrame, open_gpu: pl.DataFrame, inputs_behind: dict[str, str],
-             wall_s: float) -> SignalSnapshot:
-        """The snapshot with the inputs the worker is behind on: what the HTTP port answers from."""
+             wall_s: float) -> ServedView:
+        """The snapshot with the inputs the worker is behind on, each answer encoded once to
+        the JSON clients receive (signals/served.py): what the HTTP port answers from."""
         snap = self.snapshot(open_requests, open_gpu, wall_s)
-        return msgspec.structs.replace(snap, inputs_behind=inputs_behind)
+        return self.encoder.serve(msgspec.structs.replace(snap, inputs_behind=inputs_behind))
 
     def collectors(self) -> list:
         return []

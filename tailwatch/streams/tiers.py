@@ -143,10 +143,8 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
                          watchers=[GroupRescue(settings.kafka, on_rescued=metrics.group_rescues.inc)],
                          on_log_reset=_gap_marker(metrics, operator))
     if settings.http_port is not None:
-        def start_http(health: Callable[[], dict]) -> WorkerHttp:
-            return WorkerHttp(settings.http_port, metrics.registry, health, host=settings.http_host,
-                              api_config=settings.api_config, on_restart=metrics.http_restarts.inc)
-        parts.http = start_http
+        parts.http = WorkerHttp(settings.http_port, metrics.registry, host=settings.http_host,
+                                api_config=settings.api_config, on_restart=metrics.http_restarts.inc)
     runtime = Runtime(runtime_settings(settings), metrics, cpu, parts, source)
     return runtime
 
