@@ -4,7 +4,7 @@ DuckDB store, copies dropped, the merged row equal to an on-time close (no Kafka
 import polars as pl
 import pytest
 
-from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, write_checkpoint
+from tailwatch.store.checkpoint import Checkpoint, StoredMinutes, TopicCheckpoint, write_checkpoint
 from tailwatch.store.connection import connect
 from tailwatch.store.queries import query_frame
 from tailwatch.streams.aggregates import REQUESTS
@@ -26,7 +26,7 @@ def checkpoint(con, w: MinuteWindows, before: int | None):
                               keep_seen_minutes=HORIZON // MINUTE_MS)
     late = w.take_late()
     if late is not None:
-        t.corrected = LateEvents(t.topic, t.table, w, late).resolve(con, t.seen)
+        t.corrected = LateEvents(t.topic, t.table, w, late).resolve(StoredMinutes(con), t.seen)
     write_checkpoint(con, Checkpoint(topics=[t], next_offsets={}))
     return t
 

@@ -170,3 +170,32 @@ def test_the_source_knows_nothing_of_the_embedded_broker():
     for module in ("tailwatch.streams.source", "tailwatch.streams.group_rescue"):
         assert not any(name.startswith("tailwatch_dev") for name in _module_imports(module)), module
     assert "tailwatch.config.plugins" in _module_imports("tailwatch.streams.group_rescue")
+
+
+# The store sink owns the DuckDB file: it reads the operator's state for it at start and
+# writes its checkpoints. Besides it, only what it runs inside its store session touches the
+# database: the stages it feeds and rebuilds from the store, and the roll-up it runs in a
+# checkpoint's transaction. The runtime, the source, the operators and their steps see the
+# store's state only as typed values (store.checkpoint.Restored, Checkpoint).
+STORE_SINK_PARTS = {"store_sink", "stages", "slo_stage", "detector_stage", "fleet_metrics", "signal_stage", "rollup"}
+DATABASE_MODULES = ("duckdb", "tailwatch.store.connection", "tailwatch.store.queries")
+
+
+def _database_imports(module: str) -> list[str]:
+    return sorted(name for name in _module_imports(module)
+                  if any(name == d or name.startswith(d + ".") for d in DATABASE_MODULES))
+
+
+def test_no_part_of_the_worker_but_the_store_sink_touches_the_database():
+    streams = sorted(p.stem for p in (PACKAGE / "streams").glob("*.py") if p.stem != "__init__")
+    assert STORE_SINK_PARTS <= set(streams), sorted(STORE_SINK_PARTS - set(streams))
+    found = {m: names for m in streams if m not in STORE_SINK_PARTS
+             if (names := _database_imports(f"tailwatch.streams.{m}"))}
+    assert found == {}, "parts of the worker that read the store themselves: " + ", ".join(
+        f"streams/{m}.py ({', '.join(n)})" for m, n in sorted(found.items()))
+
+
+def test_the_database_check_sees_the_store_sinks_own_imports():
+    # The check can fail: the store sink itself imports what it forbids the others.
+    assert {"duckdb", "tailwatch.store.connection"} <= set(_database_imports("tailwatch.streams.store_sink"))
+    assert "tailwatch.store.queries" in _database_imports("tailwatch.streams.rollup")

@@ -25,7 +25,7 @@ class RecordingSink(Sink):
         self.calls: list[str] = []
         self.closed_requests = 0
 
-    def open(self, restore) -> None:
+    def open(self) -> None:
         self.calls.append("open")
 
     def snapshot(self, cp) -> None:

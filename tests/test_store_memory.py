@@ -88,15 +88,22 @@ def test_start_up_reads_at_the_ceiling_then_the_limit_comes_back(tmp_path):
 
 def test_a_start_up_past_the_ceiling_is_one_line_naming_the_flag(tmp_path):
     from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
-    from tailwatch.streams.store_sink import StoreSink
+    from tailwatch.streams.store_sink import StoreSettings, StoreSink
+
+    class Hungry:
+        """A stage whose rebuild needs 32 MiB."""
+        name, alerts = "hungry", None
+
+        def rebuild(self, con):
+            con.execute(NEEDS_32_MIB).fetchone()
 
     path = tmp_path / "s.duckdb"
-    sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=4)
+    sink = StoreSink(StoreSettings(str(path), memory_limit_mib=4), stages=[Hungry()], cpu=CpuAccount(WorkerMetrics()))
     with pytest.raises(StoreError) as caught:
-        sink.open(lambda con: con.execute(NEEDS_32_MIB).fetchone())
+        sink.open()
     said = str(caught.value)
     assert "\n" not in said and "--store-memory-limit" in said and str(path) in said, said
     # The file was let go: the next start (with a larger limit) takes it.
-    sink = StoreSink(str(path), 20.0, stages=[], cpu=CpuAccount(WorkerMetrics()), memory_limit_mib=16)
-    sink.open(lambda con: con.execute(NEEDS_32_MIB).fetchone())
+    sink = StoreSink(StoreSettings(str(path), memory_limit_mib=16), stages=[Hungry()], cpu=CpuAccount(WorkerMetrics()))
+    sink.open()
     sink.close()

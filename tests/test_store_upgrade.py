@@ -72,7 +72,7 @@ def test_a_store_of_an_earlier_release_is_migrated_and_restores_the_worker(tmp_p
     worker = build(WorkerSettings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1", topic_prefix="fx."),
                                   store_path=str(path), slos=load_slos(DEFAULT_SLOS), stages=default_stages(),
                                   http_port=0))
-    worker.sink(StoreSink).open(lambda con: worker.operator.start(worker.source, con))
+    worker.restore()
     try:
         slo = next(s for s in worker.sink(StoreSink).stages if s.name == "slo")
         assert slo.states() and any(st.sums(60)[1] for st in slo.states())

@@ -77,7 +77,7 @@ def time_start(store_path: Path, by_stage: dict[str, tuple[float, float, float]]
         for stage in w.sink(StoreSink).stages:
             stage.rebuild = _timed(stage.name, stage.rebuild, by_stage)
     began, cpu = time.perf_counter(), time.process_time()
-    w.sink(StoreSink).open(lambda con: w.operator.start(w.source, con))
+    w.restore()
     took = time.perf_counter() - began, time.process_time() - cpu
     w.sink(StoreSink).close()
     w.sink(TopicSink).close()

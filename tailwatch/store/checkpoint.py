@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tailwatch.store.queries import query_frame
+from tailwatch.store.queries import newest_minute, query_frame
 
 @dataclass
 class TopicCheckpoint:
@@ -181,6 +181,20 @@ def rows_of_minutes(con: duckdb.DuckDBPyConnection, table: str, minutes: list[in
                             "(SELECT make_timestamp(unnest($1::BIGINT[]) * 60000000))", [minutes])
 
 
+class StoredMinutes:
+    """The closed minutes a store holds, through one connection: what late events are
+    resolved against (streams/corrections.py), inside the checkpoint's transaction."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self.con = con
+
+    def seen_hashes(self, topic: str, minutes: list[int]) -> dict[int, np.ndarray]:
+        return seen_hashes(self.con, topic, minutes)
+
+    def rows_of_minutes(self, table: str, minutes: list[int]) -> pl.DataFrame:
+        return rows_of_minutes(self.con, table, minutes)
+
+
 # The `alerts` rows of a checkpoint are changes, not rows: a fired alert is inserted, a
 # resolved one closes the open row of its fingerprint. In the order they happened.
 ALERT_CHANGE_SCHEMA = {
@@ -263,11 +277,58 @@ def _load_blobs(con: duckdb.DuckDBPyConnection, table: str, topic: str) -> list[
 
 @dataclass
 class RestoredTopic:
+    """One topic's open minutes as the last checkpoint left them."""
+
     counts: list[pl.DataFrame]
     hist: list[pl.DataFrame]
     seen: list[tuple[int, np.ndarray]]
     watermarks: dict[int, int]
     closed_before_minute: int | None
+    label_limits: bytes | None = None  # the cardinality limiter's state (None: none stored)
+
+
+@dataclass
+class RestoredAssembly:
+    """A tier-2 store's assembly state of one source topic."""
+
+    done_before: int | None  # the first minute not landed yet
+    # (sli_partition, source_partition, closed_before_minute, watermark_ms, read_to_end, drained)
+    frontiers: list[tuple]
+
+
+@dataclass(frozen=True)
+class RestoreScope:
+    """What an operator restores from a store: the open state of these topics, the newest
+    minute of these bucket tables, the assembly state of these source topics (and always
+    the stored read positions)."""
+
+    topics: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+    assembly: tuple[str, ...] = ()
+
+
+@dataclass
+class Restored:
+    """The worker's state as the last committed checkpoint left it, read from the store at
+    start (`load_restored`) and handed to the operator: what its checkpoints wrote, typed."""
+
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # next offset per partition
+    topics: dict[str, RestoredTopic] = field(default_factory=dict)
+    newest_minutes: dict[str, int | None] = field(default_factory=dict)  # bucket table → newest minute with rows
+    assembly: dict[str, RestoredAssembly] = field(default_factory=dict)
+
+
+def load_restored(con: duckdb.DuckDBPyConnection, scope: RestoreScope) -> Restored:
+    """What `scope` names, as the store holds it."""
+    out = Restored(offsets=load_offsets(con))
+    for topic in scope.topics:
+        out.topics[topic] = load_topic_state(con, topic)
+        out.topics[topic].label_limits = load_label_limits(con, topic)
+    for table in scope.tables:
+        out.newest_minutes[table] = newest_minute(con, table)
+    for topic in scope.assembly:
+        out.assembly[topic] = RestoredAssembly(*load_assembly(con, topic))
+    return out
 
 
 def load_topic_state(con: duckdb.DuckDBPyConnection, topic: str) -> RestoredTopic:

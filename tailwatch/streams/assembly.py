@@ -20,15 +20,16 @@ restarts from its own store while the others answer (docs/operating.md).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-import duckdb
 import msgspec
-import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_assembly, load_offsets
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.store.checkpoint import Checkpoint, Restored, RestoreScope, TopicCheckpoint
 from tailwatch.streams.decode_step import PRODUCER_TOPICS
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
+from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import Frontier, MinuteAssembler
 from tailwatch.streams.source import KafkaSource
 from tailwatch.streams.topic_sink import TopicSink
@@ -39,12 +40,21 @@ log = logging.getLogger("tailwatch.tier2")
 _decode_letter = msgspec.json.Decoder(deadletter.DeadLetter).decode
 
 
-class MinuteAssembly:
-    """Tier 2's operator (see the module's docstring)."""
+@dataclass
+class AssemblySettings:
+    """Tier 2's share of the worker's settings (streams/tiers.py derives it)."""
+
+    kafka: KafkaSettings
+
+
+class MinuteAssembly(Operator):
+    """Tier 2's operator (see the module's docstring). Without a consumer group nothing is
+    revoked; it holds no open windows (no gauges, and the signal view stands on landed
+    minutes only)."""
 
     by_group = False  # every replica reads every partition
 
-    def __init__(self, settings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
+    def __init__(self, settings: AssemblySettings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
         k = settings.kafka
         self.kafka = k
         self.sli_topic, self.dlq_topic = k.topic(TOPIC_SLI), k.topic(TOPIC_DEADLETTER)
@@ -66,28 +76,31 @@ class MinuteAssembly:
         self.minutes_closed = 0
         self.closing_behind = False
 
-    # ---- start ------------------------------------------------------------------------
-    def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection) -> None:
+    # ---- start and restore -------------------------------------------------------------
+    def start(self, source: KafkaSource) -> None:
+        """An assembler per source topic, waiting for the partitions the cluster says it has."""
         from confluent_kafka.admin import AdminClient
 
         meta = AdminClient(self.kafka.base_config()).list_topics(timeout=10).topics
         for topic, (_table, spec, columns) in self.sources.items():
             self.assemblers[topic] = MinuteAssembler(
                 spec, columns, topic, set(meta[topic].partitions), set(meta[self.sli_topic].partitions))
-        self.stored_offsets = load_offsets(con)
-        source.next_offsets.update(self.stored_offsets)
+
+    def restore_scope(self) -> RestoreScope:
+        return RestoreScope(assembly=tuple(self.sources))
+
+    def restore(self, state: Restored) -> None:
+        self.stored_offsets = dict(state.offsets)
         self._read_offsets = dict(self.stored_offsets)
         for topic, a in self.assemblers.items():
-            done_before, marks = load_assembly(con, topic)
-            a.restore(done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr)) for _q, p, cb, wm, rte, dr in marks],
-                      [int(q) for q, *_ in marks])
+            r = state.assembly[topic]
+            a.restore(r.done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr))
+                                      for _q, p, cb, wm, rte, dr in r.frontiers],
+                      [int(q) for q, *_ in r.frontiers])
             self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
 
     def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
-
-    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
-        """Never called: no group, no revocation."""
 
     def tick(self, source: KafkaSource, now: float) -> None:
         """Topics may gain partitions: a minute waits for the new ones too."""
@@ -178,12 +191,6 @@ class MinuteAssembly:
             elif undrained := a.undrained():
                 out.append(f"{topic} partitions {undrained} are not drained by their tier-1 worker")
         return out
-
-    def open_minutes(self) -> tuple[pl.DataFrame, pl.DataFrame]:
-        return pl.DataFrame(), pl.DataFrame()  # the view stands on landed minutes only
-
-    def update_gauges(self) -> None:
-        """Its lag is the source's; it holds no open windows."""
 
     def progress_line(self, events: int, rate_per_s: float) -> str:
         held = sum(len(a.held) for a in self.assemblers.values())

@@ -19,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import duckdb
 import numpy as np
 import polars as pl
 
-from tailwatch.store.checkpoint import Corrected, rows_of_minutes, seen_hashes
+from tailwatch.store.checkpoint import Corrected, StoredMinutes
 from tailwatch.streams.windows import MinuteWindows
 
 
@@ -38,12 +37,14 @@ class LateEvents:
     # Copies merged rows to the topics before the checkpoint commits (at least once, as closed ones).
     publish: Callable[[pl.DataFrame], None] = lambda rows: None
 
-    def resolve(self, con: duckdb.DuckDBPyConnection, seen_now: list[tuple[int, np.ndarray]]) -> Corrected:
-        """`seen_now`: hashes this checkpoint writes (minutes that closed since the last one)."""
+    def resolve(self, store: StoredMinutes, seen_now: list[tuple[int, np.ndarray]]) -> Corrected:
+        """`store`: the closed minutes, as the checkpoint's transaction sees them (the store
+        sink hands it over); `seen_now`: hashes this checkpoint writes (minutes that closed
+        since the last one)."""
         w = self.windows
         rows = self.rows.filter(pl.col("_dedupe").is_first_distinct())
         minutes = sorted(set(rows["_minute"].to_list()))
-        known = seen_hashes(con, self.topic, minutes)
+        known = store.seen_hashes(self.topic, minutes)
         wanted = set(minutes)
         for minute, hashes in seen_now:
             if minute in wanted:
@@ -59,7 +60,7 @@ class LateEvents:
         if fresh.height == 0:
             return Corrected(pl.DataFrame(), pl.DataFrame(), keys, [], 0, duplicates)
         delta = w.merge_partials(*w.partials(fresh))
-        stored = rows_of_minutes(con, self.table, minutes)
+        stored = store.rows_of_minutes(self.table, minutes)
         parts = [w.row_partials(delta)]
         if stored.height:
             parts.append(w.row_partials(stored))

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import msgspec
-import polars as pl
 from confluent_kafka import KafkaException
 
 from tailwatch.ingest import deadletter
-from tailwatch.ingest.kafka import ensure_topics, read_latest
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, read_latest
 from tailwatch.streams.decode_step import DecodeStep, InputTopic, input_topics, window_gauges
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
+from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import encode_frontier, encode_partials
 from tailwatch.streams.partition_windows import PartitionWindows, Resume
 from tailwatch.streams.source import KafkaSource
@@ -67,13 +68,26 @@ def _resume_or_none(raw: bytes | None) -> Resume | None:
         return None
 
 
-class PartialPublisher:
-    """Tier 1's operator (see the module's docstring)."""
+@dataclass
+class PartialSettings:
+    """Tier 1's share of the worker's settings (streams/tiers.py derives it)."""
 
-    by_group = True
+    kafka: KafkaSettings
+    allowed_lateness_s: float
+    idle_timeout_s: float  # a partition read to its end this far behind the newest is idle
+    max_event_ahead_s: float  # event time past its Kafka record's timestamp: `future`
+    max_record_bytes: int
+    partitions: int  # of each `<topic>.progress` made at start, where its topic does not exist yet
+
+
+class PartialPublisher(Operator):
+    """Tier 1's operator (see the module's docstring). It restores nothing from a store:
+    where each partition resumes is read from Kafka as it is taken (`start_offsets`), and
+    nothing runs on a timer (frontier markers repeat at checkpoints)."""
+
     MARKER_EVERY_S = 10.0  # frontier markers repeat this often even when unchanged (a new tw.sli reader needs them)
 
-    def __init__(self, settings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
+    def __init__(self, settings: PartialSettings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
         s = settings
         self.kafka = s.kafka
         lateness_ms = int(s.allowed_lateness_s * 1000)
@@ -104,8 +118,8 @@ class PartialPublisher:
         self.closing_behind = False
 
     # ---- start and ownership ----------------------------------------------------------
-    def start(self, source: KafkaSource, con: None) -> None:
-        """No store: where each partition resumes is on its `.progress` topic."""
+    def start(self, source: KafkaSource) -> None:
+        """No store: where each partition resumes is on its `.progress` topic, made sure of here."""
         from confluent_kafka.admin import AdminClient
 
         topics = AdminClient(self.kafka.base_config()).list_topics(timeout=10).topics
@@ -138,9 +152,6 @@ class PartialPublisher:
 
     def process(self, topic: str, batch: list) -> None:
         self.decode.process(self.inputs[topic], batch)
-
-    def tick(self, source: KafkaSource, now: float) -> None:
-        """Nothing on a timer: markers repeat at checkpoints."""
 
     # ---- checkpoint: publish, never store ------------------------------------------------
     def has_unsaved(self, source: KafkaSource) -> bool:
@@ -196,9 +207,6 @@ class PartialPublisher:
             self.sink.flush()
         self._saved_offsets = dict(source.next_offsets)
         return None
-
-    def committed(self, cp) -> None:
-        """Never called: tier 1 commits nothing to a store."""
 
     def _note_idle(self, topic: str, idle: set[int]) -> None:
         """Log partitions as they turn idle or come back (their minutes close on the topic's front meanwhile)."""
@@ -256,9 +264,6 @@ class PartialPublisher:
         if not any(source.assigned.values()):
             out.append("this worker owns no partition")
         return out
-
-    def open_minutes(self) -> tuple[pl.DataFrame, pl.DataFrame]:
-        return pl.DataFrame(), pl.DataFrame()  # never asked: tier 1 serves no signal API
 
     def update_gauges(self) -> None:
         window_gauges(self.metrics, self.inputs.values())

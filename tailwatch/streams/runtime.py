@@ -5,6 +5,8 @@ Parts plug into it (streams/tiers.py puts them together):
 - the **source** (streams/source.py): the consumer, partitions, read positions, lag;
 - the **operator** (streams/operator.py): what becomes of each batch, and what each
   checkpoint holds (minute windows, per-partition partials, or whole minutes assembled);
+  it never reads the store: at start the runtime asks the sink that holds the resume
+  state for the operator's state, typed, and hands it over (`operator.restore`);
 - the **sinks** (streams/sink.py), a list the loop calls alike: topics
   (streams/topic_sink.py) always; where the tier keeps one, the store with its stages
   (streams/store_sink.py) and their Alertmanager outboxes (streams/alert_sink.py);
@@ -40,7 +42,6 @@ import polars as pl
 
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tailwatch.store.checkpoint import Checkpoint
-from tailwatch.store.connection import StoreBusy
 from tailwatch.streams.http_port import HttpPort
 from tailwatch.streams.input_catch_up import InputCatchUp
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
@@ -120,7 +121,10 @@ class Runtime:
                 metrics.registry.register(collector)
         # Without a sink that holds the resume state, the operator resumes from Kafka and
         # publishes its checkpoints itself (tier 1).
-        self.resumes_from_store = any(sink.holds_resume_state for sink in self.sinks)
+        self.state_sink: Sink | None = next((sink for sink in self.sinks if sink.holds_resume_state), None)
+        self.resumes_from_store = self.state_sink is not None
+        # Another process holds what a sink writes: a stopping worker ends on it in one line.
+        self._held: tuple[type[BaseException], ...] = tuple(e for sink in self.sinks for e in sink.held_errors)
         self.signal_snapshot: object | None = None  # the signal view last built
         self.events_seen = 0
         self.http_port: int | None = None
@@ -183,17 +187,14 @@ class Runtime:
             self.http_port = http.port
             log.info("serving /metrics, /healthz and the signal API on %s", http.url)
         try:
-            for sink in self.sinks:
-                sink.open(lambda con: self.operator.start(self.source, con))
-            if not self.resumes_from_store:
-                self.operator.start(self.source, None)
+            self.restore()
             self.source.start(self.operator)
         except BaseException as exc:
             if http:
                 http.stop()
             for sink in self.sinks:
                 sink.close()
-            if isinstance(exc, StoreBusy) and self._stop:  # stopped while another process held the file
+            if isinstance(exc, self._held) and self._stop:  # stopped while another process held the file
                 log.error("%s", exc)
                 return 0
             raise
@@ -213,16 +214,16 @@ class Runtime:
             try:
                 undrained = self._loop(http, started)
                 self._checkpoint(close_all=s.until_idle_s is not None and not self._stop and not undrained)
-            except (Undelivered, StoreBusy) as exc:
+            except (Undelivered, *self._held) as exc:
                 # Stopping, and Kafka takes nothing or another process holds the store: the
                 # store stays at its last checkpoint, which the next start resumes from.
                 log.error("%s", exc)
-                store_busy = isinstance(exc, StoreBusy)
+                store_busy = isinstance(exc, self._held)
             # Pages still go out; with the store held, what was delivered is not recorded
             # and the next start sends it again (Alertmanager takes a page twice as once).
             try:
                 self._drain(wait_s=10.0, record=not store_busy)
-            except StoreBusy as exc:
+            except self._held as exc:
                 log.error("%s", exc)
             if s.progress:
                 elapsed = time.monotonic() - started
@@ -245,6 +246,18 @@ class Runtime:
         if undrained and not self._stop:
             raise NotDrained(f"not drained after {s.until_idle_s + s.drain_timeout_s:.0f} s: " + "; ".join(undrained))
         return 0
+
+    def restore(self) -> None:
+        """Open the sinks and put the operator back where the last committed checkpoint left it:
+        the state the sink holding it reads from its store, or, without one, nothing here (the
+        operator reads where each partition resumes from Kafka as it is taken)."""
+        for sink in self.sinks:
+            sink.open()
+        self.operator.start(self.source)
+        if self.state_sink is not None:
+            state = self.state_sink.restored(self.operator.restore_scope())
+            self.source.next_offsets.update(state.offsets)  # where reading goes on: the store's offsets
+            self.operator.restore(state)
 
     def _start_line(self, http: HttpPort | None) -> str:
         s = self.settings

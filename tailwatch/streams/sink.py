@@ -5,23 +5,27 @@ A sink is a part the runtime holds in a list, whatever the tier: the topics
 outboxes (streams/alert_sink.py). Each method has a default that does nothing, so a sink
 writes only what it takes part in, and the runtime calls every sink the same way:
 
-- `open(restore)` before the first record; the sink that holds where a worker resumes
-  (`holds_resume_state`) calls `restore(con)` with its store connection;
+- `open()` before the first record; then the sink that holds where a worker resumes
+  (`holds_resume_state`, the store sink: one per tier, or none) is asked for the state the
+  operator restores (`restored(scope)`, typed: `store.checkpoint.Restored`), which the
+  runtime hands the operator, so that no other part reads the store;
 - at each checkpoint, `snapshot(cp)` lets a sink add what it holds to the checkpoint
   (what Alertmanager took since the last mark), `commit(cp)` makes the checkpoint durable
   (the store's transaction), and `committed(cp)` follows once every sink has committed
   (the stages hand out what they raised): the order of Flink's snapshotState and
   notifyCheckpointComplete;
 - `tick(caught_up)` from the loop; `drain(wait_s)` and `close()` at exit.
+
+A sink says which of its errors mean that something outside the worker holds what it
+writes (`held_errors`: another process has the store file): a worker told to stop ends on
+one with a line, its state where the last checkpoint left it.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from prometheus_client.registry import Collector
 
-from tailwatch.store.checkpoint import Checkpoint
+from tailwatch.store.checkpoint import Checkpoint, Restored, RestoreScope
 
 
 class Sink:
@@ -31,13 +35,20 @@ class Sink:
     # The sink whose store holds the operator's resume state (one per tier, or none: the
     # operator then resumes from Kafka).
     holds_resume_state = False
+    # Errors that say another holder kept this sink from writing (see the module's docstring).
+    held_errors: tuple[type[BaseException], ...] = ()
 
     def collectors(self) -> list[Collector]:
         """Prometheus collectors to register on the worker's registry."""
         return []
 
-    def open(self, restore: Callable[[object], None]) -> None:
-        """Before the first record; a sink with `holds_resume_state` calls `restore(con)`."""
+    def open(self) -> None:
+        """Before the first record."""
+
+    def restored(self, scope: RestoreScope) -> Restored:
+        """After `open`, of the sink with `holds_resume_state` only: the operator's state as the
+        last committed checkpoint left it, as far as `scope` names it."""
+        raise NotImplementedError(f"the {self.name} sink holds no resume state")
 
     def snapshot(self, cp: Checkpoint) -> None:
         """Add what this sink holds to the checkpoint, before any sink commits it."""

@@ -1,7 +1,9 @@
 """The runtime's store sink: the DuckDB store and the stages fed from it.
 
-It owns the store file (one process at a time, store/lock.py), rebuilds the operator's
-state and every stage's from it on start, and commits each checkpoint in one transaction:
+It owns the store file (one process at a time, store/lock.py) and is the one part of the
+runtime that reads and writes it: on start it rebuilds every stage's state from it and
+reads the operator's (`restored`: the typed `store.checkpoint.Restored` the runtime hands
+the operator, which never sees the store), and it commits each checkpoint in one transaction:
 the operator's closed minutes, open state, dead letters and offsets, every stage's rows
 for the same minutes, and what the other sinks added to it (what each Alertmanager has
 taken since the last mark, streams/alert_sink.py). Only once every sink has committed is
@@ -10,12 +12,14 @@ what the stages raised handed to their outboxes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import duckdb
 import polars as pl
 
-from tailwatch.store.checkpoint import Checkpoint, write_checkpoint
-from tailwatch.store.connection import STORE_MEMORY_LIMIT_MIB, StoreSession, store_failure
+from tailwatch.store.checkpoint import (Checkpoint, Restored, RestoreScope, StoredMinutes, load_restored,
+                                        write_checkpoint)
+from tailwatch.store.connection import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB, StoreBusy, StoreSession, store_failure
 from tailwatch.streams.metrics import CpuAccount
 from tailwatch.streams.rollup import RollUp, topics_ready
 from tailwatch.streams.sink import Sink
@@ -23,44 +27,53 @@ from tailwatch.streams.stages import Stage
 from tailwatch.store.lock import StoreLock
 
 
+@dataclass
+class StoreSettings:
+    """The store sink's share of the worker's settings (streams/tiers.py derives it)."""
+
+    path: str = DEFAULT_STORE
+    release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
+    memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
+
+
 class StoreSink(Sink):
     name = "store"
     holds_resume_state = True
+    held_errors = (StoreBusy,)
 
-    def __init__(self, path: str, release_s: float, stages: list[Stage], cpu: CpuAccount,
-                 rollup: RollUp | None = None, memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB,
-                 on_memory_limit=None, stopping=lambda: False):
-        self.path = path
+    def __init__(self, settings: StoreSettings, stages: list[Stage], cpu: CpuAccount,
+                 rollup: RollUp | None = None, on_memory_limit=None, stopping=lambda: False):
+        self.settings = settings
+        self.path = settings.path
         self.stopping = stopping  # the worker was told to stop: waits for the file are cut short
-        self.memory_limit_mib = memory_limit_mib
         self.on_memory_limit = on_memory_limit  # told the store's memory limit in MiB, and each raise
         self.rollup = rollup
         self._rollup_checked_hours: tuple = ()
-        self.release_s = release_s
         self.stages = stages
         self.cpu = cpu
-        self._lock = StoreLock(path)
+        self._lock = StoreLock(self.path)
         self.session: StoreSession | None = None
 
-    def open(self, restore) -> None:
-        """Take the file, let `restore(con)` put the operator back, rebuild every stage."""
+    def open(self) -> None:
+        """Take the file and rebuild every stage from it."""
         self._lock.acquire()
         try:
-            self.session = StoreSession(self.path, self.release_s, self.memory_limit_mib, self.on_memory_limit,
-                                              self.stopping)
-
-            def start(con) -> None:
-                restore(con)
-                for stage in self.stages:
-                    stage.rebuild(con)
-
-            try:
-                self.session.start(start)
-            except duckdb.Error as exc:  # out of memory at the ceiling, a broken file: one line
-                raise store_failure(self.path, exc) from None
+            self.session = StoreSession(self.path, self.settings.release_s, self.settings.memory_limit_mib,
+                                        self.on_memory_limit, self.stopping)
+            self._start(lambda con: [stage.rebuild(con) for stage in self.stages])
         except BaseException:
             self.close()
             raise
+
+    def restored(self, scope: RestoreScope) -> Restored:
+        """What the operator's checkpoints left in the store, as far as `scope` names it."""
+        return self._start(lambda con: load_restored(con, scope))
+
+    def _start(self, work):
+        try:
+            return self.session.start(work)
+        except duckdb.Error as exc:  # out of memory at the ceiling, a broken file: one line
+            raise store_failure(self.path, exc) from None
 
     @property
     def outboxes(self) -> list:
@@ -124,7 +137,7 @@ class StoreSink(Sink):
         try:
             for t in cp.topics:
                 if t.late is not None:
-                    t.corrected = self.session.run(lambda con: t.late.resolve(con, t.seen))
+                    t.corrected = self.session.run(lambda con: t.late.resolve(StoredMinutes(con), t.seen))
                     if t.table == "sli_minute" and t.corrected.delta.height:
                         delta = t.corrected.delta
         except duckdb.Error as exc:
@@ -150,3 +163,4 @@ class StoreSink(Sink):
             self.session.close()
             self.session = None
         self._lock.release()
+

@@ -1,16 +1,20 @@
 """The three tiers, each a list of the runtime's parts (streams/runtime.py), and the
 worker's settings they are built from.
 
-| tier  | source                                   | operator                | sinks                                   | HTTP port            |
-|-------|------------------------------------------|-------------------------|-----------------------------------------|----------------------|
-| `all` | tw.requests, tw.gpu (group)              | MinuteWindowOperator    | topics (tw.sli copies), store, pages    | signal API, /metrics |
-| `1`   | tw.requests, tw.gpu (group, N workers)   | PartialPublisher        | topics (tw.sli partials, `.progress`)   | /metrics             |
-| `2`   | tw.sli, tw.deadletter (every partition)  | MinuteAssembly          | topics, store, pages                    | signal API, /metrics |
+| tier  | source                                   | operator (settings)                      | restored from          | sinks                                                | HTTP port            |
+|-------|------------------------------------------|------------------------------------------|------------------------|------------------------------------------------------|----------------------|
+| `all` | tw.requests, tw.gpu (group)              | MinuteWindowOperator (WindowSettings)    | the store              | topics (tw.sli copies), store (StoreSettings), pages | signal API, /metrics |
+| `1`   | tw.requests, tw.gpu (group, N workers)   | PartialPublisher (PartialSettings)       | Kafka (`.progress`)    | topics (tw.sli partials, `.progress`)                | /metrics             |
+| `2`   | tw.sli, tw.deadletter (every partition)  | MinuteAssembly (AssemblySettings)        | the store              | topics, store (StoreSettings), pages                 | signal API, /metrics |
 
 The stages (SLO engine first: the signal view reads its states; then the settings'
 stages, then the signal view) run where there is a store. The domain parts (SLOs, the
 signal view, GPU prices, Alertmanager links) are built here, so that the runtime imports
 none of their rooms.
+
+Each part is built from its own settings, derived here from the worker's (`WorkerSettings`,
+the command line's flags): the loop's `RuntimeSettings`, the operators' `WindowSettings`,
+`PartialSettings` and `AssemblySettings`, the store sink's `StoreSettings`.
 """
 
 from __future__ import annotations
@@ -24,15 +28,15 @@ from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.signals.config import ApiConfig
-from tailwatch.store.connection import DEFAULT_STORE, STORE_MEMORY_LIMIT_MIB
 from tailwatch.streams.cardinality import CardinalityLimits
 from tailwatch.streams.frames import DEFAULT_MAX_AHEAD_MS
 from tailwatch.streams.http import WorkerHttp
 from tailwatch.streams.alert_sink import AlertSink
-from tailwatch.streams.assembly import MinuteAssembly
+from tailwatch.streams.assembly import AssemblySettings, MinuteAssembly
 from tailwatch.streams.detector_stage import DetectorStage
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
-from tailwatch.streams.partial_publisher import PartialPublisher
+from tailwatch.streams.operator import Operator
+from tailwatch.streams.partial_publisher import PartialPublisher, PartialSettings
 from tailwatch.streams.rollup import RollUp
 from tailwatch.streams.runtime import Parts, Runtime, RuntimeSettings
 from tailwatch.streams.signal_stage import SignalStage
@@ -40,16 +44,17 @@ from tailwatch.streams.group_rescue import GroupRescue
 from tailwatch.streams.log_reset import LogReset
 from tailwatch.streams.slo_stage import SloStage
 from tailwatch.streams.source import KafkaSource
-from tailwatch.streams.store_sink import StoreSink
+from tailwatch.streams.store_sink import StoreSettings, StoreSink
 from tailwatch.streams.topic_sink import TopicSink
-from tailwatch.streams.window_operator import MinuteWindowOperator
+from tailwatch.streams.window_operator import MinuteWindowOperator, WindowSettings
+
 
 @dataclass
 class WorkerSettings:
     """What a worker is started with (the command line's flags); `build` hands each part its own."""
 
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
-    store_path: str = DEFAULT_STORE
+    store_path: str = StoreSettings.path
     group_id: str = "tailwatch-worker"
     http_port: int | None = 8000
     # Stop after this long without a record, once drained (0: as soon as every partition is read to its end).
@@ -78,8 +83,8 @@ class WorkerSettings:
     slos: list | None = None  # slo.spec.SloSpec: evaluated on every closed minute; None: none
     slos_file: str = ""  # where they came from, for the start line
     alertmanager_urls: tuple[str, ...] = ()  # every Alertmanager of the cluster
-    store_release_s: float = 20.0  # how often the worker lets go of the DuckDB file for readers
-    store_memory_limit_mib: int = STORE_MEMORY_LIMIT_MIB  # DuckDB's buffer pool for the store, to start with
+    store_release_s: float = StoreSettings.release_s  # how often the worker lets go of the DuckDB file for readers
+    store_memory_limit_mib: int = StoreSettings.memory_limit_mib  # DuckDB's buffer pool for the store, to start with
     stages: list = field(default_factory=list)  # streams.stages.Stage: fed each checkpoint's closed minutes
     http_host: str = "127.0.0.1"
     api_config: ApiConfig = field(default_factory=ApiConfig)  # the signal API on the HTTP port
@@ -95,11 +100,45 @@ class WorkerSettings:
     max_watermark_drift_s: float | None = None
 
 
-OPERATORS = {"all": MinuteWindowOperator, "1": PartialPublisher, "2": MinuteAssembly}
+def window_settings(settings: WorkerSettings) -> WindowSettings:
+    """Tier `all`'s operator's share of the worker's settings."""
+    s = settings
+    return WindowSettings(kafka=s.kafka, allowed_lateness_s=s.allowed_lateness_s, idle_timeout_s=s.idle_timeout_s,
+                          correction_horizon_s=s.correction_horizon_s, max_event_ahead_s=s.max_event_ahead_s,
+                          max_record_bytes=s.max_record_bytes, checkpoint_max_rows=s.checkpoint_max_rows,
+                          max_watermark_drift_s=s.max_watermark_drift_s, cardinality=s.cardinality,
+                          publish_sli=s.publish_sli)
+
+
+def partial_settings(settings: WorkerSettings) -> PartialSettings:
+    """Tier 1's operator's share of the worker's settings."""
+    s = settings
+    return PartialSettings(kafka=s.kafka, allowed_lateness_s=s.allowed_lateness_s, idle_timeout_s=s.idle_timeout_s,
+                           max_event_ahead_s=s.max_event_ahead_s, max_record_bytes=s.max_record_bytes,
+                           partitions=s.partitions)
+
+
+def assembly_settings(settings: WorkerSettings) -> AssemblySettings:
+    """Tier 2's operator's share of the worker's settings."""
+    return AssemblySettings(kafka=settings.kafka)
+
+
+def store_settings(settings: WorkerSettings) -> StoreSettings:
+    """The store sink's share of the worker's settings."""
+    return StoreSettings(path=settings.store_path, release_s=settings.store_release_s,
+                         memory_limit_mib=settings.store_memory_limit_mib)
+
+
+# Each tier's operator, and what it is built from.
+OPERATORS: dict[str, tuple[Callable[..., Operator], Callable[[WorkerSettings], object]]] = {
+    "all": (MinuteWindowOperator, window_settings),
+    "1": (PartialPublisher, partial_settings),
+    "2": (MinuteAssembly, assembly_settings),
+}
 TIERS = tuple(OPERATORS)
 
 
-def _gap_marker(metrics: WorkerMetrics, operator) -> Callable[[LogReset], None]:
+def _gap_marker(metrics: WorkerMetrics, operator: Operator) -> Callable[[LogReset], None]:
     """A reset partition is counted, and its gap marked by a dead letter stamped when it was seen."""
     def mark(reset: LogReset) -> None:
         metrics.log_resets.labels(reset.topic, reset.reason).inc()
@@ -116,7 +155,8 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
     cpu = CpuAccount(metrics)
     runtime: Runtime | None = None
     topics = TopicSink(settings.kafka, metrics, stopping=lambda: runtime is not None and runtime.stopping)
-    operator = OPERATORS[tier](settings, metrics, cpu, topics)
+    make_operator, operator_settings = OPERATORS[tier]
+    operator = make_operator(operator_settings(settings), metrics, cpu, topics)
     parts = Parts(operator, [topics])
     if tier != "1":
         stages = []
@@ -133,8 +173,7 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
             live = LiveSignals(settings.api_config.policy, settings.slos, settings.prices)
             parts.signals = SignalStage(live, slo.states, slo.details) if slo is not None else SignalStage(live)
             stages.append(parts.signals)
-        store_sink = StoreSink(settings.store_path, settings.store_release_s, stages, cpu,
-                               RollUp(int(settings.minute_retention_s // 60)), settings.store_memory_limit_mib,
+        store_sink = StoreSink(store_settings(settings), stages, cpu, RollUp(int(settings.minute_retention_s // 60)),
                                on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20),
                                stopping=lambda: runtime is not None and runtime.stopping)
         parts.sinks += [store_sink, AlertSink(store_sink.outboxes)]

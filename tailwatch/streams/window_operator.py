@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
-import duckdb
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_label_limits, load_offsets, load_topic_state
-from tailwatch.store.queries import newest_minute
+from tailwatch.ingest.kafka import KafkaSettings
+from tailwatch.store.checkpoint import Checkpoint, Restored, RestoreScope, TopicCheckpoint
 from tailwatch.streams.alignment import WatermarkAlignment
+from tailwatch.streams.cardinality import CardinalityLimits
 from tailwatch.streams.corrections import LateEvents
 from tailwatch.streams.decode_step import DecodeStep, InputTopic, input_topics, window_gauges
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
+from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import sli_records
 from tailwatch.streams.source import KafkaSource
 from tailwatch.streams.topic_sink import TopicSink
@@ -37,11 +39,24 @@ from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_REQUESTS, TOPIC_SLI
 log = logging.getLogger("tailwatch.worker")
 
 
-class MinuteWindowOperator:
-    by_group = True
-    watched: list[str] = []
+@dataclass
+class WindowSettings:
+    """The window operator's share of the worker's settings (streams/tiers.py derives it)."""
 
-    def __init__(self, settings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
+    kafka: KafkaSettings
+    allowed_lateness_s: float
+    idle_timeout_s: float  # a partition read to its end this far behind the newest stops holding minutes open
+    correction_horizon_s: float  # late events still correct their closed minute up to this far behind
+    max_event_ahead_s: float  # event time past its Kafka record's timestamp: `future`
+    max_record_bytes: int
+    checkpoint_max_rows: int  # a checkpoint closes minutes of at most about this many rows
+    max_watermark_drift_s: float | None = None  # pause a partition this far ahead (None: the allowed lateness; 0: never)
+    cardinality: CardinalityLimits = field(default_factory=CardinalityLimits)
+    publish_sli: bool = True  # copies of closed buckets to tw.sli
+
+
+class MinuteWindowOperator(Operator):
+    def __init__(self, settings: WindowSettings, metrics: WorkerMetrics, cpu: CpuAccount, sink: TopicSink):
         s = settings
         lateness_ms = int(s.allowed_lateness_s * 1000)
         drift_s = s.allowed_lateness_s if s.max_watermark_drift_s is None else s.max_watermark_drift_s
@@ -69,22 +84,24 @@ class MinuteWindowOperator:
         self.checkpoint_max_rows = s.checkpoint_max_rows
         self.events_corrected = 0
 
-    # ---- start and ownership ----------------------------------------------------------
-    def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection) -> None:
+    # ---- restore and ownership ----------------------------------------------------------
+    def restore_scope(self) -> RestoreScope:
+        return RestoreScope(topics=tuple(self.inputs), tables=tuple(p.table for p in self.inputs.values()))
+
+    def restore(self, state: Restored) -> None:
         # Event time accepted is at most its record's time plus the bound; a record's time is
         # at most about now. State past that came from a record refused today (`future`),
         # accepted by an older release: repaired here, once, before anything is read.
         bound_ms = int(time.time() * 1000) + self.max_ahead_ms
         for p in self.inputs.values():
-            r = load_topic_state(con, p.topic)
+            r = state.topics[p.topic]
             p.windows.restore(r.counts, r.hist, r.seen, r.watermarks, r.closed_before_minute)
             if p.limiter is not None:
-                p.limiter.restore(load_label_limits(con, p.topic))
-            for line in p.windows.repair_event_time(bound_ms, newest_minute(con, p.table)):
+                p.limiter.restore(r.label_limits)
+            for line in p.windows.repair_event_time(bound_ms, state.newest_minutes[p.table]):
                 log.warning("%s: %s (event time past %s cannot come from an accepted event)", p.topic, line,
                             utc_text(bound_ms))
-        self.stored_offsets = load_offsets(con)
-        source.next_offsets.update(self.stored_offsets)
+        self.stored_offsets = dict(state.offsets)
 
     def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
