@@ -94,7 +94,9 @@ class _Ring:
     def columns(self, blocks: list[int], n: int) -> np.ndarray:
         """Per block, the (good, valid) of every slice: (len(blocks), n, 2) floats (counts,
         exact: a window's sums stay far below 2**53)."""
-        slots = np.array([b % self.slots for b in blocks])
+        slots = [b % self.slots for b in blocks]
+        if len(self.chunks) == 1:  # the usual case, and on a thin minute each call's fixed cost counts
+            return self.chunks[0][:, :n].take(slots, axis=0).astype(np.float64)
         parts = [c.take(slots, axis=0)[:, :rows] for c, rows in self._rows(n)]
         if not parts:
             return np.zeros((len(slots), 0, 2))
@@ -190,7 +192,9 @@ class BlockWindows:
                 # The head whole (unless a window lies inside it) and the share of each
                 # window's oldest block inside it: one product over the gathered blocks.
                 weights = self._weights(r, now)
-                out[members[0]:members[-1] + 1] = middle + (weights @ blocks.reshape(len(blocks), -1)).reshape(middle.shape)
+                mine = out[members[0]:members[-1] + 1]
+                np.matmul(weights, blocks.reshape(len(blocks), -1), out=mine.reshape(len(members), -1))
+                mine += middle
         self._sums = out.transpose(1, 0, 2)
         return self._sums
 
@@ -236,14 +240,16 @@ class BlockWindows:
             keys, sums = cached
             if sums.shape[1] < n:  # slices added since: none of theirs lie in the middle yet
                 sums = np.pad(sums, ((0, 0), (0, n - sums.shape[1]), (0, 0)))
-        if cached is not None and all(k == (t, head) for k, t in zip(keys, tails)):
+        now_keys = [(t, head) for t in tails]
+        if keys == now_keys:
             self._middle[r] = (keys, sums)
             return sums  # nothing moved since (inside a block of a coarse ring)
-        if all(k is not None and k == (t - 1, head - 1) and t < head - 1 for k, t in zip(keys, tails)):
+        # (tails fall as the windows lengthen: the first is the latest)
+        if tails[0] < head - 1 and keys == [(t - 1, head - 1) for t in tails]:
             # Every window moved one block (each minute at minute resolution): the old head
             # enters each middle, each new tail leaves it.
             sums = sums + blocks[1] - blocks[2:]
-            self._middle[r] = ([(t, head) for t in tails], sums)
+            self._middle[r] = (now_keys, sums)
             return sums
         keys = list(keys)
         moves: list[tuple[int, int, float]] = []  # (window, block, +1 entering or -1 leaving)

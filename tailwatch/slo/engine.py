@@ -197,6 +197,7 @@ class SloTable:
         self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows], np.int64)
         self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows], np.int64)
         self._factors = np.array([factor for _, _, factor in self._alerts])
+        self._least_factor = min(self._factors, default=np.inf)
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
         self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
@@ -285,37 +286,51 @@ class SloTable:
         several calls: each adds to it); nor does any minute where not `judge`
         (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
-        undecided = np.zeros(len(cols), np.int64) if undecided is None else np.asarray(undecided, np.int64)
-        if len(cols) and (good.min() < 0 or undecided.min() < 0 or (good + undecided > valid).any()):
+        # A minute without undecided events (nearly every one) adds none: on a thin minute
+        # each numpy call's fixed cost is the stage's cost, so the calls that would add
+        # zeros are left out.
+        undecided = None if undecided is None else np.asarray(undecided, np.int64)
+        if undecided is not None and not undecided.any():
+            undecided = None
+        if len(cols) and (good.min() < 0 or (good > valid).any() if undecided is None else
+                          good.min() < 0 or undecided.min() < 0 or (good + undecided > valid).any()):
+            undecided = np.zeros(len(cols), np.int64) if undecided is None else undecided
             k = int(np.flatnonzero((good < 0) | (undecided < 0) | (valid < 0) | (good + undecided > valid))[0])
             raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} undecided={undecided[k]} valid={valid[k]}")
         # From here on "good" is every event not proven bad: what burn rates, alerts and the
         # budget count (the module docstring); the undecided share is kept beside it.
-        good = good + undecided
+        if undecided is not None:
+            good = good + undecided
         late = self.now is not None and minute <= self.now
         # The newest minute again: more of its rows (a restart reads a big minute in shares).
         again = late and minute == self.now
         if not late:
             self.retire_until(minute)
         data = valid > 0
-        self.windows.add(cols[data], minute, good[data], valid[data])
-        if self.undecided_windows is None and undecided.any():
+        every = bool(data.all())  # the usual case: no copies of the columns picked
+        seen = cols if every else cols[data]
+        self.windows.add(seen, minute, good if every else good[data], valid if every else valid[data])
+        if self.undecided_windows is None and undecided is not None:
             self.undecided_windows = BlockWindows(self.lengths)
             self.undecided_windows.add_slices(self.n)
             self.undecided_windows.advance(self.now)
-        if self.undecided_windows is not None:
+        if undecided is not None:
             some = undecided > 0
             self.undecided_windows.add(cols[some], minute, undecided[some], undecided[some])
-        seen = cols[data]
-        first = self.first_data[seen]
-        self.first_data[seen] = np.where((first < 0) | (first > minute), minute, first)
+        # A slice's history begins at its oldest minute with data (-1: none yet).
+        first = self.first_data.take(seen)
+        earlier = (first < 0) | (first > minute)
+        if earlier.any():
+            self.first_data[seen[earlier]] = minute
         if self.spec.calendar_month and _month_of(minute) == self.month:
             self.month_good[cols] += good
             self.month_valid[cols] += valid
-            self.month_undecided[cols] += undecided
+            if undecided is not None:
+                self.month_undecided[cols] += undecided
         self.events_good[cols] += good
         self.events_valid[cols] += valid
-        self.events_undecided[cols] += undecided
+        if undecided is not None:
+            self.events_undecided[cols] += undecided
         self._version += 1
         if late and not again:
             return []
@@ -325,14 +340,15 @@ class SloTable:
                 w = windows.setdefault(stage, RollingWindows((self._fastest_long_minutes,)))
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
-        self.last_data[cols[data]] = minute
+        self.last_data[seen] = minute
         if not judge or again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
-        back = cols[data & (self.no_data_since[cols] >= 0)]
-        for i in back.tolist():
-            changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
-            self.no_data_since[i] = -1
+        silent = self.no_data_since.take(seen)
+        if len(silent) and silent.max() >= 0:  # a slice whose no-data alert fires has data again
+            for i in seen[silent >= 0].tolist():
+                changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
+                self.no_data_since[i] = -1
         changes += self._evaluate(minute, cols)
         if not changes:
             return []
@@ -443,11 +459,18 @@ class SloTable:
         burns, valids, remaining = self.rates()
         # `take`, not fancy indexing: on a thin minute the calls' fixed costs are the stage's
         # cost, and fancy indexing along the second axis costs several times as much.
-        burns, valids = burns.take(cols, axis=0), valids.take(cols, axis=0)
+        burns = burns.take(cols, axis=0)
+        fired = self.fired_at.take(cols, axis=1)
+        # Nothing firing and no window burning above the smallest factor: nothing can change
+        # (an alert fires only where both its windows burn above its factor), and the masks
+        # below are not worth building.
+        if not (burns > self._least_factor).any() and not (fired >= 0).any():
+            return []
+        valids = valids.take(cols, axis=0)
         long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
         enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
         hot = (long_b > self._factors) & (short_b > self._factors) & enough & ~self.young(minute, cols)
-        firing = self.fired_at.take(cols, axis=1).T >= 0
+        firing = fired.T >= 0
         # An alert fires while its condition holds, as the generated Prometheus rule does: it
         # resolves once either window cools (the short one, nearly always, a few minutes
         # after the burn stops) or holds fewer than `min_events`.
