@@ -37,7 +37,7 @@ def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
         f"_n_{spec.latency_field}_le_{bound}":
             hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum(),
     }
-    if spec.latency_field in LATENCY_LOWER_FIELDS:
+    if has_undecided(spec):
         # The signed straddle histogram summed to the threshold's bin (streams/windows.py).
         straddle = pl.col(f"{spec.latency_field}_straddle_hist")
         out[f"_u_{spec.latency_field}_le_{bound}"] = straddle.list.eval(
@@ -45,11 +45,16 @@ def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
     return out
 
 
+def has_undecided(spec: SloSpec) -> bool:
+    """Whether the SLO can have undecided events: a latency that a runtime's histogram can give."""
+    return spec.sli_kind not in COUNT_KINDS and spec.latency_field in LATENCY_LOWER_FIELDS
+
+
 def undecided_expr(spec: SloSpec, sums_as_columns: bool = False) -> pl.Expr:
     """Of one bucket row's valid events, those neither proven good nor bad: known only as a
     runtime bucket whose bounds straddle the threshold (counted bad in `good_valid_exprs`'
     good, so good + undecided is the SLI's upper end). 0 for measured latencies and counts."""
-    if spec.sli_kind in COUNT_KINDS or spec.latency_field not in LATENCY_LOWER_FIELDS:
+    if not has_undecided(spec):
         return pl.lit(0, pl.Int64)
     sums = list(histogram_sums(spec).items())
     total, good, undecided = (pl.col(name) for name, _ in sums) if sums_as_columns else (e for _, e in sums)
@@ -155,22 +160,32 @@ class _Counting:
         self.sums = list({name: e.alias(name) for spec in specs for name, e in histogram_sums(spec).items()}.values())
         self.select = [(pl.col("window_start").dt.epoch("s") // 60).alias("_minute"),
                        *sorted({label for spec in specs for label in spec.slice_by})]
+        # On a thin minute each column of the select costs about the same whatever its rows, so
+        # SLOs that pick the same rows share one `_p` column, and an SLO that can have no
+        # undecided events has no `_u` column (its counts are zeros).
+        self.picks: list[int] = []  # per SLO, its `_p` column
+        picks: dict[tuple, int] = {}
         for i, spec in enumerate(specs):
             good, valid = good_valid_exprs(spec, sums_as_columns=True)
             picked = _selects(spec)
             if spec.sli_kind in REPORTED_KINDS:  # a fleet that does not report the field has no slices of it
                 picked = picked & (valid > 0)
-            self.select += [picked.alias(f"_p{i}"), pl.when(picked).then(good).alias(f"_g{i}"),
-                            pl.when(picked).then(valid).alias(f"_v{i}"),
-                            pl.when(picked).then(undecided_expr(spec, sums_as_columns=True)).alias(f"_u{i}")]
+            key = (tuple(sorted(spec.selector.items())), spec.sli_kind if spec.sli_kind in REPORTED_KINDS else None)
+            if key not in picks:
+                picks[key] = len(picks)
+                self.select.append(picked.alias(f"_p{picks[key]}"))
+            self.picks.append(picks[key])
+            self.select += [pl.when(picked).then(good).alias(f"_g{i}"), pl.when(picked).then(valid).alias(f"_v{i}")]
+            if has_undecided(spec):
+                self.select.append(pl.when(picked).then(undecided_expr(spec, sums_as_columns=True)).alias(f"_u{i}"))
         by_slicing: dict[tuple[str, ...], list[int]] = {}
         for i, spec in enumerate(specs):
             by_slicing.setdefault(spec.slice_by, []).append(i)
         self.slicings = [
             (slice_by, members,
-             [agg for i in members for agg in (pl.col(f"_p{i}").any(), pl.col(f"_g{i}").sum().fill_null(0).cast(pl.Int64),
-                                               pl.col(f"_v{i}").sum().fill_null(0).cast(pl.Int64),
-                                               pl.col(f"_u{i}").sum().fill_null(0).cast(pl.Int64))])
+             [pl.col(f"_p{k}").any() for k in dict.fromkeys(self.picks[i] for i in members)]
+             + [pl.col(f"_{c}{i}").sum().fill_null(0).cast(pl.Int64)
+                for i in members for c in ("gvu" if has_undecided(specs[i]) else "gv")])
             for slice_by, members in by_slicing.items()]
 
     def rows(self, buckets: pl.DataFrame) -> dict[str, SloRows]:
@@ -184,10 +199,12 @@ class _Counting:
                     for k in zip(*(g[k].cast(pl.String).to_list() for k in slice_by))] if slice_by else [()] * g.height
             minutes = g["_minute"].to_numpy()
             for i in members:
-                picked = g[f"_p{i}"].to_numpy()
+                picked = g[f"_p{self.picks[i]}"].to_numpy()
+                undecided = (g[f"_u{i}"].to_numpy()[picked] if has_undecided(self.specs[i])
+                             else np.zeros(int(picked.sum()), np.int64))
                 out[self.specs[i].name] = SloRows(minutes[picked], [k for k, p in zip(keys, picked) if p],
                                                   g[f"_g{i}"].to_numpy()[picked], g[f"_v{i}"].to_numpy()[picked],
-                                                  g[f"_u{i}"].to_numpy()[picked])
+                                                  undecided)
         return out
 
 
