@@ -96,7 +96,8 @@ class _Ring:
         exact: a window's sums stay far below 2**53)."""
         slots = [b % self.slots for b in blocks]
         if len(self.chunks) == 1:  # the usual case, and on a thin minute each call's fixed cost counts
-            return self.chunks[0][:, :n].take(slots, axis=0).astype(np.float64)
+            # (take, then slice: `take` copies a sliced ring whole first)
+            return self.chunks[0].take(slots, axis=0)[:, :n].astype(np.float64)
         parts = [c.take(slots, axis=0)[:, :rows] for c, rows in self._rows(n)]
         if not parts:
             return np.zeros((len(slots), 0, 2))

@@ -392,9 +392,15 @@ class SloTable:
             return cached[1], cached[2], cached[3]
         sums = self.windows.all_sums()
         good, valid = sums[..., 0], sums[..., 1]
-        burns = burn_rate(valid - good, valid, self.spec.objective)
-        c_good, c_valid = self.compliance_counts()
-        remaining = error_budget_remaining(c_valid - c_good, c_valid, self.spec.objective)
+        bad = valid - good
+        burns = burn_rate(bad, valid, self.spec.objective)
+        if self.spec.calendar_month:
+            c_good, c_valid = self.compliance_counts()
+            c_bad = c_valid - c_good
+        else:  # the compliance window's column of the sums just read
+            k = self.at[self.spec.window_minutes]
+            c_bad, c_valid = bad[:, k], valid[:, k]
+        remaining = error_budget_remaining(c_bad, c_valid, self.spec.objective)
         self._rates = (self._version, burns, valid, remaining)
         return burns, valid, remaining
 
