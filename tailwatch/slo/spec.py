@@ -94,10 +94,10 @@ class SloSpec:
     young_share: float = YOUNG_SHARE  # a window is judged once the slice's history covers this share of it
 
     def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
-        """The buckets that the selector picks."""
-        for label, value in self.selector.items():
-            buckets = buckets.filter(pl.col(label) == value)
-        return buckets
+        """The buckets that the selector picks (one filter: each costs alike on a thin minute)."""
+        if not self.selector:
+            return buckets
+        return buckets.filter(*(pl.col(label) == value for label, value in self.selector.items()))
 
 
 @dataclass
