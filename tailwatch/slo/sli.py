@@ -371,11 +371,13 @@ def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
     good, valid = table.compliance_counts()
     undecided = table.compliance_undecided()
     texts = table.slice_texts()
+    good, valid, undecided = good.take(cols), valid.take(cols), undecided.take(cols)  # each picked once
     with np.errstate(divide="ignore", invalid="ignore"):
-        sli_upper = np.where(valid[cols] > 0, good[cols] / valid[cols], np.nan)
-        sli = np.where(valid[cols] > 0, (good[cols] - undecided[cols]) / valid[cols], np.nan)
-    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining[cols],
-                      table.minutes_to_exhaustion(cols), burns[cols], [span(m) for m in table.lengths],
+        some = valid > 0
+        sli_upper = np.where(some, good / valid, np.nan)
+        sli = np.where(some, (good - undecided) / valid, np.nan)
+    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining.take(cols),
+                      table.minutes_to_exhaustion(cols), burns.take(cols, axis=0), [span(m) for m in table.lengths],
                       table.firing_count(cols))
 
 
