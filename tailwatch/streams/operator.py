@@ -18,7 +18,7 @@ import polars as pl
 
 from tailwatch.ingest import deadletter
 from tailwatch.store.checkpoint import Checkpoint
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 
 
 class Operator(Protocol):
@@ -30,16 +30,16 @@ class Operator(Protocol):
     minutes_closed: int  # request minutes closed (the bench's cost per closed minute)
     closing_behind: bool  # the last checkpoint left closable minutes open (its bound): the next comes before more is read
 
-    def start(self, source: KafkaSource, con: duckdb.DuckDBPyConnection | None) -> None:
+    def start(self, source: Source, con: duckdb.DuckDBPyConnection | None) -> None:
         """Before the first record: put the state back where the last run left it, from the
         store (`con`), or, for an operator without one, from Kafka."""
         ...
 
-    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: Source, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         """Where each partition just taken starts reading (None: its beginning)."""
         ...
 
-    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
+    def revoked(self, source: Source, topic: str, partition: int) -> None:
         """A partition went to another member of the group."""
         ...
 
@@ -52,14 +52,14 @@ class Operator(Protocol):
         """A batch of one topic's records, in partition order."""
         ...
 
-    def tick(self, source: KafkaSource, now: float) -> None:
+    def tick(self, source: Source, now: float) -> None:
         """Once per loop (monotonic `now`): pause or resume partitions, follow new partitions."""
         ...
 
-    def has_unsaved(self, source: KafkaSource) -> bool:
+    def has_unsaved(self, source: Source) -> bool:
         ...
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
+    def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
         """Close what can close (everything, with `close_all`) and say what the store sink
         commits; None when there is nothing new, or nothing for a store."""
         ...
@@ -68,7 +68,7 @@ class Operator(Protocol):
         """The store holds `cp`."""
         ...
 
-    def undrained(self, source: KafkaSource) -> list[str]:
+    def undrained(self, source: Source) -> list[str]:
         """Why `--until-idle` may not end yet (empty: drained)."""
         ...
 
