@@ -1,6 +1,6 @@
 """Minutes older than the retention roll into hours in the checkpoint transaction, and the cost
-report over a range spanning both tables gives what it gave over minutes alone (real broker,
-real worker, real DuckDB files)."""
+report over a range spanning both tables gives what it gave over minutes alone (topics in
+memory, real worker, real DuckDB files)."""
 
 import datetime as dt
 import math
@@ -21,12 +21,9 @@ DAY_MIN = 1440
 
 
 @pytest.fixture(scope="module")
-def two_stores(broker, tmp_path_factory):
+def two_stores(new_memory, tmp_path_factory):
     """Two days and three hours of a fleet: one store keeps every minute, one keeps a day."""
-    from tailwatch.ingest.kafka import KafkaSettings
-    import uuid
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:6]}.")
+    kafka = new_memory()
     publish(kafka, FleetSimulator("cost-spike", minutes=2 * DAY_MIN + 180, seed=4, rate_scale=0.005,
                                   gpu_samples_per_minute=1).events())
     tmp = tmp_path_factory.mktemp("rollup")

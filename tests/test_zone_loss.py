@@ -5,7 +5,6 @@ the (z−1)/z capacity math and the scenario's labelled truth."""
 from __future__ import annotations
 
 import math
-import uuid
 
 import pytest
 
@@ -72,11 +71,8 @@ def test_the_scenario_loses_a_zone_and_moves_its_traffic_to_the_survivors():
 
 
 @pytest.fixture(scope="module")
-def zone_loss_store(broker, tmp_path_factory):
-    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+def zone_loss_store(new_memory, tmp_path_factory):
+    kafka = new_memory()
     sim = FleetSimulator("zone-loss", seed=7)
     publish(kafka, list(sim.events()))
     path = tmp_path_factory.mktemp("zone-loss") / "tw.duckdb"
