@@ -72,6 +72,8 @@ class MemoryTopics:
     `tiers.build`, and a producer (records keyed as librdkafka's default partitioner places
     them: CRC32 of the key; unkeyed ones round robin)."""
 
+    OUTSIDE_STATE = True  # a broker's stand-in: not the worker's state (streams/state_size.py)
+
     def __init__(self, settings: KafkaSettings | None = None, partitions: int = 2):
         self.settings = settings or KafkaSettings(topic_prefix="mem.")
         self.default_partitions = partitions
