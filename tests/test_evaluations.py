@@ -110,6 +110,7 @@ def test_the_canary_is_rolled_back_for_the_one_language_it_regresses(regression_
     assert "promote" not in {s.verdict for s in run.steps}
 
 
+@pytest.mark.slow
 def test_a_canary_better_in_every_language_goes_on_to_promotion(memory, tmp_path):
     kafka = memory
     sim = FleetSimulator("asr-canary-better", minutes=40, seed=6, eval_share=1.0, rate_scale=1.6)

@@ -367,6 +367,7 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothing(memory, tmp_path, caplog, monkeypatch):
     """Told to stop while a reader holds the file and a checkpoint waits for it, the worker
     waits STOP_WAIT_S more, then leaves without that checkpoint; the next start resumes from

@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import msgspec
 import numpy as np
+import pytest
 
 from tailwatch_dev.simulator import ZONES
 from tailwatch_dev.trace import TraceReplay
@@ -49,6 +50,7 @@ def frontier(w: Runtime) -> int | None:
     return next(iter(w.operator.inputs.values())).windows.closed_before_minute
 
 
+@pytest.mark.slow
 def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(memory, tmp_path):
     events, start, silent_zone, minute_of = trace_requests()
     enc = msgspec.json.Encoder()

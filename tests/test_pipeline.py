@@ -11,6 +11,7 @@ import uuid
 
 import duckdb
 import msgspec
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tailwatch.ingest.producer import EventPublisher
@@ -202,6 +203,7 @@ def test_a_late_event_within_the_horizon_corrects_its_minute_and_a_late_copy_cou
     assert w.metrics.late_events.labels(topic)._value.get() == 0
 
 
+@pytest.mark.slow
 def test_metrics_and_health_are_served_while_running(memory, tmp_path):
     publish(memory, FleetSimulator("quiet", minutes=2, seed=1, rate_scale=0.1).events())
     from tests.conftest import free_port

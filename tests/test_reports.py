@@ -257,6 +257,7 @@ def _fleet_total_from_store(path, prices: GpuPrices) -> float:
     return sum(gs * prices.usd_per_gpu_second(sku) for sku, gs in rows)
 
 
+@pytest.mark.slow
 def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path, capsys):
     path, sim = cost_spike_store
     assert [t["kind"] for t in sim.truth()] == ["cost_regression"]
@@ -302,6 +303,7 @@ def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path,
     assert abs(per_day["successful_turns"][1] - per_day["successful_turns"][0]) < 0.01  # success stayed flat
 
 
+@pytest.mark.slow
 def test_default_range_is_the_last_day_of_data_and_first_day_alone_is_not_flagged(cost_spike_store, tmp_path, capsys):
     path, _ = cost_spike_store
     assert main(["report", "cost", "--store", str(path), "--out", str(tmp_path / "last")]) == 0
@@ -314,6 +316,7 @@ def test_default_range_is_the_last_day_of_data_and_first_day_alone_is_not_flagge
     assert 'id="no-spend-rise"' in (tmp_path / "first" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_empty_range_bad_dates_and_bad_prices_are_one_line_errors_and_write_nothing(cost_spike_store, tmp_path, capsys):
     path, _ = cost_spike_store
     out = tmp_path / "nothing"

@@ -53,6 +53,7 @@ def close(a: dict, b: dict) -> None:
         assert (math.isclose(x, y, rel_tol=1e-9) if isinstance(x, float) else x == y), (name, x, y)
 
 
+@pytest.mark.slow
 def test_the_worker_rolls_minutes_past_the_retention_into_hours(two_stores):
     kept, rolled = two_stores
     k, r = duckdb.connect(str(kept), read_only=True), duckdb.connect(str(rolled), read_only=True)
@@ -75,6 +76,7 @@ def test_the_worker_rolls_minutes_past_the_retention_into_hours(two_stores):
     k.close(), r.close()
 
 
+@pytest.mark.slow
 def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes(two_stores):
     kept, rolled = two_stores
     con = duckdb.connect(str(kept), read_only=True)
@@ -94,6 +96,7 @@ def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes
             close(x.__dict__, y.__dict__)
 
 
+@pytest.mark.slow
 def test_a_store_without_retention_keeps_every_minute(two_stores):
     kept, _ = two_stores
     con = connect(kept)
@@ -104,6 +107,7 @@ def test_a_store_without_retention_keeps_every_minute(two_stores):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_replay_reaching_into_rolled_hours_is_refused_in_one_line(two_stores):
     from tailwatch.backtest import BacktestError, read_buckets
 

@@ -27,6 +27,7 @@ def tts_run(kafka, tmp_path, scenario: str, seed: int, rate_scale: float = 3.0):
     return [e for e in events if isinstance(e, RequestV1)], path
 
 
+@pytest.mark.slow
 def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(memory, tmp_path):
     requests, path = tts_run(memory, tmp_path, "tts-canary-underruns", seed=5)
     con = duckdb.connect(str(path), read_only=True)
@@ -51,6 +52,7 @@ def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(memory, tmp_path)
     assert "promote" not in {s.verdict for s in run.steps}
 
 
+@pytest.mark.slow
 def test_a_healthy_tts_canary_is_judged_per_successful_audio_minute_and_promoted(memory, tmp_path):
     _requests, path = tts_run(memory, tmp_path, "tts-canary-healthy", seed=6)
     requests_frame, gpu = read_buckets(str(path))

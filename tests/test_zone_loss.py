@@ -80,6 +80,7 @@ def zone_loss_store(new_memory, tmp_path_factory):
     return sim, path
 
 
+@pytest.mark.slow
 def test_the_drill_finds_the_lost_zone_and_checks_the_survivors_against_the_math(zone_loss_store):
     sim, path = zone_loss_store
     requests, gpu = read_buckets(str(path))
@@ -134,6 +135,7 @@ def test_the_drill_finds_the_lost_zone_and_checks_the_survivors_against_the_math
     assert any("saturated" in f for f in report.readiness["llama-3.1-70b"][1])
 
 
+@pytest.mark.slow
 def test_under_a_tighter_capacity_batch_is_refused_before_any_realtime_request(zone_loss_store):
     """With a configured capacity below the survivors' demand, the admission plan must refuse:
     batch goes first, and a realtime request is refused only once no batch is admitted."""
@@ -150,6 +152,7 @@ def test_under_a_tighter_capacity_batch_is_refused_before_any_realtime_request(z
         assert report.pools[pool].realtime_refused_with_batch_admitted == []
 
 
+@pytest.mark.slow
 def test_the_drill_command_prints_the_tables_and_refuses_a_zone_that_was_not_lost(zone_loss_store, capsys):
     _sim, path = zone_loss_store
     assert main(["drill", "zone-loss", "--store", str(path), "--model", "llama-3.1-70b", "--minutes-after", "8"]) == 0
