@@ -86,7 +86,8 @@ class Source(Protocol):
         ...
 
     def positions(self, topic: str) -> dict[int, tuple[int, int]]:
-        """Owned partitions not known to be read to their end: partition → (read position, log end)."""
+        """Owned partitions whose log end is known (Kafka's leaves out those it has seen the
+        end of): partition → (read position, log end)."""
         ...
 
     def read_to_end(self, topic: str) -> set[int]:
