@@ -1,4 +1,5 @@
-"""Shared fixtures: the real embedded broker, isolated topic prefixes, free ports.
+"""Shared fixtures: the real embedded broker, isolated topic prefixes, free ports, and topics
+in memory for tests of a worker's logic that need no broker.
 
 A test that needs the broker fails under CI=true when the broker cannot start; it
 skips only on a developer machine without it. The broker is one per test process: under
@@ -16,19 +17,26 @@ import pytest
 
 from tailwatch_dev.broker import BrokerError, EmbeddedBroker, free_port  # noqa: F401 (tests import it from here)
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.streams.memory_source import MemoryTopics
 from tailwatch_dev.traces import AZURE_CODE_TRACE as AZURE_TRACE, H100_LAB, MOONCAKE_TRACE  # noqa: F401 (tests import them from here)
 
 
 BROKER_FIXTURES = {"broker", "kafka", "own_broker"}  # own_broker: a test that restarts one of its own
+MEMORY_FIXTURES = {"memory", "new_memory"}
 
 
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the broker (the session's, or one of its own) is a `broker` test
     whether or not it says so, so that `make test-fast` (-m "not broker and not slow") starts no
-    broker. A test that starts one in a subprocess (`tailwatch demo`, `bench`) says so itself."""
+    broker. A test that starts one in a subprocess (`tailwatch demo`, `bench`) says so itself.
+    A test on topics in memory (`memory`, or a fixture of its own made with `new_memory`) is
+    a `memory` test."""
     for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if BROKER_FIXTURES & names:
             item.add_marker(pytest.mark.broker)
+        if MEMORY_FIXTURES & names:
+            item.add_marker(pytest.mark.memory)
 
 
 def need(condition: bool, what: str) -> None:
@@ -63,6 +71,30 @@ def kafka(broker) -> KafkaSettings:
     settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
     ensure_topics(settings, partitions=2)
     return settings
+
+
+def memory_topics(partitions: int = 2) -> MemoryTopics:
+    """The tailwatch topics in memory (streams/memory_source.py), under a prefix of their own;
+    `build(..., connector=topics)` runs a worker on them, and tests/test_pipeline.py's
+    `publish`, `send_raw`, `read_topic` and `run_worker` take them where they take Kafka's settings."""
+    topics = MemoryTopics(KafkaSettings(bootstrap_servers="memory", topic_prefix=f"m{uuid.uuid4().hex[:8]}."),
+                          partitions=partitions)
+    topics.ensure(partitions)
+    return topics
+
+
+@pytest.fixture
+def memory() -> MemoryTopics:
+    """The `kafka` fixture's topics, in memory: a worker's logic (windows, stages, store,
+    signal view) with no broker. Kafka's own behaviour (groups, rebalances, logs reset,
+    refusals, restarts from offsets) is the broker tests'."""
+    return memory_topics()
+
+
+@pytest.fixture(scope="session")
+def new_memory():
+    """`memory_topics`, for a module's fixture that makes a store once on topics of its own."""
+    return memory_topics
 
 
 def start_until_ready(name: str, argv: list[str], port: int, log_path: Path, timeout_s: float = 30.0):

@@ -67,20 +67,26 @@ def start_alertmanager_cluster(tmp_path, webhook_port, size=2):
     cfg = tmp_path / "am-cluster.yml"
     cfg.write_text(alertmanager_config(webhook_port, "['...']", group_interval="2s"))
     members, first_peer = [], None
-    for i in range(size):
-        port, gossip = free_port(), free_port()
-        argv = [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
-                f"--storage.path={tmp_path / f'am-data-{port}'}", f"--cluster.listen-address=127.0.0.1:{gossip}",
-                "--cluster.peer-timeout=500ms", "--cluster.gossip-interval=50ms", "--log.level=debug"]
-        if first_peer:
-            argv.append(f"--cluster.peer={first_peer}")
-        members.append(start_until_ready("Alertmanager", argv, port, tmp_path / f"am-{port}.log", timeout_s=20))
-        first_peer = first_peer or f"127.0.0.1:{gossip}"
-    deadline = time.time() + 30
-    for _proc, url in members:
-        while len(json.load(urllib.request.urlopen(url + "/api/v2/status", timeout=2))["cluster"]["peers"]) < size:
-            assert time.time() < deadline, f"{url} did not see {size} peers"
-            time.sleep(0.3)
+    try:
+        for i in range(size):
+            port, gossip = free_port(), free_port()
+            argv = [AM_BIN, f"--config.file={cfg}", f"--web.listen-address=127.0.0.1:{port}",
+                    f"--storage.path={tmp_path / f'am-data-{port}'}", f"--cluster.listen-address=127.0.0.1:{gossip}",
+                    "--cluster.peer-timeout=500ms", "--cluster.gossip-interval=50ms", "--log.level=debug"]
+            if first_peer:
+                argv.append(f"--cluster.peer={first_peer}")
+            members.append(start_until_ready("Alertmanager", argv, port, tmp_path / f"am-{port}.log", timeout_s=20))
+            first_peer = first_peer or f"127.0.0.1:{gossip}"
+        deadline = time.time() + 30
+        for _proc, url in members:
+            while len(json.load(urllib.request.urlopen(url + "/api/v2/status", timeout=2))["cluster"]["peers"]) < size:
+                assert time.time() < deadline, f"{url} did not see {size} peers"
+                time.sleep(0.3)
+    except BaseException:  # the instances started so far would outlive the test
+        for proc, _url in members:
+            proc.kill()
+            proc.wait()
+        raise
     return members
 
 

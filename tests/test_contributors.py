@@ -302,19 +302,16 @@ def test_a_page_names_the_open_detection_whose_scope_holds_its_bad_events(tmp_pa
     assert "open since" not in plain["detail"][0] and plain["detail"][0].startswith("tenant=acme holds")
 
 
-def test_the_worker_hands_its_detector_stages_open_detections_to_the_slo_stage(kafka, tmp_path):
+def test_the_worker_hands_its_detector_stages_open_detections_to_the_slo_stage(memory, tmp_path):
     """`build` wires them: what the detector stage holds open is what a page is explained with."""
-    import uuid
-
     from tailwatch.detectors.core import Detection
     from tailwatch.slo.contributors import OpenDetection
     from tailwatch.slo.spec import DEFAULT_SLOS
     from tailwatch.streams.detector_stage import detector_stages
     from tailwatch.streams.store_sink import StoreSink
-    from tailwatch.streams.tiers import WorkerSettings, build
+    from tests.test_pipeline import worker
 
-    w = build(WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                             http_port=None, slos=load_slos(DEFAULT_SLOS), stages=detector_stages("default")))
+    w = worker(memory, tmp_path / "tw.duckdb", slos=load_slos(DEFAULT_SLOS), stages=detector_stages("default"))
     slo = next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
     (detectors,) = [s for s in w.sink(StoreSink).stages if s.name == "detectors"]
     assert slo.open_detections() == []

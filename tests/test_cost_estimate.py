@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-import uuid
 from collections import defaultdict
 
 import duckdb
@@ -17,7 +16,6 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tailwatch.ingest.schema import GpuV1
 from tailwatch_dev.trace import TraceReplay, read_any_trace
 from tailwatch.reports.cost_report import SCALES_VIEW, attribution_bases, build_report, minute_scales, render_html
@@ -48,14 +46,13 @@ def vllm_events() -> tuple[list, list, list]:
 
 
 @pytest.fixture(scope="module")
-def vllm_store(broker, tmp_path_factory):
+def vllm_store(new_memory, tmp_path_factory):
     truth, requests, gpus = vllm_events()
     # One more request and GPU minute three hours on, so that the trace's hour can be rolled up.
     later = truth[-1].ts + 3 * 3_600_000
     requests.append(msgspec.structs.replace(requests[0], event_id="later", ts=later))
     gpus.append(msgspec.structs.replace(gpus[0], ts=later))
-    settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"c{uuid.uuid4().hex[:8]}.")
-    ensure_topics(settings, partitions=1)
+    settings = new_memory(partitions=1)
     publish(settings, sorted([*requests, *gpus], key=lambda e: e.ts))
     path = tmp_path_factory.mktemp("vllm") / "store.duckdb"
     run_worker(settings, path)

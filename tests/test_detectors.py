@@ -636,6 +636,40 @@ def test_stage_waits_for_both_tables_and_takes_empty_frames(tmp_path):
     assert con.execute("SELECT detector, ended_at FROM detections").fetchall() == [("retry_storm", None)]
 
 
+def test_a_restart_before_the_first_minute_fed_still_raises_on_the_stored_minutes(tmp_path):
+    """Stopped after one table's minutes landed and before any minute was fed (the other table
+    had closed none yet): the restarted stage feeds the stored minutes, and raises what an
+    uninterrupted one raises. They used to be taken for history from before the detectors
+    (a tier-2 replica killed then had no detection where the others had two rows)."""
+    from tailwatch.store.schema import SCHEMA_SQL
+
+    def store(con, out: dict, requests: pl.DataFrame) -> None:
+        for table, rows in [*out.items(), ("sli_minute", requests)]:
+            if rows.height:
+                con.register("_rows", rows.to_arrow())
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+                con.unregister("_rows")
+
+    reqs = pl.DataFrame([req_rows(T0 + i, requests=100, retries=50) for i in range(5)], schema_overrides=REQ_SCHEMA)
+    gpu = pl.DataFrame([gpu_row(T0 + i) for i in range(3)], schema_overrides=GPU_SCHEMA)
+    uninterrupted = DetectorStage()
+    uninterrupted.on_closed(reqs, pl.DataFrame())
+    want = uninterrupted.on_closed(pl.DataFrame(), gpu)["detection_events"]
+    assert want["state"].to_list() == ["raised"]
+
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    con.execute(SCHEMA_SQL)
+    stage = DetectorStage()
+    stage.rebuild(con)
+    store(con, stage.on_closed(reqs, pl.DataFrame()), reqs)  # landed, nothing fed: then the process dies
+    restarted = DetectorStage()
+    restarted.rebuild(con)
+    assert restarted.processed_before is None
+    got = restarted.on_closed(pl.DataFrame(), gpu)["detection_events"]
+    assert got.select("detection_id", "state", "changed_at").equals(want.select("detection_id", "state", "changed_at"))
+    assert restarted.processed_before == T0 + 3
+
+
 def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog):
     from tailwatch.streams.detector_stage import PendingMinutes
 

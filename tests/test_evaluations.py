@@ -64,14 +64,10 @@ def test_evaluations_share_the_requests_topic_and_hostile_ones_are_dead_letters(
 
 
 @pytest.fixture(scope="module")
-def regression_run(broker, tmp_path_factory):
+def regression_run(new_memory, tmp_path_factory):
     """40 minutes of the ASR fleet with 30% of answers scored: the canary is better in every
     language but German (scenario asr-canary-language-regression)."""
-    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-    import uuid
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+    kafka = new_memory()
     sim = FleetSimulator("asr-canary-language-regression", minutes=40, seed=5, eval_share=0.3)
     events = [e for e in sim.events() if isinstance(e, (RequestV1, EvalV1)) and e.workload == "asr"]
     publish(kafka, events)
@@ -114,12 +110,9 @@ def test_the_canary_is_rolled_back_for_the_one_language_it_regresses(regression_
     assert "promote" not in {s.verdict for s in run.steps}
 
 
-def test_a_canary_better_in_every_language_goes_on_to_promotion(broker, tmp_path):
-    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-    import uuid
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+@pytest.mark.slow
+def test_a_canary_better_in_every_language_goes_on_to_promotion(memory, tmp_path):
+    kafka = memory
     sim = FleetSimulator("asr-canary-better", minutes=40, seed=6, eval_share=1.0, rate_scale=1.6)
     publish(kafka, [e for e in sim.events() if isinstance(e, (RequestV1, EvalV1)) and e.workload == "asr"])
     run_worker(kafka, tmp_path / "tw.duckdb")
@@ -152,16 +145,12 @@ def test_the_readiness_report_shows_wer_by_language_and_version_and_the_rollback
         report.findings
 
 
-def test_scores_that_arrive_after_their_minutes_closed_are_merged_into_them(broker, tmp_path):
+def test_scores_that_arrive_after_their_minutes_closed_are_merged_into_them(memory, tmp_path):
     """A scorer runs behind: the requests are read and their minutes closed, then their
     evaluations arrive (a late backlog on the same topic). Each is merged into its request's
     closed slice-minute, as a correction; nothing is dead-lettered, no request count moves,
     no slice-minute is doubled, and a redelivery of the backlog changes nothing."""
-    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-    import uuid
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+    kafka = memory
     sim = FleetSimulator("asr-canary-language-regression", minutes=12, seed=8, eval_share=0.3)
     events = [e for e in sim.events() if isinstance(e, (RequestV1, EvalV1)) and e.workload == "asr"]
     requests = [e for e in events if isinstance(e, RequestV1)]

@@ -1,7 +1,9 @@
-"""Faults that used to stop or falsify the worker, each pinned by a test on the
-real broker: an oversized record, an output topic that refuses a record, a partition of
-nothing but poison, a partition that goes silent, and a partition the group has handed to
-someone else. The randomised mix of all of them is tests/test_chaos.py.
+"""Faults that used to stop or falsify the worker, each pinned by a test: an oversized
+record, an output topic that refuses a record, a partition of nothing but poison, a
+partition that goes silent, and a partition the group has handed to someone else. Those
+where Kafka's behaviour is the point (a refusal, a group, an unreachable broker) run on the
+real broker, the others on topics in memory (streams/memory_source.py). The randomised mix
+of all of them is tests/test_chaos.py.
 """
 
 import hashlib
@@ -16,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from tailwatch.conventions import STATE_BYTES
+from tailwatch.streams.memory_source import MemoryTopics
 from tailwatch.streams.runtime import NotDrained, Runtime
 from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.streams.topic_sink import TopicSink
@@ -31,7 +34,12 @@ def request(i: int, ts_ms: int, tenant: str = "acme") -> bytes:
 
 
 def produce(kafka, placed: list[tuple[int, bytes]], topic_suffix: str = "requests") -> None:
-    """(partition, value) records, in order, by a producer that accepts records up to 5 MB."""
+    """(partition, value) records, in order, by a producer that accepts records up to 5 MB
+    (or to topics in memory)."""
+    if isinstance(kafka, MemoryTopics):
+        for part, value in placed:
+            kafka.produce(kafka.topic(topic_suffix), value, key=b"k", partition=part)
+        return
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "message.max.bytes": 5_000_000, "linger.ms": 5})
     for part, value in placed:
         p.produce(kafka.topic(topic_suffix), value, key=b"k", partition=part)
@@ -41,12 +49,19 @@ def produce(kafka, placed: list[tuple[int, bytes]], topic_suffix: str = "request
 def settings(kafka, store, **kw) -> WorkerSettings:
     kw.setdefault("group_id", f"g-{uuid.uuid4().hex[:6]}")
     kw.setdefault("http_port", None)
+    if isinstance(kafka, MemoryTopics):
+        kafka = kafka.settings
     return WorkerSettings(kafka=kafka, store_path=str(store), checkpoint_interval_s=0.2, **kw)
+
+
+def worker(kafka, store, tier: str = "all", **kw) -> Runtime:
+    """A worker with `settings` on Kafka, or on topics in memory."""
+    return build(settings(kafka, store, **kw), tier, connector=kafka if isinstance(kafka, MemoryTopics) else None)
 
 
 def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Runtime:
     """A live worker (no --until-idle) in a thread, stopped once `until(worker)` holds."""
-    w = build(settings(kafka, store, **kw))
+    w = worker(kafka, store, **kw)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     deadline = time.time() + timeout_s
@@ -58,18 +73,18 @@ def run_live(kafka, store, until, timeout_s: float = 40.0, **kw) -> Runtime:
     return w
 
 
-def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(kafka, tmp_path):
+def test_an_oversized_record_is_dead_lettered_bounded_and_the_worker_goes_on(memory, tmp_path):
     big = request(0, T0_MS)[:-1] + b', "endpoint": "' + b"x" * 2_000_000 + b'"}'
-    produce(kafka, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
+    produce(memory, [(0, request(1, T0_MS)), (0, big), (0, request(2, T0_MS + 1000))])
     store = tmp_path / "tw.duckdb"
     for _ in range(2):  # and a restart reads past it again, no crash loop
-        w = build(settings(kafka, store, until_idle_s=0))
+        w = worker(memory, store, until_idle_s=0)
         assert w.run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT reason, size_bytes, sha256 FROM dead_letter").fetchall() == [
         ("oversized", len(big), hashlib.sha256(big).hexdigest())]
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == 2
-    (envelope,) = read_topic(kafka, "deadletter", 1)
+    (envelope,) = read_topic(memory, "deadletter", 1)
     letter = json.loads(envelope)
     assert len(envelope) < 100_000 and letter["schema"] == "deadletter.v2" and letter["raw_truncated"] is True
     assert letter["size_bytes"] == len(big) and letter["sha256"] == hashlib.sha256(big).hexdigest()
@@ -88,20 +103,20 @@ def test_a_copy_kafka_refuses_is_counted_and_the_store_keeps_it(kafka, tmp_path)
     assert failures == 1
 
 
-def test_a_partition_of_only_poison_does_not_hold_minutes_open(kafka, tmp_path):
+def test_a_partition_of_only_poison_does_not_hold_minutes_open(memory, tmp_path):
     good = [(0, request(i, T0_MS + i * 10_000)) for i in range(60)]  # ten minutes in partition 0
     poison = [(1, b"not json"), (1, b"\xff\xfe"), (1, b'{"schema": "request.v1"}')]
-    produce(kafka, good + poison)
-    w = run_live(kafka, tmp_path / "tw.duckdb", lambda w: w.buckets_closed >= 4)
+    produce(memory, good + poison)
+    w = run_live(memory, tmp_path / "tw.duckdb", lambda w: w.buckets_closed >= 4)
     assert w.buckets_closed >= 4, "minutes stayed open behind a partition that holds only invalid records"
 
 
-def test_a_silent_partition_stops_holding_minutes_after_the_idle_timeout(kafka, tmp_path):
+def test_a_silent_partition_stops_holding_minutes_after_the_idle_timeout(memory, tmp_path):
     busy = [(0, request(i, T0_MS + i * 10_000, "a")) for i in range(90)]  # 15 minutes
     quiet = [(1, request(1000 + i, T0_MS + i * 10_000, "b")) for i in range(12)]  # then silent after 2
-    produce(kafka, quiet + busy)
+    produce(memory, quiet + busy)
     store = tmp_path / "tw.duckdb"
-    w = run_live(kafka, store, lambda w: w.buckets_closed >= 8, idle_timeout_s=60.0)
+    w = run_live(memory, store, lambda w: w.buckets_closed >= 8, idle_timeout_s=60.0)
     assert w.buckets_closed >= 8
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
@@ -352,7 +367,8 @@ def test_a_reader_holding_the_store_past_a_minute_pauses_the_worker_and_does_not
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
 
 
-def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothing(kafka, tmp_path, caplog, monkeypatch):
+@pytest.mark.slow
+def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothing(memory, tmp_path, caplog, monkeypatch):
     """Told to stop while a reader holds the file and a checkpoint waits for it, the worker
     waits STOP_WAIT_S more, then leaves without that checkpoint; the next start resumes from
     the one before, and every request lands once."""
@@ -360,12 +376,12 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
 
     from tailwatch.store.connection import StoreSession
 
-    events, first, second = _trace_halves(kafka)
-    produce(kafka, first)
+    events, first, second = _trace_halves(memory)
+    produce(memory, first)
     store = tmp_path / "tw.duckdb"
     monkeypatch.setattr(StoreSession, "STOP_WAIT_S", 2.0)
     caplog.set_level(logging.ERROR, logger="tailwatch.worker")
-    w = build(settings(kafka, store, store_release_s=0.5))
+    w = worker(memory, store, store_release_s=0.5)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     deadline = time.time() + 60
@@ -374,7 +390,7 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     time.sleep(1.0)
     reader = _hold_store(store, 30.0)  # taken while the worker lets go of the file
     try:
-        produce(kafka, second)
+        produce(memory, second)
         time.sleep(3.0)  # a checkpoint of the second half now waits for the file
         stopped = time.monotonic()
         w.stop()
@@ -386,24 +402,24 @@ def test_a_stop_while_a_reader_holds_the_store_leaves_in_seconds_and_loses_nothi
     said = [r.getMessage() for r in caplog.records if "held by another process" in r.getMessage()]
     assert said and "stopping without writing to it" in said[0], said
     # The next start resumes from the last checkpoint: every request, once.
-    assert build(settings(kafka, store, until_idle_s=0)).run() == 0
+    assert worker(memory, store, until_idle_s=0).run() == 0
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
 
 
-def test_the_state_is_measured_as_often_as_settings_say(kafka, tmp_path):
+def test_the_state_is_measured_as_often_as_settings_say(memory, tmp_path):
     # 2,000 events of 200 tenants in one minute that stays open (nothing later moves the
     # frontier past it).
-    produce(kafka, [(0, request(i, T0_MS + i * 25, tenant=f"t{i % 200}")) for i in range(2000)])
+    produce(memory, [(0, request(i, T0_MS + i * 25, tenant=f"t{i % 200}")) for i in range(2000)])
 
     def measured(w) -> float:
         return w.metrics.registry.get_sample_value(STATE_BYTES, {"component": "open_minutes"}) or 0.0
 
     # The default walks the state at start, then once a minute: a short run keeps the start's.
-    seldom = run_live(kafka, tmp_path / "seldom.duckdb", lambda w: w.events_seen >= 2000, timeout_s=20.0)
+    seldom = run_live(memory, tmp_path / "seldom.duckdb", lambda w: w.events_seen >= 2000, timeout_s=20.0)
     at_start = measured(seldom)
     assert seldom.events_seen == 2000 and at_start > 0
-    often = run_live(kafka, tmp_path / "often.duckdb", lambda w: measured(w) > at_start + 50_000, state_every_s=0.0)
+    often = run_live(memory, tmp_path / "often.duckdb", lambda w: measured(w) > at_start + 50_000, state_every_s=0.0)
     assert often.events_seen == 2000 and measured(often) > at_start + 50_000
     assert measured(seldom) == at_start
 

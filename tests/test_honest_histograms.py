@@ -1,6 +1,6 @@
 """Thresholds between a runtime's histogram buckets: a scraped vLLM fleet answering first tokens
 in about 1.1 s against the default 1.2 s SLO (vLLM's bounds around it: 1 s and 2.5 s) has
-every request undecided, neither proven good nor bad. Through the real broker and worker it
+every request undecided, neither proven good nor bad. Through topics in memory and a worker it
 pages nothing and reports its SLI as the range 0–100%; a fleet at about 3 s (the bucket from
 2.5 to 5 s, wholly over the threshold) is proven bad and still pages, and the evidence of
 every page says how many of its events were undecided."""
@@ -8,7 +8,6 @@ every page says how many of its events were undecided."""
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import datetime, timezone
 
 import duckdb
@@ -24,11 +23,9 @@ from tailwatch.slo.engine import SloTable
 from tailwatch.slo.runtime_buckets import RUNTIME_HISTOGRAMS
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.store_sink import StoreSink
-from tailwatch.streams.tiers import WorkerSettings
 from tailwatch.streams.slo_stage import SloStage
-from tailwatch.streams.tiers import build
 from tailwatch.cli import main
-from tests.test_pipeline import publish
+from tests.test_pipeline import publish, worker
 
 SLO = "llm-realtime-first-token"
 T0_MS = int(datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp() * 1000)
@@ -61,13 +58,12 @@ def _scraped_fleet(zone: str, first_token_s: float, e2e_s: float) -> list:
     return events
 
 
-def test_a_fleet_between_vllms_bounds_pages_nothing_and_reports_its_sli_as_a_range(kafka, tmp_path, capsys):
+def test_a_fleet_between_vllms_bounds_pages_nothing_and_reports_its_sli_as_a_range(memory, tmp_path, capsys):
     healthy = _scraped_fleet("eu-west-4a", 1.1, 4.0)
     slow = _scraped_fleet("eu-west-4b", 3.0, 6.0)
-    publish(kafka, healthy + slow)
+    publish(memory, healthy + slow)
     path = tmp_path / "tw.duckdb"
-    w = build(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                             http_port=None, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS)))
+    w = worker(memory, path, until_idle_s=2.0, slos=load_slos(DEFAULT_SLOS))
     assert w.run() == 0
 
     con = duckdb.connect(str(path), read_only=True)

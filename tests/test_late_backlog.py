@@ -1,5 +1,5 @@
-"""A Collector that goes silent for 15 minutes and then flushes its backlog, through the real
-broker and a live worker: every request ends in `sli_minute`, the SLO budgets equal the
+"""A Collector that goes silent for 15 minutes and then flushes its backlog, through topics in
+memory and a live worker: every request ends in `sli_minute`, the SLO budgets equal the
 truth, and nothing is dead-lettered. Requests from a public
 trace (Azure LLM inference, tests/data/azure-llm-2023)."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import msgspec
 import numpy as np
+import pytest
 
 from tailwatch_dev.simulator import ZONES
 from tailwatch_dev.trace import TraceReplay
@@ -16,8 +17,7 @@ from tailwatch.slo.engine import error_budget_remaining
 from tailwatch.slo.spec import load_slos
 from tailwatch.streams.runtime import Runtime
 from tailwatch.streams.slo_stage import SloStage
-from tailwatch.streams.tiers import build
-from tests.test_faults import produce, run_live, settings
+from tests.test_faults import produce, run_live, worker
 from tailwatch.streams.store_sink import StoreSink
 
 TRACE = Path(__file__).parent / "data" / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
@@ -50,14 +50,15 @@ def frontier(w: Runtime) -> int | None:
     return next(iter(w.operator.inputs.values())).windows.closed_before_minute
 
 
-def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tmp_path):
+@pytest.mark.slow
+def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(memory, tmp_path):
     events, start, silent_zone, minute_of = trace_requests()
     enc = msgspec.json.Encoder()
     from_silent = lambda e: e.zone == silent_zone  # noqa: E731
     before = [(1 if from_silent(e) else 0, enc.encode(e)) for e in events
               if not (from_silent(e) and minute_of(e) >= SILENT[0])]
     backlog = [(1, enc.encode(e)) for e in events if from_silent(e) and minute_of(e) >= SILENT[0]]
-    produce(kafka, before)
+    produce(memory, before)
     store_path = tmp_path / "tw.duckdb"
     slos = load_slos(DEFAULT_SLOS)
     start_minute = start // 60_000
@@ -68,13 +69,13 @@ def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tm
         if not state["sent"]:
             if cut is not None and cut >= start_minute + MINUTES - 6:  # the silent minutes are closed
                 state["closed_at_flush"] = cut
-                produce(kafka, backlog)
+                produce(memory, backlog)
                 state["sent"] = True
             return False
         return w.operator.events_corrected >= sum(
             1 for e in events if from_silent(e) and SILENT[0] <= minute_of(e) and e.ts // 60_000 < state["closed_at_flush"])
 
-    w = run_live(kafka, store_path, flushed_and_corrected, timeout_s=90.0, slos=slos, idle_timeout_s=60.0)
+    w = run_live(memory, store_path, flushed_and_corrected, timeout_s=90.0, slos=slos, idle_timeout_s=60.0)
     assert state["sent"], "the silent Collector's minutes never closed"
     corrected = w.operator.events_corrected
     assert corrected > 1000, corrected
@@ -95,7 +96,7 @@ def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tm
     assert views[(silent_zone, events[0].model_version)].budget_remaining() < 0  # the backlog's failures count
 
     # A restart drains the rest (minutes still open) from its checkpoint.
-    w2 = build(settings(kafka, store_path, until_idle_s=2.0, slos=slos, idle_timeout_s=60.0))
+    w2 = worker(memory, store_path, until_idle_s=2.0, slos=slos, idle_timeout_s=60.0)
     assert w2.run() == 0
     con = duckdb.connect(str(store_path), read_only=True)
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
@@ -112,6 +113,6 @@ def test_a_collector_silent_for_15_minutes_then_flushing_loses_nothing(kafka, tm
 
     # A replay of the same log from the beginning ends with the same rows, every column.
     replay_path = tmp_path / "replay.duckdb"
-    assert build(settings(kafka, replay_path, until_idle_s=2.0, slos=slos)).run() == 0
+    assert worker(memory, replay_path, until_idle_s=2.0, slos=slos).run() == 0
     con = duckdb.connect(str(replay_path), read_only=True)
     assert con.execute(f"SELECT * FROM sli_minute ORDER BY {ORDER}").fetchall() == live

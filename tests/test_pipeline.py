@@ -1,4 +1,8 @@
-"""Simulated events → real broker → worker → DuckDB store, checked against the simulator."""
+"""Simulated events → topics → worker → DuckDB store, checked against the simulator.
+
+The topics are in memory (streams/memory_source.py): what is checked here is the worker's
+logic, not Kafka's. The helpers take Kafka's settings or topics in memory alike.
+"""
 
 import json
 import threading
@@ -7,10 +11,12 @@ import uuid
 
 import duckdb
 import msgspec
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
+from tailwatch.streams.memory_source import MemoryTopics
 from tailwatch.streams.runtime import Runtime
 from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.ingest.kafka import make_producer
@@ -18,36 +24,45 @@ from tailwatch.ingest.kafka import make_producer
 from tests.test_validate import CORPUS
 
 
+def worker(kafka, store_path, tier: str = "all", **kw) -> Runtime:
+    """A worker on `kafka`: Kafka's settings, or topics in memory (MemoryTopics)."""
+    memory = kafka if isinstance(kafka, MemoryTopics) else None
+    settings = WorkerSettings(kafka=memory.settings if memory else kafka, store_path=str(store_path),
+                              **{"group_id": f"g-{uuid.uuid4().hex[:6]}", "http_port": None, **kw})
+    return build(settings, tier, connector=memory)
+
+
 def run_worker(kafka, store_path, **kw) -> Runtime:
     # Every event is produced before the worker starts: `until_idle_s=0` exits as soon as each
     # partition is read to its end (the exact counts below fail if it left anything unread).
-    settings = WorkerSettings(kafka=kafka, store_path=str(store_path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                              http_port=None, until_idle_s=0, **kw)
-    w = build(settings)
+    w = worker(kafka, store_path, **{"until_idle_s": 0, **kw})
     assert w.run() == 0
     return w
 
 
 def publish(kafka, events):
-    pub = EventPublisher(kafka)
+    if isinstance(kafka, MemoryTopics):
+        pub = EventPublisher(kafka.settings, producer=kafka)
+    else:
+        pub = EventPublisher(kafka)
     pub.publish_events(events)
     pub.close()
     return pub.report
 
 
 def send_raw(kafka, topic_suffix, values, key=b"k"):
-    p = make_producer(kafka)
+    p = kafka if isinstance(kafka, MemoryTopics) else make_producer(kafka)
     for v in values:
         p.produce(kafka.topic(topic_suffix), v, key=key)
     assert p.flush(30) == 0
 
 
-def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
+def test_store_counts_match_the_simulator_exactly(memory, tmp_path):
     sim = FleetSimulator("mixed-fleet", minutes=20, seed=11, rate_scale=0.5)
     events = list(sim.events())
-    publish(kafka, events)
+    publish(memory, events)
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store)
+    w = run_worker(memory, store)
     con = duckdb.connect(str(store), read_only=True)
     t = sim.totals
     got = con.execute("""SELECT sum(requests), sum(ok), sum(errors), sum(timeouts), sum(cancelled), sum(retries),
@@ -73,7 +88,7 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
                        t.stage_samples)
     assert t.stage_samples > 0 and t.inter_token_values > 0
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
-    assert w.metrics.events.labels(kafka.topic("requests"), "accepted")._value.get() == t.requests
+    assert w.metrics.events.labels(memory.topic("requests"), "accepted")._value.get() == t.requests
     # Fields the producer left out take the schema's defaults (the simulator omits them).
     by_class = dict(con.execute("SELECT traffic_class, sum(requests) FROM sli_minute GROUP BY ALL").fetchall())
     expected_classes = {"realtime", "batch"}
@@ -81,13 +96,15 @@ def test_store_counts_match_the_simulator_exactly(kafka, tmp_path):
     assert con.execute("SELECT count(*) FROM sli_minute WHERE deployment IS NULL OR model_version IS NULL").fetchone()[0] == 0
     # Every closed bucket was also published to tw.sli for the derived streams.
     rows = con.execute("SELECT (SELECT count(*) FROM sli_minute) + (SELECT count(*) FROM gpu_minute)").fetchone()[0]
-    published = read_topic(kafka, "sli", rows)
+    published = read_topic(memory, "sli", rows)
     assert len(published) == rows
     first = json.loads(published[0])
     assert first["schema"] in ("requests_minute.v1", "gpu_minute.v1") and "window_start" in first
 
 
 def read_topic(kafka, suffix, expected, partitions=2):
+    if isinstance(kafka, MemoryTopics):
+        return kafka.values(kafka.topic(suffix))
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "read-" + uuid.uuid4().hex[:6]})
     c.assign([TopicPartition(kafka.topic(suffix), p, OFFSET_BEGINNING) for p in range(partitions)])
     values = []
@@ -99,17 +116,17 @@ def read_topic(kafka, suffix, expected, partitions=2):
     return values
 
 
-def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(kafka, tmp_path):
+def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(memory, tmp_path):
     sim = FleetSimulator("quiet", minutes=3, seed=3, rate_scale=0.2)
     events = [e for e in sim.events() if e.schema == "request.v1"]
     good = [msgspec.json.encode(e) for e in events]
     bad = [raw for raw, _ in CORPUS]
     mixed = good[: len(good) // 2] + bad + good[len(good) // 2:]
-    send_raw(kafka, "requests", mixed)
+    send_raw(memory, "requests", mixed)
     big = msgspec.json.encode(events[0])[:-1] + b', "endpoint": "' + b"x" * 70_000 + b'"}'
-    send_raw(kafka, "requests", [big])
+    send_raw(memory, "requests", [big])
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store)
+    w = run_worker(memory, store)
     con = duckdb.connect(str(store), read_only=True)
     reasons = dict(con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall())
     expected = {}
@@ -119,16 +136,16 @@ def test_bad_records_are_dead_lettered_with_reason_and_worker_goes_on(kafka, tmp
     assert reasons == expected
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
     offsets = con.execute("SELECT source_topic, min(source_offset), max(source_offset) FROM dead_letter WHERE reason != 'oversized' GROUP BY ALL").fetchall()
-    assert offsets[0][0] == kafka.topic("requests")
+    assert offsets[0][0] == memory.topic("requests")
     # The raw bytes are in the dead-letter topic, with their reason and source.
-    decoded = [json.loads(v) for v in read_topic(kafka, "deadletter", len(bad) + 1)]
+    decoded = [json.loads(v) for v in read_topic(memory, "deadletter", len(bad) + 1)]
     assert sorted(d["reason"] for d in decoded) == sorted(r for r, n in expected.items() for _ in range(n))
-    assert all(d["source_topic"] == kafka.topic("requests") and d["source_offset"] >= 0 for d in decoded)
+    assert all(d["source_topic"] == memory.topic("requests") and d["source_offset"] >= 0 for d in decoded)
     for reason, n in expected.items():
-        assert w.metrics.dead_letters.labels(kafka.topic("requests"), reason)._value.get() == n
+        assert w.metrics.dead_letters.labels(memory.topic("requests"), reason)._value.get() == n
 
 
-def test_text_outside_the_schema_never_reaches_the_store(kafka, tmp_path):
+def test_text_outside_the_schema_never_reaches_the_store(memory, tmp_path):
     sim = FleetSimulator("quiet", minutes=2, seed=5, rate_scale=0.1)
     events = [e for e in sim.events() if e.schema == "request.v1"]
     secret = "PROMPT-TEXT-7f3a tell me about my diagnosis"
@@ -138,14 +155,14 @@ def test_text_outside_the_schema_never_reaches_the_store(kafka, tmp_path):
         d["prompt"] = secret
         d["transcript"] = secret
         leaky.append(json.dumps(d).encode())
-    send_raw(kafka, "requests", leaky)
+    send_raw(memory, "requests", leaky)
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store)
+    w = run_worker(memory, store)
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
     con.close()
     assert b"PROMPT-TEXT-7f3a" not in store.read_bytes()
-    assert w.metrics.unknown_fields_dropped.labels(kafka.topic("requests"))._value.get() == len(events)
+    assert w.metrics.unknown_fields_dropped.labels(memory.topic("requests"))._value.get() == len(events)
 
 
 def _late_log(kafka):
@@ -160,25 +177,25 @@ def _late_log(kafka):
     return events
 
 
-def test_duplicate_deliveries_count_once_and_past_the_horizon_events_are_dead_lettered(kafka, tmp_path):
-    events = _late_log(kafka)
+def test_duplicate_deliveries_count_once_and_past_the_horizon_events_are_dead_lettered(memory, tmp_path):
+    events = _late_log(memory)
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store, correction_horizon_s=600.0)
+    w = run_worker(memory, store, correction_horizon_s=600.0)
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events)
     assert con.execute("SELECT reason, count(*) FROM dead_letter GROUP BY ALL").fetchall() == [("too_late", 2)]
-    assert w.metrics.events.labels(kafka.topic("requests"), "duplicate")._value.get() == 50
-    assert w.metrics.late_events.labels(kafka.topic("requests"))._value.get() == 2
+    assert w.metrics.events.labels(memory.topic("requests"), "duplicate")._value.get() == 50
+    assert w.metrics.late_events.labels(memory.topic("requests"))._value.get() == 2
 
 
-def test_a_late_event_within_the_horizon_corrects_its_minute_and_a_late_copy_counts_once(kafka, tmp_path):
-    events = _late_log(kafka)
+def test_a_late_event_within_the_horizon_corrects_its_minute_and_a_late_copy_counts_once(memory, tmp_path):
+    events = _late_log(memory)
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store)
+    w = run_worker(memory, store)
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT sum(requests) FROM sli_minute").fetchone()[0] == len(events) + 1
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
-    topic = kafka.topic("requests")
+    topic = memory.topic("requests")
     assert w.metrics.events.labels(topic, "duplicate")._value.get() == 51
     # Counted in its open minute or merged into the closed one, as the checkpoints fell.
     assert (w.metrics.events.labels(topic, "accepted")._value.get()
@@ -186,14 +203,14 @@ def test_a_late_event_within_the_horizon_corrects_its_minute_and_a_late_copy_cou
     assert w.metrics.late_events.labels(topic)._value.get() == 0
 
 
-def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
-    publish(kafka, FleetSimulator("quiet", minutes=2, seed=1, rate_scale=0.1).events())
+@pytest.mark.slow
+def test_metrics_and_health_are_served_while_running(memory, tmp_path):
+    publish(memory, FleetSimulator("quiet", minutes=2, seed=1, rate_scale=0.1).events())
     from tests.conftest import free_port
 
     port = free_port()
-    settings = WorkerSettings(kafka=kafka, store_path=str(tmp_path / "tw.duckdb"), group_id="g-http",
-                              http_port=port, until_idle_s=6.0, store_release_s=0.5)
-    w = build(settings)
+    w = worker(memory, tmp_path / "tw.duckdb", group_id="g-http", http_port=port, until_idle_s=6.0,
+               store_release_s=0.5)
     t = threading.Thread(target=w.run)
     t.start()
     try:
@@ -201,7 +218,7 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
 
         deadline = time.time() + 30
         body = ""
-        accepted = f'tailwatch_events_total{{outcome="accepted",topic="{kafka.topic("requests")}"}}'
+        accepted = f'tailwatch_events_total{{outcome="accepted",topic="{memory.topic("requests")}"}}'
         while time.time() < deadline:
             try:
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
@@ -229,15 +246,15 @@ def test_metrics_and_health_are_served_while_running(kafka, tmp_path):
     assert accepted in body
 
 
-def test_a_backlog_closes_in_checkpoints_of_bounded_rows_and_the_store_is_the_same(kafka, tmp_path):
+def test_a_backlog_closes_in_checkpoints_of_bounded_rows_and_the_store_is_the_same(memory, tmp_path):
     """A worker started behind a backlog closes at most about `checkpoint_max_rows` rows a
     checkpoint (its memory bound), reading nothing more until the closable minutes are closed;
     the store holds exactly what the producers sent, one row per slice and minute."""
     BOUND = 500
     sim = FleetSimulator("mixed-fleet", minutes=20, seed=12, rate_scale=0.5)
-    publish(kafka, list(sim.events()))
+    publish(memory, list(sim.events()))
     store = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store, checkpoint_max_rows=BOUND, checkpoint_interval_s=30.0)
+    w = run_worker(memory, store, checkpoint_max_rows=BOUND, checkpoint_interval_s=30.0)
     con = duckdb.connect(str(store), read_only=True)
     t = sim.totals
     assert con.execute("SELECT sum(requests), sum(errors) FROM sli_minute").fetchone() == (

@@ -1,27 +1,24 @@
 """Cost reports: the pure cost math (slo.cost), and `tailwatch report cost` end to end:
-simulator → real broker → real worker → store → report files."""
+simulator → topics in memory → real worker → store → report files."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
 import re
-import uuid
 
 import duckdb
 import polars as pl
 import pytest
 
-from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.reports import charts
 from tailwatch.reports.cost_report import ReportError, build_report, parse_time, run_cost_report, trend_unit
 from tailwatch.planning import cost
 from tailwatch.planning.prices import GpuPrices
-from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
-from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tests.h100_lab import lab_store
+from tests.test_pipeline import publish, run_worker
 
 D1, D2 = dt.date(2026, 11, 2), dt.date(2026, 11, 3)
 H100_PER_S, L4_PER_S, DEFAULT_PER_S = 4.0 / 3600, 0.8 / 3600, 2.0 / 3600
@@ -235,28 +232,22 @@ def test_report_times_parse_as_utc():
         parse_time("last tuesday")
 
 
-# ---- end to end: simulator → broker → worker → store → report ------------------------------
+# ---- end to end: simulator → topics in memory → worker → store → report ----------------------
 
-def _store_from(broker, tmp_path_factory, scenario: str, minutes: int, start: str, rate_scale: float = 0.01):
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+def _store_from(new_memory, tmp_path_factory, scenario: str, minutes: int, start: str, rate_scale: float = 0.01):
+    topics = new_memory()
     sim = FleetSimulator(scenario, minutes, seed=5, start=start, rate_scale=rate_scale, gpu_samples_per_minute=1)
-    pub = EventPublisher(kafka)
-    pub.publish_events(sim.events())
-    pub.close()
+    publish(topics, sim.events())
     path = tmp_path_factory.mktemp(scenario) / "tw.duckdb"
-    w = build(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                              http_port=None, until_idle_s=2.0, publish_sli=False,
-                              # Two days replayed at once: big batches and rare checkpoints keep it quick.
-                              batch_size=100_000, checkpoint_interval_s=30.0))
-    assert w.run() == 0
+    # Two days replayed at once: big batches and rare checkpoints keep it quick.
+    run_worker(topics, path, until_idle_s=2.0, publish_sli=False, batch_size=100_000, checkpoint_interval_s=30.0)
     return path, sim
 
 
 @pytest.fixture(scope="module")
-def cost_spike_store(broker, tmp_path_factory):
+def cost_spike_store(new_memory, tmp_path_factory):
     """Two simulated days; from the second, 38% more GPU time for the same traffic and success."""
-    return _store_from(broker, tmp_path_factory, "cost-spike", 2 * 1440, "2026-11-02T00:00:00Z")
+    return _store_from(new_memory, tmp_path_factory, "cost-spike", 2 * 1440, "2026-11-02T00:00:00Z")
 
 
 def _fleet_total_from_store(path, prices: GpuPrices) -> float:
@@ -266,6 +257,7 @@ def _fleet_total_from_store(path, prices: GpuPrices) -> float:
     return sum(gs * prices.usd_per_gpu_second(sku) for sku, gs in rows)
 
 
+@pytest.mark.slow
 def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path, capsys):
     path, sim = cost_spike_store
     assert [t["kind"] for t in sim.truth()] == ["cost_regression"]
@@ -311,6 +303,7 @@ def test_cost_report_end_to_end_flags_the_38pct_rise(cost_spike_store, tmp_path,
     assert abs(per_day["successful_turns"][1] - per_day["successful_turns"][0]) < 0.01  # success stayed flat
 
 
+@pytest.mark.slow
 def test_default_range_is_the_last_day_of_data_and_first_day_alone_is_not_flagged(cost_spike_store, tmp_path, capsys):
     path, _ = cost_spike_store
     assert main(["report", "cost", "--store", str(path), "--out", str(tmp_path / "last")]) == 0
@@ -323,6 +316,7 @@ def test_default_range_is_the_last_day_of_data_and_first_day_alone_is_not_flagge
     assert 'id="no-spend-rise"' in (tmp_path / "first" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_empty_range_bad_dates_and_bad_prices_are_one_line_errors_and_write_nothing(cost_spike_store, tmp_path, capsys):
     path, _ = cost_spike_store
     out = tmp_path / "nothing"
@@ -344,9 +338,9 @@ def test_empty_range_bad_dates_and_bad_prices_are_one_line_errors_and_write_noth
     assert not out.exists()
 
 
-def test_quiet_fleet_across_midnight_is_not_flagged(broker, tmp_path_factory, tmp_path, capsys):
+def test_quiet_fleet_across_midnight_is_not_flagged(new_memory, tmp_path_factory, tmp_path, capsys):
     # An hour on each side of midnight: partial days at the same rate must not look like a change.
-    path, _ = _store_from(broker, tmp_path_factory, "quiet", 120, "2026-11-02T23:00:00Z")
+    path, _ = _store_from(new_memory, tmp_path_factory, "quiet", 120, "2026-11-02T23:00:00Z")
     assert main(["report", "cost", "--store", str(path), "--from", "2026-11-02", "--to", "2026-11-03",
                  "--out", str(tmp_path / "q")]) == 0
     assert "FLAG" not in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """Minutes older than the retention roll into hours in the checkpoint transaction, and the cost
-report over a range spanning both tables gives what it gave over minutes alone (real broker,
-real worker, real DuckDB files)."""
+report over a range spanning both tables gives what it gave over minutes alone (topics in
+memory, real worker, real DuckDB files)."""
 
 import datetime as dt
 import math
@@ -21,12 +21,9 @@ DAY_MIN = 1440
 
 
 @pytest.fixture(scope="module")
-def two_stores(broker, tmp_path_factory):
+def two_stores(new_memory, tmp_path_factory):
     """Two days and three hours of a fleet: one store keeps every minute, one keeps a day."""
-    from tailwatch.ingest.kafka import KafkaSettings
-    import uuid
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:6]}.")
+    kafka = new_memory()
     publish(kafka, FleetSimulator("cost-spike", minutes=2 * DAY_MIN + 180, seed=4, rate_scale=0.005,
                                   gpu_samples_per_minute=1).events())
     tmp = tmp_path_factory.mktemp("rollup")
@@ -56,6 +53,7 @@ def close(a: dict, b: dict) -> None:
         assert (math.isclose(x, y, rel_tol=1e-9) if isinstance(x, float) else x == y), (name, x, y)
 
 
+@pytest.mark.slow
 def test_the_worker_rolls_minutes_past_the_retention_into_hours(two_stores):
     kept, rolled = two_stores
     k, r = duckdb.connect(str(kept), read_only=True), duckdb.connect(str(rolled), read_only=True)
@@ -78,6 +76,7 @@ def test_the_worker_rolls_minutes_past_the_retention_into_hours(two_stores):
     k.close(), r.close()
 
 
+@pytest.mark.slow
 def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes(two_stores):
     kept, rolled = two_stores
     con = duckdb.connect(str(kept), read_only=True)
@@ -97,6 +96,7 @@ def test_the_cost_report_across_minutes_and_hours_equals_the_report_over_minutes
             close(x.__dict__, y.__dict__)
 
 
+@pytest.mark.slow
 def test_a_store_without_retention_keeps_every_minute(two_stores):
     kept, _ = two_stores
     con = connect(kept)
@@ -107,6 +107,7 @@ def test_a_store_without_retention_keeps_every_minute(two_stores):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_replay_reaching_into_rolled_hours_is_refused_in_one_line(two_stores):
     from tailwatch.backtest import BacktestError, read_buckets
 

@@ -165,11 +165,14 @@ def test_the_domain_room_check_sees_a_room_the_tier_composition_imports():
 
 
 def test_the_source_knows_nothing_of_the_embedded_broker():
-    # Its group rescue is a watcher the tier composition hands the source (streams/group_rescue.py),
-    # and that asks the development tools for it by name: neither imports them.
-    for module in ("tailwatch.streams.source", "tailwatch.streams.group_rescue"):
-        assert not any(name.startswith("tailwatch_dev") for name in _module_imports(module)), module
-    assert "tailwatch.config.plugins" in _module_imports("tailwatch.streams.group_rescue")
+    # The tier composition asks the development tools for their hooks by name, in one place, and
+    # hands the source the embedded broker's consumer settings and group rescue (a watcher,
+    # streams/group_rescue.py): no source, nor the watcher, imports the tools or asks for a hook.
+    for module in ("tailwatch.streams.source", "tailwatch.streams.group_rescue", "tailwatch.streams.memory_source"):
+        imports = _module_imports(module)
+        assert not any(name.startswith("tailwatch_dev") for name in imports), module
+        assert "tailwatch.config.plugins" not in imports, module
+    assert "tailwatch.config.plugins" in _module_imports("tailwatch.streams.tiers")
 
 
 # The store sink owns the DuckDB file: it reads the operator's state for it at start and

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import uuid
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
@@ -16,13 +15,12 @@ import pytest
 from tailwatch.alerts.alertmanager import AlertLinks, detection_to_alertmanager, to_alertmanager
 from tailwatch.dashboards.uids import UID_LATENCY, UID_SLO
 from tailwatch.detectors.core import Detection
-from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_producer
 from tailwatch.ingest.schema import GpuV1, RequestV1
 from tailwatch.reports.readiness import dashboards_for
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.windows import default_catalog
-from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.cli import main
+from tests.test_pipeline import run_worker
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP: a cell starting so is run by a spreadsheet
 # OWASP's examples and their kin: each one a formula to a spreadsheet if written as it is. (A
@@ -47,11 +45,9 @@ def _is_number(text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def hostile_store(broker, tmp_path_factory):
+def hostile_store(new_memory, tmp_path_factory):
     """A real store, cut by the worker from requests whose tenants and model are formulas."""
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"s{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=1)
-    producer = make_producer(kafka)
+    kafka = producer = new_memory(partitions=1)
     n = 0
     for minute in range(3):
         for tenant in HOSTILE_TENANTS:
@@ -66,13 +62,10 @@ def hostile_store(broker, tmp_path_factory):
             pool="llm-a", gpu_sku="H100", util_pct=50.0)))
     assert producer.flush(30) == 0
     path = tmp_path_factory.mktemp("hostile") / "tw.duckdb"
-    worker = build(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                                  http_port=None, until_idle_s=2.0, publish_sli=False))
-    assert worker.run() == 0
+    run_worker(kafka, path, until_idle_s=2.0, publish_sli=False)
     return path
 
 
-@pytest.mark.broker
 def test_cost_csv_marks_formula_names_as_text_and_keeps_numbers_numbers(hostile_store, tmp_path):
     out = tmp_path / "report"
     assert main(["report", "cost", "--store", str(hostile_store), "--out", str(out)]) == 0
@@ -93,7 +86,6 @@ def test_cost_csv_marks_formula_names_as_text_and_keeps_numbers_numbers(hostile_
     assert frame["output_tokens"].sum() == 100 * 3 * 5 * len(HOSTILE_TENANTS)
 
 
-@pytest.mark.broker
 def test_query_results_as_csv_mark_formulas_and_leave_negative_numbers_alone(hostile_store, capsys):
     assert main(["sql", "--store", str(hostile_store), "--format", "csv",
                  "select tenant, -1.5 as delta, '-' || tenant as dashed, chr(9) || '=1+1' as tabbed, "

@@ -3,7 +3,6 @@ to a tier sees every checkpoint in order, beside the topics, the store and the A
 
 from __future__ import annotations
 
-import uuid
 
 import duckdb
 
@@ -13,7 +12,7 @@ from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch.streams.sink import Sink
 from tailwatch.streams.store_sink import StoreSink
 from tailwatch.streams.topic_sink import TopicSink
-from tests.test_pipeline import publish
+from tests.test_pipeline import publish, worker
 
 
 class RecordingSink(Sink):
@@ -43,12 +42,11 @@ class RecordingSink(Sink):
         self.calls.append("close")
 
 
-def test_a_tier_is_a_list_of_sinks_and_each_sees_every_checkpoint_in_order(kafka, tmp_path):
+def test_a_tier_is_a_list_of_sinks_and_each_sees_every_checkpoint_in_order(memory, tmp_path):
     sim = FleetSimulator("mixed-fleet", minutes=5, seed=3, rate_scale=0.2)
-    publish(kafka, list(sim.events()))
+    publish(memory, list(sim.events()))
     path = tmp_path / "tw.duckdb"
-    w = build(WorkerSettings(kafka=kafka, store_path=str(path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                             http_port=None, until_idle_s=2.0))
+    w = worker(memory, path, until_idle_s=2.0)
     assert [type(s) for s in w.sinks] == [TopicSink, StoreSink, AlertSink]
     recording = RecordingSink()
     w.sinks.append(recording)

@@ -1,5 +1,5 @@
 """Language and voice slices and the speech and LLM quality fields, from the producer's record
-to the store and the SLO engine, through the real broker and a worker, checked against what
+to the store and the SLO engine, through topics in memory and a worker, checked against what
 the simulator sent; hostile values are dead letters naming the field. (The dashboards test
 reads every quality panel from a real Prometheus scraping the worker.)"""
 
@@ -45,12 +45,12 @@ def test_quality_fields_decode_and_hostile_values_are_dead_letters_naming_the_fi
         assert field in bad.rejected[0].detail, (field, value, bad.rejected[0].detail)
 
 
-def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(kafka, tmp_path):
+def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(memory, tmp_path):
     sim = FleetSimulator("mixed-fleet", minutes=12, seed=4, rate_scale=0.4)
     events = [e for e in sim.events() if isinstance(e, RequestV1)]
-    publish(kafka, events)
+    publish(memory, events)
     store_path = tmp_path / "tw.duckdb"
-    w = run_worker(kafka, store_path, slos=load_slos(DEFAULT_SLOS) + load_slos(TENANT_QUOTA_SLOS))
+    w = run_worker(memory, store_path, slos=load_slos(DEFAULT_SLOS) + load_slos(TENANT_QUOTA_SLOS))
 
     con = duckdb.connect(str(store_path), read_only=True)
     frame = query_frame(con,

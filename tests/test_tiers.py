@@ -53,6 +53,21 @@ COMPARED = {
 }
 
 
+_started: list[subprocess.Popen] = []  # this test's processes (workers, Alertmanagers): see `_reap`
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """Whatever a test started and is still running when it ends, passed or failed, is killed:
+    a failed assertion used to leave its Alertmanagers and workers running."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def _eager_slos(tmp_path: Path) -> Path:
     """The default SLOs judged from their first minute: the trace is 40 minutes of a new store,
     and the alerts it fires (tickets on its 0.5% of errors) would wait hours of history under
@@ -68,8 +83,10 @@ def _worker(kafka, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
             "--topic-prefix", kafka.topic_prefix, "--http-port", "0", "--checkpoint-interval", "0.3",
             "--batch-size", "700", "--drain-timeout", "120", "--slos", str(_eager_slos(tmp_path)), *args]
     log = open(tmp_path / f"{name}.log", "ab")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1],
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    _started.append(proc)
+    return proc
 
 
 def _partition_of(mode: str, key: bytes, i: int, chunk: int) -> int:
@@ -191,6 +208,7 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
     # Every replica pages every instance of a real two-instance Alertmanager cluster.
     hook = Webhook()
     cluster = start_alertmanager_cluster(tmp_path, hook.port, size=2)
+    _started.extend(proc for proc, _url in cluster)
     am_urls = [arg for _proc, url in cluster for arg in ("--alertmanager-url", url)]
 
     def replica(name: str) -> subprocess.Popen:
@@ -253,11 +271,7 @@ def test_tier2_replicas_killed_mid_stream_each_equal_one_process(broker, tmp_pat
         got = _tables(stores[name])
         for table in COMPARED:
             assert got[table].equals(want[table]), (seed, name, table, got[table].height, want[table].height, logs)
-    try:
-        _assert_paged_once(want["alerts"], hook, [url for _proc, url in cluster])
-    finally:
-        for proc, _url in cluster:
-            proc.kill()
+    _assert_paged_once(want["alerts"], hook, [url for _proc, url in cluster])
 
 
 def _assert_paged_once(fired: pl.DataFrame, hook, am_urls: list[str]) -> None:

@@ -1,6 +1,6 @@
 """A TTS canary judged on what its listeners hear and what each delivered minute costs: the
 streams with an underrun and the cost per successful audio minute, from the producer's
-records through the real broker, a worker and its store to the rollout verdict."""
+records through topics in memory, a worker and its store to the rollout verdict."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ def tts_run(kafka, tmp_path, scenario: str, seed: int, rate_scale: float = 3.0):
     return [e for e in events if isinstance(e, RequestV1)], path
 
 
-def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(kafka, tmp_path):
-    requests, path = tts_run(kafka, tmp_path, "tts-canary-underruns", seed=5)
+@pytest.mark.slow
+def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(memory, tmp_path):
+    requests, path = tts_run(memory, tmp_path, "tts-canary-underruns", seed=5)
     con = duckdb.connect(str(path), read_only=True)
     rows = query_frame(con, "SELECT model_version, sum(successful_audio_ms) audio_ms, "
                                   "sum(underrun_reported) reported, sum(underrun_streams) stuttered "
@@ -51,8 +52,9 @@ def test_a_stuttering_canary_is_rolled_back_on_underruns_alone(kafka, tmp_path):
     assert "promote" not in {s.verdict for s in run.steps}
 
 
-def test_a_healthy_tts_canary_is_judged_per_successful_audio_minute_and_promoted(kafka, tmp_path):
-    _requests, path = tts_run(kafka, tmp_path, "tts-canary-healthy", seed=6)
+@pytest.mark.slow
+def test_a_healthy_tts_canary_is_judged_per_successful_audio_minute_and_promoted(memory, tmp_path):
+    _requests, path = tts_run(memory, tmp_path, "tts-canary-healthy", seed=6)
     requests_frame, gpu = read_buckets(str(path))
     policy = SignalPolicy(rollout=RolloutPolicy(promote_min_requests=1_000))
     verdicts = [snap.rollouts[(MODEL, CANARY)].body for _m, snap in replay(requests_frame, gpu, policy)

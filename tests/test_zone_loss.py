@@ -5,7 +5,6 @@ the (z−1)/z capacity math and the scenario's labelled truth."""
 from __future__ import annotations
 
 import math
-import uuid
 
 import pytest
 
@@ -72,11 +71,8 @@ def test_the_scenario_loses_a_zone_and_moves_its_traffic_to_the_survivors():
 
 
 @pytest.fixture(scope="module")
-def zone_loss_store(broker, tmp_path_factory):
-    from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
-
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka, partitions=2)
+def zone_loss_store(new_memory, tmp_path_factory):
+    kafka = new_memory()
     sim = FleetSimulator("zone-loss", seed=7)
     publish(kafka, list(sim.events()))
     path = tmp_path_factory.mktemp("zone-loss") / "tw.duckdb"
@@ -84,6 +80,7 @@ def zone_loss_store(broker, tmp_path_factory):
     return sim, path
 
 
+@pytest.mark.slow
 def test_the_drill_finds_the_lost_zone_and_checks_the_survivors_against_the_math(zone_loss_store):
     sim, path = zone_loss_store
     requests, gpu = read_buckets(str(path))
@@ -138,6 +135,7 @@ def test_the_drill_finds_the_lost_zone_and_checks_the_survivors_against_the_math
     assert any("saturated" in f for f in report.readiness["llama-3.1-70b"][1])
 
 
+@pytest.mark.slow
 def test_under_a_tighter_capacity_batch_is_refused_before_any_realtime_request(zone_loss_store):
     """With a configured capacity below the survivors' demand, the admission plan must refuse:
     batch goes first, and a realtime request is refused only once no batch is admitted."""
@@ -154,6 +152,7 @@ def test_under_a_tighter_capacity_batch_is_refused_before_any_realtime_request(z
         assert report.pools[pool].realtime_refused_with_batch_admitted == []
 
 
+@pytest.mark.slow
 def test_the_drill_command_prints_the_tables_and_refuses_a_zone_that_was_not_lost(zone_loss_store, capsys):
     _sim, path = zone_loss_store
     assert main(["drill", "zone-loss", "--store", str(path), "--model", "llama-3.1-70b", "--minutes-after", "8"]) == 0

@@ -39,9 +39,11 @@ class PublishReport:
 
 
 class EventPublisher:
-    def __init__(self, settings: KafkaSettings):
+    def __init__(self, settings: KafkaSettings, producer=None):
+        """`producer`: one with confluent_kafka.Producer's calls (a test's topics in memory,
+        streams/memory_source.py); None: Kafka's, from `settings`."""
         self.settings = settings
-        self.producer = make_producer(settings)
+        self.producer = make_producer(settings) if producer is None else producer
         self.report = PublishReport()
         self._lines_before = 0  # line number of the current batch's first line
 

@@ -31,7 +31,7 @@ from tailwatch.streams.decode_step import PRODUCER_TOPICS
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import Frontier, MinuteAssembler
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 from tailwatch.streams.topic_sink import TopicSink
 from tailwatch.streams.windows import AggregateSpec
 from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_SLI
@@ -77,7 +77,7 @@ class MinuteAssembly(Operator):
         self.closing_behind = False
 
     # ---- start and restore -------------------------------------------------------------
-    def start(self, source: KafkaSource) -> None:
+    def start(self, source: Source) -> None:
         """An assembler per source topic, waiting for the partitions the cluster says it has."""
         from confluent_kafka.admin import AdminClient
 
@@ -99,10 +99,10 @@ class MinuteAssembly(Operator):
                       [int(q) for q, *_ in r.frontiers])
             self._saved_frontiers.update({(topic, q, p): f for (q, p), f in a.frontiers.items()})
 
-    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: Source, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
 
-    def tick(self, source: KafkaSource, now: float) -> None:
+    def tick(self, source: Source, now: float) -> None:
         """Topics may gain partitions: a minute waits for the new ones too."""
         for topic, a in self.assemblers.items():
             a.source_partitions |= source.partitions.get(topic, set())
@@ -133,10 +133,10 @@ class MinuteAssembly(Operator):
                 self.metrics.dead_letters.labels(topic, "malformed").inc()
 
     # ---- checkpoint ----------------------------------------------------------------------
-    def has_unsaved(self, source: KafkaSource) -> bool:
+    def has_unsaved(self, source: Source) -> bool:
         return bool(self.landing) or bool(self.dead_letters) or source.next_offsets != self._read_offsets
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
+    def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
         if not self.has_unsaved(source) and not close_all:
             return None
         topics = []
@@ -183,7 +183,7 @@ class MinuteAssembly(Operator):
         self.stored_offsets = dict(cp.next_offsets)
 
     # ---- draining, the view, telemetry ----------------------------------------------------
-    def undrained(self, source: KafkaSource) -> list[str]:
+    def undrained(self, source: Source) -> list[str]:
         out = [line for topic in self.topics for line in source.unread(topic)]
         for topic, a in self.assemblers.items():
             if a.held:

@@ -12,7 +12,8 @@ Store (written in the checkpoint transaction):
 - `detection_events`: one row per change (raised, ended) with the slice labels and the
   evidence (JSON objects: numbers, and words such as the signal a detector used); `detections` is a view with one row per detection:
   detector, slice, started_at, ended_at (NULL while open), evidence.
-- `_tw_detector_progress`: the minute the detectors have processed up to.
+- `_tw_detector_progress`: the minute the detectors have processed up to; a NULL row alone:
+  the detectors were on when the store's first rows landed and have processed none yet.
 - `_tw_detector_models`: each fitted anomaly model (version, fit window, pickled forest).
 
 On start, detector state is rebuilt by replaying the store's last minutes silently (as
@@ -227,6 +228,7 @@ class DetectorStage:
         self.max_request_minute: int | None = None
         self.max_gpu_minute: int | None = None
         self.processed_before: int | None = None  # the next minute to feed the detectors
+        self._marked_start = False  # the store says the detectors were on from its first rows (see on_closed)
         self._uncommitted: list[tuple[str, str, dict]] = []  # (id, state, Alertmanager payload) of the last on_closed
 
     @classmethod
@@ -251,13 +253,22 @@ class DetectorStage:
         con.execute(SCHEMA_SQL)
         self.alerts.restore(con)
         # fetchall, not fetchone: DuckDB refuses the next query while a result is unfinished.
-        row = con.execute("SELECT max(processed_before_minute) FROM _tw_detector_progress").fetchall()[0]
-        processed_before = int(row[0]) if row and row[0] is not None else None
+        marks, row = con.execute("SELECT count(*), max(processed_before_minute) FROM _tw_detector_progress").fetchall()[0]
+        processed_before = int(row) if row is not None else None
         newest = [con.execute(f"SELECT max(window_start) FROM {t}").fetchall()[0][0] for t in ("sli_minute", "gpu_minute")]
         newest_minutes = [_minute_of(t) for t in newest if t is not None]
         if not newest_minutes:
             return  # a fresh store
-        if processed_before is None:
+        fed_nothing = processed_before is None and marks > 0
+        if fed_nothing:
+            # On since the store's first rows and stopped before feeding any minute (one table
+            # closed minutes, the other none yet): every stored row still waits for them. Taken
+            # for history from before the detectors, what they would have raised on those
+            # minutes was never raised (a tier-2 replica killed then had no detection the
+            # others had).
+            oldest = [con.execute(f"SELECT min(window_start) FROM {t}").fetchall()[0][0] for t in ("sli_minute", "gpu_minute")]
+            processed_before = min(_minute_of(t) for t in oldest if t is not None)
+        elif processed_before is None:
             # Detectors switched on for a store with history: learn from it, raise nothing for the past.
             processed_before = max(newest_minutes) + 1
         start = processed_before - self.cfg.history_minutes()
@@ -302,6 +313,9 @@ class DetectorStage:
                 self.collector.model_version = models[-1].version
             anomaly.resume_fit(processed_before)
         self._adopt_open(con)
+        if fed_nothing:  # as before the stop: the first minute fed is the first pending one, whichever table's
+            self._marked_start = True
+            return
         self.processed_before = processed_before
         self.collector.processed_before_minute = processed_before
 
@@ -352,6 +366,14 @@ class DetectorStage:
         if until is not None:
             out["_tw_detector_progress"] = pl.DataFrame({"processed_before_minute": [self.processed_before]},
                                                         schema={"processed_before_minute": pl.Int64})
+        elif self.processed_before is None and not self._marked_start and \
+                (self.max_request_minute is not None or self.max_gpu_minute is not None):
+            # Rows land with this checkpoint and none is fed yet: a NULL row says the detectors
+            # were on from the store's first rows, so that a restart feeds them these rows rather
+            # than take them for history from before the detectors (see `rebuild`).
+            out["_tw_detector_progress"] = pl.DataFrame({"processed_before_minute": [None]},
+                                                        schema={"processed_before_minute": pl.Int64})
+            self._marked_start = True
         anomaly = self.set.get(ANOMALY)
         if anomaly is not None and anomaly.new_models:
             out["_tw_detector_models"] = pl.DataFrame([

@@ -37,7 +37,7 @@ import polars as pl
 
 from tailwatch.ingest import deadletter
 from tailwatch.store.checkpoint import Checkpoint, Restored, RestoreScope
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 
 
 class Processing:
@@ -58,10 +58,10 @@ class Processing:
         gap's dead letter goes out, and into the store, with the next checkpoint."""
         raise NotImplementedError
 
-    def has_unsaved(self, source: KafkaSource) -> bool:
+    def has_unsaved(self, source: Source) -> bool:
         raise NotImplementedError
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
+    def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
         """Close what can close (everything, with `close_all`) and say what the store sink
         commits; None when there is nothing new, or nothing for a store."""
         raise NotImplementedError
@@ -88,22 +88,22 @@ class Following:
     by_group: bool = True  # the source joins a consumer group (partitions shared); else it reads every partition
     watched: list[str] = []  # topics whose partition sets the operator needs beside those it reads
 
-    def start(self, source: KafkaSource) -> None:
+    def start(self, source: Source) -> None:
         """Before the first record, after the store is open: what the operator needs of Kafka."""
 
-    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: Source, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         """Where each partition just taken starts reading (None: its beginning)."""
         return {(t, q): None for t, qs in partitions.items() for q in qs}
 
-    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
+    def revoked(self, source: Source, topic: str, partition: int) -> None:
         """A partition went to another member of the group."""
 
-    def tick(self, source: KafkaSource, now: float) -> None:
+    def tick(self, source: Source, now: float) -> None:
         """Once per loop (monotonic `now`): pause or resume partitions, follow new partitions."""
 
 
 class Draining:
-    def undrained(self, source: KafkaSource) -> list[str]:
+    def undrained(self, source: Source) -> list[str]:
         """Why `--until-idle` may not end yet (empty: drained)."""
         raise NotImplementedError
 

@@ -37,7 +37,7 @@ from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import encode_frontier, encode_partials
 from tailwatch.streams.partition_windows import PartitionWindows, Resume
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 from tailwatch.streams.topic_sink import TopicSink
 from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_REQUESTS, TOPIC_SLI
 
@@ -118,7 +118,7 @@ class PartialPublisher(Operator):
         self.closing_behind = False
 
     # ---- start and ownership ----------------------------------------------------------
-    def start(self, source: KafkaSource) -> None:
+    def start(self, source: Source) -> None:
         """No store: where each partition resumes is on its `.progress` topic, made sure of here."""
         from confluent_kafka.admin import AdminClient
 
@@ -127,7 +127,7 @@ class PartialPublisher(Operator):
             n = len(topics[topic].partitions) if topic in topics else self.partitions
             ensure_topics(self.kafka, n, others=(progress_topic(topic),))
 
-    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: Source, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         out: dict[tuple[str, int], int | None] = {}
         for topic, parts in partitions.items():
             resumes = read_latest(self.kafka, progress_topic(topic), parts)
@@ -142,7 +142,7 @@ class PartialPublisher(Operator):
                 log.info("took %s[%d] from offset %s", topic, part, "the beginning" if start is None else start)
         return out
 
-    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
+    def revoked(self, source: Source, topic: str, partition: int) -> None:
         self.inputs[topic].windows.drop(partition)
         source.next_offsets.pop((topic, partition), None)
         self._markers.pop((topic, partition), None)
@@ -154,11 +154,11 @@ class PartialPublisher(Operator):
         self.decode.process(self.inputs[topic], batch)
 
     # ---- checkpoint: publish, never store ------------------------------------------------
-    def has_unsaved(self, source: KafkaSource) -> bool:
+    def has_unsaved(self, source: Source) -> bool:
         return bool(self.decode.dead_letters) or any(p.windows.has_unsaved() for p in self.inputs.values()) \
             or source.next_offsets != self._saved_offsets
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> None:
+    def checkpoint(self, source: Source, close_all: bool) -> None:
         read_to_end: dict[str, set[int]] = {}
         for p in self.inputs.values():
             w: PartitionWindows = p.windows
@@ -217,7 +217,7 @@ class PartialPublisher(Operator):
             log.info("%s partitions %s active again", topic, sorted(was - idle))
         self._idle[topic] = idle
 
-    def _newest_elsewhere(self, source: KafkaSource, topic: str, windows: PartitionWindows) -> int | None:
+    def _newest_elsewhere(self, source: Source, topic: str, windows: PartitionWindows) -> int | None:
         """The newest watermark of the topic's partitions other workers own, from their
         resume records; read at most every MARKER_EVERY_S, and only once some owned
         partition is read to its end (the only time idleness is judged)."""
@@ -234,7 +234,7 @@ class PartialPublisher(Operator):
                 self._elsewhere_ms[topic] = max(marks, default=None)
         return self._elsewhere_ms.get(topic)
 
-    def _send_markers(self, source: KafkaSource, read_to_end: dict[str, set[int]], drained: bool) -> None:
+    def _send_markers(self, source: Source, read_to_end: dict[str, set[int]], drained: bool) -> None:
         """A frontier per owned partition into every tw.sli partition, when it changed (or,
         unchanged, every MARKER_EVERY_S, so a reader that starts late hears of every partition)."""
         sli_parts = sorted(source.partitions.get(self.sli_topic, ()))
@@ -254,7 +254,7 @@ class PartialPublisher(Operator):
             self._markers_sent_at = time.monotonic()
 
     # ---- draining, the view, telemetry ----------------------------------------------------
-    def undrained(self, source: KafkaSource) -> list[str]:
+    def undrained(self, source: Source) -> list[str]:
         """Drained: every partition this worker owns read to its end (the others are other workers')."""
         out = []
         for p in self.inputs.values():

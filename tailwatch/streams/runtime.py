@@ -2,7 +2,8 @@
 and the HTTP port, whatever the tier.
 
 Parts plug into it (streams/tiers.py puts them together):
-- the **source** (streams/source.py): the consumer, partitions, read positions, lag;
+- the **source** (streams/source.py's `Source`): the consumer, partitions, read positions,
+  lag; Kafka's, or records held in memory (streams/memory_source.py);
 - the **operator** (streams/operator.py): what becomes of each batch, and what each
   checkpoint holds (minute windows, per-partition partials, or whole minutes assembled);
   it never reads the store: at start the runtime asks the sink that holds the resume
@@ -40,13 +41,13 @@ from typing import Callable, Protocol, TypeVar
 
 import polars as pl
 
-from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.store.checkpoint import Checkpoint
 from tailwatch.streams.http_port import HttpPort
 from tailwatch.streams.input_catch_up import InputCatchUp
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 from tailwatch.streams import process_memory, state_size
 from tailwatch.streams.sink import Sink
 from tailwatch.streams.topic_sink import Undelivered
@@ -107,7 +108,7 @@ class Runtime:
     HEAP_CHECK_EVERY_S = 10.0  # how often glibc's free heap is looked at, and trimmed past its bound
 
     def __init__(self, settings: RuntimeSettings, metrics: WorkerMetrics, cpu: CpuAccount, parts: Parts,
-                 source: KafkaSource):
+                 source: Source):
         self.settings = settings
         self.metrics = metrics
         self.cpu = cpu
@@ -177,7 +178,7 @@ class Runtime:
             except ValueError:  # not the main thread (tests run the worker in one)
                 pass
         s = self.settings
-        ensure_topics(s.kafka, s.partitions)
+        self.source.ensure_topics(s.partitions)
         http = None
         if self.http is not None:
             # Before the store: restoring it takes seconds on a big fleet (5 s at 20,000 slices,

@@ -14,8 +14,14 @@ the log, handed to `on_log_reset` (a counter, the gap's dead letter), and keeps 
 not ready until it is read to its end again. A consumed topic the cluster no longer has (deleted)
 has its partitions paused, so that nothing is fetched from a log that is gone, and the worker
 not ready, until the topic is created again; its id then changed, and the same policy reads it
-from the start. Against the embedded broker the consumer takes the settings its answers need
-(`tailwatch_dev.broker.CONSUMER_CONFIG`, through the development tools' `consumer_config` hook).
+from the start. What one kind of cluster needs (the embedded broker's consumer settings, its
+group rescue) the tier composition hands in (`consumer_config`, `watchers`): the source asks
+the development tools for nothing.
+
+`Source` is what the runtime and the operators use of a source; `KafkaSource` is the one a
+worker runs on, and streams/memory_source.py reads lists of records held in memory, for
+tests of a worker's logic that need no broker. `Connector` is where a tier gets its source
+and the producer its topic sink writes with: Kafka (`KafkaConnector`) or the memory.
 
 Membership: with a group, `instance_id` makes the worker a static member (KIP-345) and a
 restart takes its partitions back at once. Without one (tier 2), every partition of the
@@ -27,26 +33,113 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tailwatch.config.plugins import CONSUMER_CONFIG, dev_hook
-from tailwatch.ingest.kafka import KafkaSettings, make_consumer
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer
 from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
 
 log = logging.getLogger("tailwatch.source")
 
 
 class OffsetPolicy(Protocol):
-    def start_offsets(self, source: "KafkaSource", partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: "Source", partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         """Where each partition just taken starts reading (None: its beginning)."""
         ...
 
-    def revoked(self, source: "KafkaSource", topic: str, partition: int) -> None:
+    def revoked(self, source: "Source", topic: str, partition: int) -> None:
         """A partition went to another member."""
         ...
+
+
+class Source(Protocol):
+    """What the runtime (streams/runtime.py) and the operators (streams/operator.py) use of a
+    source. Records are read in batches by topic; each record answers `value()`,
+    `partition()`, `offset()`, `timestamp()` (kind, ms), `topic()` and `error()` as a
+    confluent_kafka.Message does."""
+
+    topics: list[str]  # consumed
+    assigned: dict[str, set[int]]  # the partitions of each consumed topic this worker reads
+    partitions: dict[str, set[int]]  # every partition of each watched topic (a topic not known yet is absent)
+    next_offsets: dict[tuple[str, int], int]  # where reading goes on, per partition (operators restore it)
+    assigned_at: float | None  # monotonic: when partitions were last taken (None: never yet)
+    gone: dict[str, set[int]]  # consumed topics the cluster no longer has → their partitions, paused
+    resetting: dict[tuple[str, int], LogReset]  # read again from the start of a log reset under them
+
+    def ensure_topics(self, partitions: int) -> None:
+        """The topics a worker reads and writes exist (made with `partitions` each where not)."""
+        ...
+
+    def start(self, policy: OffsetPolicy) -> None:
+        """Take partitions; `policy` says where each starts reading and hears of each revoked."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+    def consume(self, batch_size: int, timeout_s: float) -> dict[str, list]:
+        """The next batch (at most `batch_size` records), by topic, each topic's records in
+        offset order per partition; waits up to `timeout_s` for one. Read positions move past it."""
+        ...
+
+    def positions(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Owned partitions whose log end is known (Kafka's leaves out those it has seen the
+        end of): partition → (read position, log end)."""
+        ...
+
+    def read_to_end(self, topic: str) -> set[int]:
+        """Owned partitions consumed up to the log end."""
+        ...
+
+    def pause(self, topic: str, partitions: set[int]) -> None:
+        ...
+
+    def resume(self, topic: str, partitions: set[int]) -> None:
+        ...
+
+    def lag(self) -> tuple[dict[tuple[str, int], int], bool]:
+        """Records behind the log end per owned partition, and whether every one is known."""
+        ...
+
+    def unread(self, topic: str, waited_for: set[int] = frozenset()) -> list[str]:
+        """Why `topic` is not drained (empty: it is)."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """Once per loop (monotonic `now`): metadata, checks, watchers."""
+        ...
+
+
+class Connector(Protocol):
+    """Where a tier's records come from and go to: the source it reads and the producer its
+    topic sink writes with (streams/tiers.py takes one; `KafkaConnector` by default)."""
+
+    def source(self, topics: list[str], watched: list[str], by_group: bool,
+               on_log_reset: Callable[[LogReset], None]) -> Source:
+        ...
+
+    def producer(self, on_refused: Callable[[str, str], None] | None = None, queue_max_kbytes: int | None = None):
+        """A producer with confluent_kafka.Producer's produce, poll, flush and len (ingest/kafka.py's `make_producer`)."""
+        ...
+
+
+def unread_lines(topic: str, partitions: dict[str, set[int]], assigned: set[int], read_to_end: set[int],
+                 waited_for: set[int] = frozenset()) -> list[str]:
+    """Why `topic` is not drained: partitions (of the cluster's, plus `waited_for`) not owned,
+    or owned and not read to their end."""
+    if topic not in partitions:
+        return [f"{topic}: the cluster has not said which partitions it has"]
+    out = []
+    missing = sorted((partitions[topic] | waited_for) - assigned)
+    behind = sorted(assigned - read_to_end)
+    if missing:
+        out.append(f"{topic} partitions {missing} are not assigned to this worker")
+    if behind:
+        out.append(f"{topic} partitions {behind} are not read to their end")
+    return out
 
 
 class KafkaSource:
@@ -57,7 +150,8 @@ class KafkaSource:
     def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
                  by_group: bool = True, instance_id: str | None = None,
                  watchers: Sequence[Callable[["KafkaSource", float], None]] = (),
-                 on_log_reset: Callable[[LogReset], None] = lambda reset: None):
+                 on_log_reset: Callable[[LogReset], None] = lambda reset: None,
+                 consumer_config: Callable[[], dict | None] | None = None):
         self.kafka = kafka
         self.topics = list(topics)  # consumed
         self.watched = list(dict.fromkeys([*topics, *watched]))  # topics whose partition sets are tracked
@@ -75,6 +169,9 @@ class KafkaSource:
         # Called from each tick with (source, monotonic now): what only some clusters need
         # (the embedded broker's group rescue, streams/group_rescue.py), added by the tier.
         self.watchers = list(watchers)
+        # Consumer settings one kind of cluster needs (the embedded broker's, streams/tiers.py),
+        # asked for when the consumer is made: the answer may take asking the cluster.
+        self._consumer_config = consumer_config
         self._on_log_reset = on_log_reset
         self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
         self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
@@ -87,10 +184,12 @@ class KafkaSource:
         self.consumer = None
 
     # ---- membership -------------------------------------------------------------------
+    def ensure_topics(self, partitions: int) -> None:
+        ensure_topics(self.kafka, partitions)
+
     def start(self, policy: OffsetPolicy) -> None:
         self._policy = policy
-        settings_for = dev_hook(CONSUMER_CONFIG)  # the embedded broker's needs, from the development tools
-        extra = settings_for(self.kafka.bootstrap_servers, self.kafka.base_config()) if settings_for else None
+        extra = self._consumer_config() if self._consumer_config is not None else None
         self.consumer = make_consumer(self.kafka, self.group_id, self.instance_id, extra)
         self.unassigned_since = time.monotonic()
         if self.by_group:
@@ -254,16 +353,7 @@ class KafkaSource:
     def unread(self, topic: str, waited_for: set[int] = frozenset()) -> list[str]:
         """Why `topic` is not drained: partitions (of the cluster's, plus `waited_for`) not
         owned, or owned and not read to their end."""
-        if topic not in self.partitions:
-            return [f"{topic}: the cluster has not said which partitions it has"]
-        out = []
-        missing = sorted((self.partitions[topic] | waited_for) - self.assigned[topic])
-        behind = sorted(self.assigned[topic] - self.read_to_end(topic))
-        if missing:
-            out.append(f"{topic} partitions {missing} are not assigned to this worker")
-        if behind:
-            out.append(f"{topic} partitions {behind} are not read to their end")
-        return out
+        return unread_lines(topic, self.partitions, self.assigned[topic], self.read_to_end(topic), waited_for)
 
     # ---- timers -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -405,3 +495,24 @@ class KafkaSource:
         self._unsought.pop(key, None)
         self.next_offsets[key] = 0
         self.eof[topic].discard(part)
+
+
+@dataclass
+class KafkaConnector:
+    """Kafka: a `KafkaSource` per tier and librdkafka's producer. `consumer_config` and
+    `watchers` are what one kind of cluster needs (the tier composition asks the development
+    tools for the embedded broker's, streams/tiers.py)."""
+
+    kafka: KafkaSettings
+    group_id: str
+    instance_id: str | None = None
+    consumer_config: Callable[[], dict | None] | None = None
+    watchers: list[Callable[[KafkaSource, float], None]] = field(default_factory=list)
+
+    def source(self, topics: list[str], watched: list[str], by_group: bool,
+               on_log_reset: Callable[[LogReset], None]) -> KafkaSource:
+        return KafkaSource(self.kafka, topics, watched, self.group_id, by_group=by_group, instance_id=self.instance_id,
+                           watchers=self.watchers, on_log_reset=on_log_reset, consumer_config=self.consumer_config)
+
+    def producer(self, on_refused: Callable[[str, str], None] | None = None, queue_max_kbytes: int | None = None):
+        return make_producer(self.kafka, on_refused=on_refused, queue_max_kbytes=queue_max_kbytes)

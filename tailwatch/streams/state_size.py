@@ -16,7 +16,8 @@ import types
 import numpy as np
 import polars as pl
 
-# Not state: code, synchronisation and handles to the outside.
+# Not state: code, synchronisation and handles to the outside (and a class that says it is one,
+# `OUTSIDE_STATE = True`: the topics in memory a test runs a worker on stand for a broker).
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
            threading.Thread, type(threading.Lock()), type(threading.Event()))
 
@@ -32,7 +33,7 @@ def _walk(root: object, seen: set[int]) -> int:
     total, stack = 0, [root]
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, _OPAQUE) or obj is None:
+        if id(obj) in seen or isinstance(obj, _OPAQUE) or obj is None or getattr(type(obj), "OUTSIDE_STATE", False):
             continue
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):

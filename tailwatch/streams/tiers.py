@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tailwatch.alerts.alertmanager import AlertLinks
+from tailwatch.config.plugins import CONSUMER_CONFIG, GROUP_RESCUE, dev_hook
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES
 from tailwatch.planning.prices import GpuPrices
@@ -43,7 +44,7 @@ from tailwatch.streams.signal_stage import SignalStage
 from tailwatch.streams.group_rescue import GroupRescue
 from tailwatch.streams.log_reset import LogReset
 from tailwatch.streams.slo_stage import SloStage
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Connector, KafkaConnector
 from tailwatch.streams.store_sink import StoreSettings, StoreSink
 from tailwatch.streams.topic_sink import TopicSink
 from tailwatch.streams.window_operator import MinuteWindowOperator, WindowSettings
@@ -146,15 +147,34 @@ def _gap_marker(metrics: WorkerMetrics, operator: Operator) -> Callable[[LogRese
     return mark
 
 
-def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | None = None) -> Runtime:
+def kafka_connector(settings: WorkerSettings, metrics: WorkerMetrics) -> KafkaConnector:
+    """Kafka, with what the development tools lend for the embedded broker (their hooks,
+    tailwatch.config.plugins, all asked for here; none where only the runtime is installed):
+    the consumer settings its answers need, handed to the source and asked of the hook when
+    the consumer is made (it asks the cluster whether it is the embedded broker), and the
+    rescue of a wedged group, a tick watcher of the source (streams/group_rescue.py)."""
+    kafka = settings.kafka
+    settings_for, rescue = dev_hook(CONSUMER_CONFIG), dev_hook(GROUP_RESCUE)
+    consumer_config = None if settings_for is None else lambda: settings_for(kafka.bootstrap_servers, kafka.base_config())
+    watchers = [] if rescue is None else [GroupRescue(kafka, rescue, on_rescued=metrics.group_rescues.inc)]
+    return KafkaConnector(kafka, settings.group_id, settings.instance_id, consumer_config=consumer_config,
+                          watchers=watchers)
+
+
+def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | None = None,
+          connector: Connector | None = None) -> Runtime:
     """The worker of a tier: `all` (one process does everything), `1` (the firehose, N of
-    them, no store) or `2` (a replica: every stage over tw.sli, a store of its own)."""
+    them, no store) or `2` (a replica: every stage over tw.sli, a store of its own).
+    `connector` gives its source and its topic sink's producer: Kafka (`kafka_connector`) by
+    default, or records in memory (streams/memory_source.py)."""
     if tier not in TIERS:
         raise ValueError(f"tier {tier!r}: one of {', '.join(TIERS)}")
     metrics = metrics or WorkerMetrics()
+    connector = kafka_connector(settings, metrics) if connector is None else connector
     cpu = CpuAccount(metrics)
     runtime: Runtime | None = None
-    topics = TopicSink(settings.kafka, metrics, stopping=lambda: runtime is not None and runtime.stopping)
+    topics = TopicSink(settings.kafka, metrics, stopping=lambda: runtime is not None and runtime.stopping,
+                       producer=connector.producer)
     make_operator, operator_settings = OPERATORS[tier]
     operator = make_operator(operator_settings(settings), metrics, cpu, topics)
     parts = Parts(operator, [topics])
@@ -177,10 +197,7 @@ def build(settings: WorkerSettings, tier: str = "all", metrics: WorkerMetrics | 
                                on_memory_limit=lambda mib: metrics.store_memory_limit.set(mib * 2**20),
                                stopping=lambda: runtime is not None and runtime.stopping)
         parts.sinks += [store_sink, AlertSink(store_sink.outboxes)]
-    source = KafkaSource(settings.kafka, operator.topics, operator.watched, settings.group_id,
-                         by_group=operator.by_group, instance_id=settings.instance_id,
-                         watchers=[GroupRescue(settings.kafka, on_rescued=metrics.group_rescues.inc)],
-                         on_log_reset=_gap_marker(metrics, operator))
+    source = connector.source(operator.topics, operator.watched, operator.by_group, _gap_marker(metrics, operator))
     if settings.http_port is not None:
         parts.http = WorkerHttp(settings.http_port, metrics.registry, host=settings.http_host,
                                 api_config=settings.api_config, on_restart=metrics.http_restarts.inc)

@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Callable
 
+from confluent_kafka import Producer
+
 from tailwatch.ingest.kafka import KafkaSettings, make_producer, send
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.streams.sink import Sink
@@ -40,15 +42,19 @@ class TopicSink(Sink):
     # default (1 GiB) all of them sat in the worker's heap until the flush.
     QUEUE_MAX_KBYTES = 32_768
 
-    def __init__(self, kafka: KafkaSettings, metrics: WorkerMetrics, stopping: Callable[[], bool]):
+    def __init__(self, kafka: KafkaSettings, metrics: WorkerMetrics, stopping: Callable[[], bool],
+                 producer: Callable[..., Producer] | None = None):
+        """`producer` makes the producer from `on_refused` and `queue_max_kbytes` (a
+        `Connector`'s, streams/source.py); None: ingest/kafka.py's `make_producer` on `kafka`."""
         self.kafka = kafka
         self.metrics = metrics
         self._stopping = stopping
         self._logged: set[tuple[str, str]] = set()
         self.refused: dict[tuple[str, str], int] = {}  # (topic, reason) → records that had to land
         self.must_land: set[str] = set()  # topics whose refusals are remembered (see above)
-        self.producer = make_producer(kafka, on_refused=lambda topic, reason: self._failed(topic)(reason),
-                                      queue_max_kbytes=self.QUEUE_MAX_KBYTES)
+        make = producer or (lambda **kw: make_producer(kafka, **kw))
+        self.producer = make(on_refused=lambda topic, reason: self._failed(topic)(reason),
+                             queue_max_kbytes=self.QUEUE_MAX_KBYTES)
         self.gave_up = False  # a stopping flush left records behind: closing waits for nothing more
         self._full_since: float | None = None  # when a stopping send began to wait for room
 

@@ -31,7 +31,7 @@ from tailwatch.streams.decode_step import DecodeStep, InputTopic, input_topics, 
 from tailwatch.streams.metrics import CpuAccount, WorkerMetrics
 from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import sli_records
-from tailwatch.streams.source import KafkaSource
+from tailwatch.streams.source import Source
 from tailwatch.streams.topic_sink import TopicSink
 from tailwatch.streams.windows import MINUTE_MS, MinuteWindows, utc_text
 from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_REQUESTS, TOPIC_SLI
@@ -103,10 +103,10 @@ class MinuteWindowOperator(Operator):
                             utc_text(bound_ms))
         self.stored_offsets = dict(state.offsets)
 
-    def start_offsets(self, source: KafkaSource, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
+    def start_offsets(self, source: Source, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int | None]:
         return {(t, q): self.stored_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
 
-    def revoked(self, source: KafkaSource, topic: str, partition: int) -> None:
+    def revoked(self, source: Source, topic: str, partition: int) -> None:
         """The windows keep the partition's open state: it is in the store with its offsets.
         The alignment forgets it: a partition comes back unpaused (`KafkaSource._on_assign`)."""
         if self.alignment is not None:
@@ -119,7 +119,7 @@ class MinuteWindowOperator(Operator):
     def process(self, topic: str, batch: list) -> None:
         self.decode.process(self.inputs[topic], batch)
 
-    def tick(self, source: KafkaSource, now: float) -> None:
+    def tick(self, source: Source, now: float) -> None:
         """Pause partitions read too far ahead of their topic's slowest, resume them as it
         catches up (streams/alignment.py): a backlog drains without holding tens of minutes open."""
         a = self.alignment
@@ -137,17 +137,17 @@ class MinuteWindowOperator(Operator):
             self.metrics.partitions_paused.labels(p.topic).set(sum(1 for topic, _ in a.paused if topic == p.topic))
 
     # ---- checkpoint -------------------------------------------------------------------------
-    def has_unsaved(self, source: KafkaSource) -> bool:
+    def has_unsaved(self, source: Source) -> bool:
         return bool(self.decode.dead_letters) or any(
             p.windows.unsaved.counts or p.windows.unsaved.seen or p.windows.holds_late for p in self.inputs.values()
         ) or source.next_offsets != self.stored_offsets
 
-    def _partitions_of(self, source: KafkaSource, p: InputTopic) -> set[int]:
+    def _partitions_of(self, source: Source, p: InputTopic) -> set[int]:
         """Every partition whose minutes the buckets must wait for: the topic's partitions
         per metadata, plus any owned or with a watermark held."""
         return source.partitions.get(p.topic, set()) | source.assigned[p.topic] | set(p.windows.watermark_ms)
 
-    def checkpoint(self, source: KafkaSource, close_all: bool) -> Checkpoint | None:
+    def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
         topics = []
         self.closing_behind = False
         for p in self.inputs.values():
@@ -224,7 +224,7 @@ class MinuteWindowOperator(Operator):
             self.sink.send(self.sli_topic, line, key)
 
     # ---- draining, the view, telemetry ----------------------------------------------------
-    def undrained(self, source: KafkaSource) -> list[str]:
+    def undrained(self, source: Source) -> list[str]:
         """Drained means every partition of every input topic read to its end by this worker;
         closing all minutes on less would cut them short."""
         return [line for p in self.inputs.values() for line in source.unread(p.topic, set(p.windows.watermark_ms))]
