@@ -25,7 +25,7 @@ from tailwatch.signals.live import LiveSignals, SignalPolicy, SignalSnapshot, po
 from tailwatch.signals.rollout import CanaryStory, VerdictStep, canary_story
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.windows import minute_text
+from tailwatch.slo.alert_windows import minute_text
 from tailwatch.store.connection import connect
 from tailwatch.store.queries import has_table, query_frame
 

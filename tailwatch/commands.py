@@ -167,7 +167,7 @@ def _check_retention(settings: dict) -> None:
     retention_s = settings.get("minute_retention_s") or 0
     if not retention_s:
         return
-    longest_min = max((s.window_minutes for s in settings.get("slos") or []), default=0)
+    longest_min = max((s.period_minutes for s in settings.get("slos") or []), default=0)
     needed_s = longest_min * 60 + settings.get("correction_horizon_s", 0) + 3600
     if retention_s < needed_s:
         raise CliError(f"--minute-retention {retention_s / 86400:g}d is shorter than the longest SLO window "
@@ -631,20 +631,20 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`plan stages`: measured stage profiles → bottleneck → greedy plan (slo/turn_stages.py, planning/stage_plan.py)."""
+    """`plan stages`: measured phase profiles → bottleneck → greedy plan (slo/turn_phases.py, planning/phase_plan.py)."""
     import dataclasses
     import json
 
-    from tailwatch.planning.stage_plan import PlanConstraints, bottleneck, plan_stages
-    from tailwatch.planning.stage_setup import StageSetupError, load_stage_setup, measured_profiles
+    from tailwatch.planning.phase_plan import PlanConstraints, bottleneck, plan_phases
+    from tailwatch.planning.phase_setup import PhaseSetupError, load_phase_setup, measured_profiles
     from tailwatch.store.connection import DEFAULT_STORE, connect
     from tailwatch.store.queries import query_frame
     from tailwatch.table import render
 
     start, end = time_range_option(args)
     try:
-        setup = load_stage_setup(args.stage_setup)
-    except StageSetupError as exc:
+        setup = load_phase_setup(args.stage_setup)
+    except PhaseSetupError as exc:
         raise CliError(str(exc)) from None
     prices = load_prices_option(args.prices)
     con = connect(args.store or DEFAULT_STORE, read_only=True, wait_s=30.0)
@@ -673,7 +673,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             gpu_types=tuple(t.strip() for t in args.gpu_types.split(",") if t.strip()) if args.gpu_types else (),
             target_utilisation=args.target_utilization)
         neck = bottleneck(profiles, {p.stage: p.workers for p in profiles if p.workers})
-        plan = plan_stages(profiles, constraints, prices, cpu_usd_per_worker_hour=setup.cpu_usd_per_worker_hour)
+        plan = plan_phases(profiles, constraints, prices, cpu_usd_per_worker_hour=setup.cpu_usd_per_worker_hour)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.format == "json":

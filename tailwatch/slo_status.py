@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from tailwatch.slo.sli import replay, span
 from tailwatch.slo.spec import REPORTED_KINDS, SloSpec
-from tailwatch.slo.windows import minute_start_utc, minute_text
+from tailwatch.slo.alert_windows import minute_start_utc, minute_text
 from tailwatch.store.connection import DEFAULT_STORE, connect
 from tailwatch.store.queries import newest_minute, recent_bucket_chunks
 from tailwatch.cli import CliError
@@ -35,7 +35,7 @@ def parse_at(text: str, newest_minute: int) -> int:
 def print_status(specs: list[SloSpec], store_path: str | None, at: str | None) -> int:
     con = connect(store_path or DEFAULT_STORE, read_only=True)
     try:
-        longest = max(s.window_minutes for s in specs)
+        longest = max(s.period_minutes for s in specs)
         newest = newest_minute(con, "sli_minute")
         if newest is None:
             raise CliError("the store has no buckets yet: run the worker first")

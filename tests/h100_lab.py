@@ -19,7 +19,7 @@ from tailwatch.ingest.validate import BatchDecoder
 from tailwatch.store.connection import connect
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from tailwatch.streams.windows import AggregateSpec, MinuteWindows
+from tailwatch.streams.minute_windows import AggregateSpec, MinuteWindows
 
 
 

@@ -17,7 +17,7 @@ from tailwatch.ingest.producer import EventPublisher
 from tailwatch_dev.simulator import FleetSimulator
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
-from tailwatch.slo.windows import default_catalog
+from tailwatch.slo.alert_windows import default_catalog
 from tailwatch.streams.tiers import WorkerSettings, build
 from tailwatch_dev.chaos import Webhook as ChaosWebhook, alertmanager_config
 from tests.conftest import free_port, need, start_until_ready

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tailwatch.slo.block_windows import CHUNK, RESOLUTIONS, BlockWindows
 from tailwatch.slo.engine import SloTable
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.windows import default_catalog
+from tailwatch.slo.alert_windows import default_catalog
 
 LENGTHS = (5, 30, 60, 90, 120, 360, 500, 1440)
 
@@ -114,7 +114,7 @@ def test_a_month_of_busy_traffic_keeps_the_budget_within_a_tenth_of_a_percent_of
     """35 days of diurnal traffic with error bursts, four slices: the 30-day window's counts
     against the exact sum, every 6 hours."""
     spec = SloSpec(name="avail", description="", selector={}, sli_kind="availability", objective=0.999,
-                   window_minutes=30 * 1440, calendar_month=False, slice_by=("zone",), alert_windows=default_catalog(),
+                   period_minutes=30 * 1440, calendar_month=False, slice_by=("zone",), alert_windows=default_catalog(),
                    min_events=10)
     table = SloTable(spec)
     cols = table.columns([("a",), ("b",), ("c",), ("d",)])
@@ -129,7 +129,7 @@ def test_a_month_of_busy_traffic_keeps_the_budget_within_a_tenth_of_a_percent_of
     for now in range(minutes):
         table.advance(now, cols, good[now], valid[now])
         if now % 360 == 0 and now > 30 * 1440:
-            got_good, got_valid = table.compliance_counts()
+            got_good, got_valid = table.period_counts()
             exact_valid = _exact(valid, now, 30 * 1440)
             exact_bad = exact_valid - _exact(good, now, 30 * 1440)
             worst = max(worst, float(np.max(np.abs((got_valid - got_good) - exact_bad) / exact_valid)),

@@ -9,8 +9,8 @@ from tailwatch.store.connection import connect
 from tailwatch.store.queries import query_frame
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.corrections import LateEvents
-from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
-from tests.test_windows import T0, frame
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
+from tests.test_minute_windows import T0, frame
 
 LATENESS = 5 * MINUTE_MS
 HORIZON = 24 * 60 * MINUTE_MS

@@ -294,7 +294,7 @@ def test_gr_engine_active_from_dcgm_reaches_gpu_minute_and_old_partials_still_me
     from tailwatch.ingest.otlp.mapping import GpuRules
     from tailwatch.ingest.otlp.samples import Sample
     from tailwatch.streams.aggregates import GPU
-    from tailwatch.streams.windows import MinuteWindows
+    from tailwatch.streams.minute_windows import MinuteWindows
 
     labels = {"gpu": "0", "UUID": "GPU-1", "Hostname": "n1", "modelName": "NVIDIA H100 80GB HBM3"}
     mapped = GpuMapper(GpuRules()).map([Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, 0.62, T0 * 60_000)])
@@ -688,7 +688,7 @@ def test_pending_minutes_give_out_only_ready_minutes_and_drop_passed_ones(caplog
     assert pending.first_minute() == T0 + 4
     with caplog.at_level("WARNING"):
         assert pending.add(frame([2, 5]), not_before=T0 + 4) == T0 + 5  # minute 2 passed: dropped, and said so
-    from tailwatch.slo.windows import minute_text
+    from tailwatch.slo.alert_windows import minute_text
 
     assert f"minutes {minute_text(T0 + 2)} (UTC) closed after the detectors passed them" in caplog.text
     assert sorted(pending.take_until(T0 + 9).filter(pl.col("_by") == "pool,zone")["requests"].to_list()) == [5, 6]

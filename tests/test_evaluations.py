@@ -19,7 +19,7 @@ from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.slo_stage import SloStage
-from tailwatch.streams.windows import MinuteWindows
+from tailwatch.streams.minute_windows import MinuteWindows
 from tailwatch.backtest import backtest_rollout, read_buckets
 from tests.test_pipeline import publish, run_worker
 from tailwatch.streams.store_sink import StoreSink
@@ -90,7 +90,7 @@ def test_evaluations_reach_the_store_exactly_and_feed_the_wer_slo(regression_run
     wer = {(v.labels["language"], v.labels["model_version"]): v for v in slo.states() if v.spec.name == "asr-wer"}
     assert set(wer) == set((lang, version) for version, lang in got)
     for (lang, version), view in wer.items():
-        good, valid = view.sums(view.spec.window_minutes)
+        good, valid = view.sums(view.spec.period_minutes)
         evals, errors, words = got[(version, lang)]
         assert valid == words and good == words - errors, (lang, version)  # WER as a ratio of sums
 

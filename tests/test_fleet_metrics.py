@@ -29,7 +29,7 @@ from tailwatch.streams.fleet_metrics import OTHER_TENANT, FleetMetrics, FleetMet
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.streams.slo_stage import SloStage
-from tailwatch.streams.windows import MinuteWindows
+from tailwatch.streams.minute_windows import MinuteWindows
 from tailwatch.alerts.alertmanager import DeliveryCollector, FiringAlerts
 from tailwatch.streams.detector_stage import DetectorStage
 from tailwatch_dev.bench import synthetic_events

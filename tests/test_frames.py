@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from tailwatch.ingest.schema import EvalV1, RequestV1
 from tailwatch.ingest.validate import BatchDecoder
-from tailwatch.streams.frames import _OPTIONAL_COLUMNS, REQUEST_COLUMNS, STAGES_COLUMN, _gather, records_to_frame
+from tailwatch.streams.frames import _OPTIONAL_COLUMNS, REQUEST_COLUMNS, PHASES_COLUMN, _gather, records_to_frame
 
 TS = 1_767_225_600_000
 ENC = msgspec.json.Encoder()
@@ -37,7 +37,7 @@ def test_every_column_is_the_value_by_value_conversion(events):
     frame, _ = records_to_frame(out.records, REQUEST_COLUMNS, [0] * n, list(range(n)), out.indices)
     kinds = set(map(type, out.records))
     for column, dtype in REQUEST_COLUMNS.items():
-        if column in (STAGES_COLUMN, "event_id", "language"):
+        if column in (PHASES_COLUMN, "event_id", "language"):
             continue  # rewritten after gathering (evaluations' ids, lower case) or built apart
         want = pl.Series(column, _gather(out.records, kinds, column), dtype=dtype)
         if column in _OPTIONAL_COLUMNS and column not in frame.columns:  # a bucket bound no record carries
@@ -46,5 +46,5 @@ def test_every_column_is_the_value_by_value_conversion(events):
         assert frame[column].dtype == dtype
         assert frame[column].to_list() == want.to_list(), column
     assert frame["language"].to_list() == [r.language.lower() for r in out.records]
-    has_stages = any(getattr(r, STAGES_COLUMN, None) for r in out.records)
-    assert (STAGES_COLUMN in frame.columns) == has_stages
+    has_stages = any(getattr(r, PHASES_COLUMN, None) for r in out.records)
+    assert (PHASES_COLUMN in frame.columns) == has_stages

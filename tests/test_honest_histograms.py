@@ -146,8 +146,8 @@ def test_a_minute_counts_its_undecided_events_for_any_threshold_and_keeps_them_t
     from tailwatch.slo.sli import good_valid, undecided_expr
     from tailwatch.slo.spec import load_slos
     from tailwatch.streams.aggregates import REQUESTS
-    from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
-    from tests.test_windows import T0, frame
+    from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
+    from tests.test_minute_windows import T0, frame
 
     rows = frame([(f"e{i}", T0 + i, 0, "ok", 1100.0) for i in range(10)]  # measured: 1.1 s, good under 1.2 s
                  + [(f"b{i}", T0 + i, 0, "ok", 2500.0) for i in range(30)]  # scraped: (1 s, 2.5 s]

@@ -19,7 +19,7 @@ from tailwatch.ingest.validate import BatchDecoder
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.partials import MinuteAssembler, encode_frontier, encode_partials
-from tailwatch.streams.windows import MinuteWindows
+from tailwatch.streams.minute_windows import MinuteWindows
 
 LATENESS_MS = 5 * 60_000
 SLI_PARTITIONS = (0, 1, 2)

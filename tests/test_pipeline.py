@@ -85,8 +85,8 @@ def test_store_counts_match_the_simulator_exactly(memory, tmp_path):
     f = t.finish_reasons
     assert streams == (sum(f.values()), f.get("stop", 0) + f.get("length", 0) + f.get("content_filter", 0),
                        f.get("server_cut", 0), f.get("timeout", 0), f.get("client_cancel", 0), t.inter_token_values,
-                       t.stage_samples)
-    assert t.stage_samples > 0 and t.inter_token_values > 0
+                       t.phase_samples)
+    assert t.phase_samples > 0 and t.inter_token_values > 0
     assert con.execute("SELECT count(*) FROM dead_letter").fetchone()[0] == 0
     assert w.metrics.events.labels(memory.topic("requests"), "accepted")._value.get() == t.requests
     # Fields the producer left out take the schema's defaults (the simulator omits them).

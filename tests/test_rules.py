@@ -84,13 +84,13 @@ def test_prometheus_counts_undecided_events_as_the_engine_does(generated, tmp_pa
     """Undecided events (a scraped bucket straddling the threshold) come as their own outcome:
     the generated rules fire on proven bad events only, and promtool agrees with the engine
     minute by minute on a fleet whose every event is undecided, then one that is proven slow."""
-    from tailwatch.alerts.rules import Phase, promtool_test
+    from tailwatch.alerts.rules import Stretch, promtool_test
 
     (spec,) = [s for s in load_slos(DEFAULT_SLOS) if s.name == "llm-realtime-first-token"]
-    phases = [Phase(60, 1000, 0), Phase(120, 1000, 0, undecided=1000), Phase(30, 1000, 600, undecided=400),
-              Phase(420, 1000, 0, undecided=1000)]
+    stretches = [Stretch(60, 1000, 0), Stretch(120, 1000, 0, undecided=1000),
+                 Stretch(30, 1000, 600, undecided=400), Stretch(420, 1000, 0, undecided=1000)]
     good, bad, undecided = [], [], []
-    for p in phases:
+    for p in stretches:
         good += [p.valid - p.bad - p.undecided] * p.minutes
         bad += [p.bad] * p.minutes
         undecided += [p.undecided] * p.minutes
@@ -98,6 +98,6 @@ def test_prometheus_counts_undecided_events_as_the_engine_does(generated, tmp_pa
     assert set().union(*firing[:180]) == set()  # two hours of nothing but undecided events: no alert
     assert "page-fast" in set().union(*firing[180:210])  # 60% proven bad pages
     shutil.copy(generated / f"{spec.name}.rules.yml", tmp_path)
-    (tmp_path / "undecided.test.yml").write_text(yaml.safe_dump(promtool_test(spec, f"{spec.name}.rules.yml", phases)))
+    (tmp_path / "undecided.test.yml").write_text(yaml.safe_dump(promtool_test(spec, f"{spec.name}.rules.yml", stretches)))
     r = subprocess.run([PROMTOOL, "test", "rules", "undecided.test.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -18,7 +18,7 @@ from tailwatch.detectors.core import Detection
 from tailwatch.ingest.schema import GpuV1, RequestV1
 from tailwatch.reports.readiness import dashboards_for
 from tailwatch.slo.engine import AlertChange
-from tailwatch.slo.windows import default_catalog
+from tailwatch.slo.alert_windows import default_catalog
 from tailwatch.cli import main
 from tests.test_pipeline import run_worker
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tailwatch.slo.engine import RollingWindows, SloTable, burn_rate, error_budget_remaining, minutes_to_exhaustion
 from tailwatch.slo.spec import DEFAULT_SLOS, SLI_KINDS, SpecErrors, load_slos
-from tailwatch.slo.windows import default_catalog
+from tailwatch.slo.alert_windows import default_catalog
 from tailwatch.streams.slo_stage import alert_change_rows
 
 THIRTY_DAYS = 30 * 1440
@@ -223,7 +223,7 @@ spec:
 
 def test_openslo_documents_read_into_the_same_model(tmp_path):
     a, b = load_slos(spec_file(tmp_path, OPENSLO))
-    assert (a.name, a.sli_kind, a.latency_field, a.threshold_ms, a.objective, a.window_minutes) == (
+    assert (a.name, a.sli_kind, a.latency_field, a.threshold_ms, a.objective, a.period_minutes) == (
         "llm-first-token", "latency", "first_output_ms", 800.0, 0.99, 28 * 1440)
     assert a.selector == {"workload": "llm"}
     assert (b.name, b.sli_kind, b.objective) == ("llm-availability", "availability", 0.999)
@@ -329,7 +329,7 @@ def test_engine_invariants(counts, objective):
     from tailwatch.slo.spec import SloSpec
 
     spec = SloSpec(name="p", description="", selector={}, sli_kind="availability", objective=objective,
-                   window_minutes=THIRTY_DAYS, calendar_month=False, slice_by=(), alert_windows=default_catalog(),
+                   period_minutes=THIRTY_DAYS, calendar_month=False, slice_by=(), alert_windows=default_catalog(),
                    min_events=1)
     s = OneSlice(spec, {})
     last_state: dict[str, str] = {}
@@ -346,7 +346,7 @@ def test_calendar_month_budget_starts_afresh_each_month(tmp_path):
     from datetime import datetime, timezone
 
     (spec,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: calendar-month")))
-    assert spec.calendar_month and spec.window_minutes == THIRTY_DAYS
+    assert spec.calendar_month and spec.period_minutes == THIRTY_DAYS
     s = OneSlice(spec, {})
     last_of_oct = int(datetime(2026, 10, 31, 23, 58, tzinfo=timezone.utc).timestamp()) // 60
     s.advance(last_of_oct, 990, 1000)  # 1% bad: ten times the 0.1% budget
@@ -406,8 +406,8 @@ def test_the_alert_windows_come_from_the_catalog_of_the_slo_period(tmp_path):
     so a 28-day SLO pages on the same share of its budget at factors of its own."""
     (thirty,) = load_slos(spec_file(tmp_path, AVAIL))
     (four_weeks,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: 28d")))
-    assert [round(w.factor(thirty.window_minutes), 2) for w in thirty.alert_windows] == [14.4, 6.0, 3.0, 1.0]
-    assert [round(w.factor(four_weeks.window_minutes), 2) for w in four_weeks.alert_windows] == [13.44, 5.6, 2.8, 0.93]
+    assert [round(w.factor(thirty.period_minutes), 2) for w in thirty.alert_windows] == [14.4, 6.0, 3.0, 1.0]
+    assert [round(w.factor(four_weeks.period_minutes), 2) for w in four_weeks.alert_windows] == [13.44, 5.6, 2.8, 0.93]
     (week,) = load_slos(spec_file(tmp_path, AVAIL.replace("window: 30d", "window: 7d")))
     assert [w.long_minutes for w in week.alert_windows] == [14, 84, 336, 1008]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tailwatch.slo.engine import SloTable
 from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos, spec_warnings
-from tailwatch.slo.windows import MAX_ALERT_ERROR_RATIO, YOUNG_SHARE
+from tailwatch.slo.alert_windows import MAX_ALERT_ERROR_RATIO, YOUNG_SHARE
 from tests.test_slo import AVAIL
 
 
@@ -24,8 +24,8 @@ def test_the_default_wer_slo_can_page_and_says_its_fast_window_was_capped():
     Capped, it fires on a WER above 50%, and the check says so naming the SLO and window."""
     (wer,) = [s for s in load_slos(DEFAULT_SLOS) if s.name == "asr-wer"]
     fast = next(w for w in wer.alert_windows if w.name == "page-fast")
-    assert fast.error_ratio_needed(wer.window_minutes, wer.objective) == pytest.approx(MAX_ALERT_ERROR_RATIO)
-    assert all(w.error_ratio_needed(wer.window_minutes, wer.objective) < 1 for w in wer.alert_windows)
+    assert fast.error_ratio_needed(wer.period_minutes, wer.objective) == pytest.approx(MAX_ALERT_ERROR_RATIO)
+    assert all(w.error_ratio_needed(wer.period_minutes, wer.objective) < 1 for w in wer.alert_windows)
     (warning,) = spec_warnings(wer)
     assert "asr-wer" in warning and "page-fast" in warning and "115.2%" in warning
     # A model that gets 60% of its words wrong, 1,000 evaluated words a minute: the fast page fires.

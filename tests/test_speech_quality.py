@@ -85,14 +85,14 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(memory, 
     slo = next(s for s in w.sink(StoreSink).stages if isinstance(s, SloStage))
     underrun = {tuple(sorted(v.labels.items())): v for v in slo.states() if v.spec.name == "tts-realtime-underrun-free"}
     assert {dict(k)["voice"] for k in underrun} == {"neutral", "premium-1", "premium-2"}
-    good = sum(v.sums(v.spec.window_minutes)[0] for v in underrun.values())
-    valid = sum(v.sums(v.spec.window_minutes)[1] for v in underrun.values())
+    good = sum(v.sums(v.spec.period_minutes)[0] for v in underrun.values())
+    valid = sum(v.sums(v.spec.period_minutes)[1] for v in underrun.values())
     assert (good, valid) == (total("underrun_reported") - total("underrun_streams"), total("underrun_reported"))
     # First audio per voice tier: each voice's slices hold exactly its answered realtime TTS requests.
     first_audio = [v for v in slo.states() if v.spec.name == "tts-realtime-first-audio"]
     for voice in ("neutral", "premium-1", "premium-2"):
-        valid = sum(v.sums(v.spec.window_minutes)[1] for v in first_audio if v.labels["voice"] == voice)
-        good = sum(v.sums(v.spec.window_minutes)[0] for v in first_audio if v.labels["voice"] == voice)
+        valid = sum(v.sums(v.spec.period_minutes)[1] for v in first_audio if v.labels["voice"] == voice)
+        good = sum(v.sums(v.spec.period_minutes)[0] for v in first_audio if v.labels["voice"] == voice)
         sent = [e for e in events if e.workload == "tts" and e.traffic_class == "realtime" and e.voice == voice
                 and e.first_output_ms is not None]
         assert valid == len(sent) > 0 and good == sum(e.first_output_ms <= 450 for e in sent), voice
@@ -102,11 +102,11 @@ def test_language_voice_and_quality_counts_reach_the_store_and_the_slos(memory, 
         == len(endpointing)
     # Quota refusals are not availability failures: the LLM availability SLO's valid events leave them out.
     llm = [v for v in slo.states() if v.spec.name == "llm-realtime-availability"]
-    llm_valid = sum(v.sums(v.spec.window_minutes)[1] for v in llm)
+    llm_valid = sum(v.sums(v.spec.period_minutes)[1] for v in llm)
     realtime_llm = [e for e in events if e.workload == "llm" and e.traffic_class == "realtime"]
     assert llm_valid == sum(e.status not in ("cancelled",) and e.status_reason != "quota" for e in realtime_llm)
     # ...and the quota SLO counts exactly them, per tenant: its error ratio is the tenant's rejection rate.
-    quota = {v.labels["tenant"]: v.sums(v.spec.window_minutes) for v in slo.states()
+    quota = {v.labels["tenant"]: v.sums(v.spec.period_minutes) for v in slo.states()
              if v.spec.name == "llm-tenant-quota-admission"}
     llm = [e for e in events if e.workload == "llm"]
     assert set(quota) == {e.tenant for e in llm}

@@ -21,7 +21,7 @@ from tailwatch.signals.rollout import MinuteCounts, VersionStats, verdict
 from tailwatch.slo import histogram
 from tailwatch.slo.sli import SloEvaluator
 from tailwatch.slo.spec import DEFAULT_SLOS, SpecErrors, load_slos
-from tailwatch.slo.turn_stages import stage_latency
+from tailwatch.slo.turn_phases import phase_latency
 from tailwatch.store.connection import connect
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
@@ -120,8 +120,8 @@ def test_a_stage_budget_page_names_the_stage_that_overspent(streaming_buckets, p
     # The stage histograms show why: TTS first audio six times slower, the others unchanged.
     s2s = streaming_buckets.filter(pl.col("workload") == "s2s")
     s2s = s2s.with_columns(_minute(s2s))
-    before = {r["stage"]: r for r in stage_latency(s2s.filter(pl.col("m") < 50)).iter_rows(named=True)}
-    during = {r["stage"]: r for r in stage_latency(s2s.filter(pl.col("m").is_between(55, 109))).iter_rows(named=True)}
+    before = {r["stage"]: r for r in phase_latency(s2s.filter(pl.col("m") < 50)).iter_rows(named=True)}
+    during = {r["stage"]: r for r in phase_latency(s2s.filter(pl.col("m").is_between(55, 109))).iter_rows(named=True)}
     assert 5.0 < during["tts_first_audio"]["p50_ms"] / before["tts_first_audio"]["p50_ms"] < 7.2
     assert 0.85 < during["asr_final"]["p50_ms"] / before["asr_final"]["p50_ms"] < 1.15
     assert list(before) == ["vad", "asr_final", "retrieval", "llm_first_token", "llm_decode", "tts_first_audio", "playback"]

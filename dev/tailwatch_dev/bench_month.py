@@ -296,7 +296,7 @@ def _budgets(store_path: Path, minute_of: np.ndarray, slice_of: np.ndarray, erro
             key = dict(part.split("=", 1) for part in slice_text.split(",")) if slice_text else {}
             members = [i for i, lab in enumerate(labels)
                        if all(lab.get(k) == v for k, v in spec.selector.items()) and all(lab[k] == v for k, v in key.items())]
-            window = (minute_of > minute - spec.window_minutes) & (minute_of <= minute) & np.isin(slice_of, members)
+            window = (minute_of > minute - spec.period_minutes) & (minute_of <= minute) & np.isin(slice_of, members)
             valid, bad = int(window.sum()), int((window & error_of).sum())
             exact = 1.0 - bad / (valid * (1 - spec.objective)) if valid else 1.0
             worst_budget = max(worst_budget, abs(remaining - exact))

@@ -184,7 +184,7 @@ def fleet_month_store(path: Path, slices: int, days: int, every_minutes: int, sa
     from tailwatch.conventions import TOPIC_REQUESTS
     from tailwatch.streams.aggregates import REQUESTS
     from tailwatch.streams.frames import REQUEST_COLUMNS
-    from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
+    from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
     from tailwatch_dev.bench import T0_MS
     from tailwatch_dev.bench_month import (E2E_AFTER_FIRST_OUTPUT_MS, ERROR_RATE, FIRST_OUTPUT_LOGNORMAL, FIXED_FIELDS,
                                    slice_labels)
@@ -244,7 +244,7 @@ def busy_fleet_store(path: Path, slices: int, hours: int, say=lambda line: None)
     as a checkpoint would leave it. Returns the rows written."""
     from tailwatch.store.connection import connect
     from tailwatch.conventions import TOPIC_REQUESTS
-    from tailwatch.streams.windows import MINUTE_MS
+    from tailwatch.streams.minute_windows import MINUTE_MS
     from tailwatch_dev.bench import T0_MS
     from tailwatch_dev.bench_month import WORKLOADS
 

@@ -20,7 +20,7 @@ import polars as pl
 
 from tailwatch.slo.sli import SloEvaluator, good_valid
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.windows import default_catalog
+from tailwatch.slo.alert_windows import default_catalog
 from tailwatch_dev.bench import _rss_bytes
 
 T0 = datetime(2026, 11, 2)
@@ -29,7 +29,7 @@ T0 = datetime(2026, 11, 2)
 def specs(n: int) -> list[SloSpec]:
     return [
         SloSpec(name=f"slo-{i:03d}", description="", selector={"model": f"model-{i:03d}"}, sli_kind="availability",
-                objective=0.999, window_minutes=30 * 1440, calendar_month=False, slice_by=("tenant", "zone"),
+                objective=0.999, period_minutes=30 * 1440, calendar_month=False, slice_by=("tenant", "zone"),
                 alert_windows=default_catalog(), min_events=10)
         for i in range(n)
     ]
@@ -59,7 +59,7 @@ def naive_minute(spec_list: list[SloSpec], history: list[pl.DataFrame]) -> None:
     for spec in spec_list:
         counts = good_valid(spec, frame).with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_m"))
         now = int(counts["_m"].max())  # type: ignore[arg-type]
-        lengths = sorted({m for w in spec.alert_windows for m in (w.long_minutes, w.short_minutes)} | {spec.window_minutes})
+        lengths = sorted({m for w in spec.alert_windows for m in (w.long_minutes, w.short_minutes)} | {spec.period_minutes})
         for length in lengths:
             counts.filter(pl.col("_m") > now - length).group_by(*spec.slice_by).agg(
                 pl.col("good").sum(), pl.col("valid").sum())

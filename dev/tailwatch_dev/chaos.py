@@ -2000,7 +2000,7 @@ _HIST_CONSTANTS = {
 # - token sums as integers, GPU-seconds and audio-seconds summed in integer micro-units
 #   (round(x · 10^6)), GPU means over integer milli-units; sums over nothing are 0, maxima NULL;
 # - streams: attempts with a finish_reason; completed = stop, length, content_filter; cut, timed out and
-#   cancelled = server_cut, timeout, client_cancel (stage histograms are not reproduced here);
+#   cancelled = server_cut, timeout, client_cancel (phase histograms are not reproduced here);
 # - latency bins: values ≤ MIN_VALUE_MS in ZERO_BIN, others ceil(ln(v) / ln γ), as [{bin, n}]
 #   ordered by bin ([] when the slice-minute has no value); quantile q is the bin holding rank
 #   floor(q · (n − 1)), read as 2 γ^bin / (γ + 1) (0 for the zero bin), NULL without values;

@@ -27,7 +27,7 @@ from tailwatch.table import render
 from tailwatch.backtest import read_buckets, replay
 from tailwatch.signals.answers import Shed
 from tailwatch.signals.rollout import CanaryStory, VerdictStep, canary_story
-from tailwatch.slo.windows import minute_text
+from tailwatch.slo.alert_windows import minute_text
 from tailwatch.conventions import TOPIC_REQUESTS
 
 _TS = b'"ts": 1793577600000'  # 2026-11-02T00:00:00Z, the demo's first minute

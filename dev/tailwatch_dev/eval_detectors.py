@@ -582,7 +582,7 @@ def trace_day_buckets(day: TraceDay, chunk_minutes: int = 60):
     import polars as pl
 
     from tailwatch.streams.aggregates import GPU, REQUESTS
-    from tailwatch.streams.windows import MinuteWindows
+    from tailwatch.streams.minute_windows import MinuteWindows
 
     req_windows = MinuteWindows(REQUESTS, allowed_lateness_ms=5 * 60_000)
     gpu_windows = MinuteWindows(GPU, allowed_lateness_ms=5 * 60_000)

@@ -53,7 +53,7 @@ PATTERNED = ("", "en", "en-US", "zh-Hant-TW", "es-419", "ja-jp", "neutral", "pre
 from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, REASONS, BatchDecoder
 from tailwatch.streams.aggregates import GPM_FIELDS, GPU, MICRO, MILLI, REQUESTS
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
-from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 
 BROKER_MAX_BYTES = 1_048_576  # a Kafka broker's default message.max.bytes
 MAX_AHEAD_MS = 5 * 60_000

@@ -60,7 +60,7 @@ VOICES = ("neutral", "premium-1", "premium-2")
 WER_BY_LANGUAGE = {"en-us": 0.055, "es-es": 0.07, "de-de": 0.08, "ja-jp": 0.11}
 WORDS_PER_AUDIO_SECOND = 2.4
 STREAMING_WORKLOADS = ("asr", "tts", "llm", "s2s")  # answers that stream: partial transcripts, audio, tokens
-# A speech-to-speech turn until first audio, by stage (shares of first_output_ms), then the
+# A speech-to-speech turn until first audio, by phase (shares of first_output_ms), then the
 # answer's decode and playback (shares of the rest). Seed 000's cascaded budget.
 S2S_FIRST_AUDIO_SHARES = (("vad", 0.06), ("asr_final", 0.24), ("retrieval", 0.08), ("llm_first_token", 0.38),
                           ("tts_first_audio", 0.24))
@@ -96,7 +96,7 @@ class Incident:
     output_tokens_factor: float = 1.0  # answers shrink while HTTP stays 200
     decode_factor: float = 1.0  # generation after the first token slows (inter-token latency), first token untouched
     stream_cut_ratio: float = 0.0  # share of answered streams the server cuts mid-answer (HTTP 200 all the same)
-    stage_factors: tuple[tuple[str, float], ...] = ()  # s2s stages that slow, e.g. (("tts_first_audio", 4.0),)
+    phase_factors: tuple[tuple[str, float], ...] = ()  # s2s phases that slow, e.g. (("tts_first_audio", 4.0),)
     wer_factors: tuple[tuple[str, float], ...] = ()  # ASR word error rate × factor per language ("" = every other)
     voice_cache_hit_factor: float = 1.0  # TTS voice-cache hit probability × this (a cold-voice storm)
     underrun_factor: float = 1.0  # TTS playback underruns per stream × this
@@ -158,7 +158,7 @@ SCENARIOS: dict[str, list[Incident]] = {
         Incident("fleet-gpu-spend-up-38pct", "cost_regression", 1440, 7 * 1440, {}, cost_factor=1.38),
     ],
     # Latency as users feel it: tokens come slowly after a fast first token, streams
-    # cut mid-answer behind HTTP 200, and one stage of the speech-to-speech cascade (TTS first
+    # cut mid-answer behind HTTP 200, and one phase of the speech-to-speech cascade (TTS first
     # audio) slowing until it is the bottleneck of the turn.
     "streaming": [
         Incident("llm-1a-decode-slow", "decode_slowdown", 30, 75, {"workload": "llm", "zone": "us-east-1a"},
@@ -166,7 +166,7 @@ SCENARIOS: dict[str, list[Incident]] = {
         Incident("llm-1b-streams-cut", "stream_cuts", 40, 70, {"workload": "llm", "zone": "us-east-1b"},
                  stream_cut_ratio=0.2),
         Incident("s2s-tts-first-audio-slow", "stage_bottleneck", 50, 110, {"workload": "s2s"},
-                 stage_factors=(("tts_first_audio", 6.0),)),
+                 phase_factors=(("tts_first_audio", 6.0),)),
     ],
 }
 
@@ -431,7 +431,7 @@ class SimTotals:
     output_tokens: int = 0
     gpu_samples: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
-    stage_samples: int = 0
+    phase_samples: int = 0
     inter_token_values: int = 0
     # Sampled evaluations by (model_version, language): [evaluations, word errors, reference words].
     evaluations: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -469,7 +469,7 @@ class FleetSimulator:
         self.rng = np.random.default_rng(seed)
         # GPM readings draw from their own stream, so every other event is what it was without them.
         self.gpm_rng = np.random.default_rng([seed, 0x6B1])
-        # So do stream endings and stage timings.
+        # So do stream endings and phase timings.
         self.stream_rng = np.random.default_rng([seed, 0x57E])
         # Quality fields draw from their own generator, so the rest of a seed's traffic is as before.
         self.quality_rng = np.random.default_rng([seed, 0x9A1])
@@ -624,9 +624,9 @@ class FleetSimulator:
         if quality.get("status_reason") == "quota":
             status = "shed"  # refused at admission for the tenant's quota: nothing was served
         finish = self._finish_reason(prof, status, active)
-        stages = None
+        phases = None
         if prof.workload == "s2s" and status == "ok":
-            stages, fo = self._stages(fo, e2e_extra, active)
+            phases, fo = self._phases(fo, e2e_extra, active)
         t = self.totals
         t.requests += 1
         t.by_status[status] += 1
@@ -641,7 +641,7 @@ class FleetSimulator:
         t.output_tokens += shaped_out
         if finish is not None:
             t.finish_reasons[finish] = t.finish_reasons.get(finish, 0) + 1
-        t.stage_samples += len(stages or ())
+        t.phase_samples += len(phases or ())
         t.inter_token_values += int(ok and bool(out))
         return RequestV1(
             schema="request.v1", event_id=eid, ts=ts, tenant=lab["tenant"], model=prof.model,
@@ -653,7 +653,7 @@ class FleetSimulator:
             first_output_ms=round(fo + waited, 2) if ok else None,
             inter_token_ms=round(e2e_extra / max(out, 1), 2) if ok and out else None,
             e2e_ms=round(queue + fo + e2e_extra, 2) if status != "cancelled" else None,
-            finish_reason=finish, stages=stages,
+            finish_reason=finish, stages=phases,
             prompt_tokens=prompt or None, output_tokens=shaped_out if prof.workload == "llm" else None,
             audio_seconds=round(audio, 3) if audio else None,
             batch_size=8 if lab["traffic_class"] == "batch" else 1,
@@ -737,18 +737,18 @@ class FleetSimulator:
         cut = sum(inc.stream_cut_ratio for inc in active)
         return "server_cut" if u < cut else ("length" if u < cut + 0.04 else "stop")
 
-    def _stages(self, fo: float, e2e_extra: float, active: list[Incident]) -> tuple[dict[str, float], float]:
-        """Stage timings of an answered s2s turn, and its first-audio time (the sum of the stages
-        before first audio, which grows with a slowed stage)."""
-        factor = {name: f for inc in active for name, f in inc.stage_factors}
+    def _phases(self, fo: float, e2e_extra: float, active: list[Incident]) -> tuple[dict[str, float], float]:
+        """Phase timings of an answered s2s turn, and its first-audio time (the sum of the phases
+        before first audio, which grows with a slowed phase)."""
+        factor = {name: f for inc in active for name, f in inc.phase_factors}
         noise = self.stream_rng.lognormal(0.0, 0.2, len(S2S_FIRST_AUDIO_SHARES) + len(S2S_AFTER_SHARES))
         raw = [share * float(z) for (_, share), z in zip(S2S_FIRST_AUDIO_SHARES, noise)]
-        stages = {name: round(fo * r / sum(raw) * factor.get(name, 1.0), 2)
+        phases = {name: round(fo * r / sum(raw) * factor.get(name, 1.0), 2)
                   for (name, _), r in zip(S2S_FIRST_AUDIO_SHARES, raw)}
-        first_audio = sum(stages.values())
+        first_audio = sum(phases.values())
         for (name, share), z in zip(S2S_AFTER_SHARES, noise[len(S2S_FIRST_AUDIO_SHARES):]):
-            stages[name] = round(e2e_extra * share * float(z) * factor.get(name, 1.0), 2)
-        return stages, first_audio
+            phases[name] = round(e2e_extra * share * float(z) * factor.get(name, 1.0), 2)
+        return phases, first_audio
 
     # ---- GPU samples ----------------------------------------------------------------
     def _minute_gpu(self, minute: int) -> Iterator[GpuV1]:

@@ -27,7 +27,7 @@ from tailwatch.dashboards.links import dashboard_url, runbook_url
 from tailwatch.dashboards.uids import DETECTOR_DASHBOARD, FILTER_LABELS, UID_FLEET, UID_SLO
 from tailwatch.slo.engine import AlertChange
 from tailwatch.slo.sli import span
-from tailwatch.slo.windows import minute_start_utc
+from tailwatch.slo.alert_windows import minute_start_utc
 from tailwatch import runbooks
 from tailwatch.conventions import ALERTS_DELIVERED_TOTAL, ALERTS_PENDING, ALERTS_REFUSED_TOTAL
 
@@ -308,7 +308,7 @@ class FiringAlerts:
     mark, so one instance down holds back nothing sent to the others, and gets everything
     once it is back.
 
-    The outbox is durable: each change's payload is staged (`stage_changes`) as a row of
+    The outbox is durable: each change's payload is prepared (`prepare_changes`) as a row of
     `_tw_alert_outbox` in the checkpoint that commits the change, and what Alertmanager took
     is marked in `_tw_alert_delivered` by a later checkpoint (`delivery_rows`). On start
     (`restore`) every change past the last mark is sent again, so a page that fired, or
@@ -323,7 +323,7 @@ class FiringAlerts:
         self.payloads: dict[str, dict] = {}  # key (fingerprint, detection id) → payload while firing
         self._last_resend = time.monotonic()
         self._next_seq = 0
-        self._staged: list[tuple[str, bool, dict, int]] = []  # written with the checkpoint, handed out on commit
+        self._prepared: list[tuple[str, bool, dict, int]] = []  # written with the checkpoint, handed out on commit
         self._marked_seq: dict[str, int] = {}  # per target: the delivered mark last written to the store
 
     @property
@@ -338,23 +338,23 @@ class FiringAlerts:
         for outbox in self.outboxes:
             outbox.put(payload, seq)
 
-    def stage_changes(self, changes: list[tuple[str, bool, dict]]) -> list[tuple[str, pl.DataFrame]]:
+    def prepare_changes(self, changes: list[tuple[str, bool, dict]]) -> list[tuple[str, pl.DataFrame]]:
         """Number this checkpoint's changes and return the store rows that make them durable."""
         if not self.outboxes or not changes:
             return []
         rows = []
         for key, firing, payload in changes:
-            self._staged.append((key, firing, payload, self._next_seq))
+            self._prepared.append((key, firing, payload, self._next_seq))
             rows.append((self.stage, self._next_seq, json.dumps(payload, sort_keys=True)))
             self._next_seq += 1
         return [("_tw_alert_outbox", pl.DataFrame(rows, schema=OUTBOX_SCHEMA, orient="row"))]
 
     def committed(self) -> None:
-        """The checkpoint holding the staged changes is durable: hand them to the outbox."""
-        staged, self._staged = self._staged, []
-        for key, firing, payload, seq in staged:
+        """The checkpoint holding the prepared changes is durable: hand them to the outbox."""
+        prepared, self._prepared = self._prepared, []
+        for key, firing, payload, seq in prepared:
             self.change(key, firing, payload, seq)
-        if staged:
+        if prepared:
             self.deliver()
 
     def delivery_rows(self) -> list[tuple[str, pl.DataFrame]]:

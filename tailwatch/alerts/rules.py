@@ -38,7 +38,7 @@ def _by(spec: SloSpec) -> str:
 
 
 def _annotations(spec: SloSpec, w) -> dict[str, str]:
-    factor = w.factor(spec.window_minutes)
+    factor = w.factor(spec.period_minutes)
     return {
         "summary": f"{spec.name} burns its error budget faster than {factor:.3g}x over "
                    f"{span(w.long_minutes)} and {span(w.short_minutes)}",
@@ -63,7 +63,7 @@ def rule_groups(spec: SloSpec) -> dict:
     alerting = []
     budget = round(1 - spec.objective, 12)
     for w in spec.alert_windows:
-        factor = w.factor(spec.window_minutes)
+        factor = w.factor(spec.period_minutes)
         long_r, short_r = span(w.long_minutes), span(w.short_minutes)
         threshold = factor * budget
         cond = lambda r: (  # noqa: E731
@@ -84,7 +84,7 @@ def rule_groups(spec: SloSpec) -> dict:
 
 
 @dataclass(frozen=True)
-class Phase:
+class Stretch:
     """A stretch of synthetic traffic: `minutes` minutes of `valid` events a minute, `bad` of
     them bad and `undecided` neither proven good nor bad."""
 
@@ -94,20 +94,20 @@ class Phase:
     undecided: int = 0
 
 
-def default_scenario(spec: SloSpec) -> list[Phase]:
+def default_scenario(spec: SloSpec) -> list[Stretch]:
     """Quiet, a fast burn, quiet, a slow burn, recovery (sized to the SLO's budget)."""
     budget = 1 - spec.objective
     fast_bad = max(1, round(1000 * min(0.9, 30 * budget)))  # 30x budget: pages on every pair
     slow_bad = max(1, round(1000 * min(0.9, 4 * budget)))  # 4x: tickets, no fast page
-    return [Phase(60, 1000, 0), Phase(30, 1000, fast_bad), Phase(240, 1000, 0),
-            Phase(480, 1000, slow_bad), Phase(420, 1000, 0)]  # 420 min: past the 6 h short window
+    return [Stretch(60, 1000, 0), Stretch(30, 1000, fast_bad), Stretch(240, 1000, 0),
+            Stretch(480, 1000, slow_bad), Stretch(420, 1000, 0)]  # 420 min: past the 6 h short window
 
 
-def promtool_test(spec: SloSpec, rule_file: str, phases: list[Phase] | None = None) -> dict:
-    phases = phases or default_scenario(spec)
+def promtool_test(spec: SloSpec, rule_file: str, stretches: list[Stretch] | None = None) -> dict:
+    stretches = stretches or default_scenario(spec)
     labels = {k: f"test-{k}" for k in spec.slice_by}
     good, bad, undecided = [], [], []
-    for p in phases:
+    for p in stretches:
         good += [p.valid - p.bad - p.undecided] * p.minutes
         bad += [p.bad] * p.minutes
         undecided += [p.undecided] * p.minutes
@@ -167,7 +167,7 @@ def engine_firing(spec: SloSpec, labels: dict[str, str], good: list[int], bad: l
     state = table.views[i]
     firing: list[set[str]] = [set()]
     ties = [False]
-    factors = {(w.long_minutes, w.short_minutes): w.factor(spec.window_minutes) for w in spec.alert_windows}
+    factors = {(w.long_minutes, w.short_minutes): w.factor(spec.period_minutes) for w in spec.alert_windows}
     for minute in range(1, len(good)):
         und = undecided[minute] if undecided else 0
         table.advance(minute, [i], [good[minute]], [good[minute] + bad[minute] + und], undecided=[und])

@@ -34,11 +34,11 @@ LATENCY_FIELDS = ("queue_ms", "first_output_ms", "e2e_ms", "inter_token_ms", "fi
 # Latency field → its lower-bound field. Appended only: checkpoints number them by place.
 LATENCY_LOWER_FIELDS = {"queue_ms": "queue_lower_ms", "first_output_ms": "first_output_lower_ms",
                         "e2e_ms": "e2e_lower_ms", "inter_token_ms": "inter_token_lower_ms"}
-# Stages of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
-# Names are bounded: a stage outside this list is kept under `other`, so a producer's new
-# stage costs one bucket, not a label per name. Appended only: checkpoints number stages by
+# Phases of a cascaded turn: a speech-to-speech turn's budget and an ASR pipeline's steps.
+# Names are bounded: a phase outside this list is kept under `other`, so a producer's new
+# phase costs one bucket, not a label per name. Appended only: checkpoints number phases by
 # their place here.
-STAGE_NAMES = ("vad", "asr_partial", "asr_final", "feature_extraction", "acoustic_model", "language_model",
+PHASE_NAMES = ("vad", "asr_partial", "asr_final", "feature_extraction", "acoustic_model", "language_model",
                "post_processing", "retrieval", "llm_first_token", "llm_decode", "tts_first_audio", "playback",
                "tokenize", "network", "other")
 

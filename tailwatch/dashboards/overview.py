@@ -32,7 +32,7 @@ from tailwatch.conventions import (
 def build(specs: list[SloSpec]):
     slice_labels = sorted({k for s in specs for k in s.slice_by})
     page_windows = sorted({w.long_minutes for s in specs for w in s.alert_windows if w.severity == "page"})
-    page_factor = min((w.factor(s.window_minutes) for s in specs for w in s.alert_windows if w.severity == "page"),
+    page_factor = min((w.factor(s.period_minutes) for s in specs for w in s.alert_windows if w.severity == "page"),
                       default=14.4)
     burn_columns = [Q(f'max by (slo) ({SLO_BURN_RATE}{{window="{span(m)}"}})', instant=True,
                       column=f"Burn {span(m)}") for m in page_windows]
@@ -41,7 +41,7 @@ def build(specs: list[SloSpec]):
     # Each burn column turns red at the page threshold most SLOs have over its window (14.4×
     # over 1h, 6× over 6h); an SLO whose factor is capped to stay reachable pages lower, as its
     # SLO detail draws.
-    factor_of = {m: Counter(round(w.factor(s.window_minutes), 6) for s in specs for w in s.alert_windows
+    factor_of = {m: Counter(round(w.factor(s.period_minutes), 6) for s in specs for w in s.alert_windows
                             if w.severity == "page" and w.long_minutes == m).most_common(1)[0][0]
                  for m in page_windows}
     panels = [

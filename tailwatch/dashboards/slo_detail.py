@@ -39,7 +39,7 @@ def build(specs: list[SloSpec]):
     labels = slice_labels(specs)
     match = ", ".join(['slo=~"$slo"', *(f'{k}=~"${k}"' for k in labels)])
     legend = " ".join(f"{{{{{k}}}}}" for k in labels)
-    compliance = sorted({s.window_minutes for s in specs})
+    compliance = sorted({s.period_minutes for s in specs})
     compliance_re = "|".join(span(m) for m in compliance)
     panels = [
         timeseries("SLI over the compliance window against the objective", "percentunit", [
@@ -66,7 +66,7 @@ def build(specs: list[SloSpec]):
     for s in specs:
         for w in s.alert_windows:
             pairs.setdefault((w.name, w.long_minutes, w.short_minutes, w.severity), set()).add(
-                round(w.factor(s.window_minutes), 6))
+                round(w.factor(s.period_minutes), 6))
     for (name, long_m, short_m, severity), factors in sorted(pairs.items(), key=lambda kv: kv[0][1]):
         steps = thresholds(*((f, SEVERITY_COLOR[severity]) for f in sorted(factors)))
         panels.append(timeseries(

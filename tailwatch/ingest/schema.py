@@ -79,9 +79,9 @@ QUOTA_REASONS = ("quota", "rate_limit")
 # A TTS request that could not use its voice or model fell back to a neutral voice or a smaller model.
 Fallback = Literal["voice", "model"]
 
-# Stages of a cascaded turn: named in conventions.STAGE_NAMES (bounded; others fold into `other`).
-MAX_STAGES = 16
-StageName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+# Phases of a cascaded turn: named in conventions.PHASE_NAMES (bounded; others fold into `other`).
+MAX_PHASES = 16
+PhaseName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 
 REQUEST_SCHEMA = "request.v1"
 GPU_SCHEMA = "gpu.v1"
@@ -124,8 +124,8 @@ class RequestV1(msgspec.Struct, gc=False, omit_defaults=True):
     inter_token_lower_ms: Optional[NonNegMs] = None
     e2e_lower_ms: Optional[NonNegMs] = None
     finish_reason: Optional[FinishReason] = None
-    # Stage name → milliseconds spent in it (see STAGE_NAMES), for cascaded turns.
-    stages: Optional[Annotated[dict[StageName, NonNegMs], msgspec.Meta(max_length=MAX_STAGES)]] = None
+    # Phase name → milliseconds spent in it (see PHASE_NAMES), for cascaded turns.
+    stages: Optional[Annotated[dict[PhaseName, NonNegMs], msgspec.Meta(max_length=MAX_PHASES)]] = None
     prompt_tokens: Optional[NonNegInt] = None
     output_tokens: Optional[NonNegInt] = None
     audio_seconds: Optional[AudioSeconds] = None

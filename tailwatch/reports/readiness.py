@@ -36,7 +36,7 @@ from tailwatch.slo import histogram
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.slo.sli import replay as replay_slos
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.windows import minute_text
+from tailwatch.slo.alert_windows import minute_text
 
 FIRST_OUTPUT_NAME = {"llm": "time to first token", "asr": "first partial", "tts": "first audio byte",
                      "s2s": "first audio byte", "embed": "first output"}

@@ -646,7 +646,7 @@ def slo_reads(states: list[SliceView]) -> list[dict]:
         spec = st.spec
         entry = by_slo.setdefault(spec.name, {
             "name": spec.name, "description": spec.description, "objective": spec.objective,
-            "window": span(spec.window_minutes), "slice_by": list(spec.slice_by), "selector": dict(spec.selector),
+            "window": span(spec.period_minutes), "slice_by": list(spec.slice_by), "selector": dict(spec.selector),
             "slices": [],
         })
         status = st.status()

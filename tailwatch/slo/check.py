@@ -37,11 +37,11 @@ def understood_lines(spec: SloSpec) -> list[str]:
     sli = spec.sli_kind
     if spec.latency_field is not None:
         sli += f" ({spec.latency_field} <= {spec.threshold_ms:g} ms)"
-    if spec.stage_budgets_ms:
-        sli += "; stage budgets " + ", ".join(f"{stage} {ms:g} ms" for stage, ms in spec.stage_budgets_ms)
-    window = "calendar month" if spec.calendar_month else f"rolling {span(spec.window_minutes)}"
+    if spec.phase_budgets_ms:
+        sli += "; stage budgets " + ", ".join(f"{phase} {ms:g} ms" for phase, ms in spec.phase_budgets_ms)
+    window = "calendar month" if spec.calendar_month else f"rolling {span(spec.period_minutes)}"
     selector = ", ".join(f"{k}={v}" for k, v in spec.selector.items()) or "every request (no selector)"
-    period = 30 * 1440 if spec.calendar_month else spec.window_minutes
+    period = 30 * 1440 if spec.calendar_month else spec.period_minutes
     alerts = [f"    alert {w.name} ({w.severity}): burn rate >= {w.factor(period):.4g} over {span(w.long_minutes)} "
               f"and {span(w.short_minutes)} ({w.budget_share:.4g} of the budget)" for w in spec.alert_windows]
     return [f"{spec.name}: {sli}, objective {100 * spec.objective:.6g}%, {window}",

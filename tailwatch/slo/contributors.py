@@ -39,7 +39,7 @@ import polars as pl
 from tailwatch.slo.binomial import binomial_tail
 from tailwatch.slo.sli import good_valid_exprs, undecided_expr, with_later_counts
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.windows import minute_text
+from tailwatch.slo.alert_windows import minute_text
 
 # Labels a contributor may be named by, in the order a tie is broken (bounded sets all).
 CONTRIBUTOR_LABELS = ("tenant", "zone", "model_version", "language", "voice", "deployment", "pool", "model", "workload",

@@ -13,7 +13,7 @@ long one cooling first or the traffic thinning below `min_events` (the generated
 rule's expression, alerts/rules.py, decides the same way). Alerts are judged
 for the slices that have a bucket in the minute being closed. A window pair is not judged
 while it is young: until the slice's history, from its first valid event, covers the
-pair's `history_needed_minutes` (slo/windows.py); the slice's status names such pairs. One condition (SLO, window
+pair's `history_needed_minutes` (slo/alert_windows.py); the slice's status names such pairs. One condition (SLO, window
 pair, slice) is one alert, identified by its fingerprint.
 
 A minute that arrives after the table has moved past it (late data) corrects the
@@ -38,8 +38,8 @@ import numpy as np
 
 from tailwatch.slo.block_windows import BlockWindows
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.turn_stages import StageSpend, most_overspent
-from tailwatch.slo.windows import AlertWindow, minute_start_utc
+from tailwatch.slo.turn_phases import PhaseSpend, most_overspent
+from tailwatch.slo.alert_windows import AlertWindow, minute_start_utc
 
 
 def burn_rate(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
@@ -49,7 +49,7 @@ def burn_rate(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarra
 
 
 def error_budget_remaining(bad: np.ndarray, valid: np.ndarray, objective: float) -> np.ndarray:
-    """Share of each compliance window's budget left (1 = untouched, < 0 = overspent)."""
+    """Share of each period's budget left (1 = untouched, < 0 = overspent)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(valid > 0, 1.0 - np.maximum(bad, 0.0) / (valid * (1.0 - objective)), 1.0)
 
@@ -77,7 +77,7 @@ def fingerprint(slo: str, alertname: str, labels: dict[str, str]) -> str:
 
 class RollingWindows:
     """One slice's sums of (good, valid) over the last m minutes for each length m, exact
-    and kept incrementally (a stage_budget SLO's per-stage windows, an hour long).
+    and kept incrementally (a stage_budget SLO's per-phase windows, an hour long).
 
     The minutes are stored once, whatever the lengths: one flat int64 array of (minute,
     good so far, valid so far) triples, 24 bytes a minute, and a length's sums are the
@@ -131,7 +131,7 @@ class AlertChange:
     long_burn_rate: float | None
     short_burn_rate: float | None
     error_budget_remaining: float
-    detail: str = ""  # what explains it, where the SLO can tell (a stage_budget SLO: the stage that overspent)
+    detail: str = ""  # what explains it, where the SLO can tell (a stage_budget SLO: the phase that overspent)
     # Over the long window: valid events, and those of them undecided (counted good here).
     long_valid_events: int = 0
     long_undecided_events: int = 0
@@ -150,15 +150,15 @@ class SliceStatus:
     slo: str
     labels: dict[str, str]
     minute: int
-    sli: float | None  # over the compliance window, undecided events counted bad
+    sli: float | None  # over the period, undecided events counted bad
     error_budget_remaining: float
     burn_rates: dict[int, float | None]  # by window length in minutes
     minutes_to_exhaustion: float | None
     firing: list[str]
-    overspent_stage: StageSpend | None = None
+    overspent_phase: PhaseSpend | None = None
     young: list[str] = field(default_factory=list)  # alert windows not judged yet: the slice's history is too short
     sli_upper: float | None = None  # undecided events counted good (= sli where none is undecided)
-    undecided_events: int = 0  # over the compliance window
+    undecided_events: int = 0  # over the period
 
 
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
@@ -184,7 +184,7 @@ class SloTable:
 
     def __init__(self, spec: SloSpec):
         self.spec = spec
-        self.windows = BlockWindows({spec.window_minutes} | {m for w in spec.alert_windows
+        self.windows = BlockWindows({spec.period_minutes} | {m for w in spec.alert_windows
                                                              for m in (w.long_minutes, w.short_minutes)})
         self.lengths = self.windows.lengths
         self.at = {m: k for k, m in enumerate(self.lengths)}  # window length → its index in `lengths`
@@ -192,7 +192,7 @@ class SloTable:
         self.index: dict[tuple[str, ...], int] = {}  # slice values → column
         self.views: list[SliceView] = []
         self._texts: list[str] = []  # a slice's labels as `slo_status.slice` writes them
-        self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.window_minutes))
+        self._alerts = [(aw, f"SLOBurn{aw.severity.capitalize()}", aw.factor(spec.period_minutes))
                         for aw in spec.alert_windows]
         self._long_at = np.array([self.at[aw.long_minutes] for aw in spec.alert_windows], np.int64)
         self._short_at = np.array([self.at[aw.short_minutes] for aw in spec.alert_windows], np.int64)
@@ -216,8 +216,8 @@ class SloTable:
         # Undecided events per window (both counts of the pair hold them), from the first one seen.
         self.undecided_windows: BlockWindows | None = None
         self.month_undecided = np.zeros(0, np.int64)
-        # stage_budget SLOs: per slice and stage, samples within budget over the fastest alert's long window.
-        self.stage_windows: dict[int, dict[str, RollingWindows]] = {}
+        # stage_budget SLOs: per slice and phase, samples within budget over the fastest alert's long window.
+        self.phase_windows: dict[int, dict[str, RollingWindows]] = {}
         self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
         self._version = 0  # moves whenever a window's sums may have
         self._rates: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -277,7 +277,7 @@ class SloTable:
         self._version += 1
 
     def advance(self, minute: int, cols, good, valid,
-                stage_spends: dict[int, list[tuple[str, int, int]]] | None = None,
+                phase_spends: dict[int, list[tuple[str, int, int]]] | None = None,
                 judge: bool = True, undecided=None) -> list[AlertChange]:
         """Close `minute` for the slices in `cols` (their good and valid counts, and of the
         valid ones those `undecided`, not counted in good; each slice at most once): alert
@@ -334,10 +334,10 @@ class SloTable:
         self._version += 1
         if late and not again:
             return []
-        for i, spends in (stage_spends or {}).items():
-            windows = self.stage_windows.setdefault(i, {})
-            for stage, over, samples in spends:
-                w = windows.setdefault(stage, RollingWindows((self._fastest_long_minutes,)))
+        for i, spends in (phase_spends or {}).items():
+            windows = self.phase_windows.setdefault(i, {})
+            for phase, over, samples in spends:
+                w = windows.setdefault(phase, RollingWindows((self._fastest_long_minutes,)))
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
         self.last_data[seen] = minute
@@ -395,27 +395,27 @@ class SloTable:
         bad = valid - good
         burns = burn_rate(bad, valid, self.spec.objective)
         if self.spec.calendar_month:
-            c_good, c_valid = self.compliance_counts()
+            c_good, c_valid = self.period_counts()
             c_bad = c_valid - c_good
         else:  # the compliance window's column of the sums just read
-            k = self.at[self.spec.window_minutes]
+            k = self.at[self.spec.period_minutes]
             c_bad, c_valid = bad[:, k], valid[:, k]
         remaining = error_budget_remaining(c_bad, c_valid, self.spec.objective)
         self._rates = (self._version, burns, valid, remaining)
         return burns, valid, remaining
 
-    def compliance_counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """(not proven bad, valid) per slice over the compliance window."""
+    def period_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(not proven bad, valid) per slice over the period."""
         if self.spec.calendar_month:
             return self.month_good[:self.n].astype(float), self.month_valid[:self.n].astype(float)
-        sums = self.windows.all_sums()[:, self.at[self.spec.window_minutes]]
+        sums = self.windows.all_sums()[:, self.at[self.spec.period_minutes]]
         return sums[:, 0], sums[:, 1]
 
-    def compliance_undecided(self) -> np.ndarray:
-        """Undecided events per slice over the compliance window (counted in `compliance_counts`' first)."""
+    def period_undecided(self) -> np.ndarray:
+        """Undecided events per slice over the period (counted in `period_counts`' first)."""
         if self.spec.calendar_month:
             return self.month_undecided[:self.n].astype(float)
-        return self.undecided_sums()[:, self.at[self.spec.window_minutes]]
+        return self.undecided_sums()[:, self.at[self.spec.period_minutes]]
 
     def undecided_sums(self) -> np.ndarray:
         """Undecided events per slice and window length ((n, lengths), in `lengths` order)."""
@@ -428,7 +428,7 @@ class SloTable:
         (NaN: not burning; 0: already gone)."""
         burns, _, remaining = self.rates()
         return minutes_to_exhaustion(remaining[cols], burns[cols, self.at[self._fastest_long_minutes]],
-                                     self.spec.window_minutes)
+                                     self.spec.period_minutes)
 
     def young(self, minute: int, cols: np.ndarray) -> np.ndarray:
         """(slices × alert windows): True where the slice's history at `minute` is too short
@@ -440,15 +440,15 @@ class SloTable:
     def firing_count(self, cols: np.ndarray) -> np.ndarray:
         return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
 
-    def overspent(self, i: int) -> StageSpend | None:
-        budgets = dict(self.spec.stage_budgets_ms)
+    def overspent(self, i: int) -> PhaseSpend | None:
+        budgets = dict(self.spec.phase_budgets_ms)
         spends = []
-        for stage, w in self.stage_windows.get(i, {}).items():
-            if stage in budgets:
+        for phase, w in self.phase_windows.get(i, {}).items():
+            if phase in budgets:
                 if self.now is not None:
                     w.retire_until(self.now)
                 good, valid = w.sums(self._fastest_long_minutes)
-                spends.append(StageSpend(stage, budgets[stage], valid - good, valid))
+                spends.append(PhaseSpend(phase, budgets[phase], valid - good, valid))
         return most_overspent(spends)
 
     def fingerprint_of(self, j: int, i: int) -> str:
@@ -489,7 +489,7 @@ class SloTable:
             i, (aw, name, _) = int(cols[k]), self._alerts[j]
             if fire[k, j]:
                 self.fired_at[j, i] = minute
-                spent = self.overspent(i) if self.spec.stage_budgets_ms else None
+                spent = self.overspent(i) if self.spec.phase_budgets_ms else None
                 long_at = int(self._long_at[j])
                 out.append((i, int(j), AlertChange(
                     "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
@@ -564,8 +564,8 @@ class SliceView:
 
     def status(self) -> SliceStatus:
         t, i = self.table, self.i
-        good, valid = t.compliance_counts()
-        undecided = float(t.compliance_undecided()[i])
+        good, valid = t.period_counts()
+        undecided = float(t.period_undecided()[i])
         mte = t.minutes_to_exhaustion(np.array([i]))[0]
         return SliceStatus(
             slo=t.spec.name, labels=self.labels, minute=t.now or 0,
@@ -576,6 +576,6 @@ class SliceView:
             burn_rates=self.burn_rates(),
             minutes_to_exhaustion=_opt(mte),
             firing=sorted(f"{aw.severity}:{aw.name}" for aw, _ in self.firing.values()),
-            overspent_stage=t.overspent(i) if t.spec.stage_budgets_ms else None,
+            overspent_phase=t.overspent(i) if t.spec.phase_budgets_ms else None,
             young=[aw.name for (aw, _, _), y in zip(t._alerts, t.young(t.now or 0, np.array([i]))[0]) if y],
         )

@@ -19,7 +19,7 @@ from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
 from tailwatch.slo.engine import AlertChange, SliceView, SloTable
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
-from tailwatch.slo.turn_stages import overspend_counts
+from tailwatch.slo.turn_phases import overspend_counts
 
 
 def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
@@ -38,7 +38,7 @@ def histogram_sums(spec: SloSpec) -> dict[str, pl.Expr]:
             hist.list.eval(pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum(),
     }
     if has_undecided(spec):
-        # The signed straddle histogram summed to the threshold's bin (streams/windows.py).
+        # The signed straddle histogram summed to the threshold's bin (streams/minute_windows.py).
         straddle = pl.col(f"{spec.latency_field}_straddle_hist")
         out[f"_u_{spec.latency_field}_le_{bound}"] = straddle.list.eval(
             pl.element().filter(pl.element().struct.field("bin") <= bound).struct.field("n")).list.sum().fill_null(0)
@@ -304,7 +304,7 @@ class SloEvaluator:
             if rows is None or not len(rows.minutes):
                 continue
             table = self.tables[spec.name]
-            spends = _stage_spends(spec, buckets) if spec.stage_budgets_ms else {}
+            spends = _phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
             cols = table.columns(rows.keys)
             cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
             for a, b in zip(cuts, cuts[1:]):
@@ -329,8 +329,8 @@ class SloEvaluator:
             table.reset_event_counts()
 
 
-def _stage_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
-    """(minute, slice values) → [(stage, samples over budget, samples)] of a stage_budget SLO."""
+def _phase_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
+    """(minute, slice values) → [(phase, samples over budget, samples)] of a stage_budget SLO."""
     out: dict[tuple[int, tuple], list[tuple[str, int, int]]] = {}
     rows = overspend_counts(spec, buckets).with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
     for row in rows.iter_rows(named=True):
@@ -368,8 +368,8 @@ class StatusPart:
 def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
     """Some slices of a table as of its newest minute."""
     burns, _, remaining = table.rates()
-    good, valid = table.compliance_counts()
-    undecided = table.compliance_undecided()
+    good, valid = table.period_counts()
+    undecided = table.period_undecided()
     texts = table.slice_texts()
     good, valid, undecided = good.take(cols), valid.take(cols), undecided.take(cols)  # each picked once
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -32,9 +32,9 @@ SLIs, over the buckets of `sli_minute`:
   content_filter); valid = streams except those the client cancelled. A stream the server
   cut or that timed out is bad even when its HTTP status was 200.
 - stage_budget: a latency SLI on the turn (`field`, `threshold`) whose target is split into
-  per-stage budgets (`budgets: {asr_final: 300ms, ...}`, adding up to at most the
-  threshold); when it burns, the alert names the stage that overspent its share most
-  (slo/turn_stages.py).
+  per-phase budgets (`budgets: {asr_final: 300ms, ...}`, adding up to at most the
+  threshold); when it burns, the alert names the phase that overspent its share most
+  (slo/turn_phases.py).
 - underrun_free: good = TTS streams that played without a buffer underrun; valid = streams
   that reported underruns (`underrun_reported`).
 - endpointing: good = ASR turns whose endpoint was right; valid = turns that reported it.
@@ -60,10 +60,10 @@ import polars as pl
 import yaml
 from msgspec import UNSET, Meta, UnsetType
 
-from tailwatch.conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, STAGE_NAMES
+from tailwatch.conventions import CLOSED_LABELS, LATENCY_FIELDS, SLICE_LABELS, PHASE_NAMES
 from tailwatch.config import ConfigStruct, PositiveCount, every_problem, parse_duration_s, read_text, yaml_problem
 from tailwatch.slo.runtime_buckets import split_buckets
-from tailwatch.slo.windows import YOUNG_SHARE, AlertWindow, catalog_for, catalog_periods, reachable
+from tailwatch.slo.alert_windows import YOUNG_SHARE, AlertWindow, catalog_for, catalog_periods, reachable
 
 SLI_KINDS = ("availability", "latency", "goodput", "stream_completion", "stage_budget", "underrun_free", "endpointing",
              "word_accuracy", "quota_admission")
@@ -81,7 +81,7 @@ class SloSpec:
     selector: dict[str, str]
     sli_kind: str
     objective: float  # a ratio in (0, 1)
-    window_minutes: int  # rolling compliance window; calendar months use 30 days for alerting
+    period_minutes: int  # the SLO period (rolling); calendar months use 30 days for alerting
     calendar_month: bool
     slice_by: tuple[str, ...]
     alert_windows: tuple[AlertWindow, ...]
@@ -90,7 +90,7 @@ class SloSpec:
     latency_field: str | None = None
     threshold_ms: float | None = None
     runbook: str = "runbooks/slo-burn.md"
-    stage_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (stage, budget) in pipeline order
+    phase_budgets_ms: tuple[tuple[str, float], ...] = ()  # stage_budget: (phase, budget) in pipeline order
     young_share: float = YOUNG_SHARE  # a window is judged once the slice's history covers this share of it
 
     def selected(self, buckets: pl.DataFrame) -> pl.DataFrame:
@@ -200,9 +200,9 @@ class QuotaAdmissionSli(ConfigStruct):
     """Good: attempts not refused for the tenant's quota or rate limit; valid: attempts except cancellations."""
 
 
-class StageBudgetSli(ConfigStruct):
+class PhaseBudgetSli(ConfigStruct):
     threshold: str | float  # the turn's target
-    budgets: dict[Literal[STAGE_NAMES], str | float]  # stage → its share of the target, a duration
+    budgets: dict[Literal[PHASE_NAMES], str | float]  # phase → its share of the target, a duration
     field: Literal[LATENCY_FIELDS] = "first_output_ms"
 
 
@@ -211,7 +211,7 @@ class SliEntry(ConfigStruct):
     latency: LatencySli | UnsetType = UNSET
     goodput: LatencySli | UnsetType = UNSET
     stream_completion: StreamCompletionSli | None | UnsetType = UNSET
-    stage_budget: StageBudgetSli | UnsetType = UNSET
+    stage_budget: PhaseBudgetSli | UnsetType = UNSET
     underrun_free: UnderrunFreeSli | None | UnsetType = UNSET
     endpointing: EndpointingSli | None | UnsetType = UNSET
     word_accuracy: WordAccuracySli | None | UnsetType = UNSET
@@ -303,30 +303,30 @@ def _from_native(raw: Any, where: str, errors: list[str],
             # can tell "succeeded and fast" from the buckets.
             errors.append(f"{where}.sli.goodput.field: goodput is defined over first_output_ms")
     if kind == "stage_budget":
-        budgets = _stage_budgets(e.sli.stage_budget, threshold_ms, f"{where}.sli.stage_budget", errors)
+        budgets = _phase_budgets(e.sli.stage_budget, threshold_ms, f"{where}.sli.stage_budget", errors)
     objective = _objective(e.objective)
     if objective is None:
         errors.append(f"{where}.objective: expected a percentage such as 99.9% or a ratio such as 0.999")
     elif not 0 < objective < 1:
         errors.append(f"{where}.objective: {e.objective} must be above 0% and below 100%")
     calendar = e.window == "calendar-month"
-    window_s = 30 * 86400 if calendar else parse_duration_s(e.window)
-    if window_s is None:
+    period_s = 30 * 86400 if calendar else parse_duration_s(e.window)
+    if period_s is None:
         errors.append(f"{where}.window: {e.window!r} is not a duration (28d, 30d) or calendar-month")
-        window_s = 30 * 86400
-    window_minutes = int(window_s // 60)
-    windows = _alert_windows(e.alert_windows, window_minutes, f"{where}.alert_windows", errors)
+        period_s = 30 * 86400
+    period_minutes = int(period_s // 60)
+    windows = _alert_windows(e.alert_windows, period_minutes, f"{where}.alert_windows", errors)
     for w in windows:
-        if w.long_minutes > window_minutes:
+        if w.long_minutes > period_minutes:
             errors.append(f"{where}.window: {e.window} is shorter than alert window {w.name} ({w.long_minutes} min)")
     if objective is not None and 0 < objective < 1:
         if e.alert_windows == "default" or not e.alert_windows:
-            windows = tuple(reachable(w, window_minutes, objective) for w in windows)
+            windows = tuple(reachable(w, period_minutes, objective) for w in windows)
         for w in windows:
-            needed = w.error_ratio_needed(window_minutes, objective)
+            needed = w.error_ratio_needed(period_minutes, objective)
             if needed >= 1:
                 errors.append(f"{where}.alert_windows: SLO {e.name}, window {w.name} can never fire: it needs an "
-                              f"error ratio above {needed:.1%} (burn factor {w.factor(window_minutes):g} × error "
+                              f"error ratio above {needed:.1%} (burn factor {w.factor(period_minutes):g} × error "
                               f"budget {1 - objective:.3g}); lower its budget_share or lengthen its long window")
     young_share = _objective(e.young_window_share)
     if young_share is None or not 0 <= young_share <= 1:
@@ -340,22 +340,22 @@ def _from_native(raw: Any, where: str, errors: list[str],
     return SloSpec(
         no_data_minutes=int(no_data_s // 60),
         name=e.name, description=e.description, selector=dict(e.selector),
-        sli_kind=kind, objective=objective, window_minutes=window_minutes, calendar_month=calendar,  # type: ignore[arg-type]
+        sli_kind=kind, objective=objective, period_minutes=period_minutes, calendar_month=calendar,  # type: ignore[arg-type]
         slice_by=tuple(e.slice_by), alert_windows=windows, min_events=e.min_events, latency_field=latency_field,
-        threshold_ms=threshold_ms, runbook=e.runbook, stage_budgets_ms=budgets, young_share=young_share,  # type: ignore[arg-type]
+        threshold_ms=threshold_ms, runbook=e.runbook, phase_budgets_ms=budgets, young_share=young_share,  # type: ignore[arg-type]
     )
 
 
-def _stage_budgets(body: StageBudgetSli, threshold_ms: float | None, where: str,
+def _phase_budgets(body: PhaseBudgetSli, threshold_ms: float | None, where: str,
                    errors: list[str]) -> tuple[tuple[str, float], ...]:
-    """(stage, budget ms) in pipeline order (STAGE_NAMES); the shares may not exceed the target."""
+    """(phase, budget ms) in pipeline order (PHASE_NAMES); the shares may not exceed the target."""
     out = []
-    for stage in sorted(body.budgets, key=STAGE_NAMES.index):
-        secs = parse_duration_s(body.budgets[stage])
+    for phase in sorted(body.budgets, key=PHASE_NAMES.index):
+        secs = parse_duration_s(body.budgets[phase])
         if secs is None or secs <= 0:
-            errors.append(f"{where}.budgets.{stage}: {body.budgets[stage]!r} is not a positive duration such as 300ms")
+            errors.append(f"{where}.budgets.{phase}: {body.budgets[phase]!r} is not a positive duration such as 300ms")
             continue
-        out.append((stage, round(secs * 1000, 9)))
+        out.append((phase, round(secs * 1000, 9)))
     if not body.budgets:
         errors.append(f"{where}.budgets: name at least one stage and its share of the target")
     total = sum(ms for _, ms in out)
@@ -440,7 +440,7 @@ def _from_openslo(doc: dict, where: str, errors: list[str],
 
 def spec_warnings(spec: SloSpec) -> list[str]:
     """What `slo check` and the worker say about an SLO that loads but does not read as
-    written: a window capped to stay reachable (`slo.windows.reachable`), and a latency
+    written: a window capped to stay reachable (`slo.alert_windows.reachable`), and a latency
     threshold strictly inside a bucket of a runtime's default histogram (`slo.runtime_buckets`)."""
     out = []
     if spec.latency_field is not None and spec.threshold_ms is not None:
@@ -452,11 +452,11 @@ def spec_warnings(spec: SloSpec) -> list[str]:
                        f"requests; set the threshold on a bound for one number")
     for w in spec.alert_windows:
         if w.max_factor is not None:
-            uncapped = w.budget_share * spec.window_minutes / w.long_minutes
+            uncapped = w.budget_share * spec.period_minutes / w.long_minutes
             out.append(f"SLO {spec.name}, window {w.name}: the catalog's burn factor {uncapped:g} would need an error "
                        f"ratio above {uncapped * (1 - spec.objective):.1%}, which can never happen; capped at "
-                       f"{w.factor(spec.window_minutes):g} (fires above an error ratio of "
-                       f"{w.error_ratio_needed(spec.window_minutes, spec.objective):.0%})")
+                       f"{w.factor(spec.period_minutes):g} (fires above an error ratio of "
+                       f"{w.error_ratio_needed(spec.period_minutes, spec.objective):.0%})")
     return out
 
 

@@ -33,7 +33,7 @@ _SPEECH_AND_QUALITY = "\n".join([
     f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_hist {_HIST};",
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS finalization_ms_{q} DOUBLE;" for q in ("p50", "p95", "p99")],
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {c} BIGINT DEFAULT 0;" for c in QUALITY_COUNTS],
-    # Per latency field, the events known only as a runtime bucket (streams/windows.py, `straddle_fields`).
+    # Per latency field, the events known only as a runtime bucket (streams/minute_windows.py, `straddle_fields`).
     *[f"ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS {f}_straddle_hist {_HIST};" for f in LATENCY_LOWER_FIELDS],
 ]) + "\n"
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from tailwatch.conventions import LATENCY_FIELDS, LATENCY_LOWER_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, STAGE_NAMES
+from tailwatch.conventions import LATENCY_FIELDS, LATENCY_LOWER_FIELDS, LATER_SLICE_LABELS, SLICE_LABELS, PHASE_NAMES
 from tailwatch.ingest.schema import COMPLETED_FINISH, QUOTA_REASONS
 from tailwatch.store.schema import QUALITY_COUNTS
-from tailwatch.streams.frames import STAGES_COLUMN
-from tailwatch.streams.windows import AggregateSpec
+from tailwatch.streams.frames import PHASES_COLUMN
+from tailwatch.streams.minute_windows import AggregateSpec
 
 REQUEST_COUNTS = ("requests", "ok", "errors", "timeouts", "shed", "cancelled", "retries", "turns", "successful_turns")
 # Streams: attempts that say how their stream ended (`finish_reason`). Completed: a normal
@@ -154,12 +154,12 @@ REQUESTS = AggregateSpec(
         (pl.col("_gpu_seconds_fixed") / MICRO).alias("gpu_seconds"),
         *[f"{name}_{part}" for name in LATENCY_FIELDS for part in ("hist", "p50", "p95", "p99")],
         *[pl.col(c).fill_null(0) for c in (*STREAM_COUNTS, *QUALITY_COUNTS)],  # older partials lack them
-        f"{STAGES_COLUMN}_hist",
+        f"{PHASES_COLUMN}_hist",
         *[f"{name}_straddle_hist" for name in LATENCY_LOWER_FIELDS],
     ),
     histogram_fields=LATENCY_FIELDS,
     straddle_fields=tuple(LATENCY_LOWER_FIELDS.items()),
-    keyed_histogram=(STAGES_COLUMN, STAGE_NAMES),
+    keyed_histogram=(PHASES_COLUMN, PHASE_NAMES),
     # `finalize` undone: every column is a sum, so a late event merges into its closed row.
     unfinalize=lambda f: f.select(
         (pl.col("window_start").dt.epoch("s") // 60).alias("_minute"), *SLICE_LABELS,

@@ -33,7 +33,7 @@ from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import Frontier, MinuteAssembler
 from tailwatch.streams.source import Source
 from tailwatch.streams.topic_sink import TopicSink
-from tailwatch.streams.windows import AggregateSpec
+from tailwatch.streams.minute_windows import AggregateSpec
 from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.tier2")

@@ -2,7 +2,7 @@
 counted, merged into its row, handed to the stages as a delta.
 
 An event past the allowed lateness but within the correction horizon waits in its
-windows (streams/windows.py, `take_late`) until the next checkpoint. There, with the store
+windows (streams/minute_windows.py, `take_late`) until the next checkpoint. There, with the store
 open, its copies are dropped: against each other, against the dedupe hashes the store
 keeps for closed minutes as long as the horizon, and against the hashes this checkpoint
 writes. What is left is aggregated, merged with the stored row of its minute and slice,
@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from tailwatch.store.checkpoint import Corrected, StoredMinutes
-from tailwatch.streams.windows import MinuteWindows
+from tailwatch.streams.minute_windows import MinuteWindows
 
 
 @dataclass

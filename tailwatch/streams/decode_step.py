@@ -23,7 +23,7 @@ from tailwatch.ingest.schema import EvalV1, GpuV1, RequestV1
 from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.cardinality import CardinalityLimiter, CardinalityLimits
-from tailwatch.streams.windows import AggregateSpec
+from tailwatch.streams.minute_windows import AggregateSpec
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.conventions import CLOSED_LABELS, TOPIC_GPU, TOPIC_REQUESTS
@@ -37,7 +37,7 @@ class InputTopic:
     table: str  # the store table its closed minutes go to
     decoder: BatchDecoder
     columns: dict[str, pl.DataType]
-    windows: object  # streams.windows.MinuteWindows or streams.partition_windows.PartitionWindows
+    windows: object  # streams.minute_windows.MinuteWindows or streams.partition_windows.PartitionWindows
     limiter: CardinalityLimiter | None = None  # None: the topic's labels are not capped
 
 

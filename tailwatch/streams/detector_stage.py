@@ -53,7 +53,7 @@ from tailwatch.detectors.core import (
     with_minute,
 )
 from tailwatch.slo.contributors import OpenDetection
-from tailwatch.slo.windows import minute_start_utc, minutes_text
+from tailwatch.slo.alert_windows import minute_start_utc, minutes_text
 from tailwatch.store.queries import bucket_runs
 from tailwatch.slo.columns import compact_strings
 from tailwatch.conventions import (
@@ -387,7 +387,7 @@ class DetectorStage:
             if e.state == "raised":
                 self.collector.raised[e.detection.detector] += 1
         changes, self._uncommitted = self._uncommitted, []
-        out.update(self.alerts.stage_changes([(i, state == "raised", p) for i, state, p in changes]))
+        out.update(self.alerts.prepare_changes([(i, state == "raised", p) for i, state, p in changes]))
         return out
 
     def _ready_until(self) -> int | None:

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from tailwatch.conventions import LATENCY_LOWER_FIELDS, STAGE_NAMES
+from tailwatch.conventions import LATENCY_LOWER_FIELDS, PHASE_NAMES
 from tailwatch.ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
 from tailwatch.ingest.validate import FUTURE, Rejected
 
@@ -44,14 +44,14 @@ REQUEST_COLUMNS: dict[str, pl.DataType] = {
 # Event ids are deduplicated per topic: an evaluation's id lives apart from requests' (a
 # scorer may well reuse the id of the request it scored). No accepted id holds a NUL.
 EVAL_ID_PREFIX = "\x00eval\x00"
-# Stage timings, one {stage, ms} per stage a turn reports, stages numbered by STAGE_NAMES.
+# Phase timings, one {stage, ms} per phase a turn reports, phases numbered by PHASE_NAMES.
 # Built apart from the flat columns: a name outside the list folds
-# into `other` here, so the buckets' stage keys stay bounded.
-STAGES_COLUMN = "stages"
-STAGES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
-STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}
+# into `other` here, so the buckets' phase keys stay bounded.
+PHASES_COLUMN = "stages"
+PHASES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
+PHASE_INDEX = {name: i for i, name in enumerate(PHASE_NAMES)}
 _TS = attrgetter("ts")
-REQUEST_COLUMNS[STAGES_COLUMN] = STAGES_DTYPE
+REQUEST_COLUMNS[PHASES_COLUMN] = PHASES_DTYPE
 GPU_COLUMNS: dict[str, pl.DataType] = {
     "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
     "gpu_sku": pl.String, "model": pl.String, "model_version": pl.String,
@@ -103,7 +103,7 @@ def records_to_frame(
             keep = np.flatnonzero(~ahead)
             index, ts = index[keep], ts[keep]
             records = [records[p] for p in keep]
-    read = {c: t for c, t in columns.items() if c != STAGES_COLUMN}
+    read = {c: t for c, t in columns.items() if c != PHASES_COLUMN}
     kinds = set(map(type, records))
     series = [_column(records, kinds, c, t) for c, t in read.items()]
     # Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
@@ -114,12 +114,12 @@ def records_to_frame(
         series = [s for s in series if s.name not in dropped]
         read = {c: t for c, t in read.items() if c not in dropped}
     frame = pl.DataFrame(series)
-    # Only batches that carry stages get the column (the windows take its absence for none):
+    # Only batches that carry phases get the column (the windows take its absence for none):
     # a batch without them costs one scan, not a column of nulls.
-    if STAGES_COLUMN in columns:
-        stages = _gather(records, kinds, STAGES_COLUMN)  # gathered in C, tested in C: no Python call per record
-        if any(stages):
-            frame = frame.with_columns(stage_column(records, stages))
+    if PHASES_COLUMN in columns:
+        phases = _gather(records, kinds, PHASES_COLUMN)  # gathered in C, tested in C: no Python call per record
+        if any(phases):
+            frame = frame.with_columns(phase_column(records, phases))
     if any(issubclass(k, EvalV1) for k in kinds) and "event_id" in read:
         frame = frame.with_columns(pl.when(pl.col("status").is_null()).then(EVAL_ID_PREFIX + pl.col("event_id"))
                                    .otherwise(pl.col("event_id")).alias("event_id"))
@@ -169,14 +169,14 @@ def _future_detail(ts_ms: int, record_ts_ms: int, max_ahead_ms: int) -> str:
     return f"ts is {(ts_ms - record_ts_ms) / 1000:.0f} s after its Kafka record's timestamp (bound {max_ahead_ms / 1000:.0f} s)"
 
 
-def stage_column(records: Sequence[msgspec.Struct], stages: Sequence[dict | None] | None = None) -> pl.Series:
-    """The `stages` column of request records (null where a record has none); `stages`: each
+def phase_column(records: Sequence[msgspec.Struct], phases: Sequence[dict | None] | None = None) -> pl.Series:
+    """The `stages` column of request records (null where a record has none); `phases`: each
     record's own, where already gathered."""
-    other = STAGE_INDEX["other"]
-    if stages is None:
-        stages = [getattr(r, STAGES_COLUMN, None) for r in records]
+    other = PHASE_INDEX["other"]
+    if phases is None:
+        phases = [getattr(r, PHASES_COLUMN, None) for r in records]
     values = [
-        [{"stage": STAGE_INDEX.get(name, other), "ms": ms} for name, ms in s.items()] if s else None
-        for s in stages
+        [{"stage": PHASE_INDEX.get(name, other), "ms": ms} for name, ms in s.items()] if s else None
+        for s in phases
     ]
-    return pl.Series(STAGES_COLUMN, values, dtype=STAGES_DTYPE)
+    return pl.Series(PHASES_COLUMN, values, dtype=PHASES_DTYPE)

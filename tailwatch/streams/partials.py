@@ -49,7 +49,7 @@ from collections.abc import Iterator
 import msgspec
 import polars as pl
 
-from tailwatch.streams.windows import PARTITION_COL, AggregateSpec, MinuteWindows, slice_id
+from tailwatch.streams.minute_windows import PARTITION_COL, AggregateSpec, MinuteWindows, slice_id
 
 FRONTIER_SCHEMA = "frontier.v1"
 _HIST_DTYPE = pl.List(pl.Struct({"field": pl.Int8, "bin": pl.Int16, "n": pl.Int32}))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import msgspec
 import polars as pl
 
-from tailwatch.streams.windows import MINUTE_MS, BatchOutcome, MinuteWindows, AggregateSpec
+from tailwatch.streams.minute_windows import MINUTE_MS, BatchOutcome, MinuteWindows, AggregateSpec
 
 
 class Resume(msgspec.Struct, frozen=True):

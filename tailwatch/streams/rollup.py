@@ -31,7 +31,7 @@ from tailwatch.store.attribution import attributed_sql
 from tailwatch.planning import cost
 from tailwatch.conventions import SLICE_LABELS
 from tailwatch.streams.aggregates import REQUESTS
-from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 
 # Rows of one hour handled at once: a big fleet's hour is cut into slice groups of about this many minute rows.
 CHUNK_ROWS = 200_000

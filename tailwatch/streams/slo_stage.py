@@ -1,7 +1,7 @@
 """The worker's SLO stage: closed minutes → SLO engine → `slo_status`, `alerts`, Alertmanager.
 
 The engine's windows are a function of `sli_minute`, so on start they are rebuilt by
-replaying the store's buckets (the compliance window's worth) without judging alerts at
+replaying the store's buckets (the period's worth) without judging alerts at
 each minute; which alerts fire is taken from the store's `alerts` (what was decided live),
 so a restart goes on to the same alerts at the same event-time minutes as a worker that
 never stopped. Alert changes are written in the checkpoint transaction and only then
@@ -156,7 +156,7 @@ class SloStage:
         of those minutes: the alerts firing are the store's, which say what was decided live
         (a late correction never re-decides the past), and judging every minute of a 30-day
         replay again was most of a restart's time."""
-        longest = max(s.window_minutes for s in self.specs.values())
+        longest = max(s.period_minutes for s in self.specs.values())
         for rows in recent_bucket_chunks(con, longest):
             self.evaluator.feed(rows, with_status=False, judge=False)
             self._warn_unmatched(rows)
@@ -199,7 +199,7 @@ class SloStage:
                     details.pop(c.fingerprint, None)
             self._details = details
         out = {"slo_status": status_frame(result.status), "alerts": alert_change_rows(changes)}
-        out.update(self.alerts.stage_changes(
+        out.update(self.alerts.prepare_changes(
             [(c.fingerprint, c.state == "firing", to_alertmanager(c, self.specs[c.slo].runbook, self.links))
              for c in changes]))
         return out

@@ -1,7 +1,7 @@
 """Tier `all`'s operator: the producers' topics → minute windows → closed minutes for the store.
 
 Records are decoded (streams/decode_step.py) into 1-minute event-time windows per topic
-(streams/windows.py). A minute closes once every partition of the topic, owned or not,
+(streams/minute_windows.py). A minute closes once every partition of the topic, owned or not,
 has passed it by the allowed lateness or gone idle, so a partition somewhere else for a
 while (a dead member not yet expired, a second worker) delays closing instead of making
 its events late, and every closed minute is whole. Each checkpoint carries the closed
@@ -33,7 +33,7 @@ from tailwatch.streams.operator import Operator
 from tailwatch.streams.partials import sli_records
 from tailwatch.streams.source import Source
 from tailwatch.streams.topic_sink import TopicSink
-from tailwatch.streams.windows import MINUTE_MS, MinuteWindows, utc_text
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows, utc_text
 from tailwatch.conventions import TOPIC_DEADLETTER, TOPIC_REQUESTS, TOPIC_SLI
 
 log = logging.getLogger("tailwatch.worker")

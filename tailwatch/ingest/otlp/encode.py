@@ -34,7 +34,7 @@ def traces(events: list[RequestV1]) -> TracesData:
         rs.resource.CopyFrom(_resource({"cloud.availability_zone": zone, "cloud.region": region, "pool": pool}))
         scope = rs.scope_spans.add()
         scope.scope.name = "tailwatch.simulator"
-        scope.spans.extend(sp for e in group for sp in (span(e), *stage_spans(e)))
+        scope.spans.extend(sp for e in group for sp in (span(e), *phase_spans(e)))
     return data
 
 
@@ -62,18 +62,18 @@ def span(e: RequestV1) -> Span:
     return s
 
 
-def stage_spans(e: RequestV1) -> list[Span]:
-    """One child span per stage of a cascaded turn, named by `tailwatch.stage`, laid end to end."""
+def phase_spans(e: RequestV1) -> list[Span]:
+    """One child span per phase of a cascaded turn, named by `tailwatch.stage`, laid end to end."""
     if not e.stages:
         return []
     ids = hashlib.sha256(e.event_id.encode()).digest()
     at = int(e.ts) * 1_000_000 - int((e.e2e_ms or 0) * 1e6)
     out = []
-    for i, (stage, ms) in enumerate(e.stages.items()):
+    for i, (phase, ms) in enumerate(e.stages.items()):
         child = Span(trace_id=ids[:16], span_id=hashlib.sha256(ids + bytes([i])).digest()[:8], parent_span_id=ids[16:24],
-                     name=stage, kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=at,
+                     name=phase, kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=at,
                      end_time_unix_nano=at + round(ms * 1e6))
-        child.attributes.extend(_key_values({"tailwatch.stage": stage}))
+        child.attributes.extend(_key_values({"tailwatch.stage": phase}))
         out.append(child)
         at += round(ms * 1e6)
     return out

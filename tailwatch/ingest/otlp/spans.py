@@ -8,8 +8,8 @@ Which spans are requests:
 - Triton: every span of a request carries `model_name`, `model_version` and `request_id`; the
   request is the outermost of them in the trace, and its queue time is read from the
   `QUEUE_START` / `COMPUTE_START` timestamps (span events) of the whole group.
-- a cascaded turn (speech-to-speech): a span whose children name a stage in `tailwatch.stage`
-  (or `stage`); each child's duration is that stage's time (summed when a stage repeats),
+- a cascaded turn (speech-to-speech): a span whose children name a phase in `tailwatch.stage`
+  (or `stage`); each child's duration is that phase's time (summed when a phase repeats),
   and the turn's event carries them in `stages`. Children are joined by trace and parent id
   within one batch (the Collector's `groupbytrace` processor keeps a trace in one batch).
 Other spans (HTTP handlers, database calls) are skipped, not dead-lettered.
@@ -75,7 +75,7 @@ SPAN_ATTRIBUTE_SOURCES = {
     "gen_ai.latency.time_in_model_decode": "vLLM's llm_request span",
 }
 CANCELLED_FINISH = {"abort", "aborted", "cancelled", "canceled"}
-STAGE_ATTRIBUTES = ("tailwatch.stage", "stage")
+PHASE_ATTRIBUTES = ("tailwatch.stage", "stage")
 FINISH_REASONS = {
     **dict.fromkeys(("stop", "eos", "end_turn", "stop_sequence", "tool_calls", "tool_use", "function_call"), "stop"),
     **dict.fromkeys(("length", "max_tokens", "max_output_tokens"), "length"),
@@ -100,21 +100,21 @@ def requests_from_traces(data: TracesData | dict, rules: RequestRules) -> Mapped
     """A decoded batch (`wire.decode`: the protobuf message or the OTLP/JSON document)."""
     out = MappedSpans()
     groups = list(resource_spans(data))
-    stages = _stage_children(groups)
+    phases = _phase_children(groups)
     for resource, spans in groups:
         triton: dict[tuple[bytes, str], list[SpanView]] = {}
         for span in spans:
             attrs = span.attributes
-            turn_stages = stages.get((span.trace_id, span.span_id))
-            if span.name == VLLM_SPAN or any(k in attrs for k in GENAI_MARKERS) or turn_stages:
+            turn_phases = phases.get((span.trace_id, span.span_id))
+            if span.name == VLLM_SPAN or any(k in attrs for k in GENAI_MARKERS) or turn_phases:
                 fields = _genai_fields(span)
-                if turn_stages:
-                    fields["stages"] = turn_stages
+                if turn_phases:
+                    fields["stages"] = turn_phases
                 _add(out, span, fields, resource, rules)
             elif all(k in attrs for k in TRITON_MARKERS):
                 triton.setdefault((span.trace_id, str(attrs["request_id"])), []).append(span)
-            elif first(STAGE_ATTRIBUTES, attrs) is None:
-                out.skipped += 1  # a stage span is not skipped: its time is in its turn's event
+            elif first(PHASE_ATTRIBUTES, attrs) is None:
+                out.skipped += 1  # a phase span is not skipped: its time is in its turn's event
         for group in triton.values():
             ids = {s.span_id for s in group}
             roots = [s for s in group if s.parent_span_id not in ids]
@@ -124,16 +124,16 @@ def requests_from_traces(data: TracesData | dict, rules: RequestRules) -> Mapped
     return out
 
 
-def _stage_children(groups: list[tuple[Attributes, list[SpanView]]]) -> dict[tuple[bytes, bytes], dict[str, float]]:
-    """(trace id, parent span id) → {stage: ms} from the spans that name a stage."""
+def _phase_children(groups: list[tuple[Attributes, list[SpanView]]]) -> dict[tuple[bytes, bytes], dict[str, float]]:
+    """(trace id, parent span id) → {stage: ms} from the spans that name a phase."""
     out: dict[tuple[bytes, bytes], dict[str, float]] = {}
     for _resource, spans in groups:
         for span in spans:
-            stage = first(STAGE_ATTRIBUTES, span.attributes)
+            phase = first(PHASE_ATTRIBUTES, span.attributes)
             duration = _duration_ms(span)
-            if stage is None or not span.parent_span_id or duration is None:
+            if phase is None or not span.parent_span_id or duration is None:
                 continue
-            name = str(stage).strip().lower().replace("-", "_").replace(" ", "_")[:32] or "other"
+            name = str(phase).strip().lower().replace("-", "_").replace(" ", "_")[:32] or "other"
             times = out.setdefault((span.trace_id, span.parent_span_id), {})
             times[name] = round(times.get(name, 0.0) + duration, 6)
     return out

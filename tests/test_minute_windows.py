@@ -5,7 +5,7 @@ import pytest
 
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
-from tailwatch.streams.windows import MINUTE_MS, MinuteWindows
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE_MS
 
@@ -290,7 +290,7 @@ def test_an_open_minute_checkpointed_with_int64_fixed_sums_merges_with_int128_pa
 
 
 def test_minutes_are_printed_as_times_with_runs_as_ranges():
-    from tailwatch.slo.windows import minutes_text
+    from tailwatch.slo.alert_windows import minutes_text
 
     m = 29_892_964  # 2026-11-02 00:04 UTC
     assert minutes_text([m + 2, m, m + 1, m + 10, m + 2000]) == \

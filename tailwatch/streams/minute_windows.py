@@ -39,7 +39,7 @@ _EMPTY_HIST = pl.lit([], dtype=pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64
 _EMPTY_KEYED_HIST = pl.lit([], dtype=pl.List(pl.Struct({"stage": pl.String, "bin": pl.Int16, "n": pl.Int64})))
 
 # Histogram partials number their field: latency fields from 0, straddle histograms (below)
-# from STRADDLE_FIELD_BASE, keyed ones (stages) from KEYED_FIELD_BASE.
+# from STRADDLE_FIELD_BASE, keyed ones (phases) from KEYED_FIELD_BASE.
 STRADDLE_FIELD_BASE = 32
 KEYED_FIELD_BASE = 64
 Merge = Literal["sum", "max", "last"]
@@ -530,7 +530,7 @@ class MinuteWindows:
             names = self.spec.histogram_fields
             keys = ["_minute", "_slice", "field"]
             ordered = hist.sort([*keys, "bin"])
-            # Quantiles of latency and stage fields only: a straddle histogram's counts are signed.
+            # Quantiles of latency and phase fields only: a straddle histogram's counts are signed.
             straddle = (pl.col("field") >= STRADDLE_FIELD_BASE) & (pl.col("field") < KEYED_FIELD_BASE)
             qs = histogram.quantiles_frame(ordered.filter(~straddle) if self.spec.straddle_fields else ordered,
                                            keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)

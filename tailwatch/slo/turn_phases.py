@@ -1,11 +1,11 @@
-"""Stages of a cascaded turn: per-stage latency from `stages_hist`, and which stage overspent
+"""Phases of a cascaded turn: per-phase latency from `stages_hist`, and which phase overspent
 its budget when a `stage_budget` SLO burns.
 
-A turn's target (first audio within 1.5 s) is split into shares per stage (VAD, ASR final,
-LLM first token, TTS first audio, ...). Buckets keep one histogram per stage and slice-minute,
-not the turns themselves, so the attribution is per stage: of the samples of each budgeted
-stage, how many ran over that stage's share (exact when a budget is a histogram bin bound,
-otherwise the bin holding it counts as over, as for latency SLIs). The stage with the largest
+A turn's target (first audio within 1.5 s) is split into shares per phase (VAD, ASR final,
+LLM first token, TTS first audio, ...). Buckets keep one histogram per phase and slice-minute,
+not the turns themselves, so the attribution is per phase: of the samples of each budgeted
+phase, how many ran over that phase's share (exact when a budget is a histogram bin bound,
+otherwise the bin holding it counts as over, as for latency SLIs). The phase with the largest
 share of samples over its budget is the one that overspent.
 """
 
@@ -16,15 +16,15 @@ from typing import Iterable
 
 import polars as pl
 
-from tailwatch.conventions import STAGE_NAMES
+from tailwatch.conventions import PHASE_NAMES
 from tailwatch.slo import histogram
 from tailwatch.slo.spec import SloSpec
 
-_ORDER = {name: i for i, name in enumerate(STAGE_NAMES)}
+_ORDER = {name: i for i, name in enumerate(PHASE_NAMES)}
 
 
-def stage_histograms(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFrame:
-    """Long rows (*by, stage, bin, n), summed over the given buckets."""
+def phase_histograms(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFrame:
+    """Long rows (*by, `stage`, bin, n), summed over the given buckets (`stage`: the store's name for the phase)."""
     by = list(by)
     if buckets.height == 0 or "stages_hist" not in buckets.columns:
         return pl.DataFrame(schema={**{k: pl.String for k in by}, "stage": pl.String, "bin": pl.Int16, "n": pl.Int64})
@@ -34,10 +34,10 @@ def stage_histograms(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFr
     )
 
 
-def stage_latency(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFrame:
-    """(*by, stage, samples, p50_ms, p95_ms, p99_ms), stages in pipeline order."""
+def phase_latency(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFrame:
+    """(*by, `stage`, samples, p50_ms, p95_ms, p99_ms), phases in pipeline order."""
     by = list(by)
-    long = stage_histograms(buckets, by)
+    long = phase_histograms(buckets, by)
     if long.height == 0:
         return pl.DataFrame(schema={**{k: pl.String for k in by}, "stage": pl.String, "samples": pl.Int64,
                                     "p50_ms": pl.Float64, "p95_ms": pl.Float64, "p99_ms": pl.Float64})
@@ -50,12 +50,12 @@ def stage_latency(buckets: pl.DataFrame, by: Iterable[str] = ()) -> pl.DataFrame
 
 
 def overspend_counts(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
-    """(window_start, *slice_by, stage, over, samples) for the stages the SLO budgets."""
-    budgets = pl.DataFrame({"stage": [s for s, _ in spec.stage_budgets_ms],
-                            "_bound": [histogram.last_good_bin(ms) for _, ms in spec.stage_budgets_ms]},
+    """(window_start, *slice_by, `stage`, over, samples) for the phases the SLO budgets."""
+    budgets = pl.DataFrame({"stage": [s for s, _ in spec.phase_budgets_ms],
+                            "_bound": [histogram.last_good_bin(ms) for _, ms in spec.phase_budgets_ms]},
                            schema={"stage": pl.String, "_bound": pl.Int16})
     by = ["window_start", *spec.slice_by]
-    long = stage_histograms(spec.selected(buckets), by).join(budgets, on="stage")
+    long = phase_histograms(spec.selected(buckets), by).join(budgets, on="stage")
     return long.group_by(*by, "stage").agg(
         pl.col("n").filter(pl.col("bin") > pl.col("_bound")).sum().alias("over"),
         pl.col("n").sum().alias("samples"),
@@ -63,10 +63,10 @@ def overspend_counts(spec: SloSpec, buckets: pl.DataFrame) -> pl.DataFrame:
 
 
 @dataclass(frozen=True)
-class StageSpend:
-    stage: str
+class PhaseSpend:
+    phase: str
     budget_ms: float
-    over: int  # samples over the stage's budget
+    over: int  # samples over the phase's budget
     samples: int
 
     @property
@@ -74,11 +74,11 @@ class StageSpend:
         return self.over / self.samples if self.samples else 0.0
 
     def describe(self) -> str:
-        return (f"{self.stage} overspent its {self.budget_ms:g} ms share in {self.share_over:.0%} of "
+        return (f"{self.phase} overspent its {self.budget_ms:g} ms share in {self.share_over:.0%} of "
                 f"{self.samples:,} samples")
 
 
-def most_overspent(spends: Iterable[StageSpend]) -> StageSpend | None:
-    """The stage with the largest share of samples over its budget (None: none was over)."""
+def most_overspent(spends: Iterable[PhaseSpend]) -> PhaseSpend | None:
+    """The phase with the largest share of samples over its budget (None: none was over)."""
     over = [s for s in spends if s.over > 0]
     return max(over, key=lambda s: (s.share_over, s.over)) if over else None

@@ -1,24 +1,24 @@
-"""Staged pipelines: the stage that limits throughput, and a greedy plan of workers per stage.
+"""Cascaded pipelines: the phase that limits throughput, and a greedy plan of workers per phase.
 
 A pipeline (feature extraction → acoustic model → language model → post-processing, or any
-chain) is profiled stage by stage; this module owns the arithmetic over those profiles.
+chain) is profiled phase by phase; this module owns the arithmetic over those profiles.
 
 - Capacity = workers × per-worker throughput, batch_size × 1000 ÷ service_ms rps. The
-  stage with the least capacity is the bottleneck (ties: the earlier stage). Usable
+  phase with the least capacity is the bottleneck (ties: the earlier phase). Usable
   capacity = capacity × target_utilisation; a plan's throughput_rps is the least usable
-  capacity over its stages, what the pipeline carries with no stage busier than planned.
-- Latency of a stage at ρ = target_rps ÷ capacity: bare ÷ (1 − ρ), the M/M/1 inflation of
+  capacity over its phases, what the pipeline carries with no phase busier than planned.
+- Latency of a phase at ρ = target_rps ÷ capacity: bare ÷ (1 − ρ), the M/M/1 inflation of
   the measured p95 (service_ms where unmeasured); infinite at ρ ≥ 1. Pipeline latency is
-  the sum over stages. Both overstate (p95s do not add; M/M/c queues wait less than
+  the sum over phases. Both overstate (p95s do not add; M/M/c queues wait less than
   M/M/1), so the plan errs towards more workers, not fewer.
-- Greedy plan: one worker per stage; then, while some stage's usable capacity is short of
+- Greedy plan: one worker per phase; then, while some phase's usable capacity is short of
   the target, add a worker to the bottleneck; while the latency bound fails, add one to
-  the stage whose extra worker cuts pipeline latency most (in ms, not per dollar); then
-  "target met". A stage at max_workers_per_stage stops it ("max workers"); an addition
+  the phase whose extra worker cuts pipeline latency most (in ms, not per dollar); then
+  "target met". A phase at max_workers_per_phase stops it ("max workers"); an addition
   past the budget stops it ("budget"), and the working says what the target costs without
   the budget. Bare latencies that already reach the bound stop it at once ("latency bound").
 - Cost: one GPU per GPU worker at GpuPrices for its SKU; CPU workers at a flat price per
-  worker-hour. Given gpu_types, each GPU stage runs on the SKU cheapest per request (price
+  worker-hour. Given gpu_types, each GPU phase runs on the SKU cheapest per request (price
   ÷ per-worker throughput there), or on the fastest when the cheapest make the latency
   bound unreachable; service time and p95 on SKU s = measured × speed[measured] ÷ speed[s].
 """
@@ -37,7 +37,7 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True)
-class StageProfile:
+class PhaseProfile:
     stage: str
     device: str                 # "cpu" or "gpu"
     service_ms: float           # one worker's time per request (per batch when batch_size > 1)
@@ -49,7 +49,7 @@ class StageProfile:
     workers: int | None = None            # workers observed (None: unknown)
     utilisation: float | None = None      # observed busy fraction in [0, 1]
     queue_ms_p95: float | None = None
-    gpu_sku: str | None = None            # the SKU it was measured on (GPU stages)
+    gpu_sku: str | None = None            # the SKU it was measured on (GPU phases)
 
     def __post_init__(self) -> None:
         at = f"stage {self.stage!r}:"
@@ -78,22 +78,22 @@ class Bottleneck:
 @dataclass(frozen=True)
 class PlanConstraints:
     target_rps: float
-    max_latency_ms: float | None = None   # end-to-end bound on the sum of stage latencies
+    max_latency_ms: float | None = None   # end-to-end bound on the sum of phase latencies
     budget_usd_per_hour: float | None = None
-    gpu_types: tuple[str, ...] = ()       # candidate SKUs for GPU stages (empty: the measured SKU)
+    gpu_types: tuple[str, ...] = ()       # candidate SKUs for GPU phases (empty: the measured SKU)
     target_utilisation: float = 0.8
-    max_workers_per_stage: int = 1000
+    max_workers_per_phase: int = 1000
 
     def __post_init__(self) -> None:
         _require(self.target_rps > 0, f"target_rps must be positive, not {self.target_rps}")
         _require(0 < self.target_utilisation <= 1, f"target_utilisation must be in (0, 1], not {self.target_utilisation}")
-        _require(self.max_workers_per_stage >= 1, f"max_workers_per_stage must be at least 1: {self.max_workers_per_stage}")
+        _require(self.max_workers_per_phase >= 1, f"max_workers_per_phase must be at least 1: {self.max_workers_per_phase}")
         _require(self.budget_usd_per_hour is None or self.budget_usd_per_hour >= 0,
                  f"budget_usd_per_hour must not be negative, not {self.budget_usd_per_hour}")
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class PhasePlan:
     stage: str
     device: str
     gpu_sku: str | None
@@ -106,9 +106,9 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    stages: list[StagePlan]
-    throughput_rps: float            # least usable capacity: min over stages of capacity × target_utilisation
-    latency_ms: float                # sum of stage latencies at target_rps
+    stages: list[PhasePlan]
+    throughput_rps: float            # least usable capacity: min over phases of capacity × target_utilisation
+    latency_ms: float                # sum of phase latencies at target_rps
     usd_per_hour: float
     usd_per_request: float | None    # usd_per_hour / (3600 × min(target, throughput)); None if that is 0
     bottleneck: str
@@ -118,7 +118,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class _Stage:  # a profile resolved to the SKU it is planned on
+class _Phase:  # a profile resolved to the SKU it is planned on
     name: str
     device: str
     gpu_sku: str | None
@@ -145,14 +145,14 @@ def _argmin(xs: list[float]) -> int:
     return min(range(len(xs)), key=lambda i: xs[i])  # min keeps the first of equals: pipeline order
 
 
-def _check_profiles(profiles: list[StageProfile]) -> None:
+def _check_profiles(profiles: list[PhaseProfile]) -> None:
     _require(bool(profiles), "no stage profiles given")
     names = [p.stage for p in profiles]
     dupes = sorted({n for n in names if names.count(n) > 1})
     _require(not dupes, f"duplicate stage names: {', '.join(dupes)}")
 
 
-def bottleneck(profiles: list[StageProfile], workers: dict[str, int] | None = None) -> Bottleneck:
+def bottleneck(profiles: list[PhaseProfile], workers: dict[str, int] | None = None) -> Bottleneck:
     _check_profiles(profiles)
     workers = workers or {}
     unknown = sorted(set(workers) - {p.stage for p in profiles})
@@ -178,18 +178,18 @@ def bottleneck(profiles: list[StageProfile], workers: dict[str, int] | None = No
     return Bottleneck(p.stage, cap, evidence)
 
 
-def _resolve(p: StageProfile, c: PlanConstraints, prices: GpuPrices, cpu_usd: float,
-             speed: dict[str, float], working: list[str], fastest: bool = False) -> _Stage:
+def _resolve(p: PhaseProfile, c: PlanConstraints, prices: GpuPrices, cpu_usd: float,
+             speed: dict[str, float], working: list[str], fastest: bool = False) -> _Phase:
     if p.device == "cpu":
-        return _Stage(p.stage, "cpu", None, p.throughput_per_worker_rps, p.bare_latency_ms, cpu_usd)
+        return _Phase(p.stage, "cpu", None, p.throughput_per_worker_rps, p.bare_latency_ms, cpu_usd)
     if not c.gpu_types:
-        return _Stage(p.stage, "gpu", p.gpu_sku, p.throughput_per_worker_rps, p.bare_latency_ms,
+        return _Phase(p.stage, "gpu", p.gpu_sku, p.throughput_per_worker_rps, p.bare_latency_ms,
                       prices.usd_per_gpu_second(p.gpu_sku) * 3600)
     _require(p.gpu_sku in speed, f"stage {p.stage!r}: measured GPU {p.gpu_sku!r} has no speed to scale from")
     options = []
     for sku in c.gpu_types:
         factor = speed[sku] / speed[p.gpu_sku]
-        options.append(_Stage(p.stage, "gpu", sku, p.throughput_per_worker_rps * factor, p.bare_latency_ms / factor,
+        options.append(_Phase(p.stage, "gpu", sku, p.throughput_per_worker_rps * factor, p.bare_latency_ms / factor,
                               prices.usd_per_gpu_second(sku) * 3600))
     per_m = [o.usd_per_worker_hour / (3.6e-3 * o.per_worker_rps) for o in options]  # dollars per million requests
     best = options[_argmin([-o.per_worker_rps for o in options] if fastest else per_m)]
@@ -198,102 +198,102 @@ def _resolve(p: StageProfile, c: PlanConstraints, prices: GpuPrices, cpu_usd: fl
     return best
 
 
-def _resolve_all(profiles: list[StageProfile], c: PlanConstraints, prices: GpuPrices, cpu_usd: float,
-                 speed: dict[str, float], working: list[str]) -> list[_Stage]:
-    stages = [_resolve(p, c, prices, cpu_usd, speed, working) for p in profiles]
-    bare = sum(s.bare_ms for s in stages)
+def _resolve_all(profiles: list[PhaseProfile], c: PlanConstraints, prices: GpuPrices, cpu_usd: float,
+                 speed: dict[str, float], working: list[str]) -> list[_Phase]:
+    phases = [_resolve(p, c, prices, cpu_usd, speed, working) for p in profiles]
+    bare = sum(s.bare_ms for s in phases)
     if not c.gpu_types or c.max_latency_ms is None or bare < c.max_latency_ms:
-        return stages
+        return phases
     # slow cheap GPUs can put the bound out of reach at any worker count; faster ones may not
     working.append(f"on the cheapest GPUs the stage latencies alone sum to {bare:,.1f} ms, not under the "
                    f"{c.max_latency_ms:g} ms bound: GPU stages move to the fastest type")
     return [_resolve(p, c, prices, cpu_usd, speed, working, fastest=True) for p in profiles]
 
 
-def _stage_latency(s: _Stage, workers: int, target_rps: float) -> float:
+def _phase_latency(s: _Phase, workers: int, target_rps: float) -> float:
     rho = target_rps / (workers * s.per_worker_rps)
     return s.bare_ms / (1 - rho) if rho < 1 else math.inf
 
 
-def _latency(stages: list[_Stage], counts: list[int], target_rps: float) -> float:
-    return sum(_stage_latency(s, n, target_rps) for s, n in zip(stages, counts))
+def _latency(phases: list[_Phase], counts: list[int], target_rps: float) -> float:
+    return sum(_phase_latency(s, n, target_rps) for s, n in zip(phases, counts))
 
 
-def _cost(stages: list[_Stage], counts: list[int]) -> float:
-    return sum(n * s.usd_per_worker_hour for s, n in zip(stages, counts))
+def _cost(phases: list[_Phase], counts: list[int]) -> float:
+    return sum(n * s.usd_per_worker_hour for s, n in zip(phases, counts))
 
 
-def _greedy(stages: list[_Stage], counts: list[int], c: PlanConstraints, budget: float | None,
+def _greedy(phases: list[_Phase], counts: list[int], c: PlanConstraints, budget: float | None,
             working: list[str]) -> str:
     """Add workers in place until a stop; returns why it stopped."""
     t = c.target_rps
     while True:
-        caps = [n * s.per_worker_rps for s, n in zip(stages, counts)]
+        caps = [n * s.per_worker_rps for s, n in zip(phases, counts)]
         short = min(caps) * c.target_utilisation < t * (1 - _EPS)
-        latency = _latency(stages, counts, t)
+        latency = _latency(phases, counts, t)
         if not short and (c.max_latency_ms is None or latency <= c.max_latency_ms):
             return "target met"
         if short:
             i = _argmin(caps)
         else:
-            cuts = [_stage_latency(s, n, t) - _stage_latency(s, n + 1, t) for s, n in zip(stages, counts)]
+            cuts = [_phase_latency(s, n, t) - _phase_latency(s, n + 1, t) for s, n in zip(phases, counts)]
             i = max(range(len(cuts)), key=lambda k: cuts[k])
-        s = stages[i]
-        if counts[i] >= c.max_workers_per_stage:
-            working.append(f"stop: {s.name} is at the {c.max_workers_per_stage} workers allowed per stage")
+        s = phases[i]
+        if counts[i] >= c.max_workers_per_phase:
+            working.append(f"stop: {s.name} is at the {c.max_workers_per_phase} workers allowed per stage")
             return "max workers"
-        cost = _cost(stages, counts) + s.usd_per_worker_hour
+        cost = _cost(phases, counts) + s.usd_per_worker_hour
         if budget is not None and cost > budget * (1 + _EPS):
             working.append(f"stop: 1 more {s.name} worker would cost ${cost:,.2f}/h, over the ${budget:,.2f}/h budget")
             return "budget"
         counts[i] += 1
         change = (f"bottleneck {_rps(caps[i])} rps → {_rps(caps[i] + s.per_worker_rps)} rps" if short else
-                  f"pipeline latency {latency:,.1f} ms → {_latency(stages, counts, t):,.1f} ms")
+                  f"pipeline latency {latency:,.1f} ms → {_latency(phases, counts, t):,.1f} ms")
         working.append(f"add 1 {s.name} worker ({change}), ${cost:,.2f}/h")
 
 
-def _shortfall(stages: list[_Stage], counts: list[int], c: PlanConstraints, budget: float) -> str:
+def _shortfall(phases: list[_Phase], counts: list[int], c: PlanConstraints, budget: float) -> str:
     more = list(counts)
-    end = _greedy(stages, more, c, None, [])
-    need = _cost(stages, more)
+    end = _greedy(phases, more, c, None, [])
+    need = _cost(phases, more)
     if end != "target met":
         return f"even without the budget the plan stops ({end}) at ${need:,.2f}/h"
     return f"the target needs ${need:,.2f}/h: ${need - budget:,.2f}/h more than the ${budget:,.2f}/h budget"
 
 
-def plan_stages(profiles: list[StageProfile], constraints: PlanConstraints, prices: GpuPrices,
+def plan_phases(profiles: list[PhaseProfile], constraints: PlanConstraints, prices: GpuPrices,
                 cpu_usd_per_worker_hour: float = 0.10, gpu_speed: dict[str, float] | None = None) -> Plan:
     _check_profiles(profiles)
     c, speed = constraints, gpu_speed if gpu_speed is not None else DEFAULT_GPU_SPEED
     missing = [sku for sku in c.gpu_types if not speed.get(sku, 0) > 0]
     _require(not missing, f"no relative speed for GPU types: {', '.join(missing)} (give gpu_speed)")
     working: list[str] = []
-    stages = _resolve_all(profiles, c, prices, cpu_usd_per_worker_hour, speed, working)
-    bare = sum(s.bare_ms for s in stages)
-    counts = [1] * len(stages)
-    working.append(f"start: 1 worker per stage, ${_cost(stages, counts):,.2f}/h")
+    phases = _resolve_all(profiles, c, prices, cpu_usd_per_worker_hour, speed, working)
+    bare = sum(s.bare_ms for s in phases)
+    counts = [1] * len(phases)
+    working.append(f"start: 1 worker per stage, ${_cost(phases, counts):,.2f}/h")
     if c.max_latency_ms is not None and bare >= c.max_latency_ms:
         working.append(f"stop: the stage latencies alone sum to {bare:,.1f} ms, not under the {c.max_latency_ms:g} ms "
                        "bound; no number of workers can meet it")
         stopped = "latency bound"
-    elif c.budget_usd_per_hour is not None and _cost(stages, counts) > c.budget_usd_per_hour * (1 + _EPS):
+    elif c.budget_usd_per_hour is not None and _cost(phases, counts) > c.budget_usd_per_hour * (1 + _EPS):
         working.append(f"stop: one worker per stage is already over the ${c.budget_usd_per_hour:,.2f}/h budget")
         stopped = "budget"
     else:
-        stopped = _greedy(stages, counts, c, c.budget_usd_per_hour, working)
+        stopped = _greedy(phases, counts, c, c.budget_usd_per_hour, working)
     if stopped == "budget":
-        working.append(_shortfall(stages, counts, c, c.budget_usd_per_hour))
-    return _assemble(stages, counts, c, stopped, working)
+        working.append(_shortfall(phases, counts, c, c.budget_usd_per_hour))
+    return _assemble(phases, counts, c, stopped, working)
 
 
-def _assemble(stages: list[_Stage], counts: list[int], c: PlanConstraints, stopped: str, working: list[str]) -> Plan:
+def _assemble(phases: list[_Phase], counts: list[int], c: PlanConstraints, stopped: str, working: list[str]) -> Plan:
     t = c.target_rps
-    caps = [n * s.per_worker_rps for s, n in zip(stages, counts)]
-    rows = [StagePlan(s.name, s.device, s.gpu_sku, n, cap, t / cap, _stage_latency(s, n, t), n * s.usd_per_worker_hour)
-            for s, n, cap in zip(stages, counts, caps)]
+    caps = [n * s.per_worker_rps for s, n in zip(phases, counts)]
+    rows = [PhasePlan(s.name, s.device, s.gpu_sku, n, cap, t / cap, _phase_latency(s, n, t), n * s.usd_per_worker_hour)
+            for s, n, cap in zip(phases, counts, caps)]
     throughput = min(caps) * c.target_utilisation
     cost = sum(r.usd_per_hour for r in rows)
     served = min(t, throughput)
     per_request = cost / (3600 * served) if served > 0 else None
     return Plan(rows, throughput, sum(r.latency_ms for r in rows), cost, per_request,
-                stages[_argmin(caps)].name, stopped == "target met", stopped, working)
+                phases[_argmin(caps)].name, stopped == "target met", stopped, working)
