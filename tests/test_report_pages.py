@@ -1,7 +1,7 @@
 """The report pages as a reader sees them: the period they cover, partial days, one cost basis
 named alike in both reports, headers that say their unit, and tables that fit a 1,400 px
 window in a real browser (headless Chromium). The store is two hours of the demo's fleet,
-simulator → real broker → real worker → DuckDB file."""
+simulator → topics in memory → real worker → DuckDB file."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ MODEL = "llama-3.1-70b"
 
 
 @pytest.fixture(scope="module")
-def two_hour_store(broker, tmp_path_factory):
+def two_hour_store(new_memory, tmp_path_factory):
     """Two hours of the demo's mixed fleet: a slow canary from 00:55, batch jobs in a realtime pool."""
     # A tenth of the demo's traffic: enough requests for the rollout verdict to act on the canary.
-    path, _ = _store_from(broker, tmp_path_factory, "mixed-fleet", 120, "2026-11-02T00:00:00Z", rate_scale=0.1)
+    path, _ = _store_from(new_memory, tmp_path_factory, "mixed-fleet", 120, "2026-11-02T00:00:00Z", rate_scale=0.1)
     return path
 
 

@@ -93,14 +93,16 @@ def run_demo(minutes: int | None = None, seed: int = 7, store_path: str | None =
             worker = build(worker_settings)
             worker.run()
             progress_done()
-        worker.refresh_signals()
+        # The answers as the signal API would build them now (the worker's view holds them
+        # encoded, as its HTTP port serves them).
+        final_answers = worker.signals.snapshot(*worker.operator.open_minutes(), wall_s=time.time()) if worker.signals else None
     finally:
         broker.stop()
     say("[4/5] replaying the store minute by minute through the signal API's decisions (as `tailwatch backtest`)")
     history = SignalHistory.of(store_path)
     say("[5/5] summary")
     print(summary(store_path))
-    print("\n" + signal_summary(worker.signal_snapshot, history))
+    print("\n" + signal_summary(final_answers, history))
     tw = command_name()
     print(f"\nstore: {Path(store_path).resolve()}\nnext: {tw} sql \"SELECT * FROM alerts\"   {tw} slo status   "
           f"{tw} report readiness --model llama-3.1-70b   {tw} report cost   (README: the tour)")
