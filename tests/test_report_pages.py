@@ -50,6 +50,7 @@ def test_period_words_and_rates():
         == "2026-11-02 00:00 to 01:59 UTC"
 
 
+@pytest.mark.slow  # two hours of the fleet through a worker first
 def test_cost_report_of_two_hours_says_two_hours_not_a_day(pages):
     page = (pages / "cost" / "report.html").read_text()
     sub = re.search(r'<p class=\'sub\' id="period">(.*?)</p>', page).group(1)
@@ -61,6 +62,7 @@ def test_cost_report_of_two_hours_says_two_hours_not_a_day(pages):
     assert 'id="per-day-rate"' not in page  # no rate from two hours
 
 
+@pytest.mark.slow  # two hours of the fleet through a worker first
 def test_readiness_names_its_period_basis_and_units(pages, two_hour_store, tmp_path):
     page = (pages / "readiness" / "readiness.html").read_text()
     report = json.loads((pages / "readiness" / "readiness.json").read_text())
@@ -97,6 +99,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow  # two hours of the fleet through a worker first
 def test_every_table_fits_a_1400px_window_in_chromium(pages, tmp_path):
     """Headless Chromium lays each page out at 1,400 × 4,000 px; a copy of the page with a short
     script appended measures every table against its box (scrollWidth against clientWidth) and
@@ -120,6 +123,7 @@ def test_every_table_fits_a_1400px_window_in_chromium(pages, tmp_path):
         assert not wider, (name, wider)
 
 
+@pytest.mark.slow  # two hours of the fleet through a worker first
 def test_verdict_chart_shows_the_window_the_verdict_judged(two_hour_store):
     """The canary is slow from 00:55 to 01:25. Minute by minute its p95 recovers at 01:25; the
     rollout verdict compares its trailing 30 minutes and says rollback for longer. The chart
