@@ -56,8 +56,7 @@ from tailwatch.ingest.schema import EVAL_PAIRS, MAX_EVENT_TS_MS, MIN_EVENT_TS_MS
 PATTERNED = ("", "en", "en-US", "zh-Hant-TW", "es-419", "ja-jp", "neutral", "premium-2", "v.1_a")
 from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, REASONS, BatchDecoder
 from tailwatch.streams.aggregates import GPM_FIELDS, GPU, MICRO, MILLI, REQUESTS
-from tailwatch.ingest.columnar import ColumnDecoder
-from tailwatch.streams.frames import GPU_COLUMNS, PHASES_COLUMN, REQUEST_COLUMNS, decode_frame, records_to_frame
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, column_decoder, decode_frame, records_to_frame
 from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 
 BROKER_MAX_BYTES = 1_048_576  # a Kafka broker's default message.max.bytes
@@ -371,8 +370,7 @@ class Checker:
     def __init__(self):
         self.decoders = {"request.v1": BatchDecoder(RequestV1, also=(EvalV1,)), "gpu.v1": BatchDecoder(GpuV1)}
         self.columns = {"request.v1": REQUEST_COLUMNS, "gpu.v1": GPU_COLUMNS}
-        self.fast = {schema: ColumnDecoder(d.event_type, {c: t for c, t in self.columns[schema].items()
-                                                          if c != PHASES_COLUMN}, d.max_record_bytes)
+        self.fast = {schema: column_decoder(d.event_type, self.columns[schema], d.max_record_bytes)
                      for schema, d in self.decoders.items()}
         self.sums = SumCheck()
         self.sums_checked = 0

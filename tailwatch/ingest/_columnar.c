@@ -29,6 +29,55 @@ enum { S_ABSENT = 0, S_NULL = 1, S_VALUE = 2 };
 #define MAX_ENUM 16
 #define MAX_NUMBER_CHARS 48
 
+/* Values of a patterned field that the reference decoder accepted: the fast decoder takes a
+ * value it finds here and declines any other, so a pattern is never judged here. Bounded:
+ * past MAX_APPROVED values no more are added (the rest keep going to the reference). */
+#define MAX_APPROVED 4096
+#define APPROVED_SLOTS 8192
+
+typedef struct ValueSet {
+    Py_ssize_t n;
+    uint64_t hash[APPROVED_SLOTS];
+    char *value[APPROVED_SLOTS];
+    Py_ssize_t len[APPROVED_SLOTS];
+} ValueSet;
+
+static uint64_t value_hash(const char *s, Py_ssize_t n) {
+    uint64_t h = 14695981039346656037ULL;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h | 1; /* 0 marks an empty slot */
+}
+
+static int approved(const ValueSet *set, const char *s, Py_ssize_t n) {
+    uint64_t h = value_hash(s, n);
+    for (size_t i = h & (APPROVED_SLOTS - 1);; i = (i + 1) & (APPROVED_SLOTS - 1)) {
+        if (set->hash[i] == 0) return 0;
+        if (set->hash[i] == h && set->len[i] == n && memcmp(set->value[i], s, n) == 0) return 1;
+    }
+}
+
+static int approve(ValueSet *set, const char *s, Py_ssize_t n) {
+    if (set->n >= MAX_APPROVED || approved(set, s, n)) return 0;
+    uint64_t h = value_hash(s, n);
+    size_t i = h & (APPROVED_SLOTS - 1);
+    while (set->hash[i] != 0) i = (i + 1) & (APPROVED_SLOTS - 1);
+    char *copy = PyMem_Malloc(n ? n : 1);
+    if (copy == NULL) { PyErr_NoMemory(); return -1; }
+    memcpy(copy, s, n);
+    set->hash[i] = h;
+    set->value[i] = copy;
+    set->len[i] = n;
+    set->n++;
+    return 0;
+}
+
+static void free_set(ValueSet *set) {
+    if (set == NULL) return;
+    for (size_t i = 0; i < APPROVED_SLOTS; i++)
+        if (set->hash[i]) PyMem_Free(set->value[i]);
+    PyMem_Free(set);
+}
+
 typedef struct {
     const char *name;
     Py_ssize_t name_len;
@@ -37,6 +86,8 @@ typedef struct {
     Py_ssize_t min_len, max_len;
     long long imin, imax; /* inclusive */
     double fmin, fmax;    /* inclusive */
+    int fold_case; /* ASCII letters kept lower-case (a case-insensitive label) */
+    struct ValueSet *approved; /* a patterned field: values the reference has accepted, else NULL */
     int n_enum;
     const char *enum_val[MAX_ENUM];
     Py_ssize_t enum_len[MAX_ENUM];
@@ -110,12 +161,18 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw) {
     memset(self->slot_of, -1, sizeof self->slot_of);
     for (Py_ssize_t i = 0; i < n; i++) {
         Field *f = &self->fields[i];
+        free_set(f->approved);
         memset(f, 0, sizeof *f);
         PyObject *name, *dflt, *literals;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(seq, i), "UiiiOiinnLLddO", &name, &f->kind, &f->nullable, &f->dflt,
+        int patterned;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(seq, i), "UiiiOiinnLLddOii", &name, &f->kind, &f->nullable, &f->dflt,
                               &dflt, &f->ctype, &f->column, &f->min_len, &f->max_len, &f->imin, &f->imax, &f->fmin,
-                              &f->fmax, &literals))
+                              &f->fmax, &literals, &f->fold_case, &patterned))
             return -1;
+        if (patterned) {
+            f->approved = PyMem_Calloc(1, sizeof(ValueSet));
+            if (f->approved == NULL) { PyErr_NoMemory(); return -1; }
+        }
         if (utf8_of(name, &f->name, &f->name_len) < 0) return -1;
         if (f->dflt == D_REQUIRED) self->required |= (uint64_t)1 << i;
         if (f->dflt == D_VALUE) {
@@ -157,6 +214,7 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw) {
 }
 
 static void Decoder_dealloc(Decoder *self) {
+    for (int i = 0; i < self->n_fields; i++) free_set(self->fields[i].approved);
     Py_XDECREF(self->keep);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -369,6 +427,8 @@ static int parse_record(const Decoder *d, const char *p, const char *end, Slot *
                     if (!literal_ok(f, s->s, s->slen)) return -1;
                 } else if (s->slen < f->min_len || s->slen > f->max_len) {
                     return -1; /* ASCII: the length in bytes is the length in characters */
+                } else if (f->approved != NULL && !approved(f->approved, s->s, s->slen)) {
+                    return -1;
                 }
                 break;
             case K_INT: {
@@ -497,7 +557,12 @@ static int column_put(Column *c, int ctype, Py_ssize_t row, const Field *f, cons
             if (_PyBytes_Resize(&c->data, cap) < 0) return -1;
             c->data_cap = cap;
         }
-        memcpy(PyBytes_AS_STRING(c->data) + c->data_len, str, slen);
+        if (f->fold_case) {
+            char *to = PyBytes_AS_STRING(c->data) + c->data_len;
+            for (Py_ssize_t j = 0; j < slen; j++) to[j] = (str[j] >= 'A' && str[j] <= 'Z') ? str[j] + 32 : str[j];
+        } else {
+            memcpy(PyBytes_AS_STRING(c->data) + c->data_len, str, slen);
+        }
         c->data_len += slen;
         ((int64_t *)c->v)[row + 1] = c->data_len;
         break;
@@ -565,7 +630,23 @@ done:
     return out;
 }
 
+/* approve(field, value): the reference accepted `value` in the patterned field `field`. */
+static PyObject *Decoder_approve(Decoder *self, PyObject *args) {
+    int fi;
+    PyObject *value;
+    if (!PyArg_ParseTuple(args, "iU", &fi, &value)) return NULL;
+    if (fi < 0 || fi >= self->n_fields || self->fields[fi].approved == NULL) {
+        PyErr_SetString(PyExc_ValueError, "not a patterned field");
+        return NULL;
+    }
+    const char *s;
+    Py_ssize_t n;
+    if (utf8_of(value, &s, &n) < 0 || approve(self->fields[fi].approved, s, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Decoder_methods[] = {
+    {"approve", (PyCFunction)Decoder_approve, METH_VARARGS, "approve(field, value): a value the reference accepted"},
     {"decode", (PyCFunction)Decoder_decode, METH_O,
      "decode(values) -> (rows, accepted int64 positions, declined positions, columns)"},
     {NULL, NULL, 0, NULL},

@@ -7,8 +7,9 @@ declines every other record to that decoder, which decodes it or names its fault
 object of the schema's fields, each once; strings in printable ASCII without escapes (so no
 control character can hide in one); numbers in the JSON grammar, within the field's bounds;
 literals from the field's closed set; `ts` as epoch milliseconds or in the canonical RFC 3339
-spelling. Patterns (a language tag, a voice name) are checked here on the batch's distinct
-values, and a record whose value fails is declined too. The contract is read from the
+spelling. It never judges a pattern (a language tag, a voice name): it takes a patterned
+value only once the reference has accepted it in a record (`approve`), and declines the
+record otherwise. The contract is read from the
 msgspec types in `schema.py`, so it is declared once. tests/test_columnar.py fuzzes that
 both ways give the same frame for any input.
 """
@@ -16,8 +17,8 @@ both ways give the same frame for any input.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import msgspec
 import numpy as np
@@ -35,17 +36,18 @@ _CTYPES = {pl.Int32: (_C_I32, pa.int32()), pl.Int64: (_C_I64, pa.int64()), pl.Fl
 _KIND_OF_CTYPE = {_C_I32: {_K_INT}, _C_I64: {_K_INT, _K_TS}, _C_F64: {_K_FLOAT}, _C_BOOL: {_K_BOOL}, _C_STR: {_K_STR}}
 _UNBOUNDED = 2**62
 TS_COLUMN = "ts_ms"
-INDEX_COLUMN = "_index"
+PARTITION_COLUMN, OFFSET_COLUMN, INDEX_COLUMN = "_partition", "_offset", "_index"
 
 
 @dataclass(slots=True)
 class FastBatch:
     """What the fast path made of a batch: the accepted records' columns in the batch's
-    order, with `ts_ms` and `_index` (each record's position in the batch), and the
-    positions it left to the reference decoder."""
+    order, then `ts_ms`, `_partition`, `_offset` and `_index` (each record's position in
+    the batch), and the positions it left to the reference decoder."""
 
-    frame: pl.DataFrame
+    frame: pl.DataFrame  # without the decoder's droppable columns that are null throughout
     declined: list[int]
+    all_null: set[str]  # columns null in every accepted record
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,49 +57,58 @@ class _Column:
 
 
 class ColumnDecoder:
-    """Raw records of `event_type` into `columns` (name → polars dtype) plus `ts_ms` and
-    `_index`; columns the type lacks come back null."""
+    """Raw records of `event_type` into `columns` (name → polars dtype) plus `ts_ms`,
+    `_partition`, `_offset` and `_index`; columns the type lacks come back null. Values of
+    the `case_folded` columns come back in lower case (their letters are ASCII here)."""
 
-    def __init__(self, event_type: type[msgspec.Struct], columns: dict[str, pl.DataType], max_record_bytes: int):
+    def __init__(self, event_type: type[msgspec.Struct], columns: dict[str, pl.DataType], max_record_bytes: int,
+                 case_folded: tuple[str, ...] = (), droppable: tuple[str, ...] = ()):
         self.columns = columns
-        spec, kept, self._patterns = _spec(event_type, columns)
-        self._kept = kept
+        self.droppable = droppable  # left out of the frame where null in every accepted record
+        spec, kept, self.patterned = _spec(event_type, columns, case_folded)
         self._decoder = _columnar.Decoder(spec, max_record_bytes)
-        self._absent = [(c, t) for c, t in columns.items() if c not in {k.name for k in kept}]
-        self._order = [*columns, TS_COLUMN]
+        by_name = {k.name: (i, k) for i, k in enumerate(kept)}
+        # The frame's columns in order: a kept column's buffers, or nulls of its type.
+        self._layout = [(name, *by_name[name]) if name in by_name else (name, None, _arrow_type(dtype))
+                        for name, dtype in (*columns.items(), (TS_COLUMN, pl.Int64))]
 
-    def decode(self, values: list[bytes | None]) -> FastBatch:
+    def decode(self, values: list[bytes | None], partitions: Sequence[int], offsets: Sequence[int]) -> FastBatch:
         rows, accepted, declined, buffers = self._decoder.decode(values)
-        arrays = [pa.Array.from_buffers(k.arrow, rows, _arrow_buffers(k.arrow, b), null_count=b[2])
-                  for k, b in zip(self._kept, buffers)]
-        frame = pl.from_arrow(pa.RecordBatch.from_arrays(arrays, names=[k.name for k in self._kept]))
-        if self._absent:
-            frame = frame.with_columns(pl.Series(c, [None], dtype=t).new_from_index(0, rows) if rows
-                                       else pl.Series(c, [], dtype=t) for c, t in self._absent)
-        frame = frame.select(self._order).with_columns(
-            pl.Series(INDEX_COLUMN, np.frombuffer(accepted, dtype=np.int64)))
-        if self._patterns and rows:
-            frame, refused = self._check_patterns(frame)
-            if refused:
-                declined = sorted(declined + refused)
-        return FastBatch(frame, declined)
+        arrays, names, all_null = [], [], set()
+        for name, i, k in self._layout:
+            if i is None:
+                all_null.add(name)
+                if name in self.droppable:
+                    continue
+                arrays.append(pa.nulls(rows, k))
+            else:
+                b = buffers[i]
+                if b[2] == rows:
+                    all_null.add(name)
+                    if name in self.droppable:
+                        continue
+                arrays.append(pa.Array.from_buffers(k.arrow, rows, _arrow_buffers(b), null_count=b[2]))
+            names.append(name)
+        index = np.frombuffer(accepted, dtype=np.int64)
+        arrays += [pa.array(np.asarray(partitions, dtype=np.int32)[index]),
+                   pa.array(np.asarray(offsets, dtype=np.int64)[index]), pa.array(index)]
+        names += [PARTITION_COLUMN, OFFSET_COLUMN, INDEX_COLUMN]
+        return FastBatch(pl.from_arrow(pa.RecordBatch.from_arrays(arrays, names=names)), declined, all_null)
 
-    def _check_patterns(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, list[int]]:
-        """Records whose value of a patterned field fails its pattern (checked once per
-        distinct value in the batch) are declined: the reference decoder names them."""
-        bad = None
-        for column, pattern in self._patterns:
-            failing = [v for v in frame[column].unique().to_list() if v is not None and not pattern.search(v)]
-            if failing:
-                hit = pl.col(column).is_in(failing)
-                bad = hit if bad is None else bad | hit
-        if bad is None:
-            return frame, []
-        refused = frame.filter(bad)[INDEX_COLUMN].to_list()
-        return frame.filter(~bad), refused
+    def approve(self, records: Sequence[msgspec.Struct]) -> None:
+        """Values of patterned fields in records the reference accepted: the fast decoder
+        takes them from now on (up to its bound per field)."""
+        for field, index in self.patterned:
+            for value in {getattr(r, field, None) for r in records}:
+                if isinstance(value, str) and value.isascii() and value.isprintable():
+                    self._decoder.approve(index, value)
 
 
-def _arrow_buffers(arrow: pa.DataType, b: tuple) -> list:
+def _arrow_type(dtype: pl.DataType) -> pa.DataType:
+    return pl.Series([], dtype=dtype).to_arrow().type
+
+
+def _arrow_buffers(b: tuple) -> list:
     values, validity, _nulls, data = b
     head = pa.py_buffer(validity) if validity is not None else None
     if data is not None:  # a string column: offsets, then the bytes
@@ -105,11 +116,12 @@ def _arrow_buffers(arrow: pa.DataType, b: tuple) -> list:
     return [head, pa.py_buffer(values)]
 
 
-def _spec(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType]):
+def _spec(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType], case_folded: tuple[str, ...]):
     """The decoder's field table from the schema's msgspec types: (name, kind, nullable,
     default kind, default, column type, column, min length, max length, int bounds, float
-    bounds, literals) per field; the kept columns in field order; the patterned columns."""
-    spec, kept, patterns = [], [], []
+    bounds, literals, lower-cased, patterned) per field; the kept columns in field order;
+    the patterned fields (name, position)."""
+    spec, kept, patterned = [], [], []
     for f in msgspec.inspect.type_info(event_type).fields:
         t, nullable = f.type, False
         if isinstance(t, msgspec.inspect.UnionType):
@@ -130,10 +142,7 @@ def _spec(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType]):
             kind, min_len = _K_STR, t.min_length or 0
             max_len = t.max_length if t.max_length is not None else _UNBOUNDED
             if t.pattern is not None:
-                if ctype == _C_NONE:
-                    kind = _K_DECLINE  # a pattern is checked on a kept column only
-                else:
-                    patterns.append((column, re.compile(t.pattern)))
+                patterned.append((f.name, len(spec)))
         elif isinstance(t, msgspec.inspect.IntType) and t.multiple_of is None:
             kind = _K_INT
             imin, imax = _int_bounds(t)
@@ -158,8 +167,9 @@ def _spec(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType]):
         if index >= 0:
             kept.append(_Column(column, arrow))
         spec.append((f.name, kind, int(nullable), dflt, default, ctype, index, min_len, max_len, imin, imax,
-                     float(fmin), float(fmax), literals))
-    return spec, kept, patterns
+                     float(fmin), float(fmax), literals, int(column in case_folded),
+                     int(bool(patterned) and patterned[-1][1] == len(spec))))
+    return spec, kept, patterned
 
 
 def _int_bounds(t: msgspec.inspect.IntType) -> tuple[int, int]:

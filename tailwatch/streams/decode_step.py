@@ -27,7 +27,7 @@ from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.cardinality import CardinalityLimiter, CardinalityLimits
 from tailwatch.streams.minute_windows import AggregateSpec
-from tailwatch.streams.frames import GPU_COLUMNS, PHASES_COLUMN, REQUEST_COLUMNS, decode_frame
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, column_decoder, decode_frame
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.conventions import CLOSED_LABELS, TOPIC_GPU, TOPIC_REQUESTS
 
@@ -46,9 +46,7 @@ class InputTopic:
 
     def __post_init__(self) -> None:
         if self.fast is None:
-            self.fast = ColumnDecoder(self.decoder.event_type,
-                                      {c: t for c, t in self.columns.items() if c != PHASES_COLUMN},
-                                      self.decoder.max_record_bytes)
+            self.fast = column_decoder(self.decoder.event_type, self.columns, self.decoder.max_record_bytes)
 
 
 # The producers' topics: (topic suffix, event types, columns taken, aggregate, store table).

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from tailwatch.conventions import LATENCY_LOWER_FIELDS, PHASE_NAMES
-from tailwatch.ingest.columnar import INDEX_COLUMN, TS_COLUMN, ColumnDecoder
+from tailwatch.ingest.columnar import INDEX_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TS_COLUMN, ColumnDecoder, FastBatch
 from tailwatch.ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
 from tailwatch.ingest.validate import FUTURE, BatchDecoder, Rejected
 
@@ -53,6 +53,8 @@ PHASES_COLUMN = "stages"
 PHASES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
 PHASE_INDEX = {name: i for i, name in enumerate(PHASE_NAMES)}
 _TS = attrgetter("ts")
+# Labels compared without case: BCP 47 language tags (en-US and en-us are one slice).
+CASE_FOLDED = ("language",)
 REQUEST_COLUMNS[PHASES_COLUMN] = PHASES_DTYPE
 GPU_COLUMNS: dict[str, pl.DataType] = {
     "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
@@ -83,9 +85,9 @@ def decode_frame(fast: ColumnDecoder, reference: BatchDecoder, columns: dict[str
                  record_ts_ms: Sequence[int] | None = None, max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS) -> DecodedFrame:
     """Raw records into the frame `records_to_frame` builds: the records the fast decoder
     accepts straight into columns, those it declines (a handful: evaluations, escapes,
-    unknown fields, faults) through the reference decoder, which decodes them or says why
-    not; the two frames are merged in the batch's order."""
-    accepted = fast.decode(values)  # type: ignore[arg-type]
+    unknown fields, faults, a label value not seen before) through the reference decoder,
+    which decodes them or says why not; the two merged in the batch's order."""
+    accepted = fast.decode(values, partitions, offsets)  # type: ignore[arg-type]
     records: list = []
     indices: list[int] = []
     rejected: list[Rejected] = []
@@ -93,12 +95,20 @@ def decode_frame(fast: ColumnDecoder, reference: BatchDecoder, columns: dict[str
     if accepted.declined:
         at = accepted.declined
         decoded = reference.decode([values[i] for i in at])
+        fast.approve(decoded.records)
         records, indices = decoded.records, [at[i] for i in decoded.indices]
         rejected = [Rejected(at[r.index], r.reason, r.detail) for r in decoded.rejected]
         dropped = decoded.unknown_fields_dropped
     frame, future = records_to_frame(records, columns, partitions, offsets, indices, record_ts_ms, max_ahead_ms,
-                                     fast=accepted.frame)
+                                     fast=accepted)
     return DecodedFrame(frame, rejected + future, dropped, accepted.frame.height)
+
+
+def column_decoder(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType],
+                   max_record_bytes: int) -> ColumnDecoder:
+    """The fast decoder for a topic's `columns`, laid out as `records_to_frame` lays them."""
+    return ColumnDecoder(event_type, {c: t for c, t in columns.items() if c != PHASES_COLUMN}, max_record_bytes,
+                         case_folded=CASE_FOLDED, droppable=_OPTIONAL_COLUMNS)
 
 
 def records_to_frame(
@@ -109,50 +119,50 @@ def records_to_frame(
     indices: Sequence[int],
     record_ts_ms: Sequence[int] | None = None,
     max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS,
-    fast: pl.DataFrame | None = None,
+    fast: FastBatch | None = None,
 ) -> tuple[pl.DataFrame, list[Rejected]]:
     """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`, `_index`; records stamped
     too far ahead of their Kafka records are rejected.
 
     The records are already validated, with the schema's defaults filled in; each column is
     gathered from them with one `attrgetter` pass. `fast`: records the fast decoder already
-    put in columns (`ingest/columnar.py`, with `ts_ms` and `_index`), merged in the batch's
-    order. `partitions`, `offsets` and `record_ts_ms` (each Kafka record's own timestamp)
-    are per raw record; `indices` maps each record to its raw position.
+    put in columns (`ingest/columnar.py`), merged in the batch's order. `partitions`,
+    `offsets` and `record_ts_ms` (each Kafka record's own timestamp) are per raw record;
+    `indices` maps each record to its raw position.
 
     Event time is bounded by what the log itself holds, so a replay decides as the live run
     did: an event stamped more than `max_ahead_ms` after its Kafka record's timestamp is
     refused as `future` (one such event would otherwise move its partition's watermark
     ahead and make every later event late), and so is an event whose record carries no
     usable timestamp (none, or outside the event-time range) to bound it by.
+
+    Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
+    leaves them out (the windows take their absence for none) rather than carrying four
+    columns of nulls for every batch of a traced fleet. Phases likewise: only batches that
+    carry them get the column.
     """
     read = {c: t for c, t in columns.items() if c != PHASES_COLUMN}
     if fast is None or records:
-        frame = _gathered(records, columns, read, indices)
-        if fast is not None and fast.height:
-            frame = pl.concat([fast, frame], how="diagonal").sort(INDEX_COLUMN)
+        frame = _gathered(records, columns, read, indices, partitions, offsets)
+        if fast is not None and fast.frame.height:
+            frame = pl.concat([fast.frame, frame], how="diagonal").sort(INDEX_COLUMN)
+        mixed = True
     else:
-        frame = fast
+        frame, mixed = fast.frame, False
     frame, rejected = _bound_event_time(frame, record_ts_ms, max_ahead_ms)
-    # Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
-    # leaves them out (the windows take their absence for none) rather than carrying four
-    # columns of nulls for every batch of a traced fleet. Phases likewise: only batches
-    # that carry them get the column.
+    if not mixed and not rejected:  # the fast decoder left out what is null throughout
+        return frame, rejected
     dropped = {c for c in (*_OPTIONAL_COLUMNS, PHASES_COLUMN)
                if c in frame.columns and frame[c].null_count() == frame.height}
-    if "language" in read:  # BCP 47 is case-insensitive: en-US and en-us are one slice
-        frame = frame.with_columns(pl.col("language").str.to_lowercase())
-    index = frame[INDEX_COLUMN].to_numpy()
-    part = np.asarray(partitions, dtype=np.int32)[index]
-    offset = np.asarray(offsets, dtype=np.int64)[index]
-    frame = frame.with_columns(pl.Series("_partition", part), pl.Series("_offset", offset))
     order = [c for c in (*read, PHASES_COLUMN) if c in frame.columns and c not in dropped]
-    return frame.select(*order, TS_COLUMN, "_partition", "_offset", INDEX_COLUMN), rejected
+    order += [TS_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, INDEX_COLUMN]
+    return (frame if frame.columns == order else frame.select(order)), rejected
 
 
 def _gathered(records: Sequence[msgspec.Struct], columns: dict[str, pl.DataType], read: dict[str, pl.DataType],
-              indices: Sequence[int]) -> pl.DataFrame:
-    """Decoded records as columns, `ts_ms` and `_index`: one `attrgetter` pass a column."""
+              indices: Sequence[int], partitions: Sequence[int], offsets: Sequence[int]) -> pl.DataFrame:
+    """Decoded records as columns, then `ts_ms`, `_partition`, `_offset` and `_index`: one
+    `attrgetter` pass a column."""
     kinds = set(map(type, records))
     frame = pl.DataFrame([_column(records, kinds, c, t) for c, t in read.items()])
     # The phase column is gathered in C and tested in C: no Python call per record.
@@ -161,8 +171,13 @@ def _gathered(records: Sequence[msgspec.Struct], columns: dict[str, pl.DataType]
     if any(issubclass(k, EvalV1) for k in kinds) and "event_id" in read:
         frame = frame.with_columns(pl.when(pl.col("status").is_null()).then(EVAL_ID_PREFIX + pl.col("event_id"))
                                    .otherwise(pl.col("event_id")).alias("event_id"))
-    return frame.with_columns(pl.Series(TS_COLUMN, list(map(_TS, records)), dtype=pl.Int64),
-                              pl.Series(INDEX_COLUMN, indices, dtype=pl.Int64))
+    folded = [pl.col(c).str.to_lowercase() for c in CASE_FOLDED if c in read]
+    index = np.asarray(indices, dtype=np.int64)
+    return frame.with_columns(*folded,
+                              pl.Series(TS_COLUMN, list(map(_TS, records)), dtype=pl.Int64),
+                              pl.Series(PARTITION_COLUMN, np.asarray(partitions, dtype=np.int32)[index]),
+                              pl.Series(OFFSET_COLUMN, np.asarray(offsets, dtype=np.int64)[index]),
+                              pl.Series(INDEX_COLUMN, index))
 
 
 def _bound_event_time(frame: pl.DataFrame, record_ts_ms: Sequence[int] | None,
