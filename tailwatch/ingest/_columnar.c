@@ -112,6 +112,10 @@ typedef struct {
     Field fields[MAX_FIELDS];
     int column_field[MAX_FIELDS]; /* column → its field */
     signed char slot_of[HASH_SLOTS];
+    /* The field that followed each field (the last entry: the first field) in the last record
+     * where it was looked up: a producer writes its fields in one order, so the next key is
+     * nearly always the one predicted and is compared in place, without a scan or a hash. */
+    signed char next_after[MAX_FIELDS + 1];
     uint64_t required;
     Py_ssize_t max_record_bytes;
     PyObject *keep; /* the spec: it owns every name, literal and default the fields point at */
@@ -133,6 +137,13 @@ static int find_field(const Decoder *d, const char *s, Py_ssize_t n) {
         if (d->fields[f].name_len == n && memcmp(d->fields[f].name, s, n) == 0) return f;
     }
     return -1;
+}
+
+/* Bytes a string may hold as they are: printable ASCII but the quote and the backslash. */
+static unsigned char PLAIN[256];
+
+static void init_plain(void) {
+    for (int c = 0x20; c < 0x7f; c++) PLAIN[c] = c != '"' && c != '\\';
 }
 
 /* ---- the spec ------------------------------------------------------------------------ */
@@ -159,6 +170,7 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw) {
     self->n_columns = 0;
     self->required = 0;
     memset(self->slot_of, -1, sizeof self->slot_of);
+    memset(self->next_after, -1, sizeof self->next_after);
     for (Py_ssize_t i = 0; i < n; i++) {
         Field *f = &self->fields[i];
         free_set(f->approved);
@@ -174,6 +186,11 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw) {
             if (f->approved == NULL) { PyErr_NoMemory(); return -1; }
         }
         if (utf8_of(name, &f->name, &f->name_len) < 0) return -1;
+        for (Py_ssize_t k = 0; k < f->name_len; k++)
+            if (!PLAIN[(unsigned char)f->name[k]]) {
+                PyErr_SetString(PyExc_ValueError, "a field name outside plain text");
+                return -1;
+            }
         if (f->dflt == D_REQUIRED) self->required |= (uint64_t)1 << i;
         if (f->dflt == D_VALUE) {
             if (f->kind == K_STR || f->kind == K_SCHEMA) {
@@ -196,8 +213,14 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw) {
             if (m < 0) return -1;
             if (m > MAX_ENUM) { PyErr_SetString(PyExc_ValueError, "too many literals"); return -1; }
             f->n_enum = (int)m;
-            for (Py_ssize_t j = 0; j < m; j++)
+            for (Py_ssize_t j = 0; j < m; j++) {
                 if (utf8_of(PyTuple_GET_ITEM(literals, j), &f->enum_val[j], &f->enum_len[j]) < 0) return -1;
+                for (Py_ssize_t k = 0; k < f->enum_len[j]; k++)
+                    if (!PLAIN[(unsigned char)f->enum_val[j][k]]) {
+                        PyErr_SetString(PyExc_ValueError, "a literal outside plain text");
+                        return -1;
+                    }
+            }
         }
         if (f->column >= 0) {
             if (f->column >= MAX_FIELDS || f->column != self->n_columns) {
@@ -225,13 +248,6 @@ static void Decoder_dealloc(Decoder *self) {
 
 static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                  1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-
-/* Bytes a string may hold as they are: printable ASCII but the quote and the backslash. */
-static unsigned char PLAIN[256];
-
-static void init_plain(void) {
-    for (int c = 0x20; c < 0x7f; c++) PLAIN[c] = c != '"' && c != '\\';
-}
 
 /* A string's bytes between its quotes: printable ASCII, no escape (else declined). */
 static const char *scan_string(const char *p, const char *end, const char **s, Py_ssize_t *n) {
@@ -381,14 +397,14 @@ static int parse_rfc3339_ms(const char *s, Py_ssize_t n, long long *ms) {
     return 0;
 }
 
-static int literal_ok(const Field *f, const char *s, Py_ssize_t n) {
-    for (int j = 0; j < f->n_enum; j++)
-        if (f->enum_len[j] == n && memcmp(f->enum_val[j], s, n) == 0) return 1;
-    return 0;
+/* Parses one record into `slots`; 0 if accepted, -1 if declined. */
+/* Whether the JSON string at p (its opening quote) is exactly the plain text s[0:n]. */
+static inline int string_is(const char *p, const char *end, const char *s, Py_ssize_t n) {
+    return end - p > n + 1 && memcmp(p + 1, s, n) == 0 && p[n + 1] == '"';
 }
 
-/* Parses one record into `slots`; 0 if accepted, -1 if declined. */
-static int parse_record(const Decoder *d, const char *p, const char *end, Slot *slots) {
+static int parse_record(Decoder *d, const char *p, const char *end, Slot *slots) {
+    int prev = MAX_FIELDS;
     uint64_t seen = 0;
     while (p < end && WS(*p)) p++;
     if (p >= end || *p != '{') return -1;
@@ -397,11 +413,17 @@ static int parse_record(const Decoder *d, const char *p, const char *end, Slot *
     if (p < end && *p == '}') return -1;
     for (;;) {
         if (p >= end || *p != '"') return -1;
-        const char *key;
-        Py_ssize_t klen;
-        if ((p = scan_string(p, end, &key, &klen)) == NULL) return -1;
-        int fi = find_field(d, key, klen);
-        if (fi < 0) return -1;
+        int fi = d->next_after[prev];
+        if (fi >= 0 && string_is(p, end, d->fields[fi].name, d->fields[fi].name_len)) {
+            p += d->fields[fi].name_len + 2;
+        } else {
+            const char *key;
+            Py_ssize_t klen;
+            if ((p = scan_string(p, end, &key, &klen)) == NULL) return -1;
+            if ((fi = find_field(d, key, klen)) < 0) return -1;
+            d->next_after[prev] = (signed char)fi;
+        }
+        prev = fi;
         uint64_t bit = (uint64_t)1 << fi;
         if (seen & bit) return -1;
         seen |= bit;
@@ -422,10 +444,18 @@ static int parse_record(const Decoder *d, const char *p, const char *end, Slot *
             switch (f->kind) {
             case K_SCHEMA:
             case K_STR:
-                if (c != '"' || (p = scan_string(p, end, &s->s, &s->slen)) == NULL) return -1;
-                if (f->n_enum) {
-                    if (!literal_ok(f, s->s, s->slen)) return -1;
-                } else if (s->slen < f->min_len || s->slen > f->max_len) {
+                if (c != '"') return -1;
+                if (f->n_enum) { /* one of the literals, compared in place (they are plain text) */
+                    int j = 0;
+                    while (j < f->n_enum && !string_is(p, end, f->enum_val[j], f->enum_len[j])) j++;
+                    if (j == f->n_enum) return -1;
+                    s->s = p + 1;
+                    s->slen = f->enum_len[j];
+                    p += s->slen + 2;
+                    break;
+                }
+                if ((p = scan_string(p, end, &s->s, &s->slen)) == NULL) return -1;
+                if (s->slen < f->min_len || s->slen > f->max_len) {
                     return -1; /* ASCII: the length in bytes is the length in characters */
                 } else if (f->approved != NULL && !approved(f->approved, s->s, s->slen)) {
                     return -1;
