@@ -702,7 +702,62 @@ static PyObject *py_rfc3339_ms(PyObject *mod, PyObject *arg) {
     return PyLong_FromLongLong(ms);
 }
 
+/* read_messages(messages) → (values, partitions as int32 bytes, offsets and record timestamps
+ * as int64 bytes): what the worker reads of each consumed record, in one pass without a
+ * Python frame per record (a record without a timestamp: -1). */
+static PyObject *py_read_messages(PyObject *mod, PyObject *arg) {
+    static PyObject *s_value, *s_partition, *s_offset, *s_timestamp;
+    if (s_value == NULL && ((s_value = PyUnicode_InternFromString("value")) == NULL ||
+                            (s_partition = PyUnicode_InternFromString("partition")) == NULL ||
+                            (s_offset = PyUnicode_InternFromString("offset")) == NULL ||
+                            (s_timestamp = PyUnicode_InternFromString("timestamp")) == NULL))
+        return NULL;
+    PyObject *seq = PySequence_Fast(arg, "messages must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *values = PyList_New(n), *parts = PyBytes_FromStringAndSize(NULL, n * 4),
+             *offsets = PyBytes_FromStringAndSize(NULL, n * 8), *stamps = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *out = NULL;
+    if (values == NULL || parts == NULL || offsets == NULL || stamps == NULL) goto done;
+    int32_t *pp = (int32_t *)PyBytes_AS_STRING(parts);
+    int64_t *po = (int64_t *)PyBytes_AS_STRING(offsets), *pt = (int64_t *)PyBytes_AS_STRING(stamps);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *v = PyObject_CallMethodNoArgs(m, s_value);
+        if (v == NULL) goto done;
+        PyList_SET_ITEM(values, i, v);
+        PyObject *x = PyObject_CallMethodNoArgs(m, s_partition);
+        if (x == NULL) goto done;
+        long long part = PyLong_AsLongLong(x);
+        Py_DECREF(x);
+        if (part == -1 && PyErr_Occurred()) goto done;
+        pp[i] = (int32_t)part;
+        if ((x = PyObject_CallMethodNoArgs(m, s_offset)) == NULL) goto done;
+        po[i] = PyLong_AsLongLong(x);
+        Py_DECREF(x);
+        if (po[i] == -1 && PyErr_Occurred()) goto done;
+        if ((x = PyObject_CallMethodNoArgs(m, s_timestamp)) == NULL) goto done;
+        if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) != 2) {
+            Py_DECREF(x);
+            PyErr_SetString(PyExc_TypeError, "timestamp() must return (type, ms)");
+            goto done;
+        }
+        pt[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 1));
+        Py_DECREF(x);
+        if (pt[i] == -1 && PyErr_Occurred()) goto done;
+    }
+    out = Py_BuildValue("(OOOO)", values, parts, offsets, stamps);
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(parts);
+    Py_XDECREF(offsets);
+    Py_XDECREF(stamps);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"read_messages", py_read_messages, METH_O, "read_messages(messages) -> (values, partitions, offsets, timestamps)"},
     {"rfc3339_ms", py_rfc3339_ms, METH_O, "epoch ms of a timestamp in the canonical spelling, else None"},
     {NULL, NULL, 0, NULL},
 };

@@ -20,7 +20,7 @@ from typing import Callable
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch.ingest.columnar import ColumnDecoder
+from tailwatch.ingest.columnar import ColumnDecoder, read_messages
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.ingest.schema import EvalV1, GpuV1, RequestV1
 from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
@@ -86,10 +86,7 @@ class DecodeStep:
         self._counted: set[str] = set()  # topics whose counters were created at 0
 
     def process(self, p: InputTopic, batch: list) -> None:
-        values = [m.value() for m in batch]
-        partitions = [m.partition() for m in batch]
-        offsets = [m.offset() for m in batch]
-        record_ts = [m.timestamp()[1] for m in batch]  # -1 where the record has none
+        values, partitions, offsets, record_ts = read_messages(batch)  # record_ts: -1 where a record has none
         decoded = decode_frame(p.fast, p.decoder, p.columns, values, partitions, offsets, record_ts,  # type: ignore[arg-type]
                                self.max_ahead_ms)
         frame, rejected = decoded.frame, decoded.rejected
