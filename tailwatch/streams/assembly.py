@@ -155,7 +155,9 @@ class MinuteAssembly(Operator):
         return bool(self.landing) or bool(self.dead_letters) or source.next_offsets != self._read_offsets
 
     def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
-        if not self.has_unsaved(source) and not close_all:
+        # While a restart re-reads, an idle interval still looks again whether it is done (the
+        # log end a store of an earlier release waits for may be learnt after the last record).
+        if not self.has_unsaved(source) and not close_all and not self._rereading:
             return None
         topics = []
         sli_read_to_end = source.read_to_end(self.sli_topic)
