@@ -816,6 +816,24 @@ def test_cost_baseline_level_ignores_a_past_incident_in_the_window():
     assert b.per_successful_turn_var > 0  # ... but its noise is counted: judgements get more cautious
 
 
+_COST_MINUTE = st.builds(CostSums, st.floats(0, 500), st.integers(0, 200), st.integers(0, 200),
+                         st.integers(0, 60_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_COST_MINUTE, min_size=1, max_size=12), st.lists(_COST_MINUTE, min_size=0, max_size=130),
+       st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([0, 50]))
+def test_cost_judge_says_what_the_whole_baseline_says(window, base, increase, min_turns):
+    # The judge looks at the baseline's levels first and computes its noise and totals only for
+    # a window over them: its answer is the full regression's, breach or not.
+    from tailwatch.detectors.cost import _total, baseline
+
+    cfg = CostRegressionConfig(increase_threshold=increase, min_successful_turns=min_turns, z=1.0)
+    total = _total(window)
+    full = None if total.successful_turns < min_turns else regression(total, baseline(base, cfg.window_minutes), cfg)
+    assert CostRegressionDetector(cfg).judge(window, base) == full
+
+
 def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(tmp_path):
     # GPU telemetry for the first 5 minutes, then the collector dies while requests go on:
     # after ABSENT_SOURCE_MINUTES of requests without GPU rows the detectors go on, an hour
