@@ -232,6 +232,30 @@ def test_gpu_partials_merged_and_unmerged_close_together():
     assert closed.height == 2 and sorted(closed["samples"].to_list()) == [1, 6]
 
 
+@pytest.mark.parametrize("batches,own_tenant", [(2, True), (2, False), (5, False)])
+def test_thin_minutes_from_several_batches_close_as_one_batch_would(batches, own_tenant):
+    # Six thin minutes whose events came in `batches` batches, each one partition's: with a
+    # tenant per partition (their bins never repeat across a minute's parts) or one tenant for
+    # all (they do), few parts a minute or many. The rows are those of one batch of every event.
+    events = [(f"e{i}", T0 + i * 1500, i % batches, "ok" if i % 7 else "error", float(1 + i % 97 * 13))
+              for i in range(240)]
+
+    def tenants(f: pl.DataFrame) -> pl.DataFrame:
+        return f.with_columns(pl.format("t{}", pl.col("_partition")).alias("tenant")) if own_tenant else f
+
+    whole = windows()
+    whole.add(tenants(frame(events)))
+    expected, minutes = whole.close(None)
+    parts = windows()
+    for b in range(batches):
+        parts.add(tenants(frame([e for e in events if e[2] == b])))
+    assert all(len(m.hist) == batches for m in parts._open.values())
+    got, same_minutes = parts.close(None)
+    key = ["window_start", "tenant"]
+    assert same_minutes == minutes and len(minutes) == 6
+    assert got.sort(key).equals(expected.sort(key))
+
+
 def test_compacted_strings_keep_their_values_and_nulls():
     # compact_strings copies string columns (rows the detectors hold must not pin their
     # batches' buffers); a copy that lost a value or turned a null into "" would change every label.

@@ -73,6 +73,17 @@ def _dated(parts: list[tuple[int, pl.DataFrame]]) -> pl.DataFrame:
     return out.select(pl.Series("_minute", minutes), pl.all())
 
 
+def concat_by_name(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The frames one under the other, matched by column name (`diagonal_relaxed`). Partials
+    almost always line up already (the same columns in the same order and types), and then a
+    vertical concatenation is the same frame at a third of the cost: closing a day of thin
+    minutes concatenates thousands of partials."""
+    try:
+        return pl.concat(frames, how="vertical")
+    except (pl.exceptions.ShapeError, pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):
+        return pl.concat(frames, how="diagonal_relaxed")
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
     """What one topic's buckets hold and how partial aggregates merge."""
@@ -112,6 +123,20 @@ def slice_id(keys: list[str], later: tuple[str, ...] = ()) -> pl.Expr:
         return base.alias("_slice")
     given = pl.any_horizontal([pl.col(k).fill_null("") != "" for k in later])
     return pl.when(given).then(pl.struct(base.alias("_base"), *later).hash()).otherwise(base).alias("_slice")
+
+
+_BIN_KEYS = ["_minute", "_slice", "field", "bin"]
+
+
+def _merge_repeated_bins(hist: pl.DataFrame) -> pl.DataFrame:
+    """Dated histogram partials, each part already one row per bin, merged into one row per
+    (minute, slice, field, bin), summing only the rows whose bin repeats. Where a minute's
+    parts came from different partitions, as on thin traffic keyed by tenant, few bins repeat,
+    and finding them costs a third of grouping every row."""
+    repeated = hist.select(pl.struct(_BIN_KEYS).hash().is_duplicated()).to_series()  # a collision only groups more
+    if not repeated.any():
+        return hist
+    return pl.concat([hist.filter(~repeated), hist.filter(repeated).group_by(_BIN_KEYS).agg(pl.col("n").sum())])
 
 
 @dataclass
@@ -353,7 +378,7 @@ class MinuteWindows:
         keys = list(self.labels)
         # By name: partials from a batch and merged ones list their columns in different
         # orders, and blobs from an older checkpoint may lack newer columns.
-        merged = pl.concat(frames, how="diagonal_relaxed")
+        merged = concat_by_name(frames)
         exprs = [pl.col(k).first() for k in keys]
         for col, how in self.spec.merge.items():
             if how == "sum":
@@ -362,8 +387,8 @@ class MinuteWindows:
                 exprs.append(pl.col(col).max())
             else:  # the newest non-empty value, by the time kept beside it (streams/aggregates.py)
                 exprs.append(pl.col(col).sort_by([f"_ts_{col}", col], nulls_last=False).last())
-        ordered = list(dict.fromkeys(c for f in frames for c in f.columns))
-        return merged.group_by("_minute", "_slice").agg(exprs).select(ordered)
+        # Every frame's columns, in the order first seen: the concatenation's own.
+        return merged.group_by("_minute", "_slice").agg(exprs).select(merged.columns)
 
     def _conform(self, frame: pl.DataFrame) -> pl.DataFrame:
         """A partial from an older version (a checkpoint blob, or a tier-1 worker not yet
@@ -470,15 +495,18 @@ class MinuteWindows:
         hist = None
         if any(s.hist for s in states):
             hist = _dated([(m, h) for m, s in zip(closing, states) for h in s.hist])
-            if any(len(s.hist) > 1 for s in states):
+            parts = sum(len(s.hist) for s in states)
+            if parts > 2 * len(states):
                 hist = self._merge_hist([hist], grouped=False)
+            elif parts > len(states):
+                hist = _merge_repeated_bins(hist)
         return counts, hist, closing
 
     @staticmethod
     def _merge_all(per_minute: list[list[pl.DataFrame]], merge, diagonal: bool = False) -> pl.DataFrame:
         frames = [f for parts in per_minute for f in parts]
         if all(len(parts) <= 1 for parts in per_minute):  # each minute already one row per slice
-            return pl.concat(frames, how="diagonal_relaxed" if diagonal else "vertical") if len(frames) > 1 else frames[0]
+            return (concat_by_name(frames) if diagonal else pl.concat(frames)) if len(frames) > 1 else frames[0]
         return merge(frames, grouped=False)
 
     def _advance_frontier(self, cut: int) -> None:
