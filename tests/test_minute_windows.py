@@ -165,6 +165,28 @@ def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     assert_restored_closes_as_whole(back.counts, back.hist, back.seen, back.watermarks, back.closed_before_minute)
 
 
+def test_checkpoints_keep_each_partitions_offset_watermark_and_each_topics_frontier(tmp_path):
+    """Offsets and watermarks are set together for every partition, each leaving the other as
+    the last checkpoint left it; frontiers per topic."""
+    from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_topic_state, write_checkpoint
+    from tailwatch.store.connection import connect
+
+    def topic(name, watermarks, closed_before):
+        return TopicCheckpoint(topic=name, table="sli_minute", closed=pl.DataFrame(), closed_minutes=[], counts=[],
+                               hist=[], seen=[], watermarks=watermarks, closed_before_minute=closed_before)
+
+    con = connect(tmp_path / "s.duckdb")
+    write_checkpoint(con, Checkpoint(topics=[topic("a", {0: T0, 1: T0 + 5}, 7), topic("b", {}, None)],
+                                     next_offsets={("a", 0): 10, ("a", 1): 11, ("b", 0): 12}))
+    write_checkpoint(con, Checkpoint(topics=[topic("a", {1: T0 + 9}, 8), topic("b", {2: T0 + 1}, 3)],
+                                     next_offsets={("a", 0): 20, ("b", 0): 22}))
+    assert con.execute("SELECT topic, part, next_offset, watermark_ms FROM _tw_offsets ORDER BY ALL").fetchall() == [
+        ("a", 0, 20, T0), ("a", 1, 11, T0 + 9), ("b", 0, 22, None), ("b", 2, None, T0 + 1)]
+    a, b = load_topic_state(con, "a"), load_topic_state(con, "b")
+    assert (a.watermarks, a.closed_before_minute) == ({0: T0, 1: T0 + 9}, 8)
+    assert (b.watermarks, b.closed_before_minute) == ({2: T0 + 1}, 3)
+
+
 def test_minutes_without_any_latency_field_close_with_empty_histograms():
     w = windows()
     w.add(frame([(f"e{i}", T0 + i * 1000, 0, "ok", None) for i in range(3)]))
