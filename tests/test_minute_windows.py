@@ -258,7 +258,8 @@ def test_gpu_partials_merged_and_unmerged_close_together():
 def test_thin_minutes_from_several_batches_close_as_one_batch_would(batches, own_tenant):
     # Six thin minutes whose events came in `batches` batches, each one partition's: with a
     # tenant per partition (their bins never repeat across a minute's parts) or one tenant for
-    # all (they do), few parts a minute or many. The rows are those of one batch of every event.
+    # all (they do), few parts a minute or many. The rows, peeked at open and closed, are those
+    # of one batch of every event.
     events = [(f"e{i}", T0 + i * 1500, i % batches, "ok" if i % 7 else "error", float(1 + i % 97 * 13))
               for i in range(240)]
 
@@ -272,8 +273,9 @@ def test_thin_minutes_from_several_batches_close_as_one_batch_would(batches, own
     for b in range(batches):
         parts.add(tenants(frame([e for e in events if e[2] == b])))
     assert all(len(m.hist) == batches for m in parts._open.values())
-    got, same_minutes = parts.close(None)
     key = ["window_start", "tenant"]
+    assert parts.peek().sort(key).equals(expected.sort(key))  # the view's look at them, as they will close
+    got, same_minutes = parts.close(None)
     assert same_minutes == minutes and len(minutes) == 6
     assert got.sort(key).equals(expected.sort(key))
 

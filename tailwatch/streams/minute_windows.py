@@ -420,19 +420,13 @@ class MinuteWindows:
 
     def peek(self) -> pl.DataFrame:
         """Rows of every open minute as they would close now: the live view for readers
-        that cannot wait for the lateness window (the signal API). Each minute's partials
-        are merged in place, which changes nothing they mean and saves the next merge."""
+        that cannot wait for the lateness window (the signal API). The open state is left
+        as it is: merging each minute's partials in place took two queries a minute."""
         states = [(m, s) for m, s in sorted(self._open.items()) if s.counts]
         if not states:
             return pl.DataFrame()
-        for _, s in states:
-            s.counts = [self._merge_counts(s.counts)]
-            if s.hist:
-                s.hist = [self._merge_hist(s.hist)]
-        counts = pl.concat([s.counts[0] for _, s in states], how="diagonal_relaxed")
-        hists = [(m, s.hist[0]) for m, s in states if s.hist]
-        hist = _dated(hists) if hists and self.spec.histogram_fields else None
-        return self._finish(counts, hist)
+        counts, hist = self._merged([m for m, _ in states], [s for _, s in states])
+        return self._finish(counts, hist if self.spec.histogram_fields else None)
 
     def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
         """The first minute that must stay open; minutes before it may close (None: none may).
@@ -495,18 +489,23 @@ class MinuteWindows:
         states = [self._open.pop(m) for m in closing]
         if not any(s.counts for s in states):
             return None, None, []
-        # Every closing minute in one group-by (keys include the minute), not one per minute:
-        # on thin traffic a checkpoint closes many minutes of a few rows each.
+        counts, hist = self._merged(closing, states)
+        return counts, hist, closing
+
+    def _merged(self, minutes: list[int], states: list[OpenMinute]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+        """The minutes' partials merged (counts, dated histogram bins): every minute in one
+        group-by (keys include the minute), not one per minute, since on thin traffic a
+        checkpoint closes, and the view peeks at, many minutes of a few rows each."""
         counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
         hist = None
         if any(s.hist for s in states):
-            hist = _dated([(m, h) for m, s in zip(closing, states) for h in s.hist])
+            hist = _dated([(m, h) for m, s in zip(minutes, states) for h in s.hist])
             parts = sum(len(s.hist) for s in states)
             if parts > 2 * len(states):
                 hist = self._merge_hist([hist], grouped=False)
             elif parts > len(states):
                 hist = _merge_repeated_bins(hist)
-        return counts, hist, closing
+        return counts, hist
 
     @staticmethod
     def _merge_all(per_minute: list[list[pl.DataFrame]], merge, diagonal: bool = False) -> pl.DataFrame:
