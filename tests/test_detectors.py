@@ -108,6 +108,29 @@ def raised(events):
 
 # ---- tracker ---------------------------------------------------------------------------
 
+def test_a_batch_of_summarised_minutes_gives_each_slice_its_own_sums():
+    # Several minutes, slices and label sets in one batch, as a checkpoint of thin minutes
+    # hands them over: every slice-minute carries its own labels and sums, for every label set.
+    from tailwatch.detectors.core import MinuteBatch, summaries, with_minute
+
+    rows = [req_rows(T0 + m, tenant=t, model=mdl, requests=100 * m + 10 * i + j, ok=m + i + j,
+                     gpu_seconds=0.5 * (m + 1) * (i + 1))
+            for m in range(4) for i, t in enumerate(("a", "b", "c")) for j, mdl in enumerate(("m1", "m2"))]
+    frame = with_minute(pl.DataFrame(rows, schema_overrides=REQ_SCHEMA))
+    label_sets = (("model",), ("pool", "model", "zone", "tenant"))
+    batch = MinuteBatch(summaries(frame, label_sets), None)
+    for by in label_sets:
+        got = batch.slices(by)
+        assert sorted(got) == [T0 + m for m in range(4)]
+        for m, slices in got.items():
+            for key, s in slices.items():
+                mine = [r for r in rows if r["window_start"] == _ts(m) and all(r[b] == s.labels[b] for b in by)]
+                assert key == tuple(sorted(s.labels.items())) and set(s.labels) == set(by)
+                assert (s.requests, s.ok, s.gpu_seconds) == (sum(r["requests"] for r in mine), sum(r["ok"] for r in mine),
+                                                              pytest.approx(sum(r["gpu_seconds"] for r in mine)))
+        assert sum(len(v) for v in got.values()) == 4 * (2 if by == ("model",) else 6)
+
+
 def test_tracker_one_event_while_it_holds_and_ends_after_clear_minutes():
     t = Tracker("x", clear_minutes=2)
     f = Finding({"pool": "p"}, {"v": 1.0})
