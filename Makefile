@@ -5,7 +5,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast bench clean
 
-$(STAMP): pyproject.toml dev/pyproject.toml
+# setup.py and the C source: the fast decoder (tailwatch/ingest/_columnar.c) is compiled at install.
+$(STAMP): pyproject.toml dev/pyproject.toml setup.py tailwatch/ingest/_columnar.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[test]' -e './dev[bench]'

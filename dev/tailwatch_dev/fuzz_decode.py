@@ -12,8 +12,10 @@ Evaluations share the requests' topic, so they go through its decoder beside req
 - joined: two records that only parse when concatenated (`{…},{…` then the rest);
 - unknown: random byte flips, insertions, deletions and truncations of valid records.
 
-Each batch goes through `BatchDecoder.decode` and `records_to_frame` with Kafka record
-timestamps (some absurd), as the worker calls them, and must keep these invariants:
+Each batch goes through the reference decoder (`BatchDecoder.decode` and `records_to_frame`)
+and through `decode_frame` as the worker calls it (the fast columnar decoder, the reference
+for what it declines), with Kafka record timestamps (some absurd), and must keep these
+invariants:
 1. nothing raises;
 2. every record is accepted or rejected, exactly once, with a reason from the closed set;
 3. records in = records accepted + records rejected, and the frame holds exactly the
@@ -26,7 +28,9 @@ timestamps (some absurd), as the worker calls them, and must keep these invarian
 7. the windows' sums of the accepted records (streams/aggregates.py: counts, token and error
    counts, fixed-point GPU- and audio-seconds, GPU means' sums) are never negative and equal a
    reference sum in Python integers, per slice-minute as stamped and with every record of
-   the batch crowded into one slice-minute (where values at their bounds pile up).
+   the batch crowded into one slice-minute (where values at their bounds pile up);
+8. the worker's path (`decode_frame`) gives the reference's frame, value for value, and the
+   same rejections with the same reasons and words; so 1-7 hold for it too.
 
 `tailwatch fuzz decode --records N` runs it at length and prints its figures; the default
 test suite runs a few seconds of it (tests/test_fuzz_decode.py).
@@ -52,7 +56,7 @@ from tailwatch.ingest.schema import EVAL_PAIRS, MAX_EVENT_TS_MS, MIN_EVENT_TS_MS
 PATTERNED = ("", "en", "en-US", "zh-Hant-TW", "es-419", "ja-jp", "neutral", "premium-2", "v.1_a")
 from tailwatch.ingest.validate import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, REASONS, BatchDecoder
 from tailwatch.streams.aggregates import GPM_FIELDS, GPU, MICRO, MILLI, REQUESTS
-from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, column_decoder, decode_frame, records_to_frame
 from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 
 BROKER_MAX_BYTES = 1_048_576  # a Kafka broker's default message.max.bytes
@@ -79,6 +83,7 @@ class Report:
     by_reason: dict[str, int] = field(default_factory=dict)
     accepted: int = 0
     sums_checked: int = 0  # slice-minute sums compared with their reference (invariant 7)
+    fast_accepted: int = 0  # records the fast columnar decoder took itself (invariant 8)
     violations: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -89,6 +94,7 @@ class Report:
                f"accepted {self.accepted:,}; rejected by reason: "
                + ", ".join(f"{k} {v:,}" for k, v in sorted(self.by_reason.items(), key=lambda kv: -kv[1])),
                f"slice-minute sums checked against a reference: {self.sums_checked:,}",
+               f"taken by the fast columnar decoder (same frame as the reference's): {self.fast_accepted:,}",
                f"invariant violations: {len(self.violations)}"]
         out += [f"  {v}" for v in self.violations[:20]]
         return out
@@ -111,6 +117,9 @@ class Contract:
         self.event_type = event_type
         self.fields = msgspec.inspect.type_info(event_type).fields
         self.required = [f for f in self.fields if f.required]
+        # Names in plain ASCII, as fleets name things (what the fast decoder takes itself), or
+        # with letters beyond it (what it leaves to the reference): chosen per record.
+        self.plain = False
 
     def valid_value(self, rng: random.Random, t, name: str, edge: bool):
         if isinstance(t, msgspec.inspect.UnionType):
@@ -148,8 +157,7 @@ class Contract:
             return _rfc3339(ms), ms
         return ms, ms
 
-    @staticmethod
-    def valid_name(rng: random.Random, t, edge: bool) -> str:
+    def valid_name(self, rng: random.Random, t, edge: bool) -> str:
         if t.pattern is not None:  # a patterned name (a language tag, a voice): a value the pattern admits
             admitted = [c for c in PATTERNED if re.search(t.pattern, c)]
             if not admitted:
@@ -158,7 +166,7 @@ class Contract:
         lo = t.min_length or 0
         hi = t.max_length or 64
         n = rng.choice([lo, hi]) if edge else rng.randint(max(lo, 1), min(hi, 24))
-        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.:" + "éßü日本語🙂"
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.:" + ("ABC /+" if self.plain else "éßü日本語🙂")
         return "".join(rng.choices(alphabet, k=n))
 
     def invalid_value(self, rng: random.Random, t, name: str, nullable: bool = False):
@@ -224,6 +232,7 @@ class Generator:
         """(the document written, the fields as the decoder must give them back)."""
         c, rng = self.contracts[schema], self.rng
         self.n += 1
+        c.plain = rng.random() < 0.6
         doc, want = {}, {}
         for f in c.fields:
             if f.name == "schema":
@@ -251,7 +260,10 @@ class Generator:
 
     def dumps(self, value) -> bytes:
         """JSON with unicode escaped or raw, at random: the decoder must read both alike."""
-        return json.dumps(value, ensure_ascii=self.rng.random() < 0.5).encode()
+        u = self.rng.random()
+        if u < 0.3:  # compact, as producers' encoders write (msgspec, orjson)
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(value, ensure_ascii=u < 0.65).encode()
 
     def case(self) -> Case:
         rng = self.rng
@@ -358,8 +370,11 @@ class Checker:
     def __init__(self):
         self.decoders = {"request.v1": BatchDecoder(RequestV1, also=(EvalV1,)), "gpu.v1": BatchDecoder(GpuV1)}
         self.columns = {"request.v1": REQUEST_COLUMNS, "gpu.v1": GPU_COLUMNS}
+        self.fast = {schema: column_decoder(d.event_type, self.columns[schema], d.max_record_bytes)
+                     for schema, d in self.decoders.items()}
         self.sums = SumCheck()
         self.sums_checked = 0
+        self.fast_accepted = 0
 
     def outcomes(self, schema: str, cases: list[Case]) -> tuple[dict[int, object], list[str]]:
         """Per position: the accepted record (as builtins) or the rejection reason; and any
@@ -396,6 +411,7 @@ class Checker:
             problems.append(f"records in {len(values)}, accounted for {len(out)}")
         if kept != sorted(kept):
             problems.append("the frame's rows are out of order")
+        problems += self._same_as_reference(schema, cases, frame, decoded.rejected + late)
         try:  # invariant 7
             for crowded in (False, True):
                 checked, wrong = self.sums.check(schema, frame, crowded)
@@ -404,6 +420,24 @@ class Checker:
         except BaseException as exc:
             problems.append(f"the windows raised {type(exc).__name__}: {exc}"[:300])
         return out, problems
+
+    def _same_as_reference(self, schema: str, cases: list[Case], frame: pl.DataFrame, rejected: list) -> list[str]:
+        """Invariant 8: the worker's path gives the reference's frame and rejections."""
+        values, n = [c.raw for c in cases], len(cases)
+        try:
+            got = decode_frame(self.fast[schema], self.decoders[schema], self.columns[schema], values, [0] * n,
+                               list(range(n)), [c.record_ts for c in cases], MAX_AHEAD_MS)
+        except BaseException as exc:
+            return [f"decode_frame raised {type(exc).__name__}: {exc}"[:300]]
+        self.fast_accepted += got.fast_rows
+        problems = []
+        if got.frame.schema != frame.schema or not got.frame.equals(frame):
+            problems.append(f"decode_frame's frame differs from the reference's: {_first_difference(got.frame, frame)}")
+        mine = sorted((r.index, r.reason, r.detail) for r in got.rejected)
+        theirs = sorted((r.index, r.reason, r.detail) for r in rejected)
+        if mine != theirs:
+            problems.append(f"decode_frame's rejections differ: {sorted(set(mine) ^ set(theirs))[:3]}")
+        return problems
 
     def alone(self, schema: str, c: Case) -> object:
         """The outcome of one record decoded on its own (the event-time bound applied as
@@ -460,6 +494,7 @@ def run(records: int, seed: int = 1, batch_size: int = 500, progress: Callable[[
         report.records += len(cases)
         report.batches += 1
         report.sums_checked = check.sums_checked
+        report.fast_accepted = check.fast_accepted
         if progress and time.monotonic() - last >= 2.0:
             last = time.monotonic()
             progress(f"fuzz: {report.records:,} of {records:,} records, {len(report.violations)} violations")
@@ -551,6 +586,18 @@ class SumCheck:
 _EVAL_MEASURES = (*(f for pair in EVAL_PAIRS for f in pair), "mos")
 # Each topic's decoder (named by its main schema) and the schemas its records may carry.
 TOPIC_SCHEMAS = {"request.v1": ("request.v1", "eval.v1"), "gpu.v1": ("gpu.v1",)}
+
+
+def _first_difference(a: pl.DataFrame, b: pl.DataFrame) -> str:
+    if a.schema != b.schema:
+        return f"columns {list(a.schema.items())} against {list(b.schema.items())}"[:300]
+    if a.height != b.height:
+        return f"{a.height} rows against {b.height}"
+    for c in a.columns:
+        if not a[c].equals(b[c]):
+            at = next(i for i, (x, y) in enumerate(zip(a[c].to_list(), b[c].to_list())) if x != y)
+            return f"column {c} row {at} (record {b['_index'][at]}): {a[c][at]!r} against {b[c][at]!r}"
+    return "?"
 
 
 def _schema_of(c: Case) -> str | None:

@@ -69,6 +69,9 @@ class Checkpoint:
     # and the assemblers' frontiers (source_topic, sli_partition, streams.partials.Frontier).
     dedupe_dead_letters: bool = False
     assembly_frontiers: list[tuple[str, int, object]] = field(default_factory=list)
+    # A tier-2 store: per tw.sli partition, the next offset read when the frontiers above were
+    # (next_offsets holds the oldest record still held, where a restart re-reads from).
+    read_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     # Store upkeep run inside the same transaction, last (the roll-up of old minutes: streams/rollup.py).
     upkeep: list[Callable[[duckdb.DuckDBPyConnection], object]] = field(default_factory=list)
 
@@ -122,6 +125,9 @@ def write_checkpoint(con: duckdb.DuckDBPyConnection, cp: Checkpoint) -> None:
             con.execute("INSERT OR REPLACE INTO _tw_assembly VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [source_topic, q, f.source_partition, f.closed_before_minute, f.watermark_ms, f.read_to_end,
                          f.drained])
+        if cp.read_offsets:  # one statement, as the offsets below
+            con.execute("INSERT OR REPLACE INTO _tw_read_offsets VALUES " + ", ".join(["(?, ?, ?)"] * len(cp.read_offsets)),
+                        [v for (topic, part), read in cp.read_offsets.items() for v in (topic, part, read)])
         for table, rows in cp.stage_rows:
             if table == "alerts" and rows.height:
                 _write_alert_changes(con, rows)
@@ -319,6 +325,7 @@ class Restored:
     start (`load_restored`) and handed to the operator: what its checkpoints wrote, typed."""
 
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # next offset per partition
+    read_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # tier 2: read up to, per tw.sli partition
     topics: dict[str, RestoredTopic] = field(default_factory=dict)
     newest_minutes: dict[str, int | None] = field(default_factory=dict)  # bucket table → newest minute with rows
     assembly: dict[str, RestoredAssembly] = field(default_factory=dict)
@@ -326,7 +333,7 @@ class Restored:
 
 def load_restored(con: duckdb.DuckDBPyConnection, scope: RestoreScope) -> Restored:
     """What `scope` names, as the store holds it."""
-    out = Restored(offsets=load_offsets(con))
+    out = Restored(offsets=load_offsets(con), read_offsets=load_read_offsets(con))
     for topic in scope.topics:
         out.topics[topic] = load_topic_state(con, topic)
         out.topics[topic].label_limits = load_label_limits(con, topic)
@@ -380,4 +387,11 @@ def load_assembly(con: duckdb.DuckDBPyConnection, source_topic: str) -> tuple[in
 
 def load_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:
     rows = con.execute("SELECT topic, part, next_offset FROM _tw_offsets WHERE next_offset IS NOT NULL").fetchall()
+    return {(t, int(p)): int(o) for t, p, o in rows}
+
+
+def load_read_offsets(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], int]:
+    """Tier 2's read position per tw.sli partition at its last checkpoint (none in a store
+    that an earlier release wrote last)."""
+    rows = con.execute("SELECT topic, part, read_offset FROM _tw_read_offsets WHERE read_offset IS NOT NULL").fetchall()
     return {(t, int(p)): int(o) for t, p, o in rows}

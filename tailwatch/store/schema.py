@@ -116,6 +116,12 @@ CREATE TABLE IF NOT EXISTS _tw_assembly (
     source_topic VARCHAR, sli_partition INTEGER, source_partition INTEGER, closed_before_minute BIGINT,
     watermark_ms BIGINT, read_to_end BOOLEAN, drained BOOLEAN, PRIMARY KEY (source_topic, sli_partition, source_partition)
 );
+-- Tier 2 (streams/assembly.py): per tw.sli partition, how far the replica had read at its last
+-- checkpoint, past its resume offset in _tw_offsets (the oldest record it held). The frontiers it
+-- stored were read up to here; after a restart they stand for the partials before them only
+-- once the re-read has come this far. A table of its own: a store of an earlier release gains
+-- it at start, and that release, opened on this store, leaves it alone.
+CREATE TABLE IF NOT EXISTS _tw_read_offsets (topic VARCHAR, part INTEGER, read_offset BIGINT, PRIMARY KEY (topic, part));
 CREATE TABLE IF NOT EXISTS _tw_open_counts (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_hist (topic VARCHAR, minute BIGINT, payload BLOB);
 CREATE TABLE IF NOT EXISTS _tw_open_seen (topic VARCHAR, minute BIGINT, hashes BLOB);

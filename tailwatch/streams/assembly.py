@@ -10,6 +10,14 @@ partition is that of the oldest record still held (a minute not yet whole), so a
 re-reads what it held and nothing it landed counts twice: partials of landed minutes are
 dropped as copies, dead letters are deduplicated by their source offset.
 
+The frontiers it restores were read further than that: up to its read position at the
+checkpoint, stored beside the offsets. A frontier says its source partition's partials
+before it came earlier in its tw.sli partition, which holds after a restart only once that
+partition is re-read up to the stored read position. Until every tw.sli partition is, it
+lands nothing: otherwise the frontiers of a partition re-read first could make a minute
+whole while the partials of another, not re-read yet, are missing, and those would then be
+dropped as copies of a minute landed without them.
+
 High availability is by identical replicas, as Prometheus pairs do it: each tier-2
 process keeps a store of its own (on any machine), reads all of `tw.sli`, serves the
 whole signal API and sends every alert to every Alertmanager, whose cluster deduplicates
@@ -23,6 +31,7 @@ import logging
 from dataclasses import dataclass
 
 import msgspec
+import polars as pl
 
 from tailwatch.ingest import deadletter
 from tailwatch.ingest.kafka import KafkaSettings
@@ -72,6 +81,9 @@ class MinuteAssembly(Operator):
         self.stored_offsets: dict[tuple[str, int], int] = {}
         self._read_offsets: dict[tuple[str, int], int] = {}  # next offsets at the last checkpoint
         self._saved_frontiers: dict[tuple[str, int, int], Frontier] = {}  # as the store holds them
+        # After a restore: tw.sli partition → the offset its re-read must reach before the frontiers
+        # restored stand for the partials before them (None: unknown, a store of an earlier release).
+        self._rereading: dict[int, int | None] = {}
         self.buckets_closed = 0
         self.minutes_closed = 0
         self.closing_behind = False
@@ -82,9 +94,13 @@ class MinuteAssembly(Operator):
         from confluent_kafka.admin import AdminClient
 
         meta = AdminClient(self.kafka.base_config()).list_topics(timeout=10).topics
+        self.follow({topic: set(meta[topic].partitions) for topic in [*self.sources, self.sli_topic]})
+
+    def follow(self, partitions: dict[str, set[int]]) -> None:
+        """An assembler per source topic, waiting for these partitions (topic → partitions;
+        a cluster's metadata, or topics in memory)."""
         for topic, (_table, spec, columns) in self.sources.items():
-            self.assemblers[topic] = MinuteAssembler(
-                spec, columns, topic, set(meta[topic].partitions), set(meta[self.sli_topic].partitions))
+            self.assemblers[topic] = MinuteAssembler(spec, columns, topic, partitions[topic], partitions[self.sli_topic])
 
     def restore_scope(self) -> RestoreScope:
         return RestoreScope(assembly=tuple(self.sources))
@@ -92,6 +108,8 @@ class MinuteAssembly(Operator):
     def restore(self, state: Restored) -> None:
         self.stored_offsets = dict(state.offsets)
         self._read_offsets = dict(self.stored_offsets)
+        self._rereading = {q: read if (read := state.read_offsets.get((t, q))) is not None and read >= offset else None
+                           for (t, q), offset in state.offsets.items() if t == self.sli_topic}
         for topic, a in self.assemblers.items():
             r = state.assembly[topic]
             a.restore(r.done_before, [Frontier(topic, int(p), cb, wm, bool(rte), bool(dr))
@@ -137,13 +155,19 @@ class MinuteAssembly(Operator):
         return bool(self.landing) or bool(self.dead_letters) or source.next_offsets != self._read_offsets
 
     def checkpoint(self, source: Source, close_all: bool) -> Checkpoint | None:
-        if not self.has_unsaved(source) and not close_all:
+        # While a restart re-reads, an idle interval still looks again whether it is done (the
+        # log end a store of an earlier release waits for may be learnt after the last record).
+        if not self.has_unsaved(source) and not close_all and not self._rereading:
             return None
         topics = []
-        sli_unread = bool(source.partitions.get(self.sli_topic, set()) - source.read_to_end(self.sli_topic))
+        sli_read_to_end = source.read_to_end(self.sli_topic)
+        sli_unread = bool(source.partitions.get(self.sli_topic, set()) - sli_read_to_end)
+        if self._rereading:
+            self._rereading = rereading_left(self._rereading, source.next_offsets, source.positions(self.sli_topic),
+                                             self.sli_topic, sli_read_to_end)
         for topic, a in self.assemblers.items():
             began = self.cpu.began()
-            rows, minutes = a.take_complete()
+            rows, minutes = (pl.DataFrame(), []) if self._rereading else a.take_complete()
             self.cpu.spent("assemble", began)
             table = self.sources[topic][0]
             if rows.height:
@@ -169,8 +193,12 @@ class MinuteAssembly(Operator):
             for q, offset in a.resume_offsets().items():
                 key = (self.sli_topic, q)
                 offsets[key] = min(offsets.get(key, offset), offset)
+        # The frontiers kept were read up to here, or, while a restart re-reads, up to the restored position.
+        read_offsets = {(t, q): max(offset, self._rereading.get(q) or offset)
+                        for (t, q), offset in source.next_offsets.items()
+                        if t == self.sli_topic and not (q in self._rereading and self._rereading[q] is None)}
         cp = Checkpoint(
-            topics=topics, next_offsets=offsets,
+            topics=topics, next_offsets=offsets, read_offsets=read_offsets,
             dead_letters=deadletter.to_frame(letters + own) if letters or own else None, dedupe_dead_letters=True,
             assembly_frontiers=[(topic, q, f) for topic, a in self.assemblers.items() for (q, _p), f in a.frontiers.items()
                                 if self._saved_frontiers.get((topic, q, f.source_partition)) != f],
@@ -195,5 +223,23 @@ class MinuteAssembly(Operator):
     def progress_line(self, events: int, rate_per_s: float) -> str:
         held = sum(len(a.held) for a in self.assemblers.values())
         dropped = sum(a.redelivered for a in self.assemblers.values())
+        rereading = f", re-reading tw.sli partitions {sorted(self._rereading)} before landing" if self._rereading else ""
         return (f"tier 2: {events:,} tw.sli records, {self.buckets_closed:,} buckets landed, {held} minutes "
-                f"held, {dropped:,} partials of landed minutes dropped")
+                f"held, {dropped:,} partials of landed minutes dropped{rereading}")
+
+
+def rereading_left(targets: dict[int, int | None], next_offsets: dict[tuple[str, int], int],
+                   positions: dict[int, tuple[int, int]], sli_topic: str, read_to_end: set[int]) -> dict[int, int | None]:
+    """The tw.sli partitions a restart still re-reads, of `targets` (partition → the read
+    position to reach; None: unknown, taken as the log end once the source knows it, which
+    is at or past it). A partition read to its end has nothing left to re-read, even where a
+    log reset made it shorter than the position stored."""
+    left: dict[int, int | None] = {}
+    for q, target in targets.items():
+        if q in read_to_end:
+            continue
+        if target is None and q in positions:
+            target = positions[q][1]
+        if target is None or next_offsets.get((sli_topic, q), 0) < target:
+            left[q] = target
+    return left

@@ -2,7 +2,9 @@
 or dead letters.
 
 One per worker that reads the producers' topics (tier `all` and tier 1). Each record is
-decoded and validated on its own (ingest/validate.py), its event time bounded by its
+decoded and validated on its own, straight into columns where the fast decoder can show it
+is plainly good (ingest/columnar.py), by the reference decoder otherwise (ingest/validate.py),
+its event time bounded by its
 Kafka record's timestamp (streams/frames.py), and the frame goes into the topic's windows,
 which are the tier's: minute windows over the whole topic, or one set per partition.
 Whatever a record holds, it becomes its events or one dead letter with a reason. Where the
@@ -18,13 +20,14 @@ from typing import Callable
 import polars as pl
 
 from tailwatch.ingest import deadletter
+from tailwatch.ingest.columnar import ColumnDecoder, read_messages
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.ingest.schema import EvalV1, GpuV1, RequestV1
 from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.cardinality import CardinalityLimiter, CardinalityLimits
 from tailwatch.streams.minute_windows import AggregateSpec
-from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, records_to_frame
+from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, column_decoder, decode_frame
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.conventions import CLOSED_LABELS, TOPIC_GPU, TOPIC_REQUESTS
 
@@ -35,10 +38,15 @@ class InputTopic:
 
     topic: str
     table: str  # the store table its closed minutes go to
-    decoder: BatchDecoder
+    decoder: BatchDecoder  # the reference: decodes what the fast decoder declines, names every fault
     columns: dict[str, pl.DataType]
     windows: object  # streams.minute_windows.MinuteWindows or streams.partition_windows.PartitionWindows
     limiter: CardinalityLimiter | None = None  # None: the topic's labels are not capped
+    fast: ColumnDecoder | None = None  # raw records straight into columns (ingest/columnar.py)
+
+    def __post_init__(self) -> None:
+        if self.fast is None:
+            self.fast = column_decoder(self.decoder.event_type, self.columns, self.decoder.max_record_bytes)
 
 
 # The producers' topics: (topic suffix, event types, columns taken, aggregate, store table).
@@ -78,14 +86,10 @@ class DecodeStep:
         self._counted: set[str] = set()  # topics whose counters were created at 0
 
     def process(self, p: InputTopic, batch: list) -> None:
-        values = [m.value() for m in batch]
-        partitions = [m.partition() for m in batch]
-        offsets = [m.offset() for m in batch]
-        record_ts = [m.timestamp()[1] for m in batch]  # -1 where the record has none
-        decoded = p.decoder.decode(values)
-        frame, bad_ts = records_to_frame(decoded.records, p.columns, partitions, offsets, decoded.indices,
-                                         record_ts, self.max_ahead_ms)
-        rejected = decoded.rejected + bad_ts
+        values, partitions, offsets, record_ts = read_messages(batch)  # record_ts: -1 where a record has none
+        decoded = decode_frame(p.fast, p.decoder, p.columns, values, partitions, offsets, record_ts,  # type: ignore[arg-type]
+                               self.max_ahead_ms)
+        frame, rejected = decoded.frame, decoded.rejected
         m = self.metrics
         if p.limiter is not None:
             frame, overflowed = p.limiter.admit(frame)

@@ -6,6 +6,7 @@ Only the columns that aggregation needs are extracted; identifiers such as
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Sequence
 
@@ -14,8 +15,9 @@ import numpy as np
 import polars as pl
 
 from tailwatch.conventions import LATENCY_LOWER_FIELDS, PHASE_NAMES
+from tailwatch.ingest.columnar import INDEX_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TS_COLUMN, ColumnDecoder, FastBatch
 from tailwatch.ingest.schema import MAX_EVENT_TS_MS, MIN_EVENT_TS_MS, EvalV1
-from tailwatch.ingest.validate import FUTURE, Rejected
+from tailwatch.ingest.validate import FUTURE, BatchDecoder, Rejected
 
 # How far an event may be stamped ahead of the Kafka record that carries it (default).
 DEFAULT_MAX_AHEAD_MS = 5 * 60_000
@@ -51,6 +53,8 @@ PHASES_COLUMN = "stages"
 PHASES_DTYPE = pl.List(pl.Struct({"stage": pl.Int8, "ms": pl.Float64}))
 PHASE_INDEX = {name: i for i, name in enumerate(PHASE_NAMES)}
 _TS = attrgetter("ts")
+# Labels compared without case: BCP 47 language tags (en-US and en-us are one slice).
+CASE_FOLDED = ("language",)
 REQUEST_COLUMNS[PHASES_COLUMN] = PHASES_DTYPE
 GPU_COLUMNS: dict[str, pl.DataType] = {
     "node": pl.String, "gpu_index": pl.Int32, "zone": pl.String, "pool": pl.String,
@@ -65,6 +69,48 @@ GPU_COLUMNS: dict[str, pl.DataType] = {
 }
 
 
+@dataclass(slots=True)
+class DecodedFrame:
+    """A batch of raw records decoded: the frame of its events, the records refused (with
+    their positions in the batch), and how many records had unknown fields dropped."""
+
+    frame: pl.DataFrame
+    rejected: list[Rejected]
+    unknown_fields_dropped: int = 0
+    fast_rows: int = 0  # records the fast decoder put in columns itself
+
+
+def decode_frame(fast: ColumnDecoder, reference: BatchDecoder, columns: dict[str, pl.DataType],
+                 values: Sequence[bytes | None], partitions: Sequence[int], offsets: Sequence[int],
+                 record_ts_ms: Sequence[int] | None = None, max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS) -> DecodedFrame:
+    """Raw records into the frame `records_to_frame` builds: the records the fast decoder
+    accepts straight into columns, those it declines (a handful: evaluations, escapes,
+    unknown fields, faults, a label value not seen before) through the reference decoder,
+    which decodes them or says why not; the two merged in the batch's order."""
+    accepted = fast.decode(values, partitions, offsets)  # type: ignore[arg-type]
+    records: list = []
+    indices: list[int] = []
+    rejected: list[Rejected] = []
+    dropped = 0
+    if accepted.declined:
+        at = accepted.declined
+        decoded = reference.decode([values[i] for i in at])
+        fast.approve(decoded.records)
+        records, indices = decoded.records, [at[i] for i in decoded.indices]
+        rejected = [Rejected(at[r.index], r.reason, r.detail) for r in decoded.rejected]
+        dropped = decoded.unknown_fields_dropped
+    frame, future = records_to_frame(records, columns, partitions, offsets, indices, record_ts_ms, max_ahead_ms,
+                                     fast=accepted)
+    return DecodedFrame(frame, rejected + future, dropped, accepted.frame.height)
+
+
+def column_decoder(event_type: type[msgspec.Struct], columns: dict[str, pl.DataType],
+                   max_record_bytes: int) -> ColumnDecoder:
+    """The fast decoder for a topic's `columns`, laid out as `records_to_frame` lays them."""
+    return ColumnDecoder(event_type, {c: t for c, t in columns.items() if c != PHASES_COLUMN}, max_record_bytes,
+                         case_folded=CASE_FOLDED, droppable=_OPTIONAL_COLUMNS)
+
+
 def records_to_frame(
     records: Sequence[msgspec.Struct],
     columns: dict[str, pl.DataType],
@@ -73,13 +119,14 @@ def records_to_frame(
     indices: Sequence[int],
     record_ts_ms: Sequence[int] | None = None,
     max_ahead_ms: int = DEFAULT_MAX_AHEAD_MS,
+    fast: FastBatch | None = None,
 ) -> tuple[pl.DataFrame, list[Rejected]]:
     """A frame of `columns` plus `ts_ms`, `_partition`, `_offset`, `_index`; records stamped
     too far ahead of their Kafka records are rejected.
 
     The records are already validated, with the schema's defaults filled in; each column is
-    gathered from them with one `attrgetter` pass (1.2 µs a record for the 22 request
-    columns, where polars' JSON reader over the same raw bytes took 1.7). `partitions`,
+    gathered from them with one `attrgetter` pass. `fast`: records the fast decoder already
+    put in columns (`ingest/columnar.py`), merged in the batch's order. `partitions`,
     `offsets` and `record_ts_ms` (each Kafka record's own timestamp) are per raw record;
     `indices` maps each record to its raw position.
 
@@ -88,54 +135,66 @@ def records_to_frame(
     refused as `future` (one such event would otherwise move its partition's watermark
     ahead and make every later event late), and so is an event whose record carries no
     usable timestamp (none, or outside the event-time range) to bound it by.
+
+    Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
+    leaves them out (the windows take their absence for none) rather than carrying four
+    columns of nulls for every batch of a traced fleet. Phases likewise: only batches that
+    carry them get the column.
     """
-    rejected: list[Rejected] = []
-    ts_ms = list(map(_TS, records))  # epoch ms: the decoder parsed RFC 3339 strings
-    index = np.asarray(indices, dtype=np.int64)
-    ts = np.asarray(ts_ms, dtype=np.int64)
-    if record_ts_ms is not None and len(index):
-        bound = np.asarray(record_ts_ms, dtype=np.int64)[index]
-        usable = (bound >= MIN_EVENT_TS_MS) & (bound < MAX_EVENT_TS_MS)
-        ahead = ~usable | (ts > np.where(usable, bound, 0) + max_ahead_ms)
-        if ahead.any():
-            for pos in np.flatnonzero(ahead):
-                rejected.append(Rejected(int(index[pos]), FUTURE, _future_detail(int(ts[pos]), int(bound[pos]), max_ahead_ms)))
-            keep = np.flatnonzero(~ahead)
-            index, ts = index[keep], ts[keep]
-            records = [records[p] for p in keep]
     read = {c: t for c, t in columns.items() if c != PHASES_COLUMN}
+    if fast is None or records:
+        frame = _gathered(records, columns, read, indices, partitions, offsets)
+        if fast is not None and fast.frame.height:
+            frame = pl.concat([fast.frame, frame], how="diagonal").sort(INDEX_COLUMN)
+        mixed = True
+    else:
+        frame, mixed = fast.frame, False
+    frame, rejected = _bound_event_time(frame, record_ts_ms, max_ahead_ms)
+    if not mixed and not rejected:  # the fast decoder left out what is null throughout
+        return frame, rejected
+    dropped = {c for c in (*_OPTIONAL_COLUMNS, PHASES_COLUMN)
+               if c in frame.columns and frame[c].null_count() == frame.height}
+    order = [c for c in (*read, PHASES_COLUMN) if c in frame.columns and c not in dropped]
+    order += [TS_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, INDEX_COLUMN]
+    return (frame if frame.columns == order else frame.select(order)), rejected
+
+
+def _gathered(records: Sequence[msgspec.Struct], columns: dict[str, pl.DataType], read: dict[str, pl.DataType],
+              indices: Sequence[int], partitions: Sequence[int], offsets: Sequence[int]) -> pl.DataFrame:
+    """Decoded records as columns, then `ts_ms`, `_partition`, `_offset` and `_index`: one
+    `attrgetter` pass a column."""
     kinds = set(map(type, records))
-    series = [_column(records, kinds, c, t) for c, t in read.items()]
-    # Bucket lower bounds come only from scraped runtimes: a batch of measured latencies
-    # leaves them out (the windows take their absence for none) rather than carrying four
-    # columns of nulls for every batch of a traced fleet.
-    dropped = {s.name for s in series if s.name in _OPTIONAL_COLUMNS and s.null_count() == len(s)}
-    if dropped:
-        series = [s for s in series if s.name not in dropped]
-        read = {c: t for c, t in read.items() if c not in dropped}
-    frame = pl.DataFrame(series)
-    # Only batches that carry phases get the column (the windows take its absence for none):
-    # a batch without them costs one scan, not a column of nulls.
-    if PHASES_COLUMN in columns:
-        phases = _gather(records, kinds, PHASES_COLUMN)  # gathered in C, tested in C: no Python call per record
-        if any(phases):
-            frame = frame.with_columns(phase_column(records, phases))
+    frame = pl.DataFrame([_column(records, kinds, c, t) for c, t in read.items()])
+    # The phase column is gathered in C and tested in C: no Python call per record.
+    if PHASES_COLUMN in columns and any(phases := _gather(records, kinds, PHASES_COLUMN)):
+        frame = frame.with_columns(phase_column(records, phases))
     if any(issubclass(k, EvalV1) for k in kinds) and "event_id" in read:
         frame = frame.with_columns(pl.when(pl.col("status").is_null()).then(EVAL_ID_PREFIX + pl.col("event_id"))
                                    .otherwise(pl.col("event_id")).alias("event_id"))
-    if "language" in read:  # BCP 47 is case-insensitive: en-US and en-us are one slice
-        frame = frame.with_columns(pl.col("language").str.to_lowercase())
-    part, offset = np.asarray(partitions, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
-    if len(index) < len(part):  # some records rejected: keep the kept records' positions
-        part, offset = part[index], offset[index]
-    frame = frame.with_columns(
-        pl.Series("ts_ms", ts, dtype=pl.Int64),
-        pl.Series("_partition", part),
-        pl.Series("_offset", offset),
-        pl.Series("_index", index),
-    )
-    rejected.sort(key=lambda r: r.index)
-    return frame, rejected
+    folded = [pl.col(c).str.to_lowercase() for c in CASE_FOLDED if c in read]
+    index = np.asarray(indices, dtype=np.int64)
+    return frame.with_columns(*folded,
+                              pl.Series(TS_COLUMN, list(map(_TS, records)), dtype=pl.Int64),
+                              pl.Series(PARTITION_COLUMN, np.asarray(partitions, dtype=np.int32)[index]),
+                              pl.Series(OFFSET_COLUMN, np.asarray(offsets, dtype=np.int64)[index]),
+                              pl.Series(INDEX_COLUMN, index))
+
+
+def _bound_event_time(frame: pl.DataFrame, record_ts_ms: Sequence[int] | None,
+                      max_ahead_ms: int) -> tuple[pl.DataFrame, list[Rejected]]:
+    """The frame without events stamped too far ahead of their Kafka records, and those refused."""
+    if record_ts_ms is None or not frame.height:
+        return frame, []
+    index = frame[INDEX_COLUMN].to_numpy()
+    ts = frame[TS_COLUMN].to_numpy()
+    bound = np.asarray(record_ts_ms, dtype=np.int64)[index]
+    usable = (bound >= MIN_EVENT_TS_MS) & (bound < MAX_EVENT_TS_MS)
+    ahead = ~usable | (ts > np.where(usable, bound, 0) + max_ahead_ms)
+    if not ahead.any():
+        return frame, []
+    rejected = [Rejected(int(index[pos]), FUTURE, _future_detail(int(ts[pos]), int(bound[pos]), max_ahead_ms))
+                for pos in np.flatnonzero(ahead)]
+    return frame.filter(pl.Series(~ahead)), rejected
 
 
 def _column(records: Sequence[msgspec.Struct], kinds: set[type], column: str, dtype: pl.DataType) -> pl.Series:
