@@ -108,6 +108,29 @@ def raised(events):
 
 # ---- tracker ---------------------------------------------------------------------------
 
+def test_a_batch_of_summarised_minutes_gives_each_slice_its_own_sums():
+    # Several minutes, slices and label sets in one batch, as a checkpoint of thin minutes
+    # hands them over: every slice-minute carries its own labels and sums, for every label set.
+    from tailwatch.detectors.core import MinuteBatch, summaries, with_minute
+
+    rows = [req_rows(T0 + m, tenant=t, model=mdl, requests=100 * m + 10 * i + j, ok=m + i + j,
+                     gpu_seconds=0.5 * (m + 1) * (i + 1))
+            for m in range(4) for i, t in enumerate(("a", "b", "c")) for j, mdl in enumerate(("m1", "m2"))]
+    frame = with_minute(pl.DataFrame(rows, schema_overrides=REQ_SCHEMA))
+    label_sets = (("model",), ("pool", "model", "zone", "tenant"))
+    batch = MinuteBatch(summaries(frame, label_sets), None)
+    for by in label_sets:
+        got = batch.slices(by)
+        assert sorted(got) == [T0 + m for m in range(4)]
+        for m, slices in got.items():
+            for key, s in slices.items():
+                mine = [r for r in rows if r["window_start"] == _ts(m) and all(r[b] == s.labels[b] for b in by)]
+                assert key == tuple(sorted(s.labels.items())) and set(s.labels) == set(by)
+                assert (s.requests, s.ok, s.gpu_seconds) == (sum(r["requests"] for r in mine), sum(r["ok"] for r in mine),
+                                                              pytest.approx(sum(r["gpu_seconds"] for r in mine)))
+        assert sum(len(v) for v in got.values()) == 4 * (2 if by == ("model",) else 6)
+
+
 def test_tracker_one_event_while_it_holds_and_ends_after_clear_minutes():
     t = Tracker("x", clear_minutes=2)
     f = Finding({"pool": "p"}, {"v": 1.0})
@@ -814,6 +837,24 @@ def test_cost_baseline_level_ignores_a_past_incident_in_the_window():
     b = baseline(calm[:45] + spike + calm[45:], block_minutes=10)
     assert b.per_successful_turn == pytest.approx(1.0) and b.per_1k_tokens == pytest.approx(10.0)
     assert b.per_successful_turn_var > 0  # ... but its noise is counted: judgements get more cautious
+
+
+_COST_MINUTE = st.builds(CostSums, st.floats(0, 500), st.integers(0, 200), st.integers(0, 200),
+                         st.integers(0, 60_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_COST_MINUTE, min_size=1, max_size=12), st.lists(_COST_MINUTE, min_size=0, max_size=130),
+       st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([0, 50]))
+def test_cost_judge_says_what_the_whole_baseline_says(window, base, increase, min_turns):
+    # The judge looks at the baseline's levels first and computes its noise and totals only for
+    # a window over them: its answer is the full regression's, breach or not.
+    from tailwatch.detectors.cost import _total, baseline
+
+    cfg = CostRegressionConfig(increase_threshold=increase, min_successful_turns=min_turns, z=1.0)
+    total = _total(window)
+    full = None if total.successful_turns < min_turns else regression(total, baseline(base, cfg.window_minutes), cfg)
+    assert CostRegressionDetector(cfg).judge(window, base) == full
 
 
 def test_a_gpu_source_that_stops_holds_the_detectors_back_an_hour_not_for_ever(tmp_path):

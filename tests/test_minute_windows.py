@@ -165,6 +165,28 @@ def test_restore_through_a_store_checkpoint_gives_the_same_buckets(tmp_path):
     assert_restored_closes_as_whole(back.counts, back.hist, back.seen, back.watermarks, back.closed_before_minute)
 
 
+def test_checkpoints_keep_each_partitions_offset_watermark_and_each_topics_frontier(tmp_path):
+    """Offsets and watermarks are set together for every partition, each leaving the other as
+    the last checkpoint left it; frontiers per topic."""
+    from tailwatch.store.checkpoint import Checkpoint, TopicCheckpoint, load_topic_state, write_checkpoint
+    from tailwatch.store.connection import connect
+
+    def topic(name, watermarks, closed_before):
+        return TopicCheckpoint(topic=name, table="sli_minute", closed=pl.DataFrame(), closed_minutes=[], counts=[],
+                               hist=[], seen=[], watermarks=watermarks, closed_before_minute=closed_before)
+
+    con = connect(tmp_path / "s.duckdb")
+    write_checkpoint(con, Checkpoint(topics=[topic("a", {0: T0, 1: T0 + 5}, 7), topic("b", {}, None)],
+                                     next_offsets={("a", 0): 10, ("a", 1): 11, ("b", 0): 12}))
+    write_checkpoint(con, Checkpoint(topics=[topic("a", {1: T0 + 9}, 8), topic("b", {2: T0 + 1}, 3)],
+                                     next_offsets={("a", 0): 20, ("b", 0): 22}))
+    assert con.execute("SELECT topic, part, next_offset, watermark_ms FROM _tw_offsets ORDER BY ALL").fetchall() == [
+        ("a", 0, 20, T0), ("a", 1, 11, T0 + 9), ("b", 0, 22, None), ("b", 2, None, T0 + 1)]
+    a, b = load_topic_state(con, "a"), load_topic_state(con, "b")
+    assert (a.watermarks, a.closed_before_minute) == ({0: T0, 1: T0 + 9}, 8)
+    assert (b.watermarks, b.closed_before_minute) == ({2: T0 + 1}, 3)
+
+
 def test_minutes_without_any_latency_field_close_with_empty_histograms():
     w = windows()
     w.add(frame([(f"e{i}", T0 + i * 1000, 0, "ok", None) for i in range(3)]))
@@ -230,6 +252,32 @@ def test_gpu_partials_merged_and_unmerged_close_together():
                          {**gpu, "gpu_index": 1, "ts_ms": T0 + MINUTE_MS + batch, "replica_state": "warm"}][: 1 + (batch == 0)]))
     closed, minutes = w.close(None)
     assert closed.height == 2 and sorted(closed["samples"].to_list()) == [1, 6]
+
+
+@pytest.mark.parametrize("batches,own_tenant", [(2, True), (2, False), (5, False)])
+def test_thin_minutes_from_several_batches_close_as_one_batch_would(batches, own_tenant):
+    # Six thin minutes whose events came in `batches` batches, each one partition's: with a
+    # tenant per partition (their bins never repeat across a minute's parts) or one tenant for
+    # all (they do), few parts a minute or many. The rows, peeked at open and closed, are those
+    # of one batch of every event.
+    events = [(f"e{i}", T0 + i * 1500, i % batches, "ok" if i % 7 else "error", float(1 + i % 97 * 13))
+              for i in range(240)]
+
+    def tenants(f: pl.DataFrame) -> pl.DataFrame:
+        return f.with_columns(pl.format("t{}", pl.col("_partition")).alias("tenant")) if own_tenant else f
+
+    whole = windows()
+    whole.add(tenants(frame(events)))
+    expected, minutes = whole.close(None)
+    parts = windows()
+    for b in range(batches):
+        parts.add(tenants(frame([e for e in events if e[2] == b])))
+    assert all(len(m.hist) == batches for m in parts._open.values())
+    key = ["window_start", "tenant"]
+    assert parts.peek().sort(key).equals(expected.sort(key))  # the view's look at them, as they will close
+    got, same_minutes = parts.close(None)
+    assert same_minutes == minutes and len(minutes) == 6
+    assert got.sort(key).equals(expected.sort(key))
 
 
 def test_compacted_strings_keep_their_values_and_nulls():

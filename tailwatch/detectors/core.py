@@ -15,6 +15,7 @@ that flickers for a minute does not page twice.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from itertools import groupby, repeat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, NamedTuple
@@ -157,11 +158,6 @@ class SliceMinute(NamedTuple):
     mos_samples: int = 0  # sampled evaluations with a MOS proxy (eval.v1) ...
     mos_milli: int = 0  # ... and their scores' sum in thousandths
 
-    @classmethod
-    def of(cls, labels: dict[str, str], values: tuple) -> SliceMinute:
-        """One from its labels and the rest of its fields in order (_SLICE_MINUTE_FIELDS)."""
-        return tuple.__new__(cls, (labels, *values))
-
 
 _SLICE_MINUTE_FIELDS = SliceMinute._fields[1:]
 
@@ -267,6 +263,7 @@ class MinuteBatch:
         self._slices: dict[tuple[str, ...], dict[int, dict[SliceKey, SliceMinute]]] = {}
         self._pools: dict[int, dict[str, PoolMinute]] | None = None
         self._classes: dict[int, dict[str, dict[str, int]]] | None = None
+        self._by: dict[str, pl.DataFrame] | None = None
 
     def minutes(self) -> list[int]:
         found: set[int] = set()
@@ -283,7 +280,7 @@ class MinuteBatch:
         f = self.requests
         if f is not None and BY_COL in f.columns:
             # Summaries have rows for every label set they were made by whenever there were rows.
-            f = f.filter(pl.col(BY_COL) == _by_value(by))
+            f = self._summaries_by().get(_by_value(by), f.clear())
             if f.height == 0:
                 raise ValueError(f"requests were summarised without the label set {by}: "
                                  "a detector must name every label set it reads (label_sets)")
@@ -298,20 +295,34 @@ class MinuteBatch:
             ).select(_SLICE_MINUTE_FIELDS)
             # A slice's key and labels are made once for all its minutes (and shared by them).
             made: dict[tuple[str, ...], tuple[SliceKey, dict[str, str]]] = {}
-            at: dict[SliceKey, SliceMinute] = {}
-            current = None
-            for minute, label_values, row in zip(g.get_column(MINUTE_COL).to_list(),
-                                                 zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]),
-                                                 zip(*[values.get_column(c).to_list() for c in values.columns])):
-                if minute != current:  # rows come sorted by minute
-                    current, at = minute, out.setdefault(minute, {})
+            keys, labels = [], []
+            for label_values in zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]):
                 key_labels = made.get(label_values)
                 if key_labels is None:
-                    labels = dict(zip(by, label_values))
-                    key_labels = made[label_values] = (slice_key(labels), labels)
-                at[key_labels[0]] = SliceMinute.of(key_labels[1], row)
+                    named = dict(zip(by, label_values))
+                    key_labels = made[label_values] = (slice_key(named), named)
+                keys.append(key_labels[0])
+                labels.append(key_labels[1])
+            # Each row's SliceMinute made in C loops (no Python call a row), then each
+            # minute's run of rows (they come sorted by minute) made one dict.
+            objects = list(map(tuple.__new__, repeat(SliceMinute),
+                               zip(labels, *[values.get_column(c).to_list() for c in values.columns])))
+            start = 0
+            for minute, run in groupby(g.get_column(MINUTE_COL).to_list()):
+                end = start + sum(1 for _ in run)
+                out[minute] = dict(zip(keys[start:end], objects[start:end]))
+                start = end
         self._slices[by] = out
         return out
+
+    def _summaries_by(self) -> dict[str, pl.DataFrame]:
+        """The summaries' rows per label set (BY_COL), split in one pass rather than one
+        filter of every row per label set the detectors ask for."""
+        if self._by is None:
+            f = self.requests
+            self._by = dict(zip(f.get_column(BY_COL).unique(maintain_order=True).to_list(),
+                                f.partition_by(BY_COL, maintain_order=True)))
+        return self._by
 
     def traffic_classes(self) -> dict[int, dict[str, dict[str, int]]]:
         """Per minute, requests per traffic class per pool: who is using each pool."""

@@ -97,9 +97,8 @@ _VOLUME = {"per_successful_turn": (lambda s: s.successful_turns, 1.0),
            "per_1k_tokens": (lambda s: s.tokens, 1000.0)}
 
 
-def _level_and_noise(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> tuple[float | None, float | None]:
-    """The median of `block`-minute blocks' volume-weighted costs, and the variance of
-    GPU-seconds per unit of volume around it (per-minute residuals, volume-weighted).
+def _level(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> float | None:
+    """The median of `block`-minute blocks' volume-weighted costs (None: no block has volume).
     Over plain lists, not CostSums: it runs for every slice every minute."""
     block = max(1, block)
     ratios = []
@@ -107,14 +106,25 @@ def _level_and_noise(gpu_s: list[float], volumes: list[int], block: int, unit: f
         r = ratio(sum(gpu_s[i:i + block]), sum(volumes[i:i + block]))
         if r is not None:
             ratios.append(unit * r if unit != 1.0 else r)
-    level = _median(ratios)
-    if level is None:
-        return None, None
+    return _median(ratios)
+
+
+def _noise(gpu_s: list[float], volumes: list[int], level: float, unit: float) -> float | None:
+    """The variance of GPU-seconds per unit of volume around `level` (per-minute residuals,
+    volume-weighted); None where the minutes have no volume."""
     vol = sum(volumes) / unit
     if vol <= 0:
-        return level, None
+        return None
     residual = sum((g - level * v / unit) ** 2 for g, v in zip(gpu_s, volumes))
-    return level, residual / vol
+    return residual / vol
+
+
+def _level_and_noise(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> tuple[float | None, float | None]:
+    """`_level`, and `_noise` around it."""
+    level = _level(gpu_s, volumes, block, unit)
+    if level is None:
+        return None, None
+    return level, _noise(gpu_s, volumes, level, unit)
 
 
 def baseline(minutes: list[CostSums], block_minutes: int = 1) -> CostBaseline:
@@ -129,6 +139,23 @@ def baseline(minutes: list[CostSums], block_minutes: int = 1) -> CostBaseline:
     tok, tok_var = _level_and_noise(gpu_s, tokens, block_minutes, 1000.0)
     total = _total(minutes)
     return CostBaseline(turn, tok, total.task_success, turn_var, tok_var, total.successful_turns, total.tokens)
+
+
+def could_regress(window: CostSums, base: list[CostSums], cfg: CostRegressionConfig) -> bool:
+    """Whether either cost figure of the window is `increase_threshold` over the baseline's
+    level: without that `regression` finds nothing, whatever the noise. The levels are
+    the same numbers `baseline` computes; the noise and the baseline's totals (a pass over
+    every baseline minute each) are left for the rare window that rises, since this runs
+    for every slice every minute."""
+    gpu_s = [m.gpu_seconds for m in base]
+    for now, volumes, unit in ((window.per_successful_turn, [m.successful_turns for m in base], 1.0),
+                               (window.per_1k_tokens, [m.tokens for m in base], 1000.0)):
+        if now is None:
+            continue
+        before = _level(gpu_s, volumes, cfg.window_minutes, unit)
+        if before and now > before * (1 + cfg.increase_threshold):
+            return True
+    return False
 
 
 def z_score(now: float, before: float, var_per_unit: float | None, window_volume: float,
@@ -190,4 +217,6 @@ class CostRegressionDetector(BaselineDetector):
         total = _total(window)
         if total.successful_turns < self.cfg.min_successful_turns:
             return None  # too thin to judge: regression() would say so after the baseline's cost
+        if not could_regress(total, base, self.cfg):
+            return None
         return regression(total, baseline(base, self.cfg.window_minutes), self.cfg)
