@@ -161,6 +161,7 @@ class SliceStatus:
     undecided_events: int = 0  # over the period
 
 
+_NEVER = 1 << 62  # a minute no event time reaches
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
 NO_DATA_WINDOW = "no-data"  # the no-data alert's window name, as `alerts.alert_window` stores it
 
@@ -221,11 +222,15 @@ class SloTable:
         self._least_factor = min(self._factors, default=np.inf)
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
+        self._firing_alerts = 0  # burn-rate alerts firing, over every slice
         self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
         self.first_data = np.full(0, -1, np.int64)  # the oldest minute with valid events: the slice's history
         self._history_needed = np.array([aw.history_needed_minutes(spec.young_share) for aw in spec.alert_windows],
                                         np.int64)
         self.no_data_since = np.full(0, -1, np.int64)  # when the no-data alert fired, while it fires
+        # At most the newest minute with data of every slice that could go silent: until
+        # `no_data_minutes` after it none can, and a minute's silence check reads no array.
+        self._silence_bound = _NEVER
         # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
         self.month: tuple[int, int] | None = None
         self.month_good = np.zeros(0, np.int64)
@@ -249,7 +254,7 @@ class SloTable:
             i = self.index[values] = self.n
             self.n += 1
             self.g = _grown(self.g, self.n, 0)
-            self.g[i] = self.shared.add_column(self.spec.objective)
+            self.g[i] = self.shared.add_column(self.spec.objective, self._least_factor)
             self.fired_at = _grown(self.fired_at, self.n, -1)
             self.last_data = _grown(self.last_data, self.n, -1)
             self.first_data = _grown(self.first_data, self.n, -1)
@@ -370,6 +375,8 @@ class SloTable:
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
         self.last_data[seen] = minute
+        if len(seen) and minute < self._silence_bound:
+            self._silence_bound = minute
         if not judge or counted.again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
@@ -386,6 +393,8 @@ class SloTable:
 
     def check_silence(self, now_minute: int) -> list[AlertChange]:
         """Fire the no-data alert of each slice silent for `no_data_minutes`."""
+        if now_minute - self._silence_bound < self.spec.no_data_minutes:
+            return []
         n = self.n
         silent = ((self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
                   & (now_minute - self.last_data[:n] >= self.spec.no_data_minutes))
@@ -393,6 +402,8 @@ class SloTable:
         for i in np.flatnonzero(silent).tolist():
             self.no_data_since[i] = now_minute
             out.append(self._no_data_change("firing", i, now_minute))
+        could = (self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
+        self._silence_bound = int(self.last_data[:n][could].min()) if could.any() else _NEVER
         return out
 
     def adopt_firing(self, window: str, values: tuple[str, ...], minute: int) -> bool:
@@ -407,6 +418,7 @@ class SloTable:
             return True
         for j, (aw, _, _) in enumerate(self._alerts):
             if aw.name == window:
+                self._firing_alerts += int(self.fired_at[j, i] < 0)
                 self.fired_at[j, i] = minute
                 return True
         return False
@@ -518,6 +530,10 @@ class SloTable:
     # ---- alerts ------------------------------------------------------------------------------
     def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
         """Every alert window of the slices in `cols` at once: (slices × alert windows) masks."""
+        # Nothing of this SLO firing, and no slice of the shared table burning above its SLO's
+        # smallest factor (checked once a minute for all of them): nothing can change.
+        if not self._firing_alerts and not self.shared.any_burning():
+            return []
         burns, valids, remaining = self.global_rates()
         # `take`, not fancy indexing: on a thin minute the calls' fixed costs are the stage's
         # cost, and fancy indexing along the second axis costs several times as much.
@@ -546,6 +562,7 @@ class SloTable:
             i, (aw, name, _) = int(cols[k]), self._alerts[j]
             if fire[k, j]:
                 self.fired_at[j, i] = minute
+                self._firing_alerts += 1
                 spent = self.overspent(i) if self.spec.phase_budgets_ms else None
                 long_at = int(self._long_at[j])
                 out.append((i, int(j), AlertChange(
@@ -555,6 +572,7 @@ class SloTable:
             else:
                 started = int(self.fired_at[j, i])
                 self.fired_at[j, i] = -1
+                self._firing_alerts -= 1
                 out.append((i, int(j), AlertChange(
                     "resolved", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
                     minute, started, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[gc[k]]))))

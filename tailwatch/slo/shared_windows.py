@@ -41,6 +41,8 @@ class SharedWindows:
         self.undecided: BlockWindows | None = None  # undecided events per window, from the first one seen
         self.n = 0
         self.budget = np.zeros(0)  # per column, its SLO's error budget (1 − objective)
+        self.least_factor = np.zeros(0)  # per column, its SLO's smallest burn-rate factor
+        self._burning: tuple[int, bool] | None = None
         self.version = 0  # moves whenever a window's sums may have
         self._rates: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         # A minute's counts, staged by the SLOs sharing the table and added at once.
@@ -52,7 +54,7 @@ class SharedWindows:
     def now(self) -> int | None:
         return self.windows.now
 
-    def add_column(self, objective: float) -> int:
+    def add_column(self, objective: float, least_factor: float = np.inf) -> int:
         i = self.n
         self.n += 1
         self.windows.add_slices(1)
@@ -60,6 +62,8 @@ class SharedWindows:
             self.undecided.add_slices(1)
         self.budget = _grown(self.budget, self.n, 1.0)
         self.budget[i] = 1.0 - objective
+        self.least_factor = _grown(self.least_factor, self.n, np.inf)
+        self.least_factor[i] = least_factor
         self.version += 1
         return i
 
@@ -125,6 +129,15 @@ class SharedWindows:
                 remaining = np.where(valid[:, k] > 0, 1.0 - bad[:, k] / (valid[:, k] * budget), 1.0)
         self._rates = (self.version, burns, valid, remaining)
         return burns, valid, remaining
+
+    def any_burning(self) -> bool:
+        """Whether any column burns above its SLO's smallest factor in some window (no alert
+        of a table whose columns do not, and which fires none, can change)."""
+        cached = self._burning
+        if cached is None or cached[0] != self.version:
+            burns = self.rates()[0]
+            cached = self._burning = (self.version, bool((burns > self.least_factor[:self.n, None]).any()))
+        return cached[1]
 
     def undecided_sums(self) -> np.ndarray | None:
         """Undecided events per column and window length ((n, lengths)); None until one is seen."""

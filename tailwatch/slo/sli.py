@@ -432,7 +432,7 @@ def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
         sli_upper = np.where(some, good / valid, np.nan)
         sli = np.where(some, (good - undecided) / valid, np.nan)
     return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining,
-                      to_exhaustion, burns, [span(m) for m in table.lengths], table.firing_count(cols))
+                      to_exhaustion, burns, _window_names(table.lengths), table.firing_count(cols))
 
 
 def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
@@ -467,6 +467,11 @@ def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
         "firing": pa.array(np.concatenate([p.firing for p in parts]).astype(np.int32), pa.int32()),
         "sli_upper": pa.array(sli_upper, pa.float64(), mask=np.isnan(sli_upper)),
     }))  # type: ignore[return-value]
+
+
+@functools.cache  # a table's window lengths, named for every status part (each one's list is not changed)
+def _window_names(lengths: tuple[int, ...]) -> list[str]:
+    return [span(m) for m in lengths]
 
 
 @functools.cache  # a few window lengths, named for every status row
