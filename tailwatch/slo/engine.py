@@ -1,8 +1,10 @@
 """Error budgets, burn rates and multi-window alerts over per-minute SLI counts.
 
-Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays
-(`slo.block_windows.BlockWindows`), so closing a minute is a few vector operations over
-the slices, not a loop, and a slice's memory does not grow with the SLO's period. Ratios
+Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays, its windows in
+a `slo.shared_windows.SharedWindows` that the SLOs closing the same minutes over the same
+catalog share (`slo.block_windows.BlockWindows` columns), so closing a minute is a few
+vector operations over the slices, not a loop, and not once per SLO; a slice's memory does
+not grow with the SLO's period. Ratios
 are event-weighted (sum of bad ÷ sum of valid over the window), and a window without
 valid events has no burn rate (None), never NaN.
 
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tailwatch.slo.shared_windows import SharedWindows
+from tailwatch.slo.shared_windows import SharedWindows, grown as _grown
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.turn_phases import PhaseSpend, most_overspent
 from tailwatch.slo.alert_windows import AlertWindow, minute_start_utc
@@ -164,15 +166,6 @@ class SliceStatus:
 _NEVER = 1 << 62  # a minute no event time reaches
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
 NO_DATA_WINDOW = "no-data"  # the no-data alert's window name, as `alerts.alert_window` stores it
-
-
-def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
-    """`a` with room for n entries along its last axis (doubling, so adding slices stays amortised O(1))."""
-    if a.shape[-1] >= n:
-        return a
-    out = np.full((*a.shape[:-1], max(n, 2 * a.shape[-1], 16)), fill, a.dtype)
-    out[..., :a.shape[-1]] = a
-    return out
 
 
 def _opt(x: float) -> float | None:

@@ -21,7 +21,7 @@ import numpy as np
 from tailwatch.slo.block_windows import BlockWindows
 
 
-def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
+def grown(a: np.ndarray, n: int, fill) -> np.ndarray:
     """`a` with room for n entries (doubling, so adding slices stays amortised O(1))."""
     if a.shape[-1] >= n:
         return a
@@ -60,9 +60,9 @@ class SharedWindows:
         self.windows.add_slices(1)
         if self.undecided is not None:
             self.undecided.add_slices(1)
-        self.budget = _grown(self.budget, self.n, 1.0)
+        self.budget = grown(self.budget, self.n, 1.0)
         self.budget[i] = 1.0 - objective
-        self.least_factor = _grown(self.least_factor, self.n, np.inf)
+        self.least_factor = grown(self.least_factor, self.n, np.inf)
         self.least_factor[i] = least_factor
         self.version += 1
         return i
