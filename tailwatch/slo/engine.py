@@ -244,10 +244,13 @@ class SloTable:
         """The column of a slice, added (with empty windows) when new."""
         i = self.index.get(values)
         if i is None:
-            i = self.index[values] = self.n
-            self.n += 1
-            self.g = _grown(self.g, self.n, 0)
+            i = self.n
+            # Its shared column before it counts as a slice: a scrape (another thread) reading
+            # `g[:n]` meanwhile never reads a column not yet its own.
+            self.g = _grown(self.g, i + 1, 0)
             self.g[i] = self.shared.add_column(self.spec.objective, self._least_factor)
+            self.index[values] = i
+            self.n += 1
             self.fired_at = _grown(self.fired_at, self.n, -1)
             self.last_data = _grown(self.last_data, self.n, -1)
             self.first_data = _grown(self.first_data, self.n, -1)
