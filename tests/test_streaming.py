@@ -197,3 +197,14 @@ def test_inter_token_quantiles_of_a_real_h100_run_match_its_exact_values():
     for q in (0.5, 0.95, 0.99):
         want = float(exact[math.floor(q * (len(exact) - 1))])
         assert abs(histogram.quantile_ms(merged, q) - want) <= histogram.RELATIVE_ACCURACY * want + 1e-9, q
+
+
+def test_the_overspent_phase_of_phases_alike_is_the_first_in_the_cascade():
+    """Two phases over their budgets in the same share of samples: the page names the one the
+    turn reaches first, whatever order the group-by gave the spends in."""
+    from tailwatch.slo.turn_phases import PhaseSpend, most_overspent
+
+    asr = PhaseSpend("asr_final", 350.0, 2, 103)
+    llm = PhaseSpend("llm_first_token", 550.0, 2, 103)
+    assert most_overspent([asr, llm]) == most_overspent([llm, asr]) == asr
+    assert most_overspent([asr, PhaseSpend("tts_first_audio", 350.0, 3, 103)]).phase == "tts_first_audio"

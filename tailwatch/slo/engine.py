@@ -1,8 +1,10 @@
 """Error budgets, burn rates and multi-window alerts over per-minute SLI counts.
 
-Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays
-(`slo.block_windows.BlockWindows`), so closing a minute is a few vector operations over
-the slices, not a loop, and a slice's memory does not grow with the SLO's period. Ratios
+Pure and column-wise: an `SloTable` holds one SLO's every slice in arrays, its windows in
+a `slo.shared_windows.SharedWindows` that the SLOs closing the same minutes over the same
+catalog share (`slo.block_windows.BlockWindows` columns), so closing a minute is a few
+vector operations over the slices, not a loop, and not once per SLO; a slice's memory does
+not grow with the SLO's period. Ratios
 are event-weighted (sum of bad ÷ sum of valid over the window), and a window without
 valid events has no burn rate (None), never NaN.
 
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tailwatch.slo.block_windows import BlockWindows
+from tailwatch.slo.shared_windows import SharedWindows, grown as _grown
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.turn_phases import PhaseSpend, most_overspent
 from tailwatch.slo.alert_windows import AlertWindow, minute_start_utc
@@ -161,32 +163,45 @@ class SliceStatus:
     undecided_events: int = 0  # over the period
 
 
+_NEVER = 1 << 62  # a minute no event time reaches
 _NO_DATA = -1  # the no-data alert's place among a table's alert windows, for its fingerprint
 NO_DATA_WINDOW = "no-data"  # the no-data alert's window name, as `alerts.alert_window` stores it
-
-
-def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
-    """`a` with room for n entries along its last axis (doubling, so adding slices stays amortised O(1))."""
-    if a.shape[-1] >= n:
-        return a
-    out = np.full((*a.shape[:-1], max(n, 2 * a.shape[-1], 16)), fill, a.dtype)
-    out[..., :a.shape[-1]] = a
-    return out
 
 
 def _opt(x: float) -> float | None:
     return None if x != x else float(x)  # NaN: a window without valid events
 
 
+@dataclass(frozen=True)
+class CountedMinute:
+    """What `SloTable.count` kept of a minute for `SloTable.judge`."""
+
+    minute: int
+    cols: np.ndarray  # the slices with a row in the minute
+    seen: np.ndarray  # of those, the ones with valid events
+    late: bool  # the table had passed or reached the minute
+    again: bool  # the newest minute again: more of its rows
+
+
+def window_lengths(spec: SloSpec) -> tuple[int, ...]:
+    """The window lengths an SLO's table keeps: its period and its alert windows'."""
+    return tuple(sorted({spec.period_minutes} | {m for w in spec.alert_windows for m in (w.long_minutes, w.short_minutes)}))
+
+
 class SloTable:
     """One SLO's budget and alert windows, firing alerts and silences for every slice it has
-    seen, column-wise (slice i is column i of every array)."""
+    seen, column-wise (slice i is column i of every array of its own, and column `g[i]` of
+    the window table, which SLOs closing the same minutes share: slo/shared_windows.py)."""
 
-    def __init__(self, spec: SloSpec):
+    def __init__(self, spec: SloSpec, shared: SharedWindows | None = None):
         self.spec = spec
-        self.windows = BlockWindows({spec.period_minutes} | {m for w in spec.alert_windows
-                                                             for m in (w.long_minutes, w.short_minutes)})
-        self.lengths = self.windows.lengths
+        lengths = window_lengths(spec)
+        self.shared = shared if shared is not None else SharedWindows(lengths, spec.period_minutes)
+        if self.shared.lengths != lengths:
+            raise ValueError(f"{spec.name}: window lengths {lengths} differ from the shared table's {self.shared.lengths}")
+        self.windows = self.shared.windows
+        self.lengths = lengths
+        self.g = np.zeros(0, np.int64)  # slice → its column of the shared window table
         self.at = {m: k for k, m in enumerate(self.lengths)}  # window length → its index in `lengths`
         self.n = 0
         self.index: dict[tuple[str, ...], int] = {}  # slice values → column
@@ -200,11 +215,15 @@ class SloTable:
         self._least_factor = min(self._factors, default=np.inf)
         self._fingerprints: dict[tuple[int, int], str] = {}  # (alert window or _NO_DATA, column) → fingerprint
         self.fired_at = np.full((len(self._alerts), 0), -1, np.int64)  # per alert window and slice; -1: not firing
+        self._firing_alerts = 0  # burn-rate alerts firing, over every slice
         self.last_data = np.full(0, -1, np.int64)  # the newest minute with valid events
         self.first_data = np.full(0, -1, np.int64)  # the oldest minute with valid events: the slice's history
         self._history_needed = np.array([aw.history_needed_minutes(spec.young_share) for aw in spec.alert_windows],
                                         np.int64)
         self.no_data_since = np.full(0, -1, np.int64)  # when the no-data alert fired, while it fires
+        # At most the newest minute with data of every slice that could go silent: until
+        # `no_data_minutes` after it none can, and a minute's silence check reads no array.
+        self._silence_bound = _NEVER
         # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
         self.month: tuple[int, int] | None = None
         self.month_good = np.zeros(0, np.int64)
@@ -213,29 +232,29 @@ class SloTable:
         self.events_good = np.zeros(0, np.int64)
         self.events_valid = np.zeros(0, np.int64)
         self.events_undecided = np.zeros(0, np.int64)
-        # Undecided events per window (both counts of the pair hold them), from the first one seen.
-        self.undecided_windows: BlockWindows | None = None
         self.month_undecided = np.zeros(0, np.int64)
         # stage_budget SLOs: per slice and phase, samples within budget over the fastest alert's long window.
         self.phase_windows: dict[int, dict[str, RollingWindows]] = {}
         self._fastest_long_minutes = min(w.long_minutes for w in spec.alert_windows)
-        self._version = 0  # moves whenever a window's sums may have
-        self._rates: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._version = 0  # moves whenever this table's own counts (the calendar month's) may have
+        self._rates: tuple[tuple[int, int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ---- slices ----------------------------------------------------------------------------
     def column(self, values: tuple[str, ...]) -> int:
         """The column of a slice, added (with empty windows) when new."""
         i = self.index.get(values)
         if i is None:
-            i = self.index[values] = self.n
+            i = self.n
+            # Its shared column before it counts as a slice: a scrape (another thread) reading
+            # `g[:n]` meanwhile never reads a column not yet its own.
+            self.g = _grown(self.g, i + 1, 0)
+            self.g[i] = self.shared.add_column(self.spec.objective, self._least_factor)
+            self.index[values] = i
             self.n += 1
-            self.windows.add_slices(1)
             self.fired_at = _grown(self.fired_at, self.n, -1)
             self.last_data = _grown(self.last_data, self.n, -1)
             self.first_data = _grown(self.first_data, self.n, -1)
             self.no_data_since = _grown(self.no_data_since, self.n, -1)
-            if self.undecided_windows is not None:
-                self.undecided_windows.add_slices(1)
             for name in ("month_good", "month_valid", "events_good", "events_valid", "events_undecided", "month_undecided"):
                 setattr(self, name, _grown(getattr(self, name), self.n, 0))
             labels = dict(zip(self.spec.slice_by, values))
@@ -262,11 +281,9 @@ class SloTable:
 
     def retire_until(self, minute: int) -> None:
         """Move the windows to `minute` without new data (empty minutes in between)."""
-        if self.windows.now is not None and minute <= self.windows.now:
+        if self.now is not None and minute <= self.now:
             return
-        self.windows.advance(minute)
-        if self.undecided_windows is not None:
-            self.undecided_windows.advance(minute)
+        self.shared.advance(minute)
         if self.spec.calendar_month:
             month = _month_of(minute)
             if month != self.month:
@@ -284,7 +301,19 @@ class SloTable:
         changes, in column order. A minute the table has passed corrects
         its windows and budget, and changes no alert (the newest minute's rows may come in
         several calls: each adds to it); nor does any minute where not `judge`
-        (a restart's replay, whose alerts are adopted from the store: `adopt_firing`)."""
+        (a restart's replay, whose alerts are adopted from the store: `adopt_firing`).
+
+        `count` then `judge`: the SLOs sharing a window table each count the minute, the
+        table adds their counts at once, and then each judges it."""
+        late = self.now is not None and minute <= self.now
+        counted = self.count(minute, cols, good, valid, late, undecided)
+        self.shared.flush()
+        return self.judge(counted, phase_spends, judge)
+
+    def count(self, minute: int, cols, good, valid, late: bool, undecided=None) -> CountedMinute:
+        """Stage a minute's counts in the shared window table (added at its `flush`) and keep
+        this table's own: each slice's history, month and event counts. `late`: whether the
+        shared table had passed or reached the minute before any SLO sharing it counted it."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
         # A minute without undecided events (nearly every one) adds none: on a thin minute
         # each numpy call's fixed cost is the stage's cost, so the calls that would add
@@ -301,7 +330,6 @@ class SloTable:
         # budget count (the module docstring); the undecided share is kept beside it.
         if undecided is not None:
             good = good + undecided
-        late = self.now is not None and minute <= self.now
         # The newest minute again: more of its rows (a restart reads a big minute in shares).
         again = late and minute == self.now
         if not late:
@@ -309,14 +337,9 @@ class SloTable:
         data = valid > 0
         every = bool(data.all())  # the usual case: no copies of the columns picked
         seen = cols if every else cols[data]
-        self.windows.add(seen, minute, good if every else good[data], valid if every else valid[data])
-        if self.undecided_windows is None and undecided is not None:
-            self.undecided_windows = BlockWindows(self.lengths)
-            self.undecided_windows.add_slices(self.n)
-            self.undecided_windows.advance(self.now)
-        if undecided is not None:
-            some = undecided > 0
-            self.undecided_windows.add(cols[some], minute, undecided[some], undecided[some])
+        g = self.g
+        self.shared.stage(minute, g.take(seen), good if every else good[data], valid if every else valid[data],
+                          None if undecided is None else (g.take(cols[undecided > 0]), undecided[undecided > 0]))
         # A slice's history begins at its oldest minute with data (-1: none yet).
         first = self.first_data.take(seen)
         earlier = (first < 0) | (first > minute)
@@ -332,7 +355,14 @@ class SloTable:
         if undecided is not None:
             self.events_undecided[cols] += undecided
         self._version += 1
-        if late and not again:
+        return CountedMinute(minute, cols, seen, late, again)
+
+    def judge(self, counted: CountedMinute, phase_spends: dict[int, list[tuple[str, int, int]]] | None = None,
+              judge: bool = True) -> list[AlertChange]:
+        """After the shared table's `flush`: the minute's alert changes, in column order (none
+        for a minute passed before, nor where not `judge`)."""
+        minute, cols, seen = counted.minute, counted.cols, counted.seen
+        if counted.late and not counted.again:
             return []
         for i, spends in (phase_spends or {}).items():
             windows = self.phase_windows.setdefault(i, {})
@@ -341,7 +371,9 @@ class SloTable:
                 w.retire_until(minute)
                 w.add(minute, samples - over, samples)
         self.last_data[seen] = minute
-        if not judge or again:  # a minute is judged once, when it first closes
+        if len(seen) and minute < self._silence_bound:
+            self._silence_bound = minute
+        if not judge or counted.again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
         silent = self.no_data_since.take(seen)
@@ -357,6 +389,8 @@ class SloTable:
 
     def check_silence(self, now_minute: int) -> list[AlertChange]:
         """Fire the no-data alert of each slice silent for `no_data_minutes`."""
+        if now_minute - self._silence_bound < self.spec.no_data_minutes:
+            return []
         n = self.n
         silent = ((self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
                   & (now_minute - self.last_data[:n] >= self.spec.no_data_minutes))
@@ -364,6 +398,8 @@ class SloTable:
         for i in np.flatnonzero(silent).tolist():
             self.no_data_since[i] = now_minute
             out.append(self._no_data_change("firing", i, now_minute))
+        could = (self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
+        self._silence_bound = int(self.last_data[:n][could].min()) if could.any() else _NEVER
         return out
 
     def adopt_firing(self, window: str, values: tuple[str, ...], minute: int) -> bool:
@@ -378,37 +414,43 @@ class SloTable:
             return True
         for j, (aw, _, _) in enumerate(self._alerts):
             if aw.name == window:
+                self._firing_alerts += int(self.fired_at[j, i] < 0)
                 self.fired_at[j, i] = minute
                 return True
         return False
 
     # ---- reads -------------------------------------------------------------------------------
+    def global_rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`rates` by column of the shared window table (slice i at `g[i]`): no copies of this
+        SLO's columns, for reads of a few slices."""
+        burns, valid, remaining = self.shared.rates()
+        if self.spec.calendar_month:  # an SLO alone in its table: its columns are its slices
+            key = (self.shared.version, self._version, self.n)
+            cached = self._rates
+            if cached is None or cached[0] != key:
+                c_good, c_valid = self.period_counts()
+                cached = self._rates = (key, burns, valid, error_budget_remaining(c_valid - c_good, c_valid,
+                                                                                  self.spec.objective))
+            return burns, valid, cached[3]
+        return burns, valid, remaining
+
     def rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every slice's burn rate and valid events per window length ((n, lengths), in
         `lengths` order; a burn rate is NaN where the window has no valid events) and budget
-        remaining (n,); computed once per move of the windows."""
-        cached = self._rates
-        if cached is not None and cached[0] == self._version:
-            return cached[1], cached[2], cached[3]
-        sums = self.windows.all_sums()
-        good, valid = sums[..., 0], sums[..., 1]
-        bad = valid - good
-        burns = burn_rate(bad, valid, self.spec.objective)
-        if self.spec.calendar_month:
-            c_good, c_valid = self.period_counts()
-            c_bad = c_valid - c_good
-        else:  # the compliance window's column of the sums just read
-            k = self.at[self.spec.period_minutes]
-            c_bad, c_valid = bad[:, k], valid[:, k]
-        remaining = error_budget_remaining(c_bad, c_valid, self.spec.objective)
-        self._rates = (self._version, burns, valid, remaining)
-        return burns, valid, remaining
+        remaining (n,)."""
+        burns, valid, remaining = self.global_rates()
+        g = self.g[:self.n]
+        return burns.take(g, axis=0), valid.take(g, axis=0), remaining.take(g)
+
+    def window_sums(self) -> np.ndarray:
+        """Per slice and window length, (not proven bad, valid): (n, lengths, 2)."""
+        return self.windows.all_sums().take(self.g[:self.n], axis=0)
 
     def period_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(not proven bad, valid) per slice over the period."""
         if self.spec.calendar_month:
             return self.month_good[:self.n].astype(float), self.month_valid[:self.n].astype(float)
-        sums = self.windows.all_sums()[:, self.at[self.spec.period_minutes]]
+        sums = self.window_sums()[:, self.at[self.spec.period_minutes]]
         return sums[:, 0], sums[:, 1]
 
     def period_undecided(self) -> np.ndarray:
@@ -419,15 +461,37 @@ class SloTable:
 
     def undecided_sums(self) -> np.ndarray:
         """Undecided events per slice and window length ((n, lengths), in `lengths` order)."""
-        if self.undecided_windows is None:
+        sums = self.shared.undecided_sums()
+        if sums is None:
             return np.zeros((self.n, len(self.lengths)))
-        return self.undecided_windows.all_sums()[:self.n, :, 0]
+        return sums.take(self.g[:self.n], axis=0)
+
+    def status_columns(self, cols: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For the slices in `cols`: burn rates (cols, lengths), budget remaining, minutes to
+        exhaustion, and over the period the events not proven bad, valid and undecided; read
+        from the shared table's columns, each picked once."""
+        gc = self.g.take(cols)
+        burns, _, remaining = self.global_rates()
+        burns, remaining = burns.take(gc, axis=0), remaining.take(gc)
+        if self.spec.calendar_month:
+            good, valid = self.month_good.take(cols).astype(float), self.month_valid.take(cols).astype(float)
+            undecided = self.month_undecided.take(cols).astype(float)
+        else:
+            k = self.at[self.spec.period_minutes]
+            sums = self.windows.all_sums()
+            good, valid = sums[:, k, 0].take(gc), sums[:, k, 1].take(gc)
+            u = self.shared.undecided_sums()
+            undecided = np.zeros(len(cols)) if u is None else u[:, k].take(gc)
+        to_exhaustion = minutes_to_exhaustion(remaining, burns[:, self.at[self._fastest_long_minutes]],
+                                              self.spec.period_minutes)
+        return burns, remaining, to_exhaustion, good, valid, undecided
 
     def minutes_to_exhaustion(self, cols: np.ndarray) -> np.ndarray:
         """Per slice, minutes until the budget is gone at the fastest page window's burn rate
         (NaN: not burning; 0: already gone)."""
-        burns, _, remaining = self.rates()
-        return minutes_to_exhaustion(remaining[cols], burns[cols, self.at[self._fastest_long_minutes]],
+        burns, _, remaining = self.global_rates()
+        gc = self.g.take(cols)
+        return minutes_to_exhaustion(remaining.take(gc), burns[gc, self.at[self._fastest_long_minutes]],
                                      self.spec.period_minutes)
 
     def young(self, minute: int, cols: np.ndarray) -> np.ndarray:
@@ -462,17 +526,22 @@ class SloTable:
     # ---- alerts ------------------------------------------------------------------------------
     def _evaluate(self, minute: int, cols: np.ndarray) -> list[tuple[int, int, AlertChange]]:
         """Every alert window of the slices in `cols` at once: (slices × alert windows) masks."""
-        burns, valids, remaining = self.rates()
+        # Nothing of this SLO firing, and no slice of the shared table burning above its SLO's
+        # smallest factor (checked once a minute for all of them): nothing can change.
+        if not self._firing_alerts and not self.shared.any_burning():
+            return []
+        burns, valids, remaining = self.global_rates()
         # `take`, not fancy indexing: on a thin minute the calls' fixed costs are the stage's
         # cost, and fancy indexing along the second axis costs several times as much.
-        burns = burns.take(cols, axis=0)
+        gc = self.g.take(cols)  # the slices' columns of the shared window table
+        burns = burns.take(gc, axis=0)
         fired = self.fired_at.take(cols, axis=1)
         # Nothing firing and no window burning above the smallest factor: nothing can change
         # (an alert fires only where both its windows burn above its factor), and the masks
         # below are not worth building.
         if not (burns > self._least_factor).any() and not (fired >= 0).any():
             return []
-        valids = valids.take(cols, axis=0)
+        valids = valids.take(gc, axis=0)
         long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
         enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
         hot = (long_b > self._factors) & (short_b > self._factors) & enough & ~self.young(minute, cols)
@@ -489,34 +558,40 @@ class SloTable:
             i, (aw, name, _) = int(cols[k]), self._alerts[j]
             if fire[k, j]:
                 self.fired_at[j, i] = minute
+                self._firing_alerts += 1
                 spent = self.overspent(i) if self.spec.phase_budgets_ms else None
                 long_at = int(self._long_at[j])
                 out.append((i, int(j), AlertChange(
                     "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
-                    minute, minute, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]),
-                    spent.describe() if spent else "", int(round(valids[k, long_at])),
-                    int(round(self.undecided_sums()[i, long_at])) if self.undecided_windows is not None else 0)))
+                    minute, minute, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[gc[k]]),
+                    spent.describe() if spent else "", int(round(valids[k, long_at])), self._undecided_at(i, long_at))))
             else:
                 started = int(self.fired_at[j, i])
                 self.fired_at[j, i] = -1
+                self._firing_alerts -= 1
                 out.append((i, int(j), AlertChange(
                     "resolved", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
-                    minute, started, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[i]))))
+                    minute, started, aw, _opt(long_b[k, j]), _opt(short_b[k, j]), float(remaining[gc[k]]))))
         return out
+
+    def _undecided_at(self, i: int, k: int) -> int:
+        sums = self.shared.undecided_sums()
+        return 0 if sums is None else int(round(sums[self.g[i], k]))
 
     def _no_data_change(self, state: str, i: int, minute: int) -> AlertChange:
         window = AlertWindow(NO_DATA_WINDOW, "ticket", 0.0, self.spec.no_data_minutes, self.spec.no_data_minutes)
         since = int(self.no_data_since[i])
         return AlertChange(state, self.fingerprint_of(_NO_DATA, i), "SLONoData", "ticket", self.spec.name,
                            self.views[i].labels, minute, since if since >= 0 else minute, window, None, None,
-                           float(self.rates()[2][i]))
+                           float(self.global_rates()[2][self.g[i]]))
 
     def nbytes(self) -> int:
         """Bytes this table holds in arrays (the windows' rings, allocated; untouched pages are free)."""
-        per_slice = [self.fired_at, self.last_data, self.first_data, self.no_data_since, self.month_good, self.month_valid,
+        per_slice = [self.g, self.fired_at, self.last_data, self.first_data, self.no_data_since, self.month_good, self.month_valid,
                      self.events_good, self.events_valid, self.events_undecided, self.month_undecided]
-        undecided = self.undecided_windows.nbytes() if self.undecided_windows is not None else 0
-        return self.windows.nbytes() + undecided + sum(a.nbytes for a in per_slice)
+        # This SLO's share of the shared window table (its columns of it).
+        shared = self.shared.nbytes() * self.n // max(self.shared.n, 1)
+        return shared + sum(a.nbytes for a in per_slice)
 
 
 class SliceView:
@@ -538,17 +613,18 @@ class SliceView:
 
     def sums(self, length: int) -> tuple[float, float]:
         good, valid = self.table.windows.sums(length)
-        return float(good[self.i]), float(valid[self.i])
+        g = self.table.g[self.i]
+        return float(good[g]), float(valid[g])
 
     def burn(self, minutes: int) -> float | None:
-        return _opt(self.table.rates()[0][self.i, self.table.at[minutes]])
+        return _opt(self.table.global_rates()[0][self.table.g[self.i], self.table.at[minutes]])
 
     def burn_rates(self) -> dict[int, float | None]:
-        burns = self.table.rates()[0][self.i]
+        burns = self.table.global_rates()[0][self.table.g[self.i]]
         return {m: _opt(burns[k]) for k, m in enumerate(self.table.lengths)}
 
     def budget_remaining(self) -> float:
-        return float(self.table.rates()[2][self.i])
+        return float(self.table.global_rates()[2][self.table.g[self.i]])
 
     @property
     def firing(self) -> dict[str, tuple[AlertWindow, int]]:

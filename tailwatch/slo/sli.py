@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
-from tailwatch.slo.engine import AlertChange, SliceView, SloTable
+from tailwatch.slo.engine import AlertChange, CountedMinute, SliceView, SloTable, window_lengths
+from tailwatch.slo.shared_windows import SharedWindows
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
 from tailwatch.slo.turn_phases import overspend_counts
 
@@ -95,6 +96,20 @@ def good_valid_exprs(spec: SloSpec, sums_as_columns: bool = False) -> tuple[pl.E
     return pl.min_horizontal(good.cast(pl.Int64), not_cancelled), not_cancelled
 
 
+def pick_key(spec: SloSpec) -> tuple:
+    """SLOs with the same key pick the same bucket rows: they have rows in the same minutes."""
+    return tuple(sorted(spec.selector.items())), spec.sli_kind if spec.sli_kind in REPORTED_KINDS else None
+
+
+def window_table_key(spec: SloSpec) -> tuple | None:
+    """SLOs with the same key close the same minutes over the same windows, and share one
+    window table (slo/shared_windows.py); None for an SLO that keeps one of its own (a
+    calendar-month budget, counted apart from its windows)."""
+    if spec.calendar_month:
+        return None
+    return pick_key(spec), window_lengths(spec), spec.period_minutes
+
+
 def _selects(spec: SloSpec) -> pl.Expr:
     """True for the bucket rows that the SLO's selector picks (a null label never matches)."""
     picked = pl.lit(True)
@@ -170,7 +185,7 @@ class _Counting:
             picked = _selects(spec)
             if spec.sli_kind in REPORTED_KINDS:  # a fleet that does not report the field has no slices of it
                 picked = picked & (valid > 0)
-            key = (tuple(sorted(spec.selector.items())), spec.sli_kind if spec.sli_kind in REPORTED_KINDS else None)
+            key = pick_key(spec)
             if key not in picks:
                 picks[key] = len(picks)
                 self.select.append(picked.alias(f"_p{picks[key]}"))
@@ -236,9 +251,23 @@ class Evaluation:
 class SloEvaluator:
     """Every SLO's table of slices, fed with closed buckets in event-time order."""
 
-    def __init__(self, specs: list[SloSpec]):
+    def __init__(self, specs: list[SloSpec], share_windows: bool = True):
         self.specs = specs
-        self.tables = {spec.name: SloTable(spec) for spec in specs}
+        # SLOs that close the same minutes over the same windows share one window table: a
+        # minute moves it, and computes their burn rates, once (slo/shared_windows.py).
+        # Without `share_windows` each SLO has a table of its own (what the shared ones are
+        # held to).
+        shared: dict[tuple, SharedWindows] = {}
+        self.tables: dict[str, SloTable] = {}
+        for spec in specs:
+            key = window_table_key(spec) if share_windows else None
+            if key is not None and key not in shared:
+                shared[key] = SharedWindows(window_lengths(spec), spec.period_minutes)
+            self.tables[spec.name] = SloTable(spec, shared.get(key) if key is not None else None)
+        by_table: dict[int, list[SloSpec]] = {}
+        for spec in specs:
+            by_table.setdefault(id(self.tables[spec.name].shared), []).append(spec)
+        self._sharing = list(by_table.values())  # the SLOs of each window table, in spec order
         # SLOs by selector: a feed counts only the SLOs whose selector picks any of its rows (a
         # thin minute of one workload would otherwise pay every other workload's expressions).
         selectors = list(dict.fromkeys(tuple(sorted(s.selector.items())) for s in specs))
@@ -299,26 +328,55 @@ class SloEvaluator:
         if buckets.height == 0:
             return out
         rows_by_slo = _counted_by(buckets, self._countings(buckets))
+        changes: dict[str, list[AlertChange]] = {}
+        status: dict[str, list[StatusPart]] = {}
+        for sharing in self._sharing:
+            fed = [(spec, rows) for spec in sharing
+                   if (rows := rows_by_slo.get(spec.name)) is not None and len(rows.minutes)]
+            if fed:
+                self._close_minutes(buckets, fed, with_status, judge, changes, status)
+        # In spec order, each SLO's minutes in order, as the store and Alertmanager take them.
         for spec in self.specs:
-            rows = rows_by_slo.get(spec.name)
-            if rows is None or not len(rows.minutes):
-                continue
+            out.changes += changes.get(spec.name, [])
+            out.status += status.get(spec.name, [])
+        return out
+
+    def _close_minutes(self, buckets: pl.DataFrame, fed: list[tuple[SloSpec, SloRows]], with_status: bool, judge: bool,
+                       changes: dict[str, list[AlertChange]], status: dict[str, list[StatusPart]]) -> None:
+        """Close the minutes of SLOs sharing a window table: at each minute every SLO counts it,
+        the table adds their counts at once, then each SLO judges it."""
+        shared = self.tables[fed[0][0].name].shared
+        members, minutes = [], None
+        for spec, rows in fed:
+            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
+            starts = rows.minutes[cuts[:-1]]
+            if minutes is None:
+                minutes = starts
+            elif not np.array_equal(starts, minutes):
+                # SLOs sharing a table pick the same rows (`pick_key`), so this cannot happen.
+                raise AssertionError(f"{spec.name} closes other minutes than {fed[0][0].name}, whose window table it shares")
             table = self.tables[spec.name]
             spends = _phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
-            cols = table.columns(rows.keys)
-            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
-            for a, b in zip(cuts, cuts[1:]):
-                minute = int(rows.minutes[a])
+            members.append((spec, rows, table, table.columns(rows.keys), spends, cuts,
+                            changes.setdefault(spec.name, []), status.setdefault(spec.name, [])))
+        assert minutes is not None
+        for m, minute in enumerate(minutes.tolist()):
+            late = shared.now is not None and minute <= shared.now
+            counted: list[CountedMinute] = []
+            for spec, rows, table, cols, spends, member_cuts, _, _ in members:
+                a, b = member_cuts[m], member_cuts[m + 1]
+                counted.append(table.count(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], late, rows.undecided[a:b]))
+            shared.flush()
+            for (spec, rows, table, cols, spends, member_cuts, changed, parts), c in zip(members, counted):
+                a, b = member_cuts[m], member_cuts[m + 1]
                 spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
                           if (minute, rows.keys[k]) in spends} if spends else None)
-                late = table.now is not None and minute <= table.now
-                out.changes.extend(table.advance(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], spent, judge,
-                                                 rows.undecided[a:b]))
+                changed.extend(table.judge(c, spent, judge))
                 if with_status and not late:
-                    out.status.append(status_part(table, cols[a:b]))
+                    parts.append(status_part(table, cols[a:b]))
+        for spec, rows, table, _, _, _, changed, _ in members:
             if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
-                out.changes.extend(table.check_silence(int(rows.minutes[-1])))
-        return out
+                changed.extend(table.check_silence(int(rows.minutes[-1])))
 
     def retire_until(self, minute: int) -> None:
         for table in self.tables.values():
@@ -367,18 +425,14 @@ class StatusPart:
 
 def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
     """Some slices of a table as of its newest minute."""
-    burns, _, remaining = table.rates()
-    good, valid = table.period_counts()
-    undecided = table.period_undecided()
+    burns, remaining, to_exhaustion, good, valid, undecided = table.status_columns(cols)
     texts = table.slice_texts()
-    good, valid, undecided = good.take(cols), valid.take(cols), undecided.take(cols)  # each picked once
     with np.errstate(divide="ignore", invalid="ignore"):
         some = valid > 0
         sli_upper = np.where(some, good / valid, np.nan)
         sli = np.where(some, (good - undecided) / valid, np.nan)
-    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining.take(cols),
-                      table.minutes_to_exhaustion(cols), burns.take(cols, axis=0), [span(m) for m in table.lengths],
-                      table.firing_count(cols))
+    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining,
+                      to_exhaustion, burns, _window_names(table.lengths), table.firing_count(cols))
 
 
 def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
@@ -413,6 +467,11 @@ def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
         "firing": pa.array(np.concatenate([p.firing for p in parts]).astype(np.int32), pa.int32()),
         "sli_upper": pa.array(sli_upper, pa.float64(), mask=np.isnan(sli_upper)),
     }))  # type: ignore[return-value]
+
+
+@functools.cache  # a table's window lengths, named for every status part (each one's list is not changed)
+def _window_names(lengths: tuple[int, ...]) -> list[str]:
+    return [span(m) for m in lengths]
 
 
 @functools.cache  # a few window lengths, named for every status row

@@ -79,6 +79,7 @@ class PhaseSpend:
 
 
 def most_overspent(spends: Iterable[PhaseSpend]) -> PhaseSpend | None:
-    """The phase with the largest share of samples over its budget (None: none was over)."""
+    """The phase with the largest share of samples over its budget (None: none was over); of
+    phases alike, the first in the cascade (the spends come in the order a group-by gives)."""
     over = [s for s in spends if s.over > 0]
-    return max(over, key=lambda s: (s.share_over, s.over)) if over else None
+    return max(over, key=lambda s: (s.share_over, s.over, -_ORDER.get(s.phase, len(_ORDER)))) if over else None

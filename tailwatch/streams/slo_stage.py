@@ -66,7 +66,7 @@ class SloCollector:
                                      "neither proven), for Prometheus-side rules.", labels=[*names, "outcome"])
         for table in self.tables:
             burns, valids, remaining = table.rates()
-            goods = table.windows.all_sums()[..., 0]  # not proven bad
+            goods = table.window_sums()[..., 0]  # not proven bad
             undecided = table.undecided_sums()
             severities = [aw.severity for aw in table.spec.alert_windows]
             # Scrapes run on their own thread: a slice the worker adds meanwhile (a flood of new
