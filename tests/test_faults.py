@@ -254,6 +254,14 @@ def test_repeats_fold_by_kind_and_say_how_many():
     now[0] = 61.0
     assert say("broker 10.0.0.2:9092 down after 7ms") == "broker 10.0.0.2:9092 down after 7ms (5 more like it in the last 61 s)"
     assert say("group rebalanced") == "group rebalanced"
+    # librdkafka's own folding, said inside the line: the same kind, and its count is counted.
+    now[0] = 200.0
+    assert say("Connect to 127.0.0.1:1 failed (after 0ms in state CONNECT)") is not None
+    now[0] = 201.0
+    assert say("Connect to 127.0.0.1:1 failed (after 0ms in state CONNECT, 3 identical error(s) suppressed)") is None
+    now[0] = 261.0
+    assert say("Connect to 127.0.0.1:1 failed (after 5ms in state CONNECT)") == (
+        "Connect to 127.0.0.1:1 failed (after 5ms in state CONNECT) (4 more like it in the last 61 s)")
 
 
 def test_an_idle_worker_serves_its_producer_log_queue(caplog, monkeypatch):

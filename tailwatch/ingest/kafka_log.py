@@ -18,6 +18,9 @@ from typing import Callable
 REPEAT_WINDOW_S = 60.0
 MAX_KINDS = 1_000  # kinds remembered at once (a kind is its text without numbers: few in practice)
 _NUMBERS = re.compile(r"\d+")
+# librdkafka folds some repeats itself and says so inside the line: the same kind of line, with
+# that many more like it.
+_SUPPRESSED = re.compile(r", (\d+) identical error\(s\) suppressed")
 
 
 class RepeatFold(logging.Filter):
@@ -32,12 +35,13 @@ class RepeatFold(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        kind = _NUMBERS.sub("#", text)
+        suppressed = _SUPPRESSED.search(text)
+        kind = _NUMBERS.sub("#", _SUPPRESSED.sub("", text))
         now = self.clock()
         seen = self._kinds.get(kind)
         window_s = self.window_s()
         if seen is not None and now - seen[0] < window_s:
-            seen[1] += 1
+            seen[1] += 1 + (int(suppressed.group(1)) if suppressed else 0)
             return False
         if seen is None and len(self._kinds) >= MAX_KINDS:
             self._kinds.clear()
