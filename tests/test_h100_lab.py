@@ -77,9 +77,14 @@ def test_the_h100_lab_run_gives_one_truthful_gpu_minute_and_costs_that_add_up(ka
             status, body = get(port, "/metrics")
             accepted = sum(metric(body, "tailwatch_events_total", outcome="accepted")) if status == 200 else 0
             ready = get(port, "/readyz")
+            # The API's view is rebuilt at its own pace (at most a tenth of the worker's time):
+            # ready and caught up may come a rebuild before the view holds the pool.
+            answered = get(port, f"/v1/autoscale/{POOL}")[0]
             waiting = {"accepted": f"{accepted:.0f} of {len(requests) + len(samples)}", "readyz": ready,
-                       "warm replicas": metric(body, "tailwatch_gpu_replicas", state="warm")}
-            if accepted >= len(requests) + len(samples) and ready[0] == 200 and waiting["warm replicas"]:
+                       "warm replicas": metric(body, "tailwatch_gpu_replicas", state="warm"),
+                       "autoscale": answered}
+            if accepted >= len(requests) + len(samples) and ready[0] == 200 and waiting["warm replicas"] \
+                    and answered == 200:
                 break
             time.sleep(0.5)
         else:
