@@ -47,7 +47,6 @@ class FastBatch:
 
     frame: pl.DataFrame  # without the decoder's droppable columns that are null throughout
     declined: list[int]
-    all_null: set[str]  # columns null in every accepted record
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,26 +73,23 @@ class ColumnDecoder:
 
     def decode(self, values: list[bytes | None], partitions: Sequence[int], offsets: Sequence[int]) -> FastBatch:
         rows, accepted, declined, buffers = self._decoder.decode(values)
-        arrays, names, all_null = [], [], set()
+        arrays, names = [], []
         for name, i, k in self._layout:
             if i is None:
-                all_null.add(name)
                 if name in self.droppable:
                     continue
                 arrays.append(pa.nulls(rows, k))
             else:
                 b = buffers[i]
-                if b[2] == rows:
-                    all_null.add(name)
-                    if name in self.droppable:
-                        continue
+                if b[2] == rows and name in self.droppable:
+                    continue
                 arrays.append(pa.Array.from_buffers(k.arrow, rows, _arrow_buffers(b), null_count=b[2]))
             names.append(name)
         index = np.frombuffer(accepted, dtype=np.int64)
         arrays += [_plain(pa.int32(), np.asarray(partitions, dtype=np.int32)[index]),
                    _plain(pa.int64(), np.asarray(offsets, dtype=np.int64)[index]), _plain(pa.int64(), index)]
         names += [PARTITION_COLUMN, OFFSET_COLUMN, INDEX_COLUMN]
-        return FastBatch(pl.from_arrow(pa.RecordBatch.from_arrays(arrays, names=names)), declined, all_null)
+        return FastBatch(pl.from_arrow(pa.RecordBatch.from_arrays(arrays, names=names)), declined)
 
     def approve(self, records: Sequence[msgspec.Struct]) -> None:
         """Values of patterned fields in records the reference accepted: the fast decoder
