@@ -62,7 +62,6 @@ class ColumnDecoder:
 
     def __init__(self, event_type: type[msgspec.Struct], columns: dict[str, pl.DataType], max_record_bytes: int,
                  case_folded: tuple[str, ...] = (), droppable: tuple[str, ...] = ()):
-        self.columns = columns
         self.droppable = droppable  # left out of the frame where null in every accepted record
         spec, kept, self.patterned = _spec(event_type, columns, case_folded)
         self._decoder = _columnar.Decoder(spec, max_record_bytes)

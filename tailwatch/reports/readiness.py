@@ -36,7 +36,7 @@ from tailwatch.slo import histogram
 from tailwatch.planning.prices import GpuPrices
 from tailwatch.slo.sli import replay as replay_slos
 from tailwatch.slo.spec import SloSpec
-from tailwatch.slo.alert_windows import minute_text
+from tailwatch.slo.alert_windows import consecutive_runs, minute_text
 
 FIRST_OUTPUT_NAME = {"llm": "time to first token", "asr": "first partial", "tts": "first audio byte",
                      "s2s": "first audio byte", "embed": "first output"}
@@ -114,16 +114,6 @@ def _ratio(num: float, den: float) -> float | None:
     return round(num / den, 6) if den else None
 
 
-def _runs(minutes: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for m in sorted(set(minutes)):
-        if out and m == out[-1][1] + 1:
-            out[-1] = (out[-1][0], m)
-        else:
-            out.append((m, m))
-    return out
-
-
 def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs: list[SloSpec], prices: GpuPrices,
                     canaries: list[CanaryHistory], queue_age_slo_ms: float, start: dt.datetime | None = None,
                     end: dt.datetime | None = None, cost_budget_per_turn_usd: float | None = None,
@@ -176,7 +166,7 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
         loading = g.filter(pl.col("replica_state").is_in(["loading", "cold"]))
         for (pool,), rows in sorted(loading.partition_by("pool", as_dict=True).items()):
             longest = max((b - a + 1 for (_n, _i), part in rows.partition_by("node", "gpu_index", as_dict=True).items()
-                           for a, b in _runs(part["_m"].to_list())), default=0)
+                           for a, b in consecutive_runs(part["_m"].to_list())), default=0)
             cold.append({"pool": pool, "gpu_minutes_loading": rows.height, "longest_to_warm_minutes": longest})
     if not cold:
         missing.append("cold start: no replica was seen loading or cold in this range, so time to warm is unknown")
@@ -290,7 +280,7 @@ def build_readiness(model: str, requests: pl.DataFrame, gpu: pl.DataFrame, specs
                  .group_by("pool", "_m").agg(pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher")
                                              .alias("q")).filter(pl.col("q") > queue_age_slo_ms))
         for (pool,), rows in sorted(waits.partition_by("pool", as_dict=True).items()):
-            runs = [(a, b) for a, b in _runs(rows["_m"].to_list()) if b - a + 1 >= SATURATED_RUN_MINUTES]
+            runs = [(a, b) for a, b in consecutive_runs(rows["_m"].to_list()) if b - a + 1 >= SATURATED_RUN_MINUTES]
             if runs:
                 saturated.append({"pool": pool, "minutes_saturated": sum(b - a + 1 for a, b in runs),
                                   "worst_queue_age_ms": round(float(rows["q"].max()), 1),

@@ -53,15 +53,21 @@ def minute_text(minute: int) -> str:
     return minute_start_utc(minute).strftime("%Y-%m-%d %H:%M")
 
 
-def minutes_text(minutes: list[int], most: int = 8) -> str:
-    """Event-time minutes as a person reads them: runs of consecutive minutes as ranges,
-    `2026-11-02 00:55–01:03, 2026-11-02 01:10`, at most `most` runs and a count of the rest."""
+def consecutive_runs(minutes: list[int]) -> list[tuple[int, int]]:
+    """The distinct minutes as runs of consecutive ones, (first, last) each, in order."""
     runs: list[tuple[int, int]] = []
     for m in sorted(set(minutes)):
         if runs and m == runs[-1][1] + 1:
             runs[-1] = (runs[-1][0], m)
         else:
             runs.append((m, m))
+    return runs
+
+
+def minutes_text(minutes: list[int], most: int = 8) -> str:
+    """Event-time minutes as a person reads them: runs of consecutive minutes as ranges,
+    `2026-11-02 00:55–01:03, 2026-11-02 01:10`, at most `most` runs and a count of the rest."""
+    runs = consecutive_runs(minutes)
 
     def run_text(first: int, last: int) -> str:
         if first == last:
