@@ -118,3 +118,29 @@ def test_a_flood_of_unique_tenants_lands_in_the_overflow_slice_counted_and_the_k
     assert rows(store, f"SELECT sum(requests) FROM sli_minute WHERE tenant = '{OVERFLOW_LABEL_VALUE}'") == \
         [(FLOOD - admitted_bots + 10,)]
     assert rows(store, "SELECT count(*) FROM dead_letter") == [(0,)]
+
+
+def test_a_scrape_right_after_a_batch_shows_the_values_held_beside_the_values_folded():
+    # The gauge moves with the counters, not at the next checkpoint: between the two a scrape
+    # would show thousands folded past an empty set.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tailwatch.streams.cardinality import CardinalityLimits
+    from tailwatch.streams.decode_step import DecodeStep, input_topics
+    from tailwatch.streams.memory_source import MemoryRecord
+    from tailwatch.streams.metrics import WorkerMetrics
+    from tailwatch.streams.minute_windows import MinuteWindows
+
+    settings = KafkaSettings(bootstrap_servers="memory", topic_prefix="t.")
+    inputs = input_topics(settings, 1 << 20, lambda spec: MinuteWindows(spec, 60_000, 0),
+                          CardinalityLimits(max_values_per_label=MAX_VALUES, max_slices=MAX_SLICES))
+    p = inputs[settings.topic("requests")]
+    registry = CollectorRegistry()
+    step = DecodeStep(WorkerMetrics(registry), max_ahead_ms=10**12)
+    batch = [MemoryRecord(p.topic, 0, i, None, request(f"f{i}", START_MS + i, f"bot-{i}", "chat-70b"), 1, START_MS + i)
+             for i in range(FLOOD)]
+    step.process(p, batch)
+    text = generate_latest(registry).decode()
+    assert sample(text, "tailwatch_label_values_overflowed_total", label="tenant") == FLOOD - MAX_VALUES
+    assert sample(text, "tailwatch_label_values", label="tenant") == MAX_VALUES
+    assert sample(text, "tailwatch_label_values", label="slice") == MAX_VALUES + 1  # and (__other__, chat-70b)

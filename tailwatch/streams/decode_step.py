@@ -97,6 +97,7 @@ class DecodeStep:
                 m.label_values_overflowed.labels(p.topic, label).inc(n)
             if overflowed.slice_events:
                 m.slices_overflowed.labels(p.topic).inc(overflowed.slice_events)
+            limiter_gauges(m, p)  # with its counters: a scrape never shows overflow past an empty set
         outcome = p.windows.add(frame)
         for r in rejected:
             self.dead_letter(p, batch[r.index], r.reason, r.detail)
@@ -144,6 +145,11 @@ def window_gauges(metrics: WorkerMetrics, inputs) -> None:
             metrics.watermark.labels(p.topic).set(min(w.watermark_ms.values()) / 1000)
         metrics.open_minutes.labels(p.topic).set(len(w.open_minutes()))
         metrics.dedupe_ids.labels(p.topic).set(w.dedupe_ids)
-        if p.limiter is not None:
-            for label, n in p.limiter.sizes().items():
-                metrics.label_values.labels(p.topic, label).set(n)
+        limiter_gauges(metrics, p)
+
+
+def limiter_gauges(metrics: WorkerMetrics, p: InputTopic) -> None:
+    """The values and slices each capped label of `p` holds."""
+    if p.limiter is not None:
+        for label, n in p.limiter.sizes().items():
+            metrics.label_values.labels(p.topic, label).set(n)
