@@ -186,8 +186,8 @@ def test_the_demo_with_two_tier1_workers_and_the_store_writer_prints_what_one_wo
         runs[workers] = out
     summary = [out.stdout.split("SLIs per workload", 1)[1].split("\nstore:", 1)[0] for out in runs.values()]
     assert "Pages raised" in summary[0] and summary[0] == summary[1]
-    split = [int(n.replace(",", "")) for n in re.findall(r"tier-1 worker \d: ([\d,]+) events", runs[2].stderr)]
-    seen = int(re.findall(r"worker: ([\d,]+) events", runs[1].stderr)[-1].replace(",", ""))
+    split = [int(n.replace(",", "")) for n in re.findall(r"tier-1 worker \d: ([\d,]+) records read", runs[2].stderr)]
+    seen = int(re.findall(r"worker: ([\d,]+) records read", runs[1].stderr)[-1].replace(",", ""))
     # Both shared the log (a worker that takes partitions over in a rebalance re-reads from
     # their resume points, so together they may read more than the log holds).
     assert len(split) == 2 and min(split) > 0 and sum(split) >= seen, runs[2].stderr[-2000:]

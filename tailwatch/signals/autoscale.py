@@ -138,7 +138,7 @@ class Autoscaler:
         utilization = s.work_gpu_s_per_s / (current * per_replica) if current else None
         reasons = [
             f"demand {s.work_gpu_s_per_s:,.2f} GPU-s/s ({s.requests_per_s:,.1f} req/s) at {per_replica:.3g} GPU-s/s per "
-            f"replica and {p.target_utilization:.0%} target utilisation needs {plan.base_replicas:,} replicas, "
+            f"replica and {p.target_utilization:.0%} target utilisation needs {plan.base_replicas:,} replica{'' if plan.base_replicas == 1 else 's'}, "
             f"{recommended:,} with headroom to lose one of {p.zones} zones",
             estimate.reason,
         ]

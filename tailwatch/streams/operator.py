@@ -120,7 +120,7 @@ class Reporting:
         """After each checkpoint."""
 
     def progress_line(self, events: int, rate_per_s: float) -> str:
-        return f"{events:,} events ({rate_per_s:,.0f}/s)"
+        return f"{events:,} records read ({rate_per_s:,.0f}/s)"
 
 
 class Operator(Processing, Restoring, Following, Draining, Reporting):

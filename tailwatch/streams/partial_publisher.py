@@ -269,4 +269,4 @@ class PartialPublisher(Operator):
         window_gauges(self.metrics, self.inputs.values())
 
     def progress_line(self, events: int, rate_per_s: float) -> str:
-        return f"tier 1: {events:,} events ({rate_per_s:,.0f}/s), {self.partials_published:,} partials published"
+        return f"tier 1: {events:,} records read ({rate_per_s:,.0f}/s), {self.partials_published:,} partials published"

@@ -327,8 +327,9 @@ class Runtime:
                 sink.tick(caught_up=self._caught_up_wall is not None)
             if s.progress and now - last_progress >= 1.0:
                 # Only when something changed (an idle worker says nothing), at the rate since the last line.
+                # Nothing before the first record: a "0 records (0/s)" line while the group joins says nothing.
                 line = self.operator.progress_line(self.events_seen, (self.events_seen - last_events) / (now - last_progress))
-                if line != last_line:
+                if line != last_line and self.events_seen:
                     s.progress(line)
                     last_line = line
                 last_events, last_progress = self.events_seen, now

@@ -237,4 +237,4 @@ class MinuteWindowOperator(Operator):
         window_gauges(self.metrics, self.inputs.values())
 
     def progress_line(self, events: int, rate_per_s: float) -> str:
-        return f"worker: {events:,} events ({rate_per_s:,.0f}/s), {self.buckets_closed:,} buckets closed"
+        return f"worker: {events:,} records read ({rate_per_s:,.0f}/s), {self.buckets_closed:,} buckets closed"
