@@ -304,7 +304,12 @@ class Runtime:
                 # While draining a backlog the view waits, up to MAX_VIEW_AGE_S: the API is not
                 # ready then anyway, and each rebuild costs as much as tens of thousands of events.
                 backlogged = self.lag_messages > s.batch_size and now - last_refresh < self.MAX_VIEW_AGE_S
-                if self.signals and now - last_refresh >= refresh_every_s and not backlogged and self._view_dirty:
+                ready = self.readiness()
+                # A worker turning ready rebuilds the view first: ready on an older view would
+                # answer for less than it caught up to (an input "behind", a new pool unknown).
+                turning_ready = ready[0] and not published_ready
+                if self.signals and self._view_dirty and (
+                        turning_ready or (now - last_refresh >= refresh_every_s and not backlogged)):
                     began = time.monotonic()
                     self.refresh_signals()
                     self._view_dirty = False
@@ -318,7 +323,6 @@ class Runtime:
                     # Nothing changed but time, or readiness (a worker that just caught up is
                     # ready now, not at the next heartbeat): say the view still holds instead
                     # of rebuilding it.
-                    ready = self.readiness()
                     if ready[0] != published_ready or now - last_publish >= min(self.HEARTBEAT_S, s.stale_after_s / 4):
                         http.publish_unchanged(ready)
                         published_ready = ready[0]
