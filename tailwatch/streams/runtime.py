@@ -232,7 +232,7 @@ class Runtime:
             if s.announce:
                 why = ("stopped by a signal" if self._stop else "not drained" if undrained
                        else "drained" if s.until_idle_s is not None else "stopped")
-                s.announce(f"stopped ({why}): {self.events_seen:,} events in {_duration_text(time.monotonic() - started)}"
+                s.announce(f"stopped ({why}): {self.events_seen:,} records read in {_duration_text(time.monotonic() - started)}"
                            + "".join(f"; {d} at its last checkpoint" for d in
                                      (sink.describe() for sink in self.sinks if sink.holds_resume_state) if d))
         finally:
