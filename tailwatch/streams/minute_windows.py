@@ -30,6 +30,7 @@ from typing import Callable, Literal
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from tailwatch.slo import histogram
 
@@ -131,15 +132,39 @@ def slice_id(keys: list[str], later: tuple[str, ...] = ()) -> pl.Expr:
 _BIN_KEYS = ["_minute", "_slice", "field", "bin"]
 
 
-def _merge_repeated_bins(hist: pl.DataFrame) -> pl.DataFrame:
-    """Dated histogram partials, each part already one row per bin, merged into one row per
-    (minute, slice, field, bin), summing only the rows whose bin repeats. Where a minute's
-    parts came from different partitions, as on thin traffic keyed by tenant, few bins repeat,
-    and finding them costs a third of grouping every row."""
-    repeated = hist.select(pl.struct(_BIN_KEYS).hash().is_duplicated()).to_series()  # a collision only groups more
-    if not repeated.any():
-        return hist
-    return pl.concat([hist.filter(~repeated), hist.filter(repeated).group_by(_BIN_KEYS).agg(pl.col("n").sum())])
+def sorted_bins(hist: pl.DataFrame) -> pl.DataFrame:
+    """Dated histogram partials as one row per (minute, slice, field, bin), in that order:
+    the order `_finish` reads them in. One sort, then the rows whose key repeats (adjacent
+    once sorted) summed, in place of a group-by and then a sort: closing a backlog of thin
+    minutes merges and sorts a few hundred thousand bins per checkpoint, and on them
+    polars' four-key sort alone cost as much as numpy's sort and the sums together."""
+    if hist.height == 0 or any(hist[k].null_count() for k in _BIN_KEYS):
+        merged = hist.group_by(_BIN_KEYS).agg(pl.col("n").sum()) if hist.height else hist
+        return merged.sort(_BIN_KEYS)
+    columns = [hist[k].to_numpy() for k in _BIN_KEYS]
+    order = np.lexsort(columns[::-1])
+    # Gathered column by column in numpy: polars' gather of the frame cost half the sort.
+    keys = [c[order] for c in columns]
+    n = hist["n"].to_numpy()[order]
+    repeats = keys[0][1:] == keys[0][:-1]
+    for k in keys[1:]:
+        repeats &= k[1:] == k[:-1]
+    if repeats.any():
+        starts = np.flatnonzero(np.r_[True, ~repeats])
+        keys, n = [k[starts] for k in keys], np.add.reduceat(n, starts).astype(n.dtype)
+    return pl.DataFrame([pl.Series(name, k) for name, k in zip(_BIN_KEYS, keys)] + [pl.Series("n", n)]).cast(hist.schema)
+
+
+def _bin_lists(ordered: pl.DataFrame) -> pl.DataFrame:
+    """(minute, slice, field, hist: [{bin, n}]) per histogram of `sorted_bins`' rows, in their
+    order: what a group-by keeping order gives, from the group boundaries alone."""
+    minute, slice_, field = (ordered[k].to_numpy() for k in _BIN_KEYS[:3])
+    change = (minute[1:] != minute[:-1]) | (slice_[1:] != slice_[:-1]) | (field[1:] != field[:-1])
+    starts = np.flatnonzero(np.r_[True, change])
+    bins = pa.StructArray.from_arrays([ordered["bin"].to_arrow(), ordered["n"].cast(pl.Int64).to_arrow()], names=["bin", "n"])
+    lists = pa.LargeListArray.from_arrays(np.r_[starts, ordered.height].astype(np.int64), bins)
+    return pl.DataFrame([pl.Series("_minute", minute[starts]), pl.Series("_slice", slice_[starts]),
+                         pl.Series("field", field[starts]), pl.Series("hist", pl.from_arrow(lists))])
 
 
 @dataclass
@@ -426,7 +451,7 @@ class MinuteWindows:
         if not states:
             return pl.DataFrame()
         counts, hist = self._merged([m for m, _ in states], [s for _, s in states])
-        return self._finish(counts, hist if self.spec.histogram_fields else None)
+        return self._finish(counts, hist if self.spec.histogram_fields else None, bins_sorted=True)
 
     def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
         """The first minute that must stay open; minutes before it may close (None: none may).
@@ -459,7 +484,7 @@ class MinuteWindows:
         counts, hist, closing = self.close_partials(before_minute, max_rows)
         if counts is None:
             return pl.DataFrame(), []
-        return self.finish(counts, hist), closing
+        return self._finish(counts, hist if self.spec.histogram_fields else None, bins_sorted=True), closing
 
     def open_before(self, minute: int) -> bool:
         """Whether an open minute precedes `minute` (a bounded close left it open)."""
@@ -468,7 +493,8 @@ class MinuteWindows:
     def close_partials(self, before_minute: int | None, max_rows: int | None = None
                        ) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[int]]:
         """Like `close`, but the minutes' merged partial state (counts, histogram bins), not
-        finished rows: what `finish` (here or downstream, after more partials) turns into rows."""
+        finished rows: what `finish` (here or downstream, after more partials) turns into rows.
+        The histogram bins come one row per (minute, slice, field, bin), in that order."""
         closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
         bounded = False
         if max_rows is not None:
@@ -493,18 +519,17 @@ class MinuteWindows:
         return counts, hist, closing
 
     def _merged(self, minutes: list[int], states: list[OpenMinute]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-        """The minutes' partials merged (counts, dated histogram bins): every minute in one
-        group-by (keys include the minute), not one per minute, since on thin traffic a
-        checkpoint closes, and the view peeks at, many minutes of a few rows each."""
+        """The minutes' partials merged (counts by minute and slice, dated histogram bins by
+        `sorted_bins`): every minute at once (keys include the minute), not one per minute,
+        since on thin traffic a checkpoint closes, and the view peeks at, many minutes of a
+        few rows each."""
         counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
+        # In one order whatever the merge did (a group-by's rows come in any order), so the
+        # rows stored and published are too.
+        counts = counts.sort("_minute", "_slice")
         hist = None
         if any(s.hist for s in states):
-            hist = _dated([(m, h) for m, s in zip(minutes, states) for h in s.hist])
-            parts = sum(len(s.hist) for s in states)
-            if parts > 2 * len(states):
-                hist = self._merge_hist([hist], grouped=False)
-            elif parts > len(states):
-                hist = _merge_repeated_bins(hist)
+            hist = sorted_bins(_dated([(m, h) for m, s in zip(minutes, states) for h in s.hist]))
         return counts, hist
 
     @staticmethod
@@ -557,17 +582,18 @@ class MinuteWindows:
         merged_hist = self._merge_hist([hist], grouped=False) if hist is not None and hist.height else None
         return self.finish(self._merge_counts([counts], grouped=False), merged_hist)
 
-    def _finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
+    def _finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None, bins_sorted: bool = False) -> pl.DataFrame:
+        """`bins_sorted`: `hist` is already one row per bin in key order (`sorted_bins`)."""
         out = counts
         if hist is not None:
             names = self.spec.histogram_fields
             keys = ["_minute", "_slice", "field"]
-            ordered = hist.sort([*keys, "bin"])
+            ordered = hist if bins_sorted else hist.sort([*keys, "bin"])
             # Quantiles of latency and phase fields only: a straddle histogram's counts are signed.
             straddle = (pl.col("field") >= STRADDLE_FIELD_BASE) & (pl.col("field") < KEYED_FIELD_BASE)
             qs = histogram.quantiles_frame(ordered.filter(~straddle) if self.spec.straddle_fields else ordered,
                                            keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
-            lists = ordered.group_by(keys, maintain_order=True).agg(
+            lists = _bin_lists(ordered) if bins_sorted and ordered.height else ordered.group_by(keys, maintain_order=True).agg(
                 pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
             )
             per_field = lists.join(qs, on=["_minute", "_slice", "field"])
