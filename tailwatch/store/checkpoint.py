@@ -219,40 +219,62 @@ _FIRED_COLUMNS = ("fingerprint", "alertname", "severity", "slo", "alert_window",
 
 
 def _write_alert_changes(con: duckdb.DuckDBPyConnection, changes: pl.DataFrame) -> None:
-    """Fired alerts inserted and resolved ones closed, a statement per kind rather than per
-    alert (an outage that pages every slice at once changes tens of thousands). In runs
-    where no fingerprint repeats, so that a fire, resolve and fire again of one alert in
-    the same checkpoint land in that order."""
-    fingerprints = changes["fingerprint"].to_list()
-    start, in_run = 0, set()
-    for i, fp in enumerate(fingerprints):
-        if fp in in_run:
-            _write_alert_run(con, changes.slice(start, i - start))
-            start, in_run = i, set()
-        in_run.add(fp)
-    _write_alert_run(con, changes.slice(start))
+    """Fired alerts inserted and resolved ones closed, in the order they happened, with one
+    statement per kind rather than one per alert (an outage that pages every slice at once
+    changes tens of thousands). Where a fingerprint changes more than once (a backlog's
+    checkpoint fires and resolves the same few over and over), the changes are played here
+    first: a resolve closes every row of its fingerprint open at that moment, those fired
+    earlier in this checkpoint (inserted already closed) and, at the first resolve of the
+    fingerprint, those open in the store (one UPDATE, before the inserts, so it cannot
+    touch them)."""
+    if changes["fingerprint"].is_unique().all():
+        fired = changes.filter(pl.col("state") == "firing").rename({"at": "fired_at"}).select(_FIRED_COLUMNS)
+        resolved = changes.filter(pl.col("state") != "firing").select("fingerprint", "at")
+        _write_alert_rows(con, fired.with_columns(pl.lit(None, dtype=changes.schema["at"]).alias("resolved_at")),
+                          dict(resolved.iter_rows()) if resolved.height < 2 else resolved)
+        return
+    fired_rows: list[dict] = []
+    open_fired: dict[str, list[dict]] = {}  # fingerprint → rows fired here and still open
+    close_stored: dict[str, object] = {}  # fingerprint → when its stored open rows close
+    for change in changes.iter_rows(named=True):
+        fp = change["fingerprint"]
+        if change["state"] == "firing":
+            row = {c: change[c] for c in _FIRED_COLUMNS if c != "fired_at"}
+            row["fired_at"], row["resolved_at"] = change["at"], None
+            fired_rows.append(row)
+            open_fired.setdefault(fp, []).append(row)
+        else:
+            for row in open_fired.pop(fp, []):
+                row["resolved_at"] = change["at"]
+            close_stored.setdefault(fp, change["at"])
+    schema = {**{c: changes.schema[c] for c in _FIRED_COLUMNS if c != "fired_at"},
+              "fired_at": changes.schema["at"], "resolved_at": changes.schema["at"]}
+    _write_alert_rows(con, pl.DataFrame(fired_rows, schema=schema).select(*_FIRED_COLUMNS, "resolved_at"),
+                      close_stored if len(close_stored) < 2 else pl.DataFrame(
+                          {"fingerprint": list(close_stored), "at": list(close_stored.values())},
+                          schema={"fingerprint": pl.String, "at": changes.schema["at"]}))
 
 
-def _write_alert_run(con: duckdb.DuckDBPyConnection, run: pl.DataFrame) -> None:
-    fired = run.filter(pl.col("state") == "firing").rename({"at": "fired_at"}).select(_FIRED_COLUMNS)
-    resolved = run.filter(pl.col("state") != "firing").select("fingerprint", "at")
+def _write_alert_rows(con: duckdb.DuckDBPyConnection, fired: pl.DataFrame, resolved: dict | pl.DataFrame) -> None:
+    """`resolved` (fingerprint → when, or a frame of fingerprint, at) closes the rows open in
+    the store, then `fired` (with their `resolved_at`) are inserted."""
     # Most checkpoints change one alert or none: a statement with parameters takes a third
     # of the time of registering an Arrow table (0.5 against 1.4 ms in DuckDB 2.0).
+    if isinstance(resolved, dict):
+        for fp, at in resolved.items():
+            con.execute("UPDATE alerts SET resolved_at = ? WHERE fingerprint = ? AND resolved_at IS NULL", [at, fp])
+    else:
+        con.register("_resolved", resolved.to_arrow())
+        con.execute("UPDATE alerts SET resolved_at = r.at FROM _resolved r "
+                    "WHERE alerts.fingerprint = r.fingerprint AND alerts.resolved_at IS NULL")
+        con.unregister("_resolved")
     if fired.height == 1:
-        con.execute(f"INSERT INTO alerts ({', '.join(_FIRED_COLUMNS)}) VALUES ({', '.join('?' * len(_FIRED_COLUMNS))})",
+        con.execute(f"INSERT INTO alerts ({', '.join(fired.columns)}) VALUES ({', '.join('?' * fired.width)})",
                     list(fired.row(0)))
     elif fired.height:
         con.register("_fired", fired.to_arrow())
         con.execute("INSERT INTO alerts BY NAME SELECT * FROM _fired")
         con.unregister("_fired")
-    if resolved.height == 1:
-        fp, at = resolved.row(0)
-        con.execute("UPDATE alerts SET resolved_at = ? WHERE fingerprint = ? AND resolved_at IS NULL", [at, fp])
-    elif resolved.height:
-        con.register("_resolved", resolved.to_arrow())
-        con.execute("UPDATE alerts SET resolved_at = r.at FROM _resolved r "
-                    "WHERE alerts.fingerprint = r.fingerprint AND alerts.resolved_at IS NULL")
-        con.unregister("_resolved")
 
 
 def _append_open(con: duckdb.DuckDBPyConnection, t: TopicCheckpoint) -> None:
