@@ -98,16 +98,17 @@ def test_peek_gives_the_rows_of_the_group_by_path(seed):
     assert w.peek().sort(KEYS, nulls_last=True).equals(old_close(w, None).sort(KEYS, nulls_last=True))
 
 
-def random_bins(rng: np.random.Generator, rows: int) -> pl.DataFrame:
+def random_bins(rng: np.random.Generator, rows: int, minutes: int = 10) -> pl.DataFrame:
     return pl.DataFrame({
-        "_minute": rng.integers(100, 110, rows), "_slice": rng.integers(0, 2**64, rows, dtype=np.uint64) % 7,
+        "_minute": 29_000_000 + rng.integers(0, 10, rows) * (minutes // 10), "_slice": rng.integers(0, 2**64, rows, dtype=np.uint64) % 7,
         "field": rng.integers(0, 70, rows).astype(np.int8), "bin": rng.integers(-40, 300, rows).astype(np.int16),
         "n": rng.integers(-3, 9, rows).astype(np.int32)})
 
 
-@pytest.mark.parametrize("rows", [1, 2, 50, 5000])
-def test_sorted_bins_is_the_group_by_sorted(rows):
-    hist = random_bins(np.random.default_rng(rows), rows)
+@pytest.mark.parametrize("rows,minutes", [(1, 10), (2, 10), (50, 10), (5000, 10), (5000, 10**6)])
+def test_sorted_bins_is_the_group_by_sorted(rows, minutes):
+    """`minutes`: the span (past 2**16 the minutes are sorted as they are, not as offsets)."""
+    hist = random_bins(np.random.default_rng(rows), rows, minutes)
     expected = hist.group_by("_minute", "_slice", "field", "bin").agg(pl.col("n").sum()).sort("_minute", "_slice", "field", "bin")
     got = sorted_bins(hist)
     assert got.equals(expected) and got.schema == hist.schema
