@@ -163,6 +163,9 @@ def sorted_bins(hist: pl.DataFrame) -> pl.DataFrame:
 def _bin_lists(ordered: pl.DataFrame) -> pl.DataFrame:
     """(minute, slice, field, hist: [{bin, n}]) per histogram of `sorted_bins`' rows, in their
     order: what a group-by keeping order gives, from the group boundaries alone."""
+    if ordered.height == 0:
+        return ordered.group_by(_BIN_KEYS[:3], maintain_order=True).agg(
+            pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist"))
     minute, slice_, field = (ordered[k].to_numpy() for k in _BIN_KEYS[:3])
     change = (minute[1:] != minute[:-1]) | (slice_[1:] != slice_[:-1]) | (field[1:] != field[:-1])
     starts = np.flatnonzero(np.r_[True, change])
@@ -170,6 +173,39 @@ def _bin_lists(ordered: pl.DataFrame) -> pl.DataFrame:
     lists = pa.LargeListArray.from_arrays(np.r_[starts, ordered.height].astype(np.int64), bins)
     return pl.DataFrame([pl.Series("_minute", minute[starts]), pl.Series("_slice", slice_[starts]),
                          pl.Series("field", field[starts]), pl.Series("hist", pl.from_arrow(lists))])
+
+
+def _row_of_key(rows: pl.DataFrame, parts: pl.DataFrame) -> np.ndarray | None:
+    """Per row of `parts`, the row of `rows` with its (minute, slice), or -1 where none has:
+    both sorted by those keys, unique in `rows`. Each key is one int64 (the minute, then the
+    slice's rank among `rows`' slices), found by a binary search. None where `rows` is not
+    so sorted or the keys do not fit (then a join does it)."""
+    minute, slice_ = rows["_minute"].to_numpy(), rows["_slice"].to_numpy()
+    part_minute, part_slice = parts["_minute"].to_numpy(), parts["_slice"].to_numpy()
+    if not len(minute) or not len(part_minute):
+        return np.full(len(part_minute), -1, dtype=np.int64)
+    slices = np.unique(slice_)
+    first = min(minute.min(), part_minute.min())
+    if (max(minute.max(), part_minute.max()) - first + 1) * len(slices) >= 2**62:
+        return None
+    key = (minute - first) * len(slices) + np.searchsorted(slices, slice_)
+    if len(key) > 1 and not (key[1:] > key[:-1]).all():
+        return None
+    rank = np.minimum(np.searchsorted(slices, part_slice), len(slices) - 1)
+    part_key = (part_minute - first) * len(slices) + rank
+    at = np.minimum(np.searchsorted(key, part_key), len(key) - 1)
+    return np.where((slices[rank] == part_slice) & (key[at] == part_key), at, -1)
+
+
+def _gather_index(height: int, at: np.ndarray, chosen: np.ndarray) -> pl.Series:
+    """The index that lays the `chosen` parts (`at`: their rows, `_row_of_key`) on `height`
+    rows: a part's index where one is, null elsewhere (as a left join leaves it)."""
+    picked = np.flatnonzero(chosen & (at >= 0))
+    index = np.zeros(height, dtype=np.uint32)
+    placed = np.zeros(height, dtype=bool)
+    index[at[picked]] = picked
+    placed[at[picked]] = True
+    return pl.Series(index).set(pl.Series(~placed), None)
 
 
 @dataclass
@@ -600,32 +636,16 @@ class MinuteWindows:
         """`bins_sorted`: `hist` is already one row per bin in key order (`sorted_bins`)."""
         out = counts
         if hist is not None:
-            names = self.spec.histogram_fields
             keys = ["_minute", "_slice", "field"]
             ordered = hist if bins_sorted else hist.sort([*keys, "bin"])
             # Quantiles of latency and phase fields only: a straddle histogram's counts are signed.
             straddle = (pl.col("field") >= STRADDLE_FIELD_BASE) & (pl.col("field") < KEYED_FIELD_BASE)
-            qs = histogram.quantiles_frame(ordered.filter(~straddle) if self.spec.straddle_fields else ordered,
-                                           keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
-            lists = _bin_lists(ordered) if bins_sorted and ordered.height else ordered.group_by(keys, maintain_order=True).agg(
-                pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
-            )
-            per_field = lists.join(qs, on=["_minute", "_slice", "field"])
-            for fi, name in enumerate(names):
-                part = per_field.filter(pl.col("field") == fi).select(
-                    "_minute", "_slice",
-                    pl.col("hist").alias(f"{name}_hist"),
-                    pl.col("p50").alias(f"{name}_p50"),
-                    pl.col("p95").alias(f"{name}_p95"),
-                    pl.col("p99").alias(f"{name}_p99"),
-                )
-                out = out.join(part, on=["_minute", "_slice"], how="left")
-            out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in names])
-            for fi, (name, _) in enumerate(self.spec.straddle_fields):
-                part = lists.filter(pl.col("field") == STRADDLE_FIELD_BASE + fi).select(
-                    "_minute", "_slice", pl.col("hist").alias(f"{name}_straddle_hist"))
-                out = out.join(part, on=["_minute", "_slice"], how="left").with_columns(
-                    pl.col(f"{name}_straddle_hist").fill_null(_EMPTY_HIST))
+            main = ordered.filter(~straddle) if self.spec.straddle_fields else ordered
+            qs = histogram.quantiles_frame(main, keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
+            if bins_sorted:
+                out, lists = self._finish_sorted(out, ordered, main, ordered.filter(straddle), qs)
+            else:
+                out, lists = self._finish_joined(out, ordered, qs)
             out = self._finish_keyed(out, lists)
         elif self.spec.histogram_fields:
             # Minutes in which no event carried any latency field: empty histograms, no
@@ -639,6 +659,56 @@ class MinuteWindows:
             out = self._finish_keyed(out, None)
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))
         return self.spec.finalize(out)
+
+    def _finish_joined(self, out: pl.DataFrame, ordered: pl.DataFrame, qs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Each field's histogram and quantiles, and the straddle histograms, joined onto the
+        rows by (minute, slice); and the histograms as lists (minute, slice, field, hist)."""
+        lists = ordered.group_by(["_minute", "_slice", "field"], maintain_order=True).agg(
+            pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist"))
+        per_field = lists.join(qs, on=["_minute", "_slice", "field"])
+        for fi, name in enumerate(self.spec.histogram_fields):
+            part = per_field.filter(pl.col("field") == fi).select(
+                "_minute", "_slice",
+                pl.col("hist").alias(f"{name}_hist"),
+                pl.col("p50").alias(f"{name}_p50"),
+                pl.col("p95").alias(f"{name}_p95"),
+                pl.col("p99").alias(f"{name}_p99"),
+            )
+            out = out.join(part, on=["_minute", "_slice"], how="left")
+        out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in self.spec.histogram_fields])
+        for fi, (name, _) in enumerate(self.spec.straddle_fields):
+            part = lists.filter(pl.col("field") == STRADDLE_FIELD_BASE + fi).select(
+                "_minute", "_slice", pl.col("hist").alias(f"{name}_straddle_hist"))
+            out = out.join(part, on=["_minute", "_slice"], how="left").with_columns(
+                pl.col(f"{name}_straddle_hist").fill_null(_EMPTY_HIST))
+        return out, lists
+
+    def _finish_sorted(self, out: pl.DataFrame, ordered: pl.DataFrame, main: pl.DataFrame, straddles: pl.DataFrame,
+                       qs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """`_finish_joined` for rows sorted by (minute, slice) and `sorted_bins`' histograms
+        (`ordered`; `main`: its latency and keyed fields, `straddles`: the rest): the same columns,
+        placed by position rather than by a join per field. Closing a backlog of thin
+        minutes, the joins were half of finishing them."""
+        lists = _bin_lists(main)
+        at = _row_of_key(out, lists)
+        if at is None or not qs.select("_minute", "_slice", "field").equals(lists.select("_minute", "_slice", "field")):
+            return self._finish_joined(out, ordered, qs)
+        per_field = pl.concat([lists, qs.select("p50", "p95", "p99")], how="horizontal")
+        field = lists["field"].to_numpy()
+        columns = []
+        for fi, name in enumerate(self.spec.histogram_fields):
+            index = _gather_index(out.height, at, field == fi)
+            columns += [per_field["hist"].gather(index).fill_null(_EMPTY_HIST).alias(f"{name}_hist"),
+                        *[per_field[q].gather(index).alias(f"{name}_{q}") for q in ("p50", "p95", "p99")]]
+        straddle_lists = _bin_lists(straddles)
+        straddle_at = _row_of_key(out, straddle_lists)
+        if straddle_at is None:
+            return self._finish_joined(out, ordered, qs)
+        straddle_field = straddle_lists["field"].to_numpy()
+        for fi, (name, _) in enumerate(self.spec.straddle_fields):
+            index = _gather_index(out.height, straddle_at, straddle_field == STRADDLE_FIELD_BASE + fi)
+            columns.append(straddle_lists["hist"].gather(index).fill_null(_EMPTY_HIST).alias(f"{name}_straddle_hist"))
+        return out.with_columns(columns), lists
 
     def _finish_keyed(self, out: pl.DataFrame, lists: pl.DataFrame | None) -> pl.DataFrame:
         """`<column>_hist` per slice-minute: the keyed fields' bins, named, in key order."""
