@@ -161,3 +161,45 @@ def test_finishing_rows_out_of_key_order_falls_back_to_joins():
     joined = w._finish(shuffled, hist, bins_sorted=True)
     assert placed.sort(KEYS, nulls_last=True).equals(joined.sort(KEYS, nulls_last=True))
     assert placed.sort(KEYS, nulls_last=True).equals(w.finish(counts, hist).sort(KEYS, nulls_last=True))
+
+
+def gpu_batch(rng: random.Random, start: int, minutes: int, samples: int) -> pl.DataFrame:
+    """GPU samples of a few GPUs from several sources: sums, maxima and newest labels to merge."""
+    from tailwatch.streams.frames import GPU_COLUMNS
+
+    rows = []
+    for _ in range(samples):
+        row = {c: None for c in GPU_COLUMNS}
+        row.update(node=f"n{rng.randrange(4)}", gpu_index=rng.randrange(2), zone=rng.choice(["z1", "z2", None]),
+                   pool=rng.choice(["p1", "p2"]), gpu_sku="H100", source=rng.choice(["nvml", "dcgm", "runtime"]),
+                   ts_ms=start + rng.randrange(minutes * MINUTE_MS))
+        if row["source"] == "runtime":
+            row.update(model=rng.choice(["m1", "m2"]), model_version="v1", replica_state=rng.choice(["warm", "busy"]),
+                       queue_depth=rng.randrange(10), running=rng.randrange(5))
+        else:
+            row.update(util_pct=rng.uniform(0, 100), power_w=rng.uniform(50, 700), temp_c=rng.uniform(30, 90),
+                       mem_used_bytes=rng.randrange(10**11), mem_total_bytes=8 * 10**10, xid_errors=rng.randrange(2))
+        rows.append(row)
+    data = {c: [r[c] for r in rows] for c in GPU_COLUMNS}
+    data.update(ts_ms=[r["ts_ms"] for r in rows], _partition=[rng.randrange(2) for _ in rows],
+                _offset=list(range(len(rows))), _index=list(range(len(rows))))
+    schema = {**GPU_COLUMNS, "ts_ms": pl.Int64, "_partition": pl.Int32, "_offset": pl.Int64, "_index": pl.Int64}
+    return pl.DataFrame(data, schema=schema)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closing_gpu_minutes_gives_the_rows_of_the_group_by_path(seed):
+    from tailwatch.streams.aggregates import GPU
+
+    rng = random.Random(seed)
+    w = MinuteWindows(GPU, 10**12)
+    for b in range(rng.randrange(6, 14)):
+        w.add(gpu_batch(rng, T0 + b * 2 * MINUTE_MS, rng.randrange(1, 6), rng.randrange(5, 120)))
+    closing = sorted(w._open)
+    assert any(len(w._open[m].counts) > 1 for m in closing)
+    expected = w.finish(w._merge_counts([f for m in closing for f in w._open[m].counts], grouped=False), None)
+    rows, _ = w.close(None)
+    keys = ["window_start", *GPU.keys]
+    assert rows.height == expected.height > 0
+    assert rows.sort(keys).equals(expected.sort(keys))
+    assert rows.select(keys).is_unique().all()
