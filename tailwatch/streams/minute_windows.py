@@ -30,6 +30,7 @@ from typing import Callable, Literal
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from tailwatch.slo import histogram
 
@@ -131,15 +132,80 @@ def slice_id(keys: list[str], later: tuple[str, ...] = ()) -> pl.Expr:
 _BIN_KEYS = ["_minute", "_slice", "field", "bin"]
 
 
-def _merge_repeated_bins(hist: pl.DataFrame) -> pl.DataFrame:
-    """Dated histogram partials, each part already one row per bin, merged into one row per
-    (minute, slice, field, bin), summing only the rows whose bin repeats. Where a minute's
-    parts came from different partitions, as on thin traffic keyed by tenant, few bins repeat,
-    and finding them costs a third of grouping every row."""
-    repeated = hist.select(pl.struct(_BIN_KEYS).hash().is_duplicated()).to_series()  # a collision only groups more
-    if not repeated.any():
-        return hist
-    return pl.concat([hist.filter(~repeated), hist.filter(repeated).group_by(_BIN_KEYS).agg(pl.col("n").sum())])
+def sorted_bins(hist: pl.DataFrame) -> pl.DataFrame:
+    """Dated histogram partials as one row per (minute, slice, field, bin), in that order:
+    the order `_finish` reads them in. One sort, then the rows whose key repeats (adjacent
+    once sorted) summed, in place of a group-by and then a sort: closing a backlog of thin
+    minutes merges and sorts a few hundred thousand bins per checkpoint, and on them
+    polars' four-key sort alone cost as much as numpy's sort and the sums together."""
+    if hist.height == 0 or any(hist[k].null_count() for k in _BIN_KEYS):
+        merged = hist.group_by(_BIN_KEYS).agg(pl.col("n").sum()) if hist.height else hist
+        return merged.sort(_BIN_KEYS)
+    columns = [hist[k].to_numpy() for k in _BIN_KEYS]
+    minute = columns[0]
+    first, span = minute.min(), minute.max() - minute.min()
+    # numpy sorts keys of 16 bits or less by radix: minutes as offsets from the first, where
+    # they fit (the same order), halve the sort.
+    by_minute = (minute - first).astype(np.uint16) if span < 2**16 else minute
+    order = np.lexsort((columns[3], columns[2], columns[1], by_minute))
+    # Gathered column by column in numpy: polars' gather of the frame cost half the sort.
+    keys = [c[order] for c in columns]
+    n = hist["n"].to_numpy()[order]
+    repeats = keys[0][1:] == keys[0][:-1]
+    for k in keys[1:]:
+        repeats &= k[1:] == k[:-1]
+    if repeats.any():
+        starts = np.flatnonzero(np.r_[True, ~repeats])
+        keys, n = [k[starts] for k in keys], np.add.reduceat(n, starts).astype(n.dtype)
+    return pl.DataFrame([pl.Series(name, k) for name, k in zip(_BIN_KEYS, keys)] + [pl.Series("n", n)]).cast(hist.schema)
+
+
+def _bin_lists(ordered: pl.DataFrame) -> pl.DataFrame:
+    """(minute, slice, field, hist: [{bin, n}]) per histogram of `sorted_bins`' rows, in their
+    order: what a group-by keeping order gives, from the group boundaries alone."""
+    if ordered.height == 0:
+        return ordered.group_by(_BIN_KEYS[:3], maintain_order=True).agg(
+            pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist"))
+    minute, slice_, field = (ordered[k].to_numpy() for k in _BIN_KEYS[:3])
+    change = (minute[1:] != minute[:-1]) | (slice_[1:] != slice_[:-1]) | (field[1:] != field[:-1])
+    starts = np.flatnonzero(np.r_[True, change])
+    bins = pa.StructArray.from_arrays([ordered["bin"].to_arrow(), ordered["n"].cast(pl.Int64).to_arrow()], names=["bin", "n"])
+    lists = pa.LargeListArray.from_arrays(np.r_[starts, ordered.height].astype(np.int64), bins)
+    return pl.DataFrame([pl.Series("_minute", minute[starts]), pl.Series("_slice", slice_[starts]),
+                         pl.Series("field", field[starts]), pl.Series("hist", pl.from_arrow(lists))])
+
+
+def _row_of_key(rows: pl.DataFrame, parts: pl.DataFrame) -> np.ndarray | None:
+    """Per row of `parts`, the row of `rows` with its (minute, slice), or -1 where none has:
+    both sorted by those keys, unique in `rows`. Each key is one int64 (the minute, then the
+    slice's rank among `rows`' slices), found by a binary search. None where `rows` is not
+    so sorted or the keys do not fit (then a join does it)."""
+    minute, slice_ = rows["_minute"].to_numpy(), rows["_slice"].to_numpy()
+    part_minute, part_slice = parts["_minute"].to_numpy(), parts["_slice"].to_numpy()
+    if not len(minute) or not len(part_minute):
+        return np.full(len(part_minute), -1, dtype=np.int64)
+    slices = np.unique(slice_)
+    first = min(minute.min(), part_minute.min())
+    if (max(minute.max(), part_minute.max()) - first + 1) * len(slices) >= 2**62:
+        return None
+    key = (minute - first) * len(slices) + np.searchsorted(slices, slice_)
+    if len(key) > 1 and not (key[1:] > key[:-1]).all():
+        return None
+    rank = np.minimum(np.searchsorted(slices, part_slice), len(slices) - 1)
+    part_key = (part_minute - first) * len(slices) + rank
+    at = np.minimum(np.searchsorted(key, part_key), len(key) - 1)
+    return np.where((slices[rank] == part_slice) & (key[at] == part_key), at, -1)
+
+
+def _gather_index(height: int, at: np.ndarray, chosen: np.ndarray) -> pl.Series:
+    """The index that lays the `chosen` parts (`at`: their rows, `_row_of_key`) on `height`
+    rows: a part's index where one is, null elsewhere (as a left join leaves it)."""
+    picked = np.flatnonzero(chosen & (at >= 0))
+    index = np.zeros(height, dtype=np.uint32)
+    placed = np.zeros(height, dtype=bool)
+    index[at[picked]] = picked
+    placed[at[picked]] = True
+    return pl.Series(index).set(pl.Series(~placed), None)
 
 
 @dataclass
@@ -378,13 +444,10 @@ class MinuteWindows:
     # ---- merging ------------------------------------------------------------------
     def _merge_counts(self, frames: list[pl.DataFrame], grouped: bool = True) -> pl.DataFrame:
         """One row per (minute, slice). `grouped`: each frame already has unique keys."""
-        frames = [self._conform(f) for f in frames]
         if len(frames) == 1 and grouped:
-            return frames[0]
+            return self._conform(frames[0])
         keys = list(self.labels)
-        # By name: partials from a batch and merged ones list their columns in different
-        # orders, and blobs from an older checkpoint may lack newer columns.
-        merged = concat_by_name(frames)
+        merged = self._conformed(frames)
         exprs = [pl.col(k).first() for k in keys]
         for col, how in self.spec.merge.items():
             if how == "sum":
@@ -395,6 +458,18 @@ class MinuteWindows:
                 exprs.append(pl.col(col).sort_by([f"_ts_{col}", col], nulls_last=False).last())
         # Every frame's columns, in the order first seen: the concatenation's own.
         return merged.group_by("_minute", "_slice").agg(exprs).select(merged.columns)
+
+    def _conformed(self, frames: list[pl.DataFrame]) -> pl.DataFrame:
+        """The frames one under the other, each `_conform`ed. Where they line up already (the
+        same columns in the same order and types: almost always), the concatenation is
+        conformed once: a checkpoint that closes a thousand thin minutes spent as long looking
+        at each partial's columns as concatenating them. Otherwise by name: partials from a
+        batch and merged ones list their columns in different orders, and blobs from an older
+        checkpoint may lack newer columns."""
+        try:
+            return self._conform(pl.concat(frames, how="vertical"))
+        except (pl.exceptions.ShapeError, pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):
+            return concat_by_name([self._conform(f) for f in frames])
 
     def _conform(self, frame: pl.DataFrame) -> pl.DataFrame:
         """A partial from an older version (a checkpoint blob, or a tier-1 worker not yet
@@ -426,7 +501,7 @@ class MinuteWindows:
         if not states:
             return pl.DataFrame()
         counts, hist = self._merged([m for m, _ in states], [s for _, s in states])
-        return self._finish(counts, hist if self.spec.histogram_fields else None)
+        return self._finish(counts, hist if self.spec.histogram_fields else None, bins_sorted=True)
 
     def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
         """The first minute that must stay open; minutes before it may close (None: none may).
@@ -459,7 +534,7 @@ class MinuteWindows:
         counts, hist, closing = self.close_partials(before_minute, max_rows)
         if counts is None:
             return pl.DataFrame(), []
-        return self.finish(counts, hist), closing
+        return self._finish(counts, hist if self.spec.histogram_fields else None, bins_sorted=True), closing
 
     def open_before(self, minute: int) -> bool:
         """Whether an open minute precedes `minute` (a bounded close left it open)."""
@@ -468,7 +543,8 @@ class MinuteWindows:
     def close_partials(self, before_minute: int | None, max_rows: int | None = None
                        ) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[int]]:
         """Like `close`, but the minutes' merged partial state (counts, histogram bins), not
-        finished rows: what `finish` (here or downstream, after more partials) turns into rows."""
+        finished rows: what `finish` (here or downstream, after more partials) turns into rows.
+        The histogram bins come one row per (minute, slice, field, bin), in that order."""
         closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
         bounded = False
         if max_rows is not None:
@@ -493,18 +569,17 @@ class MinuteWindows:
         return counts, hist, closing
 
     def _merged(self, minutes: list[int], states: list[OpenMinute]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-        """The minutes' partials merged (counts, dated histogram bins): every minute in one
-        group-by (keys include the minute), not one per minute, since on thin traffic a
-        checkpoint closes, and the view peeks at, many minutes of a few rows each."""
+        """The minutes' partials merged (counts by minute and slice, dated histogram bins by
+        `sorted_bins`): every minute at once (keys include the minute), not one per minute,
+        since on thin traffic a checkpoint closes, and the view peeks at, many minutes of a
+        few rows each."""
         counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
+        # In one order whatever the merge did (a group-by's rows come in any order), so the
+        # rows stored and published are too.
+        counts = counts.sort("_minute", "_slice")
         hist = None
         if any(s.hist for s in states):
-            hist = _dated([(m, h) for m, s in zip(minutes, states) for h in s.hist])
-            parts = sum(len(s.hist) for s in states)
-            if parts > 2 * len(states):
-                hist = self._merge_hist([hist], grouped=False)
-            elif parts > len(states):
-                hist = _merge_repeated_bins(hist)
+            hist = sorted_bins(_dated([(m, h) for m, s in zip(minutes, states) for h in s.hist]))
         return counts, hist
 
     @staticmethod
@@ -557,35 +632,20 @@ class MinuteWindows:
         merged_hist = self._merge_hist([hist], grouped=False) if hist is not None and hist.height else None
         return self.finish(self._merge_counts([counts], grouped=False), merged_hist)
 
-    def _finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None) -> pl.DataFrame:
+    def _finish(self, counts: pl.DataFrame, hist: pl.DataFrame | None, bins_sorted: bool = False) -> pl.DataFrame:
+        """`bins_sorted`: `hist` is already one row per bin in key order (`sorted_bins`)."""
         out = counts
         if hist is not None:
-            names = self.spec.histogram_fields
             keys = ["_minute", "_slice", "field"]
-            ordered = hist.sort([*keys, "bin"])
+            ordered = hist if bins_sorted else hist.sort([*keys, "bin"])
             # Quantiles of latency and phase fields only: a straddle histogram's counts are signed.
             straddle = (pl.col("field") >= STRADDLE_FIELD_BASE) & (pl.col("field") < KEYED_FIELD_BASE)
-            qs = histogram.quantiles_frame(ordered.filter(~straddle) if self.spec.straddle_fields else ordered,
-                                           keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
-            lists = ordered.group_by(keys, maintain_order=True).agg(
-                pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist")
-            )
-            per_field = lists.join(qs, on=["_minute", "_slice", "field"])
-            for fi, name in enumerate(names):
-                part = per_field.filter(pl.col("field") == fi).select(
-                    "_minute", "_slice",
-                    pl.col("hist").alias(f"{name}_hist"),
-                    pl.col("p50").alias(f"{name}_p50"),
-                    pl.col("p95").alias(f"{name}_p95"),
-                    pl.col("p99").alias(f"{name}_p99"),
-                )
-                out = out.join(part, on=["_minute", "_slice"], how="left")
-            out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in names])
-            for fi, (name, _) in enumerate(self.spec.straddle_fields):
-                part = lists.filter(pl.col("field") == STRADDLE_FIELD_BASE + fi).select(
-                    "_minute", "_slice", pl.col("hist").alias(f"{name}_straddle_hist"))
-                out = out.join(part, on=["_minute", "_slice"], how="left").with_columns(
-                    pl.col(f"{name}_straddle_hist").fill_null(_EMPTY_HIST))
+            main = ordered.filter(~straddle) if self.spec.straddle_fields else ordered
+            qs = histogram.quantiles_frame(main, keys, {"p50": 0.5, "p95": 0.95, "p99": 0.99}, presorted=True)
+            if bins_sorted:
+                out, lists = self._finish_sorted(out, ordered, main, ordered.filter(straddle), qs)
+            else:
+                out, lists = self._finish_joined(out, ordered, qs)
             out = self._finish_keyed(out, lists)
         elif self.spec.histogram_fields:
             # Minutes in which no event carried any latency field: empty histograms, no
@@ -599,6 +659,56 @@ class MinuteWindows:
             out = self._finish_keyed(out, None)
         out = out.with_columns(pl.from_epoch(pl.col("_minute") * 60, time_unit="s").alias("window_start"))
         return self.spec.finalize(out)
+
+    def _finish_joined(self, out: pl.DataFrame, ordered: pl.DataFrame, qs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Each field's histogram and quantiles, and the straddle histograms, joined onto the
+        rows by (minute, slice); and the histograms as lists (minute, slice, field, hist)."""
+        lists = ordered.group_by(["_minute", "_slice", "field"], maintain_order=True).agg(
+            pl.struct(pl.col("bin"), pl.col("n").cast(pl.Int64)).alias("hist"))
+        per_field = lists.join(qs, on=["_minute", "_slice", "field"])
+        for fi, name in enumerate(self.spec.histogram_fields):
+            part = per_field.filter(pl.col("field") == fi).select(
+                "_minute", "_slice",
+                pl.col("hist").alias(f"{name}_hist"),
+                pl.col("p50").alias(f"{name}_p50"),
+                pl.col("p95").alias(f"{name}_p95"),
+                pl.col("p99").alias(f"{name}_p99"),
+            )
+            out = out.join(part, on=["_minute", "_slice"], how="left")
+        out = out.with_columns([pl.col(f"{n}_hist").fill_null(_EMPTY_HIST) for n in self.spec.histogram_fields])
+        for fi, (name, _) in enumerate(self.spec.straddle_fields):
+            part = lists.filter(pl.col("field") == STRADDLE_FIELD_BASE + fi).select(
+                "_minute", "_slice", pl.col("hist").alias(f"{name}_straddle_hist"))
+            out = out.join(part, on=["_minute", "_slice"], how="left").with_columns(
+                pl.col(f"{name}_straddle_hist").fill_null(_EMPTY_HIST))
+        return out, lists
+
+    def _finish_sorted(self, out: pl.DataFrame, ordered: pl.DataFrame, main: pl.DataFrame, straddles: pl.DataFrame,
+                       qs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """`_finish_joined` for rows sorted by (minute, slice) and `sorted_bins`' histograms
+        (`ordered`; `main`: its latency and keyed fields, `straddles`: the rest): the same columns,
+        placed by position rather than by a join per field. Closing a backlog of thin
+        minutes, the joins were half of finishing them."""
+        lists = _bin_lists(main)
+        at = _row_of_key(out, lists)
+        if at is None or not qs.select("_minute", "_slice", "field").equals(lists.select("_minute", "_slice", "field")):
+            return self._finish_joined(out, ordered, qs)
+        per_field = pl.concat([lists, qs.select("p50", "p95", "p99")], how="horizontal")
+        field = lists["field"].to_numpy()
+        columns = []
+        for fi, name in enumerate(self.spec.histogram_fields):
+            index = _gather_index(out.height, at, field == fi)
+            columns += [per_field["hist"].gather(index).fill_null(_EMPTY_HIST).alias(f"{name}_hist"),
+                        *[per_field[q].gather(index).alias(f"{name}_{q}") for q in ("p50", "p95", "p99")]]
+        straddle_lists = _bin_lists(straddles)
+        straddle_at = _row_of_key(out, straddle_lists)
+        if straddle_at is None:
+            return self._finish_joined(out, ordered, qs)
+        straddle_field = straddle_lists["field"].to_numpy()
+        for fi, (name, _) in enumerate(self.spec.straddle_fields):
+            index = _gather_index(out.height, straddle_at, straddle_field == STRADDLE_FIELD_BASE + fi)
+            columns.append(straddle_lists["hist"].gather(index).fill_null(_EMPTY_HIST).alias(f"{name}_straddle_hist"))
+        return out.with_columns(columns), lists
 
     def _finish_keyed(self, out: pl.DataFrame, lists: pl.DataFrame | None) -> pl.DataFrame:
         """`<column>_hist` per slice-minute: the keyed fields' bins, named, in key order."""

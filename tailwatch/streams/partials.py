@@ -44,6 +44,7 @@ handed out is a copy (a re-publish after a crash or a move) and is dropped (`red
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 import msgspec
@@ -73,7 +74,11 @@ def sli_records(rows: pl.DataFrame, spec: AggregateSpec) -> Iterator[tuple[bytes
     records = rows.with_columns(pl.lit(f"{spec.name}_minute.v1").alias("schema"),
                                 pl.col("window_start").dt.epoch("ms").alias("window_start"))
     for chunk in records.iter_slices(SLI_CHUNK_ROWS):
-        yield from zip(sli_keys(chunk, keys), chunk.write_ndjson().encode().splitlines())
+        # Into bytes: `write_ndjson()` without a file decodes its bytes into a str, which
+        # was then encoded back.
+        lines = io.BytesIO()
+        chunk.write_ndjson(lines)
+        yield from zip(sli_keys(chunk, keys), lines.getvalue().splitlines())
 
 
 def sli_keys(rows: pl.DataFrame, labels: list[str]) -> list[bytes]:
