@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import math
 import pickle
-import statistics
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from tailwatch.detectors.core import (
     SliceKey,
     SliceMinute,
     Tracker,
+    median,
     ratio,
     SliceBy,
 )
@@ -136,9 +136,9 @@ def _robust_z(now: float | None, base: list[float | None], floor: float) -> floa
     vals = [b for b in base if b is not None]
     if now is None or not vals:
         return 0.0
-    median = statistics.median(vals)
-    spread = 1.4826 * statistics.median(abs(v - median) for v in vals)
-    return (now - median) / max(spread, floor)
+    middle = median(vals)
+    spread = 1.4826 * median([abs(v - middle) for v in vals])
+    return (now - middle) / max(spread, floor)
 
 
 def _log(x: float | None, eps: float) -> float | None:

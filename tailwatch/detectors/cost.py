@@ -22,10 +22,9 @@ traffic. Instead, per cost figure (per successful turn, per 1,000 tokens):
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
-from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
+from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, median, ratio
 from tailwatch.config import ConfigStruct, Count, Minutes, NonNegative, Positive
 
 NAME = "cost_regression"
@@ -90,7 +89,7 @@ class CostBaseline:
 
 
 def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+    return median(xs) if xs else None
 
 
 _VOLUME = {"per_successful_turn": (lambda s: s.successful_turns, 1.0),
