@@ -272,9 +272,13 @@ class MinuteBatch:
     its events; a polars call costs the same for ten rows as for ten thousand). Requests
     come as rows or as `summaries` (then only their label sets can be asked for)."""
 
-    def __init__(self, requests: pl.DataFrame | None, gpu: pl.DataFrame | None, minute: int | None = None):
-        """`minute`: every row is of this minute; None: rows carry `window_start`."""
+    def __init__(self, requests: pl.DataFrame | None, gpu: pl.DataFrame | None, minute: int | None = None,
+                 one_summary_per_slice: bool = False):
+        """`minute`: every row is of this minute; None: rows carry `window_start`.
+        `one_summary_per_slice`: the requests are summaries from one `summaries` call each
+        minute (no minute closed in two checkpoints), so none is summed again."""
         self.requests = with_minute(requests, minute)
+        self.one_summary_per_slice = one_summary_per_slice
         self.gpu = with_minute(gpu, minute)
         self._slices: dict[tuple[str, ...], dict[int, dict[SliceKey, SliceMinute]]] = {}
         self._pools: dict[int, dict[str, PoolMinute]] | None = None
@@ -336,7 +340,8 @@ class MinuteBatch:
         if self._by is None:
             f = self.requests
             label_cols = [c for c in f.columns if c in SLICE_LABELS]
-            g = _slice_values(f.group_by(MINUTE_COL, BY_COL, *label_cols).agg(*_sums(f)), (BY_COL, *label_cols))
+            summed = f if self.one_summary_per_slice else f.group_by(MINUTE_COL, BY_COL, *label_cols).agg(*_sums(f))
+            g = _slice_values(summed, (BY_COL, *label_cols))
             self._by = dict(zip(g.get_column(BY_COL).unique(maintain_order=True).to_list(),
                                 g.partition_by(BY_COL, maintain_order=True)))
         return self._by
