@@ -77,6 +77,8 @@ class Tracker:
         self._last_evidence: dict[SliceKey, dict[str, float | str]] = {}
 
     def update(self, minute: int, findings: Iterable[Finding]) -> list[DetectionEvent]:
+        if not findings and not self.open:
+            return []  # the common minute: nothing holds and nothing is open
         events: list[DetectionEvent] = []
         holding: set[SliceKey] = set()
         for f in sorted(findings, key=lambda f: slice_key(f.labels)):

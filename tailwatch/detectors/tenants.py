@@ -70,17 +70,23 @@ class TenantStarvingDetector:
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
         per_pool: dict[str, dict[str, Reading]] = {}
-        labels: dict[str, dict[str, str]] = {}
+        last: dict[str, dict[str, str]] = {}  # per pool, its last slice's labels
         for s in m.slices(BY).values():
-            pool = s.labels["pool"]
+            slice_labels = s.labels
+            pool = slice_labels["pool"]
             if not pool:
                 continue
             reported = s.requests if s.queue_ms_p95 is not None else 0
-            per_pool.setdefault(pool, {})[s.labels["tenant"]] = (
+            tenants = per_pool.get(pool)
+            if tenants is None:
+                tenants = per_pool[pool] = {}
+            tenants[slice_labels["tenant"]] = (
                 float(s.gpu_seconds), int(s.requests), (s.queue_ms_p95 or 0.0) * reported, reported)
-            labels[pool] = {"pool": pool, "model": s.labels["model"], "zone": s.labels["zone"]}
+            last[pool] = slice_labels
         for pool, tenants in per_pool.items():
-            self.history.add((("pool", pool),), labels[pool], m.minute, tenants)
+            labels = last[pool]
+            self.history.add((("pool", pool),), {"pool": pool, "model": labels["model"], "zone": labels["zone"]},
+                             m.minute, tenants)
         self.history.trim(m.minute)
         findings = []
         for key in sorted(self.history.values):
