@@ -283,6 +283,8 @@ class MinuteBatch:
         self.one_summary_per_slice = one_summary_per_slice
         self.gpu = with_minute(gpu, minute)
         self._slices: dict[tuple[str, ...], dict[int, dict[SliceKey, SliceMinute]]] = {}
+        self._readings: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[int, list[tuple]]] = {}
+        self._sorted: dict[tuple[str, ...], tuple | None] = {}
         self._pools: dict[int, dict[str, PoolMinute]] | None = None
         self._classes: dict[int, dict[str, dict[str, int]]] | None = None
         self._by: dict[str, pl.DataFrame] | None = None
@@ -299,6 +301,42 @@ class MinuteBatch:
         if by in self._slices:
             return self._slices[by]
         out: dict[int, dict[SliceKey, SliceMinute]] = {}
+        rows = self._rows(by)
+        if rows is not None:
+            g, keys, labels, runs = rows
+            # Column by column, then one object per row (made in C: no Python call a row):
+            # named rows and keyword arguments cost more than the sums themselves on a month
+            # of a thousand slices.
+            objects = list(map(tuple.__new__, repeat(SliceMinute),
+                               zip(labels, *[g.get_column(c).to_list() for c in _SLICE_MINUTE_FIELDS])))
+            for minute, start, end in runs:
+                out[minute] = dict(zip(keys[start:end], objects[start:end]))
+        self._slices[by] = out
+        return out
+
+    def readings(self, by: tuple[str, ...], fields: tuple[str, ...]) -> dict[int, list[tuple]]:
+        """Per minute, (slice key, labels, *fields) of each slice by the labels `by`, in the
+        order `slices` gives them: for a detector that reads a few of a slice's numbers, which
+        are then all that is taken out of the frame (a SliceMinute holds 26)."""
+        cached = self._readings.get((by, fields))
+        if cached is not None:
+            return cached
+        out: dict[int, list[tuple]] = {}
+        rows = self._rows(by)
+        if rows is not None:
+            g, keys, labels, runs = rows
+            values = list(zip(keys, labels, *[g.get_column(c).to_list() for c in fields]))
+            for minute, start, end in runs:
+                out[minute] = values[start:end]
+        self._readings[(by, fields)] = out
+        return out
+
+    def _rows(self, by: tuple[str, ...]) -> tuple[pl.DataFrame, list[SliceKey], list[dict[str, str]],
+                                                  list[tuple[int, int, int]]] | None:
+        """The slices by `by` of every minute, sorted by minute and labels: their values, each
+        row's slice key and labels, and each minute's run of rows (minute, start, end)."""
+        if by in self._sorted:
+            return self._sorted[by]
         f = self.requests
         if f is not None and BY_COL in f.columns:
             # Summaries have rows for every label set they were made by whenever there were rows.
@@ -310,27 +348,21 @@ class MinuteBatch:
             g = _slice_values(summarise(f, by), by)
         else:
             g = None
+        rows = None
         if g is not None and g.height:
-            # Column by column, then one object per row: named rows and keyword arguments cost
-            # more than the sums themselves on a month of a thousand slices.
             g = g.sort(MINUTE_COL, *by)
             # A slice's key and labels are made once for all its minutes (and shared by them),
-            # then looked up row by row in C (map), as each row's SliceMinute is made.
+            # then looked up row by row in C (map).
             label_values = list(zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]))
             made = {values: (slice_key(dict(zip(by, values))), dict(zip(by, values))) for values in set(label_values)}
             key_labels = list(map(made.__getitem__, label_values))
-            keys = [k for k, _ in key_labels]
-            objects = list(map(tuple.__new__, repeat(SliceMinute),
-                               zip([named for _, named in key_labels],
-                                   *[g.get_column(c).to_list() for c in _SLICE_MINUTE_FIELDS])))
-            # Each minute's run of rows (they come sorted by minute) made one dict.
-            start = 0
-            for minute, rows in Counter(g.get_column(MINUTE_COL).to_list()).items():
-                end = start + rows
-                out[minute] = dict(zip(keys[start:end], objects[start:end]))
-                start = end
-        self._slices[by] = out
-        return out
+            runs, start = [], 0
+            for minute, n in Counter(g.get_column(MINUTE_COL).to_list()).items():  # runs: the rows come by minute
+                runs.append((minute, start, start + n))
+                start += n
+            rows = (g, [k for k, _ in key_labels], [named for _, named in key_labels], runs)
+        self._sorted[by] = rows
+        return rows
 
     def _summed_by(self) -> dict[str, pl.DataFrame]:
         """The summaries summed again per minute and slice (rows of a minute may come from
@@ -410,6 +442,10 @@ class Minute:
     def slices(self, by: tuple[str, ...]) -> dict[SliceKey, SliceMinute]:
         """Requests summed per value of the labels `by`."""
         return self.batch.slices(by).get(self.minute, {})
+
+    def readings(self, by: tuple[str, ...], fields: tuple[str, ...]) -> list[tuple]:
+        """(slice key, labels, *fields) of each slice by `by` (`MinuteBatch.readings`)."""
+        return self.batch.readings(by, fields).get(self.minute, [])
 
     def traffic_classes(self) -> dict[str, dict[str, int]]:
         """Requests per traffic class per pool: who is using each pool this minute."""

@@ -85,8 +85,8 @@ class RetryStormDetector:
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
-        for key, s in m.slices(tuple(cfg.slice_by)).items():
-            self.history.add(key, s.labels, m.minute, (s.requests, s.retries))
+        for key, labels, requests, retries in m.readings(tuple(cfg.slice_by), ("requests", "retries")):
+            self.history.add(key, labels, m.minute, (requests, retries))
         self.history.trim(m.minute)
         findings = []
         for key in sorted(self.history.values):

@@ -17,6 +17,7 @@ from tailwatch.detectors.core import DetectionEvent, Finding, History, Minute, T
 
 TENANT_STARVING = "tenant_starving"
 BY = ("pool", "model", "zone", "tenant")  # model and zone name the pool's slice for dashboards and scoring
+READ = ("gpu_seconds", "requests", "queue_ms_p95")  # what a tenant's minute is read from
 
 
 class TenantStarvingConfig(ConfigStruct):
@@ -71,17 +72,16 @@ class TenantStarvingDetector:
         cfg = self.cfg
         per_pool: dict[str, dict[str, Reading]] = {}
         last: dict[str, dict[str, str]] = {}  # per pool, its last slice's labels
-        for s in m.slices(BY).values():
-            slice_labels = s.labels
+        for _key, slice_labels, gpu_seconds, requests, queue_ms_p95 in m.readings(BY, READ):
             pool = slice_labels["pool"]
             if not pool:
                 continue
-            reported = s.requests if s.queue_ms_p95 is not None else 0
+            reported = requests if queue_ms_p95 is not None else 0
             tenants = per_pool.get(pool)
             if tenants is None:
                 tenants = per_pool[pool] = {}
             tenants[slice_labels["tenant"]] = (
-                float(s.gpu_seconds), int(s.requests), (s.queue_ms_p95 or 0.0) * reported, reported)
+                float(gpu_seconds), int(requests), (queue_ms_p95 or 0.0) * reported, reported)
             last[pool] = slice_labels
         for pool, tenants in per_pool.items():
             labels = last[pool]
