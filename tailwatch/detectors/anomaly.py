@@ -30,8 +30,11 @@ import io
 import math
 import pickle
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -128,16 +131,20 @@ def raw_features(s: SliceMinute) -> RawFeatures:
     )
 
 
-def _robust_z(now: float | None, base: list[float | None], floor: float) -> float:
+def _robust_z(now: float | None, base: Sequence[float | None], floor: float) -> float:
     """How many spreads `now` sits from the baseline's median; the spread is the baseline's
     own (1.4826 × median absolute deviation, the normal-consistent scale), never under
     `floor`, so a small slice's noisy minutes and a large slice's steady ones land on the
     same scale and one model fits both."""
+    if now is None:
+        return 0.0
     vals = [b for b in base if b is not None]
-    if now is None or not vals:
+    if not vals:
         return 0.0
     middle = median(vals)
-    spread = 1.4826 * median([abs(v - middle) for v in vals])
+    # |v - median| for every v in C loops (map): this runs for six features of every scored
+    # slice each minute.
+    spread = 1.4826 * median(list(map(abs, map(sub, vals, repeat(middle)))))
     return (now - middle) / max(spread, floor)
 
 
@@ -149,7 +156,7 @@ def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
     """The slice's distance from its own trailing baseline, one robust z-score per FEATURES
     entry (ratios of counts on their own scale, sizes and latencies on a log scale)."""
     columns = zip(*base) if base else ([] for _ in now)
-    return [_robust_z(x, list(column), floor) for x, column, floor in zip(now, columns, _SPREAD_FLOORS)]
+    return [_robust_z(x, column, floor) for x, column, floor in zip(now, columns, _SPREAD_FLOORS)]
 
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):
