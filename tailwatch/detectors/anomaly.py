@@ -52,6 +52,7 @@ from tailwatch.detectors.core import (
     SliceBy,
 )
 from tailwatch.detectors.outlier_factor import LocalOutlierFactor
+from tailwatch.detectors.sorted_baseline import SortedBaseline, robust_z
 from tailwatch.config import ConfigStruct, Count, Minutes, PositiveCount
 
 NAME = "anomaly"
@@ -188,6 +189,7 @@ class AnomalyDetector:
         self.training: deque[tuple[int, list[float]]] = deque()  # (minute, features) of normal slice-minutes
         self.recent: dict[SliceKey, dict[int, float]] = {}  # slice → minute → score (last window)
         self.labels: dict[SliceKey, dict[str, str]] = {}
+        self._baselines: dict[SliceKey, SortedBaseline] = {}  # each scored slice's baseline, sorted (see _relative)
         self.anomalous_run: dict[SliceKey, int] = {}  # consecutive anomalous minutes per slice
         self.model: AnomalyModel | None = None
         self.fitting = True  # off while a restart replays history: the stored model is put back after
@@ -216,7 +218,7 @@ class AnomalyDetector:
             base = self.raw.before(key, m.minute, 1, cfg.baseline_minutes + 1)  # every minute kept, before this one
             self.labels[key] = s.labels
             if len(base) >= cfg.min_baseline_minutes:
-                scored.append((key, relative_features(now, base[-cfg.baseline_minutes:])))
+                scored.append((key, self._relative(key, now, base[-cfg.baseline_minutes:])))
             else:
                 self.raw.add(key, s.labels, m.minute, now)
             raws[key] = now
@@ -237,6 +239,8 @@ class AnomalyDetector:
                 self.raw.add(key, self.labels[key], m.minute, raws[key])
             self.recent.setdefault(key, {})[m.minute] = score if score is not None else 0.0
         self.raw.trim(m.minute)
+        for key in [k for k in self._baselines if k not in self.raw.values]:
+            del self._baselines[key]
         while self.training and self.training[0][0] < m.minute - cfg.fit_window_minutes:
             self.training.popleft()
         findings = []
@@ -253,6 +257,16 @@ class AnomalyDetector:
                     ev.update({f: round(x, 4) for f, x in zip(FEATURES, features_of[key])})
                 findings.append(Finding(self.labels[key], ev))
         return self.tracker.update(m.minute, findings)
+
+    def _relative(self, key: SliceKey, now: RawFeatures, base: list[RawFeatures]) -> list[float]:
+        """`relative_features(now, base)`, from the slice's baseline kept sorted as it moves."""
+        order = self._baselines.get(key)
+        if order is None:
+            order = self._baselines[key] = SortedBaseline(len(FEATURES))
+        order.update(base)
+        if not order.ordered:
+            return relative_features(now, base)
+        return [robust_z(x, column, floor) for x, column, floor in zip(now, order.columns, _SPREAD_FLOORS)]
 
     def _start_fit(self, minute: int) -> None:
         """Fit on the rows before `minute` in a thread, off the worker's loop (importing
