@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailwatch.detectors import config as C
 from tailwatch.detectors.core import Minute
@@ -145,3 +147,17 @@ def test_a_checkpoint_of_minutes_detects_what_minute_by_minute_detects(seed):
     assert sorted(batched) == sorted(want)
     raised = {i.split("|")[0] for i, state, _, _ in want if state == "raised"}
     assert len(raised) >= 4, raised  # the incidents were detected: the comparison is not of nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200)), min_size=1, max_size=8),
+       st.integers(0, 300), st.sampled_from([0.0, 0.05, 0.1, 0.5]))
+def test_the_shortest_breaching_run_is_the_one_judging_every_run_finds(counts, min_requests, threshold):
+    """Retry storms add each run's counts up from the newest minute and judge a run in full
+    only where its ratio is over the threshold: the same run as judging each in full."""
+    from tailwatch.detectors.retry_storm import RetryStormConfig, _first_breach, breaches, retry_window
+
+    counts = [(r, min(x, r)) for r, x in counts]
+    cfg = RetryStormConfig(min_requests=min_requests, retry_ratio_threshold=threshold)
+    want = next((j for j in range(1, len(counts) + 1) if breaches(retry_window(counts[-j:]), cfg)), None)
+    assert _first_breach(counts, cfg) == want
