@@ -337,3 +337,34 @@ def test_rebuild_learns_pool_skus_from_the_store(fleet):
     stage.on_closed(requests, gpu.head(0))  # requests before any GPU row of this run: SKUs already known
     skus = {s.labels["gpu_sku"] for s in scrape(stage.collector)["tailwatch_request_gpu_seconds"].samples}
     assert skus == {"H100", "L4"}
+
+
+def test_latency_buckets_and_sums_are_each_bins_own_whatever_the_batches(fleet):
+    """Each stored bin lands in the first bucket at or above its upper bound and adds its
+    value × n to the sum, per label set and field, whether the minutes come in one batch or
+    one at a time (a bin's bucket is worked out once per distinct bin, not per row)."""
+    from tailwatch.conventions import LATENCY_LABELS as LABELS
+    from tailwatch.slo import histogram
+    from tailwatch.streams.fleet_metrics import _BOUNDS_MS, LATENCY_FIELDS
+
+    _sim, requests, gpu = fleet
+    want_counts: dict[tuple, list[int]] = {}
+    want_sums: dict[tuple, float] = {}
+    for row in requests.iter_rows(named=True):
+        for field_name, column in LATENCY_FIELDS.items():
+            for b in row[column] or []:
+                key = (*(str(row[k] or "") for k in LABELS), field_name)
+                counts = want_counts.setdefault(key, [0] * (len(_BOUNDS_MS) + 1))
+                counts[int(np.searchsorted(_BOUNDS_MS, histogram.bin_upper_bound_ms(b["bin"]) * (1 - 1e-12)))] += b["n"]
+                want_sums[key] = want_sums.get(key, 0.0) + histogram.bin_value_ms(b["bin"]) * b["n"] / 1000
+    at_once, by_minute = FleetMetrics(), FleetMetrics()
+    at_once.on_closed(requests, gpu)
+    for (minute,), part in requests.partition_by("window_start", as_dict=True, maintain_order=True).items():
+        by_minute.on_closed(part, gpu.filter(pl.col("window_start") == minute))
+    assert len(want_counts) > 10
+    for stage in (at_once, by_minute):
+        got = stage.collector
+        assert {k: v.tolist() for k, v in got.latency.items()} == want_counts
+        assert got.latency_sum_s.keys() == want_sums.keys()
+        for key, want in want_sums.items():
+            assert got.latency_sum_s[key] == pytest.approx(want, rel=1e-12)

@@ -29,10 +29,12 @@ from __future__ import annotations
 import io
 import math
 import pickle
-import statistics
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -45,10 +47,12 @@ from tailwatch.detectors.core import (
     SliceKey,
     SliceMinute,
     Tracker,
+    median,
     ratio,
     SliceBy,
 )
 from tailwatch.detectors.outlier_factor import LocalOutlierFactor
+from tailwatch.detectors.sorted_baseline import SortedBaseline, robust_z
 from tailwatch.config import ConfigStruct, Count, Minutes, PositiveCount
 
 NAME = "anomaly"
@@ -128,17 +132,21 @@ def raw_features(s: SliceMinute) -> RawFeatures:
     )
 
 
-def _robust_z(now: float | None, base: list[float | None], floor: float) -> float:
+def _robust_z(now: float | None, base: Sequence[float | None], floor: float) -> float:
     """How many spreads `now` sits from the baseline's median; the spread is the baseline's
     own (1.4826 × median absolute deviation, the normal-consistent scale), never under
     `floor`, so a small slice's noisy minutes and a large slice's steady ones land on the
     same scale and one model fits both."""
-    vals = [b for b in base if b is not None]
-    if now is None or not vals:
+    if now is None:
         return 0.0
-    median = statistics.median(vals)
-    spread = 1.4826 * statistics.median(abs(v - median) for v in vals)
-    return (now - median) / max(spread, floor)
+    vals = [b for b in base if b is not None]
+    if not vals:
+        return 0.0
+    middle = median(vals)
+    # |v - median| for every v in C loops (map): this runs for six features of every scored
+    # slice each minute.
+    spread = 1.4826 * median(list(map(abs, map(sub, vals, repeat(middle)))))
+    return (now - middle) / max(spread, floor)
 
 
 def _log(x: float | None, eps: float) -> float | None:
@@ -149,7 +157,7 @@ def relative_features(now: RawFeatures, base: list[RawFeatures]) -> list[float]:
     """The slice's distance from its own trailing baseline, one robust z-score per FEATURES
     entry (ratios of counts on their own scale, sizes and latencies on a log scale)."""
     columns = zip(*base) if base else ([] for _ in now)
-    return [_robust_z(x, list(column), floor) for x, column, floor in zip(now, columns, _SPREAD_FLOORS)]
+    return [_robust_z(x, column, floor) for x, column, floor in zip(now, columns, _SPREAD_FLOORS)]
 
 
 def fit_model(rows: np.ndarray, cfg: AnomalyConfig):
@@ -181,6 +189,7 @@ class AnomalyDetector:
         self.training: deque[tuple[int, list[float]]] = deque()  # (minute, features) of normal slice-minutes
         self.recent: dict[SliceKey, dict[int, float]] = {}  # slice → minute → score (last window)
         self.labels: dict[SliceKey, dict[str, str]] = {}
+        self._baselines: dict[SliceKey, SortedBaseline] = {}  # each scored slice's baseline, sorted (see _relative)
         self.anomalous_run: dict[SliceKey, int] = {}  # consecutive anomalous minutes per slice
         self.model: AnomalyModel | None = None
         self.fitting = True  # off while a restart replays history: the stored model is put back after
@@ -209,7 +218,7 @@ class AnomalyDetector:
             base = self.raw.before(key, m.minute, 1, cfg.baseline_minutes + 1)  # every minute kept, before this one
             self.labels[key] = s.labels
             if len(base) >= cfg.min_baseline_minutes:
-                scored.append((key, relative_features(now, base[-cfg.baseline_minutes:])))
+                scored.append((key, self._relative(key, now, base[-cfg.baseline_minutes:])))
             else:
                 self.raw.add(key, s.labels, m.minute, now)
             raws[key] = now
@@ -230,6 +239,8 @@ class AnomalyDetector:
                 self.raw.add(key, self.labels[key], m.minute, raws[key])
             self.recent.setdefault(key, {})[m.minute] = score if score is not None else 0.0
         self.raw.trim(m.minute)
+        for key in [k for k in self._baselines if k not in self.raw.values]:
+            del self._baselines[key]
         while self.training and self.training[0][0] < m.minute - cfg.fit_window_minutes:
             self.training.popleft()
         findings = []
@@ -246,6 +257,16 @@ class AnomalyDetector:
                     ev.update({f: round(x, 4) for f, x in zip(FEATURES, features_of[key])})
                 findings.append(Finding(self.labels[key], ev))
         return self.tracker.update(m.minute, findings)
+
+    def _relative(self, key: SliceKey, now: RawFeatures, base: list[RawFeatures]) -> list[float]:
+        """`relative_features(now, base)`, from the slice's baseline kept sorted as it moves."""
+        order = self._baselines.get(key)
+        if order is None:
+            order = self._baselines[key] = SortedBaseline(len(FEATURES))
+        order.update(base)
+        if not order.ordered:
+            return relative_features(now, base)
+        return [robust_z(x, column, floor) for x, column, floor in zip(now, order.columns, _SPREAD_FLOORS)]
 
     def _start_fit(self, minute: int) -> None:
         """Fit on the rows before `minute` in a thread, off the worker's loop (importing

@@ -15,7 +15,8 @@ that flickers for a minute does not page twice.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from itertools import groupby, repeat
+from collections import Counter
+from itertools import repeat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, NamedTuple
@@ -76,6 +77,8 @@ class Tracker:
         self._last_evidence: dict[SliceKey, dict[str, float | str]] = {}
 
     def update(self, minute: int, findings: Iterable[Finding]) -> list[DetectionEvent]:
+        if not findings and not self.open:
+            return []  # the common minute: nothing holds and nothing is open
         events: list[DetectionEvent] = []
         holding: set[SliceKey] = set()
         for f in sorted(findings, key=lambda f: slice_key(f.labels)):
@@ -232,9 +235,13 @@ def summarise(requests: pl.DataFrame, by: tuple[str, ...]) -> pl.DataFrame:
     checkpoints)."""
     # A label rows were written without (language and voice came later) is empty, as in the store.
     return requests.group_by(MINUTE_COL, *[pl.col(b).fill_null("") if b in requests.columns else pl.lit("").alias(b)
-                                           for b in by]).agg(
-        *[pl.col(c).sum() for c in REQUEST_SUMS], *[pl.col(c).sum() for c in QUALITY_SUMS if c in requests.columns],
-        *_weighted_p95s(requests))
+                                           for b in by]).agg(*_sums(requests))
+
+
+def _sums(requests: pl.DataFrame) -> list[pl.Expr]:
+    """What `summarise` sums per group, from raw rows or from summaries."""
+    return [*[pl.col(c).sum() for c in REQUEST_SUMS], *[pl.col(c).sum() for c in QUALITY_SUMS if c in requests.columns],
+            *_weighted_p95s(requests)]
 
 
 def summaries(requests: pl.DataFrame | None, label_sets: tuple[tuple[str, ...], ...]) -> pl.DataFrame | None:
@@ -249,6 +256,17 @@ def summaries(requests: pl.DataFrame | None, label_sets: tuple[tuple[str, ...], 
     return pl.concat(parts, how="diagonal_relaxed") if parts else None
 
 
+def _slice_values(summed: pl.DataFrame, labels: tuple[str, ...]) -> pl.DataFrame:
+    """Summed rows → MINUTE_COL, the `labels` columns and SliceMinute's values: nulls as 0,
+    each p95 its requests-weighted mean (None where no request reported it)."""
+    have = set(summed.columns)
+    return summed.select(
+        MINUTE_COL, *labels,
+        *[(pl.col(c).fill_null(0) if c in have else pl.lit(0)).alias(c) for c in (*REQUEST_SUMS, *QUALITY_SUMS)],
+        *[pl.when(pl.col(f"_n_{c}") != 0).then(pl.col(f"_w_{c}") / pl.col(f"_n_{c}")).alias(c) for c in LATENCY_P95],
+    )
+
+
 class MinuteBatch:
     """Closed minutes' `sli_minute` and `gpu_minute` rows, summarised for every minute at
     once: one group-by per label set the detectors ask for, over all the minutes of a
@@ -256,11 +274,17 @@ class MinuteBatch:
     its events; a polars call costs the same for ten rows as for ten thousand). Requests
     come as rows or as `summaries` (then only their label sets can be asked for)."""
 
-    def __init__(self, requests: pl.DataFrame | None, gpu: pl.DataFrame | None, minute: int | None = None):
-        """`minute`: every row is of this minute; None: rows carry `window_start`."""
+    def __init__(self, requests: pl.DataFrame | None, gpu: pl.DataFrame | None, minute: int | None = None,
+                 one_summary_per_slice: bool = False):
+        """`minute`: every row is of this minute; None: rows carry `window_start`.
+        `one_summary_per_slice`: the requests are summaries from one `summaries` call each
+        minute (no minute closed in two checkpoints), so none is summed again."""
         self.requests = with_minute(requests, minute)
+        self.one_summary_per_slice = one_summary_per_slice
         self.gpu = with_minute(gpu, minute)
         self._slices: dict[tuple[str, ...], dict[int, dict[SliceKey, SliceMinute]]] = {}
+        self._readings: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[int, list[tuple]]] = {}
+        self._sorted: dict[tuple[str, ...], tuple | None] = {}
         self._pools: dict[int, dict[str, PoolMinute]] | None = None
         self._classes: dict[int, dict[str, dict[str, int]]] | None = None
         self._by: dict[str, pl.DataFrame] | None = None
@@ -277,51 +301,83 @@ class MinuteBatch:
         if by in self._slices:
             return self._slices[by]
         out: dict[int, dict[SliceKey, SliceMinute]] = {}
-        f = self.requests
-        if f is not None and BY_COL in f.columns:
-            # Summaries have rows for every label set they were made by whenever there were rows.
-            f = self._summaries_by().get(_by_value(by), f.clear())
-            if f.height == 0:
-                raise ValueError(f"requests were summarised without the label set {by}: "
-                                 "a detector must name every label set it reads (label_sets)")
-        if f is not None and f.height:
-            # Column by column, then one object per row: named rows and keyword arguments cost
-            # more than the sums themselves on a month of a thousand slices.
-            g = summarise(f, by).sort(MINUTE_COL, *by)
-            have = set(g.columns)
-            values = g.select(
-                *[(pl.col(c).fill_null(0) if c in have else pl.lit(0)).alias(c) for c in (*REQUEST_SUMS, *QUALITY_SUMS)],
-                *[pl.when(pl.col(f"_n_{c}") != 0).then(pl.col(f"_w_{c}") / pl.col(f"_n_{c}")).alias(c) for c in LATENCY_P95],
-            ).select(_SLICE_MINUTE_FIELDS)
-            # A slice's key and labels are made once for all its minutes (and shared by them).
-            made: dict[tuple[str, ...], tuple[SliceKey, dict[str, str]]] = {}
-            keys, labels = [], []
-            for label_values in zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]):
-                key_labels = made.get(label_values)
-                if key_labels is None:
-                    named = dict(zip(by, label_values))
-                    key_labels = made[label_values] = (slice_key(named), named)
-                keys.append(key_labels[0])
-                labels.append(key_labels[1])
-            # Each row's SliceMinute made in C loops (no Python call a row), then each
-            # minute's run of rows (they come sorted by minute) made one dict.
+        rows = self._rows(by)
+        if rows is not None:
+            g, keys, labels, runs = rows
+            # Column by column, then one object per row (made in C: no Python call a row):
+            # named rows and keyword arguments cost more than the sums themselves on a month
+            # of a thousand slices.
             objects = list(map(tuple.__new__, repeat(SliceMinute),
-                               zip(labels, *[values.get_column(c).to_list() for c in values.columns])))
-            start = 0
-            for minute, run in groupby(g.get_column(MINUTE_COL).to_list()):
-                end = start + sum(1 for _ in run)
+                               zip(labels, *[g.get_column(c).to_list() for c in _SLICE_MINUTE_FIELDS])))
+            for minute, start, end in runs:
                 out[minute] = dict(zip(keys[start:end], objects[start:end]))
-                start = end
         self._slices[by] = out
         return out
 
-    def _summaries_by(self) -> dict[str, pl.DataFrame]:
-        """The summaries' rows per label set (BY_COL), split in one pass rather than one
-        filter of every row per label set the detectors ask for."""
+    def readings(self, by: tuple[str, ...], fields: tuple[str, ...]) -> dict[int, list[tuple]]:
+        """Per minute, (slice key, labels, *fields) of each slice by the labels `by`, in the
+        order `slices` gives them: for a detector that reads a few of a slice's numbers, which
+        are then all that is taken out of the frame (a SliceMinute holds 26)."""
+        cached = self._readings.get((by, fields))
+        if cached is not None:
+            return cached
+        out: dict[int, list[tuple]] = {}
+        rows = self._rows(by)
+        if rows is not None:
+            g, keys, labels, runs = rows
+            values = list(zip(keys, labels, *[g.get_column(c).to_list() for c in fields]))
+            for minute, start, end in runs:
+                out[minute] = values[start:end]
+        self._readings[(by, fields)] = out
+        return out
+
+    def _rows(self, by: tuple[str, ...]) -> tuple[pl.DataFrame, list[SliceKey], list[dict[str, str]],
+                                                  list[tuple[int, int, int]]] | None:
+        """The slices by `by` of every minute, sorted by minute and labels: their values, each
+        row's slice key and labels, and each minute's run of rows (minute, start, end)."""
+        if by in self._sorted:
+            return self._sorted[by]
+        f = self.requests
+        if f is not None and BY_COL in f.columns:
+            # Summaries have rows for every label set they were made by whenever there were rows.
+            g = self._summed_by().get(_by_value(by))
+            if g is None:
+                raise ValueError(f"requests were summarised without the label set {by}: "
+                                 "a detector must name every label set it reads (label_sets)")
+        elif f is not None and f.height:
+            g = _slice_values(summarise(f, by), by)
+        else:
+            g = None
+        rows = None
+        if g is not None and g.height:
+            g = g.sort(MINUTE_COL, *by)
+            # A slice's key and labels are made once for all its minutes (and shared by them),
+            # then looked up row by row in C (map).
+            label_values = list(zip(*[g.get_column(b).cast(pl.String).to_list() for b in by]))
+            made = {values: (slice_key(dict(zip(by, values))), dict(zip(by, values))) for values in set(label_values)}
+            key_labels = list(map(made.__getitem__, label_values))
+            runs, start = [], 0
+            for minute, n in Counter(g.get_column(MINUTE_COL).to_list()).items():  # runs: the rows come by minute
+                runs.append((minute, start, start + n))
+                start += n
+            rows = (g, [k for k, _ in key_labels], [named for _, named in key_labels], runs)
+        self._sorted[by] = rows
+        return rows
+
+    def _summed_by(self) -> dict[str, pl.DataFrame]:
+        """The summaries summed again per minute and slice (rows of a minute may come from
+        several checkpoints) and turned into SliceMinute's values, per label set (BY_COL):
+        one group-by over every label set at once, not one per set the detectors ask for
+        (on thin traffic those few-row polars calls were most of building the slices).
+        Grouping by BY_COL and every label keeps the sets apart: a label outside a row's
+        set is null in it."""
         if self._by is None:
             f = self.requests
-            self._by = dict(zip(f.get_column(BY_COL).unique(maintain_order=True).to_list(),
-                                f.partition_by(BY_COL, maintain_order=True)))
+            label_cols = [c for c in f.columns if c in SLICE_LABELS]
+            summed = f if self.one_summary_per_slice else f.group_by(MINUTE_COL, BY_COL, *label_cols).agg(*_sums(f))
+            g = _slice_values(summed, (BY_COL, *label_cols))
+            self._by = dict(zip(g.get_column(BY_COL).unique(maintain_order=True).to_list(),
+                                g.partition_by(BY_COL, maintain_order=True)))
         return self._by
 
     def traffic_classes(self) -> dict[int, dict[str, dict[str, int]]]:
@@ -387,12 +443,26 @@ class Minute:
         """Requests summed per value of the labels `by`."""
         return self.batch.slices(by).get(self.minute, {})
 
+    def readings(self, by: tuple[str, ...], fields: tuple[str, ...]) -> list[tuple]:
+        """(slice key, labels, *fields) of each slice by `by` (`MinuteBatch.readings`)."""
+        return self.batch.readings(by, fields).get(self.minute, [])
+
     def traffic_classes(self) -> dict[str, dict[str, int]]:
         """Requests per traffic class per pool: who is using each pool this minute."""
         return self.batch.traffic_classes().get(self.minute, {})
 
     def pools(self) -> dict[str, PoolMinute]:
         return self.batch.pools().get(self.minute, {})
+
+
+def median(values: list) -> float:
+    """`statistics.median` of a non-empty list, the same number, sorting the list in place:
+    the detectors take medians of every slice's baseline each minute, and the library's
+    checks and copy cost more than the sort of an hour of readings."""
+    values.sort()
+    n = len(values)
+    half = n // 2
+    return values[half] if n % 2 else (values[half - 1] + values[half]) / 2
 
 
 def ratio(num: float, den: float) -> float | None:

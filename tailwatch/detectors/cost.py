@@ -22,10 +22,11 @@ traffic. Instead, per cost figure (per successful turn, per 1,000 tokens):
 from __future__ import annotations
 
 import math
-import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
+from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, median, ratio
 from tailwatch.config import ConfigStruct, Count, Minutes, NonNegative, Positive
 
 NAME = "cost_regression"
@@ -44,8 +45,10 @@ class CostRegressionConfig(ConfigStruct):
     clear_minutes: Minutes = 3
 
 
-@dataclass(frozen=True)
-class CostSums:
+class CostSums(NamedTuple):
+    """A slice-minute's (or window's) GPU time, turns and tokens. A named tuple: the
+    baseline's two hours of them are taken apart column by column (zip) every minute."""
+
     gpu_seconds: float = 0.0
     turns: int = 0
     successful_turns: int = 0
@@ -72,8 +75,10 @@ class CostSums:
 def _total(xs: list[CostSums]) -> CostSums:
     # Field by field, not a chain of `+`: this runs for every slice and baseline block each
     # minute, and the sums (left to right from zero) are the same numbers.
-    return CostSums(sum(x.gpu_seconds for x in xs), sum(x.turns for x in xs),
-                    sum(x.successful_turns for x in xs), sum(x.tokens for x in xs))
+    if not xs:
+        return CostSums(0, 0, 0, 0)
+    gpu_s, turns, successful_turns, tokens = zip(*xs)
+    return CostSums(sum(gpu_s), sum(turns), sum(successful_turns), sum(tokens))
 
 
 @dataclass(frozen=True)
@@ -90,14 +95,14 @@ class CostBaseline:
 
 
 def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+    return median(xs) if xs else None
 
 
 _VOLUME = {"per_successful_turn": (lambda s: s.successful_turns, 1.0),
            "per_1k_tokens": (lambda s: s.tokens, 1000.0)}
 
 
-def _level(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> float | None:
+def _level(gpu_s: Sequence[float], volumes: Sequence[int], block: int, unit: float) -> float | None:
     """The median of `block`-minute blocks' volume-weighted costs (None: no block has volume).
     Over plain lists, not CostSums: it runs for every slice every minute."""
     block = max(1, block)
@@ -109,7 +114,7 @@ def _level(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> f
     return _median(ratios)
 
 
-def _noise(gpu_s: list[float], volumes: list[int], level: float, unit: float) -> float | None:
+def _noise(gpu_s: Sequence[float], volumes: Sequence[int], level: float, unit: float) -> float | None:
     """The variance of GPU-seconds per unit of volume around `level` (per-minute residuals,
     volume-weighted); None where the minutes have no volume."""
     vol = sum(volumes) / unit
@@ -119,7 +124,8 @@ def _noise(gpu_s: list[float], volumes: list[int], level: float, unit: float) ->
     return residual / vol
 
 
-def _level_and_noise(gpu_s: list[float], volumes: list[int], block: int, unit: float) -> tuple[float | None, float | None]:
+def _level_and_noise(gpu_s: Sequence[float], volumes: Sequence[int], block: int,
+                     unit: float) -> tuple[float | None, float | None]:
     """`_level`, and `_noise` around it."""
     level = _level(gpu_s, volumes, block, unit)
     if level is None:
@@ -132,9 +138,7 @@ def baseline(minutes: list[CostSums], block_minutes: int = 1) -> CostBaseline:
     ratio of all the sums would carry a past incident's minutes into the baseline (prompts
     that tripled for 20 minutes make the hours after look like a cost regression per 1,000
     tokens)."""
-    gpu_s = [m.gpu_seconds for m in minutes]
-    turns_ok = [m.successful_turns for m in minutes]
-    tokens = [m.tokens for m in minutes]
+    gpu_s, _turns, turns_ok, tokens = zip(*minutes) if minutes else ((), (), (), ())
     turn, turn_var = _level_and_noise(gpu_s, turns_ok, block_minutes, 1.0)
     tok, tok_var = _level_and_noise(gpu_s, tokens, block_minutes, 1000.0)
     total = _total(minutes)
@@ -147,9 +151,8 @@ def could_regress(window: CostSums, base: list[CostSums], cfg: CostRegressionCon
     the same numbers `baseline` computes; the noise and the baseline's totals (a pass over
     every baseline minute each) are left for the rare window that rises, since this runs
     for every slice every minute."""
-    gpu_s = [m.gpu_seconds for m in base]
-    for now, volumes, unit in ((window.per_successful_turn, [m.successful_turns for m in base], 1.0),
-                               (window.per_1k_tokens, [m.tokens for m in base], 1000.0)):
+    gpu_s, _turns, turns_ok, tokens = zip(*base) if base else ((), (), (), ())
+    for now, volumes, unit in ((window.per_successful_turn, turns_ok, 1.0), (window.per_1k_tokens, tokens, 1000.0)):
         if now is None:
             continue
         before = _level(gpu_s, volumes, cfg.window_minutes, unit)

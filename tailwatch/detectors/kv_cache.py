@@ -11,9 +11,10 @@
 
 from __future__ import annotations
 
-import statistics
 
-from tailwatch.detectors.core import BaselineDetector, DetectionEvent, Finding, History, Minute, SliceBy, SliceMinute, Tracker
+from tailwatch.detectors.core import (
+    BaselineDetector, DetectionEvent, Finding, History, Minute, SliceBy, SliceMinute, Tracker, median,
+)
 from tailwatch.config import ConfigStruct, Count, Factor, Fraction, Minutes, NonNegative
 
 KV = "kv_cache_pressure"
@@ -90,7 +91,7 @@ class PromptGrowthDetector(BaselineDetector):
         if requests < self.cfg.min_requests:
             return None
         mean = sum(t for _, t in window) / requests
-        baseline = statistics.median(t / r for r, t in base)
+        baseline = median([t / r for r, t in base])
         if baseline > 0 and mean >= self.cfg.growth_factor * baseline:
             return {"prompt_tokens_per_request": round(mean, 2), "prompt_tokens_per_request_baseline": round(baseline, 2),
                     "growth": round(mean / baseline, 4), "requests": requests}

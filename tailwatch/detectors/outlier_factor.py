@@ -40,9 +40,12 @@ def _brute_force_nearest(queries: np.ndarray, rows: np.ndarray, k: int) -> tuple
         d += diff
     np.sqrt(d, out=d)
     near = np.argpartition(d, k - 1, axis=1)[:, :k] if k < len(rows) else np.tile(np.arange(len(rows)), (len(d), 1))
-    near_d = np.take_along_axis(d, near, axis=1)
+    # Indexed by (row, column) arrays: what take_along_axis does, without its checks (this
+    # runs each minute for the few slices scored).
+    each = np.arange(len(d))[:, None]
+    near_d = d[each, near]
     order = np.lexsort((near, near_d), axis=1)
-    return np.take_along_axis(near_d, order, axis=1), np.take_along_axis(near, order, axis=1)
+    return near_d[each, order], near[each, order]
 
 
 class LocalOutlierFactor:
@@ -80,6 +83,8 @@ class LocalOutlierFactor:
                 dist, ind = dist[:, None], ind[:, None]
             return dist, ind
         step = max(1, _BRUTE_FORCE_CELLS // len(self.rows_))
+        if len(queries) <= step:  # the minute's few slices: one chunk, nothing to join
+            return _brute_force_nearest(queries, self.rows_, k)
         chunks = [_brute_force_nearest(queries[i:i + step], self.rows_, k) for i in range(0, len(queries), step)]
         return np.concatenate([d for d, _ in chunks]), np.concatenate([n for _, n in chunks])
 

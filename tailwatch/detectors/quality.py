@@ -32,13 +32,12 @@ average of per-minute ratios.
 
 from __future__ import annotations
 
-import statistics
 from typing import Annotated
 
 from msgspec import Meta
 
 from tailwatch.config import ConfigStruct, Count, Factor, Fraction, Minutes
-from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, ratio
+from tailwatch.detectors.core import BaselineDetector, SliceBy, SliceMinute, median, ratio
 
 COLD_VOICE = "cold_voice_storm"
 PARTIAL_CHURN = "partial_churn"
@@ -164,7 +163,7 @@ class ColdVoiceStormDetector(BaselineDetector):
             return None
         base_lookups = sum(r[0] for r in base)
         miss, base_miss = (lookups - hits) / lookups, (base_lookups - sum(r[1] for r in base)) / base_lookups
-        fo_p95, base_fo_p95 = statistics.median(fo), statistics.median(base_fo)
+        fo_p95, base_fo_p95 = median(fo), median(base_fo)
         if miss >= cfg.miss_ratio_min and miss >= cfg.miss_rise_factor * base_miss \
                 and fo_p95 >= cfg.first_output_factor * base_fo_p95:
             return {"voice_cache_miss_ratio": round(miss, 4), "voice_cache_miss_ratio_baseline": round(base_miss, 4),

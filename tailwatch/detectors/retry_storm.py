@@ -72,6 +72,21 @@ def breaches(w: RetryWindow, cfg: RetryStormConfig) -> bool:
             and wilson_lower(w.retries, w.requests, cfg.z) > cfg.retry_ratio_threshold)
 
 
+def _first_breach(counts: list[tuple[int, int]], cfg: RetryStormConfig) -> int | None:
+    """The shortest trailing run of minutes that breaches (None: none does). The counts are
+    added up from the newest minute back, and a run is judged in full only where its ratio
+    is over the threshold at all (most minutes of most slices are not)."""
+    requests = retries = 0
+    for j in range(1, len(counts) + 1):
+        r, x = counts[-j]
+        requests += r
+        retries += x
+        if requests and requests >= cfg.min_requests and retries / requests > cfg.retry_ratio_threshold \
+                and breaches(retry_window(counts[-j:]), cfg):
+            return j
+    return None
+
+
 class RetryStormDetector:
     name = NAME
 
@@ -85,8 +100,8 @@ class RetryStormDetector:
 
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
-        for key, s in m.slices(tuple(cfg.slice_by)).items():
-            self.history.add(key, s.labels, m.minute, (s.requests, s.retries))
+        for key, labels, requests, retries in m.readings(tuple(cfg.slice_by), ("requests", "retries")):
+            self.history.add(key, labels, m.minute, (requests, retries))
         self.history.trim(m.minute)
         findings = []
         for key in sorted(self.history.values):
@@ -96,7 +111,7 @@ class RetryStormDetector:
                 continue
             # The trailing j minutes for j = 1..k: the shortest that breaches decides (a storm's
             # first minute is not diluted by the quiet minutes before it); evidence is the k-minute window's.
-            j = next((j for j in range(1, len(counts) + 1) if breaches(retry_window(counts[-j:]), cfg)), None)
+            j = _first_breach(counts, cfg)
             if j is None:
                 continue
             w = retry_window(counts)

@@ -17,6 +17,7 @@ from tailwatch.detectors.core import DetectionEvent, Finding, History, Minute, T
 
 TENANT_STARVING = "tenant_starving"
 BY = ("pool", "model", "zone", "tenant")  # model and zone name the pool's slice for dashboards and scoring
+READ = ("gpu_seconds", "requests", "queue_ms_p95")  # what a tenant's minute is read from
 
 
 class TenantStarvingConfig(ConfigStruct):
@@ -70,17 +71,22 @@ class TenantStarvingDetector:
     def observe(self, m: Minute) -> list[DetectionEvent]:
         cfg = self.cfg
         per_pool: dict[str, dict[str, Reading]] = {}
-        labels: dict[str, dict[str, str]] = {}
-        for s in m.slices(BY).values():
-            pool = s.labels["pool"]
+        last: dict[str, dict[str, str]] = {}  # per pool, its last slice's labels
+        for _key, slice_labels, gpu_seconds, requests, queue_ms_p95 in m.readings(BY, READ):
+            pool = slice_labels["pool"]
             if not pool:
                 continue
-            reported = s.requests if s.queue_ms_p95 is not None else 0
-            per_pool.setdefault(pool, {})[s.labels["tenant"]] = (
-                float(s.gpu_seconds), int(s.requests), (s.queue_ms_p95 or 0.0) * reported, reported)
-            labels[pool] = {"pool": pool, "model": s.labels["model"], "zone": s.labels["zone"]}
+            reported = requests if queue_ms_p95 is not None else 0
+            tenants = per_pool.get(pool)
+            if tenants is None:
+                tenants = per_pool[pool] = {}
+            tenants[slice_labels["tenant"]] = (
+                float(gpu_seconds), int(requests), (queue_ms_p95 or 0.0) * reported, reported)
+            last[pool] = slice_labels
         for pool, tenants in per_pool.items():
-            self.history.add((("pool", pool),), labels[pool], m.minute, tenants)
+            labels = last[pool]
+            self.history.add((("pool", pool),), {"pool": pool, "model": labels["model"], "zone": labels["zone"]},
+                             m.minute, tenants)
         self.history.trim(m.minute)
         findings = []
         for key in sorted(self.history.values):

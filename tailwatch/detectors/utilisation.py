@@ -30,10 +30,9 @@ it saw where there is one.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
-from tailwatch.detectors.core import POOL_CLASSES, DetectionEvent, Finding, History, LatencyP95, Minute, Tracker
+from tailwatch.detectors.core import POOL_CLASSES, DetectionEvent, Finding, History, LatencyP95, Minute, Tracker, median
 from tailwatch.config import ConfigStruct, Count, Factor, Minutes, NonNegative, Percent
 
 BUSY = "busy_but_slow"
@@ -156,7 +155,7 @@ class BusyButSlowDetector:
                 continue
             util = _mean([s.util_pct for s in window])
             age = _mean([s.queue_age_ms for s in window])
-            baseline = statistics.median(base)
+            baseline = median(base)
             gpm = _gpm_evidence(window)
             sm = gpm.get("sm_active_pct_mean")
             # A stock dcgm-exporter sends GR_ENGINE_ACTIVE and not SM activity: the named fallback.
@@ -221,7 +220,7 @@ class IdleButSlowDetector:
             if requests < cfg.min_requests or util is None or not weighted:
                 continue
             latency = sum(v * n for v, n in weighted) / sum(n for _, n in weighted)
-            baseline = statistics.median(base)
+            baseline = median(base)
             # One long answer sets a quiet minute's p95 on heavy-tailed LLM work: a pool that
             # is slow stays slow, so the rise must hold minute by minute, not only on average.
             over = sum(v >= cfg.latency_rise_factor * baseline for v, _ in weighted)

@@ -331,16 +331,16 @@ class LiveSignals:
         newest_of = pl.DataFrame({"model": list(newest), "_newest": list(newest.values())},
                                  schema={"model": versions.schema["model"], "_newest": pl.Int64})
 
-        def in_window(frame: pl.DataFrame, side: pl.Expr) -> pl.DataFrame:
-            return frame.join(newest_of, on="model").filter(side & (pl.col(MINUTE) > pl.col("_newest") - window))
-
         stable, canary = pl.col("stable"), ~pl.col("stable") & (pl.col("model_version") != "")
         quality = req.version_quality if req.version_quality.columns else NO_QUALITY
         frames = (versions.with_columns(self._usd_per_gpu_s(gpu)), req.version_bins, req.labels, quality)
-        per_version = _version_table(*(in_window(f, canary) for f in frames), ["model", "model_version"])
+        # Each frame cut to its model's window once, then split by side (a join each, not one per side).
+        windowed = [f.join(newest_of, on="model").filter(pl.col(MINUTE) > pl.col("_newest") - window) for f in frames]
+        per_version = _version_table(*(f.filter(canary) for f in windowed), ["model", "model_version"])
         canary_models = sorted({m for m, _, _, _ in per_version})
-        stable_all = _version_table(*(in_window(f, stable) for f in frames), ["model"], detail_for=canary_models)
-        stable_versions = in_window(versions, stable & (pl.col("model_version") != "")).select("model", "model_version").unique()
+        stable_all = _version_table(*(f.filter(stable) for f in windowed), ["model"], detail_for=canary_models)
+        stable_versions = windowed[0].filter(stable & (pl.col("model_version") != "")).select(
+            "model", "model_version").unique()
         changed = self._side_marks(versions, wall_s)
         out: dict[tuple[str, str], Scoped] = {}
         models: dict[str, frozenset[str]] = {}
@@ -457,19 +457,21 @@ def pool_stats(req: RequestRollup, gpu: pl.DataFrame, window_minutes: int) -> di
                     "traffic": [], "gpu_samples": 0, "newest_gpu": None}
              for pool, newest, lo, hi in bounds.select("pool", "newest", "lo", "hi").iter_rows()}
     in_window = pl.col("_m").is_between(pl.col("lo"), pl.col("hi"))
+    gpu_bounds = gpu.join(bounds, on="pool") if gpu.height else gpu  # joined once, read three times
     if req.height:
         for pool, tenants in req.labels.group_by("pool").agg(pl.col("tenant").unique()).iter_rows():
             if pool in stats:
                 stats[pool]["tenants"] = frozenset(tenants)
-        newest_rows = req.pools.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
+        pools = req.pools.join(bounds, on="pool")  # joined once, for the newest minute and the window
+        newest_rows = pools.filter(pl.col("_m") == pl.col("newest"))
         for pool, seen in newest_rows.group_by("pool").agg(pl.col("requests").sum()).iter_rows():
             stats[pool]["seen_in_newest"] += int(seen)
-        rw = req.pools.join(bounds, on="pool").filter(in_window)
+        rw = pools.filter(in_window)
         sums = rw.group_by("pool").agg(*[pl.col(c).sum().cast(pl.Float64)
                                          for c in ("requests", "output_tokens", "audio_seconds", "prompt_tokens")])
         for row in sums.iter_rows(named=True):
             stats[row.pop("pool")].update(row)
-        gw_all = gpu.join(bounds, on="pool").filter(in_window) if gpu.height else gpu
+        gw_all = gpu_bounds.filter(in_window) if gpu.height else gpu
         capped = capped_work(rw, gw_all)
         work = capped.group_by("pool").agg(pl.col("gpu_seconds").sum())
         for pool, gpu_s in work.iter_rows():
@@ -482,13 +484,13 @@ def pool_stats(req: RequestRollup, gpu: pl.DataFrame, window_minutes: int) -> di
         for pool, q in _bin_quantiles(bins, ["pool"], {"q": 0.95}).iter_rows():
             stats[pool]["first_output_p95_ms"] = float(q) if q is not None else None
     if gpu.height:
-        newest_rows = gpu.join(bounds, on="pool").filter(pl.col("_m") == pl.col("newest"))
+        newest_rows = gpu_bounds.filter(pl.col("_m") == pl.col("newest"))
         for pool, seen in newest_rows.group_by("pool").agg(pl.col("samples").sum()).iter_rows():
             stats[pool]["seen_in_newest"] += int(seen)
         for pool, newest_gpu in gpu.group_by("pool").agg(pl.col("_m").max()).iter_rows():
             if pool in stats:
                 stats[pool]["newest_gpu"] = int(newest_gpu)
-        gw = gpu.join(bounds, on="pool").filter(in_window)
+        gw = gpu_bounds.filter(in_window)
         g = gw.group_by("pool").agg(
             pl.col("samples").sum().alias("gpu_samples"),
             pl.col("oldest_queue_age_ms_max").quantile(0.95, interpolation="higher").alias("queue_age_p95_ms"),

@@ -132,6 +132,12 @@ class PendingMinutes:
     def first_minute(self) -> int | None:
         return min((first for first, _, _ in self.frames), default=None)
 
+    def overlap_until(self, until: int) -> bool:
+        """Whether two held frames have rows of one minute up to `until` (it closed in two
+        checkpoints): their summaries must then be summed again."""
+        spans = sorted((first, min(last, until)) for first, last, _ in self.frames if first <= until)
+        return any(later[0] <= earlier[1] for earlier, later in zip(spans, spans[1:]))
+
     def take_until(self, until: int) -> pl.DataFrame | None:
         """The rows of minutes up to `until`, taken out, as one frame."""
         taken, kept = [], []
@@ -295,7 +301,7 @@ class DetectorStage:
             if gpu is not None:
                 self.max_gpu_minute = gpu[MINUTE_COL].max()
             requests = summaries(requests, self.label_sets)
-            batch = MinuteBatch(requests, gpu)
+            batch = MinuteBatch(requests, gpu, one_summary_per_slice=True)  # one run's rows, summarised at once
             if first is None:
                 first = min(batch.minutes(), default=None)
             for minute in range(max(first if first is not None else end, lo), end):
@@ -352,7 +358,9 @@ class DetectorStage:
             history = self.cfg.history_minutes()
             # Every ready minute summarised in one pass per label set (MinuteBatch), then
             # fed to the detectors minute by minute.
-            batch = MinuteBatch(self.pending_requests.take_until(until), self.pending_gpu.take_until(until))
+            unique = not self.pending_requests.overlap_until(until)
+            batch = MinuteBatch(self.pending_requests.take_until(until), self.pending_gpu.take_until(until),
+                                one_summary_per_slice=unique)
             minute = self.processed_before
             last_data = max(batch.minutes(), default=None)
             while minute <= until:
