@@ -183,6 +183,29 @@ class CountedMinute:
     again: bool  # the newest minute again: more of its rows
 
 
+@dataclass
+class FeedCounts:
+    """One SLO's counts of a feed's minutes, checked and split once for all of them
+    (`SloTable.prepare`), so that closing each minute (`SloTable.count_prepared`) only slices
+    them: on thin traffic a backlog closes hundreds of minutes in one feed, and each numpy
+    call's fixed cost per minute was the stage's cost."""
+
+    cuts: list[int]  # minute k's rows are [cuts[k], cuts[k + 1])
+    cols: np.ndarray  # per row, the slice's column
+    seen: np.ndarray  # the columns of the rows with valid events
+    seen_cuts: list[int]  # minute k's of those are [seen_cuts[k], seen_cuts[k + 1])
+    g_seen: np.ndarray  # their columns of the shared window table
+    good_seen: np.ndarray  # their events not proven bad (undecided included)
+    valid_seen: np.ndarray
+    g_undecided: np.ndarray | None  # the shared columns of the rows with undecided events (None: no such row)
+    undecided: np.ndarray | None  # and those events
+    undecided_cuts: list[int]
+    first_at: dict[int, np.ndarray]  # minute → the columns whose history begins at it
+    good: np.ndarray  # per row, as `good_seen` (a calendar month's budget adds them minute by minute)
+    valid: np.ndarray
+    undecided_rows: np.ndarray | None  # per row (None: no undecided events in the feed)
+
+
 def window_lengths(spec: SloSpec) -> tuple[int, ...]:
     """The window lengths an SLO's table keeps: its period and its alert windows'."""
     return tuple(sorted({spec.period_minutes} | {m for w in spec.alert_windows for m in (w.long_minutes, w.short_minutes)}))
@@ -356,6 +379,73 @@ class SloTable:
             self.events_undecided[cols] += undecided
         self._version += 1
         return CountedMinute(minute, cols, seen, late, again)
+
+    def prepare(self, cuts: list[int], minutes: list[int], cols, good, valid, undecided=None) -> FeedCounts:
+        """A feed's counts (rows in minute order, minute k's rows from cuts[k] to cuts[k + 1],
+        each slice at most once a minute) checked and split for `count_prepared`, and added
+        to the event counters (what `count` does minute by minute, done once)."""
+        cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
+        undecided = None if undecided is None else np.asarray(undecided, np.int64)
+        if undecided is not None and not undecided.any():
+            undecided = None
+        if len(cols) and (good.min() < 0 or (good > valid).any() if undecided is None else
+                          good.min() < 0 or undecided.min() < 0 or (good + undecided > valid).any()):
+            undecided = np.zeros(len(cols), np.int64) if undecided is None else undecided
+            k = int(np.flatnonzero((good < 0) | (undecided < 0) | (valid < 0) | (good + undecided > valid))[0])
+            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} undecided={undecided[k]} valid={valid[k]}")
+        if undecided is not None:
+            good = good + undecided
+        g = self.g
+        data = valid > 0
+        at = np.concatenate([[0], np.cumsum(data)]).take(cuts).tolist()
+        seen = cols[data]
+        g_undecided = undecided_at = None
+        undecided_cuts: list[int] = []
+        if undecided is not None:
+            some = undecided > 0
+            g_undecided, undecided_at = g.take(cols[some]), undecided[some]
+            undecided_cuts = np.concatenate([[0], np.cumsum(some)]).take(cuts).tolist()
+        # A slice's history begins at its oldest minute with data: in a feed (minutes in
+        # order) at its first row with data, where it had none yet or only later ones.
+        first_at: dict[int, np.ndarray] = {}
+        if len(seen):
+            row_minutes = np.repeat(np.asarray(minutes, np.int64), np.diff(at))
+            fresh, first_row = np.unique(seen, return_index=True)
+            begins = row_minutes.take(first_row)
+            before = self.first_data.take(fresh)
+            earlier = (before < 0) | (before > begins)
+            for minute in np.unique(begins[earlier]).tolist():
+                first_at[minute] = fresh[earlier & (begins == minute)]
+        np.add.at(self.events_good, cols, good)
+        np.add.at(self.events_valid, cols, valid)
+        if undecided is not None:
+            np.add.at(self.events_undecided, cols, undecided)
+        return FeedCounts(list(cuts), cols, seen, at, g.take(seen), good[data], valid[data], g_undecided, undecided_at,
+                          undecided_cuts, first_at, good, valid, undecided)
+
+    def count_prepared(self, feed: FeedCounts, k: int, minute: int, late: bool) -> CountedMinute:
+        """`count` of a prepared feed's minute k (`minute`), its event counters already added."""
+        again = late and minute == self.now
+        if not late:
+            self.retire_until(minute)
+        a, b = feed.seen_cuts[k], feed.seen_cuts[k + 1]
+        undecided = None
+        if feed.undecided is not None:
+            x, y = feed.undecided_cuts[k], feed.undecided_cuts[k + 1]
+            undecided = (feed.g_undecided[x:y], feed.undecided[x:y])  # type: ignore[index]
+        self.shared.stage(minute, feed.g_seen[a:b], feed.good_seen[a:b], feed.valid_seen[a:b], undecided)
+        begins = feed.first_at.get(minute)
+        if begins is not None:
+            self.first_data[begins] = minute
+        r, s = feed.cuts[k], feed.cuts[k + 1]
+        cols = feed.cols[r:s]
+        if self.spec.calendar_month and _month_of(minute) == self.month:
+            self.month_good[cols] += feed.good[r:s]
+            self.month_valid[cols] += feed.valid[r:s]
+            if feed.undecided_rows is not None:
+                self.month_undecided[cols] += feed.undecided_rows[r:s]
+        self._version += 1
+        return CountedMinute(minute, cols, feed.seen[a:b], late, again)
 
     def judge(self, counted: CountedMinute, phase_spends: dict[int, list[tuple[str, int, int]]] | None = None,
               judge: bool = True) -> list[AlertChange]:

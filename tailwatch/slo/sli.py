@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
-from tailwatch.slo.engine import AlertChange, CountedMinute, SliceView, SloTable, window_lengths
+from tailwatch.slo.engine import AlertChange, SliceView, SloTable, minutes_to_exhaustion, window_lengths
 from tailwatch.slo.shared_windows import SharedWindows
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
 from tailwatch.slo.turn_phases import overspend_counts
@@ -344,7 +344,9 @@ class SloEvaluator:
     def _close_minutes(self, buckets: pl.DataFrame, fed: list[tuple[SloSpec, SloRows]], with_status: bool, judge: bool,
                        changes: dict[str, list[AlertChange]], status: dict[str, list[StatusPart]]) -> None:
         """Close the minutes of SLOs sharing a window table: at each minute every SLO counts it,
-        the table adds their counts at once, then each SLO judges it."""
+        the table adds their counts at once, then each SLO judges it. What does not need the
+        minute's windows (checking and splitting the counts, the event counters, the status
+        rows' arithmetic) is done once for all the minutes."""
         shared = self.tables[fed[0][0].name].shared
         members, minutes = [], None
         for spec, rows in fed:
@@ -357,26 +359,29 @@ class SloEvaluator:
                 raise AssertionError(f"{spec.name} closes other minutes than {fed[0][0].name}, whose window table it shares")
             table = self.tables[spec.name]
             spends = _phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
-            members.append((spec, rows, table, table.columns(rows.keys), spends, cuts,
-                            changes.setdefault(spec.name, []), status.setdefault(spec.name, [])))
+            feed = table.prepare(cuts, starts.tolist(), table.columns(rows.keys), rows.good, rows.valid, rows.undecided)
+            members.append((spec, rows, table, feed, spends, changes.setdefault(spec.name, []),
+                            _StatusRows(table) if with_status else None))
         assert minutes is not None
         for m, minute in enumerate(minutes.tolist()):
             late = shared.now is not None and minute <= shared.now
-            counted: list[CountedMinute] = []
-            for spec, rows, table, cols, spends, member_cuts, _, _ in members:
-                a, b = member_cuts[m], member_cuts[m + 1]
-                counted.append(table.count(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], late, rows.undecided[a:b]))
+            counted = [table.count_prepared(feed, m, minute, late) for _, _, table, feed, _, _, _ in members]
             shared.flush()
-            for (spec, rows, table, cols, spends, member_cuts, changed, parts), c in zip(members, counted):
-                a, b = member_cuts[m], member_cuts[m + 1]
-                spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
-                          if (minute, rows.keys[k]) in spends} if spends else None)
-                changed.extend(table.judge(c, spent, judge))
-                if with_status and not late:
-                    parts.append(status_part(table, cols[a:b]))
-        for spec, rows, table, _, _, _, changed, _ in members:
+            for (spec, rows, table, feed, spends, changed, parts), c in zip(members, counted):
+                if spends:
+                    a, b = feed.cuts[m], feed.cuts[m + 1]
+                    spent = {int(feed.cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
+                             if (minute, rows.keys[k]) in spends}
+                    changed.extend(table.judge(c, spent, judge))
+                else:
+                    changed.extend(table.judge(c, None, judge))
+                if parts is not None and not late:
+                    parts.add(c.cols)
+        for spec, rows, table, _, _, changed, parts in members:
             if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
                 changed.extend(table.check_silence(int(rows.minutes[-1])))
+            if parts is not None and parts.rows:
+                status.setdefault(spec.name, []).append(parts.part())
 
     def retire_until(self, minute: int) -> None:
         for table in self.tables.values():
@@ -408,10 +413,10 @@ _BURN_RATE = pa.struct([("window", pa.string()), ("burn_rate", pa.float64())])
 
 @dataclass
 class StatusPart:
-    """`slo_status` columns of some slices of one SLO at one minute (rows built once per feed:
+    """`slo_status` columns of some slices of one SLO at some minutes (rows built once per feed:
     a frame per SLO and minute cost more than the SLO engine itself on thin traffic)."""
 
-    minute: int
+    minutes: np.ndarray  # per row, the minute it is the status at
     slo: str
     slices: list[str]
     sli: np.ndarray
@@ -427,12 +432,108 @@ def status_part(table: SloTable, cols: np.ndarray) -> StatusPart:
     """Some slices of a table as of its newest minute."""
     burns, remaining, to_exhaustion, good, valid, undecided = table.status_columns(cols)
     texts = table.slice_texts()
+    sli, sli_upper = _sli_range(good, valid, undecided)
+    return StatusPart(np.full(len(cols), table.now, np.int64), table.spec.name, [texts[i] for i in cols.tolist()], sli,
+                      sli_upper, remaining, to_exhaustion, burns, _window_names(table.lengths), table.firing_count(cols))
+
+
+def _sli_range(good: np.ndarray, valid: np.ndarray, undecided: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sli, sli_upper): undecided events counted bad, then good; NaN where nothing was valid."""
     with np.errstate(divide="ignore", invalid="ignore"):
         some = valid > 0
-        sli_upper = np.where(some, good / valid, np.nan)
-        sli = np.where(some, (good - undecided) / valid, np.nan)
-    return StatusPart(table.now, table.spec.name, [texts[i] for i in cols.tolist()], sli, sli_upper, remaining,
-                      to_exhaustion, burns, _window_names(table.lengths), table.firing_count(cols))
+        return np.where(some, (good - undecided) / valid, np.nan), np.where(some, good / valid, np.nan)
+
+
+# A table of at most this many columns is read for status rows once a feed, from the
+# minutes' own arrays kept until then (a backlog of thin minutes); a wider one is read at
+# each minute, so that a feed never holds a minute's every column.
+_KEEP_COLUMNS = 64
+
+
+class _StatusRows:
+    """One SLO's `slo_status` rows over the minutes of a feed, as `status_part` gives them at
+    each minute, but read from each minute's window arrays (the shared table builds new ones
+    at every move, so they can be kept) once for every minute: on a thin minute the few
+    picks and divisions per SLO were a third of the stage."""
+
+    def __init__(self, table: SloTable):
+        self.table = table
+        self.calendar = table.spec.calendar_month  # its budget's arrays change in place: read at each minute
+        self.parts: list[StatusPart] = []
+        self.rows = 0
+        self.minutes: list[int] = []
+        self.cols: list[np.ndarray] = []
+        self.at: list[np.ndarray] = []  # per minute, its rows in that minute's arrays
+        self.burns: list[np.ndarray] = []
+        self.remaining: list[np.ndarray] = []
+        self.period: list[np.ndarray] = []  # (good, valid) over the period
+        self.undecided: list[np.ndarray | None] = []  # over the period; None: none seen yet
+        self.firing: list[np.ndarray | None] = []  # None: nothing of the SLO firing
+        self._period_at = table.at.get(table.spec.period_minutes)
+
+    def add(self, cols: np.ndarray) -> None:
+        """The rows of the slices in `cols` as of the table's newest minute."""
+        table = self.table
+        self.rows += len(cols)
+        if self.calendar:
+            self.parts.append(status_part(table, cols))
+            return
+        burns, _, remaining = table.global_rates()
+        k = self._period_at
+        period = table.windows.all_sums()[:, k]
+        u = table.shared.undecided_sums()
+        undecided = None if u is None else u[:, k]
+        at = table.g.take(cols)
+        if table.shared.n > _KEEP_COLUMNS:
+            burns, remaining, period = burns.take(at, axis=0), remaining.take(at), period.take(at, axis=0)
+            undecided = None if undecided is None else undecided.take(at)
+            at = np.arange(len(cols))
+        self.minutes.append(int(table.now))  # type: ignore[arg-type]
+        self.cols.append(cols)
+        self.at.append(at)
+        self.burns.append(burns)
+        self.remaining.append(remaining)
+        self.period.append(period)
+        self.undecided.append(undecided)
+        self.firing.append(table.firing_count(cols) if table._firing_alerts else None)
+
+    def part(self) -> StatusPart:
+        """Every row added, in order, as one part."""
+        if self.calendar:
+            return self.parts[0] if len(self.parts) == 1 else _joined(self.parts)
+        table = self.table
+        counts = [len(c) for c in self.cols]
+        sizes = [len(r) for r in self.remaining]
+        starts = np.cumsum([0, *sizes[:-1]])
+        pick = np.concatenate(self.at) + np.repeat(starts, counts)
+        burns = np.concatenate(self.burns).take(pick, axis=0)
+        remaining = np.concatenate(self.remaining).take(pick)
+        period = np.concatenate(self.period).take(pick, axis=0)
+        good, valid = period[:, 0], period[:, 1]
+        if all(u is None for u in self.undecided):
+            undecided = np.zeros(len(pick))
+        else:
+            undecided = np.concatenate([np.zeros(n) if u is None else u for u, n in zip(self.undecided, sizes)]).take(pick)
+        to_exhaustion = minutes_to_exhaustion(remaining, burns[:, table.at[table._fastest_long_minutes]],
+                                              table.spec.period_minutes)
+        sli, sli_upper = _sli_range(good, valid, undecided)
+        firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
+        texts = table.slice_texts()
+        cols = np.concatenate(self.cols)
+        return StatusPart(np.repeat(np.asarray(self.minutes, np.int64), counts), table.spec.name,
+                          [texts[i] for i in cols.tolist()], sli, sli_upper, remaining, to_exhaustion, burns,
+                          _window_names(table.lengths), firing)
+
+
+def _joined(parts: list[StatusPart]) -> StatusPart:
+    """Parts of one SLO (the same windows) as one."""
+    first = parts[0]
+    return StatusPart(np.concatenate([p.minutes for p in parts]), first.slo, [t for p in parts for t in p.slices],
+                      np.concatenate([p.sli for p in parts]), np.concatenate([p.sli_upper for p in parts]),
+                      np.concatenate([p.error_budget_remaining for p in parts]),
+                      np.concatenate([p.minutes_to_exhaustion for p in parts]),
+                      np.concatenate([p.burn_rates for p in parts]), first.windows,
+                      np.concatenate([p.firing for p in parts]))
 
 
 def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
@@ -456,7 +557,7 @@ def status_frame(parts: list[StatusPart]) -> pl.DataFrame:
     sli_upper = np.concatenate([p.sli_upper for p in parts])
     to_exhaustion = np.concatenate([p.minutes_to_exhaustion for p in parts])
     return pl.from_arrow(pa.table({
-        "window_start": pa.array(np.repeat([p.minute * 60_000_000 for p in parts], rows).astype(np.int64),
+        "window_start": pa.array(np.concatenate([p.minutes for p in parts]).astype(np.int64) * 60_000_000,
                                  pa.timestamp("us")),
         "slo": pa.array(np.repeat([p.slo for p in parts], rows).tolist(), pa.string()),
         "slice": pa.array([t for p in parts for t in p.slices], pa.string()),
