@@ -206,6 +206,61 @@ class FeedCounts:
     undecided_rows: np.ndarray | None  # per row (None: no undecided events in the feed)
 
 
+# A table of at most this many columns may keep each minute's window arrays until the end of
+# a feed (`JudgedLater`, and the status rows of slo/sli.py); a wider one reads them at each minute.
+KEEP_COLUMNS = 64
+
+
+def _in_column_order(changes: list[tuple[int, int, AlertChange]], cols: np.ndarray) -> list[AlertChange]:
+    """A minute's changes ((column, alert window, change)) in the order of its columns, then of alert windows."""
+    if not changes:
+        return []
+    order = {c: k for k, c in enumerate(cols.tolist())}  # a minute of many slices and no change builds none
+    return [c for _, _, c in sorted(changes, key=lambda t: (order[t[0]], t[1]))]
+
+
+@dataclass
+class JudgedLater:
+    """Minutes of one SLO whose alert windows `SloTable.judge_later` decides at once, after a
+    feed: each minute's slices and the window arrays they read (the shared table builds new
+    ones at every move, so they can be kept). On a backlog of thin minutes, building the
+    masks minute by minute, a few slices each, was most of the SLO stage."""
+
+    minutes: list[int] = field(default_factory=list)
+    cols: list[np.ndarray] = field(default_factory=list)
+    at: list[np.ndarray] = field(default_factory=list)  # per minute, its slices' rows of the arrays below
+    burns: list[np.ndarray] = field(default_factory=list)
+    valids: list[np.ndarray] = field(default_factory=list)
+    remaining: list[np.ndarray] = field(default_factory=list)
+    undecided: list[np.ndarray | None] = field(default_factory=list)  # None: none seen yet
+    first: list[np.ndarray] = field(default_factory=list)  # the slices' first minute with data, as of the minute
+    no_data: list[list[tuple[int, int, AlertChange]]] = field(default_factory=list)  # the minute's no-data resolutions
+    firing_after: np.ndarray | None = None  # set by `judge_later`
+
+    def add(self, table: SloTable, minute: int, cols: np.ndarray, no_data: list[tuple[int, int, AlertChange]]) -> None:
+        burns, valids, remaining = table.global_rates()
+        self.minutes.append(minute)
+        self.cols.append(cols)
+        self.at.append(table.g.take(cols))
+        self.burns.append(burns)
+        self.valids.append(valids)
+        self.remaining.append(remaining)
+        self.undecided.append(table.shared.undecided_sums())
+        self.first.append(table.first_data.take(cols))
+        self.no_data.append(no_data)
+
+    def rows(self, counts: list[int]) -> np.ndarray:
+        """Every minute's slices as rows of the minutes' arrays stacked."""
+        starts = np.cumsum([0, *(len(r) for r in self.remaining[:-1])])
+        return np.concatenate(self.at) + np.repeat(starts, counts)
+
+    def undecided_rows(self, pick: np.ndarray) -> np.ndarray | None:
+        if all(u is None for u in self.undecided):
+            return None
+        return np.concatenate([np.zeros(b.shape) if u is None else u
+                               for u, b in zip(self.undecided, self.burns)]).take(pick, axis=0)
+
+
 def window_lengths(spec: SloSpec) -> tuple[int, ...]:
     """The window lengths an SLO's table keeps: its period and its alert windows'."""
     return tuple(sorted({spec.period_minutes} | {m for w in spec.alert_windows for m in (w.long_minutes, w.short_minutes)}))
@@ -448,9 +503,11 @@ class SloTable:
         return CountedMinute(minute, cols, feed.seen[a:b], late, again)
 
     def judge(self, counted: CountedMinute, phase_spends: dict[int, list[tuple[str, int, int]]] | None = None,
-              judge: bool = True) -> list[AlertChange]:
+              judge: bool = True, later: JudgedLater | None = None) -> list[AlertChange]:
         """After the shared table's `flush`: the minute's alert changes, in column order (none
-        for a minute passed before, nor where not `judge`)."""
+        for a minute passed before, nor where not `judge`). With `later`, the alert windows
+        are judged with the feed's other minutes by `judge_later` (the minute is kept there):
+        none is returned here."""
         minute, cols, seen = counted.minute, counted.cols, counted.seen
         if counted.late and not counted.again:
             return []
@@ -471,11 +528,80 @@ class SloTable:
             for i in seen[silent >= 0].tolist():
                 changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
                 self.no_data_since[i] = -1
-        changes += self._evaluate(minute, cols)
-        if not changes:
+        if later is not None:
+            later.add(self, minute, cols, changes)
             return []
-        order = {c: k for k, c in enumerate(cols.tolist())}  # a minute of many slices and no change builds none
-        return [c for _, _, c in sorted(changes, key=lambda t: (order[t[0]], t[1]))]
+        changes += self._evaluate(minute, cols)
+        return _in_column_order(changes, cols)
+
+    def can_judge_later(self) -> bool:
+        """Whether `judge_later` decides as `judge` does minute by minute: not where a firing
+        alert names the phase that overspent (phase windows read at its minute), nor for a
+        calendar month's budget (its arrays change in place), nor for a wide table (the
+        minutes' arrays are kept until the end of the feed)."""
+        return not self.spec.phase_budgets_ms and not self.spec.calendar_month and self.shared.n <= KEEP_COLUMNS
+
+    def judge_later(self, later: JudgedLater) -> list[AlertChange]:
+        """The alert changes of the minutes kept in `later` (`judge` with it), in minute order
+        and each minute's in column order, decided at once over all of them: after a judged
+        minute an alert fires exactly where its condition holds, so whether it fired before
+        is the condition at the slice's previous judged minute (or, at its first, whether it
+        fires now). Sets `later.firing_after`: per row, the burn-rate alerts firing after its minute."""
+        if not later.minutes:
+            return []
+        counts = [len(c) for c in later.cols]
+        pick = later.rows(counts)
+        cols = np.concatenate(later.cols)
+        row_minutes = np.repeat(np.asarray(later.minutes, np.int64), counts)
+        burns = np.concatenate(later.burns).take(pick, axis=0)
+        valids = np.concatenate(later.valids).take(pick, axis=0)
+        long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
+        enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
+        first = np.concatenate(later.first)
+        history = np.where(first >= 0, row_minutes - first + 1, 0)
+        hot = (long_b > self._factors) & (short_b > self._factors) & enough & ~(history[:, None] < self._history_needed[None, :])
+        # Whether each alert fired before the row's minute: the condition at the slice's
+        # previous row, or at its first row the table's state.
+        order = np.lexsort((np.arange(len(cols)), cols))
+        by_slice = cols[order]
+        opens = np.ones(len(cols), bool)
+        opens[1:] = by_slice[1:] != by_slice[:-1]
+        before_sorted = np.empty_like(hot)
+        before_sorted[1:] = hot[order[:-1]]
+        before_sorted[opens] = (self.fired_at.take(by_slice[opens], axis=1) >= 0).T
+        before = np.empty_like(hot)
+        before[order] = before_sorted
+        later.firing_after = hot.sum(axis=1)
+        changed = hot != before
+        burn_changes: dict[int, list[tuple[int, int, AlertChange]]] = {}
+        if changed.any():
+            remaining = np.concatenate(later.remaining).take(pick)
+            undecided = later.undecided_rows(pick)
+            minute_of = np.repeat(np.arange(len(counts)), counts)
+            for r, j in zip(*np.nonzero(changed)):
+                i, (aw, name, _), minute = int(cols[r]), self._alerts[j], int(row_minutes[r])
+                if hot[r, j]:
+                    self.fired_at[j, i] = minute
+                    self._firing_alerts += 1
+                    long_at = int(self._long_at[j])
+                    change = AlertChange(
+                        "firing", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                        minute, minute, aw, _opt(long_b[r, j]), _opt(short_b[r, j]), float(remaining[r]), "",
+                        int(round(valids[r, long_at])), 0 if undecided is None else int(round(undecided[r, long_at])))
+                else:
+                    started = int(self.fired_at[j, i])
+                    self.fired_at[j, i] = -1
+                    self._firing_alerts -= 1
+                    change = AlertChange(
+                        "resolved", self.fingerprint_of(int(j), i), name, aw.severity, self.spec.name, self.views[i].labels,
+                        minute, started, aw, _opt(long_b[r, j]), _opt(short_b[r, j]), float(remaining[r]))
+                burn_changes.setdefault(int(minute_of[r]), []).append((i, int(j), change))
+        out: list[AlertChange] = []
+        for m, no_data in enumerate(later.no_data):
+            changes = no_data + burn_changes.get(m, [])
+            if changes:
+                out += _in_column_order(changes, later.cols[m])
+        return out
 
     def check_silence(self, now_minute: int) -> list[AlertChange]:
         """Fire the no-data alert of each slice silent for `no_data_minutes`."""

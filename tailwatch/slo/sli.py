@@ -17,7 +17,9 @@ import pyarrow as pa
 
 from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
-from tailwatch.slo.engine import AlertChange, SliceView, SloTable, minutes_to_exhaustion, window_lengths
+from tailwatch.slo.engine import (
+    KEEP_COLUMNS, AlertChange, JudgedLater, SliceView, SloTable, minutes_to_exhaustion, window_lengths,
+)
 from tailwatch.slo.shared_windows import SharedWindows
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
 from tailwatch.slo.turn_phases import overspend_counts
@@ -360,28 +362,33 @@ class SloEvaluator:
             table = self.tables[spec.name]
             spends = _phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
             feed = table.prepare(cuts, starts.tolist(), table.columns(rows.keys), rows.good, rows.valid, rows.undecided)
-            members.append((spec, rows, table, feed, spends, changes.setdefault(spec.name, []),
-                            _StatusRows(table) if with_status else None))
+            members.append((spec, rows, table, feed, spends, changes.setdefault(spec.name, [])))
         assert minutes is not None
+        # (once every member's slices are columns of the shared table: whether it is narrow)
+        later = [JudgedLater() if judge and table.can_judge_later() else None for _, _, table, _, _, _ in members]
+        statuses = [_StatusRows(table, judged is not None) if with_status else None
+                    for (_, _, table, _, _, _), judged in zip(members, later)]
         for m, minute in enumerate(minutes.tolist()):
             late = shared.now is not None and minute <= shared.now
-            counted = [table.count_prepared(feed, m, minute, late) for _, _, table, feed, _, _, _ in members]
+            counted = [table.count_prepared(feed, m, minute, late) for _, _, table, feed, _, _ in members]
             shared.flush()
-            for (spec, rows, table, feed, spends, changed, parts), c in zip(members, counted):
+            for (spec, rows, table, feed, spends, changed), c, judged, parts in zip(members, counted, later, statuses):
                 if spends:
                     a, b = feed.cuts[m], feed.cuts[m + 1]
                     spent = {int(feed.cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
                              if (minute, rows.keys[k]) in spends}
                     changed.extend(table.judge(c, spent, judge))
                 else:
-                    changed.extend(table.judge(c, None, judge))
+                    changed.extend(table.judge(c, None, judge, judged))
                 if parts is not None and not late:
                     parts.add(c.cols)
-        for spec, rows, table, _, _, changed, parts in members:
+        for (spec, rows, table, _, _, changed), judged, parts in zip(members, later, statuses):
+            if judged is not None:
+                changed.extend(table.judge_later(judged))
             if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
                 changed.extend(table.check_silence(int(rows.minutes[-1])))
             if parts is not None and parts.rows:
-                status.setdefault(spec.name, []).append(parts.part())
+                status.setdefault(spec.name, []).append(parts.part(judged))
 
     def retire_until(self, minute: int) -> None:
         for table in self.tables.values():
@@ -444,20 +451,15 @@ def _sli_range(good: np.ndarray, valid: np.ndarray, undecided: np.ndarray) -> tu
         return np.where(some, (good - undecided) / valid, np.nan), np.where(some, good / valid, np.nan)
 
 
-# A table of at most this many columns is read for status rows once a feed, from the
-# minutes' own arrays kept until then (a backlog of thin minutes); a wider one is read at
-# each minute, so that a feed never holds a minute's every column.
-_KEEP_COLUMNS = 64
-
-
 class _StatusRows:
     """One SLO's `slo_status` rows over the minutes of a feed, as `status_part` gives them at
     each minute, but read from each minute's window arrays (the shared table builds new ones
     at every move, so they can be kept) once for every minute: on a thin minute the few
     picks and divisions per SLO were a third of the stage."""
 
-    def __init__(self, table: SloTable):
+    def __init__(self, table: SloTable, judged_later: bool = False):
         self.table = table
+        self.judged_later = judged_later  # the alerts firing are known only once `judge_later` ran
         self.calendar = table.spec.calendar_month  # its budget's arrays change in place: read at each minute
         self.parts: list[StatusPart] = []
         self.rows = 0
@@ -484,7 +486,7 @@ class _StatusRows:
         u = table.shared.undecided_sums()
         undecided = None if u is None else u[:, k]
         at = table.g.take(cols)
-        if table.shared.n > _KEEP_COLUMNS:
+        if table.shared.n > KEEP_COLUMNS:  # a wide table: read now, not kept
             burns, remaining, period = burns.take(at, axis=0), remaining.take(at), period.take(at, axis=0)
             undecided = None if undecided is None else undecided.take(at)
             at = np.arange(len(cols))
@@ -495,10 +497,11 @@ class _StatusRows:
         self.remaining.append(remaining)
         self.period.append(period)
         self.undecided.append(undecided)
-        self.firing.append(table.firing_count(cols) if table._firing_alerts else None)
+        self.firing.append(None if self.judged_later or not table._firing_alerts else table.firing_count(cols))
 
-    def part(self) -> StatusPart:
-        """Every row added, in order, as one part."""
+    def part(self, judged: JudgedLater | None = None) -> StatusPart:
+        """Every row added, in order, as one part (`judged`: the feed's minutes judged later,
+        whose rows these are, with the alerts firing after each)."""
         if self.calendar:
             return self.parts[0] if len(self.parts) == 1 else _joined(self.parts)
         table = self.table
@@ -517,7 +520,11 @@ class _StatusRows:
         to_exhaustion = minutes_to_exhaustion(remaining, burns[:, table.at[table._fastest_long_minutes]],
                                               table.spec.period_minutes)
         sli, sli_upper = _sli_range(good, valid, undecided)
-        firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
+        if self.judged_later:
+            assert judged is not None and judged.firing_after is not None and len(judged.firing_after) == len(pick)
+            firing = judged.firing_after
+        else:
+            firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
         texts = table.slice_texts()
         cols = np.concatenate(self.cols)
         return StatusPart(np.repeat(np.asarray(self.minutes, np.int64), counts), table.spec.name,
