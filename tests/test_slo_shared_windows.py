@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 
 from tailwatch.ingest.schema import RequestV1
-from tailwatch.slo.sli import SloEvaluator, status_frame, window_table_key
+from tailwatch.slo import sli
+from tailwatch.slo.sli import SloEvaluator, status_frame, status_part, window_table_key
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
@@ -62,9 +63,10 @@ def test_the_default_slos_share_few_window_tables(specs):
     assert len({id(t.shared) for t in alone.tables.values()}) == len(specs)
 
 
-def _feeds(frame: pl.DataFrame, seed: int, thin: bool) -> list[tuple[str, pl.DataFrame]]:
-    """The buckets as a worker may see them: backlogs of a few minutes, a minute's rows split
-    over two feeds, rows arriving late (corrections), and thin traffic (a few rows a minute)."""
+def _feeds(frame: pl.DataFrame, seed: int, thin: bool, takes=(1, 1, 1, 2, 4)) -> list[tuple[str, pl.DataFrame]]:
+    """The buckets as a worker may see them: backlogs of a few minutes (`takes`: how many
+    minutes a feed may close), a minute's rows split over two feeds, rows arriving late
+    (corrections), and thin traffic (a few rows a minute)."""
     rng = np.random.default_rng(seed)
     if thin:
         frame = frame.filter(pl.Series(rng.random(frame.height) < 0.08))
@@ -73,7 +75,7 @@ def _feeds(frame: pl.DataFrame, seed: int, thin: bool) -> list[tuple[str, pl.Dat
     held: list[tuple[int, pl.DataFrame]] = []  # (feed index to arrive at, rows)
     at = 0
     while at < len(minutes):
-        take = int(rng.choice([1, 1, 1, 2, 4]))
+        take = int(rng.choice(takes))
         chunk = pl.concat(minutes[at:at + take])
         at += take
         if rng.random() < 0.2 and chunk.height > 2:  # some rows late, a few feeds on
@@ -109,13 +111,13 @@ def _state(ev: SloEvaluator) -> list:
     return out
 
 
-def _run(specs, feeds, share: bool, restart_at: int) -> list:
-    ev = SloEvaluator(specs, share_windows=share)
+def _run(specs, feeds, share: bool, restart_at: int, evaluator=SloEvaluator) -> list:
+    ev = evaluator(specs, share_windows=share)
     seen: list[pl.DataFrame] = []
     out = []
     for k, (kind, rows) in enumerate(feeds):
         if k == restart_at:  # a restart: the windows replayed unjudged, the firing alerts adopted
-            again = SloEvaluator(specs, share_windows=share)
+            again = evaluator(specs, share_windows=share)
             for part in seen:
                 again.feed(part, with_status=False, judge=False)
             for (name, values), view in ev.states.items():
@@ -150,3 +152,57 @@ def test_shared_window_tables_decide_as_tables_of_their_own(fleet_buckets, specs
         else:
             assert a[1] == b[1], (k, a[0])
     assert changes > 0  # alerts fired and resolved on the way
+
+
+class MinuteByMinute(SloEvaluator):
+    """The evaluator closing a feed's minutes one at a time, each SLO counting, judging and
+    reading its status rows at each minute (`SloTable.count`, `judge`, `status_part`): what
+    the evaluator's feed-wide reads and judging (`prepare`, `judge_later`) are held to."""
+
+    def _close_minutes(self, buckets, fed, with_status, judge, changes, status):
+        shared = self.tables[fed[0][0].name].shared
+        members = []
+        for spec, rows in fed:
+            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
+            table = self.tables[spec.name]
+            spends = sli._phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
+            members.append((spec, rows, table, table.columns(rows.keys), spends, cuts))
+        for m, minute in enumerate(rows.minutes[cuts[:-1]].tolist()):
+            late = shared.now is not None and minute <= shared.now
+            counted = []
+            for spec, rows, table, cols, spends, cuts in members:
+                a, b = cuts[m], cuts[m + 1]
+                counted.append(table.count(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], late, rows.undecided[a:b]))
+            shared.flush()
+            for (spec, rows, table, cols, spends, cuts), c in zip(members, counted):
+                a, b = cuts[m], cuts[m + 1]
+                spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
+                          if (minute, rows.keys[k]) in spends} if spends else None)
+                changes.setdefault(spec.name, []).extend(table.judge(c, spent, judge))
+                if with_status and not late:
+                    status.setdefault(spec.name, []).append(status_part(table, cols[a:b]))
+        for spec, rows, table, *_ in members:
+            if judge and int(rows.minutes[-1]) >= table.now:
+                changes.setdefault(spec.name, []).extend(table.check_silence(int(rows.minutes[-1])))
+
+
+@pytest.mark.parametrize("seed,thin", [(5, True), (6, False), (7, True)])
+def test_a_backlog_closed_in_one_feed_decides_as_minute_by_minute(fleet_buckets, specs, seed, thin):
+    """Backlogs of up to two hours of minutes in one feed (with late rows and split minutes
+    among them): the same alert changes, status rows and slice states as closing each minute
+    on its own."""
+    feeds = _feeds(fleet_buckets, seed, thin, takes=(1, 3, 17, 45, 120))
+    assert max(rows["window_start"].n_unique() for _, rows in feeds) > 10  # backlogs, not single minutes
+    restart_at = len(feeds) // 2
+    at_once = _run(specs, feeds, True, restart_at)
+    one_by_one = _run(specs, feeds, True, restart_at, evaluator=MinuteByMinute)
+    assert len(at_once) == len(one_by_one)
+    changes = statuses = 0
+    for k, (a, b) in enumerate(zip(at_once, one_by_one)):
+        assert a[0] == b[0]
+        assert a[1] == b[1], (k, a[0])
+        if a[0] in ("closed", "corrected"):
+            assert a[2].equals(b[2]), (k, a[2], b[2])
+            changes += len(a[1])
+            statuses += a[2].height
+    assert changes > 0 and statuses > 0  # alerts fired and resolved, status rows written
