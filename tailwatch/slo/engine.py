@@ -206,8 +206,8 @@ class FeedCounts:
     undecided_rows: np.ndarray | None  # per row (None: no undecided events in the feed)
 
 
-# A table of at most this many columns may keep each minute's window arrays until the end of
-# a feed (`JudgedLater`, and the status rows of slo/sli.py); a wider one reads them at each minute.
+# A table of at most this many columns keeps each minute's window arrays whole until the end
+# of a feed (`KeptMinutes`); a wider one's slices are read at each minute.
 KEEP_COLUMNS = 64
 
 
@@ -220,11 +220,12 @@ def _in_column_order(changes: list[tuple[int, int, AlertChange]], cols: np.ndarr
 
 
 @dataclass
-class JudgedLater:
-    """Minutes of one SLO whose alert windows `SloTable.judge_later` decides at once, after a
-    feed: each minute's slices and the window arrays they read (the shared table builds new
-    ones at every move, so they can be kept). On a backlog of thin minutes, building the
-    masks minute by minute, a few slices each, was most of the SLO stage."""
+class KeptMinutes:
+    """Minutes of one SLO's slices and the window arrays they read, kept to be read at once
+    after a feed (`SloTable.judge_later`, the status rows of slo/sli.py): on a backlog of thin
+    minutes, reading a few slices and building their masks minute by minute was most of the
+    SLO stage. A narrow table's arrays are kept whole (the shared table builds new ones at
+    every move, so they can be); a wide one's slices are picked at once."""
 
     minutes: list[int] = field(default_factory=list)
     cols: list[np.ndarray] = field(default_factory=list)
@@ -232,20 +233,28 @@ class JudgedLater:
     burns: list[np.ndarray] = field(default_factory=list)
     valids: list[np.ndarray] = field(default_factory=list)
     remaining: list[np.ndarray] = field(default_factory=list)
+    sums: list[np.ndarray] = field(default_factory=list)  # (not proven bad, valid) per window
     undecided: list[np.ndarray | None] = field(default_factory=list)  # None: none seen yet
     first: list[np.ndarray] = field(default_factory=list)  # the slices' first minute with data, as of the minute
     no_data: list[list[tuple[int, int, AlertChange]]] = field(default_factory=list)  # the minute's no-data resolutions
-    firing_after: np.ndarray | None = None  # set by `judge_later`
+    firing_after: np.ndarray | None = None  # per row, the burn-rate alerts firing after it (set by `judge_later`)
 
     def add(self, table: SloTable, minute: int, cols: np.ndarray, no_data: list[tuple[int, int, AlertChange]]) -> None:
         burns, valids, remaining = table.global_rates()
+        sums, undecided = table.windows.all_sums(), table.shared.undecided_sums()
+        at = table.g.take(cols)
+        if table.shared.n > KEEP_COLUMNS:  # a wide table: its slices' rows now, not every column kept
+            burns, valids, remaining, sums = (x.take(at, axis=0) for x in (burns, valids, remaining, sums))
+            undecided = None if undecided is None else undecided.take(at, axis=0)
+            at = np.arange(len(cols))
         self.minutes.append(minute)
         self.cols.append(cols)
-        self.at.append(table.g.take(cols))
+        self.at.append(at)
         self.burns.append(burns)
         self.valids.append(valids)
         self.remaining.append(remaining)
-        self.undecided.append(table.shared.undecided_sums())
+        self.sums.append(sums)
+        self.undecided.append(undecided)
         self.first.append(table.first_data.take(cols))
         self.no_data.append(no_data)
 
@@ -503,7 +512,7 @@ class SloTable:
         return CountedMinute(minute, cols, feed.seen[a:b], late, again)
 
     def judge(self, counted: CountedMinute, phase_spends: dict[int, list[tuple[str, int, int]]] | None = None,
-              judge: bool = True, later: JudgedLater | None = None) -> list[AlertChange]:
+              judge: bool = True, later: KeptMinutes | None = None) -> list[AlertChange]:
         """After the shared table's `flush`: the minute's alert changes, in column order (none
         for a minute passed before, nor where not `judge`). With `later`, the alert windows
         are judged with the feed's other minutes by `judge_later` (the minute is kept there):
@@ -537,11 +546,10 @@ class SloTable:
     def can_judge_later(self) -> bool:
         """Whether `judge_later` decides as `judge` does minute by minute: not where a firing
         alert names the phase that overspent (phase windows read at its minute), nor for a
-        calendar month's budget (its arrays change in place), nor for a wide table (the
-        minutes' arrays are kept until the end of the feed)."""
-        return not self.spec.phase_budgets_ms and not self.spec.calendar_month and self.shared.n <= KEEP_COLUMNS
+        calendar month's budget (its arrays change in place)."""
+        return not self.spec.phase_budgets_ms and not self.spec.calendar_month
 
-    def judge_later(self, later: JudgedLater) -> list[AlertChange]:
+    def judge_later(self, later: KeptMinutes) -> list[AlertChange]:
         """The alert changes of the minutes kept in `later` (`judge` with it), in minute order
         and each minute's in column order, decided at once over all of them: after a judged
         minute an alert fires exactly where its condition holds, so whether it fired before

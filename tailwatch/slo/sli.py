@@ -18,7 +18,7 @@ import pyarrow as pa
 from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
 from tailwatch.slo.engine import (
-    KEEP_COLUMNS, AlertChange, JudgedLater, SliceView, SloTable, minutes_to_exhaustion, window_lengths,
+    AlertChange, KeptMinutes, SliceView, SloTable, minutes_to_exhaustion, window_lengths,
 )
 from tailwatch.slo.shared_windows import SharedWindows
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
@@ -364,9 +364,9 @@ class SloEvaluator:
             feed = table.prepare(cuts, starts.tolist(), table.columns(rows.keys), rows.good, rows.valid, rows.undecided)
             members.append((spec, rows, table, feed, spends, changes.setdefault(spec.name, [])))
         assert minutes is not None
-        # (once every member's slices are columns of the shared table: whether it is narrow)
-        later = [JudgedLater() if judge and table.can_judge_later() else None for _, _, table, _, _, _ in members]
-        statuses = [_StatusRows(table, judged is not None) if with_status else None
+        # The alert windows of each SLO that can be judged after the feed, from the minutes kept.
+        later = [KeptMinutes() if judge and table.can_judge_later() else None for _, _, table, _, _, _ in members]
+        statuses = [_StatusRows(table, judged) if with_status else None
                     for (_, _, table, _, _, _), judged in zip(members, later)]
         for m, minute in enumerate(minutes.tolist()):
             late = shared.now is not None and minute <= shared.now
@@ -388,7 +388,7 @@ class SloEvaluator:
             if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
                 changed.extend(table.check_silence(int(rows.minutes[-1])))
             if parts is not None and parts.rows:
-                status.setdefault(spec.name, []).append(parts.part(judged))
+                status.setdefault(spec.name, []).append(parts.part())
 
     def retire_until(self, minute: int) -> None:
         for table in self.tables.values():
@@ -453,83 +453,55 @@ def _sli_range(good: np.ndarray, valid: np.ndarray, undecided: np.ndarray) -> tu
 
 class _StatusRows:
     """One SLO's `slo_status` rows over the minutes of a feed, as `status_part` gives them at
-    each minute, but read from each minute's window arrays (the shared table builds new ones
-    at every move, so they can be kept) once for every minute: on a thin minute the few
-    picks and divisions per SLO were a third of the stage."""
+    each minute, but read from the minutes' kept window arrays (`KeptMinutes`) once for every
+    minute: on a thin minute the few picks and divisions per SLO were a third of the stage."""
 
-    def __init__(self, table: SloTable, judged_later: bool = False):
+    def __init__(self, table: SloTable, judged: KeptMinutes | None = None):
         self.table = table
-        self.judged_later = judged_later  # the alerts firing are known only once `judge_later` ran
+        # The minutes judged later keep the arrays already, and say which alerts fire after each.
+        self.judged = judged
+        self.kept = judged if judged is not None else KeptMinutes()
         self.calendar = table.spec.calendar_month  # its budget's arrays change in place: read at each minute
         self.parts: list[StatusPart] = []
-        self.rows = 0
-        self.minutes: list[int] = []
-        self.cols: list[np.ndarray] = []
-        self.at: list[np.ndarray] = []  # per minute, its rows in that minute's arrays
-        self.burns: list[np.ndarray] = []
-        self.remaining: list[np.ndarray] = []
-        self.period: list[np.ndarray] = []  # (good, valid) over the period
-        self.undecided: list[np.ndarray | None] = []  # over the period; None: none seen yet
         self.firing: list[np.ndarray | None] = []  # None: nothing of the SLO firing
-        self._period_at = table.at.get(table.spec.period_minutes)
+        self.rows = 0
 
     def add(self, cols: np.ndarray) -> None:
-        """The rows of the slices in `cols` as of the table's newest minute."""
+        """The rows of the slices in `cols` as of the table's newest minute (one judged later: kept there)."""
         table = self.table
         self.rows += len(cols)
         if self.calendar:
             self.parts.append(status_part(table, cols))
-            return
-        burns, _, remaining = table.global_rates()
-        k = self._period_at
-        period = table.windows.all_sums()[:, k]
-        u = table.shared.undecided_sums()
-        undecided = None if u is None else u[:, k]
-        at = table.g.take(cols)
-        if table.shared.n > KEEP_COLUMNS:  # a wide table: read now, not kept
-            burns, remaining, period = burns.take(at, axis=0), remaining.take(at), period.take(at, axis=0)
-            undecided = None if undecided is None else undecided.take(at)
-            at = np.arange(len(cols))
-        self.minutes.append(int(table.now))  # type: ignore[arg-type]
-        self.cols.append(cols)
-        self.at.append(at)
-        self.burns.append(burns)
-        self.remaining.append(remaining)
-        self.period.append(period)
-        self.undecided.append(undecided)
-        self.firing.append(None if self.judged_later or not table._firing_alerts else table.firing_count(cols))
+        elif self.judged is None:
+            self.kept.add(table, table.now, cols, [])  # type: ignore[arg-type]
+            self.firing.append(table.firing_count(cols) if table._firing_alerts else None)
 
-    def part(self, judged: JudgedLater | None = None) -> StatusPart:
-        """Every row added, in order, as one part (`judged`: the feed's minutes judged later,
-        whose rows these are, with the alerts firing after each)."""
+    def part(self) -> StatusPart:
+        """Every row added, in order, as one part (after `judge_later`, where judged later)."""
         if self.calendar:
             return self.parts[0] if len(self.parts) == 1 else _joined(self.parts)
-        table = self.table
-        counts = [len(c) for c in self.cols]
-        sizes = [len(r) for r in self.remaining]
-        starts = np.cumsum([0, *sizes[:-1]])
-        pick = np.concatenate(self.at) + np.repeat(starts, counts)
-        burns = np.concatenate(self.burns).take(pick, axis=0)
-        remaining = np.concatenate(self.remaining).take(pick)
-        period = np.concatenate(self.period).take(pick, axis=0)
+        table, kept = self.table, self.kept
+        counts = [len(c) for c in kept.cols]
+        pick = kept.rows(counts)
+        burns = np.concatenate(kept.burns).take(pick, axis=0)
+        remaining = np.concatenate(kept.remaining).take(pick)
+        k = table.at[table.spec.period_minutes]
+        period = np.concatenate(kept.sums).take(pick, axis=0)[:, k]
         good, valid = period[:, 0], period[:, 1]
-        if all(u is None for u in self.undecided):
-            undecided = np.zeros(len(pick))
-        else:
-            undecided = np.concatenate([np.zeros(n) if u is None else u for u, n in zip(self.undecided, sizes)]).take(pick)
+        undecided = kept.undecided_rows(pick)
+        undecided = np.zeros(len(pick)) if undecided is None else undecided[:, k]
         to_exhaustion = minutes_to_exhaustion(remaining, burns[:, table.at[table._fastest_long_minutes]],
                                               table.spec.period_minutes)
         sli, sli_upper = _sli_range(good, valid, undecided)
-        if self.judged_later:
-            assert judged is not None and judged.firing_after is not None and len(judged.firing_after) == len(pick)
-            firing = judged.firing_after
+        if self.judged is not None:
+            assert kept.firing_after is not None and len(kept.firing_after) == len(pick) == self.rows
+            firing = kept.firing_after
         else:
             firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
         texts = table.slice_texts()
-        cols = np.concatenate(self.cols)
-        return StatusPart(np.repeat(np.asarray(self.minutes, np.int64), counts), table.spec.name,
-                          [texts[i] for i in cols.tolist()], sli, sli_upper, remaining, to_exhaustion, burns,
-                          _window_names(table.lengths), firing)
+        return StatusPart(np.repeat(np.asarray(kept.minutes, np.int64), counts), table.spec.name,
+                          [texts[i] for i in np.concatenate(kept.cols).tolist()], sli, sli_upper, remaining,
+                          to_exhaustion, burns, _window_names(table.lengths), firing)
 
 
 def _joined(parts: list[StatusPart]) -> StatusPart:
