@@ -35,10 +35,11 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from tailwatch.slo.shared_windows import SharedWindows, grown as _grown
+from tailwatch.slo.shared_windows import SharedWindows, grown as _grown, rates_of
 from tailwatch.slo.spec import SloSpec
 from tailwatch.slo.turn_phases import PhaseSpend, most_overspent
 from tailwatch.slo.alert_windows import AlertWindow, minute_start_utc
@@ -172,9 +173,9 @@ def _opt(x: float) -> float | None:
     return None if x != x else float(x)  # NaN: a window without valid events
 
 
-@dataclass(frozen=True)
-class CountedMinute:
-    """What `SloTable.count` kept of a minute for `SloTable.judge`."""
+class CountedMinute(NamedTuple):
+    """What `SloTable.count` kept of a minute for `SloTable.judge` (a tuple: one is made per
+    SLO and minute, and a frozen dataclass cost more to build than counting the minute)."""
 
     minute: int
     cols: np.ndarray  # the slices with a row in the minute
@@ -221,53 +222,67 @@ def _in_column_order(changes: list[tuple[int, int, AlertChange]], cols: np.ndarr
 
 @dataclass
 class KeptMinutes:
-    """Minutes of one SLO's slices and the window arrays they read, kept to be read at once
+    """Minutes of one SLO's slices and the window sums they read, kept to be read at once
     after a feed (`SloTable.judge_later`, the status rows of slo/sli.py): on a backlog of thin
-    minutes, reading a few slices and building their masks minute by minute was most of the
-    SLO stage. A narrow table's arrays are kept whole (the shared table builds new ones at
-    every move, so they can be); a wide one's slices are picked at once."""
+    minutes, computing rates, reading a few slices and building their masks minute by minute
+    was most of the SLO stage. A narrow table's sums are kept whole (the window table builds
+    new ones at every move, so they can be); a wide one's slices are picked at once."""
 
     minutes: list[int] = field(default_factory=list)
     cols: list[np.ndarray] = field(default_factory=list)
     at: list[np.ndarray] = field(default_factory=list)  # per minute, its slices' rows of the arrays below
-    burns: list[np.ndarray] = field(default_factory=list)
-    valids: list[np.ndarray] = field(default_factory=list)
-    remaining: list[np.ndarray] = field(default_factory=list)
     sums: list[np.ndarray] = field(default_factory=list)  # (not proven bad, valid) per window
     undecided: list[np.ndarray | None] = field(default_factory=list)  # None: none seen yet
     first: list[np.ndarray] = field(default_factory=list)  # the slices' first minute with data, as of the minute
     no_data: list[list[tuple[int, int, AlertChange]]] = field(default_factory=list)  # the minute's no-data resolutions
     firing_after: np.ndarray | None = None  # per row, the burn-rate alerts firing after it (set by `judge_later`)
+    _stacked: KeptRows | None = None
 
     def add(self, table: SloTable, minute: int, cols: np.ndarray, no_data: list[tuple[int, int, AlertChange]]) -> None:
-        burns, valids, remaining = table.global_rates()
         sums, undecided = table.windows.all_sums(), table.shared.undecided_sums()
         at = table.g.take(cols)
         if table.shared.n > KEEP_COLUMNS:  # a wide table: its slices' rows now, not every column kept
-            burns, valids, remaining, sums = (x.take(at, axis=0) for x in (burns, valids, remaining, sums))
+            sums = sums.take(at, axis=0)
             undecided = None if undecided is None else undecided.take(at, axis=0)
             at = np.arange(len(cols))
         self.minutes.append(minute)
         self.cols.append(cols)
         self.at.append(at)
-        self.burns.append(burns)
-        self.valids.append(valids)
-        self.remaining.append(remaining)
         self.sums.append(sums)
         self.undecided.append(undecided)
         self.first.append(table.first_data.take(cols))
         self.no_data.append(no_data)
 
-    def rows(self, counts: list[int]) -> np.ndarray:
-        """Every minute's slices as rows of the minutes' arrays stacked."""
-        starts = np.cumsum([0, *(len(r) for r in self.remaining[:-1])])
-        return np.concatenate(self.at) + np.repeat(starts, counts)
+    def stacked(self, table: SloTable) -> KeptRows:
+        """Every minute's slices as rows, with the figures each minute's `SloTable.global_rates` gave them."""
+        if self._stacked is None:
+            counts = [len(c) for c in self.cols]
+            starts = np.cumsum([0, *(len(s) for s in self.sums[:-1])])
+            pick = np.concatenate(self.at) + np.repeat(starts, counts)
+            cols = np.concatenate(self.cols)
+            sums = np.concatenate(self.sums).take(pick, axis=0)
+            burns, valids, remaining = rates_of(sums, table.shared.budget.take(table.g.take(cols)), table.shared.period_at)
+            undecided = None
+            if any(u is not None for u in self.undecided):
+                undecided = np.concatenate([np.zeros(s.shape[:2]) if u is None else u
+                                            for u, s in zip(self.undecided, self.sums)]).take(pick, axis=0)
+            self._stacked = KeptRows(counts, cols, np.repeat(np.asarray(self.minutes, np.int64), counts), sums, burns,
+                                     valids, remaining, undecided, np.concatenate(self.first))
+        return self._stacked
 
-    def undecided_rows(self, pick: np.ndarray) -> np.ndarray | None:
-        if all(u is None for u in self.undecided):
-            return None
-        return np.concatenate([np.zeros(b.shape) if u is None else u
-                               for u, b in zip(self.undecided, self.burns)]).take(pick, axis=0)
+
+class KeptRows(NamedTuple):
+    """`KeptMinutes` stacked: per row (a slice at a minute), in minute then column order."""
+
+    counts: list[int]  # rows per minute
+    cols: np.ndarray
+    minutes: np.ndarray
+    sums: np.ndarray  # (rows, lengths, 2)
+    burns: np.ndarray  # (rows, lengths)
+    valids: np.ndarray  # (rows, lengths)
+    remaining: np.ndarray
+    undecided: np.ndarray | None  # (rows, lengths); None: none seen
+    first: np.ndarray
 
 
 def window_lengths(spec: SloSpec) -> tuple[int, ...]:
@@ -311,6 +326,7 @@ class SloTable:
         # At most the newest minute with data of every slice that could go silent: until
         # `no_data_minutes` after it none can, and a minute's silence check reads no array.
         self._silence_bound = _NEVER
+        self._silent_slices = 0  # slices whose no-data alert fires: while none, a minute reads no silence array
         # Calendar-month SLOs budget from the first minute of the month (UTC) instead.
         self.month: tuple[int, int] | None = None
         self.month_good = np.zeros(0, np.int64)
@@ -532,11 +548,12 @@ class SloTable:
         if not judge or counted.again:  # a minute is judged once, when it first closes
             return []
         changes: list[tuple[int, int, AlertChange]] = []
-        silent = self.no_data_since.take(seen)
+        silent = self.no_data_since.take(seen) if self._silent_slices else ()
         if len(silent) and silent.max() >= 0:  # a slice whose no-data alert fires has data again
             for i in seen[silent >= 0].tolist():
                 changes.append((i, _NO_DATA, self._no_data_change("resolved", i, minute)))
                 self.no_data_since[i] = -1
+                self._silent_slices -= 1
         if later is not None:
             later.add(self, minute, cols, changes)
             return []
@@ -557,15 +574,11 @@ class SloTable:
         fires now). Sets `later.firing_after`: per row, the burn-rate alerts firing after its minute."""
         if not later.minutes:
             return []
-        counts = [len(c) for c in later.cols]
-        pick = later.rows(counts)
-        cols = np.concatenate(later.cols)
-        row_minutes = np.repeat(np.asarray(later.minutes, np.int64), counts)
-        burns = np.concatenate(later.burns).take(pick, axis=0)
-        valids = np.concatenate(later.valids).take(pick, axis=0)
+        rows = later.stacked(self)
+        counts, cols, row_minutes, first = rows.counts, rows.cols, rows.minutes, rows.first
+        burns, valids = rows.burns, rows.valids
         long_b, short_b = burns.take(self._long_at, axis=1), burns.take(self._short_at, axis=1)
         enough = np.minimum(valids.take(self._long_at, axis=1), valids.take(self._short_at, axis=1)) >= self.spec.min_events
-        first = np.concatenate(later.first)
         history = np.where(first >= 0, row_minutes - first + 1, 0)
         hot = (long_b > self._factors) & (short_b > self._factors) & enough & ~(history[:, None] < self._history_needed[None, :])
         # Whether each alert fired before the row's minute: the condition at the slice's
@@ -583,8 +596,7 @@ class SloTable:
         changed = hot != before
         burn_changes: dict[int, list[tuple[int, int, AlertChange]]] = {}
         if changed.any():
-            remaining = np.concatenate(later.remaining).take(pick)
-            undecided = later.undecided_rows(pick)
+            remaining, undecided = rows.remaining, rows.undecided
             minute_of = np.repeat(np.arange(len(counts)), counts)
             for r, j in zip(*np.nonzero(changed)):
                 i, (aw, name, _), minute = int(cols[r]), self._alerts[j], int(row_minutes[r])
@@ -621,6 +633,7 @@ class SloTable:
         out = []
         for i in np.flatnonzero(silent).tolist():
             self.no_data_since[i] = now_minute
+            self._silent_slices += 1
             out.append(self._no_data_change("firing", i, now_minute))
         could = (self.last_data[:n] >= 0) & (self.no_data_since[:n] < 0)
         self._silence_bound = int(self.last_data[:n][could].min()) if could.any() else _NEVER
@@ -634,6 +647,7 @@ class SloTable:
         if i is None:
             return False
         if window == NO_DATA_WINDOW:
+            self._silent_slices += int(self.no_data_since[i] < 0)
             self.no_data_since[i] = minute
             return True
         for j, (aw, _, _) in enumerate(self._alerts):

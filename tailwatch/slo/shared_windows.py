@@ -30,6 +30,25 @@ def grown(a: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
+def rates_of(sums: np.ndarray, budget: np.ndarray, period_at: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`SharedWindows.rates` of some rows of window sums ((rows, lengths, 2)) and their SLOs'
+    error budgets ((rows,)): each row's figures depend on its own sums alone, so rows of
+    several minutes stacked give what each minute's rates gave."""
+    good, valid = sums[..., 0], sums[..., 1]
+    bad = np.maximum(valid - good, 0.0)
+    # The same operations, in the same order, as one SLO's `burn_rate` and
+    # `error_budget_remaining` with its objective: a column's figures do not depend on
+    # which SLOs share the table.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        burns = bad / valid / budget[:, None]
+        if period_at is None:
+            remaining = np.ones(len(sums))
+        else:
+            k = period_at
+            remaining = np.where(valid[:, k] > 0, 1.0 - bad[:, k] / (valid[:, k] * budget), 1.0)
+    return burns, valid, remaining
+
+
 class SharedWindows:
     """Column-wise window sums of every slice of some SLOs (column = one SLO's slice), and
     their burn rates and budgets remaining over the SLOs' shared period."""
@@ -113,20 +132,7 @@ class SharedWindows:
         cached = self._rates
         if cached is not None and cached[0] == self.version:
             return cached[1], cached[2], cached[3]
-        sums = self.windows.all_sums()
-        good, valid = sums[..., 0], sums[..., 1]
-        bad = np.maximum(valid - good, 0.0)
-        budget = self.budget[:self.n]
-        # The same operations, in the same order, as one SLO's `burn_rate` and
-        # `error_budget_remaining` with its objective: a column's figures do not depend on
-        # which SLOs share the table.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            burns = bad / valid / budget[:, None]
-            if self.period_at is None:
-                remaining = np.ones(self.n)
-            else:
-                k = self.period_at
-                remaining = np.where(valid[:, k] > 0, 1.0 - bad[:, k] / (valid[:, k] * budget), 1.0)
+        burns, valid, remaining = rates_of(self.windows.all_sums(), self.budget[:self.n], self.period_at)
         self._rates = (self.version, burns, valid, remaining)
         return burns, valid, remaining
 

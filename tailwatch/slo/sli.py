@@ -481,26 +481,22 @@ class _StatusRows:
         if self.calendar:
             return self.parts[0] if len(self.parts) == 1 else _joined(self.parts)
         table, kept = self.table, self.kept
-        counts = [len(c) for c in kept.cols]
-        pick = kept.rows(counts)
-        burns = np.concatenate(kept.burns).take(pick, axis=0)
-        remaining = np.concatenate(kept.remaining).take(pick)
+        rows = kept.stacked(table)
+        counts, burns, remaining = rows.counts, rows.burns, rows.remaining
         k = table.at[table.spec.period_minutes]
-        period = np.concatenate(kept.sums).take(pick, axis=0)[:, k]
-        good, valid = period[:, 0], period[:, 1]
-        undecided = kept.undecided_rows(pick)
-        undecided = np.zeros(len(pick)) if undecided is None else undecided[:, k]
+        good, valid = rows.sums[:, k, 0], rows.sums[:, k, 1]
+        undecided = np.zeros(len(rows.cols)) if rows.undecided is None else rows.undecided[:, k]
         to_exhaustion = minutes_to_exhaustion(remaining, burns[:, table.at[table._fastest_long_minutes]],
                                               table.spec.period_minutes)
         sli, sli_upper = _sli_range(good, valid, undecided)
         if self.judged is not None:
-            assert kept.firing_after is not None and len(kept.firing_after) == len(pick) == self.rows
+            assert kept.firing_after is not None and len(kept.firing_after) == len(rows.cols) == self.rows
             firing = kept.firing_after
         else:
             firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
         texts = table.slice_texts()
         return StatusPart(np.repeat(np.asarray(kept.minutes, np.int64), counts), table.spec.name,
-                          [texts[i] for i in np.concatenate(kept.cols).tolist()], sli, sli_upper, remaining,
+                          [texts[i] for i in rows.cols.tolist()], sli, sli_upper, remaining,
                           to_exhaustion, burns, _window_names(table.lengths), firing)
 
 
