@@ -487,15 +487,17 @@ class SloTable:
             undecided_cuts = np.concatenate([[0], np.cumsum(some)]).take(cuts).tolist()
         # A slice's history begins at its oldest minute with data: in a feed (minutes in
         # order) at its first row with data, where it had none yet or only later ones.
+        # The rows where it would begin, as of the feed, are a slice's first rows if any
+        # (its history's start only moves earlier): usually none, and nothing is sorted.
         first_at: dict[int, np.ndarray] = {}
-        if len(seen):
-            row_minutes = np.repeat(np.asarray(minutes, np.int64), np.diff(at))
-            fresh, first_row = np.unique(seen, return_index=True)
-            begins = row_minutes.take(first_row)
-            before = self.first_data.take(fresh)
-            earlier = (before < 0) | (before > begins)
-            for minute in np.unique(begins[earlier]).tolist():
-                first_at[minute] = fresh[earlier & (begins == minute)]
+        row_minutes = np.repeat(np.asarray(minutes, np.int64), np.diff(at))
+        before = self.first_data.take(seen)
+        begin = (before < 0) | (before > row_minutes)
+        if begin.any():
+            fresh, first_row = np.unique(seen[begin], return_index=True)
+            begins = row_minutes[begin].take(first_row)
+            for minute in np.unique(begins).tolist():
+                first_at[minute] = fresh[begins == minute]
         np.add.at(self.events_good, cols, good)
         np.add.at(self.events_valid, cols, valid)
         if undecided is not None:
