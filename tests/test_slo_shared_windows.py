@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from tailwatch.ingest.schema import RequestV1
-from tailwatch.slo import sli
+from tailwatch.slo import engine, sli
 from tailwatch.slo.sli import SloEvaluator, status_frame, status_part, window_table_key
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.aggregates import REQUESTS
@@ -186,11 +186,13 @@ class MinuteByMinute(SloEvaluator):
                 changes.setdefault(spec.name, []).extend(table.check_silence(int(rows.minutes[-1])))
 
 
-@pytest.mark.parametrize("seed,thin", [(5, True), (6, False), (7, True)])
-def test_a_backlog_closed_in_one_feed_decides_as_minute_by_minute(fleet_buckets, specs, seed, thin):
+@pytest.mark.parametrize("seed,thin,keep", [(5, True, engine.KEEP_COLUMNS), (6, False, 0), (7, True, 10_000)])
+def test_a_backlog_closed_in_one_feed_decides_as_minute_by_minute(fleet_buckets, specs, seed, thin, keep, monkeypatch):
     """Backlogs of up to two hours of minutes in one feed (with late rows and split minutes
     among them): the same alert changes, status rows and slice states as closing each minute
-    on its own."""
+    on its own, whether the minutes' window sums are kept whole (`keep`: up to that many
+    columns) or their slices picked at each minute."""
+    monkeypatch.setattr(engine, "KEEP_COLUMNS", keep)
     feeds = _feeds(fleet_buckets, seed, thin, takes=(1, 3, 17, 45, 120))
     assert max(rows["window_start"].n_unique() for _, rows in feeds) > 10  # backlogs, not single minutes
     restart_at = len(feeds) // 2

@@ -207,9 +207,10 @@ class FeedCounts:
     undecided_rows: np.ndarray | None  # per row (None: no undecided events in the feed)
 
 
-# A table of at most this many columns keeps each minute's window arrays whole until the end
-# of a feed (`KeptMinutes`); a wider one's slices are read at each minute.
-KEEP_COLUMNS = 64
+# A table of at most this many columns keeps each minute's window sums whole until the end of
+# a feed (`KeptMinutes`: a kilobyte a minute at most); a wider one's slices are picked at each
+# minute, so that what a long backlog keeps grows with its rows, not its tables' columns.
+KEEP_COLUMNS = 8
 
 
 def _in_column_order(changes: list[tuple[int, int, AlertChange]], cols: np.ndarray) -> list[AlertChange]:
@@ -413,14 +414,13 @@ class SloTable:
         self.shared.flush()
         return self.judge(counted, phase_spends, judge)
 
-    def count(self, minute: int, cols, good, valid, late: bool, undecided=None) -> CountedMinute:
-        """Stage a minute's counts in the shared window table (added at its `flush`) and keep
-        this table's own: each slice's history, month and event counts. `late`: whether the
-        shared table had passed or reached the minute before any SLO sharing it counted it."""
+    def _checked(self, cols, good, valid, undecided) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Counts as int64 arrays, refused where they cannot be (ValueError), with good then
+        every event not proven bad: what burn rates, alerts and the budget count (the module
+        docstring); undecided kept beside it, None where there is none (nearly always: on a
+        thin minute each numpy call's fixed cost is the stage's cost, so the calls that would
+        add zeros are left out)."""
         cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
-        # A minute without undecided events (nearly every one) adds none: on a thin minute
-        # each numpy call's fixed cost is the stage's cost, so the calls that would add
-        # zeros are left out.
         undecided = None if undecided is None else np.asarray(undecided, np.int64)
         if undecided is not None and not undecided.any():
             undecided = None
@@ -429,10 +429,13 @@ class SloTable:
             undecided = np.zeros(len(cols), np.int64) if undecided is None else undecided
             k = int(np.flatnonzero((good < 0) | (undecided < 0) | (valid < 0) | (good + undecided > valid))[0])
             raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} undecided={undecided[k]} valid={valid[k]}")
-        # From here on "good" is every event not proven bad: what burn rates, alerts and the
-        # budget count (the module docstring); the undecided share is kept beside it.
-        if undecided is not None:
-            good = good + undecided
+        return cols, good if undecided is None else good + undecided, valid, undecided
+
+    def count(self, minute: int, cols, good, valid, late: bool, undecided=None) -> CountedMinute:
+        """Stage a minute's counts in the shared window table (added at its `flush`) and keep
+        this table's own: each slice's history, month and event counts. `late`: whether the
+        shared table had passed or reached the minute before any SLO sharing it counted it."""
+        cols, good, valid, undecided = self._checked(cols, good, valid, undecided)
         # The newest minute again: more of its rows (a restart reads a big minute in shares).
         again = late and minute == self.now
         if not late:
@@ -464,17 +467,7 @@ class SloTable:
         """A feed's counts (rows in minute order, minute k's rows from cuts[k] to cuts[k + 1],
         each slice at most once a minute) checked and split for `count_prepared`, and added
         to the event counters (what `count` does minute by minute, done once)."""
-        cols, good, valid = (np.asarray(x, np.int64) for x in (cols, good, valid))
-        undecided = None if undecided is None else np.asarray(undecided, np.int64)
-        if undecided is not None and not undecided.any():
-            undecided = None
-        if len(cols) and (good.min() < 0 or (good > valid).any() if undecided is None else
-                          good.min() < 0 or undecided.min() < 0 or (good + undecided > valid).any()):
-            undecided = np.zeros(len(cols), np.int64) if undecided is None else undecided
-            k = int(np.flatnonzero((good < 0) | (undecided < 0) | (valid < 0) | (good + undecided > valid))[0])
-            raise ValueError(f"bad counts for {self.spec.name}: good={good[k]} undecided={undecided[k]} valid={valid[k]}")
-        if undecided is not None:
-            good = good + undecided
+        cols, good, valid, undecided = self._checked(cols, good, valid, undecided)
         g = self.g
         data = valid > 0
         at = np.concatenate([[0], np.cumsum(data)]).take(cuts).tolist()
@@ -486,9 +479,9 @@ class SloTable:
             g_undecided, undecided_at = g.take(cols[some]), undecided[some]
             undecided_cuts = np.concatenate([[0], np.cumsum(some)]).take(cuts).tolist()
         # A slice's history begins at its oldest minute with data: in a feed (minutes in
-        # order) at its first row with data, where it had none yet or only later ones.
-        # The rows where it would begin, as of the feed, are a slice's first rows if any
-        # (its history's start only moves earlier): usually none, and nothing is sorted.
+        # order) at its first row with data, where it had none yet or only later ones. Rows
+        # where it would, as of the feed, are the slice's first rows if any: usually none,
+        # and then nothing is sorted.
         first_at: dict[int, np.ndarray] = {}
         row_minutes = np.repeat(np.asarray(minutes, np.int64), np.diff(at))
         before = self.first_data.take(seen)
@@ -722,9 +715,7 @@ class SloTable:
             good, valid = sums[:, k, 0].take(gc), sums[:, k, 1].take(gc)
             u = self.shared.undecided_sums()
             undecided = np.zeros(len(cols)) if u is None else u[:, k].take(gc)
-        to_exhaustion = minutes_to_exhaustion(remaining, burns[:, self.at[self._fastest_long_minutes]],
-                                              self.spec.period_minutes)
-        return burns, remaining, to_exhaustion, good, valid, undecided
+        return burns, remaining, self.exhaustion(remaining, burns), good, valid, undecided
 
     def minutes_to_exhaustion(self, cols: np.ndarray) -> np.ndarray:
         """Per slice, minutes until the budget is gone at the fastest page window's burn rate
@@ -742,7 +733,14 @@ class SloTable:
         return history[:, None] < self._history_needed[None, :]
 
     def firing_count(self, cols: np.ndarray) -> np.ndarray:
-        return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0) if len(self._alerts) else np.zeros(len(cols), np.int64)
+        if not self._firing_alerts:  # nothing firing (most minutes): no array read
+            return np.zeros(len(cols), np.int64)
+        return (self.fired_at.take(cols, axis=1) >= 0).sum(axis=0)
+
+    def exhaustion(self, remaining: np.ndarray, burns: np.ndarray) -> np.ndarray:
+        """`minutes_to_exhaustion` of rows of budgets remaining and burn rates ((rows, lengths)):
+        at the fastest page window's burn rate."""
+        return minutes_to_exhaustion(remaining, burns[:, self.at[self._fastest_long_minutes]], self.spec.period_minutes)
 
     def overspent(self, i: int) -> PhaseSpend | None:
         budgets = dict(self.spec.phase_budgets_ms)

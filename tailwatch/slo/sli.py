@@ -18,7 +18,7 @@ import pyarrow as pa
 from tailwatch.conventions import LATENCY_LOWER_FIELDS
 from tailwatch.slo import histogram
 from tailwatch.slo.engine import (
-    AlertChange, KeptMinutes, SliceView, SloTable, minutes_to_exhaustion, window_lengths,
+    AlertChange, KeptMinutes, SliceView, SloTable, window_lengths,
 )
 from tailwatch.slo.shared_windows import SharedWindows
 from tailwatch.slo.spec import COUNT_KINDS, REPORTED_KINDS, SloSpec
@@ -463,7 +463,7 @@ class _StatusRows:
         self.kept = judged if judged is not None else KeptMinutes()
         self.calendar = table.spec.calendar_month  # its budget's arrays change in place: read at each minute
         self.parts: list[StatusPart] = []
-        self.firing: list[np.ndarray | None] = []  # None: nothing of the SLO firing
+        self.firing: list[np.ndarray] = []  # per minute not judged later, the alerts firing per slice
         self.rows = 0
 
     def add(self, cols: np.ndarray) -> None:
@@ -474,7 +474,7 @@ class _StatusRows:
             self.parts.append(status_part(table, cols))
         elif self.judged is None:
             self.kept.add(table, table.now, cols, [])  # type: ignore[arg-type]
-            self.firing.append(table.firing_count(cols) if table._firing_alerts else None)
+            self.firing.append(table.firing_count(cols))
 
     def part(self) -> StatusPart:
         """Every row added, in order, as one part (after `judge_later`, where judged later)."""
@@ -486,14 +486,13 @@ class _StatusRows:
         k = table.at[table.spec.period_minutes]
         good, valid = rows.sums[:, k, 0], rows.sums[:, k, 1]
         undecided = np.zeros(len(rows.cols)) if rows.undecided is None else rows.undecided[:, k]
-        to_exhaustion = minutes_to_exhaustion(remaining, burns[:, table.at[table._fastest_long_minutes]],
-                                              table.spec.period_minutes)
+        to_exhaustion = table.exhaustion(remaining, burns)
         sli, sli_upper = _sli_range(good, valid, undecided)
         if self.judged is not None:
             assert kept.firing_after is not None and len(kept.firing_after) == len(rows.cols) == self.rows
             firing = kept.firing_after
         else:
-            firing = np.concatenate([np.zeros(n, np.int64) if f is None else f for f, n in zip(self.firing, counts)])
+            firing = np.concatenate(self.firing)
         texts = table.slice_texts()
         return StatusPart(np.repeat(np.asarray(kept.minutes, np.int64), counts), table.spec.name,
                           [texts[i] for i in rows.cols.tolist()], sli, sli_upper, remaining,
