@@ -14,7 +14,7 @@ import pytest
 
 from tailwatch.ingest.schema import RequestV1
 from tailwatch.slo import engine, sli
-from tailwatch.slo.sli import SloEvaluator, status_frame, status_part, window_table_key
+from tailwatch.slo.sli import SloEvaluator, status_frame, window_table_key
 from tailwatch.slo.spec import DEFAULT_SLOS, load_slos
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
@@ -155,35 +155,19 @@ def test_shared_window_tables_decide_as_tables_of_their_own(fleet_buckets, specs
 
 
 class MinuteByMinute(SloEvaluator):
-    """The evaluator closing a feed's minutes one at a time, each SLO counting, judging and
-    reading its status rows at each minute (`SloTable.count`, `judge`, `status_part`): what
-    the evaluator's feed-wide reads and judging (`prepare`, `judge_later`) are held to."""
+    """The evaluator closing a backlog's minutes one at a time, each SLO counting, judging and
+    reading its status rows at each minute (`SloTable.count`, `judge`, `status_part`), as it
+    closes a feed of one minute: what its feed-wide reads and judging (`SloTable.prepare`,
+    `judge_later`) are held to."""
 
-    def _close_minutes(self, buckets, fed, with_status, judge, changes, status):
-        shared = self.tables[fed[0][0].name].shared
-        members = []
-        for spec, rows in fed:
-            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
-            table = self.tables[spec.name]
-            spends = sli._phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
-            members.append((spec, rows, table, table.columns(rows.keys), spends, cuts))
-        for m, minute in enumerate(rows.minutes[cuts[:-1]].tolist()):
-            late = shared.now is not None and minute <= shared.now
-            counted = []
-            for spec, rows, table, cols, spends, cuts in members:
-                a, b = cuts[m], cuts[m + 1]
-                counted.append(table.count(minute, cols[a:b], rows.good[a:b], rows.valid[a:b], late, rows.undecided[a:b]))
-            shared.flush()
-            for (spec, rows, table, cols, spends, cuts), c in zip(members, counted):
-                a, b = cuts[m], cuts[m + 1]
-                spent = ({int(cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
-                          if (minute, rows.keys[k]) in spends} if spends else None)
-                changes.setdefault(spec.name, []).extend(table.judge(c, spent, judge))
-                if with_status and not late:
-                    status.setdefault(spec.name, []).append(status_part(table, cols[a:b]))
-        for spec, rows, table, *_ in members:
-            if judge and int(rows.minutes[-1]) >= table.now:
-                changes.setdefault(spec.name, []).extend(table.check_silence(int(rows.minutes[-1])))
+    def _close_backlog(self, buckets, fed, minutes, with_status, judge, changes, status):
+        for minute in minutes:
+            one = []
+            for spec, rows in fed:
+                at = rows.minutes == minute
+                one.append((spec, sli.SloRows(rows.minutes[at], [k for k, x in zip(rows.keys, at) if x], rows.good[at],
+                                              rows.valid[at], rows.undecided[at])))
+            self._close_minute(buckets, one, minute, with_status, judge, changes, status)
 
 
 @pytest.mark.parametrize("seed,thin,keep", [(5, True, engine.KEEP_COLUMNS), (6, False, 0), (7, True, 10_000)])

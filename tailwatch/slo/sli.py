@@ -346,47 +346,72 @@ class SloEvaluator:
     def _close_minutes(self, buckets: pl.DataFrame, fed: list[tuple[SloSpec, SloRows]], with_status: bool, judge: bool,
                        changes: dict[str, list[AlertChange]], status: dict[str, list[StatusPart]]) -> None:
         """Close the minutes of SLOs sharing a window table: at each minute every SLO counts it,
-        the table adds their counts at once, then each SLO judges it. What does not need the
-        minute's windows (checking and splitting the counts, the event counters, the status
-        rows' arithmetic) is done once for all the minutes."""
-        shared = self.tables[fed[0][0].name].shared
-        members, minutes = [], None
+        the table adds their counts at once, then each SLO judges it."""
+        minutes = None
         for spec, rows in fed:
-            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
-            starts = rows.minutes[cuts[:-1]]
+            starts = np.unique(rows.minutes)
             if minutes is None:
                 minutes = starts
             elif not np.array_equal(starts, minutes):
                 # SLOs sharing a table pick the same rows (`pick_key`), so this cannot happen.
                 raise AssertionError(f"{spec.name} closes other minutes than {fed[0][0].name}, whose window table it shares")
+        assert minutes is not None
+        if len(minutes) == 1:  # a live worker's usual feed: nothing to spread over minutes
+            self._close_minute(buckets, fed, int(minutes[0]), with_status, judge, changes, status)
+        else:
+            self._close_backlog(buckets, fed, minutes.tolist(), with_status, judge, changes, status)
+        for spec, rows in fed:
+            table = self.tables[spec.name]
+            if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
+                changes[spec.name].extend(table.check_silence(int(rows.minutes[-1])))
+
+    def _close_minute(self, buckets: pl.DataFrame, fed: list[tuple[SloSpec, SloRows]], minute: int, with_status: bool,
+                      judge: bool, changes: dict[str, list[AlertChange]], status: dict[str, list[StatusPart]]) -> None:
+        """One minute: each SLO's status rows read and its alerts judged at it."""
+        shared = self.tables[fed[0][0].name].shared
+        late = shared.now is not None and minute <= shared.now
+        tables = [self.tables[spec.name] for spec, _ in fed]
+        cols = [table.columns(rows.keys) for table, (_, rows) in zip(tables, fed)]
+        counted = [table.count(minute, c, rows.good, rows.valid, late, rows.undecided)
+                   for table, c, (_, rows) in zip(tables, cols, fed)]
+        shared.flush()
+        for (spec, rows), table, c, minute_counts in zip(fed, tables, cols, counted):
+            spent = _spent(_phase_spends(spec, buckets) if spec.phase_budgets_ms else {}, minute, rows.keys, c, 0, len(c))
+            changes.setdefault(spec.name, []).extend(table.judge(minute_counts, spent, judge))
+            if with_status and not late:
+                status.setdefault(spec.name, []).append(status_part(table, c))
+
+    def _close_backlog(self, buckets: pl.DataFrame, fed: list[tuple[SloSpec, SloRows]], minutes: list[int],
+                       with_status: bool, judge: bool, changes: dict[str, list[AlertChange]],
+                       status: dict[str, list[StatusPart]]) -> None:
+        """Many minutes (a backlog): what does not need each minute's windows (checking and
+        splitting the counts, the event counters, judging the alerts, the status rows'
+        arithmetic) is done once for all of them (`SloTable.prepare`, `judge_later`,
+        `_StatusRows`), each minute only moving the windows."""
+        shared = self.tables[fed[0][0].name].shared
+        members = []
+        for spec, rows in fed:
+            cuts = [0, *(np.flatnonzero(np.diff(rows.minutes)) + 1).tolist(), len(rows.minutes)]
             table = self.tables[spec.name]
             spends = _phase_spends(spec, buckets) if spec.phase_budgets_ms else {}
-            feed = table.prepare(cuts, starts.tolist(), table.columns(rows.keys), rows.good, rows.valid, rows.undecided)
+            feed = table.prepare(cuts, minutes, table.columns(rows.keys), rows.good, rows.valid, rows.undecided)
             members.append((spec, rows, table, feed, spends, changes.setdefault(spec.name, [])))
-        assert minutes is not None
         # The alert windows of each SLO that can be judged after the feed, from the minutes kept.
         later = [KeptMinutes() if judge and table.can_judge_later() else None for _, _, table, _, _, _ in members]
         statuses = [_StatusRows(table, judged) if with_status else None
                     for (_, _, table, _, _, _), judged in zip(members, later)]
-        for m, minute in enumerate(minutes.tolist()):
+        for m, minute in enumerate(minutes):
             late = shared.now is not None and minute <= shared.now
             counted = [table.count_prepared(feed, m, minute, late) for _, _, table, feed, _, _ in members]
             shared.flush()
             for (spec, rows, table, feed, spends, changed), c, judged, parts in zip(members, counted, later, statuses):
-                if spends:
-                    a, b = feed.cuts[m], feed.cuts[m + 1]
-                    spent = {int(feed.cols[k]): spends[(minute, rows.keys[k])] for k in range(a, b)
-                             if (minute, rows.keys[k]) in spends}
-                    changed.extend(table.judge(c, spent, judge))
-                else:
-                    changed.extend(table.judge(c, None, judge, judged))
+                spent = _spent(spends, minute, rows.keys, feed.cols, feed.cuts[m], feed.cuts[m + 1])
+                changed.extend(table.judge(c, spent, judge, judged))
                 if parts is not None and not late:
                     parts.add(c.cols)
         for (spec, rows, table, _, _, changed), judged, parts in zip(members, later, statuses):
             if judged is not None:
                 changed.extend(table.judge_later(judged))
-            if judge and int(rows.minutes[-1]) >= table.now:  # silence is judged at the newest minute, never a corrected one
-                changed.extend(table.check_silence(int(rows.minutes[-1])))
             if parts is not None and parts.rows:
                 status.setdefault(spec.name, []).append(parts.part())
 
@@ -397,6 +422,15 @@ class SloEvaluator:
     def reset_event_counts(self) -> None:
         for table in self.tables.values():
             table.reset_event_counts()
+
+
+def _spent(spends: dict[tuple[int, tuple], list[tuple[str, int, int]]], minute: int, keys: list[tuple[str, ...]],
+           cols: np.ndarray, a: int, b: int) -> dict[int, list[tuple[str, int, int]]] | None:
+    """The phase spends (`_phase_spends`) of rows a..b of a minute, by the rows' columns; None
+    for an SLO without phase budgets."""
+    if not spends:
+        return None
+    return {int(cols[k]): spends[(minute, keys[k])] for k in range(a, b) if (minute, keys[k]) in spends}
 
 
 def _phase_spends(spec: SloSpec, buckets: pl.DataFrame) -> dict[tuple[int, tuple], list[tuple[str, int, int]]]:
