@@ -126,7 +126,8 @@ class _PerEventLimiter(CardinalityLimiter):
         key_hash = pl.struct(keys).hash().alias("_key")
         combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
             *[pl.col(k).first() for k in keys], hour, first).sort("_first", *keys).drop("_first")
-        refused_keys = self._admit_slices(keys, combos)
+        refused = self._admit_slices(keys, combos.drop("_key").iter_rows())
+        refused_keys = [h for h, *key in combos.iter_rows() if tuple(key[:-1]) in refused]
         if refused_keys:
             mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())
             out.slice_events = int(frame.select(mask.sum()).item())
