@@ -1,0 +1,107 @@
+"""Lateness judged in NumPy, a partition's rows at a time (MinuteWindows._judge), decides as the
+polars query it replaced: on randomized batches over several partitions, out of order, with
+watermarks from earlier batches, a closed frontier and with or without a correction horizon,
+the same outcome (accepted, duplicates, late records, corrections), the same watermarks and the
+same minutes closed."""
+
+from __future__ import annotations
+
+import polars as pl
+from hypothesis import given, settings, strategies as st
+
+from tailwatch.streams.aggregates import REQUESTS
+from tailwatch.streams.minute_windows import MINUTE_MS, BatchOutcome, MinuteWindows
+from tests.test_minute_windows import T0, frame
+
+
+class _PolarsJudgedWindows(MinuteWindows):
+    """The reference: lateness by a join on the watermarks and a cumulative max over each
+    partition, watermarks by a group-by, as the windows judged before."""
+
+    def add(self, frame: pl.DataFrame) -> BatchOutcome:  # noqa: C901 (the former code, verbatim)
+        if frame.height == 0:
+            return BatchOutcome(0, 0, [], [])
+        frame = frame.with_columns((pl.col("ts_ms") // MINUTE_MS).alias("_minute"))
+        judged = self._judge(frame)
+        for p, wm in frame.group_by("_partition").agg(pl.col("ts_ms").max()).iter_rows():
+            if wm > self.watermark_ms.get(p, -(2**62)):
+                self.watermark_ms[p] = wm
+        to_correct, refused = 0, None
+        if not judged["late"].any():  # the common case: one pass, no filtering
+            on_time = frame
+        elif self.correction_horizon_ms:
+            # Past the allowed lateness but within the horizon: an open minute takes the event
+            # as it takes any; a closed one is corrected at the next checkpoint.
+            refuse = judged["too_late"]
+            correct = ~refuse & judged["closed"]
+            refused = frame.filter(refuse)
+            if correct.any():
+                late = frame.filter(correct)
+                self._late.append(late)
+                to_correct = late.height
+            on_time = frame.filter(~(refuse | correct))
+        else:
+            refused = frame.filter(judged["late"])
+            on_time = frame.filter(~judged["late"])
+        on_time, duplicates = self._dedupe(on_time)
+        if on_time.height:
+            self._aggregate(on_time)
+        return BatchOutcome(
+            accepted=on_time.height,
+            duplicates=duplicates,
+            late_index=[] if refused is None else refused["_index"].to_list(),
+            late_ts_ms=[] if refused is None else refused["ts_ms"].to_list(),
+            to_correct=to_correct,
+            past_horizon=bool(self.correction_horizon_ms),
+        )
+
+    def _judge(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Per row: `late` (older than its partition's watermark minus the allowed lateness,
+        or of a closed minute); with a correction horizon also `too_late` (beyond the horizon
+        the same way) and `closed` (of a closed minute)."""
+        before = pl.DataFrame(
+            {"_partition": list(self.watermark_ms), "_wm0": list(self.watermark_ms.values())},
+            schema={"_partition": pl.Int32, "_wm0": pl.Int64},
+        )
+        prior = pl.col("ts_ms").shift(1).cum_max().over("_partition")
+        judged = frame.select("_partition", "ts_ms", "_minute").join(before, on="_partition", how="left", maintain_order="left")
+        judged = judged.with_columns(pl.max_horizontal(prior, pl.col("_wm0")).alias("_wm"))
+        late = (pl.col("ts_ms") < pl.col("_wm") - self.allowed_lateness_ms).fill_null(False)
+        too_late = (pl.col("ts_ms") < pl.col("_wm") - self.correction_horizon_ms).fill_null(False)
+        closed = pl.lit(False)
+        if self.closed_before_minute is not None:
+            closed = pl.col("_minute") < self.closed_before_minute
+            late = late | closed
+            too_late = too_late | (pl.col("_minute") < self.closed_before_minute - self.correction_horizon_ms // MINUTE_MS)
+        if not self.correction_horizon_ms:
+            return judged.select(late.alias("late"))
+        return judged.select(late.alias("late"), (late & too_late).alias("too_late"), closed.alias("closed"))
+
+
+_event = st.tuples(st.integers(0, 30), st.integers(-25 * MINUTE_MS, 25 * MINUTE_MS), st.integers(0, 3),
+                   st.sampled_from(["ok", "error"]), st.floats(1, 5_000))
+
+
+@settings(max_examples=120, deadline=None)
+@given(batches=st.lists(st.lists(_event, max_size=40), min_size=1, max_size=6), lateness_min=st.integers(0, 6),
+       horizon_min=st.sampled_from([0, 3, 60]), close_at=st.lists(st.integers(-20, 20), max_size=6))
+def test_numpy_lateness_decides_as_the_polars_query_did(batches, lateness_min, horizon_min, close_at):
+    keys = ["window_start", *REQUESTS.keys]  # closed rows come in no fixed order
+    new = MinuteWindows(REQUESTS, lateness_min * MINUTE_MS, correction_horizon_ms=horizon_min * MINUTE_MS)
+    old = _PolarsJudgedWindows(REQUESTS, lateness_min * MINUTE_MS, correction_horizon_ms=horizon_min * MINUTE_MS)
+    for k, rows in enumerate(batches):
+        batch = frame([(f"e{eid}", T0 + at, part, status, e2e) for eid, at, part, status, e2e in rows])
+        got, want = new.add(batch), old.add(batch)
+        assert got == want
+        assert new.watermark_ms == old.watermark_ms
+        if k < len(close_at):  # a checkpoint closes minutes between batches, moving the frontier
+            before = T0 // MINUTE_MS + close_at[k]
+            (rows_new, closed_new), (rows_old, closed_old) = new.close(before), old.close(before)
+            assert closed_new == closed_old
+            assert (rows_new.height == 0 and rows_old.height == 0) or rows_new.sort(keys).equals(rows_old.sort(keys))
+            assert new.closed_before_minute == old.closed_before_minute
+    late_new, late_old = new.take_late(), old.take_late()
+    assert (late_new is None and late_old is None) or late_new.equals(late_old)
+    (rows_new, closed_new), (rows_old, closed_old) = new.close(None), old.close(None)
+    assert closed_new == closed_old
+    assert (rows_new.height == 0 and rows_old.height == 0) or rows_new.sort(keys).equals(rows_old.sort(keys))
