@@ -64,7 +64,8 @@ class Source(Protocol):
     """What the runtime (streams/runtime.py) and the operators (streams/operator.py) use of a
     source. Records are read in batches by topic; each record answers `value()`,
     `partition()`, `offset()`, `timestamp()` (kind, ms), `topic()` and `error()` as a
-    confluent_kafka.Message does."""
+    confluent_kafka.Message does (`KafkaSource`'s batches are `RecordBatch`es, columns whose
+    records say only whether there is a time, not which kind: streams/record_batch.py)."""
 
     topics: list[str]  # consumed
     assigned: dict[str, set[int]]  # the partitions of each consumed topic this worker reads
