@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from tailwatch.conventions import OVERFLOW_LABEL_VALUE
 from tailwatch.streams.cardinality import HOUR_MS, CardinalityLimiter, CardinalityLimits, Overflowed
+from tests.test_cardinality import ReferenceLimiter
 
 CAPPED = ("tenant", "model", "zone")
 SLICE = ("tenant", "model", "workload", "zone", "gpu_index")
@@ -18,7 +19,7 @@ SCHEMA = {"tenant": pl.String, "model": pl.String, "workload": pl.String, "zone"
           "ts_ms": pl.Int64}
 
 
-class _HashGroupedLimiter(CardinalityLimiter):
+class _HashGroupedLimiter(ReferenceLimiter):
     """The reference: the slices grouped by a hash of their key and every capped label's
     values by a polars query of their own, as the limiter did before."""
 
@@ -26,12 +27,8 @@ class _HashGroupedLimiter(CardinalityLimiter):
         out = Overflowed()
         if frame.height == 0:
             return frame, out
-        hour = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
-        first = pl.col("ts_ms").min().alias("_first")
-        newest = int(frame["ts_ms"].max()) // HOUR_MS
-        if self.newest_hour is None or newest > self.newest_hour:
-            self.newest_hour = newest
-            self._forget()
+        hour, first = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour"), pl.col("ts_ms").min().alias("_first")
+        self.aged(frame)
         keys = [k for k in self.slice_labels if k in frame.columns]
         key_hash = pl.struct(keys).hash().alias("_key")
 
@@ -50,41 +47,15 @@ class _HashGroupedLimiter(CardinalityLimiter):
             seen = seen.sort("_first", label)
             refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
             if refused:
-                mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
-                out.events_by_label[label] = int(frame.select(mask.sum()).item())
-                frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
-                                           .alias(label))
-                folded = True
+                frame, folded = self.fold_values(frame, label, refused, out), True
         if folded:
             combos = slices_of(frame)
         combos = combos.sort("_first", *keys).drop("_first")
-        refused_keys = self._hashed_slices(keys, combos)
+        refused = self._admit_slices(keys, combos.drop("_key").iter_rows())  # the bookkeeping is the same
+        refused_keys = [h for h, *key in combos.iter_rows() if tuple(key[:-1]) in refused]
         if refused_keys:
-            mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())
-            out.slice_events = int(frame.select(mask.sum()).item())
-            frame = frame.with_columns(*[
-                pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
-                .otherwise(pl.col(k)).alias(k) for k in self.capped if k in frame.columns])
+            frame = self.fold_slices(frame, keys, refused_keys, out)
         return frame, out
-
-    def _hashed_slices(self, keys: list[str], combos: pl.DataFrame) -> list[int]:
-        capped_at = [i for i, k in enumerate(keys) if k in self.values]
-        cap, refused = self.limits.max_slices, []
-        for key_hash, *key, hour in combos.iter_rows():
-            key = tuple(key)
-            if all(key[i] is None or key[i] == "" or key[i] == OVERFLOW_LABEL_VALUE for i in capped_at):
-                continue
-            last = self.slices.get(key)
-            if last is None:
-                if len(self.slices) >= cap:
-                    refused.append(key_hash)
-                    continue
-                self.slices[key] = hour
-                self.changed = True
-            elif hour > last:
-                self.slices[key] = hour
-                self.changed = True
-        return refused
 
 
 _label = st.sampled_from([None, "", OVERFLOW_LABEL_VALUE, "a", "b", "B", "ab", "é", "zz", "ü-1", "t10", "t9"])

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams import minute_windows as mw
-from tailwatch.streams.minute_windows import MINUTE_MS, BatchOutcome, MinuteWindows
+from tailwatch.streams.minute_windows import MINUTE_MS, MinuteWindows
 from tests.test_minute_windows import T0, frame
 
 
@@ -21,47 +21,15 @@ class _PolarsJudgedWindows(MinuteWindows):
     """The reference: lateness by a join on the watermarks and a cumulative max over each
     partition, watermarks by a group-by, and the dedupe's filters, as the windows had them."""
 
-    def add(self, frame: pl.DataFrame) -> BatchOutcome:  # noqa: C901 (the former code, verbatim)
-        if frame.height == 0:
-            return BatchOutcome(0, 0, [], [])
-        frame = frame.with_columns((pl.col("ts_ms") // MINUTE_MS).alias("_minute"))
-        judged = self._judge(frame)
+    def _judge(self, frame: pl.DataFrame) -> mw._Judged:
+        """The former query; the watermarks then moved by a group-by, as `add` did after it."""
+        judged = self._polars_judged(frame)
         for p, wm in frame.group_by("_partition").agg(pl.col("ts_ms").max()).iter_rows():
             if wm > self.watermark_ms.get(p, -(2**62)):
                 self.watermark_ms[p] = wm
-        to_correct, refused = 0, None
-        if not judged["late"].any():  # the common case: one pass, no filtering
-            on_time = frame
-        elif self.correction_horizon_ms:
-            # Past the allowed lateness but within the horizon: an open minute takes the event
-            # as it takes any; a closed one is corrected at the next checkpoint.
-            refuse = judged["too_late"]
-            correct = ~refuse & judged["closed"]
-            refused = frame.filter(refuse)
-            if correct.any():
-                late = frame.filter(correct)
-                self._late.append(late)
-                to_correct = late.height
-            on_time = frame.filter(~(refuse | correct))
-        else:
-            refused = frame.filter(judged["late"])
-            on_time = frame.filter(~judged["late"])
-        on_time, duplicates = self._dedupe(on_time)
-        if on_time.height:
-            self._aggregate(on_time)
-        return BatchOutcome(
-            accepted=on_time.height,
-            duplicates=duplicates,
-            late_index=[] if refused is None else refused["_index"].to_list(),
-            late_ts_ms=[] if refused is None else refused["ts_ms"].to_list(),
-            to_correct=to_correct,
-            past_horizon=bool(self.correction_horizon_ms),
-        )
+        return mw._Judged(*[judged[c].to_numpy() for c in judged.columns])
 
-    def _judge(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """Per row: `late` (older than its partition's watermark minus the allowed lateness,
-        or of a closed minute); with a correction horizon also `too_late` (beyond the horizon
-        the same way) and `closed` (of a closed minute)."""
+    def _polars_judged(self, frame: pl.DataFrame) -> pl.DataFrame:
         before = pl.DataFrame(
             {"_partition": list(self.watermark_ms), "_wm0": list(self.watermark_ms.values())},
             schema={"_partition": pl.Int32, "_wm0": pl.Int64},

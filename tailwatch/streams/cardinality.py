@@ -110,24 +110,30 @@ class CardinalityLimiter:
                 seen = frame.group_by(label).agg(_HOUR, _FIRST).sort("_first", label).select(label, "_hour").iter_rows()
             refused = self._admit_values(label, seen)
             if refused:
-                mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
-                out.events_by_label[label] = int(frame.select(mask.sum()).item())
-                frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
-                                           .alias(label))
-                folded = True
+                frame, folded = self.fold_values(frame, label, refused, out), True
         if folded:  # the slices as folded
             combos = _slices(frame, keys)
         refused_keys = self._admit_slices(keys, _slices_in_order(combos, keys))
         if refused_keys:
             key_hash = pl.struct(keys).hash()
             hashes = frame.select(key_hash.alias("_key"), *keys).unique("_key", keep="first", maintain_order=True)
-            refused_hashes = [h for h, *key in hashes.iter_rows() if tuple(key) in refused_keys]
-            mask = key_hash.is_in(pl.Series(refused_hashes, dtype=pl.UInt64).implode())
-            out.slice_events = int(frame.select(mask.sum()).item())
-            frame = frame.with_columns(*[
-                pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
-                .otherwise(pl.col(k)).alias(k) for k in self.capped if k in frame.columns])
+            frame = self.fold_slices(frame, keys, [h for h, *key in hashes.iter_rows() if tuple(key) in refused_keys], out)
         return frame, out
+
+    def fold_values(self, frame: pl.DataFrame, label: str, refused: list[str], out: Overflowed) -> pl.DataFrame:
+        """`label`'s `refused` values rewritten to `__other__`, their events counted in `out`."""
+        mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
+        out.events_by_label[label] = int(frame.select(mask.sum()).item())
+        return frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label)).alias(label))
+
+    def fold_slices(self, frame: pl.DataFrame, keys: list[str], refused: list[int], out: Overflowed) -> pl.DataFrame:
+        """The events of the slices whose key hashes (a struct of `keys`) are `refused`: every
+        capped label set rewritten to `__other__`, the events counted in `out`."""
+        mask = pl.struct(keys).hash().is_in(pl.Series(refused, dtype=pl.UInt64).implode())
+        out.slice_events = int(frame.select(mask.sum()).item())
+        return frame.with_columns(*[
+            pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
+            .otherwise(pl.col(k)).alias(k) for k in self.capped if k in frame.columns])
 
     def _admit_values(self, label: str, seen) -> list[str]:
         known, cap, refused = self.values[label], self.limits.max_values_per_label, []
