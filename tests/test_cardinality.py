@@ -99,7 +99,17 @@ def test_a_restored_limiter_admits_what_the_uninterrupted_one_admits():
     assert a[0].equals(b[0]) and a[1] == b[1] and whole.to_bytes() == restarted.to_bytes()
 
 
-class _PerEventLimiter(CardinalityLimiter):
+class ReferenceLimiter(CardinalityLimiter):
+    """What the reference limiters of the tests share: a batch's newest hour ages the state."""
+
+    def aged(self, frame: pl.DataFrame) -> None:
+        newest = int(frame["ts_ms"].max()) // HOUR_MS
+        if self.newest_hour is None or newest > self.newest_hour:
+            self.newest_hour = newest
+            self._forget()
+
+
+class _PerEventLimiter(ReferenceLimiter):
     """The reference: each capped label's values grouped over every event of the batch."""
 
     def admit(self, frame: pl.DataFrame):
@@ -110,29 +120,20 @@ class _PerEventLimiter(CardinalityLimiter):
             return frame, out
         hour = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
         first = pl.col("ts_ms").min().alias("_first")
-        newest = int(frame["ts_ms"].max()) // HOUR_MS
-        if self.newest_hour is None or newest > self.newest_hour:
-            self.newest_hour = newest
-            self._forget()
+        self.aged(frame)
         for label in self.capped:
             seen = frame.group_by(label).agg(hour, first).sort("_first", label)
             refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
             if refused:
-                mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
-                out.events_by_label[label] = int(frame.select(mask.sum()).item())
-                frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
-                                           .alias(label))
+                frame = self.fold_values(frame, label, refused, out)
         keys = list(self.slice_labels)
         key_hash = pl.struct(keys).hash().alias("_key")
         combos = frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
             *[pl.col(k).first() for k in keys], hour, first).sort("_first", *keys).drop("_first")
-        refused_keys = self._admit_slices(keys, combos)
+        refused = self._admit_slices(keys, combos.drop("_key").iter_rows())
+        refused_keys = [h for h, *key in combos.iter_rows() if tuple(key[:-1]) in refused]
         if refused_keys:
-            mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())
-            out.slice_events = int(frame.select(mask.sum()).item())
-            frame = frame.with_columns(*[
-                pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
-                .otherwise(pl.col(k)).alias(k) for k in self.capped])
+            frame = self.fold_slices(frame, keys, refused_keys, out)
         return frame, out
 
 

@@ -82,55 +82,58 @@ class CardinalityLimiter:
         self.changed = False  # since the last `to_bytes`
 
     # ---- the batch -------------------------------------------------------------------
+    # Up to this many slices in a batch, the per-label and per-slice bookkeeping runs over
+    # Python tuples: a dense batch holds tens of slices, and a polars query per capped label
+    # cost more than the group-by of the events itself. Past it (a flood), polars.
+    PYTHON_SLICES = 512
+
     def admit(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, Overflowed]:
         """The frame's events, every one kept, with the values and slices past the caps
         folded into `__other__`; and what was folded."""
         out = Overflowed()
         if frame.height == 0:
             return frame, out
-        # Per value: its newest hour (ageing) and its first event time (who came first).
-        hour = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
-        first = pl.col("ts_ms").min().alias("_first")
         newest = int(frame["ts_ms"].max()) // HOUR_MS
         if self.newest_hour is None or newest > self.newest_hour:
             self.newest_hour = newest
             self._forget()
         keys = [k for k in self.slice_labels if k in frame.columns]
-        key_hash = pl.struct(keys).hash().alias("_key")
-
-        def slices_of(frame: pl.DataFrame) -> pl.DataFrame:
-            return frame.select(key_hash, *keys, "ts_ms").group_by("_key").agg(
-                *[pl.col(k).first() for k in keys], hour, first)
-
         # A capped label is one of the slice's: its values' newest hours and first times come
         # from the batch's few slices, not from another pass over every event per label.
-        combos, folded = slices_of(frame), False
+        combos, folded = _slices(frame, keys), False
         for label in self.capped:
             if label not in frame.columns:
                 continue
             if label in keys:
-                seen = combos.group_by(label).agg(pl.col("_hour").max(), pl.col("_first").min())
+                seen = _values_seen(combos, keys.index(label), label)
             else:  # a label capped outside the slice key: per event
-                seen = frame.group_by(label).agg(hour, first)
-            seen = seen.sort("_first", label)
-            refused = self._admit_values(label, seen.select(label, "_hour").iter_rows())
+                seen = frame.group_by(label).agg(_HOUR, _FIRST).sort("_first", label).select(label, "_hour").iter_rows()
+            refused = self._admit_values(label, seen)
             if refused:
-                mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
-                out.events_by_label[label] = int(frame.select(mask.sum()).item())
-                frame = frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label))
-                                           .alias(label))
-                folded = True
+                frame, folded = self.fold_values(frame, label, refused, out), True
         if folded:  # the slices as folded
-            combos = slices_of(frame)
-        combos = combos.sort("_first", *keys).drop("_first")
-        refused_keys = self._admit_slices(keys, combos)
+            combos = _slices(frame, keys)
+        refused_keys = self._admit_slices(keys, _slices_in_order(combos, keys))
         if refused_keys:
-            mask = key_hash.is_in(pl.Series(refused_keys, dtype=pl.UInt64).implode())
-            out.slice_events = int(frame.select(mask.sum()).item())
-            frame = frame.with_columns(*[
-                pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
-                .otherwise(pl.col(k)).alias(k) for k in self.capped if k in frame.columns])
+            key_hash = pl.struct(keys).hash()
+            hashes = frame.select(key_hash.alias("_key"), *keys).unique("_key", keep="first", maintain_order=True)
+            frame = self.fold_slices(frame, keys, [h for h, *key in hashes.iter_rows() if tuple(key) in refused_keys], out)
         return frame, out
+
+    def fold_values(self, frame: pl.DataFrame, label: str, refused: list[str], out: Overflowed) -> pl.DataFrame:
+        """`label`'s `refused` values rewritten to `__other__`, their events counted in `out`."""
+        mask = pl.col(label).is_in(pl.Series(refused, dtype=pl.String).implode())
+        out.events_by_label[label] = int(frame.select(mask.sum()).item())
+        return frame.with_columns(pl.when(mask).then(pl.lit(OVERFLOW_LABEL_VALUE)).otherwise(pl.col(label)).alias(label))
+
+    def fold_slices(self, frame: pl.DataFrame, keys: list[str], refused: list[int], out: Overflowed) -> pl.DataFrame:
+        """The events of the slices whose key hashes (a struct of `keys`) are `refused`: every
+        capped label set rewritten to `__other__`, the events counted in `out`."""
+        mask = pl.struct(keys).hash().is_in(pl.Series(refused, dtype=pl.UInt64).implode())
+        out.slice_events = int(frame.select(mask.sum()).item())
+        return frame.with_columns(*[
+            pl.when(mask & pl.col(k).is_not_null() & (pl.col(k) != "")).then(pl.lit(OVERFLOW_LABEL_VALUE))
+            .otherwise(pl.col(k)).alias(k) for k in self.capped if k in frame.columns])
 
     def _admit_values(self, label: str, seen) -> list[str]:
         known, cap, refused = self.values[label], self.limits.max_values_per_label, []
@@ -149,17 +152,18 @@ class CardinalityLimiter:
                 self.changed = True
         return refused
 
-    def _admit_slices(self, keys: list[str], combos: pl.DataFrame) -> list[int]:
+    def _admit_slices(self, keys: list[str], combos) -> set[tuple]:
+        """`combos`: (*key, newest hour) per slice, first come first."""
         capped_at = [i for i, k in enumerate(keys) if k in self.values]
-        cap, refused = self.limits.max_slices, []
-        for key_hash, *key, hour in combos.iter_rows():
+        cap, refused = self.limits.max_slices, set()
+        for *key, hour in combos:
             key = tuple(key)
             if all(_unset(key[i]) or key[i] == OVERFLOW_LABEL_VALUE for i in capped_at):
                 continue  # a fully folded slice: bounded by the closed labels, always has room
             last = self.slices.get(key)
             if last is None:
                 if len(self.slices) >= cap:
-                    refused.append(key_hash)
+                    refused.add(key)
                     continue
                 self.slices[key] = hour
                 self.changed = True
@@ -202,3 +206,42 @@ class CardinalityLimiter:
         self.values = {label: dict(state.values.get(label, [])) for label in self.capped}
         self.slices = {tuple(k): h for k, h in state.slices}
         self.changed = False
+
+
+# Per slice or value: its newest hour (ageing) and its first event time (who came first).
+_HOUR = (pl.col("ts_ms").max() // HOUR_MS).alias("_hour")
+_FIRST = pl.col("ts_ms").min().alias("_first")
+
+
+def _slices(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame | list[tuple]:
+    """The batch's slices: (*key, newest hour, first time) each, as tuples where they are few."""
+    combos = frame.group_by(keys).agg(_HOUR, _FIRST)
+    return combos.rows() if combos.height <= CardinalityLimiter.PYTHON_SLICES else combos
+
+
+def _values_seen(combos: pl.DataFrame | list[tuple], i: int, label: str) -> list[tuple]:
+    """(value, newest hour) of the `i`th slice label, first come first (first time, then the
+    value), from the batch's slices. Unset and folded values are left out: they take no place."""
+    if isinstance(combos, pl.DataFrame):
+        return combos.group_by(label).agg(pl.col("_hour").max(), pl.col("_first").min()).sort(
+            "_first", label).select(label, "_hour").rows()
+    newest: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for row in combos:
+        value, hour, at = row[i], row[-2], row[-1]
+        if _unset(value) or value == OVERFLOW_LABEL_VALUE:
+            continue
+        if value not in newest:
+            newest[value], first[value] = hour, at
+        else:
+            newest[value], first[value] = max(newest[value], hour), min(first[value], at)
+    # polars orders strings by their UTF-8 bytes, Python by code point: the same order.
+    return [(v, newest[v]) for v in sorted(newest, key=lambda v: (first[v], v))]
+
+
+def _slices_in_order(combos: pl.DataFrame | list[tuple], keys: list[str]):
+    """(*key, newest hour) per slice, first come first: by first time, then the key, an unset
+    (null) label before any value, as polars sorts."""
+    if isinstance(combos, pl.DataFrame):
+        return combos.sort("_first", *keys).drop("_first").iter_rows()
+    return [row[:-1] for row in sorted(combos, key=lambda row: (row[-1], *[(v is not None, v) for v in row[:-2]]))]

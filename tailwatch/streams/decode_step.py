@@ -27,6 +27,7 @@ from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
 from tailwatch.streams.aggregates import GPU, REQUESTS
 from tailwatch.streams.cardinality import CardinalityLimiter, CardinalityLimits
 from tailwatch.streams.minute_windows import AggregateSpec
+from tailwatch.streams.record_batch import RecordBatch
 from tailwatch.streams.frames import GPU_COLUMNS, REQUEST_COLUMNS, column_decoder, decode_frame
 from tailwatch.streams.metrics import WorkerMetrics
 from tailwatch.conventions import CLOSED_LABELS, TOPIC_GPU, TOPIC_REQUESTS
@@ -86,7 +87,10 @@ class DecodeStep:
         self._counted: set[str] = set()  # topics whose counters were created at 0
 
     def process(self, p: InputTopic, batch: list) -> None:
-        values, partitions, offsets, record_ts = read_messages(batch)  # record_ts: -1 where a record has none
+        if isinstance(batch, RecordBatch):  # read as columns as it was consumed (streams/record_batch.py)
+            values, partitions, offsets, record_ts = batch.values, batch.partitions, batch.offsets, batch.timestamps_ms
+        else:
+            values, partitions, offsets, record_ts = read_messages(batch)  # record_ts: -1 where a record has none
         decoded = decode_frame(p.fast, p.decoder, p.columns, values, partitions, offsets, record_ts,  # type: ignore[arg-type]
                                self.max_ahead_ms)
         frame, rejected = decoded.frame, decoded.rejected

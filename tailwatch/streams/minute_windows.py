@@ -243,6 +243,28 @@ class BatchOutcome:
     past_horizon: bool = False  # the late records are past the correction horizon (`too_late`), not the lateness
 
 
+@dataclass
+class _Judged:
+    """Per row of a batch (MinuteWindows._judge): late; with a correction horizon, past it,
+    and of a closed minute."""
+
+    late: np.ndarray
+    too_late: np.ndarray | None = None
+    closed: np.ndarray | None = None
+
+
+def _rows_by_partition(partitions: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each partition's row positions, in row order (a batch is most often one partition's)."""
+    if not len(partitions):
+        return []
+    first = partitions[0]
+    if (partitions == first).all():
+        return [(int(first), np.arange(len(partitions)))]
+    order = np.argsort(partitions, kind="stable")
+    cuts = np.flatnonzero(np.diff(partitions[order])) + 1
+    return [(int(partitions[rows[0]]), rows) for rows in np.split(order, cuts)]
+
+
 class MinuteWindows:
     # Partial frames per minute before the newest are merged into one. Count partials
     # carry every slice's labels and merge cheaply; histogram partials are larger and
@@ -277,26 +299,23 @@ class MinuteWindows:
             return BatchOutcome(0, 0, [], [])
         frame = frame.with_columns((pl.col("ts_ms") // MINUTE_MS).alias("_minute"))
         judged = self._judge(frame)
-        for p, wm in frame.group_by("_partition").agg(pl.col("ts_ms").max()).iter_rows():
-            if wm > self.watermark_ms.get(p, -(2**62)):
-                self.watermark_ms[p] = wm
         to_correct, refused = 0, None
-        if not judged["late"].any():  # the common case: one pass, no filtering
+        if not judged.late.any():  # the common case: one pass, no filtering
             on_time = frame
         elif self.correction_horizon_ms:
             # Past the allowed lateness but within the horizon: an open minute takes the event
             # as it takes any; a closed one is corrected at the next checkpoint.
-            refuse = judged["too_late"]
-            correct = ~refuse & judged["closed"]
-            refused = frame.filter(refuse)
+            refuse = judged.too_late
+            correct = ~refuse & judged.closed
+            refused = frame.filter(pl.Series(refuse))
             if correct.any():
-                late = frame.filter(correct)
+                late = frame.filter(pl.Series(correct))
                 self._late.append(late)
                 to_correct = late.height
-            on_time = frame.filter(~(refuse | correct))
+            on_time = frame.filter(pl.Series(~(refuse | correct)))
         else:
-            refused = frame.filter(judged["late"])
-            on_time = frame.filter(~judged["late"])
+            refused = frame.filter(pl.Series(judged.late))
+            on_time = frame.filter(pl.Series(~judged.late))
         on_time, duplicates = self._dedupe(on_time)
         if on_time.height:
             self._aggregate(on_time)
@@ -309,27 +328,42 @@ class MinuteWindows:
             past_horizon=bool(self.correction_horizon_ms),
         )
 
-    def _judge(self, frame: pl.DataFrame) -> pl.DataFrame:
+    def _judge(self, frame: pl.DataFrame) -> "_Judged":
         """Per row: `late` (older than its partition's watermark minus the allowed lateness,
         or of a closed minute); with a correction horizon also `too_late` (beyond the horizon
-        the same way) and `closed` (of a closed minute)."""
-        before = pl.DataFrame(
-            {"_partition": list(self.watermark_ms), "_wm0": list(self.watermark_ms.values())},
-            schema={"_partition": pl.Int32, "_wm0": pl.Int64},
-        )
-        prior = pl.col("ts_ms").shift(1).cum_max().over("_partition")
-        judged = frame.select("_partition", "ts_ms", "_minute").join(before, on="_partition", how="left", maintain_order="left")
-        judged = judged.with_columns(pl.max_horizontal(prior, pl.col("_wm0")).alias("_wm"))
-        late = (pl.col("ts_ms") < pl.col("_wm") - self.allowed_lateness_ms).fill_null(False)
-        too_late = (pl.col("ts_ms") < pl.col("_wm") - self.correction_horizon_ms).fill_null(False)
-        closed = pl.lit(False)
-        if self.closed_before_minute is not None:
-            closed = pl.col("_minute") < self.closed_before_minute
-            late = late | closed
-            too_late = too_late | (pl.col("_minute") < self.closed_before_minute - self.correction_horizon_ms // MINUTE_MS)
+        the same way) and `closed` (of a closed minute). The partitions' watermarks then move
+        to their newest event. In NumPy, a partition's rows at a time: the polars query (a join
+        and a windowed cumulative max) cost more than the rest of the judging."""
+        ts = frame["ts_ms"].to_numpy()
+        minute = frame["_minute"].to_numpy()
+        # Each row's watermark before it: its partition's before the batch, or the newest of
+        # the partition's earlier rows in the batch. `known` is False where there is none.
+        wm = np.empty(len(ts), dtype=np.int64)
+        known = np.ones(len(ts), dtype=bool)
+        for part, rows in _rows_by_partition(frame["_partition"].to_numpy()):
+            at = ts[rows]
+            prior = np.maximum.accumulate(at)
+            before = self.watermark_ms.get(part)
+            wm[rows[1:]] = prior[:-1] if before is None else np.maximum(prior[:-1], before)
+            if before is None:
+                known[rows[0]] = False
+                wm[rows[0]] = 0
+            else:
+                wm[rows[0]] = before
+            if int(prior[-1]) > self.watermark_ms.get(part, -(2**62)):
+                self.watermark_ms[part] = int(prior[-1])
+        late = known & (ts < wm - self.allowed_lateness_ms)
         if not self.correction_horizon_ms:
-            return judged.select(late.alias("late"))
-        return judged.select(late.alias("late"), (late & too_late).alias("too_late"), closed.alias("closed"))
+            if self.closed_before_minute is not None:
+                late |= minute < self.closed_before_minute
+            return _Judged(late)
+        too_late = known & (ts < wm - self.correction_horizon_ms)
+        closed = np.zeros(len(ts), dtype=bool)
+        if self.closed_before_minute is not None:
+            closed = minute < self.closed_before_minute
+            late |= closed
+            too_late |= minute < self.closed_before_minute - self.correction_horizon_ms // MINUTE_MS
+        return _Judged(late, late & too_late, closed)
 
     def take_late(self) -> pl.DataFrame | None:
         """The late events of closed minutes held since the last call, with their dedupe hash
@@ -346,27 +380,34 @@ class MinuteWindows:
     def _dedupe(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         arrived = frame.height
         frame = frame.with_columns(self.spec.dedupe_key.alias("_dedupe"))
+        column = frame["_dedupe"]
         # One event has one timestamp, so its copies share a minute: the hash alone decides.
-        frame = frame.filter(pl.col("_dedupe").is_first_distinct())
-        keep = np.ones(frame.height, dtype=bool)
-        minutes = frame["_minute"].to_numpy()
-        hashes = frame["_dedupe"].to_numpy()
-        # Each minute's rows (in batch order) from one stable sort, not a scan of the batch per
-        # minute: a batch of thin traffic spans a hundred minutes.
+        # The rows kept are marked here and the frame filtered once, at the end.
+        firsts = np.flatnonzero(column.is_first_distinct().to_numpy())
+        hashes = column.to_numpy()[firsts]
+        minutes = frame["_minute"].to_numpy()[firsts]
+        keep = np.zeros(arrived, dtype=bool)
+        # Each minute's rows from one stable sort, not a scan of the batch per minute: a batch
+        # of thin traffic spans a hundred minutes.
         order = np.argsort(minutes, kind="stable")
         for rows in np.split(order, np.flatnonzero(np.diff(minutes[order])) + 1) if order.size else ():
-            minute = minutes[rows[0]]
+            minute = int(minutes[rows[0]])
+            # The minute's hashes in order: each run is searched front to back (a quarter of the
+            # cost of searching it in arrival order), and what is new is already sorted.
+            rows = rows[np.argsort(hashes[rows])]
             h = hashes[rows]
-            state = self._minute(int(minute))
+            state = self._minute(minute)
+            new = np.ones(len(h), dtype=bool)
             for run in state.seen:
                 pos = np.minimum(np.searchsorted(run, h), len(run) - 1)
-                keep[rows[run[pos] == h]] = False
-            fresh = np.sort(h[keep[rows]])
+                new &= run[pos] != h
+            keep[firsts[rows[new]]] = True
+            fresh = h[new]
             if fresh.size:
                 state.seen.append(fresh)
                 if len(state.seen) > self.SEEN_RUNS_AT:
                     state.seen = _tiered(state.seen, lambda runs: np.sort(np.concatenate(runs)), self.SEEN_RUNS_AT)
-                self.unsaved.seen.append((int(minute), fresh))
+                self.unsaved.seen.append((minute, fresh))
         frame = frame.filter(pl.Series(keep))
         return frame, arrived - frame.height
 

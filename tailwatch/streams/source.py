@@ -31,16 +31,21 @@ session to expire.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from itertools import repeat
+from operator import is_not
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tailwatch.ingest.columnar import read_messages
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer
 from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
+from tailwatch.streams.record_batch import RecordBatch
 
 log = logging.getLogger("tailwatch.source")
 
@@ -59,7 +64,8 @@ class Source(Protocol):
     """What the runtime (streams/runtime.py) and the operators (streams/operator.py) use of a
     source. Records are read in batches by topic; each record answers `value()`,
     `partition()`, `offset()`, `timestamp()` (kind, ms), `topic()` and `error()` as a
-    confluent_kafka.Message does."""
+    confluent_kafka.Message does (`KafkaSource`'s batches are `RecordBatch`es, columns whose
+    records say only whether there is a time, not which kind: streams/record_batch.py)."""
 
     topics: list[str]  # consumed
     assigned: dict[str, set[int]]  # the partitions of each consumed topic this worker reads
@@ -265,16 +271,26 @@ class KafkaSource:
 
     # ---- reading ----------------------------------------------------------------------
     def consume(self, batch_size: int, timeout_s: float) -> dict[str, list]:
-        """The next batch, by topic; read positions move past it, end-of-partition events
-        are noted. A fatal consumer error (fenced: another process took this static
-        membership) raises."""
-        msgs = self.consumer.consume(num_messages=batch_size, timeout=timeout_s)
-        if not msgs:
-            return {}
-        # List comprehensions over the C accessors: a statement-per-message loop costs
-        # twice as much, and this is the hottest loop of the worker.
-        errors = [m.error() for m in msgs]
-        if any(e is not None for e in errors):
+        """The next batch, by topic, each a `RecordBatch` (streams/record_batch.py); read
+        positions move past it, end-of-partition events are noted. A fatal consumer error
+        (fenced: another process took this static membership) raises."""
+        # The cycle collector waits while the messages exist: they are let go here, and a
+        # collection meanwhile would only walk twenty thousand live objects.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            msgs = self.consumer.consume(num_messages=batch_size, timeout=timeout_s)
+            return self._batches(msgs) if msgs else {}
+        finally:
+            msgs = None
+            if collecting:
+                gc.enable()
+
+    def _batches(self, msgs: list) -> dict[str, RecordBatch]:
+        # C-level passes (map over the Message methods, read_messages): a Python frame per
+        # message cost twice as much, and this is the hottest loop of the worker.
+        errors = list(map(Message.error, msgs))
+        if any(map(is_not, errors, repeat(None))):
             for m, err in zip(msgs, errors):
                 if err is None:
                     continue
@@ -290,21 +306,23 @@ class KafkaSource:
                 else:
                     log.warning("consumer error: %s", err)
             msgs = [m for m, e in zip(msgs, errors) if e is None]
-        topics = [m.topic() for m in msgs]
-        first = topics[0] if topics else None
-        if all(t == first for t in topics):
-            by_topic = {first: msgs} if msgs else {}
+        topics = list(map(Message.topic, msgs))
+        if not topics:
+            return {}
+        if topics.count(topics[0]) == len(topics):
+            by_topic = {topics[0]: msgs}
         else:
             by_topic = {t: [m for m, mt in zip(msgs, topics) if mt == t] for t in dict.fromkeys(topics)}
+        out = {}
         for topic, batch in by_topic.items():
-            partitions = [m.partition() for m in batch]
-            # Offsets rise within a partition, so the last one seen per partition is its highest.
-            for part, last in dict(zip(partitions, [m.offset() for m in batch])).items():
+            out[topic] = records = RecordBatch(topic, *read_messages(batch))
+            last = records.last_offsets()
+            for part, offset in last.items():
                 key = (topic, part)
-                if last + 1 > self.next_offsets.get(key, -1):
-                    self.next_offsets[key] = last + 1
-            self.eof[topic].difference_update(partitions)
-        return by_topic
+                if offset + 1 > self.next_offsets.get(key, -1):
+                    self.next_offsets[key] = offset + 1
+            self.eof[topic].difference_update(last)
+        return out
 
     def positions(self, topic: str) -> dict[int, tuple[int, int]]:
         """Owned partitions without an EOF seen whose log end is known: partition → (read position, log end)."""
