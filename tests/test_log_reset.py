@@ -4,7 +4,9 @@ at 0) under real `tailwatch worker` processes.
 
 A worker then reads each such partition again from its start, says so in one log line,
 counts it (`tailwatch_log_resets_total`) and marks the gap with a dead letter of reason
-`log_reset`; every record published after the reset is counted once.
+`log_reset`; every record published after the reset is counted once. The source's own order
+of events around a restart (the group's rebalance, the topic's new id) is driven step by step
+on a `KafkaSource` of the test's own.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tailwatch.conventions import EVENTS_TOTAL, LOG_RESETS_TOTAL
-from tailwatch_dev.broker import EmbeddedBroker, free_port
+from tailwatch_dev.broker import CONSUMER_CONFIG, EmbeddedBroker, free_port
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
 from tailwatch.streams.log_reset import BEFORE_START, LOG_RESET, PAST_END, TOPIC_RECREATED, judge
+from tailwatch.streams.source import KafkaSource
 from tests.conftest import start_broker
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -225,3 +228,100 @@ def test_a_worker_reading_a_reset_partition_again_is_not_ready(tmp_path):
     assert not ready and "lr.requests partition 2 again from the start" in why
     del w.source.resetting[("lr.requests", 2)]
     assert "again from the start" not in w.readiness()[1]
+
+
+# ---- the source's own steps around a restart --------------------------------------------------------
+class FromReadPosition:
+    """Where a partition taken again starts: its read position, as a worker's stored offsets say."""
+
+    def __init__(self):
+        self.taken_away: set[tuple[str, int]] = set()
+
+    def start_offsets(self, source, partitions):
+        return {(t, q): source.next_offsets.get((t, q)) for t, qs in partitions.items() for q in qs}
+
+    def revoked(self, source, topic, partition):
+        self.taken_away.add((topic, partition))
+
+
+def own_source(kafka: KafkaSettings, resets: list) -> tuple[KafkaSource, FromReadPosition]:
+    source = KafkaSource(kafka, [kafka.topic("requests")], [], "g", on_log_reset=resets.append,
+                         consumer_config=lambda: dict(CONSUMER_CONFIG))
+    policy = FromReadPosition()
+    source.start(policy)
+    return source, policy
+
+
+def read(source: KafkaSource, seen: dict[int, set[int]], until, timeout_s: float, tick: bool = True) -> None:
+    """Consume (and tick) until `until()`; each record read goes into `seen`: its number → its
+    partitions' offsets it was read at."""
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, f"timed out: {sum(len(o) for o in seen.values())} records read"
+        for batch in source.consume(500, 0.05).values():
+            for m in batch:
+                seen.setdefault(int(json.loads(m.value())["event_id"][2:]), set()).add(m.offset())
+        if tick:
+            source.tick(time.monotonic())
+
+
+@pytest.mark.timeout(120)
+def test_a_topic_id_learned_while_the_partitions_are_revoked_is_judged_when_they_come_back(own_broker):
+    """A restart empties the group too: the partitions are revoked and taken again, each at its
+    stored position. The new id, learned while the source owned none, must still send each
+    back to the start of the new log, not to its stored position 1,000 there."""
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap, topic_prefix="lr.")
+    topic = kafka.topic("requests")
+    ensure_topics(kafka, PARTITIONS)
+    publish(kafka, 0, 4_000)
+    resets, seen = [], {}
+    source, policy = own_source(kafka, resets)
+    try:
+        read(source, seen, lambda: len(seen) == 4_000 and topic in source.topic_ids, 60)
+        old_id = source.topic_ids[topic]
+        assert {source.next_offsets[(topic, q)] for q in range(PARTITIONS)} == {1_000}
+        restart(own_broker, kafka)
+        publish(kafka, 10_000, 5_000)  # offsets 0..1,249 a partition
+        read(source, seen, lambda: len(policy.taken_away) == PARTITIONS, 60, tick=False)
+        assert not any(source.assigned.values())  # the group lost: nothing owned until it assigns again
+        source.TOPIC_IDS_EVERY_S = 0.2
+        deadline = time.monotonic() + 30
+        while source.topic_ids.get(topic) in (None, old_id):  # no consume: nothing is taken back meanwhile
+            assert time.monotonic() < deadline, "the cluster did not name the topic's new id"
+            source.tick(time.monotonic())
+            time.sleep(0.1)
+        assert not resets  # nothing owned, nothing judged yet
+        read(source, seen, lambda: all(i in seen for i in range(10_000, 15_000)), 30)
+    finally:
+        source.close()
+    # Stored 1,000, or 1,250 where the new log's records past 1,000 were fetched before the revocation.
+    assert sorted((r.partition, r.reason) for r in resets) == [(q, TOPIC_RECREATED) for q in range(PARTITIONS)]
+    assert all(r.stored_offset in (1_000, 1_250) for r in resets)
+    assert all(seen[i] == {(i - 10_000) // PARTITIONS} for i in range(10_000, 15_000))  # each at its offset
+
+
+@pytest.mark.timeout(120)
+def test_topic_ids_the_cluster_does_not_name_for_long_are_said_once(own_broker, caplog):
+    kafka = KafkaSettings(bootstrap_servers=own_broker.bootstrap, topic_prefix="lr.")
+    ensure_topics(kafka, PARTITIONS)
+    resets, seen = [], {}
+    source, _policy = own_source(kafka, resets)
+    source.TOPIC_IDS_EVERY_S, source.DESCRIBE_TIMEOUT_S, source.IDS_UNCHECKED_WARN_S = 0.2, 0.5, 2.0
+    said = lambda what: [r for r in caplog.records if what in r.getMessage() and r.levelname == "WARNING"]  # noqa: E731
+    caplog.set_level("WARNING", logger="tailwatch.source")
+    try:
+        # Stopped once the partitions are owned: a consumer still joining its group when the broker
+        # goes away can abort in librdkafka's Python binding (CallState_get), another matter.
+        read(source, seen, lambda: kafka.topic("requests") in source.topic_ids and any(source.assigned.values()), 30)
+        own_broker.stop()
+        read(source, seen, lambda: said("cannot ask the cluster for the ids"), 30)
+        stop_at = time.monotonic() + 3
+        read(source, seen, lambda: time.monotonic() > stop_at, 10)  # failing on: said once, not at each ask
+        assert len(said("cannot ask the cluster for the ids")) == 1
+        line = said("cannot ask the cluster for the ids")[0].getMessage()
+        assert "lr.requests" in line and "not seen" in line
+        own_broker.start()
+        read(source, seen, lambda: said("names the ids of"), 30)
+    finally:
+        source.close()
+    assert len(said("cannot ask the cluster for the ids")) == 1

@@ -8,15 +8,20 @@ store's offsets, a tier-1 resume record, or the beginning.
 
 Read positions the log no longer has (a broker that lost its data, a topic created again,
 retention past a stopped worker's position) are checked on every tick against the log's
-start and end as the last fetch saw them, and against the topic's id every few seconds
-(streams/log_reset.py decides); such a partition is read again from its start, said once in
-the log, handed to `on_log_reset` (a counter, the gap's dead letter), and keeps the worker
-not ready until it is read to its end again. A consumed topic the cluster no longer has (deleted)
-has its partitions paused, so that nothing is fetched from a log that is gone, and the worker
-not ready, until the topic is created again; its id then changed, and the same policy reads it
-from the start. What one kind of cluster needs (the embedded broker's consumer settings, its
-group rescue) the tier composition hands in (`consumer_config`, `watchers`): the source asks
-the development tools for nothing.
+start and end as the last fetch saw them, and against the topic's id, which the cluster is
+asked for every few seconds (streams/log_reset.py decides). Each partition remembers the id
+of the log its position is an offset of, across a rebalance too: a broker restart also
+empties the consumer group, whose partitions are then revoked and taken again, and an id
+learned while none is owned must still be judged against each position once it is taken
+back. Such a partition is read again from its start, said once in the log, handed to
+`on_log_reset` (a counter, the gap's dead letter), and keeps the worker not ready until it
+is read to its end again. A cluster that does not name the ids for long is said once in the
+log: positions are then checked against the log's start and end only. A consumed topic the
+cluster no longer has (deleted) has its partitions paused, so that nothing is fetched from a
+log that is gone, and the worker not ready, until the topic is created again; its id then
+changed, and the same policy reads it from the start. What one kind of cluster needs (the
+embedded broker's consumer settings, its group rescue) the tier composition hands in
+(`consumer_config`, `watchers`): the source asks the development tools for nothing.
 
 `Source` is what the runtime and the operators use of a source; `KafkaSource` is the one a
 worker runs on, and streams/memory_source.py reads lists of records held in memory, for
@@ -151,7 +156,9 @@ def unread_lines(topic: str, partitions: dict[str, set[int]], assigned: set[int]
 class KafkaSource:
     METADATA_EVERY_S = 30.0  # topics may gain partitions
     TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
-    GONE_EVERY_S = 1.0  # a deleted topic is asked for every second, to read it again as soon as it is back
+    GONE_EVERY_S = 1.0  # a deleted topic (or an id not known) is asked for every second, to judge it soon
+    DESCRIBE_TIMEOUT_S = 5.0  # an unreachable cluster holds the loop this long at each ask
+    IDS_UNCHECKED_WARN_S = 30.0  # ids not named for this long: said once, not vouched for in silence
 
     def __init__(self, kafka: KafkaSettings, topics: list[str], watched: list[str], group_id: str,
                  by_group: bool = True, instance_id: str | None = None,
@@ -179,12 +186,18 @@ class KafkaSource:
         # asked for when the consumer is made: the answer may take asking the cluster.
         self._consumer_config = consumer_config
         self._on_log_reset = on_log_reset
-        self.topic_ids: dict[str, str] = {}  # each consumed topic's id when last asked (its log's identity)
+        # Each consumed topic's id as the cluster last named it (its log's identity); absent: not
+        # named yet, or in doubt after a log reset the cluster had not named.
+        self.topic_ids: dict[str, str] = {}
+        # The id of the log each partition's read position is an offset of, kept while the partition
+        # is revoked (its stored offset still points there); absent: not known, the next id named is taken.
+        self.position_logs: dict[tuple[str, int], str] = {}
         self.resetting: dict[tuple[str, int], LogReset] = {}  # read again from the start, not yet to the end
         self._unsought: dict[tuple[str, int], LogReset] = {}  # reset, the seek not taken yet (retried each tick)
         self._was_reset: set[tuple[str, int]] = set()  # until the policy's saved offsets are of the new log
-        self._read_in_unnamed_log: set[tuple[str, int]] = set()  # reset while the topic's new id was not known
         self._ids_checked_at = 0.0
+        self._ids_failing_since: float | None = None  # monotonic: asks since then named no id of some topic
+        self._ids_unchecked_said = False  # the warning that they cannot be checked is out
         self.gone: dict[str, set[int]] = {}  # consumed topics the cluster no longer has → the partitions paused for it
         self._admin: AdminClient | None = None
         self.consumer = None
@@ -235,6 +248,14 @@ class KafkaSource:
                     start = read or None
                 else:
                     self._was_reset.discard(key)
+            # Taken back after the topic's id changed (a restart's rebalance): the start points
+            # into the log that is gone; read the new one from its start instead of from there.
+            reset = judge(tp.topic, tp.partition, start or 0, -1, -1,
+                          self.position_logs.get(key), self.topic_ids.get(tp.topic))
+            if reset is not None:
+                self._note_reset(reset)
+                self.position_logs[key] = self.topic_ids[tp.topic]
+                self.next_offsets[key], start = 0, None
             tp.offset = OFFSET_BEGINNING if start is None else start
             self.assigned[tp.topic].add(tp.partition)
 
@@ -387,41 +408,52 @@ class KafkaSource:
         and reset those the log no longer has. A position past the end also has the topic's id
         asked at once: after a re-creation every partition of the topic is read again, not only
         those whose new log is still short."""
-        every = self.GONE_EVERY_S if self.gone else self.TOPIC_IDS_EVERY_S
-        ids = self._topic_ids() if now - self._ids_checked_at >= every else None
-        found = self._judge_all(ids or {})
-        if ids is None and any(r.reason == PAST_END for r in found):
-            ids = self._topic_ids()
-            found = self._judge_all(ids)
+        unnamed = any(t not in self.topic_ids for t in self.topics) and self._ids_failing_since is None
+        every = self.GONE_EVERY_S if self.gone or unnamed else self.TOPIC_IDS_EVERY_S
+        named = self._topic_ids() if now - self._ids_checked_at >= every else None
+        found = self._judge_all()
+        if named is None and any(r.reason == PAST_END for r in found):
+            named = self._topic_ids()
+            found = self._judge_all()
         for reset in found:
             self._reset(reset)
-            if reset.topic not in (ids or {}):
-                self._read_in_unnamed_log.add((reset.topic, reset.partition))
-        self.topic_ids.update(ids or {})
+            key = (reset.topic, reset.partition)
+            if reset.topic in (named or {}):
+                self.position_logs[key] = named[reset.topic]
+            else:  # reset under an id the cluster did not name in this check: the next one named is the log's
+                self._forget_log(key)
         for key, reset in list(self._unsought.items()):
             self._seek_start(key, reset)
         for key in [k for k in self.resetting if k not in self._unsought and k[1] in self.read_to_end(k[0])]:
             log.info("%s partition %d: read again to its end after the reset", *key)
             del self.resetting[key]
 
-    def _judge_all(self, ids: dict[str, str]) -> list[LogReset]:
+    def _judge_all(self) -> list[LogReset]:
+        """Every owned partition's position against its log's start and end, and the id of the
+        log it is an offset of against the topic's id as last named (the first one named for a
+        position of a log not known yet is taken as its log's)."""
         out = []
         for topic, parts in self.assigned.items():
+            current = self.topic_ids.get(topic)
             for part in sorted(parts):
-                position = self.next_offsets.get((topic, part))
-                if position is None or (topic, part) in self._unsought or topic in self.gone:
+                key = (topic, part)
+                position = self.next_offsets.get(key)
+                if position is None or key in self._unsought or topic in self.gone:
                     continue
+                if current is not None:
+                    self.position_logs.setdefault(key, current)
                 low, high = self._cached_watermarks(topic, part)
-                known = self.topic_ids.get(topic)
-                if (topic, part) in self._read_in_unnamed_log and topic in ids:
-                    # Reset while the cluster did not say the topic's id: its position is in the
-                    # log the id now names, not in the one the old id named.
-                    self._read_in_unnamed_log.discard((topic, part))
-                    known = None
-                reset = judge(topic, part, position, low, high, known, ids.get(topic))
+                reset = judge(topic, part, position, low, high, self.position_logs.get(key), current)
                 if reset is not None:
                     out.append(reset)
         return out
+
+    def _forget_log(self, key: tuple[str, int]) -> None:
+        """The partition reads from the start of a log the cluster has not named: neither its
+        position's log nor the topic's id is known until the next answer (the other partitions'
+        positions are then judged against it, this one takes it)."""
+        self.position_logs.pop(key, None)
+        self.topic_ids.pop(key[0], None)
 
     def _cached_watermarks(self, topic: str, part: int) -> tuple[int, int]:
         """The log's start and end as the last fetch response said (-1: not known). The cached
@@ -434,28 +466,53 @@ class KafkaSource:
         return (low if low >= 0 else -1), (high if high >= 0 else -1)
 
     def _topic_ids(self) -> dict[str, str]:
-        """The id of each consumed topic the cluster has now (a topic it lacks is left out);
-        a topic found deleted is paused, one found back is resumed."""
-        self._ids_checked_at = time.monotonic()
+        """Ask the cluster for each consumed topic's id: those it names (a topic it lacks is left
+        out), also kept in `topic_ids`. A topic found deleted is paused, one found back is
+        resumed; a cluster that names no id of some topic for long is said once."""
+        self._ids_checked_at = now = time.monotonic()
         if self._admin is None:
             self._admin = AdminClient(self.kafka.base_config())
-        out = {}
+        out: dict[str, str] = {}
+        failure = ""
         try:
-            futures = self._admin.describe_topics(TopicCollection(self.topics), request_timeout=5)
+            futures = self._admin.describe_topics(TopicCollection(self.topics),
+                                                  request_timeout=self.DESCRIBE_TIMEOUT_S)
         except KafkaException as exc:
-            log.debug("cannot describe %s: %s", self.topics, exc)
-            return out
+            futures, failure = {}, str(exc.args[0])
         for topic, future in futures.items():
             try:
-                out[topic] = str(future.result(timeout=10).topic_id)
+                out[topic] = str(future.result(timeout=2 * self.DESCRIBE_TIMEOUT_S).topic_id)
             except KafkaException as exc:
                 if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN_TOPIC_ID):
                     self._topic_gone(topic)
+                else:
+                    failure = f"{topic}: {exc.args[0]}"
             except TimeoutError:  # unreachable now: judged when it answers
-                continue
+                failure = f"{topic}: no answer within {2 * self.DESCRIBE_TIMEOUT_S:.0f} s"
+        self._ids_answered(now, failure)
         for topic in [t for t in self.gone if t in out]:
             self._topic_back(topic)
+        self.topic_ids.update(out)
         return out
+
+    def _ids_answered(self, now: float, failure: str) -> None:
+        """Track whether the ids can be asked for: a failed ask is debug-level (a broker
+        restarting), failures for longer than IDS_UNCHECKED_WARN_S a warning, once per run."""
+        if not failure:
+            if self._ids_unchecked_said:
+                log.warning("the cluster names the ids of %s again: read positions are checked against them",
+                            ", ".join(self.topics))
+            self._ids_failing_since, self._ids_unchecked_said = None, False
+            return
+        log.debug("cannot describe %s: %s", self.topics, failure)
+        if self._ids_failing_since is None:
+            self._ids_failing_since = now
+        elif now - self._ids_failing_since >= self.IDS_UNCHECKED_WARN_S and not self._ids_unchecked_said:
+            self._ids_unchecked_said = True
+            log.warning("cannot ask the cluster for the ids of %s for %.0f s (%s): a topic deleted and created "
+                        "again in that time is not seen, and read positions are checked against the log's start "
+                        "and end only until it answers", ", ".join(self.topics), now - self._ids_failing_since,
+                        failure)
 
     def _topic_gone(self, topic: str) -> None:
         """The cluster no longer has `topic`: stop fetching from a log that is gone (its owned
@@ -486,20 +543,21 @@ class KafkaSource:
         position = self.next_offsets.get((topic, part), 0)
         low, high = self._cached_watermarks(topic, part)
         reason = PAST_END if 0 <= high < position else BEFORE_START
-        reset = LogReset(topic, part, position, low, high, reason)
-        log.warning("%s", reset.line())
-        self._on_log_reset(reset)
+        self._note_reset(LogReset(topic, part, position, low, high, reason))
         self.next_offsets[(topic, part)] = max(low, 0)  # librdkafka already reads from the start
-        self.resetting[(topic, part)] = reset
-        self._was_reset.add((topic, part))
+        self._forget_log((topic, part))
 
     def _reset(self, reset: LogReset) -> None:
+        self._note_reset(reset)
+        self._seek_start((reset.topic, reset.partition), reset)
+
+    def _note_reset(self, reset: LogReset) -> None:
+        """Said once in the log, handed on, and not ready until read to its end again."""
         key = (reset.topic, reset.partition)
         log.warning("%s", reset.line())
         self._on_log_reset(reset)
         self.resetting[key] = reset
         self._was_reset.add(key)
-        self._seek_start(key, reset)
 
     def _seek_start(self, key: tuple[str, int], reset: LogReset) -> None:
         """Read the partition from the start of its log; a seek librdkafka cannot take yet (the
