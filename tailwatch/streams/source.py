@@ -156,7 +156,7 @@ def unread_lines(topic: str, partitions: dict[str, set[int]], assigned: set[int]
 class KafkaSource:
     METADATA_EVERY_S = 30.0  # topics may gain partitions
     TOPIC_IDS_EVERY_S = 5.0  # a topic created again has a new id; asking costs one request
-    GONE_EVERY_S = 1.0  # a deleted topic (or an id not known) is asked for every second, to judge it soon
+    GONE_EVERY_S = 1.0  # a deleted topic, or one whose id is not known, is asked for every second
     DESCRIBE_TIMEOUT_S = 5.0  # an unreachable cluster holds the loop this long at each ask
     IDS_UNCHECKED_WARN_S = 30.0  # ids not named for this long: said once, not vouched for in silence
 
@@ -210,6 +210,9 @@ class KafkaSource:
         self._policy = policy
         extra = self._consumer_config() if self._consumer_config is not None else None
         self.consumer = make_consumer(self.kafka, self.group_id, self.instance_id, extra)
+        # Named before anything is read: a position reached before the first answer has no known
+        # log, and a topic created again before that answer would be taken for the same one.
+        self._topic_ids()
         self.unassigned_since = time.monotonic()
         if self.by_group:
             self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -408,7 +411,7 @@ class KafkaSource:
         and reset those the log no longer has. A position past the end also has the topic's id
         asked at once: after a re-creation every partition of the topic is read again, not only
         those whose new log is still short."""
-        unnamed = any(t not in self.topic_ids for t in self.topics) and self._ids_failing_since is None
+        unnamed = any(t not in self.topic_ids for t in self.topics)
         every = self.GONE_EVERY_S if self.gone or unnamed else self.TOPIC_IDS_EVERY_S
         named = self._topic_ids() if now - self._ids_checked_at >= every else None
         found = self._judge_all()
