@@ -12,11 +12,13 @@ on a `KafkaSource` of the test's own.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -325,3 +327,45 @@ def test_topic_ids_the_cluster_does_not_name_for_long_are_said_once(own_broker, 
     finally:
         source.close()
     assert len(said("cannot ask the cluster for the ids")) == 1
+
+
+# The broker stops while the worker's consumer is still joining its group; the process runs in
+# a child of its own, since what failed here was the process itself (SIGABRT).
+BROKER_GONE_WHILE_JOINING = """
+import sys, time
+from tailwatch_dev.broker import CONSUMER_CONFIG, EmbeddedBroker, free_port
+from tailwatch.ingest.kafka import KafkaSettings, ensure_topics
+from tailwatch.streams.source import KafkaSource
+
+class Policy:
+    def start_offsets(self, source, parts):
+        return {}
+
+    def revoked(self, *args):
+        pass
+
+b = EmbeddedBroker(port=free_port())
+b.start()
+k = KafkaSettings(bootstrap_servers=b.bootstrap, topic_prefix="lr.")
+ensure_topics(k, 4)
+s = KafkaSource(k, [k.topic("requests")], [], "g", consumer_config=lambda: dict(CONSUMER_CONFIG))
+s.start(Policy())
+began = time.monotonic()
+while time.monotonic() - began < 0.3:
+    s.consume(500, 0.05)
+    s.tick(time.monotonic())
+b.stop()
+began = time.monotonic()
+while time.monotonic() - began < 15:
+    s.consume(500, 0.05)
+    s.tick(time.monotonic())
+print("still running", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_broker_gone_while_the_worker_joins_its_group_does_not_abort_it(tmp_path):
+    root = Path(__file__).parents[1]
+    r = subprocess.run([sys.executable, "-c", BROKER_GONE_WHILE_JOINING], capture_output=True, text=True, timeout=90,
+                       cwd=root, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'dev'}"})
+    assert r.returncode == 0 and "still running" in r.stdout, (r.returncode, r.stderr[-2000:])

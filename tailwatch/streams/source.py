@@ -227,7 +227,11 @@ class KafkaSource:
         self.assigned_at = time.monotonic()
         if partitions:
             self.unassigned_since = None
-        self.refresh_partitions(assign_new=False)
+        # The partitions' metadata is asked at the next tick, not here: a call on the consumer
+        # inside its own rebalance callback ends confluent-kafka's call state for the consume
+        # that is still running, and the next callback of that consume (a log line, with the
+        # broker gone) aborts the process (CallState_get: Assertion `cs != NULL').
+        self._checked_at = 0.0
         self._take(partitions)
         consumer.assign(partitions)
         # A pause outlives the assignment in librdkafka: a partition the alignment paused,
