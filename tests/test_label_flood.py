@@ -130,6 +130,7 @@ def test_a_scrape_right_after_a_batch_shows_the_values_held_beside_the_values_fo
     from tailwatch.streams.memory_source import MemoryRecord
     from tailwatch.streams.metrics import WorkerMetrics
     from tailwatch.streams.minute_windows import MinuteWindows
+    from tailwatch.streams.record_batch import RecordBatch
 
     settings = KafkaSettings(bootstrap_servers="memory", topic_prefix="t.")
     inputs = input_topics(settings, 1 << 20, lambda spec: MinuteWindows(spec, 60_000, 0),
@@ -139,7 +140,7 @@ def test_a_scrape_right_after_a_batch_shows_the_values_held_beside_the_values_fo
     step = DecodeStep(WorkerMetrics(registry), max_ahead_ms=10**12)
     batch = [MemoryRecord(p.topic, 0, i, None, request(f"f{i}", START_MS + i, f"bot-{i}", "chat-70b"), 1, START_MS + i)
              for i in range(FLOOD)]
-    step.process(p, batch)
+    step.process(p, RecordBatch.of(p.topic, batch))
     text = generate_latest(registry).decode()
     assert sample(text, "tailwatch_label_values_overflowed_total", label="tenant") == FLOOD - MAX_VALUES
     assert sample(text, "tailwatch_label_values", label="tenant") == MAX_VALUES

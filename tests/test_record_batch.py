@@ -107,7 +107,7 @@ def test_the_decode_step_takes_a_batchs_columns_as_it_takes_its_records():
                         np.arange(100, 100 + len(values), dtype=np.int64),
                         np.array([START_MS + 60_000 * 60] * len(values), dtype=np.int64))
     outcomes = []
-    for given in (batch, list(batch)):
+    for given in (batch, RecordBatch.of(batch.topic, list(batch))):
         settings = KafkaSettings(bootstrap_servers="memory", topic_prefix="t.")
         inputs = input_topics(settings, 1 << 20, lambda spec: MinuteWindows(spec, 60_000, 0), CardinalityLimits())
         p = inputs[settings.topic("requests")]

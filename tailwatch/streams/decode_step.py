@@ -20,7 +20,7 @@ from typing import Callable
 import polars as pl
 
 from tailwatch.ingest import deadletter
-from tailwatch.ingest.columnar import ColumnDecoder, read_messages
+from tailwatch.ingest.columnar import ColumnDecoder
 from tailwatch.ingest.kafka import KafkaSettings
 from tailwatch.ingest.schema import EvalV1, GpuV1, RequestV1
 from tailwatch.ingest.validate import LATE, REASONS, TOO_LATE, BatchDecoder
@@ -86,11 +86,9 @@ class DecodeStep:
         self.dead_letters: list[deadletter.DeadLetter] = []
         self._counted: set[str] = set()  # topics whose counters were created at 0
 
-    def process(self, p: InputTopic, batch: list) -> None:
-        if isinstance(batch, RecordBatch):  # read as columns as it was consumed (streams/record_batch.py)
-            values, partitions, offsets, record_ts = batch.values, batch.partitions, batch.offsets, batch.timestamps_ms
-        else:
-            values, partitions, offsets, record_ts = read_messages(batch)  # record_ts: -1 where a record has none
+    def process(self, p: InputTopic, batch: RecordBatch) -> None:
+        # Read as columns, as every source hands its batches (streams/record_batch.py).
+        values, partitions, offsets, record_ts = batch.values, batch.partitions, batch.offsets, batch.timestamps_ms
         decoded = decode_frame(p.fast, p.decoder, p.columns, values, partitions, offsets, record_ts,  # type: ignore[arg-type]
                                self.max_ahead_ms)
         frame, rejected = decoded.frame, decoded.rejected

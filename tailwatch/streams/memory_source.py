@@ -29,6 +29,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 from tailwatch.conventions import TOPIC_SUFFIXES
 from tailwatch.ingest.kafka import INPUT_SUFFIXES, KafkaSettings
 from tailwatch.streams.log_reset import LogReset
+from tailwatch.streams.record_batch import RecordBatch
 from tailwatch.streams.source import OffsetPolicy, unread_lines
 
 
@@ -212,12 +213,12 @@ class MemorySource:
     def _end(self, topic: str, part: int) -> int:
         return len(self.memory.logs[topic][part])
 
-    def consume(self, batch_size: int, timeout_s: float) -> dict[str, list]:
+    def consume(self, batch_size: int, timeout_s: float) -> dict[str, RecordBatch]:
         batch = self._take(batch_size)
         if not batch and timeout_s > 0:
             self.memory.wait(timeout_s)
             batch = self._take(batch_size)
-        return batch
+        return {topic: RecordBatch.of(topic, records) for topic, records in batch.items()}
 
     def _take(self, batch_size: int) -> dict[str, list]:
         """Up to `batch_size` records, a share from each readable partition in turn (as a

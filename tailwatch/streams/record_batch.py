@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 
+from tailwatch.ingest.columnar import read_messages
+
 
 class Record:
     """One record of a `RecordBatch`. `timestamp()` is (kind, ms) as a Message's, but the
@@ -58,6 +60,11 @@ class RecordBatch(Sequence):
     def __init__(self, topic: str, values: list, partitions: np.ndarray, offsets: np.ndarray, timestamps_ms: np.ndarray):
         self.topic, self.values = topic, values
         self.partitions, self.offsets, self.timestamps_ms = partitions, offsets, timestamps_ms
+
+    @classmethod
+    def of(cls, topic: str, records: list) -> RecordBatch:
+        """The batch of `records` (objects with confluent_kafka.Message's accessors), read in one C pass."""
+        return cls(topic, *read_messages(records))
 
     def __len__(self) -> int:
         return len(self.values)

@@ -47,7 +47,6 @@ from typing import Callable, Protocol, Sequence
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tailwatch.ingest.columnar import read_messages
 from tailwatch.ingest.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer
 from tailwatch.streams.log_reset import BEFORE_START, PAST_END, LogReset, judge
 from tailwatch.streams.record_batch import RecordBatch
@@ -69,7 +68,7 @@ class Source(Protocol):
     """What the runtime (streams/runtime.py) and the operators (streams/operator.py) use of a
     source. Records are read in batches by topic; each record answers `value()`,
     `partition()`, `offset()`, `timestamp()` (kind, ms), `topic()` and `error()` as a
-    confluent_kafka.Message does (`KafkaSource`'s batches are `RecordBatch`es, columns whose
+    confluent_kafka.Message does (every source hands `RecordBatch`es, columns whose
     records say only whether there is a time, not which kind: streams/record_batch.py)."""
 
     topics: list[str]  # consumed
@@ -343,7 +342,7 @@ class KafkaSource:
             by_topic = {t: [m for m, mt in zip(msgs, topics) if mt == t] for t in dict.fromkeys(topics)}
         out = {}
         for topic, batch in by_topic.items():
-            out[topic] = records = RecordBatch(topic, *read_messages(batch))
+            out[topic] = records = RecordBatch.of(topic, batch)
             last = records.last_offsets()
             for part, offset in last.items():
                 key = (topic, part)
