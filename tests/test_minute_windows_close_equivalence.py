@@ -3,6 +3,7 @@ boundaries, count partials conformed once) gives the rows the plain group-by pat
 randomized thin minutes, old path against new. Pure, no Kafka."""
 
 import io
+import json
 import random
 
 import numpy as np
@@ -13,7 +14,7 @@ from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
 from tailwatch.streams.minute_windows import (MINUTE_MS, MinuteWindows, _bin_lists, _dated, concat_by_name,
                                               sorted_bins)
-from tailwatch.streams.partials import sli_keys, sli_records
+from tailwatch.streams.partials import json_lines, sli_keys, sli_records
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE_MS
 TENANTS = ["acme", "initech", "globex", "umbrella", "hooli", "", None]
@@ -148,6 +149,20 @@ def test_sli_records_are_the_lines_of_write_ndjson():
     buf = io.BytesIO()
     shaped.write_ndjson(buf)
     assert b"\n".join(line for _, line in records) + b"\n" == buf.getvalue()
+
+
+def test_json_lines_are_write_ndjsons_lines_for_hostile_values():
+    """Label values a producer sent (quotes, escapes, control characters, line separators,
+    emoji), floats no JSON number holds, nulls inside and instead of histograms."""
+    rows = pl.DataFrame(
+        {"tenant": ['a"b', "\u00e9\u2028x", "\x00\x1f\n", None, "\\", "emoji \U0001F600", "", "tab\t\r"],
+         "p99_ms": [1.0, float("nan"), float("inf"), -0.0, None, 1e300, 1.2345678901234567e-7, -float("inf")],
+         "requests": [2**62, -1, None, 0, 5, 6, 7, 8],
+         "queue_ms_hist": [[{"bin": 1, "n": 2}], None, [], [{"bin": None, "n": 3}], None, None, None, None],
+         "stable": [True, False, None, True, True, True, True, True]},
+        schema_overrides={"queue_ms_hist": pl.List(pl.Struct({"bin": pl.Int16, "n": pl.Int64}))})
+    assert json_lines(rows) == rows.write_ndjson().encode().splitlines()
+    assert [json.loads(line)["tenant"] for line in json_lines(rows)] == rows["tenant"].to_list()
 
 
 def test_finishing_rows_out_of_key_order_falls_back_to_joins():

@@ -393,3 +393,23 @@ def test_the_wer_gate_judges_each_language_with_its_own_evidence():
     steady = [QualityMinute(m, 5, 10, 200) for m in range(30)]
     swinging = [QualityMinute(m, 5, 0 if m % 2 else 20, 200) for m in range(30)]
     assert overdispersion(steady) == 1.0 and overdispersion(swinging) > 3
+
+
+def test_a_backlog_rolled_up_at_once_keeps_what_minute_by_minute_would():
+    """Rows older than the kept history are left out before the rollup, not after: the same
+    frames as rolling each minute up as it closed."""
+    import polars as pl
+
+    from tailwatch.signals.live import RecentBuckets
+
+    rows = pl.concat([_bucket_rows(pool, range(0, 40)) for pool in ("p", "q")])
+    at_once, one_by_one = RecentBuckets(6, 3), RecentBuckets(6, 3)
+    at_once.add(rows, pl.DataFrame())
+    for minute in range(40):
+        one_by_one.add(rows.filter(pl.col("window_start").dt.minute() == minute), pl.DataFrame())
+        one_by_one.requests  # rolled up each minute
+    kept, expected = at_once.requests, one_by_one.requests
+    assert kept.newest_minute() == expected.newest_minute() and kept.height == 2 * 6
+    for got, want in zip(kept._frames(), expected._frames()):
+        keys = sorted(want.columns)
+        assert got.select(keys).sort(keys).equals(want.select(keys).sort(keys))

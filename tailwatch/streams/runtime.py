@@ -130,6 +130,7 @@ class Runtime:
         self.events_seen = 0
         self.http_port: int | None = None
         self.lag_messages = 0
+        self.lag_known = False  # until the source has said how far behind every owned partition is
         self.last_batch_wall = time.monotonic()
         self.first_event_wall: float | None = None
         self.cpu_at_first_event: float | None = None
@@ -272,7 +273,10 @@ class Runtime:
         """Until stopped or drained; returns why it is not drained (empty: it is, or it was stopped)."""
         s = self.settings
         last_checkpoint = time.monotonic()
-        last_refresh = last_publish = 0.0
+        # Never yet: the first view and heartbeat are due at once (0.0 would make them wait until
+        # the host's monotonic clock passed the interval, up to an hour after a boot).
+        last_refresh = last_publish = float("-inf")
+        view_waits_from = time.monotonic()  # the backlog rule's clock: from the last rebuild, or the start
         published_ready = False
         refresh_every_s = s.view_refresh_s
         last_progress = idle_since = time.monotonic()
@@ -303,7 +307,11 @@ class Runtime:
             if http is not None:
                 # While draining a backlog the view waits, up to MAX_VIEW_AGE_S: the API is not
                 # ready then anyway, and each rebuild costs as much as tens of thousands of events.
-                backlogged = self.lag_messages > s.batch_size and now - last_refresh < self.MAX_VIEW_AGE_S
+                # A lag not yet known counts as a backlog: a worker starting on one would
+                # otherwise build a view after its first batch, before its first checkpoint
+                # measured the lag.
+                backlogged = (not self.lag_known or self.lag_messages > s.batch_size) and \
+                    now - view_waits_from < self.MAX_VIEW_AGE_S
                 ready = self.readiness()
                 # A worker turning ready rebuilds the view first: ready on an older view would
                 # answer for less than it caught up to (an input "behind", a new pool unknown).
@@ -316,7 +324,7 @@ class Runtime:
                     ready = self.readiness()
                     http.publish_view(self.signal_snapshot, ready)
                     published_ready = ready[0]
-                    last_refresh = last_publish = time.monotonic()
+                    last_refresh = last_publish = view_waits_from = time.monotonic()
                     # At most a tenth of the worker's time goes to the view.
                     refresh_every_s = max(s.view_refresh_s, 10 * (last_refresh - began))
                 else:
@@ -418,6 +426,7 @@ class Runtime:
         for (topic, part), behind in lag.items():
             self.metrics.consumer_lag.labels(topic, str(part)).set(behind)
         self.lag_messages = sum(lag.values())
+        self.lag_known = known
         if known and self.lag_messages <= self.settings.batch_size and self.source.assigned_at is not None:
             self._caught_up_wall = time.time()
         before = set(self._inputs_behind())
