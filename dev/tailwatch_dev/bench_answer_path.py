@@ -23,7 +23,7 @@ from tailwatch.signals.answers import Autoscale, Shed, Slo, Verdict
 from tailwatch.signals.config import ApiConfig
 from tailwatch.signals.live import Scoped, SignalSnapshot, answer
 from tailwatch.signals.served import ViewEncoder, serve
-from tailwatch.streams import http
+from tailwatch.streams import http, http_server
 
 AS_OF = "2026-12-01T00:05:00Z"
 PATHS = ("/v1/autoscale/pool-7", "/v1/shed/pool-7", "/v1/slos", "/v1/rollout/m/v3", "/readyz")
@@ -132,15 +132,15 @@ def main(argv: list[str] | None = None) -> None:
     encoder.serve(snap)
     held = _median_s(lambda: encoder.serve(again), args.rounds)  # the next view, its answers unchanged
     view = serve(snap)
-    message = http._encode_state(http.HttpState(view, (True, "caught up"), time.time()))
-    pipe = _median_s(lambda: http._encode_state(http.HttpState(view, (True, "caught up"), time.time())), args.rounds)
-    decode = _median_s(lambda: http._apply(http.HttpState(), http._decode_state(message)), args.rounds)
+    message = http.encode_state(http.HttpState(view, (True, "caught up"), time.time()))
+    pipe = _median_s(lambda: http.encode_state(http.HttpState(view, (True, "caught up"), time.time())), args.rounds)
+    decode = _median_s(lambda: http.apply_state(http.HttpState(), http.decode_state(message)), args.rounds)
     print(f"a view of {args.pools:,} pools published: answers encoded {encode * 1e3:.2f} ms "
           f"({held * 1e3:.2f} ms where they held since the last view), message {pipe * 1e3:.2f} ms in the worker; "
           f"decoded {decode * 1e3:.2f} ms in the HTTP process; {len(message):,} bytes")
-    served = http._Served(ApiConfig(), None)
-    served.state = http._apply(http.HttpState(), http._decode_state(message))
-    app = http.make_app(served)
+    served = http_server._Served(ApiConfig(), None)
+    served.state = http.apply_state(http.HttpState(), http.decode_state(message))
+    app = http_server.make_app(served)
     loop = asyncio.new_event_loop()
     for path in PATHS:
         first = loop.run_until_complete(_request(app, path))

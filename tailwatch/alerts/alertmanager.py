@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -146,6 +145,10 @@ class AlertmanagerOutbox:
         self._thread: threading.Thread | None = None
         # One kept-alive connection per Alertmanager (urllib opened a new one per batch), and a
         # deadline on each phase: connecting, sending the batch, and waiting for the answer.
+        # httpx is imported here, by a worker that pages: with its command-line extras it is
+        # a tenth of a second of every start.
+        import httpx
+
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), headers={"Content-Type": "application/json"},
                                     limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
 
@@ -222,6 +225,8 @@ class AlertmanagerOutbox:
 
     def _post(self, alerts: list[dict]) -> tuple[str, float | None]:
         """('ok' | 'refused' (a 4xx retrying cannot fix) | 'retry', the Retry-After asked for in seconds)."""
+        import httpx  # loaded by the constructor already
+
         try:
             resp = self._client.post(self.url, content=json.dumps(alerts).encode())
         except httpx.HTTPError as exc:  # unreachable, refused, reset, or a phase past its timeout

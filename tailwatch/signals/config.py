@@ -77,7 +77,7 @@ class ApiConfig:
     tokens: dict[str, Principal] = field(default_factory=dict)  # sha256 hex → principal; empty: no auth
     policy: SignalPolicy = field(default_factory=SignalPolicy)
     # Connections open at once on the HTTP port (at most the file-descriptor limit allows);
-    # one more evicts the oldest that has not finished a request (streams/http.py).
+    # one more evicts the oldest that has not finished a request (streams/http_server.py).
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property

@@ -7,7 +7,7 @@ worker encoded (signals/served.py), handed to the client as it is: the annotatio
 (`Response[Autoscale]`) names the type those bytes are the encoding of. Every error is an `ApiError` with a line
 a person reads, whoever raised it (a handler, Litestar's validation, its router). The
 connection guards (deadlines, caps, bodies refused before they are read) stay in
-`streams/http.py`, in front of this app.
+`streams/http_server.py`, in front of this app.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Who keeps a connection when the HTTP port is at its cap: the table of open connections and
-the choice of the one to evict for a newcomer (streams/http.py owns the sockets).
+the choice of the one to evict for a newcomer (streams/http_server.py owns the sockets).
 
 A connection is in one of three states:
 - new: it has not finished a request yet (connecting, sending its head or its body);

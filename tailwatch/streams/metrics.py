@@ -100,7 +100,7 @@ class WorkerMetrics:
             "--max-label-values and --max-slices.", ["topic", "label"], registry=r)
 
 
-# Why the HTTP process refused or cut a connection or request (streams/http.py): a closed set.
+# Why the HTTP process refused or cut a connection or request (streams/http_server.py): a closed set.
 HTTP_REFUSALS = ("head_timeout", "idle_head_timeout", "body_timeout", "body_too_large", "client_disconnected",
                  "refused_before_body", "malformed_request", EVICTED_SLOW, EVICTED_UNAUTHENTICATED,
                  "connection_limit", "accept_failed")
