@@ -158,20 +158,19 @@ def contributors_by_minute(spec: SloSpec, buckets: pl.DataFrame, minutes: list[i
     rows: a checkpoint where thousands of pages fire, over hundreds of minutes of a backlog,
     costs what one does. Slices without bad events are left out. `detections`: those open
     (or once open) in the store's view, each judged at the minutes it was open."""
-    rows = spec.selected(with_later_counts(buckets))
+    minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+    # The minutes asked about first: a backlog's checkpoint holds hours of rows, its pages
+    # fire at a few of those minutes, and everything below is row by row until the group-bys.
+    rows = spec.selected(with_later_counts(buckets.filter(minute.is_in(minutes))))
     if not rows.height:
         return {}
     keys = [label for label in spec.slice_by if label in rows.columns]
     good, valid = good_valid_exprs(spec)
     labels = [label for label in CONTRIBUTOR_LABELS if label in rows.columns and label not in spec.slice_by]
     with_causes = spec.sli_kind == "availability" and all(c in rows.columns for c in ("ooms", "timeouts", "shed"))
-    minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
     causes = [expr.fill_null(0).alias(f"_cause_{name}") for name, expr in _CAUSES.items()] if with_causes else []
     bad = valid - good - undecided_expr(spec)  # proven bad only
-    counted = rows.select(minute, *keys, *labels, bad.alias("_bad"), valid.alias("_valid"), *causes).filter(
-        pl.col("_minute").is_in(minutes))
-    if not counted.height:
-        return {}
+    counted = rows.select(minute, *keys, *labels, bad.alias("_bad"), valid.alias("_valid"), *causes)
     by = ["_minute", *keys]
     slices = counted.group_by(by).agg(pl.col("_bad").sum(), pl.col("_valid").sum(),
                                       *(pl.col(f"_cause_{name}").sum() for name in _CAUSES if with_causes))
