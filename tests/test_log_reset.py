@@ -296,9 +296,10 @@ def test_a_topic_id_learned_while_the_partitions_are_revoked_is_judged_when_they
         read(source, seen, lambda: all(i in seen for i in range(10_000, 15_000)), 30)
     finally:
         source.close()
-    # Stored 1,000, or 1,250 where the new log's records past 1,000 were fetched before the revocation.
+    # Stored 1,000, or up to 1,250 where the new log's records past 1,000 were fetched before the
+    # revocation (as many as had been published by then: 1,249 has been seen).
     assert sorted((r.partition, r.reason) for r in resets) == [(q, TOPIC_RECREATED) for q in range(PARTITIONS)]
-    assert all(r.stored_offset in (1_000, 1_250) for r in resets)
+    assert all(1_000 <= r.stored_offset <= 1_250 for r in resets), [r.stored_offset for r in resets]
     assert all(seen[i] == {(i - 10_000) // PARTITIONS} for i in range(10_000, 15_000))  # each at its offset
 
 
