@@ -73,12 +73,16 @@ class RequestRollup:
         steps was about 60 engine calls, 9 ms a closed batch however few its rows."""
         if not requests.height:
             return self
+        if keep_minutes is not None:
+            newest = max(m for m in (self.newest_minute(), int(requests["window_start"].dt.epoch("s").max()) // 60)
+                         if m is not None)
+            # Rows older than what is kept are left out before rolling up, not after: a backlog's
+            # checkpoints close hours of minutes between two snapshots.
+            requests = requests.filter(pl.col("window_start").dt.epoch("s") // 60 > newest - keep_minutes)
         plans = [pl.concat([held.lazy(), new], how="diagonal_relaxed") if held.height else new
                  for held, new in zip(self._frames(), _plans(_rows(requests)))]
         plans[5] = plans[5].group_by(LABELS).agg(pl.col(MINUTE).max())
         if keep_minutes is not None:
-            newest = max(m for m in (self.newest_minute(), int(requests["window_start"].dt.epoch("s").max()) // 60)
-                         if m is not None)
             plans = [p.filter(pl.col(MINUTE) > newest - keep_minutes) for p in plans]
             plans[5] = plans[5].with_columns(fresh_strings(_LABEL_STRINGS))
         if traffic_minutes is not None:

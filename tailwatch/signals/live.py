@@ -157,11 +157,6 @@ class RecentBuckets:
         if self._pending:
             rows = pl.concat(self._pending, how="diagonal_relaxed") if len(self._pending) > 1 else self._pending[0]
             self._pending = []
-            # Only the newest `keep_minutes` are kept: older rows are left out before rolling up
-            # (a backlog's checkpoints close hours between two snapshots), as the rollup would drop them.
-            newest = max(m for m in (self._requests.newest_minute(),
-                                     int(rows["window_start"].dt.epoch("s").max()) // 60) if m is not None)
-            rows = rows.filter(pl.col("window_start").dt.epoch("s") // 60 > newest - self.keep_minutes)
             self._requests = self._requests.added(rows, self.keep_minutes, self.traffic_minutes)
 
     def _trim(self, frame: pl.DataFrame) -> pl.DataFrame:
