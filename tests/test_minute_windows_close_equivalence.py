@@ -12,7 +12,7 @@ import pytest
 
 from tailwatch.streams.aggregates import REQUESTS
 from tailwatch.streams.frames import REQUEST_COLUMNS
-from tailwatch.streams.minute_windows import (MINUTE_MS, MinuteWindows, _bin_lists, _dated, concat_by_name,
+from tailwatch.streams.minute_windows import (MINUTE_MS, MinuteWindows, _bin_lists, concat_by_name,
                                               sorted_bins)
 from tailwatch.streams.partials import json_lines, sli_keys, sli_records
 
@@ -67,12 +67,12 @@ def fed(seed: int) -> MinuteWindows:
 
 
 def old_close(w: MinuteWindows, before: int | None) -> pl.DataFrame:
-    """The rows closing gave before: every partial through the plain group-bys, finished by
-    `finish` (which sorts the bins and groups them into lists itself)."""
-    closing = sorted(m for m in w._open if before is None or m < before)
-    states = [w._open[m] for m in closing]
-    counts = w._merge_counts([f for s in states for f in s.counts], grouped=False)
-    hist = _dated([(m, h) for m, s in zip(closing, states) for h in s.hist])
+    """The rows closing gave before: every partial of the closing minutes through the plain
+    group-bys, finished by `finish` (which sorts the bins and groups them into lists itself)."""
+    closing = pl.col("_minute") < (before if before is not None else 2**62)
+    # Each batch's partials, as it added them (whatever the windows merged since).
+    counts = w._merge_counts([f.filter(closing) for f in w.unsaved.counts], grouped=False)
+    hist = pl.concat([f.filter(closing) for f in w.unsaved.hist])
     return w.finish(counts, w._merge_hist([hist], grouped=False))
 
 
@@ -82,7 +82,9 @@ def test_closing_many_minutes_gives_the_rows_of_the_group_by_path(seed):
     minutes = sorted(w._open)
     before = minutes[len(minutes) * 2 // 3]
     expected = old_close(w, before)
-    assert any(len(w._open[m].hist) > 1 for m in minutes if m < before)  # repeats to merge
+    held = [set(f["_minute"].to_list()) for f in w.unsaved.hist]
+    assert any(sum(m in h for h in held) > 1 for m in minutes if m < before)  # repeats to merge
+    assert len(w.counts.runs) < len(w.unsaved.counts)  # and some batches merged already
     rows, closed = w.close(before)
     assert closed == [m for m in minutes if m < before]
     assert rows.height == expected.height > 0
@@ -128,7 +130,7 @@ def test_sorted_bins_of_no_rows_keeps_the_columns():
 def test_count_partials_that_do_not_line_up_merge_as_each_conformed():
     """Partials from an older checkpoint lack newer columns: conformed one by one, as before."""
     w = fed(7)
-    frames = [f for s in w._open.values() for f in s.counts]
+    frames = w.unsaved.counts
     older = [f.drop("successful_audio_ms", "voice") if i % 3 == 0 else f for i, f in enumerate(frames)]
     merged = w._conformed(older)
     expected = concat_by_name([w._conform(f) for f in older])
@@ -168,8 +170,7 @@ def test_json_lines_are_write_ndjsons_lines_for_hostile_values():
 def test_finishing_rows_out_of_key_order_falls_back_to_joins():
     """Rows not sorted by (minute, slice) cannot be placed by position: joined, the same rows."""
     w = fed(11)
-    closing = sorted(w._open)
-    counts, hist = w._merged(closing, [w._open[m] for m in closing])
+    counts, hist = w._merged(w.counts.peek(reduced=True), w.hist.peek(reduced=False))
     shuffled = counts.sample(fraction=1.0, shuffle=True, seed=1)
     assert not shuffled.equals(counts)
     placed = w._finish(counts, hist, bins_sorted=True)
@@ -210,9 +211,10 @@ def test_closing_gpu_minutes_gives_the_rows_of_the_group_by_path(seed):
     w = MinuteWindows(GPU, 10**12)
     for b in range(rng.randrange(6, 14)):
         w.add(gpu_batch(rng, T0 + b * 2 * MINUTE_MS, rng.randrange(1, 6), rng.randrange(5, 120)))
-    closing = sorted(w._open)
-    assert any(len(w._open[m].counts) > 1 for m in closing)
-    expected = w.finish(w._merge_counts([f for m in closing for f in w._open[m].counts], grouped=False), None)
+    batches = w.unsaved.counts  # each batch's partials, as it added them
+    held = [set(f["_minute"].to_list()) for f in batches]
+    assert any(sum(m in h for h in held) > 1 for m in w._open)  # minutes of several batches, to merge
+    expected = w.finish(w._merge_counts(batches, grouped=False), None)
     rows, _ = w.close(None)
     keys = ["window_start", *GPU.keys]
     assert rows.height == expected.height > 0

@@ -1,9 +1,10 @@
 """Event-time 1-minute windows: lateness, dedupe, partial aggregates, closing.
 
-State in, frames out, no I/O. One `MinuteWindows` per topic holds, for every open
-minute, mergeable partial aggregates (appended per micro-batch, compacted now and then),
-histogram bins and the set of dedupe hashes seen. The checkpoint writes only what
-changed since the last one (`take_unsaved`), and `restore` rebuilds the same state.
+State in, frames out, no I/O. One `MinuteWindows` per topic holds mergeable partial
+aggregates and histogram bins of the open minutes, as the micro-batches delivered them
+(streams/open_rows.py: merged now and then), and per open minute the dedupe hashes seen.
+The checkpoint writes only what changed since the last one (`take_unsaved`), and `restore`
+rebuilds the same state.
 
 Lateness is judged per partition, in the partition's own order: an event is late when
 it is older than that partition's watermark minus the allowed lateness, or older than
@@ -33,6 +34,7 @@ import polars as pl
 import pyarrow as pa
 
 from tailwatch.slo import histogram
+from tailwatch.streams.open_rows import OpenRows
 
 MINUTE_MS = 60_000
 PARTITION_COL = "_partition"
@@ -49,32 +51,6 @@ Merge = Literal["sum", "max", "last"]
 def utc_text(ms: int) -> str:
     """Epoch milliseconds as UTC text, for any int64 (datetime stops at year 9999)."""
     return f"{np.datetime64(ms, 'ms')}Z"
-
-
-def _by_minute(frame: pl.DataFrame, keep_minute: bool = True) -> list[tuple[int, pl.DataFrame]]:
-    """The frame's rows by `_minute` (without the column where not `keep_minute`). Most
-    batches of thin traffic hold one minute, and polars' `partition_by` costs about 100 µs
-    even then: the single-minute case is free."""
-    if frame.is_empty():
-        return []
-    column = frame["_minute"]
-    first, last = column.min(), column.max()
-    if first == last:
-        return [(first, frame if keep_minute else frame.drop("_minute"))]
-    # Not `as_dict`: polars reads each part's key back with a query of its own, which cost
-    # more than the split itself on a batch of a hundred thin minutes. Both orders are
-    # that of first appearance.
-    return list(zip(column.unique(maintain_order=True).to_list(),
-                    frame.partition_by("_minute", maintain_order=True, include_key=keep_minute)))
-
-
-def _dated(parts: list[tuple[int, pl.DataFrame]]) -> pl.DataFrame:
-    """Open minutes' histogram partials as one frame with their `_minute` again, as closed
-    ones carry it: one concatenation and one column, however many minutes."""
-    frames = [f for _, f in parts]
-    minutes = np.repeat(np.array([m for m, _ in parts], dtype=np.int64), [f.height for f in frames])
-    out = pl.concat(frames) if len(frames) > 1 else frames[0]
-    return out.select(pl.Series("_minute", minutes), pl.all())
 
 
 def concat_by_name(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -171,8 +147,11 @@ def _bin_lists(ordered: pl.DataFrame) -> pl.DataFrame:
     starts = np.flatnonzero(np.r_[True, change])
     bins = pa.StructArray.from_arrays([ordered["bin"].to_arrow(), ordered["n"].cast(pl.Int64).to_arrow()], names=["bin", "n"])
     lists = pa.LargeListArray.from_arrays(np.r_[starts, ordered.height].astype(np.int64), bins)
+    # Through a record batch: polars turns a bare arrow array into a Series by way of
+    # pyarrow.compute, whose import alone cost a worker 50 ms of CPU at its first close.
+    hist = pl.from_arrow(pa.RecordBatch.from_arrays([lists], names=["hist"]))["hist"]
     return pl.DataFrame([pl.Series("_minute", minute[starts]), pl.Series("_slice", slice_[starts]),
-                         pl.Series("field", field[starts]), pl.Series("hist", pl.from_arrow(lists))])
+                         pl.Series("field", field[starts]), hist])
 
 
 def _row_of_key(rows: pl.DataFrame, parts: pl.DataFrame) -> np.ndarray | None:
@@ -223,13 +202,9 @@ def _tiered(parts: list, merge: Callable[[list], object], fan_in: int) -> list:
 
 @dataclass
 class OpenMinute:
-    """The partial state of one open minute: appended per batch, merged now and then.
-    Histogram partials leave out `_minute` (every row is this minute's): at thousands of
-    slices they are most of an open minute, a row a latency field per event, and the column
-    was a third of each row."""
+    """What one open minute holds besides its partial rows (those are `MinuteWindows.counts`
+    and `.hist`, kept across minutes): the dedupe hashes seen, appended per batch, merged now and then."""
 
-    counts: list[pl.DataFrame] = field(default_factory=list)
-    hist: list[pl.DataFrame] = field(default_factory=list)  # _slice, field, bin, n
     seen: list[np.ndarray] = field(default_factory=list)  # sorted runs of dedupe hashes
 
 
@@ -266,9 +241,9 @@ def _rows_by_partition(partitions: np.ndarray) -> list[tuple[int, np.ndarray]]:
 
 
 class MinuteWindows:
-    # Partial frames per minute before the newest are merged into one. Count partials
-    # carry every slice's labels and merge cheaply; histogram partials are larger and
-    # costlier to merge.
+    # Partial frames of the same minutes merged at a time (streams/open_rows.py). Count
+    # partials carry every slice's labels and merge cheaply; histogram partials are larger
+    # and costlier to merge.
     COUNTS_AT = 4
     HIST_AT = 32
     SEEN_RUNS_AT = 4  # every batch searches every run, so runs are merged sooner
@@ -290,7 +265,9 @@ class MinuteWindows:
         self.idle_timeout_ms = idle_timeout_ms
         self.watermark_ms: dict[int, int] = {}  # per partition
         self.closed_before_minute: int | None = None  # minutes < this are closed
-        self._open: dict[int, OpenMinute] = {}
+        self._open: dict[int, OpenMinute] = {}  # every minute with partial rows has one
+        self.counts = OpenRows(lambda f: self._merge_counts([f], grouped=False), concat_by_name, True, self.COUNTS_AT)
+        self.hist = OpenRows(lambda f: self._merge_hist([f], grouped=False), pl.concat, False, self.HIST_AT)
         self.unsaved = Unsaved()
 
     # ---- ingest -------------------------------------------------------------------
@@ -418,17 +395,13 @@ class MinuteWindows:
         return state
 
     def _aggregate(self, frame: pl.DataFrame) -> None:
+        """The batch's partials (every minute of it has an `OpenMinute` already: `_dedupe`)."""
         counts, hist = self.partials(frame)
-        for kind, partial, limit, merge in (("counts", counts, self.COUNTS_AT, self._merge_counts),
-                                            ("hist", hist, self.HIST_AT, self._merge_hist)):
-            if partial is None:
-                continue
-            getattr(self.unsaved, kind).append(partial)
-            for minute, part in _by_minute(partial, keep_minute=kind == "counts"):
-                parts = getattr(self._minute(minute), kind)
-                parts.append(part)
-                if len(parts) > limit:
-                    setattr(self._minute(minute), kind, _tiered(parts, merge, limit))
+        self.unsaved.counts.append(counts)
+        self.counts.add(counts)
+        if hist is not None:
+            self.unsaved.hist.append(hist)
+            self.hist.add(hist)
 
     def partials(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         """Count and histogram partials of events (deduped, with `_minute`), keyed by (minute,
@@ -538,10 +511,10 @@ class MinuteWindows:
         """Rows of every open minute as they would close now: the live view for readers
         that cannot wait for the lateness window (the signal API). The open state is left
         as it is: merging each minute's partials in place took two queries a minute."""
-        states = [(m, s) for m, s in sorted(self._open.items()) if s.counts]
-        if not states:
+        counts = self.counts.peek(reduced=True)
+        if counts is None:
             return pl.DataFrame()
-        counts, hist = self._merged([m for m, _ in states], [s for _, s in states])
+        counts, hist = self._merged(counts, self.hist.peek(reduced=False))
         return self._finish(counts, hist if self.spec.histogram_fields else None, bins_sorted=True)
 
     def closable_before(self, partitions: set[int], read_to_end: set[int]) -> int | None:
@@ -588,13 +561,11 @@ class MinuteWindows:
         The histogram bins come one row per (minute, slice, field, bin), in that order."""
         closing = sorted(m for m in self._open if before_minute is None or m < before_minute)
         bounded = False
-        if max_rows is not None:
-            rows = 0
-            for i, minute in enumerate(closing[:-1]):
-                rows += sum(part.height for part in self._open[minute].counts)
-                if rows >= max_rows:
-                    closing, bounded = closing[:i + 1], True
-                    break
+        if max_rows is not None and len(closing) > 1:
+            held = self.counts.rows_by_minute()
+            reached = np.flatnonzero(np.cumsum([held.get(m, 0) for m in closing[:-1]]) >= max_rows)
+            if reached.size:
+                closing, bounded = closing[:int(reached[0]) + 1], True
         if before_minute is None or bounded:
             cut = closing[-1] + 1 if closing else self.closed_before_minute
         else:
@@ -603,32 +574,24 @@ class MinuteWindows:
             self._advance_frontier(cut)
         if not closing:
             return None, None, []
-        states = [self._open.pop(m) for m in closing]
-        if not any(s.counts for s in states):
+        for m in closing:
+            del self._open[m]
+        counts = self.counts.take_before(cut, reduced=True)
+        hist = self.hist.take_before(cut, reduced=False)
+        if counts is None:
             return None, None, []
-        counts, hist = self._merged(closing, states)
+        counts, hist = self._merged(counts, hist)
         return counts, hist, closing
 
-    def _merged(self, minutes: list[int], states: list[OpenMinute]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-        """The minutes' partials merged (counts by minute and slice, dated histogram bins by
-        `sorted_bins`): every minute at once (keys include the minute), not one per minute,
-        since on thin traffic a checkpoint closes, and the view peeks at, many minutes of a
-        few rows each."""
-        counts = self._merge_all([s.counts for s in states], self._merge_counts, diagonal=True)
-        # In one order whatever the merge did (a group-by's rows come in any order), so the
-        # rows stored and published are too.
-        counts = counts.sort("_minute", "_slice")
-        hist = None
-        if any(s.hist for s in states):
-            hist = sorted_bins(_dated([(m, h) for m, s in zip(minutes, states) for h in s.hist]))
-        return counts, hist
-
     @staticmethod
-    def _merge_all(per_minute: list[list[pl.DataFrame]], merge, diagonal: bool = False) -> pl.DataFrame:
-        frames = [f for parts in per_minute for f in parts]
-        if all(len(parts) <= 1 for parts in per_minute):  # each minute already one row per slice
-            return (concat_by_name(frames) if diagonal else pl.concat(frames)) if len(frames) > 1 else frames[0]
-        return merge(frames, grouped=False)
+    def _merged(counts: pl.DataFrame, hist: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+        """Closing minutes' partials (counts one row per minute and slice, dated histogram
+        bins) in the order finishing reads them: every minute at once (keys include the
+        minute), since on thin traffic a checkpoint closes, and the view peeks at, many
+        minutes of a few rows each."""
+        # In one order whatever the merges did (a group-by's rows come in any order), so the
+        # rows stored and published are too.
+        return counts.sort("_minute", "_slice"), None if hist is None else sorted_bins(hist)
 
     def _advance_frontier(self, cut: int) -> None:
         if self.closed_before_minute is None or cut > self.closed_before_minute:
@@ -783,18 +746,15 @@ class MinuteWindows:
         self.closed_before_minute = closed_before_minute
         self._open = {}
         closed = closed_before_minute if closed_before_minute is not None else -(2**62)
-        for frames, attr in ((counts, "counts"), (hist, "hist")):
-            for f in frames:
-                # A delta spans the minutes open at its checkpoint; some have closed since.
-                for minute, part in _by_minute(f.filter(pl.col("_minute") >= closed), keep_minute=attr == "counts"):
-                    getattr(self._minute(minute), attr).append(part)
+        # A delta spans the minutes open at its checkpoint; some have closed since.
+        self.counts.restore([self._conform(f.filter(pl.col("_minute") >= closed)) for f in counts])
+        self.hist.restore([f.filter(pl.col("_minute") >= closed) for f in hist])
+        for minute in np.union1d(self.counts.minutes(), self.hist.minutes()).tolist():
+            self._minute(minute)
         for minute, hashes in seen:
             if minute >= closed:
                 self._minute(minute).seen.append(np.sort(hashes))
         for state in self._open.values():
-            # A checkpoint delta concatenates several batches' partials: keys repeat in it.
-            state.counts = [self._merge_counts(state.counts, grouped=False)] if state.counts else []
-            state.hist = [self._merge_hist(state.hist, grouped=False)] if state.hist else []
             if len(state.seen) > 1:
                 state.seen = [np.sort(np.concatenate(state.seen))]
 
@@ -814,6 +774,8 @@ class MinuteWindows:
         for minute in sorted(m for m in self._open if m > bound_minute):
             del self._open[minute]
             done.append(f"dropped the open minute {utc_text(minute * MINUTE_MS)}")
+        self.counts.drop_from(bound_minute + 1)
+        self.hist.drop_from(bound_minute + 1)
         if self.closed_before_minute is not None and self.closed_before_minute > bound_minute:
             back = newest_closed_minute + 1 if newest_closed_minute is not None else None
             done.append(f"moved the closed frontier back from {utc_text(self.closed_before_minute * MINUTE_MS)} to "
