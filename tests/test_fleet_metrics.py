@@ -368,3 +368,64 @@ def test_latency_buckets_and_sums_are_each_bins_own_whatever_the_batches(fleet):
         assert got.latency_sum_s.keys() == want_sums.keys()
         for key, want in want_sums.items():
             assert got.latency_sum_s[key] == pytest.approx(want, rel=1e-12)
+
+
+def _by_minute(frame: pl.DataFrame) -> list[pl.DataFrame]:
+    return [part for _, part in sorted(frame.partition_by("window_start", as_dict=True).items())]
+
+
+def test_requests_gpu_time_is_the_same_whichever_topic_closes_a_minute_first(fleet):
+    """The two topics close minutes apart: a minute's requests in one checkpoint and its GPU
+    samples in the next, or the other way round. The requests' GPU-seconds (busy GPU time
+    shared by tokens) are those of closing both together; their other counters do not wait."""
+    _sim, requests, gpu = fleet
+    requests = requests.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_seconds"))  # as vLLM reports
+    empty_r, empty_g = requests.head(0), gpu.head(0)
+    together = FleetMetrics()
+    together.on_closed(requests, gpu)
+    want = together.collector.request_gpu_seconds
+    assert sum(want.values()) > 100 and {k[-1] for k in want} >= {"tokens"}
+    r, g = _by_minute(requests), _by_minute(gpu)
+    assert len(r) == len(g) >= 5
+    requests_first, gpu_first = FleetMetrics(), FleetMetrics()
+    for i in range(len(r) + 1):
+        requests_first.on_closed(r[i] if i < len(r) else empty_r, g[i - 1] if i else empty_g)
+        gpu_first.on_closed(r[i - 1] if i else empty_r, g[i] if i < len(g) else empty_g)
+    for stage in (requests_first, gpu_first):
+        got = stage.collector.request_gpu_seconds
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-9), key
+        assert stage.collector.requests == together.collector.requests
+        assert not stage.waiting or not pl.concat(stage.waiting).height
+
+
+def test_requests_wait_for_gpu_minutes_only_where_they_may_come(fleet):
+    """Before the first GPU minute every pool may have GPUs: requests wait. Once GPUs are
+    known, a pool without any does not wait, nor does a pool-minute whose requests reported
+    their GPU time; a GPU topic silent for `PAIRING_MINUTES` of the requests' time is taken
+    as absent."""
+    _sim, requests, gpu = fleet
+    unreported = requests.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_seconds"))
+    stage = FleetMetrics()
+    stage.on_closed(unreported, gpu.head(0))
+    assert pl.concat(stage.waiting).height == unreported.height and not stage.collector.request_gpu_seconds
+    stage.on_closed(unreported.head(0), gpu)
+    assert not stage.waiting and {k[-1] for k in stage.collector.request_gpu_seconds} >= {"tokens"}
+
+    stage = FleetMetrics()
+    stage.on_closed(unreported.head(0), gpu.head(1))
+    no_gpus = unreported.with_columns(pl.lit("pool-without-gpus").alias("pool"))
+    stage.on_closed(pl.concat([no_gpus, requests.filter(pl.col("gpu_seconds") > 0)]), gpu.head(0))
+    assert not stage.waiting  # neither can gain from waiting
+
+    stage = FleetMetrics()
+    stage.on_closed(unreported.head(0), gpu.filter(pl.col("window_start") == gpu["window_start"].min()))
+    later = unreported.with_columns(pl.col("window_start") + pl.duration(minutes=FleetMetrics.PAIRING_MINUTES + 10))
+    stage.on_closed(later, gpu.head(0))
+    assert pl.concat(stage.waiting).height == later.height  # GPU minutes may still close for them
+    latest = later.with_columns(pl.col("window_start") + pl.duration(minutes=FleetMetrics.PAIRING_MINUTES + 10))
+    stage.on_closed(latest, gpu.head(0))
+    held = pl.concat(stage.waiting)
+    assert held.height == latest.height  # the earlier ones were let go, as without GPU telemetry
+    assert any(k[-1] == "no_gpu_telemetry" for k in stage.collector.request_gpu_seconds)

@@ -39,6 +39,16 @@ def prompt_weight(n: int, a: float, b: float, c: float, d: float, e: float) -> f
     return None
 
 
+def pool_busy(gpu: pl.DataFrame) -> pl.DataFrame:
+    """Busy GPU-seconds per pool-minute (`window_start`, `_pool`, `_busy`) of closed
+    `gpu_minute` rows: each GPU's minute × its mean utilisation, the whole minute where that
+    is unknown."""
+    if not gpu.height:
+        return pl.DataFrame(schema={"window_start": pl.Datetime("us"), "_pool": pl.String, "_busy": pl.Float64})
+    return gpu.with_columns(pl.col("pool").cast(pl.String).fill_null("").alias("_pool")).group_by("window_start", "_pool").agg(
+        (pl.col("util_pct_mean").cast(pl.Float64).clip(0, 100).fill_null(100) * 0.6).sum().alias("_busy"))
+
+
 class WorkEstimate:
     """Per pool, the running sums of the current hour's fit."""
 
@@ -46,10 +56,11 @@ class WorkEstimate:
         self.sums: dict[str, tuple[int, list[float]]] = {}  # pool → (hour, [n, a, b, c, d, e])
         self.last_fit: dict[str, float] = {}  # pool → its latest fitted weight
 
-    def attribute(self, requests: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    def attribute(self, requests: pl.DataFrame, busy: pl.DataFrame) -> pl.DataFrame:
         """`requests` (closed `sli_minute` rows) with `gpu_seconds` set to what each row is
         attributed, `gpu_seconds_reported` (the requests' own figure) and `attribution_basis`;
-        `gpu`: the `gpu_minute` rows closed with them."""
+        `busy`: `pool_busy` of the `gpu_minute` rows of their minutes (a pool-minute absent
+        from it has no GPU telemetry)."""
         pool = pl.col("pool").cast(pl.String).fill_null("")
         # What a caller's rows lack (an older store's, a test's own) counts as not reported.
         absent = [c for c in ("gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds", "e2e_ms_p50")
@@ -61,9 +72,7 @@ class WorkEstimate:
             pl.col("prompt_tokens").fill_null(0).sum().cast(pl.Float64).alias("_prompt"),
             pl.col("output_tokens").fill_null(0).sum().cast(pl.Float64).alias("_output"),
             pl.col("audio_seconds").fill_null(0).sum().alias("_audio"))
-        if gpu.height:
-            busy = gpu.with_columns(pool.alias("_pool")).group_by("window_start", "_pool").agg(
-                (pl.col("util_pct_mean").cast(pl.Float64).clip(0, 100).fill_null(100) * 0.6).sum().alias("_busy"))
+        if busy.height:
             per_pm = per_pm.join(busy, on=["window_start", "_pool"], how="left")
         else:
             per_pm = per_pm.with_columns(pl.lit(None, dtype=pl.Float64).alias("_busy"))

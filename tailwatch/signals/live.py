@@ -30,7 +30,7 @@ from tailwatch.planning.capacity import (CapacityEstimate, PoolMinute, ReplicaSh
                           estimate_capacity, physical_bound)
 from tailwatch.slo.engine import SliceView
 from tailwatch.planning.prices import GpuPrices
-from tailwatch.planning.work_estimate import WorkEstimate
+from tailwatch.planning.work_estimate import WorkEstimate, pool_busy
 from tailwatch.slo.sli import span
 from tailwatch.slo.spec import SloSpec
 from tailwatch.signals.rollout import MinuteCounts, QualityMinute, RolloutPolicy, VersionStats, verdict
@@ -205,7 +205,7 @@ class LiveSignals:
         (planning/work_estimate.py), so a busy pool is never read as idle; a version's cost
         stays what its requests reported (held.py)."""
         if requests.height:
-            requests = self.work.attribute(requests, gpu)
+            requests = self.work.attribute(requests, pool_busy(gpu))
         self.recent.add(requests, gpu)
         gpu_rows = self.recent.gpu
         if not gpu_rows.height:  # checked first: reading the requests rolls them up

@@ -17,7 +17,8 @@ What it exports, and at which aggregation level (only the labels some panel need
   with the `pool` and `gpu_sku` that cost panels join on (the SKU of a pool is learnt
   from its GPU samples: `sli_minute` has no SKU) and `attribution_basis`: the requests' own
   `gpu_seconds` (`reported`), or, for runtimes that report none, the pool-minute's busy GPU
-  time shared by `tokens`, `audio` or `wall_time` (planning/work_estimate.py);
+  time shared by `tokens`, `audio` or `wall_time` (planning/work_estimate.py), counted once
+  both topics have closed the minute (`PAIRING_MINUTES`);
 - `tailwatch_request_latency_seconds{LATENCY_LABELS, field}` (a histogram: `_bucket`
   with `le` in LATENCY_BUCKETS_S, `_sum`, `_count`): queue, first-output, e2e and
   inter-token latency of
@@ -79,7 +80,7 @@ from prometheus_client.registry import Collector
 
 from tailwatch.slo import histogram
 from tailwatch.planning.prices import GpuPrices
-from tailwatch.planning.work_estimate import WorkEstimate
+from tailwatch.planning.work_estimate import WorkEstimate, pool_busy
 from tailwatch.conventions import (
     AUDIO_SECONDS_TOTAL, FLEET_FOLDED_BUCKETS_TOTAL, FLEET_LABEL_SETS, FLEET_LABEL_SETS_LIMIT, GPUS,
     GPUS_PROFILED, GPU_DRAM_BANDWIDTH_RATIO, GPU_ECC_ERRORS_TOTAL, GPU_KV_CACHE_USAGE_RATIO,
@@ -287,6 +288,20 @@ class FleetCollector:
         yield from (sets, limit, folded)
 
 
+# What a request row's GPU time is worked out from (planning/work_estimate.py) and counted by:
+# a waiting row holds no more.
+_ATTRIBUTED = ("window_start", "requests", "gpu_seconds", "prompt_tokens", "output_tokens", "audio_seconds", "e2e_ms_p50",
+               *(k for k in GPU_TIME_LABELS if k not in ("gpu_sku", "attribution_basis")))
+
+
+def _minute_of_expr() -> pl.Expr:
+    return pl.col("window_start").dt.epoch("s") // 60
+
+
+def _minute_of(rows: pl.DataFrame) -> pl.Series:
+    return rows.select(_minute_of_expr())["window_start"]
+
+
 def _busiest_first(grouped: pl.DataFrame, labels: tuple[str, ...]) -> pl.DataFrame:
     """Label sets by requests, most first (then by name, so replays admit the same ones)."""
     return grouped.sort(["requests", *labels], descending=[True, *[False] * len(labels)])
@@ -334,6 +349,14 @@ class FleetMetrics:
 
     name = "fleet_metrics"
     alerts = None  # pages nothing
+    # The two topics close their minutes apart (each over its own partitions): one checkpoint
+    # can bring a pool-minute's requests and a later one its GPU samples, or the other way
+    # round. The requests' GPU time waits for both: a pool-minute's busy GPU-seconds are held
+    # this many minutes past the newest GPU minute, and requests of a pool with GPU telemetry
+    # wait (their other counters do not) until the GPU topic has closed their minute, or it
+    # has fallen this far behind them (taken as absent, as the detectors take it). Counted on
+    # what one checkpoint closed, the idle cost panels disagreed with the cost report.
+    PAIRING_MINUTES = 60
 
     def __init__(self, config: FleetMetricsConfig | None = None):
         self.config = config or FleetMetricsConfig()
@@ -342,6 +365,11 @@ class FleetMetrics:
         self.sku_of_pool: dict[str, str] = {}
         self.newest_minute: int | None = None
         self.work = WorkEstimate()  # GPU time for requests that report none
+        self.busy = pool_busy(pl.DataFrame())  # closed GPU pool-minutes' busy time (PAIRING_MINUTES)
+        self.gpu_pools: set[str] = set()  # pools whose GPUs report
+        self.newest_gpu_minute: int | None = None
+        self.newest_request_minute: int | None = None
+        self.waiting: list[pl.DataFrame] = []  # closed request rows whose GPU time waits for their GPU minute
 
     # ---- Stage protocol ---------------------------------------------------------------
     def collectors(self) -> list[Collector]:
@@ -356,6 +384,7 @@ class FleetMetrics:
         except duckdb.CatalogException:  # a new store: no gpu_minute yet
             return
         self.sku_of_pool.update({pool or "": sku for pool, sku in rows if sku})
+        self.gpu_pools.update(pool or "" for pool, _ in rows)
         self.collector.skus.update(self.sku_of_pool.values())
 
     def on_closed(self, requests: pl.DataFrame, gpu: pl.DataFrame,
@@ -364,16 +393,54 @@ class FleetMetrics:
         with self.collector.lock:
             if gpu.height:
                 self._gpu(gpu)
+                self._hold_busy(gpu)
             if requests.height:
-                self._requests(self.work.attribute(requests, gpu))
+                self._requests(requests)
+                self.waiting.append(requests.select(c for c in _ATTRIBUTED if c in requests.columns))
+                newest = _minute_of(requests).max()
+                self.newest_request_minute = max(newest, self.newest_request_minute or newest)
+            self._attribute_ready()
             self._drop_stale()
         return {}
 
     def on_corrected(self, requests: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """Late requests count in the counters and histograms like any (Prometheus sees them now)."""
         with self.collector.lock:  # no GPU rows come with them: an estimated pool's late requests add no GPU time
-            self._requests(self.work.attribute(requests, pl.DataFrame()))
+            self._requests(requests)
+            self._request_gpu_seconds(self.work.attribute(requests, pool_busy(pl.DataFrame())))
         return {}
+
+    def _hold_busy(self, gpu: pl.DataFrame) -> None:
+        newest = _minute_of(gpu).max()
+        self.newest_gpu_minute = max(newest, self.newest_gpu_minute or newest)
+        self.gpu_pools.update(gpu["pool"].cast(pl.String).fill_null("").unique().to_list())
+        busy = pl.concat([self.busy, pool_busy(gpu)]) if self.busy.height else pool_busy(gpu)
+        # A pool-minute closes once per topic: summed, in case a minute's GPU rows came in two closes.
+        self.busy = busy.group_by("window_start", "_pool").agg(pl.col("_busy").sum()).filter(
+            _minute_of_expr() > self.newest_gpu_minute - self.PAIRING_MINUTES)
+
+    def _attribute_ready(self) -> None:
+        """Count the GPU time of the waiting requests whose pool-minute both topics have closed
+        (or whose pool has no GPU telemetry, or whose GPU topic has fallen `PAIRING_MINUTES` behind)."""
+        if not self.waiting:
+            return
+        waiting = pl.concat(self.waiting, how="diagonal_relaxed") if len(self.waiting) > 1 else self.waiting[0]
+        minute, pool = _minute_of_expr(), pl.col("pool").cast(pl.String).fill_null("")
+        # A pool-minute whose requests reported their GPU time needs no GPU samples; before the
+        # first GPU minute (a start) every pool may yet turn out to have them.
+        ready = (pl.col("gpu_seconds").fill_null(0).sum().over("window_start", pool) > 0) \
+            | (minute <= self.newest_request_minute - self.PAIRING_MINUTES)
+        if self.newest_gpu_minute is not None:
+            ready = ready | (minute <= self.newest_gpu_minute) | ~pool.is_in(sorted(self.gpu_pools))
+        flags = waiting.select(ready.alias("_ready"))["_ready"]
+        if flags.all():
+            taken, self.waiting = waiting, []
+        else:
+            taken, rest = waiting.filter(flags), waiting.filter(~flags)
+            self.waiting = [rest]
+        if taken.height:
+            # In minute order: the work estimate fits the hour's minutes as they come.
+            self._request_gpu_seconds(self.work.attribute(taken.sort("window_start", maintain_order=True), self.busy))
 
     def committed(self) -> None:
         pass
@@ -411,6 +478,13 @@ class FleetMetrics:
                 outcomes[outcome] += r[column]
             for name, (column, _doc) in TRAFFIC_COUNTERS.items():
                 c.traffic[name][key] = c.traffic[name].get(key, 0.0) + r[column]
+        self._latency(rows)
+
+    def _request_gpu_seconds(self, rows: pl.DataFrame) -> None:
+        """Attributed rows (`WorkEstimate.attribute`) → the requests' GPU-seconds counters."""
+        c = self.collector
+        rows = self._cap_tenants(rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in GPU_TIME_LABELS
+                                                    if k in rows.columns and k != "gpu_sku"]))
         gpu_time = rows.with_columns(
             pl.col("pool").replace_strict(self.sku_of_pool, default="", return_dtype=pl.String).alias("gpu_sku")
         ).group_by(GPU_TIME_LABELS).agg(pl.len().alias("_buckets"), pl.col("requests").sum(),
@@ -419,7 +493,6 @@ class FleetMetrics:
         for r in _busiest_first(gpu_time, GPU_TIME_LABELS).iter_rows(named=True):
             key = budget.admit(tuple(r[k] for k in GPU_TIME_LABELS), r["_buckets"])
             c.request_gpu_seconds[key] = c.request_gpu_seconds.get(key, 0.0) + r["gpu_seconds"]
-        self._latency(rows)
 
     def _latency(self, rows: pl.DataFrame) -> None:
         """Every closed minute's histograms, merged across tenants and pools, into the buckets."""
