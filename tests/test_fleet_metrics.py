@@ -429,3 +429,16 @@ def test_requests_wait_for_gpu_minutes_only_where_they_may_come(fleet):
     held = pl.concat(stage.waiting)
     assert held.height == latest.height  # the earlier ones were let go, as without GPU telemetry
     assert any(k[-1] == "no_gpu_telemetry" for k in stage.collector.request_gpu_seconds)
+
+
+def test_a_fleet_without_gpu_samples_holds_its_requests_only_for_the_first_hour(fleet):
+    _sim, requests, gpu = fleet
+    unreported = requests.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_seconds"))
+    stage = FleetMetrics()
+    stage.on_closed(unreported, gpu.head(0))
+    assert stage.waiting  # a start: GPU samples may yet come
+    an_hour_on = unreported.with_columns(pl.col("window_start") + pl.duration(minutes=FleetMetrics.PAIRING_MINUTES))
+    stage.on_closed(an_hour_on, gpu.head(0))
+    assert not stage.waiting  # none came in an hour: nothing is held from now on
+    stage.on_closed(an_hour_on.with_columns(pl.col("window_start") + pl.duration(minutes=5)), gpu.head(0))
+    assert not stage.waiting and all(k[-1] == "no_gpu_telemetry" for k in stage.collector.request_gpu_seconds)

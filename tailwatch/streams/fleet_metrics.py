@@ -294,6 +294,10 @@ _ATTRIBUTED = ("window_start", "requests", "gpu_seconds", "prompt_tokens", "outp
                *(k for k in GPU_TIME_LABELS if k not in ("gpu_sku", "attribution_basis")))
 
 
+def _newer(held: int | None, minute: int) -> int:
+    return minute if held is None else max(held, minute)
+
+
 def _minute_of_expr() -> pl.Expr:
     return pl.col("window_start").dt.epoch("s") // 60
 
@@ -369,6 +373,7 @@ class FleetMetrics:
         self.gpu_pools: set[str] = set()  # pools whose GPUs report
         self.newest_gpu_minute: int | None = None
         self.newest_request_minute: int | None = None
+        self.first_request_minute: int | None = None
         self.waiting: list[pl.DataFrame] = []  # closed request rows whose GPU time waits for their GPU minute
 
     # ---- Stage protocol ---------------------------------------------------------------
@@ -397,8 +402,10 @@ class FleetMetrics:
             if requests.height:
                 self._requests(requests)
                 self.waiting.append(requests.select(c for c in _ATTRIBUTED if c in requests.columns))
-                newest = _minute_of(requests).max()
-                self.newest_request_minute = max(newest, self.newest_request_minute or newest)
+                minutes = _minute_of(requests)
+                self.newest_request_minute = _newer(self.newest_request_minute, minutes.max())
+                first = minutes.min()
+                self.first_request_minute = first if self.first_request_minute is None else min(first, self.first_request_minute)
             self._attribute_ready()
             self._drop_stale()
         return {}
@@ -411,8 +418,7 @@ class FleetMetrics:
         return {}
 
     def _hold_busy(self, gpu: pl.DataFrame) -> None:
-        newest = _minute_of(gpu).max()
-        self.newest_gpu_minute = max(newest, self.newest_gpu_minute or newest)
+        self.newest_gpu_minute = _newer(self.newest_gpu_minute, _minute_of(gpu).max())
         self.gpu_pools.update(gpu["pool"].cast(pl.String).fill_null("").unique().to_list())
         busy = pl.concat([self.busy, pool_busy(gpu)]) if self.busy.height else pool_busy(gpu)
         # A pool-minute closes once per topic: summed, in case a minute's GPU rows came in two closes.
@@ -432,6 +438,8 @@ class FleetMetrics:
             | (minute <= self.newest_request_minute - self.PAIRING_MINUTES)
         if self.newest_gpu_minute is not None:
             ready = ready | (minute <= self.newest_gpu_minute) | ~pool.is_in(sorted(self.gpu_pools))
+        elif not self.gpu_pools and self.newest_request_minute - self.first_request_minute >= self.PAIRING_MINUTES:
+            ready = pl.lit(True)  # no GPU sample in the first hour, nor in the store: a fleet without them
         flags = waiting.select(ready.alias("_ready"))["_ready"]
         if flags.all():
             taken, self.waiting = waiting, []
