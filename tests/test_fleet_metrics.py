@@ -442,3 +442,24 @@ def test_a_fleet_without_gpu_samples_holds_its_requests_only_for_the_first_hour(
     assert not stage.waiting  # none came in an hour: nothing is held from now on
     stage.on_closed(an_hour_on.with_columns(pl.col("window_start") + pl.duration(minutes=5)), gpu.head(0))
     assert not stage.waiting and all(k[-1] == "no_gpu_telemetry" for k in stage.collector.request_gpu_seconds)
+
+
+def test_a_close_spanning_more_than_the_pairing_window_loses_no_gpu_time(fleet):
+    """A backlog closes hours at once: the GPU time of every minute is still shared out, with
+    both topics in one checkpoint, or the requests first while the GPU topic is still being read."""
+    _sim, requests, gpu = fleet
+    requests = requests.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_seconds"))
+    span = FleetMetrics.PAIRING_MINUTES * 2
+    hours_r = pl.concat([requests.with_columns(pl.col("window_start") + pl.duration(minutes=6 * i)) for i in range(span // 6)])
+    hours_g = pl.concat([gpu.with_columns(pl.col("window_start") + pl.duration(minutes=6 * i)) for i in range(span // 6)])
+    together = FleetMetrics()
+    together.on_closed(hours_r, hours_g)
+    want = together.collector.request_gpu_seconds
+    assert "no_gpu_telemetry" not in {k[-1] for k in want} and sum(want.values()) > 1000
+    requests_first = FleetMetrics()
+    requests_first.on_closed(hours_r, hours_g.head(0), frozenset({"gpu_minute"}))
+    assert not requests_first.collector.request_gpu_seconds  # the GPU topic is behind: they wait
+    requests_first.on_closed(hours_r.head(0), hours_g)
+    got = requests_first.collector.request_gpu_seconds
+    assert got.keys() == want.keys()
+    assert all(got[k] == pytest.approx(v, rel=1e-9) for k, v in want.items())

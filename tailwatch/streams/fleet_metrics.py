@@ -356,11 +356,13 @@ class FleetMetrics:
     # The two topics close their minutes apart (each over its own partitions): one checkpoint
     # can bring a pool-minute's requests and a later one its GPU samples, or the other way
     # round. The requests' GPU time waits for both: a pool-minute's busy GPU-seconds are held
-    # this many minutes past the newest GPU minute, and requests of a pool with GPU telemetry
-    # wait (their other counters do not) until the GPU topic has closed their minute, or it
-    # has fallen this far behind them (taken as absent, as the detectors take it). Counted on
-    # what one checkpoint closed, the idle cost panels disagreed with the cost report.
+    # until the requests have closed past it (a day at most), and requests of a pool with GPU
+    # telemetry wait (their other counters do not) until the GPU topic has closed their minute,
+    # or, read to its end, has fallen this far behind them (taken as absent, as the detectors
+    # take it). Counted on what one checkpoint closed, the idle cost panels disagreed with the
+    # cost report.
     PAIRING_MINUTES = 60
+    BUSY_KEPT_MINUTES = 24 * 60
 
     def __init__(self, config: FleetMetricsConfig | None = None):
         self.config = config or FleetMetricsConfig()
@@ -399,6 +401,8 @@ class FleetMetrics:
             if gpu.height:
                 self._gpu(gpu)
                 self._hold_busy(gpu)
+            # A topic with records still to read is behind, not absent.
+            gpu_behind = "gpu_minute" in backlogged
             if requests.height:
                 self._requests(requests)
                 self.waiting.append(requests.select(c for c in _ATTRIBUTED if c in requests.columns))
@@ -406,7 +410,8 @@ class FleetMetrics:
                 self.newest_request_minute = _newer(self.newest_request_minute, minutes.max())
                 first = minutes.min()
                 self.first_request_minute = first if self.first_request_minute is None else min(first, self.first_request_minute)
-            self._attribute_ready()
+            self._attribute_ready(gpu_behind)
+            self._trim_busy()
             self._drop_stale()
         return {}
 
@@ -422,23 +427,36 @@ class FleetMetrics:
         self.gpu_pools.update(gpu["pool"].cast(pl.String).fill_null("").unique().to_list())
         busy = pl.concat([self.busy, pool_busy(gpu)]) if self.busy.height else pool_busy(gpu)
         # A pool-minute closes once per topic: summed, in case a minute's GPU rows came in two closes.
-        self.busy = busy.group_by("window_start", "_pool").agg(pl.col("_busy").sum()).filter(
-            _minute_of_expr() > self.newest_gpu_minute - self.PAIRING_MINUTES)
+        self.busy = busy.group_by("window_start", "_pool").agg(pl.col("_busy").sum())
 
-    def _attribute_ready(self) -> None:
+    def _trim_busy(self) -> None:
+        """Busy time of minutes the requests have closed past is of no more use (their waiting
+        rows took theirs); a day past the newest GPU minute, none is kept whatever the requests do."""
+        if not self.busy.height:
+            return
+        keep_after = self.newest_gpu_minute - self.BUSY_KEPT_MINUTES
+        if self.newest_request_minute is not None:
+            keep_after = max(keep_after, self.newest_request_minute)
+        self.busy = self.busy.filter(_minute_of_expr() > keep_after)
+
+    def _attribute_ready(self, gpu_behind: bool) -> None:
         """Count the GPU time of the waiting requests whose pool-minute both topics have closed
-        (or whose pool has no GPU telemetry, or whose GPU topic has fallen `PAIRING_MINUTES` behind)."""
+        (or whose pool has no GPU telemetry, or whose GPU topic, read to its end, has fallen
+        `PAIRING_MINUTES` behind)."""
         if not self.waiting:
             return
         waiting = pl.concat(self.waiting, how="diagonal_relaxed") if len(self.waiting) > 1 else self.waiting[0]
         minute, pool = _minute_of_expr(), pl.col("pool").cast(pl.String).fill_null("")
         # A pool-minute whose requests reported their GPU time needs no GPU samples; before the
         # first GPU minute (a start) every pool may yet turn out to have them.
-        ready = (pl.col("gpu_seconds").fill_null(0).sum().over("window_start", pool) > 0) \
-            | (minute <= self.newest_request_minute - self.PAIRING_MINUTES)
+        reported = pl.col("gpu_seconds").fill_null(0) if "gpu_seconds" in waiting.columns else pl.lit(0.0)
+        ready = reported.sum().over("window_start", pool) > 0
         if self.newest_gpu_minute is not None:
             ready = ready | (minute <= self.newest_gpu_minute) | ~pool.is_in(sorted(self.gpu_pools))
-        elif not self.gpu_pools and self.newest_request_minute - self.first_request_minute >= self.PAIRING_MINUTES:
+            if not gpu_behind:  # read to its end and an hour behind these: its minutes will not come
+                ready = ready | (minute <= self.newest_request_minute - self.PAIRING_MINUTES)
+        elif not gpu_behind and not self.gpu_pools and \
+                self.newest_request_minute - self.first_request_minute >= self.PAIRING_MINUTES:
             ready = pl.lit(True)  # no GPU sample in the first hour, nor in the store: a fleet without them
         flags = waiting.select(ready.alias("_ready"))["_ready"]
         if flags.all():
