@@ -522,7 +522,7 @@ class FleetMetrics:
 
     def _latency(self, rows: pl.DataFrame) -> None:
         """Every closed minute's histograms, merged across tenants and pools, into the buckets."""
-        minute = (pl.col("window_start").dt.epoch("s") // 60).alias("_minute")
+        minute = _minute_of_expr().alias("_minute")
         if rows.height:
             self._advance(int(rows.select(minute.max()).item()))
         # Explode an integer group id, not six string labels per bin (half the CPU at 20,000
@@ -565,7 +565,7 @@ class FleetMetrics:
     def _gpu(self, rows: pl.DataFrame) -> None:
         c = self.collector
         rows = rows.with_columns([pl.col(k).cast(pl.String).fill_null("") for k in POOL_LABELS])
-        rows = rows.with_columns((pl.col("window_start").dt.epoch("s") // 60).alias("_minute"))
+        rows = rows.with_columns(_minute_of_expr().alias("_minute"))
         for pool, sku in rows.select("pool", "gpu_sku").unique().iter_rows():
             if sku:
                 self.sku_of_pool[pool] = sku
